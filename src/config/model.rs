@@ -1,0 +1,168 @@
+//! The effective configuration after all documents, defaults and flags are merged.
+//! Everything downstream (signals, eviction, shutdown, the agent loop) reads only these
+//! plain types, never the raw YAML documents.
+
+use std::path::PathBuf;
+
+use super::duration::GoDuration;
+use super::quantity::Quantity;
+use crate::signals::Signal;
+
+/// A threshold or minimum-reclaim amount: an absolute quantity or a fraction of capacity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ThresholdValue {
+    Quantity(Quantity),
+    /// A fraction in `0.0..=1.0`, held as f32 like the kubelet so percentages round alike.
+    Percentage(f32),
+}
+
+impl ThresholdValue {
+    /// The absolute amount against a capacity, like `GetThresholdQuantity`:
+    /// `int64(float64(capacity) * float64(pct))` for percentages.
+    pub fn resolve(&self, capacity: i64) -> Quantity {
+        match self {
+            ThresholdValue::Quantity(q) => *q,
+            ThresholdValue::Percentage(p) => {
+                Quantity::from_value((capacity as f64 * f64::from(*p)) as i64)
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ThresholdValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ThresholdValue::Quantity(q) => write!(f, "{q}"),
+            ThresholdValue::Percentage(p) => {
+                let pct = f64::from(*p) * 100.0;
+                // Print the shortest decimal that round-trips through f32 (10%, 7.5%).
+                let rounded = (pct * 1e4).round() / 1e4;
+                write!(f, "{rounded}%")
+            }
+        }
+    }
+}
+
+/// One eviction threshold. A zero grace period makes it hard, exactly as in the kubelet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Threshold {
+    pub signal: Signal,
+    pub value: ThresholdValue,
+    pub grace_period: GoDuration,
+    pub min_reclaim: Option<ThresholdValue>,
+}
+
+impl Threshold {
+    pub fn is_hard(&self) -> bool {
+        self.grace_period.is_zero()
+    }
+
+    /// `memory.available<1Gi`, the form used in flags, logs and replay output.
+    pub fn describe(&self) -> String {
+        format!("{}<{}", self.signal, self.value)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvictionConfig {
+    /// Hard and soft thresholds together; `Threshold::is_hard` tells them apart.
+    pub thresholds: Vec<Threshold>,
+    pub max_pod_grace_period_seconds: i64,
+    pub pressure_transition_period: GoDuration,
+    pub local_storage_capacity_isolation: bool,
+}
+
+/// One entry of `shutdownGracePeriodByPodPriority`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownPhaseConfig {
+    pub priority: i32,
+    pub shutdown_grace_period_seconds: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShutdownConfig {
+    pub grace_period: GoDuration,
+    pub grace_period_critical_pods: GoDuration,
+    pub by_pod_priority: Vec<ShutdownPhaseConfig>,
+}
+
+/// Where the agent reads the host from. Every path is injectable so tests can point the
+/// agent at a fake cgroupfs/procfs tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPaths {
+    pub cgroup_root: PathBuf,
+    pub proc_root: PathBuf,
+    pub nodefs: PathBuf,
+    pub imagefs: Option<PathBuf>,
+    pub containerfs: Option<PathBuf>,
+    /// The pods cgroup, relative to the memory hierarchy root (e.g. `kubepods` or
+    /// `kubepods.slice`); enables `allocatableMemory.available`.
+    pub pods_cgroup: Option<PathBuf>,
+}
+
+impl Default for HostPaths {
+    fn default() -> Self {
+        HostPaths {
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            proc_root: PathBuf::from("/proc"),
+            nodefs: PathBuf::from("/var/lib/kubelet"),
+            imagefs: None,
+            containerfs: None,
+            pods_cgroup: None,
+        }
+    }
+}
+
+/// The agent's complete effective configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    pub eviction: EvictionConfig,
+    pub shutdown: ShutdownConfig,
+    pub housekeeping_interval: GoDuration,
+    pub paths: HostPaths,
+    pub metrics_address: String,
+    pub dry_run: bool,
+    pub node_name: Option<String>,
+}
+
+impl Default for EvictionConfig {
+    /// The kubelet's Linux defaults: `memory.available<100Mi, nodefs.available<10%,
+    /// nodefs.inodesFree<5%, imagefs.available<15%, imagefs.inodesFree<5%`, all hard.
+    fn default() -> Self {
+        let hard = |signal, value| Threshold {
+            signal,
+            value,
+            grace_period: GoDuration::ZERO,
+            min_reclaim: None,
+        };
+        EvictionConfig {
+            thresholds: vec![
+                hard(
+                    Signal::MemoryAvailable,
+                    ThresholdValue::Quantity(Quantity::from_value(100 << 20)),
+                ),
+                hard(Signal::NodeFsAvailable, ThresholdValue::Percentage(0.10)),
+                hard(Signal::NodeFsInodesFree, ThresholdValue::Percentage(0.05)),
+                hard(Signal::ImageFsAvailable, ThresholdValue::Percentage(0.15)),
+                hard(Signal::ImageFsInodesFree, ThresholdValue::Percentage(0.05)),
+            ],
+            max_pod_grace_period_seconds: 0,
+            pressure_transition_period: GoDuration::from_secs(300),
+            local_storage_capacity_isolation: true,
+        }
+    }
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            eviction: EvictionConfig::default(),
+            shutdown: ShutdownConfig::default(),
+            housekeeping_interval: GoDuration::from_secs(10),
+            paths: HostPaths::default(),
+            metrics_address: "127.0.0.1:9847".to_string(),
+            dry_run: false,
+            node_name: None,
+        }
+    }
+}

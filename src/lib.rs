@@ -1,0 +1,8 @@
+//! nodekeeper: node-pressure eviction and graceful node shutdown for Kubernetes nodes.
+//!
+//! The crate is a functional core (threshold evaluation, ranking, shutdown planning) with
+//! an I/O shell (cgroupfs/procfs readers, HTTP, the agent loop) around it.
+
+pub mod config;
+pub mod pods;
+pub mod signals;

@@ -1,0 +1,139 @@
+use std::fmt;
+use std::str::FromStr;
+
+/// The kubelet's eviction signals, in the kubelet's spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Signal {
+    MemoryAvailable,
+    AllocatableMemoryAvailable,
+    NodeFsAvailable,
+    NodeFsInodesFree,
+    ImageFsAvailable,
+    ImageFsInodesFree,
+    ContainerFsAvailable,
+    ContainerFsInodesFree,
+    PidAvailable,
+}
+
+/// The resource a signal starves, as named in eviction messages and events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    Memory,
+    EphemeralStorage,
+    Inodes,
+    Pids,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NodeCondition {
+    DiskPressure,
+    MemoryPressure,
+    PidPressure,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unsupported eviction signal {0}")]
+pub struct UnknownSignal(pub String);
+
+impl Signal {
+    pub const ALL: [Signal; 9] = [
+        Signal::MemoryAvailable,
+        Signal::AllocatableMemoryAvailable,
+        Signal::NodeFsAvailable,
+        Signal::NodeFsInodesFree,
+        Signal::ImageFsAvailable,
+        Signal::ImageFsInodesFree,
+        Signal::ContainerFsAvailable,
+        Signal::ContainerFsInodesFree,
+        Signal::PidAvailable,
+    ];
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Signal::MemoryAvailable => "memory.available",
+            Signal::AllocatableMemoryAvailable => "allocatableMemory.available",
+            Signal::NodeFsAvailable => "nodefs.available",
+            Signal::NodeFsInodesFree => "nodefs.inodesFree",
+            Signal::ImageFsAvailable => "imagefs.available",
+            Signal::ImageFsInodesFree => "imagefs.inodesFree",
+            Signal::ContainerFsAvailable => "containerfs.available",
+            Signal::ContainerFsInodesFree => "containerfs.inodesFree",
+            Signal::PidAvailable => "pid.available",
+        }
+    }
+
+    pub fn resource(&self) -> Resource {
+        match self {
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Resource::Memory,
+            Signal::NodeFsAvailable | Signal::ImageFsAvailable | Signal::ContainerFsAvailable => {
+                Resource::EphemeralStorage
+            }
+            Signal::NodeFsInodesFree | Signal::ImageFsInodesFree | Signal::ContainerFsInodesFree => {
+                Resource::Inodes
+            }
+            Signal::PidAvailable => Resource::Pids,
+        }
+    }
+
+    pub fn node_condition(&self) -> NodeCondition {
+        match self.resource() {
+            Resource::Memory => NodeCondition::MemoryPressure,
+            Resource::EphemeralStorage | Resource::Inodes => NodeCondition::DiskPressure,
+            Resource::Pids => NodeCondition::PidPressure,
+        }
+    }
+
+    pub fn is_memory(&self) -> bool {
+        self.resource() == Resource::Memory
+    }
+}
+
+impl FromStr for Signal {
+    type Err = UnknownSignal;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Signal::ALL
+            .into_iter()
+            .find(|signal| signal.as_str() == s)
+            .ok_or_else(|| UnknownSignal(s.to_string()))
+    }
+}
+
+impl fmt::Display for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Resource {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Resource::Memory => "memory",
+            Resource::EphemeralStorage => "ephemeral-storage",
+            Resource::Inodes => "inodes",
+            Resource::Pids => "pids",
+        }
+    }
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl NodeCondition {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            NodeCondition::MemoryPressure => "MemoryPressure",
+            NodeCondition::DiskPressure => "DiskPressure",
+            NodeCondition::PidPressure => "PIDPressure",
+        }
+    }
+}
+
+impl fmt::Display for NodeCondition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
