@@ -6,3 +6,4 @@
 pub mod config;
 pub mod pods;
 pub mod signals;
+pub mod trace;

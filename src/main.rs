@@ -9,7 +9,9 @@ use clap::{Parser, Subcommand};
 /// Keeps Kubernetes nodes alive under pressure and drains them cleanly on shutdown.
 #[derive(Parser)]
 #[command(name = "nodekeeper", version, about, long_about = None)]
-#[command(after_help = "Examples:\n  nodekeeper agent --config config/agent.yaml\n  nodekeeper signals --output json\n  nodekeeper check-config /var/lib/kubelet/config.yaml")]
+#[command(
+    after_help = "Examples:\n  nodekeeper agent --config config/agent.yaml\n  nodekeeper signals --output json\n  nodekeeper check-config /var/lib/kubelet/config.yaml"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -210,19 +210,44 @@ mod tests {
             (".5s", s / 2),
             ("1.s", s),
         ] {
-            assert_eq!(GoDuration::parse(text).map(|d| d.nanos()), Ok(nanos), "{text}");
+            assert_eq!(
+                GoDuration::parse(text).map(|d| d.nanos()),
+                Ok(nanos),
+                "{text}"
+            );
         }
     }
 
     #[test]
     fn rejects_what_go_rejects() {
-        assert!(matches!(GoDuration::parse(""), Err(DurationError::Invalid(_))));
-        assert!(matches!(GoDuration::parse("10"), Err(DurationError::MissingUnit(_))));
-        assert!(matches!(GoDuration::parse("10x"), Err(DurationError::UnknownUnit { .. })));
-        assert!(matches!(GoDuration::parse("s"), Err(DurationError::Invalid(_))));
-        assert!(matches!(GoDuration::parse("-"), Err(DurationError::Invalid(_))));
-        assert!(matches!(GoDuration::parse("1m 30s"), Err(DurationError::UnknownUnit { .. })));
-        assert!(matches!(GoDuration::parse("3000000h"), Err(DurationError::Invalid(_))));
+        assert!(matches!(
+            GoDuration::parse(""),
+            Err(DurationError::Invalid(_))
+        ));
+        assert!(matches!(
+            GoDuration::parse("10"),
+            Err(DurationError::MissingUnit(_))
+        ));
+        assert!(matches!(
+            GoDuration::parse("10x"),
+            Err(DurationError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            GoDuration::parse("s"),
+            Err(DurationError::Invalid(_))
+        ));
+        assert!(matches!(
+            GoDuration::parse("-"),
+            Err(DurationError::Invalid(_))
+        ));
+        assert!(matches!(
+            GoDuration::parse("1m 30s"),
+            Err(DurationError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            GoDuration::parse("3000000h"),
+            Err(DurationError::Invalid(_))
+        ));
     }
 
     #[test]

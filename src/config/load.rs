@@ -23,12 +23,12 @@ pub struct Overrides {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{source_name}: {message}")]
-    Invalid { source_name: String, message: String },
-    #[error("cannot read {path}: {error}")]
-    Read {
-        path: String,
-        error: std::io::Error,
+    Invalid {
+        source_name: String,
+        message: String,
     },
+    #[error("cannot read {path}: {error}")]
+    Read { path: String, error: std::io::Error },
 }
 
 /// Load a configuration file (or the built-in defaults when `path` is `None`).

@@ -15,7 +15,9 @@ pub struct Quantity {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantityError {
-    #[error("quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")]
+    #[error(
+        "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+    )]
     Format,
     #[error("unable to parse numeric part of quantity")]
     Numeric,
@@ -132,7 +134,9 @@ impl FromStr for Quantity {
             }
         } else {
             for _ in 0..(-exponent) {
-                denominator = denominator.checked_mul(base).ok_or(QuantityError::Numeric)?;
+                denominator = denominator
+                    .checked_mul(base)
+                    .ok_or(QuantityError::Numeric)?;
                 if denominator > 10i128.pow(36) {
                     // Far below a nano-unit: the value rounds up to one nano (or is zero).
                     let nanos = if numerator == 0 { 0 } else { 1 };
@@ -260,7 +264,11 @@ mod tests {
             ("0.1n", 1),
         ];
         for (text, nanos) in cases {
-            assert_eq!(Quantity::parse(text).map(|q| q.nanos()), Ok(*nanos), "{text}");
+            assert_eq!(
+                Quantity::parse(text).map(|q| q.nanos()),
+                Ok(*nanos),
+                "{text}"
+            );
         }
     }
 

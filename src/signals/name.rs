@@ -68,9 +68,9 @@ impl Signal {
             Signal::NodeFsAvailable | Signal::ImageFsAvailable | Signal::ContainerFsAvailable => {
                 Resource::EphemeralStorage
             }
-            Signal::NodeFsInodesFree | Signal::ImageFsInodesFree | Signal::ContainerFsInodesFree => {
-                Resource::Inodes
-            }
+            Signal::NodeFsInodesFree
+            | Signal::ImageFsInodesFree
+            | Signal::ContainerFsInodesFree => Resource::Inodes,
             Signal::PidAvailable => Resource::Pids,
         }
     }

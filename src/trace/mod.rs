@@ -1,0 +1,291 @@
+//! The trace format: recorded or hand-written observations that `replay`, `rank` and
+//! `shutdown-plan` read, and that `agent --record` writes. Documented in
+//! docs/trace-format.md; field names here are the wire format and must not change.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{GoDuration, Quantity};
+use crate::pods::{Pod, PodUsage, ResourceAmounts};
+use crate::signals::{Observation, Observations, Signal};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceFile {
+    /// Inline `AgentConfiguration` fields; apiVersion/kind may be omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<serde_yaml_ng::Value>,
+    #[serde(default)]
+    pub steps: Vec<TraceStep>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceStep {
+    /// Offset from the start of the trace, Go duration syntax.
+    pub at: String,
+    #[serde(default)]
+    pub signals: BTreeMap<String, TraceSignal>,
+    #[serde(default)]
+    pub pods: Vec<TracePod>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceSignal {
+    pub available: Amount,
+    pub capacity: Amount,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TracePod {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critical: Option<bool>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, Amount>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, Amount>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub usage: BTreeMap<String, Amount>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("cannot read trace {path}: {error}")]
+    Read { path: String, error: std::io::Error },
+    #[error("trace {source_name}: {message}")]
+    Invalid {
+        source_name: String,
+        message: String,
+    },
+}
+
+/// A trace step with every string parsed.
+#[derive(Debug, Clone)]
+pub struct ParsedStep {
+    pub at: GoDuration,
+    pub observations: Observations,
+    pub pods: Vec<Pod>,
+}
+
+impl TraceFile {
+    pub fn from_path(path: &Path) -> Result<Self, TraceError> {
+        let text = std::fs::read_to_string(path).map_err(|error| TraceError::Read {
+            path: path.display().to_string(),
+            error,
+        })?;
+        Self::from_str(&text, &path.display().to_string())
+    }
+
+    /// Parse YAML or JSON (JSON is a subset of the YAML we accept).
+    pub fn from_str(text: &str, source_name: &str) -> Result<Self, TraceError> {
+        serde_yaml_ng::from_str(text).map_err(|e| TraceError::Invalid {
+            source_name: source_name.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    pub fn parsed_steps(&self, source_name: &str) -> Result<Vec<ParsedStep>, TraceError> {
+        self.steps
+            .iter()
+            .enumerate()
+            .map(|(index, step)| {
+                step.parse().map_err(|message| TraceError::Invalid {
+                    source_name: source_name.to_string(),
+                    message: format!("steps[{index}]: {message}"),
+                })
+            })
+            .collect()
+    }
+}
+
+impl TraceStep {
+    pub fn parse(&self) -> Result<ParsedStep, String> {
+        let at = GoDuration::parse(&self.at).map_err(|e| format!("at: {e}"))?;
+        if at.is_negative() {
+            return Err(format!("at: {:?} must not be negative", self.at));
+        }
+        let mut observations = Observations::new();
+        for (name, sample) in &self.signals {
+            let signal: Signal = name.parse().map_err(|e| format!("signals: {e}"))?;
+            let available = parse_amount(&sample.available.0)
+                .map_err(|e| format!("signals.{name}.available: {e}"))?;
+            let capacity = parse_amount(&sample.capacity.0)
+                .map_err(|e| format!("signals.{name}.capacity: {e}"))?;
+            observations.insert(
+                signal,
+                Observation {
+                    available,
+                    capacity,
+                    sampled_at_ms: None,
+                },
+            );
+        }
+        let pods = self
+            .pods
+            .iter()
+            .enumerate()
+            .map(|(i, pod)| pod.to_pod().map_err(|e| format!("pods[{i}]: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ParsedStep {
+            at,
+            observations,
+            pods,
+        })
+    }
+}
+
+impl TracePod {
+    pub fn to_pod(&self) -> Result<Pod, String> {
+        let who = format!("{}/{}", self.namespace, self.name);
+        let amounts =
+            |field: &str, map: &BTreeMap<String, Amount>| -> Result<ResourceAmounts, String> {
+                let mut out = ResourceAmounts::default();
+                for (resource, text) in map {
+                    let value = parse_amount(&text.0)
+                        .map_err(|e| format!("{who}: {field}.{resource}: {e}"))?;
+                    match resource.as_str() {
+                        "memory" => out.memory = Some(value),
+                        "ephemeral-storage" => out.ephemeral_storage = Some(value),
+                        "cpu" => {}
+                        other => return Err(format!("{who}: {field}: unknown resource {other:?}")),
+                    }
+                }
+                Ok(out)
+            };
+        let mut usage = PodUsage::default();
+        for (resource, text) in &self.usage {
+            let value =
+                parse_amount(&text.0).map_err(|e| format!("{who}: usage.{resource}: {e}"))?;
+            match resource.as_str() {
+                "memory" => usage.memory = Some(value),
+                "ephemeral-storage" => usage.ephemeral_storage = Some(value),
+                "inodes" => usage.inodes = Some(value),
+                "pids" => usage.pids = Some(value),
+                "cpu" => {}
+                other => return Err(format!("{who}: usage: unknown resource {other:?}")),
+            }
+        }
+        Ok(Pod {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            priority: self.priority.unwrap_or(0),
+            termination_grace_period_seconds: self.termination_grace_period_seconds,
+            critical: self.critical.unwrap_or(false),
+            requests: amounts("requests", &self.requests)?,
+            limits: amounts("limits", &self.limits)?,
+            usage,
+        })
+    }
+}
+
+/// A non-negative integer amount in quantity syntax (bytes, inodes, pids).
+fn parse_amount(text: &str) -> Result<i64, String> {
+    let quantity = Quantity::parse(text).map_err(|e| format!("{text:?}: {e}"))?;
+    if quantity.is_negative() {
+        return Err(format!("{text:?} must not be negative"));
+    }
+    Ok(quantity.value())
+}
+
+/// A quantity as written in a trace: a string (`900Mi`) or a bare YAML/JSON number.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Amount(pub String);
+
+impl<'de> Deserialize<'de> for Amount {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Amount;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a quantity such as 900Mi or a number")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Amount, E> {
+                Ok(Amount(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Amount, E> {
+                Ok(Amount(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Amount, E> {
+                Ok(Amount(v.to_string()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Amount, E> {
+                Ok(Amount(v.to_string()))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+impl From<i64> for Amount {
+    fn from(v: i64) -> Self {
+        Amount(v.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_documented_example() {
+        let trace = TraceFile::from_str(
+            r#"
+config:
+  evictionHard:
+    memory.available: 1Gi
+steps:
+- at: 0s
+  signals:
+    memory.available: {available: 900Mi, capacity: 10Gi}
+    nodefs.inodesFree: {available: 900000, capacity: 1000000}
+  pods:
+  - namespace: default
+    name: web-1
+    priority: 0
+    terminationGracePeriodSeconds: 30
+    critical: false
+    requests: {memory: 100Mi, ephemeral-storage: 1Gi}
+    limits: {memory: 200Mi}
+    usage: {memory: 150Mi, ephemeral-storage: 2Gi, inodes: 1200, pids: 12}
+"#,
+            "example",
+        )
+        .unwrap();
+        let steps = trace.parsed_steps("example").unwrap();
+        let obs = steps[0].observations[&Signal::MemoryAvailable];
+        assert_eq!((obs.available, obs.capacity), (900 << 20, 10 << 30));
+        let pod = &steps[0].pods[0];
+        assert_eq!(pod.usage.pids, Some(12));
+        assert_eq!(pod.usage.memory, Some(150 << 20));
+        assert_eq!(pod.requests.ephemeral_storage, Some(1 << 30));
+        assert_eq!(pod.termination_grace_period_seconds, Some(30));
+    }
+
+    #[test]
+    fn names_the_step_and_field_of_a_bad_value() {
+        let trace = TraceFile::from_str(
+            "steps:\n- at: 0s\n  pods:\n  - {namespace: a, name: b, usage: {memory: 12XB}}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let error = trace.parsed_steps("t.yaml").unwrap_err().to_string();
+        assert!(
+            error.contains("steps[0]: pods[0]: a/b: usage.memory"),
+            "{error}"
+        );
+    }
+}
