@@ -14,10 +14,6 @@ use super::layout::{CgroupLayout, CgroupPaths, detect_layout};
 use super::pressure::{PressureResource, PressureScope, parse_pressure, psi_unavailable};
 use crate::config::HostPaths;
 
-/// procfs's statfs magic: only a real PSI file accepts a trigger; writing one into a fake
-/// tree would overwrite the fixture.
-const PROC_SUPER_MAGIC: i64 = 0x9fa0;
-
 /// A trigger with a 2 s window: the smallest that unprivileged processes may create on
 /// kernels with commit d82caa273565, so the probe does not need CAP_SYS_RESOURCE.
 const PROBE_TRIGGER: &[u8] = b"some 150000 2000000";
@@ -118,9 +114,11 @@ fn boot_setting(proc_root: &Path) -> String {
     }
 }
 
+/// Only a real PSI file accepts a trigger; writing one into a fake tree would overwrite
+/// the fixture.
 fn is_procfs(path: &Path) -> bool {
     nix::sys::statfs::statfs(path)
-        .map(|fs| fs.filesystem_type().0 as i64 == PROC_SUPER_MAGIC)
+        .map(|fs| fs.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
         .unwrap_or(false)
 }
 
