@@ -30,7 +30,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     print!("{yaml}");
     println!("# Thresholds in force (derived ones included):");
-    for threshold in &loaded.config.eviction.thresholds {
+    let in_force = nodekeeper::eviction::container_fs_thresholds(
+        &loaded.config.eviction.thresholds,
+        nodekeeper::agent::fs_layout(&loaded.config.paths),
+    );
+    for threshold in &in_force {
         let kind = if threshold.is_hard() {
             "hard".to_string()
         } else {

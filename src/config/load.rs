@@ -14,8 +14,7 @@ use super::documents::{
 use super::duration::GoDuration;
 use super::model::{AgentConfig, EvictionConfig, HostPaths, ShutdownConfig, ShutdownPhaseConfig};
 use super::thresholds::{
-    FieldError, FilesystemLayout, ThresholdMaps, add_allocatable_thresholds,
-    mirror_containerfs_thresholds, parse_thresholds,
+    FieldError, ThresholdMaps, add_allocatable_thresholds, containerfs_warnings, parse_thresholds,
 };
 
 /// Command-line settings that override the file, in the kubelet's flag syntax.
@@ -406,13 +405,7 @@ fn build(
     if paths.pods_cgroup.is_some() {
         add_allocatable_thresholds(&mut thresholds);
     }
-    let layout = match (&paths.imagefs, &paths.containerfs) {
-        (None, _) => FilesystemLayout::SingleDisk,
-        (Some(image), Some(container)) if image != container => FilesystemLayout::SplitImageFs,
-        (Some(_), _) => FilesystemLayout::ImageFs,
-    };
-    let mut warnings = Vec::new();
-    mirror_containerfs_thresholds(&mut thresholds, layout, &mut warnings);
+    let warnings = containerfs_warnings(&thresholds);
 
     let metrics_address = doc
         .metrics_address

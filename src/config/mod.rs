@@ -19,4 +19,3 @@ pub use model::{
     ThresholdValue,
 };
 pub use quantity::Quantity;
-pub use thresholds::FilesystemLayout;
