@@ -49,18 +49,19 @@ fn start_agent(args: &[&str]) -> Agent {
                 .split("address=")
                 .nth(1)
                 .and_then(|rest| rest.split_whitespace().next())
+                && line.contains("serving /metrics")
             {
-                if line.contains("serving /metrics") {
-                    return Agent {
-                        child,
-                        address: address.to_string(),
-                        log: rx,
-                    };
-                }
+                return Agent {
+                    child,
+                    address: address.to_string(),
+                    log: rx,
+                };
             }
             seen.push(line);
         }
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!(
         "agent never reported its metrics address; log:\n{}",
         seen.join("\n")
