@@ -81,12 +81,24 @@ impl Agent {
                 .join(","),
             "agent started"
         );
-        tracing::info!("kernel notification support: {support}");
-        for (mechanism, available) in [
-            ("psi", support.psi),
-            ("memcg_eventfd_v1", support.memcg_eventfd_v1),
-            ("memory_events_v2", support.memory_events_v2),
+        for (mechanism, available, detail) in [
+            ("psi", support.psi, &support.psi_detail),
+            (
+                "memcg_eventfd_v1",
+                support.memcg_eventfd_v1,
+                &support.memcg_eventfd_v1_detail,
+            ),
+            (
+                "memory_events_v2",
+                support.memory_events_v2,
+                &support.memory_events_v2_detail,
+            ),
         ] {
+            tracing::info!(
+                mechanism,
+                available,
+                "kernel notification mechanism: {detail}"
+            );
             self.metrics
                 .notification_mechanism
                 .get_or_create(&MechanismLabels {
