@@ -4,9 +4,16 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
+use std::time::Duration;
+
+use super::record::Recorder;
 use crate::config::{AgentConfig, HostPaths};
-use crate::eviction::{Decision, EvictionState, FsLayout, Millis, SyncOptions, synchronize};
+use crate::eviction::{
+    CommandReclaimer, Decision, EvictionState, Evictor, FsLayout, Millis, NodeReclaimer,
+    ReclaimCommand, SyncOptions, pressure_remains_after_reclaim, synchronize,
+};
 use crate::metrics::{ConditionLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels};
+use crate::pods::{Pod, workload_pods};
 use crate::signals::{Collection, NodeCondition, Observations, SignalCollector, probe};
 
 const CONDITIONS: [NodeCondition; 3] = [
@@ -19,9 +26,15 @@ const CONDITIONS: [NodeCondition; 3] = [
 #[derive(Debug, Clone)]
 pub struct CycleReport {
     pub observations: Observations,
+    pub pods: Vec<Pod>,
     pub decision: Decision,
     pub collection_errors: usize,
 }
+
+/// The kubelet's `podCleanupTimeout`: how long to wait for an evicted pod's resources
+/// to be released before choosing the next victim.
+const POD_CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+const POD_CLEANUP_POLL: Duration = Duration::from_millis(50);
 
 /// The agent's state between cycles.
 pub struct Agent {
@@ -34,6 +47,9 @@ pub struct Agent {
     /// Errors already logged, so a persistently broken file is reported once, not
     /// every cycle; the error counter still counts every failure.
     logged_errors: BTreeSet<String>,
+    reclaimer: Option<CommandReclaimer>,
+    evictor: Option<Box<dyn Evictor + Send>>,
+    recorder: Option<Recorder>,
 }
 
 /// The kubelet's filesystem layouts, from which paths are configured.
@@ -48,9 +64,17 @@ pub fn fs_layout(paths: &HostPaths) -> FsLayout {
 impl Agent {
     pub fn new(config: AgentConfig, metrics: Arc<Metrics>) -> Self {
         let collector = SignalCollector::new(&config.paths);
+        let commands: Vec<ReclaimCommand> = config
+            .node_reclaim
+            .commands
+            .iter()
+            .filter_map(|line| ReclaimCommand::from_command_line(line))
+            .collect();
+        let reclaimer = (!commands.is_empty())
+            .then(|| CommandReclaimer::new(commands, config.node_reclaim.timeout.to_std()));
         let sync_options = SyncOptions {
             fs_layout: fs_layout(&config.paths),
-            node_reclaimer_configured: false,
+            node_reclaimer_configured: reclaimer.is_some(),
         };
         Agent {
             config,
@@ -60,7 +84,20 @@ impl Agent {
             epoch: Instant::now(),
             sync_options,
             logged_errors: BTreeSet::new(),
+            reclaimer,
+            evictor: None,
+            recorder: None,
         }
+    }
+
+    /// The evictor used outside dry-run mode. Without one, decisions are only logged.
+    pub fn set_evictor(&mut self, evictor: Box<dyn Evictor + Send>) {
+        self.evictor = Some(evictor);
+    }
+
+    /// Append every observation to a trace file (`agent --record`).
+    pub fn set_recorder(&mut self, recorder: Recorder) {
+        self.recorder = Some(recorder);
     }
 
     /// Log how the agent sees this host, once at startup, and export which kernel
@@ -112,21 +149,39 @@ impl Agent {
         Millis(self.epoch.elapsed().as_millis() as u64)
     }
 
-    pub fn run_cycle(&mut self) -> CycleReport {
+    /// One full cycle: observe, decide, act. Returns the report; when a pod was
+    /// evicted the caller should start the next cycle at once, as the kubelet does after
+    /// its cleanup wait.
+    pub async fn run_cycle(&mut self) -> (CycleReport, bool) {
+        let report = self.observe_and_decide();
+        let evicted = self.act(&report).await;
+        (report, evicted)
+    }
+
+    /// Collect signals and pods, run the eviction core, publish metrics. No side effects
+    /// on the node.
+    pub fn observe_and_decide(&mut self) -> CycleReport {
         let started = Instant::now();
         let collection = self.collector.collect();
+        let pods = self.collect_pods();
         self.metrics
             .collection_duration
             .observe(started.elapsed().as_secs_f64());
         self.publish_collection(&collection);
+        let now = self.now();
+        if let Some(recorder) = self.recorder.as_mut()
+            && let Err(error) = recorder.record(now.0, &collection.observations, &pods)
+        {
+            tracing::warn!(%error, "cannot record trace step");
+        }
 
         let decision_started = Instant::now();
         let decision = synchronize(
             &self.config.eviction,
             &self.state,
             &collection.observations,
-            &[],
-            self.now(),
+            &pods,
+            now,
             &self.sync_options,
         );
         self.metrics
@@ -135,11 +190,30 @@ impl Agent {
         let previous_conditions =
             std::mem::replace(&mut self.state, decision.state.clone()).node_conditions;
         self.publish_decision(&decision, &previous_conditions);
-        self.act(&decision);
         CycleReport {
             observations: collection.observations,
             collection_errors: collection.errors.len(),
+            pods,
             decision,
+        }
+    }
+
+    fn collect_pods(&mut self) -> Vec<Pod> {
+        let (Some(workloads), Some(reader)) = (&self.config.workloads, self.collector.cgroups())
+        else {
+            return Vec::new();
+        };
+        match workload_pods(reader, workloads) {
+            Ok((pods, errors)) => {
+                for error in errors {
+                    tracing::debug!(%error, "workload without stats");
+                }
+                pods
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot list workload cgroups");
+                Vec::new()
+            }
         }
     }
 
@@ -230,15 +304,25 @@ impl Agent {
         }
     }
 
-    fn act(&self, decision: &Decision) {
+    async fn act(&mut self, report: &CycleReport) -> bool {
+        let decision = &report.decision;
         if let Some(starved) = decision.starved {
-            tracing::warn!(
-                signal = %starved.signal,
-                "Attempting to reclaim {}",
-                starved.resource
-            );
+            tracing::warn!(signal = %starved.signal, "Attempting to reclaim {}", starved.resource);
         }
+        if let Some(signal) = decision.reclaim_requested
+            && !self.reclaim_node_resources(signal).await
+        {
+            return false;
+        }
+        let mut evicted_any = false;
         for order in &decision.evictions {
+            let Some(pod) = report
+                .pods
+                .iter()
+                .find(|p| p.namespace == order.namespace && p.name == order.name)
+            else {
+                continue;
+            };
             self.metrics
                 .evictions
                 .get_or_create(&Metrics::signal(order.reason.label()))
@@ -251,7 +335,83 @@ impl Agent {
                     message = %order.message,
                     "dry run: would evict pod"
                 );
+                continue;
+            }
+            let Some(evictor) = self.evictor.as_mut() else {
+                tracing::warn!(pod = %order.key(), "no evictor configured; eviction only logged");
+                continue;
+            };
+            match evictor.evict(order, pod) {
+                Ok(()) => {
+                    tracing::warn!(
+                        pod = %order.key(),
+                        signal = order.reason.label(),
+                        grace_period_seconds = order.grace_period_seconds,
+                        message = %order.message,
+                        "evicted pod"
+                    );
+                    evicted_any = true;
+                }
+                Err(error) => tracing::error!(pod = %order.key(), %error, "eviction failed"),
             }
         }
+        if evicted_any {
+            self.wait_for_cleanup(&report.pods, &decision.evictions)
+                .await;
+        }
+        evicted_any
+    }
+
+    /// Run node-level reclaim off the loop's thread, then re-check. Returns whether pods
+    /// must still be evicted.
+    async fn reclaim_node_resources(&mut self, signal: crate::signals::Signal) -> bool {
+        let Some(mut reclaimer) = self.reclaimer.clone() else {
+            return true;
+        };
+        let outcome = tokio::task::spawn_blocking(move || reclaimer.reclaim(signal)).await;
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "node-level reclaim failed"),
+            Err(error) => tracing::warn!(%error, "node-level reclaim task failed"),
+        }
+        let fresh = self.collector.collect();
+        let remains = pressure_remains_after_reclaim(
+            &self.config.eviction,
+            &fresh.observations,
+            &self.sync_options,
+        );
+        if !remains {
+            tracing::info!(%signal, "able to reduce resource pressure without evicting pods");
+        }
+        remains
+    }
+
+    /// Wait (bounded) until every evicted workload's cgroup holds no process, so the
+    /// next cycle measures the node after the kill, not before it.
+    async fn wait_for_cleanup(&self, pods: &[Pod], evicted: &[crate::eviction::EvictionOrder]) {
+        let Some(reader) = self.collector.cgroups() else {
+            return;
+        };
+        let cgroups: Vec<_> = evicted
+            .iter()
+            .filter_map(|order| {
+                pods.iter()
+                    .find(|p| p.namespace == order.namespace && p.name == order.name)
+                    .and_then(|p| p.cgroup.clone())
+            })
+            .collect();
+        let deadline = Instant::now() + POD_CLEANUP_TIMEOUT;
+        while Instant::now() < deadline {
+            let cleaned = cgroups.iter().all(|cgroup| {
+                reader
+                    .process_count(cgroup)
+                    .map_or(true, |count| count == 0)
+            });
+            if cleaned {
+                return;
+            }
+            tokio::time::sleep(POD_CLEANUP_POLL).await;
+        }
+        tracing::warn!("evicted workloads still have processes after {POD_CLEANUP_TIMEOUT:?}");
     }
 }

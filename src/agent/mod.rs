@@ -3,10 +3,12 @@
 //! runs one eviction cycle, acts on the decision, and publishes metrics.
 
 mod cycle;
+mod record;
 
 pub use cycle::fs_layout;
 
 pub use cycle::{Agent, CycleReport};
+pub use record::{RecordError, Recorder};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -40,6 +42,7 @@ pub struct RunHandles {
 pub async fn run(
     config: AgentConfig,
     shutdown: impl Future<Output = ()>,
+    customize: impl FnOnce(&mut Agent),
     on_start: impl FnOnce(RunHandles),
 ) -> Result<(), AgentError> {
     let metrics = Arc::new(Metrics::new());
@@ -85,6 +88,7 @@ pub async fn run(
     });
 
     let mut agent = Agent::new(config, metrics.clone());
+    customize(&mut agent);
     agent.announce();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -96,8 +100,12 @@ pub async fn run(
             _ = ticker.tick() => {}
             () = wake.notified() => {}
         }
-        agent.run_cycle();
+        let (_, evicted) = agent.run_cycle().await;
         health.tick();
+        if evicted {
+            // Like the kubelet after its cleanup wait: look again at once.
+            wake.notify_one();
+        }
         if *stop_rx.borrow_and_update() {
             break;
         }

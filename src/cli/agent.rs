@@ -2,6 +2,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use nodekeeper::agent::Recorder;
 use nodekeeper::config::{self, Overrides};
 
 use super::EvictionFlags;
@@ -15,7 +16,7 @@ pub enum LogFormat {
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  nodekeeper agent --config config/agent.yaml\n  nodekeeper agent --config /var/lib/kubelet/config.yaml --dry-run\n  nodekeeper agent --config /etc/nodekeeper/agent.yaml --eviction-hard='memory.available<1Gi' --metrics-addr 0.0.0.0:9847\n\nLog verbosity follows RUST_LOG (default: info)."
+    after_help = "Examples:\n  nodekeeper agent --config config/agent.yaml\n  nodekeeper agent --config /var/lib/kubelet/config.yaml --dry-run\n  nodekeeper agent --config config/agent.yaml --record /var/log/nodekeeper/trace.yaml\n  nodekeeper agent --config /etc/nodekeeper/agent.yaml --eviction-hard='memory.available<1Gi' --metrics-addr 0.0.0.0:9847\n\nLog verbosity follows RUST_LOG (default: info)."
 )]
 pub struct Args {
     /// Configuration file (KubeletConfiguration and/or AgentConfiguration); built-in
@@ -33,6 +34,12 @@ pub struct Args {
     pub metrics_addr: Option<String>,
     #[arg(long, value_enum, default_value_t)]
     pub log_format: LogFormat,
+    /// Append every observation to this trace file, for `nodekeeper replay` later.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// Rotate the trace file (to FILE.1) when it reaches this many bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    pub record_max_bytes: u64,
     #[command(flatten)]
     pub eviction: EvictionFlags,
 }
@@ -82,7 +89,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
             }
         };
-        nodekeeper::agent::run(loaded.config, shutdown, |handles| {
+        let record = args
+            .record
+            .clone()
+            .map(|path| Recorder::new(path, args.record_max_bytes));
+        let customize = move |agent: &mut nodekeeper::agent::Agent| {
+            if let Some(recorder) = record {
+                agent.set_recorder(recorder);
+            }
+        };
+        nodekeeper::agent::run(loaded.config, shutdown, customize, |handles| {
             tokio::spawn(async move {
                 if let Ok(address) = handles.metrics_bound.await {
                     tracing::info!(%address, "serving /metrics, /healthz and /readyz");
