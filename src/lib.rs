@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod eviction;
+pub mod metrics;
 pub mod pods;
 pub mod signals;
 pub mod trace;
