@@ -146,7 +146,11 @@ pub fn replay_file(
     let trace = TraceFile::from_path(trace_path)?;
     let config = trace_config(&trace, &trace_name, config_file)?;
     let steps = parse_steps(&trace, &trace_name)?;
-    Ok(replay(&config.eviction, &steps, &SyncOptions::default()))
+    Ok(replay(
+        &config.eviction,
+        &steps,
+        &SyncOptions::for_paths(&config.paths, false),
+    ))
 }
 
 /// The pods of a trace's last step, for `nodekeeper rank`.

@@ -3,7 +3,9 @@
 use std::collections::BTreeSet;
 
 use super::*;
-use crate::config::{EvictionConfig, GoDuration, Quantity, Threshold, ThresholdValue};
+use crate::config::{
+    EvictionConfig, FilesystemLayout, GoDuration, Quantity, Threshold, ThresholdValue,
+};
 use crate::pods::{ContainerStats, ContainerUsage, EmptyDirStats, Pod, PodUsage, ResourceAmounts};
 use crate::signals::{NodeCondition, Observation, Observations, Signal};
 
@@ -809,7 +811,7 @@ fn a_dedicated_image_filesystem_leaves_the_writable_layer_out_of_container_usage
     );
     assert_eq!(single.evictions.len(), 1);
     let image_fs = SyncOptions {
-        fs_layout: FsLayout::ImageFs,
+        fs_layout: FilesystemLayout::ImageFs,
         ..SyncOptions::default()
     };
     let split = synchronize(
@@ -903,7 +905,7 @@ fn disk_pressure_requests_node_reclaim_only_when_a_reclaimer_is_configured() {
         "the fallback if reclaim is not enough"
     );
     let image_fs = SyncOptions {
-        fs_layout: FsLayout::ImageFs,
+        fs_layout: FilesystemLayout::ImageFs,
         node_reclaimer_configured: true,
     };
     let d = synchronize(
@@ -953,46 +955,13 @@ fn the_post_reclaim_check_uses_min_reclaim_and_every_threshold() {
             (Signal::NodeFsAvailable, fs, 100 * GI),
             (Signal::MemoryAvailable, mem, 10 * GI),
         ]);
-        pressure_remains_after_reclaim(&cfg, &obs, &SyncOptions::default())
+        pressure_remains_after_reclaim(&cfg, &obs)
     };
     assert!(check(12 * GI, 5 * GI), "12Gi free is below 10Gi + 5Gi");
     assert!(!check(15 * GI, 5 * GI));
     assert!(
         check(15 * GI, 0),
         "a soft memory threshold counts, without its grace period"
-    );
-}
-
-// ---- containerfs ----------------------------------------------------------------------
-
-#[test]
-fn containerfs_thresholds_copy_the_filesystem_that_holds_containers() {
-    let nodefs = hard(Signal::NodeFsAvailable, ThresholdValue::Percentage(0.10));
-    let imagefs = soft(
-        Signal::ImageFsAvailable,
-        ThresholdValue::Percentage(0.15),
-        60,
-    );
-    let user = hard(Signal::ContainerFsAvailable, quantity(1));
-    let input = vec![nodefs.clone(), imagefs.clone(), user];
-    let signals_of = |layout| {
-        container_fs_thresholds(&input, layout)
-            .into_iter()
-            .filter(|t| t.signal == Signal::ContainerFsAvailable)
-            .map(|t| (t.value, t.grace_period))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        signals_of(FsLayout::SingleDisk),
-        [(nodefs.value, nodefs.grace_period)]
-    );
-    assert_eq!(
-        signals_of(FsLayout::SplitImageFs),
-        [(nodefs.value, nodefs.grace_period)]
-    );
-    assert_eq!(
-        signals_of(FsLayout::ImageFs),
-        [(imagefs.value, imagefs.grace_period)]
     );
 }
 
