@@ -1143,3 +1143,23 @@ fn the_evicted_pod_is_the_first_ranked_non_critical_pod() {
     );
     assert_eq!(d.evictions[0].annotations["starved_resource"], "pids");
 }
+
+#[test]
+fn a_hard_threshold_is_acted_on_before_a_soft_one_of_the_same_class() {
+    let cfg = EvictionConfig {
+        max_pod_grace_period_seconds: 30,
+        ..config(vec![
+            soft(Signal::MemoryAvailable, quantity(2 * GI), 10),
+            hard(Signal::MemoryAvailable, quantity(GI)),
+        ])
+    };
+    let pods = [mem_pod("a", GI, None, 0)];
+    let ds = run(
+        &cfg,
+        &[(at(0), memory(GI / 2)), (at(10), memory(GI / 2))],
+        &pods,
+        &SyncOptions::default(),
+    );
+    assert_eq!(ds[1].thresholds_met.len(), 2);
+    assert_eq!(ds[1].evictions[0].grace_period_seconds, 1);
+}

@@ -136,9 +136,10 @@ pub(super) fn updated_stats(
         .collect()
 }
 
-/// Memory thresholds first, then the rest in their given order (the kubelet's
-/// `byEvictionPriority`; every signal we know has a resource).
+/// Memory thresholds first (the kubelet's `byEvictionPriority`; every signal we know
+/// has a resource). The kubelet leaves the rest to Go's map order; here a hard threshold
+/// goes before a soft one, then configuration order, so the choice is reproducible.
 pub(super) fn by_eviction_priority(mut thresholds: Vec<Threshold>) -> Vec<Threshold> {
-    thresholds.sort_by_key(|t| !t.signal.is_memory());
+    thresholds.sort_by_key(|t| (!t.signal.is_memory(), !t.is_hard()));
     thresholds
 }
