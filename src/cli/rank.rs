@@ -21,7 +21,8 @@ enum Output {
 Pods are listed first-evicted first, using the kubelet's ranking for the signal:
   memory.available, allocatableMemory.available: usage above request, priority, usage - request
   pid.available: priority, process count
-  nodefs/imagefs/containerfs: usage above request, priority, usage - request
+  nodefs/imagefs/containerfs.available: usage above request, priority, usage - request
+  *.inodesFree: the same, but inodes have no request, so in effect priority comes first
 Pods without stats for the signal's resource come first; ties go by namespace/name.
 Critical pods (static, mirror, priority >= 2000000000) are never evicted, so they are
 left out; a note on standard error names them.
@@ -33,6 +34,7 @@ pub struct Args {
     /// The eviction signal to rank for, e.g. memory.available or pid.available.
     #[arg(long, value_name = "SIGNAL", value_parser = parse_signal)]
     signal: Signal,
+    /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     output: Output,
     /// Trace file, YAML or JSON; its last step is ranked.
