@@ -473,14 +473,13 @@ fn pods_cgroup_enables_allocatable_copies_of_hard_memory_thresholds() {
 #[test]
 fn containerfs_thresholds_mirror_the_filesystem_that_holds_writable_layers() {
     let count = |config: &AgentConfig, signal| {
-        nodekeeper::eviction::container_fs_thresholds(
-            &config.eviction.thresholds,
-            nodekeeper::agent::fs_layout(&config.paths),
-        )
-        .into_iter()
-        .filter(|t| t.signal == signal)
-        .map(|t| t.value)
-        .collect::<Vec<_>>()
+        config
+            .eviction
+            .thresholds
+            .iter()
+            .filter(|t| t.signal == signal)
+            .map(|t| t.value)
+            .collect::<Vec<_>>()
     };
     let pct = ThresholdValue::Percentage;
     let single = config::load_with_warnings(None, &Overrides::default()).unwrap();

@@ -7,10 +7,10 @@ use std::time::Instant;
 use std::time::Duration;
 
 use super::record::Recorder;
-use crate::config::{AgentConfig, HostPaths};
+use crate::config::AgentConfig;
 use crate::eviction::{
-    CommandReclaimer, Decision, EvictionState, Evictor, FsLayout, Millis, NodeReclaimer,
-    ReclaimCommand, SyncOptions, pressure_remains_after_reclaim, synchronize,
+    CommandReclaimer, Decision, EvictionState, Evictor, Millis, NodeReclaimer, ReclaimCommand,
+    SyncOptions, pressure_remains_after_reclaim, synchronize,
 };
 use crate::metrics::{ConditionLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels};
 use crate::pods::{Pod, workload_pods};
@@ -52,15 +52,6 @@ pub struct Agent {
     recorder: Option<Recorder>,
 }
 
-/// The kubelet's filesystem layouts, from which paths are configured.
-pub fn fs_layout(paths: &HostPaths) -> FsLayout {
-    match (&paths.imagefs, &paths.containerfs) {
-        (None, _) => FsLayout::SingleDisk,
-        (Some(image), Some(container)) if image != container => FsLayout::SplitImageFs,
-        (Some(_), _) => FsLayout::ImageFs,
-    }
-}
-
 impl Agent {
     pub fn new(config: AgentConfig, metrics: Arc<Metrics>) -> Self {
         let collector = SignalCollector::new(&config.paths);
@@ -72,10 +63,7 @@ impl Agent {
             .collect();
         let reclaimer = (!commands.is_empty())
             .then(|| CommandReclaimer::new(commands, config.node_reclaim.timeout.to_std()));
-        let sync_options = SyncOptions {
-            fs_layout: fs_layout(&config.paths),
-            node_reclaimer_configured: reclaimer.is_some(),
-        };
+        let sync_options = SyncOptions::for_paths(&config.paths, reclaimer.is_some());
         Agent {
             config,
             collector,
@@ -375,11 +363,7 @@ impl Agent {
             Err(error) => tracing::warn!(%error, "node-level reclaim task failed"),
         }
         let fresh = self.collector.collect();
-        let remains = pressure_remains_after_reclaim(
-            &self.config.eviction,
-            &fresh.observations,
-            &self.sync_options,
-        );
+        let remains = pressure_remains_after_reclaim(&self.config.eviction, &fresh.observations);
         if !remains {
             tracing::info!(%signal, "able to reduce resource pressure without evicting pods");
         }

@@ -5,8 +5,6 @@
 mod cycle;
 mod record;
 
-pub use cycle::fs_layout;
-
 pub use cycle::{Agent, CycleReport};
 pub use record::{RecordError, Recorder};
 

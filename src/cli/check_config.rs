@@ -30,11 +30,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     print!("{yaml}");
     println!("# Thresholds in force (derived ones included):");
-    let in_force = nodekeeper::eviction::container_fs_thresholds(
-        &loaded.config.eviction.thresholds,
-        nodekeeper::agent::fs_layout(&loaded.config.paths),
-    );
-    for threshold in &in_force {
+    for threshold in &loaded.config.eviction.thresholds {
         let kind = if threshold.is_hard() {
             "hard".to_string()
         } else {

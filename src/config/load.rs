@@ -18,7 +18,8 @@ use super::model::{
 };
 use super::quantity::Quantity;
 use super::thresholds::{
-    FieldError, ThresholdMaps, add_allocatable_thresholds, containerfs_warnings, parse_thresholds,
+    FieldError, ThresholdMaps, add_allocatable_thresholds, mirror_containerfs_thresholds,
+    parse_thresholds,
 };
 use crate::pods::ResourceAmounts;
 
@@ -410,7 +411,8 @@ fn build(
     if paths.pods_cgroup.is_some() {
         add_allocatable_thresholds(&mut thresholds);
     }
-    let warnings = containerfs_warnings(&thresholds);
+    let mut warnings = Vec::new();
+    mirror_containerfs_thresholds(&mut thresholds, paths.fs_layout(), &mut warnings);
 
     let metrics_address = doc
         .metrics_address

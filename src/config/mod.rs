@@ -19,3 +19,4 @@ pub use model::{
     Threshold, ThresholdValue, WorkloadPodConfig, WorkloadsConfig,
 };
 pub use quantity::Quantity;
+pub use thresholds::FilesystemLayout;

@@ -100,6 +100,20 @@ pub struct HostPaths {
     pub pods_cgroup: Option<PathBuf>,
 }
 
+impl HostPaths {
+    /// Which filesystem holds images and writable layers, from the configured paths:
+    /// no imagefs path means one disk; an imagefs path without a different
+    /// containerfs path means the image filesystem also holds the writable layers.
+    pub fn fs_layout(&self) -> super::FilesystemLayout {
+        use super::FilesystemLayout;
+        match (&self.imagefs, &self.containerfs) {
+            (None, _) => FilesystemLayout::SingleDisk,
+            (Some(image), Some(container)) if image != container => FilesystemLayout::SplitImageFs,
+            (Some(_), _) => FilesystemLayout::ImageFs,
+        }
+    }
+}
+
 impl Default for HostPaths {
     fn default() -> Self {
         HostPaths {

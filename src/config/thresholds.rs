@@ -191,21 +191,55 @@ pub fn add_allocatable_thresholds(thresholds: &mut Vec<Threshold>) {
     thresholds.extend(copies);
 }
 
-/// The kubelet ignores user-written `containerfs.*` thresholds (they are derived from
-/// nodefs or imagefs, see `eviction::container_fs_thresholds`); say so instead of
-/// silently dropping them.
-pub fn containerfs_warnings(thresholds: &[Threshold]) -> Vec<String> {
-    thresholds
+/// How images and container writable layers are laid out on disk, which decides what
+/// the `containerfs.*` thresholds mirror.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilesystemLayout {
+    /// Everything on the node filesystem.
+    SingleDisk,
+    /// A dedicated image filesystem that also holds container writable layers.
+    ImageFs,
+    /// A dedicated image filesystem, with writable layers on the node filesystem.
+    SplitImageFs,
+}
+
+/// `UpdateContainerFsThresholds`: user `containerfs.*` thresholds are dropped (with a
+/// warning) and replaced by copies of nodefs or imagefs thresholds, per layout. Copies of
+/// absent thresholds are never met in the kubelet, so they are simply not created.
+pub fn mirror_containerfs_thresholds(
+    thresholds: &mut Vec<Threshold>,
+    layout: FilesystemLayout,
+    warnings: &mut Vec<String>,
+) {
+    let is_containerfs = |s: Signal| {
+        matches!(
+            s,
+            Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
+        )
+    };
+    for t in thresholds.iter().filter(|t| is_containerfs(t.signal)) {
+        let kind = if t.is_hard() { "hard" } else { "soft" };
+        warnings.push(format!("found {} for {kind} eviction. ignoring", t.signal));
+    }
+    thresholds.retain(|t| !is_containerfs(t.signal));
+    let source = |s: Signal| match (layout, s) {
+        (FilesystemLayout::ImageFs, Signal::ImageFsAvailable) => Some(Signal::ContainerFsAvailable),
+        (FilesystemLayout::ImageFs, Signal::ImageFsInodesFree) => {
+            Some(Signal::ContainerFsInodesFree)
+        }
+        (FilesystemLayout::ImageFs, _) => None,
+        (_, Signal::NodeFsAvailable) => Some(Signal::ContainerFsAvailable),
+        (_, Signal::NodeFsInodesFree) => Some(Signal::ContainerFsInodesFree),
+        _ => None,
+    };
+    let copies: Vec<Threshold> = thresholds
         .iter()
-        .filter(|t| {
-            matches!(
-                t.signal,
-                Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
-            )
+        .filter_map(|t| {
+            source(t.signal).map(|signal| Threshold {
+                signal,
+                ..t.clone()
+            })
         })
-        .map(|t| {
-            let kind = if t.is_hard() { "hard" } else { "soft" };
-            format!("found {} for {kind} eviction. ignoring", t.signal)
-        })
-        .collect()
+        .collect();
+    thresholds.extend(copies);
 }
