@@ -315,7 +315,7 @@ pub fn human_bytes(value: i64) -> String {
         let size = size as u64;
         if magnitude >= size {
             let sign = if value < 0 { "-" } else { "" };
-            return if magnitude % size == 0 {
+            return if magnitude.is_multiple_of(size) {
                 format!("{sign}{}{suffix}", magnitude / size)
             } else if size >= 1 << 30 {
                 format!("{sign}{:.1}{suffix}", magnitude as f64 / size as f64)
