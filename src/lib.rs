@@ -5,5 +5,6 @@
 
 pub mod config;
 pub mod pods;
+pub mod shutdown;
 pub mod signals;
 pub mod trace;
