@@ -4,6 +4,8 @@
 //! an I/O shell (cgroupfs/procfs readers, HTTP, the agent loop) around it.
 
 pub mod config;
+pub mod eviction;
+pub mod metrics;
 pub mod pods;
 pub mod shutdown;
 pub mod signals;

@@ -162,8 +162,8 @@ impl fmt::Display for GoDuration {
         }
         let sign = if self.nanos < 0 { "-" } else { "" };
         let abs = self.nanos.unsigned_abs();
-        if abs % 1_000_000_000 != 0 {
-            if abs % 1_000_000 == 0 && abs < 1_000_000_000 {
+        if !abs.is_multiple_of(1_000_000_000) {
+            if abs.is_multiple_of(1_000_000) && abs < 1_000_000_000 {
                 return write!(f, "{sign}{}ms", abs / 1_000_000);
             }
             if abs < 1_000_000_000 {

@@ -1,8 +1,22 @@
-//! Loading and merging configuration documents. (Being implemented: see issue 2.)
+//! Loading a configuration file: split the YAML documents, merge them (our document
+//! overrides the kubelet's), apply command-line overrides and defaults, then validate
+//! into the effective [`AgentConfig`].
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
-use super::model::AgentConfig;
+use serde::Deserialize;
+
+use super::documents::{
+    AGENT_API_VERSION, AGENT_KIND, AgentDocument, KUBELET_API_VERSION, KUBELET_KIND,
+    KubeletDocument, Origins, ScalarMap, ScalarText,
+};
+use super::duration::GoDuration;
+use super::model::{AgentConfig, EvictionConfig, HostPaths, ShutdownConfig, ShutdownPhaseConfig};
+use super::thresholds::{
+    FieldError, FilesystemLayout, ThresholdMaps, add_allocatable_thresholds,
+    mirror_containerfs_thresholds, parse_thresholds,
+};
 
 /// Command-line settings that override the file, in the kubelet's flag syntax.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -22,19 +36,47 @@ pub struct Overrides {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{source_name}: {message}")]
-    Invalid {
-        source_name: String,
-        message: String,
-    },
     #[error("cannot read {path}: {error}")]
     Read { path: String, error: std::io::Error },
+    #[error("{origin}: {message}")]
+    Document { origin: String, message: String },
+    #[error("{origin}: {field}{}: {message}", key.as_ref().map(|k| format!("[{k:?}]")).unwrap_or_default())]
+    Field {
+        origin: String,
+        field: String,
+        key: Option<String>,
+        message: String,
+    },
 }
 
-/// Load a configuration file (or the built-in defaults when `path` is `None`).
+/// An effective configuration plus the non-fatal findings an operator should see.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    pub config: AgentConfig,
+    pub warnings: Vec<String>,
+    /// The merged settings as one `AgentConfiguration` document, defaults filled in.
+    pub effective_document: AgentDocument,
+}
+
+/// Load a configuration file, or the built-in defaults when `path` is `None`.
 pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<AgentConfig, ConfigError> {
-    let _ = (path, overrides);
-    Ok(AgentConfig::default())
+    load_with_warnings(path, overrides).map(|loaded| loaded.config)
+}
+
+pub fn load_with_warnings(
+    path: Option<&Path>,
+    overrides: &Overrides,
+) -> Result<LoadedConfig, ConfigError> {
+    match path {
+        None => build(AgentDocument::default(), Origins::new(), overrides),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+                path: path.display().to_string(),
+                error,
+            })?;
+            from_yaml_str_with_warnings(&text, &path.display().to_string(), overrides)
+        }
+    }
 }
 
 /// Parse the text of a configuration file holding one or more YAML documents.
@@ -43,8 +85,62 @@ pub fn from_yaml_str(
     source_name: &str,
     overrides: &Overrides,
 ) -> Result<AgentConfig, ConfigError> {
-    let _ = (text, source_name, overrides);
-    Ok(AgentConfig::default())
+    from_yaml_str_with_warnings(text, source_name, overrides).map(|loaded| loaded.config)
+}
+
+pub fn from_yaml_str_with_warnings(
+    text: &str,
+    source_name: &str,
+    overrides: &Overrides,
+) -> Result<LoadedConfig, ConfigError> {
+    let mut kubelet: Option<(AgentDocument, String)> = None;
+    let mut agent: Option<(AgentDocument, String)> = None;
+    for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let label = format!("{source_name} document {}", index + 1);
+        let value =
+            serde_yaml_ng::Value::deserialize(document).map_err(|e| ConfigError::Document {
+                origin: label.clone(),
+                message: format!("invalid YAML: {e}"),
+            })?;
+        if value.is_null() {
+            continue;
+        }
+        let text_field = |name: &str| value.get(name).and_then(|v| v.as_str()).map(str::to_string);
+        let (api_version, kind) = (text_field("apiVersion"), text_field("kind"));
+        match (api_version.as_deref(), kind.as_deref()) {
+            (Some(KUBELET_API_VERSION), Some(KUBELET_KIND)) => {
+                let label = format!("{label} ({KUBELET_KIND})");
+                if kubelet.is_some() {
+                    return Err(duplicate(label));
+                }
+                let doc: KubeletDocument = decode(value, &label)?;
+                kubelet = Some((doc.into(), label));
+            }
+            (Some(AGENT_API_VERSION), Some(AGENT_KIND)) => {
+                let label = format!("{label} ({AGENT_KIND})");
+                if agent.is_some() {
+                    return Err(duplicate(label));
+                }
+                agent = Some((decode(value, &label)?, label));
+            }
+            _ => {
+                return Err(ConfigError::Document {
+                    origin: label,
+                    message: format!(
+                        "unsupported document apiVersion {:?} kind {:?}; expected {KUBELET_API_VERSION} {KUBELET_KIND} or {AGENT_API_VERSION} {AGENT_KIND}",
+                        api_version.unwrap_or_default(),
+                        kind.unwrap_or_default()
+                    ),
+                });
+            }
+        }
+    }
+    let mut origins = Origins::new();
+    let mut merged = AgentDocument::default();
+    for (doc, label) in [kubelet, agent].into_iter().flatten() {
+        merged = merged.overridden_by(doc, &label, &mut origins);
+    }
+    build(merged, origins, overrides)
 }
 
 /// Parse an inline `AgentConfiguration` body (as embedded in a trace file), where
@@ -53,6 +149,429 @@ pub fn parse_inline(
     value: &serde_yaml_ng::Value,
     source_name: &str,
 ) -> Result<AgentConfig, ConfigError> {
-    let _ = (value, source_name);
-    Ok(AgentConfig::default())
+    let label = format!("{source_name} (inline {AGENT_KIND})");
+    let doc: AgentDocument = decode(value.clone(), &label)?;
+    for (field, actual, expected) in [
+        ("apiVersion", &doc.api_version, AGENT_API_VERSION),
+        ("kind", &doc.kind, AGENT_KIND),
+    ] {
+        if let Some(actual) = actual.as_deref().filter(|a| *a != expected) {
+            return Err(ConfigError::Field {
+                origin: label,
+                field: field.to_string(),
+                key: None,
+                message: format!("{actual:?} is not {expected:?}"),
+            });
+        }
+    }
+    let mut origins = Origins::new();
+    let doc = AgentDocument::default().overridden_by(doc, &label, &mut origins);
+    build(doc, origins, &Overrides::default()).map(|loaded| loaded.config)
+}
+
+fn duplicate(label: String) -> ConfigError {
+    ConfigError::Document {
+        origin: label,
+        message: "a file may hold at most one document of each kind".to_string(),
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    value: serde_yaml_ng::Value,
+    label: &str,
+) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let message = e.into_inner().to_string();
+        match path.as_str() {
+            "." => ConfigError::Document {
+                origin: label.to_string(),
+                message,
+            },
+            _ => ConfigError::Field {
+                origin: label.to_string(),
+                field: path,
+                key: None,
+                message,
+            },
+        }
+    })
+}
+
+/// Parse `k<v,k<v` (kubelet `LangleSeparatedMapStringString`) or `k=v,k=v`.
+fn parse_flag_map(flag: &str, text: &str, separator: char) -> Result<ScalarMap, ConfigError> {
+    let mut map = BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once(separator)
+            .ok_or_else(|| ConfigError::Field {
+                origin: format!("flag --{flag}"),
+                field: flag.to_string(),
+                key: None,
+                message: format!("malformed pair {pair:?}, expect string{separator}string"),
+            })?;
+        map.insert(key.trim().to_string(), ScalarText(value.trim().to_string()));
+    }
+    Ok(map)
+}
+
+fn apply_overrides(
+    doc: AgentDocument,
+    origins: &mut Origins,
+    o: &Overrides,
+) -> Result<AgentDocument, ConfigError> {
+    let mut flag_doc = AgentDocument::default();
+    let mut set =
+        |field: &str| origins.insert(field.to_string(), format!("flag --{}", kebab(field)));
+    if let Some(text) = &o.eviction_hard {
+        flag_doc.eviction_hard = Some(parse_flag_map("eviction-hard", text, '<')?);
+        set("evictionHard");
+    }
+    if let Some(text) = &o.eviction_soft {
+        flag_doc.eviction_soft = Some(parse_flag_map("eviction-soft", text, '<')?);
+        set("evictionSoft");
+    }
+    if let Some(text) = &o.eviction_soft_grace_period {
+        flag_doc.eviction_soft_grace_period =
+            Some(parse_flag_map("eviction-soft-grace-period", text, '=')?);
+        set("evictionSoftGracePeriod");
+    }
+    if let Some(text) = &o.eviction_minimum_reclaim {
+        flag_doc.eviction_minimum_reclaim =
+            Some(parse_flag_map("eviction-minimum-reclaim", text, '=')?);
+        set("evictionMinimumReclaim");
+    }
+    if let Some(text) = &o.eviction_pressure_transition_period {
+        flag_doc.eviction_pressure_transition_period = Some(text.clone());
+        set("evictionPressureTransitionPeriod");
+    }
+    if let Some(seconds) = o.eviction_max_pod_grace_period {
+        flag_doc.eviction_max_pod_grace_period = Some(seconds);
+        set("evictionMaxPodGracePeriod");
+    }
+    if let Some(name) = &o.node_name {
+        flag_doc.node_name = Some(name.clone());
+        set("nodeName");
+    }
+    if let Some(dry_run) = o.dry_run {
+        flag_doc.dry_run = Some(dry_run);
+        set("dryRun");
+    }
+    if let Some(address) = &o.metrics_address {
+        flag_doc.metrics_address = Some(address.clone());
+        set("metricsAddress");
+    }
+    let mut unused = Origins::new();
+    Ok(doc.overridden_by(flag_doc, "", &mut unused))
+}
+
+fn kebab(camel: &str) -> String {
+    let mut out = String::new();
+    for c in camel.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('-');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn default_hard_map() -> ScalarMap {
+    [
+        ("memory.available", "100Mi"),
+        ("nodefs.available", "10%"),
+        ("nodefs.inodesFree", "5%"),
+        ("imagefs.available", "15%"),
+        ("imagefs.inodesFree", "5%"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), ScalarText(v.to_string())))
+    .collect()
+}
+
+const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9847";
+
+fn build(
+    doc: AgentDocument,
+    mut origins: Origins,
+    overrides: &Overrides,
+) -> Result<LoadedConfig, ConfigError> {
+    let mut doc = apply_overrides(doc, &mut origins, overrides)?;
+    let origin_of = |field: &str| {
+        origins
+            .get(field)
+            .cloned()
+            .unwrap_or_else(|| "built-in defaults".to_string())
+    };
+    let field_error = |e: FieldError| ConfigError::Field {
+        origin: origin_of(e.field),
+        field: e.field.to_string(),
+        key: e.key,
+        message: e.message,
+    };
+    let simple_error =
+        |field: &'static str, message: String| field_error(FieldError::new(field, None, message));
+
+    // Defaults, with the kubelet's rule: setting evictionHard at all drops the other
+    // default signals unless mergeDefaultEvictionSettings is true.
+    let merge_defaults = doc.merge_default_eviction_settings.unwrap_or(false);
+    doc.eviction_hard = Some(match doc.eviction_hard.take() {
+        None => default_hard_map(),
+        Some(mut map) if merge_defaults => {
+            for (k, v) in default_hard_map() {
+                map.entry(k).or_insert(v);
+            }
+            map
+        }
+        Some(map) => map,
+    });
+    doc.merge_default_eviction_settings = Some(merge_defaults);
+    let empty = ScalarMap::new();
+    let mut thresholds = parse_thresholds(&ThresholdMaps {
+        hard: doc.eviction_hard.as_ref().unwrap_or(&empty),
+        soft: doc.eviction_soft.as_ref().unwrap_or(&empty),
+        soft_grace_period: doc.eviction_soft_grace_period.as_ref().unwrap_or(&empty),
+        minimum_reclaim: doc.eviction_minimum_reclaim.as_ref().unwrap_or(&empty),
+    })
+    .map_err(field_error)?;
+
+    let duration_field = |field: &'static str, text: &Option<String>, default: GoDuration| {
+        let Some(text) = text else { return Ok(default) };
+        let value = GoDuration::parse(text).map_err(|e| simple_error(field, e.to_string()))?;
+        if value.is_negative() {
+            return Err(simple_error(field, format!("{text} must not be negative")));
+        }
+        Ok(value)
+    };
+    let pressure_transition_period = duration_field(
+        "evictionPressureTransitionPeriod",
+        &doc.eviction_pressure_transition_period,
+        GoDuration::from_secs(300),
+    )?;
+    let max_pod_grace_period_seconds = doc.eviction_max_pod_grace_period.unwrap_or(0);
+    if max_pod_grace_period_seconds < 0 {
+        return Err(simple_error(
+            "evictionMaxPodGracePeriod",
+            format!(
+                "{max_pod_grace_period_seconds} must not be negative (the kubelet would kill soft-evicted pods at once); set it to the longest grace period a soft eviction may use"
+            ),
+        ));
+    }
+    let housekeeping_interval = duration_field(
+        "housekeepingInterval",
+        &doc.housekeeping_interval,
+        GoDuration::from_secs(10),
+    )?;
+    if housekeeping_interval.is_zero() {
+        return Err(simple_error(
+            "housekeepingInterval",
+            "must be greater than zero".to_string(),
+        ));
+    }
+
+    let shutdown = build_shutdown(&doc, &simple_error)?;
+
+    let defaults = HostPaths::default();
+    let path_field = |text: &Option<String>, default: PathBuf| {
+        text.as_ref().map(PathBuf::from).unwrap_or(default)
+    };
+    let paths = HostPaths {
+        cgroup_root: path_field(&doc.cgroup_root, defaults.cgroup_root),
+        proc_root: path_field(&doc.proc_root, defaults.proc_root),
+        nodefs: path_field(&doc.nodefs_path, defaults.nodefs),
+        imagefs: doc.imagefs_path.as_ref().map(PathBuf::from),
+        containerfs: doc.containerfs_path.as_ref().map(PathBuf::from),
+        pods_cgroup: doc.pods_cgroup.as_ref().map(PathBuf::from),
+    };
+    for (field, value) in [
+        ("cgroupRoot", &doc.cgroup_root),
+        ("procRoot", &doc.proc_root),
+        ("nodefsPath", &doc.nodefs_path),
+        ("imagefsPath", &doc.imagefs_path),
+        ("containerfsPath", &doc.containerfs_path),
+    ] {
+        if value.as_deref().is_some_and(|v| !v.starts_with('/')) {
+            return Err(field_error(FieldError {
+                field: static_field(field),
+                key: None,
+                message: format!(
+                    "{:?} must be an absolute path",
+                    value.as_deref().unwrap_or_default()
+                ),
+            }));
+        }
+    }
+    if paths.pods_cgroup.is_some() {
+        add_allocatable_thresholds(&mut thresholds);
+    }
+    let layout = match (&paths.imagefs, &paths.containerfs) {
+        (None, _) => FilesystemLayout::SingleDisk,
+        (Some(image), Some(container)) if image != container => FilesystemLayout::SplitImageFs,
+        (Some(_), _) => FilesystemLayout::ImageFs,
+    };
+    let mut warnings = Vec::new();
+    mirror_containerfs_thresholds(&mut thresholds, layout, &mut warnings);
+
+    let metrics_address = doc
+        .metrics_address
+        .clone()
+        .unwrap_or_else(|| DEFAULT_METRICS_ADDRESS.to_string());
+    if metrics_address.parse::<std::net::SocketAddr>().is_err() {
+        return Err(simple_error(
+            "metricsAddress",
+            format!("{metrics_address:?} is not an address like 127.0.0.1:9847 or [::]:9847"),
+        ));
+    }
+    if let Some(name) = doc.node_name.as_deref().filter(|n| !valid_node_name(n)) {
+        return Err(simple_error(
+            "nodeName",
+            format!("{name:?} is not a valid Kubernetes node name (lowercase DNS subdomain)"),
+        ));
+    }
+
+    let config = AgentConfig {
+        eviction: EvictionConfig {
+            thresholds,
+            max_pod_grace_period_seconds,
+            pressure_transition_period,
+            local_storage_capacity_isolation: true,
+        },
+        shutdown,
+        housekeeping_interval,
+        paths,
+        metrics_address: metrics_address.clone(),
+        dry_run: doc.dry_run.unwrap_or(false),
+        node_name: doc.node_name.clone(),
+    };
+    let effective_document = effective_document(doc, &config);
+    Ok(LoadedConfig {
+        config,
+        warnings,
+        effective_document,
+    })
+}
+
+fn static_field(field: &str) -> &'static str {
+    match field {
+        "cgroupRoot" => "cgroupRoot",
+        "procRoot" => "procRoot",
+        "nodefsPath" => "nodefsPath",
+        "imagefsPath" => "imagefsPath",
+        _ => "containerfsPath",
+    }
+}
+
+fn valid_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+fn build_shutdown(
+    doc: &AgentDocument,
+    simple_error: &dyn Fn(&'static str, String) -> ConfigError,
+) -> Result<ShutdownConfig, ConfigError> {
+    let parse_period = |field: &'static str, text: &Option<String>| {
+        let Some(raw) = text else {
+            return Ok(GoDuration::ZERO);
+        };
+        let value = GoDuration::parse(raw).map_err(|e| simple_error(field, e.to_string()))?;
+        if value.is_negative() || (!value.is_zero() && value.nanos() < 1_000_000_000) {
+            return Err(simple_error(
+                field,
+                format!(
+                    "invalid configuration: {field} {value} must be either zero or otherwise >= 1 sec"
+                ),
+            ));
+        }
+        Ok(value)
+    };
+    let grace_period = parse_period("shutdownGracePeriod", &doc.shutdown_grace_period)?;
+    let grace_period_critical_pods = parse_period(
+        "shutdownGracePeriodCriticalPods",
+        &doc.shutdown_grace_period_critical_pods,
+    )?;
+    if grace_period_critical_pods > grace_period {
+        return Err(simple_error(
+            "shutdownGracePeriodCriticalPods",
+            format!(
+                "invalid configuration: shutdownGracePeriodCriticalPods {grace_period_critical_pods} must be <= shutdownGracePeriod {grace_period}"
+            ),
+        ));
+    }
+    let by_pod_priority: Vec<ShutdownPhaseConfig> = doc
+        .shutdown_grace_period_by_pod_priority
+        .iter()
+        .flatten()
+        .map(|p| ShutdownPhaseConfig {
+            priority: p.priority,
+            shutdown_grace_period_seconds: p.shutdown_grace_period_seconds,
+        })
+        .collect();
+    if !by_pod_priority.is_empty() && !grace_period.is_zero() {
+        return Err(simple_error(
+            "shutdownGracePeriodByPodPriority",
+            "invalid configuration: Cannot specify both shutdownGracePeriodByPodPriority and shutdownGracePeriod at the same time".to_string(),
+        ));
+    }
+    for phase in &by_pod_priority {
+        if phase.shutdown_grace_period_seconds < 0 {
+            return Err(simple_error(
+                "shutdownGracePeriodByPodPriority",
+                format!(
+                    "priority {}: shutdownGracePeriodSeconds {} must not be negative",
+                    phase.priority, phase.shutdown_grace_period_seconds
+                ),
+            ));
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(dup) = by_pod_priority.iter().find(|p| !seen.insert(p.priority)) {
+        return Err(simple_error(
+            "shutdownGracePeriodByPodPriority",
+            format!("priority {} is listed more than once", dup.priority),
+        ));
+    }
+    Ok(ShutdownConfig {
+        grace_period,
+        grace_period_critical_pods,
+        by_pod_priority,
+    })
+}
+
+/// The merged settings rendered back as one complete `AgentConfiguration`, so that
+/// `check-config` output is itself a valid config file.
+fn effective_document(mut doc: AgentDocument, config: &AgentConfig) -> AgentDocument {
+    doc.api_version = Some(AGENT_API_VERSION.to_string());
+    doc.kind = Some(AGENT_KIND.to_string());
+    doc.eviction_soft.get_or_insert_with(BTreeMap::new);
+    doc.eviction_soft_grace_period
+        .get_or_insert_with(BTreeMap::new);
+    doc.eviction_minimum_reclaim
+        .get_or_insert_with(BTreeMap::new);
+    doc.eviction_max_pod_grace_period = Some(config.eviction.max_pod_grace_period_seconds);
+    doc.eviction_pressure_transition_period =
+        Some(config.eviction.pressure_transition_period.to_string());
+    doc.shutdown_grace_period = Some(config.shutdown.grace_period.to_string());
+    doc.shutdown_grace_period_critical_pods =
+        Some(config.shutdown.grace_period_critical_pods.to_string());
+    doc.shutdown_grace_period_by_pod_priority
+        .get_or_insert_with(Vec::new);
+    doc.housekeeping_interval = Some(config.housekeeping_interval.to_string());
+    let path = |p: &Path| Some(p.display().to_string());
+    doc.cgroup_root = path(&config.paths.cgroup_root);
+    doc.proc_root = path(&config.paths.proc_root);
+    doc.nodefs_path = path(&config.paths.nodefs);
+    doc.metrics_address = Some(config.metrics_address.clone());
+    doc.dry_run = Some(config.dry_run);
+    doc
 }

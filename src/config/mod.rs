@@ -1,15 +1,22 @@
 //! Configuration: kubelet-style YAML documents, Kubernetes quantities and Go durations,
 //! merged into one effective [`AgentConfig`].
 
+mod documents;
 pub mod duration;
 mod load;
 mod model;
 pub mod quantity;
+mod thresholds;
 
+pub use documents::AgentDocument;
 pub use duration::GoDuration;
-pub use load::{ConfigError, Overrides, from_yaml_str, load, parse_inline};
+pub use load::{
+    ConfigError, LoadedConfig, Overrides, from_yaml_str, from_yaml_str_with_warnings, load,
+    load_with_warnings, parse_inline,
+};
 pub use model::{
     AgentConfig, EvictionConfig, HostPaths, ShutdownConfig, ShutdownPhaseConfig, Threshold,
     ThresholdValue,
 };
 pub use quantity::Quantity;
+pub use thresholds::FilesystemLayout;

@@ -1,8 +1,31 @@
-//! Eviction signals: their names, and the observations the collectors produce.
+//! Eviction signals: their names, the observations the collectors produce, and the live
+//! collectors that read them from cgroupfs, procfs and statvfs.
 
+mod cgroup;
+mod collector;
+mod error;
+mod fileio;
+mod filesystem;
+mod layout;
+mod memory;
 mod name;
+mod parse;
+mod pressure;
+mod probe;
+pub mod report;
 
+pub use cgroup::{CgroupReader, CgroupUsage};
+pub use collector::{Collection, SignalCollector};
+pub use error::{ErrorSubject, FileError, FileProblem, SignalError};
+pub use filesystem::{FsStats, FsTarget};
+pub use layout::{CgroupLayout, CgroupPaths, LayoutError, detect_layout};
+pub use memory::{MemoryController, MemoryUsage, V1Memory, V2Memory};
 pub use name::{NodeCondition, Resource, Signal, UnknownSignal};
+pub use parse::MemInfo;
+pub use pressure::{
+    PressureKind, PressureReading, PressureResource, PressureScope, parse_pressure,
+};
+pub use probe::{NotificationSupport, probe};
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,209 @@
+//! The raw YAML documents a configuration file may hold, before validation.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+pub const KUBELET_KIND: &str = "KubeletConfiguration";
+pub const AGENT_API_VERSION: &str = "nodekeeper.io/v1alpha1";
+pub const AGENT_KIND: &str = "AgentConfiguration";
+
+/// A `signal: value` map whose values may be written as YAML strings or bare numbers
+/// (`pid.available: 1000`); numbers are kept in their decimal text form.
+pub type ScalarMap = BTreeMap<String, ScalarText>;
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct ScalarText(pub String);
+
+impl<'de> Deserialize<'de> for ScalarText {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = ScalarText;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a number")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ScalarText, E> {
+                Ok(ScalarText(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ScalarText, E> {
+                Ok(ScalarText(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ScalarText, E> {
+                Ok(ScalarText(v.to_string()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<ScalarText, E> {
+                if v.fract() == 0.0 && v.abs() < 9.0e15 {
+                    Ok(ScalarText(format!("{}", v as i64)))
+                } else {
+                    Ok(ScalarText(v.to_string()))
+                }
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+/// `shutdownGracePeriodByPodPriority` entries, spelled as in the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawShutdownPhase {
+    pub priority: i32,
+    pub shutdown_grace_period_seconds: i64,
+}
+
+/// The eviction and shutdown fields the agent takes from a `KubeletConfiguration`.
+/// Every other kubelet field is ignored, so the node's own config file loads as is.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletDocument {
+    pub eviction_hard: Option<ScalarMap>,
+    pub eviction_soft: Option<ScalarMap>,
+    pub eviction_soft_grace_period: Option<ScalarMap>,
+    pub eviction_max_pod_grace_period: Option<i64>,
+    pub eviction_minimum_reclaim: Option<ScalarMap>,
+    pub eviction_pressure_transition_period: Option<String>,
+    pub merge_default_eviction_settings: Option<bool>,
+    pub shutdown_grace_period: Option<String>,
+    pub shutdown_grace_period_critical_pods: Option<String>,
+    pub shutdown_grace_period_by_pod_priority: Option<Vec<RawShutdownPhase>>,
+}
+
+/// nodekeeper's own document. Unknown fields are errors: a typo must not silently
+/// leave a node unprotected.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentDocument {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_hard: Option<ScalarMap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_soft: Option<ScalarMap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_soft_grace_period: Option<ScalarMap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_max_pod_grace_period: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_minimum_reclaim: Option<ScalarMap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_pressure_transition_period: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merge_default_eviction_settings: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace_period: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace_period_critical_pods: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace_period_by_pod_priority: Option<Vec<RawShutdownPhase>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub housekeeping_interval: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup_root: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proc_root: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodefs_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub imagefs_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub containerfs_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pods_cgroup: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+}
+
+impl From<KubeletDocument> for AgentDocument {
+    fn from(k: KubeletDocument) -> Self {
+        AgentDocument {
+            eviction_hard: k.eviction_hard,
+            eviction_soft: k.eviction_soft,
+            eviction_soft_grace_period: k.eviction_soft_grace_period,
+            eviction_max_pod_grace_period: k.eviction_max_pod_grace_period,
+            eviction_minimum_reclaim: k.eviction_minimum_reclaim,
+            eviction_pressure_transition_period: k.eviction_pressure_transition_period,
+            merge_default_eviction_settings: k.merge_default_eviction_settings,
+            shutdown_grace_period: k.shutdown_grace_period,
+            shutdown_grace_period_critical_pods: k.shutdown_grace_period_critical_pods,
+            shutdown_grace_period_by_pod_priority: k.shutdown_grace_period_by_pod_priority,
+            ..AgentDocument::default()
+        }
+    }
+}
+
+/// Which document (or flag) each field's value came from, keyed by camelCase field name,
+/// so an error can name the document that must be fixed.
+pub type Origins = BTreeMap<String, String>;
+
+fn camel_case(snake: &str) -> String {
+    let mut out = String::with_capacity(snake.len());
+    let mut upper = false;
+    for c in snake.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.push(c.to_ascii_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl AgentDocument {
+    /// Field-by-field override: every field set in `over` replaces the one in `self`, and
+    /// `origins` records `origin` for it. Maps are replaced whole, as a kubelet flag
+    /// replaces its config-file field.
+    pub fn overridden_by(
+        self,
+        over: AgentDocument,
+        origin: &str,
+        origins: &mut Origins,
+    ) -> AgentDocument {
+        macro_rules! pick {
+            ($($field:ident),*) => {
+                AgentDocument { $($field: match over.$field {
+                    Some(value) => {
+                        origins.insert(camel_case(stringify!($field)), origin.to_string());
+                        Some(value)
+                    }
+                    None => self.$field,
+                }),* }
+            };
+        }
+        pick!(
+            api_version,
+            kind,
+            eviction_hard,
+            eviction_soft,
+            eviction_soft_grace_period,
+            eviction_max_pod_grace_period,
+            eviction_minimum_reclaim,
+            eviction_pressure_transition_period,
+            merge_default_eviction_settings,
+            shutdown_grace_period,
+            shutdown_grace_period_critical_pods,
+            shutdown_grace_period_by_pod_priority,
+            housekeeping_interval,
+            cgroup_root,
+            proc_root,
+            nodefs_path,
+            imagefs_path,
+            containerfs_path,
+            pods_cgroup,
+            metrics_address,
+            dry_run,
+            node_name
+        )
+    }
+}

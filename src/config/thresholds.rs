@@ -1,0 +1,245 @@
+//! Threshold statements, parsed as the kubelet's `ParseThresholdConfig` parses them, with
+//! its error texts, so an operator who knows the kubelet recognises every message.
+
+use std::collections::BTreeMap;
+
+use super::documents::ScalarMap;
+use super::duration::GoDuration;
+use super::model::{Threshold, ThresholdValue};
+use super::quantity::Quantity;
+use crate::signals::Signal;
+
+/// A validation failure tied to one configuration field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The camelCase field, e.g. `evictionHard`.
+    pub field: &'static str,
+    /// The map key, when the field is a map.
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: &'static str, key: Option<&str>, message: impl Into<String>) -> Self {
+        FieldError {
+            field,
+            key: key.map(str::to_string),
+            message: message.into(),
+        }
+    }
+}
+
+pub struct ThresholdMaps<'a> {
+    pub hard: &'a ScalarMap,
+    pub soft: &'a ScalarMap,
+    pub soft_grace_period: &'a ScalarMap,
+    pub minimum_reclaim: &'a ScalarMap,
+}
+
+fn parse_signal(field: &'static str, key: &str) -> Result<Signal, FieldError> {
+    key.parse().map_err(|e: crate::signals::UnknownSignal| {
+        FieldError::new(field, Some(key), e.to_string())
+    })
+}
+
+/// Parse a percentage like the kubelet: trailing `%` trimmed, float32, divided by 100.
+fn parse_percentage(text: &str) -> Result<f32, String> {
+    let number = text.trim_end_matches('%');
+    let value: f32 = number
+        .parse()
+        .map_err(|_| format!("invalid percentage {text:?}: not a number"))?;
+    if !value.is_finite() {
+        return Err(format!(
+            "invalid percentage {text:?}: must be a finite number"
+        ));
+    }
+    Ok(value / 100.0)
+}
+
+/// One `signal: value` statement of evictionHard/evictionSoft. `Ok(None)` is a threshold
+/// disabled by the exact strings `0%` or `100%`.
+fn parse_statement(
+    field: &'static str,
+    key: &str,
+    text: &str,
+) -> Result<Option<(Signal, ThresholdValue)>, FieldError> {
+    let signal = parse_signal(field, key)?;
+    let err = |message: String| FieldError::new(field, Some(key), message);
+    if text.ends_with('%') {
+        if text == "0%" || text == "100%" {
+            return Ok(None);
+        }
+        let fraction = parse_percentage(text).map_err(&err)?;
+        if fraction < 0.0 {
+            return Err(err(format!(
+                "eviction percentage threshold {signal} must be >= 0%: {text}"
+            )));
+        }
+        if fraction > 1.0 {
+            return Err(err(format!(
+                "eviction percentage threshold {signal} must be <= 100%: {text}"
+            )));
+        }
+        return Ok(Some((signal, ThresholdValue::Percentage(fraction))));
+    }
+    let quantity = Quantity::parse(text).map_err(|e| err(format!("{text:?}: {e}")))?;
+    if !quantity.is_positive() {
+        return Err(err(format!(
+            "eviction threshold {signal} must be positive: {text}"
+        )));
+    }
+    Ok(Some((signal, ThresholdValue::Quantity(quantity))))
+}
+
+fn parse_minimum_reclaim(key: &str, text: &str) -> Result<(Signal, ThresholdValue), FieldError> {
+    const FIELD: &str = "evictionMinimumReclaim";
+    let signal = parse_signal(FIELD, key)?;
+    let err = |message: String| FieldError::new(FIELD, Some(key), message);
+    if text.ends_with('%') {
+        let fraction = parse_percentage(text).map_err(&err)?;
+        if fraction <= 0.0 {
+            return Err(err(format!(
+                "eviction percentage minimum reclaim {signal} must be positive: {text}"
+            )));
+        }
+        if fraction > 1.0 {
+            return Err(err(format!(
+                "eviction percentage minimum reclaim {signal} must be <= 100%: {text}"
+            )));
+        }
+        return Ok((signal, ThresholdValue::Percentage(fraction)));
+    }
+    let quantity = Quantity::parse(text).map_err(|e| err(format!("{text:?}: {e}")))?;
+    if quantity.is_negative() {
+        return Err(err(format!(
+            "negative eviction minimum reclaim specified for {signal}"
+        )));
+    }
+    Ok((signal, ThresholdValue::Quantity(quantity)))
+}
+
+/// Build the threshold list from the four kubelet maps.
+pub fn parse_thresholds(maps: &ThresholdMaps<'_>) -> Result<Vec<Threshold>, FieldError> {
+    let mut grace_periods = BTreeMap::new();
+    for (key, text) in maps.soft_grace_period {
+        const FIELD: &str = "evictionSoftGracePeriod";
+        let signal = parse_signal(FIELD, key)?;
+        let period = GoDuration::parse(&text.0)
+            .map_err(|e| FieldError::new(FIELD, Some(key), e.to_string()))?;
+        if period.is_negative() {
+            return Err(FieldError::new(
+                FIELD,
+                Some(key),
+                format!(
+                    "invalid eviction grace period specified: {}, must be a positive value",
+                    text.0
+                ),
+            ));
+        }
+        grace_periods.insert(signal, period);
+    }
+    let mut minimum_reclaims = BTreeMap::new();
+    for (key, text) in maps.minimum_reclaim {
+        let (signal, value) = parse_minimum_reclaim(key, &text.0)?;
+        minimum_reclaims.insert(signal, value);
+    }
+
+    let mut thresholds = Vec::new();
+    for (key, text) in maps.hard {
+        if let Some((signal, value)) = parse_statement("evictionHard", key, &text.0)? {
+            thresholds.push(Threshold {
+                signal,
+                value,
+                grace_period: GoDuration::ZERO,
+                min_reclaim: minimum_reclaims.get(&signal).copied(),
+            });
+        }
+    }
+    for (key, text) in maps.soft {
+        if let Some((signal, value)) = parse_statement("evictionSoft", key, &text.0)? {
+            let grace_period = grace_periods.get(&signal).copied().ok_or_else(|| {
+                FieldError::new(
+                    "evictionSoft",
+                    Some(key),
+                    format!(
+                        "grace period must be specified for the soft eviction threshold {signal}"
+                    ),
+                )
+            })?;
+            thresholds.push(Threshold {
+                signal,
+                value,
+                grace_period,
+                min_reclaim: minimum_reclaims.get(&signal).copied(),
+            });
+        }
+    }
+    Ok(thresholds)
+}
+
+/// `addAllocatableThresholds`: every hard `memory.available` threshold also guards the
+/// pods cgroup, with the same value and minimum reclaim.
+pub fn add_allocatable_thresholds(thresholds: &mut Vec<Threshold>) {
+    let copies: Vec<Threshold> = thresholds
+        .iter()
+        .filter(|t| t.signal == Signal::MemoryAvailable && t.is_hard())
+        .map(|t| Threshold {
+            signal: Signal::AllocatableMemoryAvailable,
+            ..t.clone()
+        })
+        .collect();
+    thresholds.extend(copies);
+}
+
+/// How images and container writable layers are laid out on disk, which decides what
+/// the `containerfs.*` thresholds mirror.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilesystemLayout {
+    /// Everything on the node filesystem.
+    SingleDisk,
+    /// A dedicated image filesystem that also holds container writable layers.
+    ImageFs,
+    /// A dedicated image filesystem, with writable layers on the node filesystem.
+    SplitImageFs,
+}
+
+/// `UpdateContainerFsThresholds`: user `containerfs.*` thresholds are dropped (with a
+/// warning) and replaced by copies of nodefs or imagefs thresholds, per layout. Copies of
+/// absent thresholds are never met in the kubelet, so they are simply not created.
+pub fn mirror_containerfs_thresholds(
+    thresholds: &mut Vec<Threshold>,
+    layout: FilesystemLayout,
+    warnings: &mut Vec<String>,
+) {
+    let is_containerfs = |s: Signal| {
+        matches!(
+            s,
+            Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
+        )
+    };
+    for t in thresholds.iter().filter(|t| is_containerfs(t.signal)) {
+        let kind = if t.is_hard() { "hard" } else { "soft" };
+        warnings.push(format!("found {} for {kind} eviction. ignoring", t.signal));
+    }
+    thresholds.retain(|t| !is_containerfs(t.signal));
+    let source = |s: Signal| match (layout, s) {
+        (FilesystemLayout::ImageFs, Signal::ImageFsAvailable) => Some(Signal::ContainerFsAvailable),
+        (FilesystemLayout::ImageFs, Signal::ImageFsInodesFree) => {
+            Some(Signal::ContainerFsInodesFree)
+        }
+        (FilesystemLayout::ImageFs, _) => None,
+        (_, Signal::NodeFsAvailable) => Some(Signal::ContainerFsAvailable),
+        (_, Signal::NodeFsInodesFree) => Some(Signal::ContainerFsInodesFree),
+        _ => None,
+    };
+    let copies: Vec<Threshold> = thresholds
+        .iter()
+        .filter_map(|t| {
+            source(t.signal).map(|signal| Threshold {
+                signal,
+                ..t.clone()
+            })
+        })
+        .collect();
+    thresholds.extend(copies);
+}

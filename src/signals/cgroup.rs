@@ -1,0 +1,150 @@
+//! Per-cgroup usage for pods and workloads: memory, limit and process count of one cgroup,
+//! and the child cgroups of a parent (standalone mode treats those as pods).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::error::{ErrorSubject, FileError, FileProblem, SignalError};
+use super::fileio::{is_not_found, read_u64, with_file_text};
+use super::layout::{CgroupLayout, CgroupPaths, LayoutError, detect_layout};
+use super::memory::{MemoryController, MemoryUsage, V1Memory, V2Memory};
+use super::parse::count_lines;
+
+/// One cgroup's resource use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CgroupUsage {
+    pub working_set_bytes: u64,
+    pub usage_bytes: u64,
+    /// `None` when the cgroup has no memory limit.
+    pub limit_bytes: Option<u64>,
+    /// Processes and threads in the cgroup and all its descendants.
+    pub process_count: u64,
+}
+
+/// The memory backend for a layout: an enum dispatcher, so readers need no trait objects.
+#[derive(Debug, Clone, Copy)]
+enum AnyMemory {
+    V1(V1Memory),
+    V2(V2Memory),
+}
+
+impl AnyMemory {
+    fn controller(&self) -> &dyn MemoryController {
+        match self {
+            AnyMemory::V1(v1) => v1,
+            AnyMemory::V2(v2) => v2,
+        }
+    }
+}
+
+/// Reads cgroups of one host (or fake tree), whatever its layout.
+#[derive(Debug, Clone)]
+pub struct CgroupReader {
+    paths: CgroupPaths,
+    memory: AnyMemory,
+}
+
+impl CgroupReader {
+    pub fn new(cgroup_root: &Path, layout: CgroupLayout) -> Self {
+        let memory = if layout.memory_is_v1() {
+            AnyMemory::V1(V1Memory)
+        } else {
+            AnyMemory::V2(V2Memory)
+        };
+        CgroupReader {
+            paths: CgroupPaths::new(cgroup_root, layout),
+            memory,
+        }
+    }
+
+    pub fn detect(cgroup_root: &Path) -> Result<Self, LayoutError> {
+        Ok(Self::new(cgroup_root, detect_layout(cgroup_root)?))
+    }
+
+    pub fn layout(&self) -> CgroupLayout {
+        self.paths.layout()
+    }
+
+    pub fn paths(&self) -> &CgroupPaths {
+        &self.paths
+    }
+
+    pub fn memory_controller(&self) -> &dyn MemoryController {
+        self.memory.controller()
+    }
+
+    /// Memory usage of `cgroup` (relative to the hierarchy root; `/` is the root cgroup).
+    pub fn memory_usage(&self, cgroup: &Path) -> Result<MemoryUsage, FileError> {
+        self.memory
+            .controller()
+            .usage(&self.paths.memory_dir(cgroup))
+    }
+
+    pub fn memory_limit(&self, cgroup: &Path) -> Result<Option<u64>, FileError> {
+        self.memory
+            .controller()
+            .limit(&self.paths.memory_dir(cgroup))
+    }
+
+    /// Working set, usage, limit and process count of one cgroup.
+    pub fn read_cgroup_usage(&self, cgroup: &Path) -> Result<CgroupUsage, SignalError> {
+        let usage_error = |e: FileError| e.for_subject(ErrorSubject::CgroupUsage);
+        let memory_dir = self.paths.memory_dir(cgroup);
+        let controller = self.memory.controller();
+        let usage = controller.usage(&memory_dir).map_err(usage_error)?;
+        let limit_bytes = controller.limit(&memory_dir).map_err(usage_error)?;
+        let process_count = self.process_count(cgroup).map_err(usage_error)?;
+        Ok(CgroupUsage {
+            working_set_bytes: usage.working_set_bytes(),
+            usage_bytes: usage.usage_bytes,
+            limit_bytes,
+            process_count,
+        })
+    }
+
+    /// `pids.current` where the pids controller covers the cgroup; otherwise the
+    /// `cgroup.procs` entries of the cgroup and all its descendants (in v1 and v2 alike
+    /// `cgroup.procs` lists only the cgroup's own members).
+    pub fn process_count(&self, cgroup: &Path) -> Result<u64, FileError> {
+        let pids_current = self.paths.pids_dir(cgroup).join("pids.current");
+        match read_u64(&pids_current) {
+            Ok(count) => Ok(count),
+            Err(e) if is_not_found(&e) => count_procs_recursively(&self.paths.memory_dir(cgroup)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The direct child cgroups of `parent`, as paths relative to the hierarchy root,
+    /// sorted by name.
+    pub fn list_child_cgroups(&self, parent: &Path) -> Result<Vec<PathBuf>, SignalError> {
+        let dir = self.paths.memory_dir(parent);
+        let child_error =
+            |e: std::io::Error| SignalError::new(ErrorSubject::ChildCgroups, &dir, e.into());
+        let mut children = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(child_error)? {
+            let entry = entry.map_err(child_error)?;
+            if entry.file_type().map_err(child_error)?.is_dir() {
+                children.push(parent.join(entry.file_name()));
+            }
+        }
+        children.sort();
+        Ok(children)
+    }
+}
+
+fn count_procs_recursively(dir: &Path) -> Result<u64, FileError> {
+    let mut total = with_file_text(&dir.join("cgroup.procs"), count_lines)?;
+    let entries = std::fs::read_dir(dir).map_err(|e| FileError::new(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| FileError::new(dir, e))?;
+        let is_dir = entry
+            .file_type()
+            .map_err(|e| FileError::new(&entry.path(), FileProblem::Io(e)))?
+            .is_dir();
+        if is_dir {
+            total += count_procs_recursively(&entry.path())?;
+        }
+    }
+    Ok(total)
+}

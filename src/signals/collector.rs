@@ -1,0 +1,285 @@
+//! The live collector: reads cgroupfs, procfs and statvfs into [`Observations`] once per call.
+
+use std::path::{Path, PathBuf};
+
+use super::cgroup::CgroupReader;
+use super::error::{ErrorSubject, FileError, FileProblem, SignalError};
+use super::fileio::{is_not_found, read_u64, with_file_text};
+use super::filesystem::{FsStats, FsTarget, stat_filesystem};
+use super::layout::{CgroupLayout, LayoutError};
+use super::memory::MemoryUsage;
+use super::parse::{MemInfo, flat_keyed_u64, loadavg_process_count, meminfo};
+use super::pressure::{PressureReading, PressureResource, PressureScope, read_pressure_file};
+use super::{Observation, Observations, Signal};
+use crate::config::HostPaths;
+
+/// Everything one collection saw. A signal whose files could not be read is missing from
+/// `observations` and has an entry in `errors`; the other signals are unaffected.
+#[derive(Debug, Default)]
+pub struct Collection {
+    pub observations: Observations,
+    pub pressure: Vec<PressureReading>,
+    pub errors: Vec<SignalError>,
+}
+
+/// Reads the node's eviction signals. Paths are resolved once, at construction, so a
+/// collection only opens and reads files.
+#[derive(Debug)]
+pub struct SignalCollector {
+    cgroups: Result<CgroupReader, LayoutError>,
+    meminfo: PathBuf,
+    loadavg: PathBuf,
+    pid_max: PathBuf,
+    threads_max: PathBuf,
+    pods_cgroup: Option<PathBuf>,
+    nodefs: FsTarget,
+    imagefs: Option<FsTarget>,
+    containerfs: Option<FsTarget>,
+    node_pressure: [(PressureResource, PathBuf); 3],
+    pods_pressure: Option<(PressureScope, PathBuf)>,
+    notes: Vec<String>,
+}
+
+impl SignalCollector {
+    pub fn new(paths: &HostPaths) -> Self {
+        let cgroups = CgroupReader::detect(&paths.cgroup_root);
+        let proc_root = &paths.proc_root;
+        let mut notes = Vec::new();
+        let mut resolve = |name: &str, configured: &Path| {
+            let target = FsTarget::resolve(configured);
+            if target.is_fallback() {
+                let note = format!(
+                    "{name} path {} does not exist; measuring the filesystem of its nearest existing ancestor {}",
+                    target.configured.display(),
+                    target.measured.display()
+                );
+                tracing::warn!("{note}");
+                notes.push(note);
+            }
+            target
+        };
+        let nodefs = resolve("nodefs", &paths.nodefs);
+        let imagefs = paths.imagefs.as_deref().map(|p| resolve("imagefs", p));
+        let containerfs = paths
+            .containerfs
+            .as_deref()
+            .map(|p| resolve("containerfs", p));
+        let pressure_dir = proc_root.join("pressure");
+        let node_pressure =
+            PressureResource::ALL.map(|resource| (resource, pressure_dir.join(resource.as_str())));
+        let pods_pressure = match (&cgroups, &paths.pods_cgroup) {
+            (Ok(reader), Some(pods)) => reader.paths().v2_dir(pods).map(|dir| {
+                (
+                    PressureScope::Cgroup(pods.clone()),
+                    dir.join("memory.pressure"),
+                )
+            }),
+            _ => None,
+        };
+        SignalCollector {
+            cgroups,
+            meminfo: proc_root.join("meminfo"),
+            loadavg: proc_root.join("loadavg"),
+            pid_max: proc_root.join("sys/kernel/pid_max"),
+            threads_max: proc_root.join("sys/kernel/threads-max"),
+            pods_cgroup: paths.pods_cgroup.clone(),
+            nodefs,
+            imagefs,
+            containerfs,
+            node_pressure,
+            pods_pressure,
+            notes,
+        }
+    }
+
+    /// The cgroup reader, when a cgroup hierarchy was found; per-pod usage goes through it.
+    pub fn cgroups(&self) -> Option<&CgroupReader> {
+        self.cgroups.as_ref().ok()
+    }
+
+    pub fn layout(&self) -> Option<CgroupLayout> {
+        self.cgroups().map(CgroupReader::layout)
+    }
+
+    /// Things an operator should know about how this host is measured (path fallbacks),
+    /// worked out once at construction.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    pub fn collect(&self) -> Collection {
+        let mut collection = Collection {
+            observations: Observations::new(),
+            pressure: Vec::with_capacity(8),
+            errors: Vec::new(),
+        };
+        let meminfo = with_file_text(&self.meminfo, meminfo);
+        self.collect_memory(&meminfo, &mut collection);
+        self.collect_allocatable(&meminfo, &mut collection);
+        self.collect_filesystems(&mut collection);
+        self.collect_pids(&mut collection);
+        self.collect_pressure(&mut collection);
+        collection
+    }
+
+    fn collect_memory(&self, meminfo: &Result<MemInfo, FileError>, out: &mut Collection) {
+        let result = self.reader().and_then(|reader| {
+            let info = meminfo.as_ref().map_err(FileError::duplicate)?;
+            let usage = root_memory_usage(reader, info)?;
+            Ok(memory_observation(info.total, usage))
+        });
+        record(out, Signal::MemoryAvailable, result);
+    }
+
+    fn collect_allocatable(&self, meminfo: &Result<MemInfo, FileError>, out: &mut Collection) {
+        let Some(pods) = &self.pods_cgroup else {
+            return;
+        };
+        let result = self.reader().and_then(|reader| {
+            let usage = reader.memory_usage(pods)?;
+            let capacity = match reader.memory_limit(pods)? {
+                Some(limit) => limit,
+                None => meminfo.as_ref().map_err(FileError::duplicate)?.total,
+            };
+            Ok(memory_observation(capacity, usage))
+        });
+        record(out, Signal::AllocatableMemoryAvailable, result);
+    }
+
+    fn collect_filesystems(&self, out: &mut Collection) {
+        let stat = |target: &FsTarget| {
+            stat_filesystem(&target.measured).map_err(|p| FileError::new(&target.measured, p))
+        };
+        let nodefs = stat(&self.nodefs);
+        // Without a dedicated imagefs the kubelet reports imagefs from the nodefs
+        // filesystem, and containerfs follows imagefs unless it has its own.
+        let imagefs = match &self.imagefs {
+            Some(target) => stat(target),
+            None => copy_result(&nodefs),
+        };
+        let containerfs = match &self.containerfs {
+            Some(target) => stat(target),
+            None => copy_result(&imagefs),
+        };
+        for (stats, available, inodes) in [
+            (nodefs, Signal::NodeFsAvailable, Signal::NodeFsInodesFree),
+            (imagefs, Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
+            (
+                containerfs,
+                Signal::ContainerFsAvailable,
+                Signal::ContainerFsInodesFree,
+            ),
+        ] {
+            record(
+                out,
+                available,
+                copy_result(&stats).map(|s| observation(s.available_bytes, s.capacity_bytes)),
+            );
+            record(
+                out,
+                inodes,
+                stats.map(|s| observation(s.inodes_free, s.inodes)),
+            );
+        }
+    }
+
+    fn collect_pids(&self, out: &mut Collection) {
+        let result = (|| {
+            let max_pid = read_u64(&self.pid_max)?.min(read_u64(&self.threads_max)?);
+            let running = with_file_text(&self.loadavg, loadavg_process_count)?;
+            Ok(Observation {
+                available: to_i64(max_pid) - to_i64(running),
+                capacity: to_i64(max_pid),
+                sampled_at_ms: None,
+            })
+        })();
+        record(out, Signal::PidAvailable, result);
+    }
+
+    fn collect_pressure(&self, out: &mut Collection) {
+        let node = PressureScope::Node;
+        for (resource, path) in &self.node_pressure {
+            if let Err(e) = read_pressure_file(path, *resource, &node, &mut out.pressure) {
+                out.errors
+                    .push(e.for_subject(ErrorSubject::Pressure(*resource)));
+            }
+        }
+        if let Some((scope, path)) = &self.pods_pressure {
+            let resource = PressureResource::Memory;
+            if let Err(e) = read_pressure_file(path, resource, scope, &mut out.pressure) {
+                out.errors
+                    .push(e.for_subject(ErrorSubject::Pressure(resource)));
+            }
+        }
+    }
+
+    fn reader(&self) -> Result<&CgroupReader, FileError> {
+        self.cgroups.as_ref().map_err(|layout| {
+            FileError::new(
+                &layout.cgroup_root,
+                FileProblem::Malformed(layout.to_string()),
+            )
+        })
+    }
+}
+
+/// The root cgroup's memory. A v1 memory root, and a v2 root inside a container, have usage
+/// files; the real v2 root has no `memory.current`, so, like runc, take usage from
+/// `/proc/meminfo` as `MemTotal − MemFree`, and inactive file pages from the root
+/// `memory.stat` when the kernel provides one, else from meminfo's `Inactive(file)`.
+fn root_memory_usage(reader: &CgroupReader, info: &MemInfo) -> Result<MemoryUsage, FileError> {
+    let root = Path::new("/");
+    match reader.memory_usage(root) {
+        Ok(usage) => Ok(usage),
+        Err(e)
+            if reader.layout() == CgroupLayout::Unified
+                && is_not_found(&e)
+                && e.path.ends_with("memory.current") =>
+        {
+            let stat = reader.paths().memory_dir(root).join("memory.stat");
+            let inactive_file_bytes =
+                match with_file_text(&stat, |text| flat_keyed_u64(text, "inactive_file")) {
+                    Ok(bytes) => bytes,
+                    Err(_) => info.inactive_file.ok_or_else(|| {
+                        FileError::new(&stat, FileProblem::MissingKey("inactive_file"))
+                    })?,
+                };
+            Ok(MemoryUsage {
+                usage_bytes: info.total.saturating_sub(info.free),
+                inactive_file_bytes,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Available is capacity minus working set, floored at zero, as the kubelet's summary
+/// computes `AvailableBytes`.
+fn memory_observation(capacity: u64, usage: MemoryUsage) -> Observation {
+    observation(capacity.saturating_sub(usage.working_set_bytes()), capacity)
+}
+
+fn observation(available: u64, capacity: u64) -> Observation {
+    Observation {
+        available: to_i64(available),
+        capacity: to_i64(capacity),
+        sampled_at_ms: None,
+    }
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn copy_result(result: &Result<FsStats, FileError>) -> Result<FsStats, FileError> {
+    result.as_ref().copied().map_err(FileError::duplicate)
+}
+
+fn record(out: &mut Collection, signal: Signal, result: Result<Observation, FileError>) {
+    match result {
+        Ok(observation) => {
+            out.observations.insert(signal, observation);
+        }
+        Err(e) => out.errors.push(e.for_subject(ErrorSubject::Signal(signal))),
+    }
+}

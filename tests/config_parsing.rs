@@ -1,0 +1,579 @@
+//! Every threshold, duration and shutdown rule of the kubelet's config parsing
+//! (reference §1.3–1.5, §5.9), plus nodekeeper's own document rules, as tables.
+
+use nodekeeper::config::{
+    self, AgentConfig, GoDuration, Overrides, Quantity, ThresholdValue, from_yaml_str,
+};
+use nodekeeper::signals::Signal;
+
+const KUBELET: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+const AGENT: &str = "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n";
+
+fn parse(body: &str) -> Result<AgentConfig, String> {
+    from_yaml_str(
+        &format!("{KUBELET}{body}"),
+        "test.yaml",
+        &Overrides::default(),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// Thresholds as sorted `signal<value/grace/reclaim` strings, easy to compare in a table.
+fn summary(config: &AgentConfig) -> Vec<String> {
+    let mut out: Vec<String> = config
+        .eviction
+        .thresholds
+        .iter()
+        .filter(|t| {
+            !matches!(
+                t.signal,
+                Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
+            )
+        })
+        .map(|t| {
+            let mut s = t.describe();
+            if !t.is_hard() {
+                s.push_str(&format!(" grace={}", t.grace_period));
+            }
+            if let Some(r) = t.min_reclaim {
+                s.push_str(&format!(" reclaim={r}"));
+            }
+            s
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn accepted_threshold_configurations() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "no evictionHard: the five Linux defaults",
+            "",
+            &[
+                "imagefs.available<15%",
+                "imagefs.inodesFree<5%",
+                "memory.available<100Mi",
+                "nodefs.available<10%",
+                "nodefs.inodesFree<5%",
+            ],
+        ),
+        (
+            "one evictionHard key drops every other default",
+            "evictionHard: {memory.available: 1Gi}",
+            &["memory.available<1Gi"],
+        ),
+        (
+            "mergeDefaultEvictionSettings keeps the other defaults, and the set key wins",
+            "mergeDefaultEvictionSettings: true\nevictionHard: {memory.available: 1Gi}",
+            &[
+                "imagefs.available<15%",
+                "imagefs.inodesFree<5%",
+                "memory.available<1Gi",
+                "nodefs.available<10%",
+                "nodefs.inodesFree<5%",
+            ],
+        ),
+        (
+            "an empty evictionHard means no hard thresholds",
+            "evictionHard: {}",
+            &[],
+        ),
+        (
+            "0% and 100% disable a threshold",
+            "evictionHard: {memory.available: 0%, nodefs.available: 100%, pid.available: 5%}",
+            &["pid.available<5%"],
+        ),
+        (
+            "0.0% is accepted and never met",
+            "evictionHard: {nodefs.available: 0.0%}",
+            &["nodefs.available<0%"],
+        ),
+        (
+            "fractional quantities and exponents",
+            "evictionHard: {memory.available: 1.5Gi, nodefs.inodesFree: 1e5, pid.available: 2k}",
+            &[
+                "memory.available<1536Mi",
+                "nodefs.inodesFree<100000",
+                "pid.available<2000",
+            ],
+        ),
+        (
+            "soft threshold with its grace period; minimum reclaim attaches to hard and soft",
+            "evictionHard: {memory.available: 500Mi}\nevictionSoft: {memory.available: 1Gi}\nevictionSoftGracePeriod: {memory.available: 1m30s}\nevictionMinimumReclaim: {memory.available: 200Mi}",
+            &[
+                "memory.available<1Gi grace=1m30s reclaim=200Mi",
+                "memory.available<500Mi reclaim=200Mi",
+            ],
+        ),
+        (
+            "a grace period for a signal without a soft threshold is ignored",
+            "evictionHard: {memory.available: 1Gi}\nevictionSoftGracePeriod: {nodefs.available: 1m}",
+            &["memory.available<1Gi"],
+        ),
+        (
+            "a soft threshold with a 0s grace period is a hard threshold",
+            "evictionHard: {}\nevictionSoft: {memory.available: 1Gi}\nevictionSoftGracePeriod: {memory.available: 0s}",
+            &["memory.available<1Gi"],
+        ),
+        (
+            "minimum reclaim of 0 is allowed; percentages are allowed",
+            "evictionHard: {memory.available: 1Gi, nodefs.available: 10%}\nevictionMinimumReclaim: {memory.available: \"0\", nodefs.available: 5%}",
+            &[
+                "memory.available<1Gi reclaim=0",
+                "nodefs.available<10% reclaim=5%",
+            ],
+        ),
+    ];
+    for (name, body, expected) in cases {
+        let config = parse(body).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(summary(&config), *expected, "{name}");
+    }
+}
+
+#[test]
+fn rejected_threshold_configurations_name_field_value_and_rule() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "unknown signal",
+            "evictionHard: {memory.free: 1Gi}",
+            &[
+                "evictionHard[\"memory.free\"]",
+                "unsupported eviction signal memory.free",
+            ],
+        ),
+        (
+            "swap.available is not upstream",
+            "evictionHard: {swap.available: 1Gi}",
+            &["unsupported eviction signal swap.available"],
+        ),
+        (
+            "malformed quantity",
+            "evictionHard: {memory.available: 1GB}",
+            &[
+                "evictionHard[\"memory.available\"]",
+                "\"1GB\"",
+                "quantities must match",
+            ],
+        ),
+        (
+            "zero quantity",
+            "evictionHard: {memory.available: \"0\"}",
+            &["eviction threshold memory.available must be positive: 0"],
+        ),
+        (
+            "negative quantity",
+            "evictionHard: {memory.available: -1Gi}",
+            &["eviction threshold memory.available must be positive: -1Gi"],
+        ),
+        (
+            "negative percentage",
+            "evictionHard: {nodefs.available: -5%}",
+            &["eviction percentage threshold nodefs.available must be >= 0%: -5%"],
+        ),
+        (
+            "percentage above 100",
+            "evictionHard: {nodefs.available: 150%}",
+            &["eviction percentage threshold nodefs.available must be <= 100%: 150%"],
+        ),
+        (
+            "percentage that is not a number",
+            "evictionHard: {nodefs.available: ten%}",
+            &["evictionHard[\"nodefs.available\"]", "ten%"],
+        ),
+        (
+            "soft threshold without a grace period",
+            "evictionSoft: {memory.available: 1Gi}",
+            &[
+                "evictionSoft[\"memory.available\"]",
+                "grace period must be specified for the soft eviction threshold memory.available",
+            ],
+        ),
+        (
+            "negative grace period",
+            "evictionSoft: {memory.available: 1Gi}\nevictionSoftGracePeriod: {memory.available: -1m}",
+            &[
+                "evictionSoftGracePeriod[\"memory.available\"]",
+                "invalid eviction grace period specified: -1m, must be a positive value",
+            ],
+        ),
+        (
+            "malformed grace period",
+            "evictionSoft: {memory.available: 1Gi}\nevictionSoftGracePeriod: {memory.available: 90}",
+            &[
+                "evictionSoftGracePeriod[\"memory.available\"]",
+                "missing unit",
+            ],
+        ),
+        (
+            "grace period for an unknown signal",
+            "evictionSoftGracePeriod: {memory.free: 1m}",
+            &["unsupported eviction signal memory.free"],
+        ),
+        (
+            "minimum reclaim percentage of zero",
+            "evictionMinimumReclaim: {memory.available: 0%}",
+            &["eviction percentage minimum reclaim memory.available must be positive: 0%"],
+        ),
+        (
+            "negative minimum reclaim",
+            "evictionMinimumReclaim: {memory.available: -1Mi}",
+            &["negative eviction minimum reclaim specified for memory.available"],
+        ),
+        (
+            "negative pressure transition period",
+            "evictionPressureTransitionPeriod: -5m",
+            &[
+                "evictionPressureTransitionPeriod",
+                "-5m must not be negative",
+            ],
+        ),
+        (
+            "negative max pod grace period",
+            "evictionMaxPodGracePeriod: -1",
+            &["evictionMaxPodGracePeriod", "-1 must not be negative"],
+        ),
+        (
+            "critical shutdown period above the total",
+            "shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 20s",
+            &[
+                "invalid configuration: shutdownGracePeriodCriticalPods 20s must be <= shutdownGracePeriod 10s",
+            ],
+        ),
+        (
+            "shutdown period below one second",
+            "shutdownGracePeriod: 500ms",
+            &[
+                "invalid configuration: shutdownGracePeriod 500ms must be either zero or otherwise >= 1 sec",
+            ],
+        ),
+        (
+            "negative shutdown period",
+            "shutdownGracePeriod: -10s",
+            &[
+                "invalid configuration: shutdownGracePeriod -10s must be either zero or otherwise >= 1 sec",
+            ],
+        ),
+        (
+            "negative critical shutdown period",
+            "shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: -1s",
+            &[
+                "invalid configuration: shutdownGracePeriodCriticalPods -1s must be either zero or otherwise >= 1 sec",
+            ],
+        ),
+        (
+            "both shutdown forms",
+            "shutdownGracePeriod: 30s\nshutdownGracePeriodByPodPriority: [{priority: 0, shutdownGracePeriodSeconds: 10}]",
+            &[
+                "invalid configuration: Cannot specify both shutdownGracePeriodByPodPriority and shutdownGracePeriod at the same time",
+            ],
+        ),
+    ];
+    for (name, body, needles) in cases {
+        let error = match parse(body) {
+            Ok(_) => panic!("{name}: accepted {body:?}"),
+            Err(e) => e,
+        };
+        assert!(
+            error.starts_with("test.yaml document 1 (KubeletConfiguration): "),
+            "{name}: {error}"
+        );
+        for needle in *needles {
+            assert!(error.contains(needle), "{name}: {error:?} lacks {needle:?}");
+        }
+    }
+}
+
+#[test]
+fn percentages_resolve_against_capacity_like_the_kubelet() {
+    let config = parse("evictionHard: {nodefs.available: 10%}").unwrap();
+    let value = config.eviction.thresholds[0].value;
+    assert_eq!(value, ThresholdValue::Percentage(0.1));
+    // int64(float64(capacity) * float64(float32(0.1))) truncates.
+    assert_eq!(value.resolve(1000).value(), 100);
+    assert_eq!(
+        value.resolve(1_000_000_007).value(),
+        (1_000_000_007f64 * f64::from(0.1f32)) as i64
+    );
+}
+
+#[test]
+fn defaults_for_durations_and_agent_settings() {
+    let config = parse("").unwrap();
+    assert_eq!(
+        config.eviction.pressure_transition_period,
+        GoDuration::from_secs(300)
+    );
+    assert_eq!(config.eviction.max_pod_grace_period_seconds, 0);
+    assert_eq!(config.housekeeping_interval, GoDuration::from_secs(10));
+    assert_eq!(config.shutdown.grace_period, GoDuration::ZERO);
+    assert!(config.shutdown.by_pod_priority.is_empty());
+    assert!(!config.dry_run);
+    assert_eq!(config.paths.cgroup_root.to_str(), Some("/sys/fs/cgroup"));
+}
+
+#[test]
+fn kubelet_document_ignores_fields_nodekeeper_does_not_use() {
+    let config = parse(
+        "address: 0.0.0.0\nauthentication: {anonymous: {enabled: false}}\ncgroupDriver: systemd\nevictionHard: {memory.available: 300Mi}",
+    )
+    .unwrap();
+    assert_eq!(summary(&config), ["memory.available<300Mi"]);
+}
+
+#[test]
+fn agent_document_rejects_unknown_fields_by_name() {
+    let error = from_yaml_str(
+        &format!("{AGENT}evictionHrad: {{memory.available: 1Gi}}\n"),
+        "a.yaml",
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("a.yaml document 1 (AgentConfiguration)"),
+        "{error}"
+    );
+    assert!(error.contains("unknown field `evictionHrad`"), "{error}");
+}
+
+#[test]
+fn agent_document_overrides_kubelet_document_field_by_field() {
+    let text = format!(
+        "{KUBELET}evictionHard: {{memory.available: 300Mi}}\nevictionPressureTransitionPeriod: 1m\n---\n{AGENT}evictionHard: {{memory.available: 2Gi}}\ndryRun: true\n"
+    );
+    let config = from_yaml_str(&text, "both.yaml", &Overrides::default()).unwrap();
+    assert_eq!(summary(&config), ["memory.available<2Gi"]);
+    assert_eq!(
+        config.eviction.pressure_transition_period,
+        GoDuration::from_secs(60)
+    );
+    assert!(config.dry_run);
+}
+
+#[test]
+fn errors_name_the_document_a_field_came_from() {
+    let text = format!(
+        "{KUBELET}evictionHard: {{memory.available: 1Gi}}\n---\n{AGENT}evictionSoft: {{memory.available: 2Gi}}\n"
+    );
+    let error = from_yaml_str(&text, "both.yaml", &Overrides::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("both.yaml document 2 (AgentConfiguration): evictionSoft"),
+        "{error}"
+    );
+}
+
+#[test]
+fn kubelet_flags_override_the_file() {
+    let overrides = Overrides {
+        eviction_hard: Some("memory.available<1Gi,nodefs.available<10%".into()),
+        eviction_soft: Some("memory.available<2Gi".into()),
+        eviction_soft_grace_period: Some("memory.available=1m30s".into()),
+        eviction_minimum_reclaim: Some("memory.available=100Mi".into()),
+        eviction_pressure_transition_period: Some("30s".into()),
+        eviction_max_pod_grace_period: Some(20),
+        ..Overrides::default()
+    };
+    let text = format!("{KUBELET}evictionHard: {{memory.available: 300Mi}}\n");
+    let config = from_yaml_str(&text, "k.yaml", &overrides).unwrap();
+    assert_eq!(
+        summary(&config),
+        [
+            "memory.available<1Gi reclaim=100Mi",
+            "memory.available<2Gi grace=1m30s reclaim=100Mi",
+            "nodefs.available<10%"
+        ]
+    );
+    assert_eq!(
+        config.eviction.pressure_transition_period,
+        GoDuration::from_secs(30)
+    );
+    assert_eq!(config.eviction.max_pod_grace_period_seconds, 20);
+
+    let bad = Overrides {
+        eviction_hard: Some("memory.available=1Gi".into()),
+        ..Overrides::default()
+    };
+    let error = from_yaml_str(&text, "k.yaml", &bad)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("flag --eviction-hard") && error.contains("malformed pair"),
+        "{error}"
+    );
+    let bad = Overrides {
+        eviction_soft: Some("memory.available<1Gi".into()),
+        ..Overrides::default()
+    };
+    let error = from_yaml_str(&text, "k.yaml", &bad)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("flag --eviction-soft: evictionSoft"),
+        "{error}"
+    );
+}
+
+#[test]
+fn unsupported_documents_are_named() {
+    let error = from_yaml_str(
+        "apiVersion: v1\nkind: ConfigMap\n",
+        "x.yaml",
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("x.yaml document 1")
+            && error.contains("unsupported document apiVersion \"v1\" kind \"ConfigMap\""),
+        "{error}"
+    );
+    let error = from_yaml_str(
+        &format!("{KUBELET}---\n{KUBELET}"),
+        "x.yaml",
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("document 2") && error.contains("at most one"),
+        "{error}"
+    );
+    let error = from_yaml_str(
+        &format!("{KUBELET}evictionHard: [1, 2]\n"),
+        "x.yaml",
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("document 1 (KubeletConfiguration)") && error.contains("evictionHard"),
+        "{error}"
+    );
+}
+
+#[test]
+fn pods_cgroup_enables_allocatable_copies_of_hard_memory_thresholds() {
+    let text = format!(
+        "{AGENT}podsCgroup: kubepods\nevictionHard: {{memory.available: 1Gi}}\nevictionMinimumReclaim: {{memory.available: 100Mi}}\n"
+    );
+    let config = from_yaml_str(&text, "a.yaml", &Overrides::default()).unwrap();
+    assert_eq!(
+        summary(&config),
+        [
+            "allocatableMemory.available<1Gi reclaim=100Mi",
+            "memory.available<1Gi reclaim=100Mi"
+        ]
+    );
+}
+
+#[test]
+fn containerfs_thresholds_mirror_the_filesystem_that_holds_writable_layers() {
+    let count = |config: &AgentConfig, signal| {
+        config
+            .eviction
+            .thresholds
+            .iter()
+            .filter(|t| t.signal == signal)
+            .map(|t| t.value)
+            .collect::<Vec<_>>()
+    };
+    let pct = ThresholdValue::Percentage;
+    let single = config::load_with_warnings(None, &Overrides::default()).unwrap();
+    assert_eq!(
+        count(&single.config, Signal::ContainerFsAvailable),
+        [pct(0.10)]
+    );
+    let text = format!(
+        "{AGENT}imagefsPath: /var/lib/containerd\nevictionHard: {{nodefs.available: 10%, imagefs.available: 15%, containerfs.available: 1%}}\n"
+    );
+    let loaded =
+        config::from_yaml_str_with_warnings(&text, "a.yaml", &Overrides::default()).unwrap();
+    assert_eq!(
+        count(&loaded.config, Signal::ContainerFsAvailable),
+        [pct(0.15)]
+    );
+    assert_eq!(
+        loaded.warnings,
+        ["found containerfs.available for hard eviction. ignoring"]
+    );
+    let text = format!(
+        "{AGENT}imagefsPath: /images\ncontainerfsPath: /containers\nevictionHard: {{nodefs.available: 10%, imagefs.available: 15%}}\n"
+    );
+    let config = from_yaml_str(&text, "a.yaml", &Overrides::default()).unwrap();
+    assert_eq!(count(&config, Signal::ContainerFsAvailable), [pct(0.10)]);
+}
+
+#[test]
+fn agent_settings_are_validated() {
+    for (body, needle) in [
+        (
+            "housekeepingInterval: 0s",
+            "housekeepingInterval: must be greater than zero",
+        ),
+        ("housekeepingInterval: soon", "housekeepingInterval"),
+        (
+            "cgroupRoot: sys/fs/cgroup",
+            "cgroupRoot: \"sys/fs/cgroup\" must be an absolute path",
+        ),
+        (
+            "metricsAddress: localhost",
+            "metricsAddress: \"localhost\" is not an address",
+        ),
+        (
+            "nodeName: Node_1",
+            "nodeName: \"Node_1\" is not a valid Kubernetes node name",
+        ),
+        ("dryRun: maybe", "dryRun"),
+    ] {
+        let error = from_yaml_str(&format!("{AGENT}{body}\n"), "a.yaml", &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(needle), "{body}: {error}");
+    }
+}
+
+#[test]
+fn shutdown_settings_both_forms() {
+    let config = parse("shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s").unwrap();
+    assert_eq!(config.shutdown.grace_period, GoDuration::from_secs(30));
+    assert_eq!(
+        config.shutdown.grace_period_critical_pods,
+        GoDuration::from_secs(10)
+    );
+    let config = parse("shutdownGracePeriodByPodPriority:\n- {priority: 100000, shutdownGracePeriodSeconds: 20}\n- {priority: 0, shutdownGracePeriodSeconds: 60}").unwrap();
+    assert_eq!(config.shutdown.by_pod_priority.len(), 2);
+    let error = parse("shutdownGracePeriodByPodPriority:\n- {priority: 0, shutdownGracePeriodSeconds: 1}\n- {priority: 0, shutdownGracePeriodSeconds: 2}").unwrap_err();
+    assert!(
+        error.contains("priority 0 is listed more than once"),
+        "{error}"
+    );
+}
+
+#[test]
+fn inline_trace_config_needs_no_api_version() {
+    let value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str("evictionHard: {memory.available: 1Gi}").unwrap();
+    let config = config::parse_inline(&value, "trace.yaml").unwrap();
+    assert_eq!(summary(&config), ["memory.available<1Gi"]);
+    let value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str("evictionHard: {memory.available: 1Gi}\nbogus: 1").unwrap();
+    let error = config::parse_inline(&value, "trace.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("trace.yaml (inline AgentConfiguration)") && error.contains("bogus"),
+        "{error}"
+    );
+}
+
+#[test]
+fn quantity_display_round_trips_through_the_parser() {
+    for text in ["100Mi", "1536Mi", "100000", "500m", "2000"] {
+        let q = Quantity::parse(text).unwrap();
+        assert_eq!(Quantity::parse(&q.to_string()).unwrap(), q, "{text}");
+    }
+}
