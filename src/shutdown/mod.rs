@@ -4,3 +4,4 @@
 
 pub mod plan;
 pub mod pod_list;
+pub mod state;
