@@ -2,6 +2,8 @@
 //! inhibitor, run the phases when logind announces a shutdown, and persist progress so a
 //! restarted agent resumes instead of admitting work.
 
+pub mod cgroup_kill;
 pub mod plan;
 pub mod pod_list;
+pub mod runner;
 pub mod state;

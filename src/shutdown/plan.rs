@@ -103,9 +103,12 @@ pub fn total_budget_seconds(phases: &[PhaseSpec]) -> i64 {
         .fold(0i64, |sum, phase| sum.saturating_add(phase.seconds.max(0)))
 }
 
-/// Assign every pod to a phase. `phases` must be sorted ascending (as returned by
-/// [`phases_from_config`]); with no phases there is nothing to plan.
+/// Assign every pod to a phase; phases come out in execution order (priority ascending).
+/// With no phases there is nothing to plan.
 pub fn plan(phases: &[PhaseSpec], pods: &[Pod]) -> ShutdownPlan {
+    let mut sorted = phases.to_vec();
+    sorted.sort_by_key(|phase| phase.priority);
+    let phases = sorted.as_slice();
     let mut planned: Vec<PlannedPhase> = phases
         .iter()
         .map(|phase| PlannedPhase {
