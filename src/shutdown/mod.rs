@@ -3,6 +3,8 @@
 //! restarted agent resumes instead of admitting work.
 
 pub mod cgroup_kill;
+pub mod logind;
+pub mod manager;
 pub mod plan;
 pub mod pod_list;
 pub mod runner;
