@@ -8,5 +8,6 @@ pub mod config;
 pub mod eviction;
 pub mod metrics;
 pub mod pods;
+pub mod shutdown;
 pub mod signals;
 pub mod trace;
