@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod config;
 pub mod eviction;
+pub mod kubernetes;
 pub mod metrics;
 pub mod pods;
 pub mod shutdown;

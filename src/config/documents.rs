@@ -124,6 +124,43 @@ pub struct AgentDocument {
     pub node_reclaim: Option<RawNodeReclaim>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workloads: Option<RawWorkloads>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<RawKubernetes>,
+}
+
+/// How the agent talks to the cluster and finds pods' cgroups and files on the node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawKubernetes {
+    /// `false` keeps the agent standalone even in a cluster.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<String>,
+    /// `systemd` or `cgroupfs`; detected from the cgroup tree when omitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup_driver: Option<String>,
+    /// The kubelet's pods cgroup in cgroupfs notation (`/kubepods`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pods_cgroup_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_logs_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubelet_root_path: Option<String>,
+    /// A container's writable layer, with `{containerId}` standing for the runtime's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writable_layer_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_walk_max_entries: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub taints: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub condition_heartbeat: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outbox_size: Option<usize>,
+    /// Kill a hard-evicted pod's cgroup at once instead of waiting for the kubelet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_kill: Option<bool>,
 }
 
 /// Commands that free node-level disk resources before pods are evicted.
@@ -247,7 +284,8 @@ impl AgentDocument {
             dry_run,
             node_name,
             node_reclaim,
-            workloads
+            workloads,
+            kubernetes
         )
     }
 }

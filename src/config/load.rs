@@ -9,12 +9,12 @@ use serde::Deserialize;
 
 use super::documents::{
     AGENT_API_VERSION, AGENT_KIND, AgentDocument, KUBELET_API_VERSION, KUBELET_KIND,
-    KubeletDocument, Origins, RawNodeReclaim, RawWorkloads, ScalarMap, ScalarText,
+    KubeletDocument, Origins, RawKubernetes, RawNodeReclaim, RawWorkloads, ScalarMap, ScalarText,
 };
 use super::duration::GoDuration;
 use super::model::{
-    AgentConfig, EvictionConfig, HostPaths, NodeReclaimConfig, ShutdownConfig, ShutdownPhaseConfig,
-    WorkloadPodConfig, WorkloadsConfig,
+    AgentConfig, CgroupDriver, EvictionConfig, HostPaths, KubernetesConfig, NodeReclaimConfig,
+    ShutdownConfig, ShutdownPhaseConfig, WorkloadPodConfig, WorkloadsConfig,
 };
 use super::quantity::Quantity;
 use super::thresholds::{
@@ -433,6 +433,7 @@ fn build(
 
     let node_reclaim = build_node_reclaim(doc.node_reclaim.as_ref(), &simple_error)?;
     let workloads = build_workloads(doc.workloads.as_ref(), &simple_error)?;
+    let kubernetes = build_kubernetes(doc.kubernetes.as_ref(), &simple_error)?;
 
     let config = AgentConfig {
         eviction: EvictionConfig {
@@ -449,6 +450,7 @@ fn build(
         node_name: doc.node_name.clone(),
         node_reclaim,
         workloads,
+        kubernetes,
     };
     let effective_document = effective_document(doc, &config);
     Ok(LoadedConfig {
@@ -560,6 +562,88 @@ fn build_workloads(
             .unwrap_or_else(|| "standalone".to_string()),
         pods,
     }))
+}
+
+fn build_kubernetes(
+    raw: Option<&RawKubernetes>,
+    simple_error: &dyn Fn(&'static str, String) -> ConfigError,
+) -> Result<KubernetesConfig, ConfigError> {
+    let mut config = KubernetesConfig::default();
+    let Some(raw) = raw else { return Ok(config) };
+    let fail = |message: String| simple_error("kubernetes", message);
+    let absolute = |field: &str, text: &Option<String>| -> Result<Option<PathBuf>, ConfigError> {
+        match text {
+            Some(path) if !path.starts_with('/') => {
+                Err(fail(format!("{field}: {path:?} must be an absolute path")))
+            }
+            Some(path) => Ok(Some(PathBuf::from(path))),
+            None => Ok(None),
+        }
+    };
+    config.enabled = raw.enabled;
+    config.kubeconfig = raw.kubeconfig.as_ref().map(PathBuf::from);
+    config.cgroup_driver = match raw.cgroup_driver.as_deref() {
+        None => None,
+        Some("systemd") => Some(CgroupDriver::Systemd),
+        Some("cgroupfs") => Some(CgroupDriver::Cgroupfs),
+        Some(other) => {
+            return Err(fail(format!(
+                "cgroupDriver: {other:?} is not \"systemd\" or \"cgroupfs\""
+            )));
+        }
+    };
+    if let Some(name) = &raw.pods_cgroup_name {
+        let trimmed = name.trim_matches('/');
+        if trimmed.is_empty()
+            || trimmed.split('/').any(|part| {
+                part.is_empty() || part == "." || part == ".." || part.ends_with(".slice")
+            })
+        {
+            return Err(fail(format!(
+                "podsCgroupName: {name:?} must name a cgroup in cgroupfs notation, like /kubepods"
+            )));
+        }
+        config.pods_cgroup_name = format!("/{trimmed}");
+    }
+    if let Some(path) = absolute("podLogsPath", &raw.pod_logs_path)? {
+        config.pod_logs_path = path;
+    }
+    if let Some(path) = absolute("kubeletRootPath", &raw.kubelet_root_path)? {
+        config.kubelet_root_path = path;
+    }
+    if let Some(template) = &raw.writable_layer_path {
+        if !template.starts_with('/') || !template.contains("{containerId}") {
+            return Err(fail(format!(
+                "writableLayerPath: {template:?} must be an absolute path containing {{containerId}}"
+            )));
+        }
+        config.writable_layer_path = Some(template.clone());
+    }
+    if let Some(entries) = raw.disk_walk_max_entries {
+        if entries == 0 {
+            return Err(fail("diskWalkMaxEntries must be positive".to_string()));
+        }
+        config.disk_walk_max_entries = entries;
+    }
+    if let Some(text) = &raw.condition_heartbeat {
+        let heartbeat =
+            GoDuration::parse(text).map_err(|e| fail(format!("conditionHeartbeat: {e}")))?;
+        if heartbeat.nanos() < 1_000_000_000 {
+            return Err(fail(format!(
+                "conditionHeartbeat: {text} must be at least 1s"
+            )));
+        }
+        config.condition_heartbeat = heartbeat;
+    }
+    if let Some(size) = raw.outbox_size {
+        if size == 0 {
+            return Err(fail("outboxSize must be positive".to_string()));
+        }
+        config.outbox_size = size;
+    }
+    config.taints = raw.taints.unwrap_or(config.taints);
+    config.local_kill = raw.local_kill.unwrap_or(config.local_kill);
+    Ok(config)
 }
 
 fn static_field(field: &str) -> &'static str {

@@ -188,6 +188,71 @@ pub struct AgentConfig {
     pub node_reclaim: NodeReclaimConfig,
     /// Standalone mode's workload cgroups; `None` means no pods are known locally.
     pub workloads: Option<WorkloadsConfig>,
+    pub kubernetes: KubernetesConfig,
+}
+
+/// The kubelet's cgroup driver, which decides how pod cgroups are named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupDriver {
+    Systemd,
+    Cgroupfs,
+}
+
+impl std::fmt::Display for CgroupDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CgroupDriver::Systemd => "systemd",
+            CgroupDriver::Cgroupfs => "cgroupfs",
+        })
+    }
+}
+
+/// Cluster connection and the node-side paths of Kubernetes pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesConfig {
+    /// `Some(false)`: never connect. `None`: connect when a kubeconfig or in-cluster
+    /// service account is found.
+    pub enabled: Option<bool>,
+    pub kubeconfig: Option<PathBuf>,
+    /// `None`: detect from the cgroup tree.
+    pub cgroup_driver: Option<CgroupDriver>,
+    /// The kubelet's pods cgroup in cgroupfs notation, e.g. `/kubepods`.
+    pub pods_cgroup_name: String,
+    /// `/var/log/pods`, holding `<namespace>_<name>_<uid>/<container>/*.log`.
+    pub pod_logs_path: PathBuf,
+    /// `/var/lib/kubelet`, holding `pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>`.
+    pub kubelet_root_path: PathBuf,
+    /// A container's writable layer; `{containerId}` is replaced by the runtime's id.
+    /// `None`: writable layers are not measured.
+    pub writable_layer_path: Option<String>,
+    /// The most directory entries one pod's disk walk may visit per cycle.
+    pub disk_walk_max_entries: u64,
+    /// Publish `nodekeeper.io/*-pressure:NoSchedule` taints while under pressure.
+    pub taints: bool,
+    pub condition_heartbeat: GoDuration,
+    /// Queued API actions kept while the API server is unreachable; events and
+    /// heartbeats beyond this are dropped oldest first, deletions never.
+    pub outbox_size: usize,
+    pub local_kill: bool,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            enabled: None,
+            kubeconfig: None,
+            cgroup_driver: None,
+            pods_cgroup_name: "/kubepods".to_string(),
+            pod_logs_path: PathBuf::from("/var/log/pods"),
+            kubelet_root_path: PathBuf::from("/var/lib/kubelet"),
+            writable_layer_path: None,
+            disk_walk_max_entries: 100_000,
+            taints: false,
+            condition_heartbeat: GoDuration::from_secs(300),
+            outbox_size: 1000,
+            local_kill: true,
+        }
+    }
 }
 
 impl Default for EvictionConfig {
@@ -230,6 +295,7 @@ impl Default for AgentConfig {
             node_name: None,
             node_reclaim: NodeReclaimConfig::default(),
             workloads: None,
+            kubernetes: KubernetesConfig::default(),
         }
     }
 }

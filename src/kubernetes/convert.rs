@@ -1,0 +1,300 @@
+//! From the API's `Pod` to the eviction core's [`Pod`]: identity, priority, QoS class,
+//! pod-effective requests and limits, grace period, and whether the pod is static or a
+//! mirror pod (and therefore critical, never evicted).
+
+use k8s_openapi::api::core::v1::Pod as ApiPod;
+
+use super::resources::{
+    Amounts, QosClass, QuantityReader, QuantityWarning, compute_qos, pod_limits, pod_requests,
+    whole_units,
+};
+use crate::pods::{ContainerStats, EmptyDirStats, Pod, ResourceAmounts};
+
+/// The annotation naming where the kubelet got a pod from; anything but `api` is static.
+pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+/// Present on the API server's mirror of a static pod.
+pub const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// A pod as the agent sees it on this node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodePod {
+    pub pod: Pod,
+    pub qos: QosClass,
+    /// Runtime ids (`containerd://…` stripped) by container name, for per-container
+    /// cgroups and writable layers.
+    pub container_ids: Vec<(String, String)>,
+    pub warnings: Vec<QuantityWarning>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pod {pod}: {field} is missing")]
+pub struct ConvertError {
+    pub pod: String,
+    pub field: &'static str,
+}
+
+fn amounts(list: &Amounts) -> ResourceAmounts {
+    ResourceAmounts {
+        memory: list.get("memory").map(|n| whole_units(*n)),
+        ephemeral_storage: list.get("ephemeral-storage").map(|n| whole_units(*n)),
+    }
+}
+
+/// Whether the kubelet still counts the pod as active: not terminal, and no deletion
+/// requested (the kubelet stops considering a pod for eviction once it is terminating).
+pub fn is_active(pod: &ApiPod) -> bool {
+    let terminal = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|phase| phase == "Succeeded" || phase == "Failed");
+    !terminal && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// Static (`config.source` other than `api`) or mirror pod.
+pub fn is_static_or_mirror(pod: &ApiPod) -> bool {
+    let annotations = pod.metadata.annotations.as_ref();
+    let source = annotations.and_then(|a| a.get(CONFIG_SOURCE_ANNOTATION));
+    let mirror = annotations.is_some_and(|a| a.contains_key(CONFIG_MIRROR_ANNOTATION));
+    mirror || source.is_some_and(|s| s != "api")
+}
+
+pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
+    let meta = &api.metadata;
+    let name = meta.name.clone().ok_or_else(|| ConvertError {
+        pod: "<unnamed>".to_string(),
+        field: "metadata.name",
+    })?;
+    let namespace = meta
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_string());
+    let key = format!("{namespace}/{name}");
+    let uid = meta.uid.clone().ok_or_else(|| ConvertError {
+        pod: key.clone(),
+        field: "metadata.uid",
+    })?;
+    let spec = api.spec.as_ref().ok_or(ConvertError {
+        pod: key,
+        field: "spec",
+    })?;
+    let mut reader = QuantityReader::default();
+    let requests = pod_requests(&mut reader, spec);
+    let limits = pod_limits(&mut reader, spec);
+    let computed_qos = compute_qos(&mut reader, spec);
+    let status = api.status.as_ref();
+    let qos = status
+        .and_then(|s| s.qos_class.as_deref())
+        .and_then(QosClass::parse)
+        .unwrap_or(computed_qos);
+
+    let mut containers = Vec::new();
+    let all_containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| ("spec.initContainers", c))
+        .chain(spec.containers.iter().map(|c| ("spec.containers", c)));
+    for (field, container) in all_containers {
+        let (requests, limits) = reader.requirements(
+            &format!("{field}[{}].resources", container.name),
+            container.resources.as_ref(),
+        );
+        containers.push(ContainerStats {
+            name: container.name.clone(),
+            requests: amounts(&requests),
+            limits: amounts(&limits),
+            ..ContainerStats::default()
+        });
+    }
+    let container_ids = status
+        .into_iter()
+        .flat_map(|s| {
+            s.init_container_statuses
+                .iter()
+                .flatten()
+                .chain(s.container_statuses.iter().flatten())
+        })
+        .filter_map(|cs| {
+            let id = cs.container_id.as_deref()?;
+            Some((
+                cs.name.clone(),
+                super::cgroups::runtime_container_id(id).to_string(),
+            ))
+        })
+        .collect();
+    let empty_dirs = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|volume| {
+            let empty_dir = volume.empty_dir.as_ref()?;
+            let size_limit = empty_dir
+                .size_limit
+                .as_ref()
+                .and_then(|q| crate::config::Quantity::parse(&q.0).ok())
+                .map(|q| whole_units(q.nanos()));
+            Some(EmptyDirStats {
+                name: volume.name.clone(),
+                size_limit,
+                used: None,
+            })
+        })
+        .collect();
+    let mut warnings = reader.warnings;
+    warnings.dedup();
+    Ok(NodePod {
+        pod: Pod {
+            namespace,
+            name,
+            uid: Some(uid),
+            priority: spec.priority.unwrap_or(0),
+            termination_grace_period_seconds: spec.termination_grace_period_seconds,
+            critical: is_static_or_mirror(api),
+            requests: amounts(&requests),
+            limits: amounts(&limits),
+            usage: Default::default(),
+            containers,
+            empty_dirs,
+            cgroup: None,
+        },
+        qos,
+        container_ids,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        Container, ContainerStatus, EmptyDirVolumeSource, PodSpec, PodStatus, ResourceRequirements,
+        Volume,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use std::collections::BTreeMap;
+
+    fn api_pod(annotations: &[(&str, &str)], priority: Option<i32>) -> ApiPod {
+        ApiPod {
+            metadata: ObjectMeta {
+                name: Some("web".to_string()),
+                namespace: Some("shop".to_string()),
+                uid: Some("uid-1".to_string()),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                priority,
+                termination_grace_period_seconds: Some(45),
+                containers: vec![Container {
+                    name: "app".to_string(),
+                    resources: Some(ResourceRequirements {
+                        requests: Some(BTreeMap::from([(
+                            "memory".to_string(),
+                            K8sQuantity("1Gi".to_string()),
+                        )])),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                volumes: Some(vec![Volume {
+                    name: "scratch".to_string(),
+                    empty_dir: Some(EmptyDirVolumeSource {
+                        size_limit: Some(K8sQuantity("500Mi".to_string())),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                container_statuses: Some(vec![ContainerStatus {
+                    name: "app".to_string(),
+                    container_id: Some("containerd://abc123".to_string()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn converts_identity_priority_resources_and_containers() {
+        let converted =
+            convert_pod(&api_pod(&[("kubernetes.io/config.source", "api")], Some(7))).unwrap();
+        let pod = &converted.pod;
+        assert_eq!(pod.key(), "shop/web");
+        assert_eq!(pod.uid.as_deref(), Some("uid-1"));
+        assert_eq!(pod.priority, 7);
+        assert_eq!(pod.termination_grace_period_seconds, Some(45));
+        assert_eq!(pod.requests.memory, Some(1 << 30));
+        assert_eq!(pod.limits.memory, None);
+        assert!(!pod.is_critical());
+        assert_eq!(converted.qos, QosClass::Burstable);
+        assert_eq!(pod.containers.len(), 1);
+        assert_eq!(pod.containers[0].name, "app");
+        assert_eq!(pod.containers[0].requests.memory, Some(1 << 30));
+        assert_eq!(
+            converted.container_ids,
+            vec![("app".to_string(), "abc123".to_string())]
+        );
+        assert_eq!(pod.empty_dirs[0].size_limit, Some(500 << 20));
+        assert_eq!(pod.usage, Default::default(), "usage comes from cgroups, not the API");
+    }
+
+    #[test]
+    fn static_mirror_and_critical_pods_table() {
+        type Annotations<'a> = &'a [(&'a str, &'a str)];
+        let cases: [(Annotations, Option<i32>, bool); 6] = [
+            (&[], None, false),
+            (&[("kubernetes.io/config.source", "api")], None, false),
+            (&[("kubernetes.io/config.source", "file")], None, true),
+            (&[("kubernetes.io/config.source", "http")], None, true),
+            (&[("kubernetes.io/config.mirror", "hash")], None, true),
+            (&[], Some(2_000_000_000), true),
+        ];
+        for (annotations, priority, critical) in cases {
+            let converted = convert_pod(&api_pod(annotations, priority)).unwrap();
+            assert_eq!(
+                converted.pod.is_critical(),
+                critical,
+                "{annotations:?} {priority:?}"
+            );
+        }
+        assert_eq!(convert_pod(&api_pod(&[], None)).unwrap().pod.priority, 0);
+    }
+
+    #[test]
+    fn the_reported_qos_class_wins_over_the_computed_one() {
+        let mut pod = api_pod(&[], None);
+        pod.status.as_mut().unwrap().qos_class = Some("Guaranteed".to_string());
+        assert_eq!(convert_pod(&pod).unwrap().qos, QosClass::Guaranteed);
+    }
+
+    #[test]
+    fn terminal_and_terminating_pods_are_inactive() {
+        let mut pod = api_pod(&[], None);
+        assert!(is_active(&pod));
+        pod.status.as_mut().unwrap().phase = Some("Failed".to_string());
+        assert!(!is_active(&pod));
+        let mut pod = api_pod(&[], None);
+        pod.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert!(!is_active(&pod));
+    }
+
+    #[test]
+    fn missing_identity_is_an_error_naming_the_field() {
+        let mut pod = api_pod(&[], None);
+        pod.metadata.uid = None;
+        assert_eq!(
+            convert_pod(&pod).unwrap_err().to_string(),
+            "pod shop/web: metadata.uid is missing"
+        );
+    }
+}

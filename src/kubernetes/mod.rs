@@ -1,0 +1,11 @@
+//! The agent on a Kubernetes node: pods from the API server, per-pod usage from their
+//! cgroups and files, evictions the cluster sees (event, `DisruptionTarget`, delete with
+//! a UID precondition), and our own node conditions, taints and events. API writes go
+//! through a bounded [`outbox::Outbox`], so an unreachable API server never stops local
+//! protection.
+
+pub mod cgroups;
+pub mod convert;
+pub mod outbox;
+pub mod resources;
+pub mod usage;

@@ -1,0 +1,374 @@
+//! Per-pod measurements on the node: working set and process count from the pod's
+//! cgroup (and each container's child cgroup), log and writable-layer bytes and inodes
+//! from the configured directories, and emptyDir usage under the kubelet's pod
+//! directory. A pod whose cgroup does not exist yet has no stats, as in the kubelet.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::cgroups::{PodCgroupNaming, container_cgroup};
+use super::convert::NodePod;
+use crate::config::KubernetesConfig;
+use crate::signals::CgroupReader;
+
+/// Bytes on disk (allocated blocks, like `du`) and distinct inodes under a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiskUsage {
+    pub bytes: i64,
+    pub inodes: i64,
+    /// The walk stopped at its entry budget; the figures are a lower bound.
+    pub truncated: bool,
+}
+
+impl DiskUsage {
+    fn add(&mut self, other: DiskUsage) {
+        self.bytes = self.bytes.saturating_add(other.bytes);
+        self.inodes = self.inodes.saturating_add(other.inodes);
+        self.truncated |= other.truncated;
+    }
+}
+
+/// Walk `root` without following symlinks, visiting at most `*budget` entries.
+/// `None` when `root` does not exist.
+pub fn disk_usage(root: &Path, budget: &mut u64) -> Option<DiskUsage> {
+    let metadata = std::fs::symlink_metadata(root).ok()?;
+    let mut seen = HashSet::new();
+    let mut usage = DiskUsage::default();
+    let mut stack = vec![(root.to_path_buf(), metadata)];
+    while let Some((path, metadata)) = stack.pop() {
+        if *budget == 0 {
+            usage.truncated = true;
+            break;
+        }
+        *budget -= 1;
+        if seen.insert((metadata.dev(), metadata.ino())) {
+            usage.bytes = usage.bytes.saturating_add(
+                i64::try_from(metadata.blocks().saturating_mul(512)).unwrap_or(i64::MAX),
+            );
+            usage.inodes += 1;
+        }
+        if metadata.is_dir() {
+            let Ok(entries) = std::fs::read_dir(&path) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if let Ok(child) = entry.metadata() {
+                    stack.push((entry.path(), child));
+                }
+            }
+        }
+    }
+    Some(usage)
+}
+
+/// Where one pod's files are, and how much of them a cycle may walk.
+#[derive(Debug, Clone)]
+pub struct PodUsageReader {
+    reader: CgroupReader,
+    naming: PodCgroupNaming,
+    pod_logs_path: PathBuf,
+    kubelet_root_path: PathBuf,
+    writable_layer_path: Option<String>,
+    max_entries: u64,
+}
+
+impl PodUsageReader {
+    pub fn new(reader: CgroupReader, naming: PodCgroupNaming, config: &KubernetesConfig) -> Self {
+        PodUsageReader {
+            reader,
+            naming,
+            pod_logs_path: config.pod_logs_path.clone(),
+            kubelet_root_path: config.kubelet_root_path.clone(),
+            writable_layer_path: config.writable_layer_path.clone(),
+            max_entries: config.disk_walk_max_entries,
+        }
+    }
+
+    pub fn naming(&self) -> &PodCgroupNaming {
+        &self.naming
+    }
+
+    /// Fill in `node_pod.pod`'s cgroup and usage. Leaves usage empty when the pod's
+    /// cgroup does not exist (not started yet, or already gone).
+    pub fn measure(&self, node_pod: &mut NodePod) {
+        let Some(uid) = node_pod.pod.uid.clone() else {
+            return;
+        };
+        let cgroup = self.naming.pod_cgroup(&uid, node_pod.qos);
+        if !self.reader.paths().memory_dir(&cgroup).is_dir() {
+            // The eviction core reads per-container entries as "has stats"; the
+            // kubelet has none for a pod that has not started.
+            node_pod.pod.containers.clear();
+            return;
+        }
+        let pod = &mut node_pod.pod;
+        match self.reader.read_cgroup_usage(&cgroup) {
+            Ok(usage) => {
+                pod.usage.memory = Some(saturating(usage.working_set_bytes));
+                pod.usage.pids = Some(saturating(usage.process_count));
+            }
+            Err(error) => tracing::debug!(pod = %pod.key(), %error, "pod cgroup unreadable"),
+        }
+        pod.cgroup = Some(cgroup.clone());
+
+        let mut budget = self.max_entries;
+        let log_dir = self
+            .pod_logs_path
+            .join(format!("{}_{}_{}", pod.namespace, pod.name, uid));
+        let mut ephemeral = None::<DiskUsage>;
+        let mut add_ephemeral = |usage: DiskUsage| {
+            ephemeral.get_or_insert_with(DiskUsage::default).add(usage);
+        };
+        for container in &mut pod.containers {
+            let id = node_pod
+                .container_ids
+                .iter()
+                .find(|(name, _)| *name == container.name)
+                .map(|(_, id)| id.as_str());
+            if let Some(child) = id.and_then(|id| container_cgroup(&self.reader, &cgroup, id))
+                && let Ok(memory) = self.reader.memory_usage(&child)
+            {
+                container.usage.memory = Some(saturating(memory.working_set_bytes()));
+            }
+            if let Some(logs) = disk_usage(&log_dir.join(&container.name), &mut budget) {
+                container.usage.logs = Some(logs.bytes);
+                add_ephemeral(logs);
+            }
+            if let (Some(template), Some(id)) = (&self.writable_layer_path, id)
+                && let Some(layer) = disk_usage(
+                    Path::new(&template.replace("{containerId}", id)),
+                    &mut budget,
+                )
+            {
+                container.usage.rootfs = Some(layer.bytes);
+                add_ephemeral(layer);
+            }
+        }
+        let volumes = self
+            .kubelet_root_path
+            .join("pods")
+            .join(&uid)
+            .join("volumes/kubernetes.io~empty-dir");
+        for volume in &mut pod.empty_dirs {
+            if let Some(used) = disk_usage(&volumes.join(&volume.name), &mut budget) {
+                volume.used = Some(used.bytes);
+                add_ephemeral(used);
+            }
+        }
+        if let Some(total) = ephemeral {
+            if total.truncated {
+                tracing::debug!(pod = %pod.key(), "disk walk budget reached; storage usage is a lower bound");
+            }
+            pod.usage.ephemeral_storage = Some(total.bytes);
+            pod.usage.inodes = Some(total.inodes);
+        }
+    }
+}
+
+fn saturating(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CgroupDriver;
+    use crate::kubernetes::resources::QosClass;
+    use crate::pods::{ContainerStats, EmptyDirStats, Pod};
+
+    /// A fake memory hierarchy: v1 (`memory/…` with `usage_in_bytes`) or v2.
+    fn write_cgroup(root: &Path, v1: bool, cgroup: &str, usage: u64, inactive: u64, procs: &str) {
+        let dir = if v1 {
+            root.join("memory")
+        } else {
+            root.to_path_buf()
+        }
+        .join(cgroup.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (usage_file, stat) = if v1 {
+            (
+                "memory.usage_in_bytes",
+                format!("total_inactive_file {inactive}\n"),
+            )
+        } else {
+            ("memory.current", format!("inactive_file {inactive}\n"))
+        };
+        std::fs::write(dir.join(usage_file), format!("{usage}\n")).unwrap();
+        std::fs::write(dir.join("memory.stat"), stat).unwrap();
+        std::fs::write(
+            dir.join(if v1 {
+                "memory.limit_in_bytes"
+            } else {
+                "memory.max"
+            }),
+            "max\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("cgroup.procs"), procs).unwrap();
+    }
+
+    fn tree(v1: bool) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        if v1 {
+            std::fs::create_dir(dir.path().join("memory")).unwrap();
+        } else {
+            std::fs::write(dir.path().join("cgroup.controllers"), "memory pids\n").unwrap();
+        }
+        dir
+    }
+
+    fn node_pod(qos: QosClass) -> NodePod {
+        NodePod {
+            pod: Pod {
+                namespace: "shop".to_string(),
+                name: "web".to_string(),
+                uid: Some("1-2".to_string()),
+                containers: vec![ContainerStats {
+                    name: "app".to_string(),
+                    ..Default::default()
+                }],
+                empty_dirs: vec![EmptyDirStats {
+                    name: "scratch".to_string(),
+                    size_limit: None,
+                    used: None,
+                }],
+                ..Default::default()
+            },
+            qos,
+            container_ids: vec![("app".to_string(), "c0ffee".to_string())],
+            warnings: Vec::new(),
+        }
+    }
+
+    fn config(files: &Path) -> KubernetesConfig {
+        KubernetesConfig {
+            pod_logs_path: files.join("logs"),
+            kubelet_root_path: files.join("kubelet"),
+            writable_layer_path: Some(format!("{}/layers/{{containerId}}/diff", files.display())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn reads_pod_and_container_usage_on_v1_and_v2_for_both_drivers() {
+        for v1 in [true, false] {
+            for (driver, pod_cgroup, container_child) in [
+                (
+                    CgroupDriver::Cgroupfs,
+                    "kubepods/burstable/pod1-2",
+                    "c0ffee",
+                ),
+                (
+                    CgroupDriver::Systemd,
+                    "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice",
+                    "cri-containerd-c0ffee.scope",
+                ),
+            ] {
+                let cgroups = tree(v1);
+                write_cgroup(cgroups.path(), v1, pod_cgroup, 900, 100, "");
+                write_cgroup(
+                    cgroups.path(),
+                    v1,
+                    &format!("{pod_cgroup}/{container_child}"),
+                    700,
+                    50,
+                    "10\n11\n",
+                );
+                let files = tempfile::tempdir().unwrap();
+                let reader = CgroupReader::detect(cgroups.path()).unwrap();
+                let usage_reader = PodUsageReader::new(
+                    reader,
+                    PodCgroupNaming::new(driver, "/kubepods"),
+                    &config(files.path()),
+                );
+                let mut pod = node_pod(QosClass::Burstable);
+                usage_reader.measure(&mut pod);
+                let label = format!("v1={v1} {driver}");
+                assert_eq!(
+                    pod.pod.cgroup,
+                    Some(PathBuf::from("/").join(pod_cgroup)),
+                    "{label}"
+                );
+                assert_eq!(pod.pod.usage.memory, Some(800), "{label}");
+                assert_eq!(pod.pod.usage.pids, Some(2), "{label}");
+                assert_eq!(pod.pod.containers[0].usage.memory, Some(650), "{label}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_pod_without_a_cgroup_has_no_stats() {
+        let cgroups = tree(false);
+        let files = tempfile::tempdir().unwrap();
+        let usage_reader = PodUsageReader::new(
+            CgroupReader::detect(cgroups.path()).unwrap(),
+            PodCgroupNaming::new(CgroupDriver::Cgroupfs, "/kubepods"),
+            &config(files.path()),
+        );
+        let mut pod = node_pod(QosClass::Guaranteed);
+        usage_reader.measure(&mut pod);
+        assert!(!pod.pod.has_stats());
+        assert_eq!(pod.pod.cgroup, None);
+    }
+
+    #[test]
+    fn measures_logs_writable_layer_and_empty_dirs() {
+        let cgroups = tree(false);
+        write_cgroup(cgroups.path(), false, "kubepods/pod1-2", 10, 0, "");
+        let files = tempfile::tempdir().unwrap();
+        let logs = files.path().join("logs/shop_web_1-2/app");
+        std::fs::create_dir_all(&logs).unwrap();
+        std::fs::write(logs.join("0.log"), vec![b'x'; 64 * 1024]).unwrap();
+        let layer = files.path().join("layers/c0ffee/diff/tmp");
+        std::fs::create_dir_all(&layer).unwrap();
+        std::fs::write(layer.join("big"), vec![b'y'; 128 * 1024]).unwrap();
+        let volume = files
+            .path()
+            .join("kubelet/pods/1-2/volumes/kubernetes.io~empty-dir/scratch");
+        std::fs::create_dir_all(&volume).unwrap();
+        std::fs::write(volume.join("data"), vec![b'z'; 32 * 1024]).unwrap();
+        let usage_reader = PodUsageReader::new(
+            CgroupReader::detect(cgroups.path()).unwrap(),
+            PodCgroupNaming::new(CgroupDriver::Cgroupfs, "/kubepods"),
+            &config(files.path()),
+        );
+        let mut pod = node_pod(QosClass::Guaranteed);
+        usage_reader.measure(&mut pod);
+        let container = &pod.pod.containers[0].usage;
+        let logs_bytes = container.logs.unwrap();
+        let rootfs_bytes = container.rootfs.unwrap();
+        let volume_bytes = pod.pod.empty_dirs[0].used.unwrap();
+        assert!(logs_bytes >= 64 * 1024, "{logs_bytes}");
+        assert!(
+            rootfs_bytes >= 128 * 1024 && rootfs_bytes > logs_bytes,
+            "{rootfs_bytes}"
+        );
+        assert!(volume_bytes >= 32 * 1024, "{volume_bytes}");
+        assert_eq!(
+            pod.pod.usage.ephemeral_storage,
+            Some(logs_bytes + rootfs_bytes + volume_bytes)
+        );
+        // Directories count as inodes: app/ + 0.log, diff/ + tmp/ + big, scratch/ + data.
+        assert_eq!(pod.pod.usage.inodes, Some(7));
+    }
+
+    #[test]
+    fn the_walk_stops_at_its_budget_and_counts_hard_links_once() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..10 {
+            std::fs::write(dir.path().join(format!("f{i}")), b"data").unwrap();
+        }
+        std::fs::hard_link(dir.path().join("f0"), dir.path().join("link")).unwrap();
+        let mut budget = 100;
+        let full = disk_usage(dir.path(), &mut budget).unwrap();
+        assert_eq!(full.inodes, 11, "the directory and ten distinct files");
+        assert!(!full.truncated);
+        assert_eq!(budget, 100 - 12);
+        let mut small = 4;
+        let partial = disk_usage(dir.path(), &mut small).unwrap();
+        assert!(partial.truncated);
+        assert!(partial.inodes <= 4);
+        assert_eq!(disk_usage(&dir.path().join("missing"), &mut 10), None);
+    }
+}
