@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use std::time::Duration;
 
+use super::hooks::{CycleObserver, PodSource};
 use super::record::Recorder;
 use crate::config::AgentConfig;
 use crate::eviction::{
@@ -50,6 +51,8 @@ pub struct Agent {
     reclaimer: Option<CommandReclaimer>,
     evictor: Option<Box<dyn Evictor + Send>>,
     recorder: Option<Recorder>,
+    pod_source: Option<Box<dyn PodSource>>,
+    observers: Vec<Box<dyn CycleObserver>>,
 }
 
 impl Agent {
@@ -75,12 +78,33 @@ impl Agent {
             reclaimer,
             evictor: None,
             recorder: None,
+            pod_source: None,
+            observers: Vec::new(),
         }
     }
 
     /// The evictor used outside dry-run mode. Without one, decisions are only logged.
     pub fn set_evictor(&mut self, evictor: Box<dyn Evictor + Send>) {
         self.evictor = Some(evictor);
+    }
+
+    /// Take pods from `source` instead of the standalone workload cgroups.
+    pub fn set_pod_source(&mut self, source: Box<dyn PodSource>) {
+        self.pod_source = Some(source);
+    }
+
+    /// Show every cycle's report to `observer` once the decision is made.
+    pub fn add_cycle_observer(&mut self, observer: Box<dyn CycleObserver>) {
+        self.observers.push(observer);
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// The cgroup reader the agent measures with, when the host has a cgroup tree.
+    pub fn cgroup_reader(&self) -> Option<&crate::signals::CgroupReader> {
+        self.collector.cgroups()
     }
 
     /// Append every observation to a trace file (`agent --record`).
@@ -178,15 +202,22 @@ impl Agent {
         let previous_conditions =
             std::mem::replace(&mut self.state, decision.state.clone()).node_conditions;
         self.publish_decision(&decision, &previous_conditions);
-        CycleReport {
+        let report = CycleReport {
             observations: collection.observations,
             collection_errors: collection.errors.len(),
             pods,
             decision,
+        };
+        for observer in &mut self.observers {
+            observer.observe(&report);
         }
+        report
     }
 
     fn collect_pods(&mut self) -> Vec<Pod> {
+        if let Some(source) = self.pod_source.as_mut() {
+            return source.pods();
+        }
         let (Some(workloads), Some(reader)) = (&self.config.workloads, self.collector.cgroups())
         else {
             return Vec::new();

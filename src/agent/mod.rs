@@ -3,9 +3,11 @@
 //! runs one eviction cycle, acts on the decision, and publishes metrics.
 
 mod cycle;
+mod hooks;
 mod record;
 
 pub use cycle::{Agent, CycleReport};
+pub use hooks::{CycleObserver, PodSource};
 pub use record::{RecordError, Recorder};
 
 use std::future::Future;

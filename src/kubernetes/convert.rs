@@ -245,7 +245,11 @@ mod tests {
             vec![("app".to_string(), "abc123".to_string())]
         );
         assert_eq!(pod.empty_dirs[0].size_limit, Some(500 << 20));
-        assert_eq!(pod.usage, Default::default(), "usage comes from cgroups, not the API");
+        assert_eq!(
+            pod.usage,
+            Default::default(),
+            "usage comes from cgroups, not the API"
+        );
     }
 
     #[test]

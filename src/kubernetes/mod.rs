@@ -4,8 +4,16 @@
 //! through a bounded [`outbox::Outbox`], so an unreachable API server never stops local
 //! protection.
 
+pub mod api;
 pub mod cgroups;
 pub mod convert;
+pub mod evictor;
+pub mod node;
 pub mod outbox;
 pub mod resources;
+pub mod runtime;
+pub mod source;
 pub mod usage;
+pub mod worker;
+
+pub use runtime::{KubeError, KubeRuntime, connect, node_name};

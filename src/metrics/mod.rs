@@ -47,6 +47,14 @@ pub struct MechanismLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiActionLabels {
+    /// `event`, `pod_condition`, `pod_delete`, `node_conditions` or `node_taints`
+    pub action: String,
+    /// `done`, `retried`, `rejected` or `dropped`
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
 }
@@ -67,6 +75,8 @@ pub struct Metrics {
     pub evictions: Family<SignalLabels, Counter>,
     pub eviction_decision_duration: Histogram,
     pub last_collection_timestamp: FloatGauge,
+    pub api_actions: Family<ApiActionLabels, Counter>,
+    pub api_outbox_pending: Gauge,
 }
 
 impl Default for Metrics {
@@ -144,6 +154,18 @@ impl Metrics {
             "Unix time of the last completed signal collection",
             last_collection_timestamp.clone(),
         );
+        let api_actions = Family::<ApiActionLabels, Counter>::default();
+        registry.register(
+            "api_actions",
+            "Kubernetes API writes by action and outcome (dropped: discarded from a full outbox)",
+            api_actions.clone(),
+        );
+        let api_outbox_pending = Gauge::default();
+        registry.register(
+            "api_outbox_pending",
+            "Kubernetes API writes waiting to be sent",
+            api_outbox_pending.clone(),
+        );
         registry.register(
             "build",
             "nodekeeper build information",
@@ -164,6 +186,8 @@ impl Metrics {
             evictions,
             eviction_decision_duration,
             last_collection_timestamp,
+            api_actions,
+            api_outbox_pending,
         }
     }
 

@@ -1,0 +1,398 @@
+//! Our node conditions, taints and node events, decided from each cycle's outcome. The
+//! kubelet owns `MemoryPressure`, `DiskPressure` and `PIDPressure` and the node lifecycle
+//! controller owns the matching taints, so we publish our own, node-problem-detector
+//! style: `NodekeeperMemoryPressure` and friends, heartbeated every few minutes even
+//! when unchanged, optional `nodekeeper.io/*-pressure:NoSchedule` taints, an
+//! `EvictionThresholdMet` event while a resource is starved, and an event on every
+//! condition transition. Pure: the caller passes the wall clock and sends the actions.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime};
+
+use super::api::event_name;
+use super::outbox::{
+    ApiAction, ConditionRecord, EventRecord, EventType, InvolvedObject, TaintRecord,
+};
+use crate::signals::{NodeCondition, Resource};
+
+/// Every taint key we own starts with this; others' taints are never touched.
+pub const TAINT_PREFIX: &str = "nodekeeper.io/";
+/// The namespace of events about the node, as the kubelet uses.
+pub const NODE_EVENT_NAMESPACE: &str = "default";
+
+struct ConditionText {
+    condition_type: &'static str,
+    taint: &'static str,
+    on_reason: &'static str,
+    on_message: &'static str,
+    off_reason: &'static str,
+    off_message: &'static str,
+}
+
+fn text(condition: NodeCondition) -> ConditionText {
+    match condition {
+        NodeCondition::MemoryPressure => ConditionText {
+            condition_type: "NodekeeperMemoryPressure",
+            taint: "nodekeeper.io/memory-pressure",
+            on_reason: "NodekeeperHasInsufficientMemory",
+            on_message: "nodekeeper: memory available is below an eviction threshold",
+            off_reason: "NodekeeperHasSufficientMemory",
+            off_message: "nodekeeper: node has sufficient memory available",
+        },
+        NodeCondition::DiskPressure => ConditionText {
+            condition_type: "NodekeeperDiskPressure",
+            taint: "nodekeeper.io/disk-pressure",
+            on_reason: "NodekeeperHasDiskPressure",
+            on_message: "nodekeeper: disk space or inodes available are below an eviction threshold",
+            off_reason: "NodekeeperHasNoDiskPressure",
+            off_message: "nodekeeper: node has no disk pressure",
+        },
+        NodeCondition::PidPressure => ConditionText {
+            condition_type: "NodekeeperPIDPressure",
+            taint: "nodekeeper.io/pid-pressure",
+            on_reason: "NodekeeperHasInsufficientPID",
+            on_message: "nodekeeper: process IDs available are below an eviction threshold",
+            off_reason: "NodekeeperHasSufficientPID",
+            off_message: "nodekeeper: node has sufficient PID available",
+        },
+    }
+}
+
+const CONDITIONS: [NodeCondition; 3] = [
+    NodeCondition::MemoryPressure,
+    NodeCondition::DiskPressure,
+    NodeCondition::PidPressure,
+];
+
+/// The condition type we publish for a node condition, e.g. `NodekeeperMemoryPressure`.
+pub fn condition_type(condition: NodeCondition) -> &'static str {
+    text(condition).condition_type
+}
+
+/// The taint key we publish for a node condition, e.g. `nodekeeper.io/memory-pressure`.
+pub fn taint_key(condition: NodeCondition) -> &'static str {
+    text(condition).taint
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Published {
+    on: bool,
+    since: SystemTime,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ThresholdSeries {
+    started: SystemTime,
+    last_emitted: SystemTime,
+    count: i32,
+}
+
+/// What was last published for the node.
+#[derive(Debug)]
+pub struct NodeStatusTracker {
+    node_name: String,
+    heartbeat: Duration,
+    taints: bool,
+    published: BTreeMap<NodeCondition, Published>,
+    last_sent: Option<SystemTime>,
+    last_taints: Option<BTreeSet<TaintRecord>>,
+    series: BTreeMap<String, ThresholdSeries>,
+}
+
+impl NodeStatusTracker {
+    pub fn new(node_name: String, heartbeat: Duration, taints: bool) -> Self {
+        NodeStatusTracker {
+            node_name,
+            heartbeat,
+            taints,
+            published: BTreeMap::new(),
+            last_sent: None,
+            last_taints: None,
+            series: BTreeMap::new(),
+        }
+    }
+
+    fn node(&self) -> InvolvedObject {
+        InvolvedObject {
+            kind: "Node",
+            namespace: None,
+            name: self.node_name.clone(),
+            // The kubelet's node reference uses the node name as UID as well.
+            uid: self.node_name.clone(),
+        }
+    }
+
+    fn node_event(
+        &self,
+        key: &str,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+        (count, first_seen): (i32, SystemTime),
+        now: SystemTime,
+    ) -> ApiAction {
+        ApiAction::CreateEvent(EventRecord {
+            name: event_name(&self.node_name, key),
+            namespace: NODE_EVENT_NAMESPACE.to_string(),
+            involved: self.node(),
+            event_type,
+            reason: reason.to_string(),
+            message: message.to_string(),
+            annotations: BTreeMap::new(),
+            count,
+            first_seen,
+            last_seen: now,
+        })
+    }
+
+    /// The writes owed after a cycle that decided `conditions` and, when pods or node
+    /// resources must be reclaimed, starved `starved`.
+    pub fn update(
+        &mut self,
+        conditions: &BTreeSet<NodeCondition>,
+        starved: Option<Resource>,
+        now: SystemTime,
+    ) -> Vec<ApiAction> {
+        let mut actions = Vec::new();
+        let mut changed = false;
+        for condition in CONDITIONS {
+            let on = conditions.contains(&condition);
+            let previous = self.published.get(&condition).copied();
+            if previous.is_some_and(|p| p.on == on) {
+                continue;
+            }
+            changed = true;
+            self.published
+                .insert(condition, Published { on, since: now });
+            // A fresh start with no pressure is not a transition worth an event.
+            if previous.is_none() && !on {
+                continue;
+            }
+            let words = text(condition);
+            let (event_type, reason) = if on {
+                (EventType::Warning, words.on_reason)
+            } else {
+                (EventType::Normal, words.off_reason)
+            };
+            let since = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            actions.push(self.node_event(
+                &format!("{reason}/{since}"),
+                event_type,
+                reason,
+                &format!("Node {} status is now: {reason}", self.node_name),
+                (1, now),
+                now,
+            ));
+        }
+        let heartbeat_due = self
+            .last_sent
+            .is_none_or(|sent| now.duration_since(sent).unwrap_or_default() >= self.heartbeat);
+        if changed || heartbeat_due {
+            self.last_sent = Some(now);
+            let records = CONDITIONS
+                .iter()
+                .filter_map(|condition| {
+                    let published = self.published.get(condition)?;
+                    let words = text(*condition);
+                    let (reason, message) = if published.on {
+                        (words.on_reason, words.on_message)
+                    } else {
+                        (words.off_reason, words.off_message)
+                    };
+                    Some(ConditionRecord {
+                        condition_type: words.condition_type.to_string(),
+                        status: published.on,
+                        reason: reason.to_string(),
+                        message: message.to_string(),
+                        last_transition: published.since,
+                        last_heartbeat: Some(now),
+                    })
+                })
+                .collect();
+            actions.push(ApiAction::SetNodeConditions(records));
+        }
+        if self.taints {
+            let desired: BTreeSet<TaintRecord> = CONDITIONS
+                .iter()
+                .filter(|condition| conditions.contains(condition))
+                .map(|condition| TaintRecord {
+                    key: taint_key(*condition).to_string(),
+                    effect: "NoSchedule".to_string(),
+                })
+                .collect();
+            if self.last_taints.as_ref() != Some(&desired) {
+                actions.push(ApiAction::SetNodeTaints(desired.iter().cloned().collect()));
+                self.last_taints = Some(desired);
+            }
+        }
+        match starved {
+            Some(resource) => {
+                let name = resource.to_string();
+                let due = match self.series.get_mut(&name) {
+                    Some(series)
+                        if now.duration_since(series.last_emitted).unwrap_or_default()
+                            < self.heartbeat =>
+                    {
+                        None
+                    }
+                    Some(series) => {
+                        series.count += 1;
+                        series.last_emitted = now;
+                        Some(*series)
+                    }
+                    None => {
+                        let series = ThresholdSeries {
+                            started: now,
+                            last_emitted: now,
+                            count: 1,
+                        };
+                        self.series.insert(name.clone(), series);
+                        Some(series)
+                    }
+                };
+                if let Some(series) = due {
+                    let started = series
+                        .started
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis());
+                    actions.push(self.node_event(
+                        &format!("EvictionThresholdMet/{name}/{started}"),
+                        EventType::Warning,
+                        "EvictionThresholdMet",
+                        &format!("Attempting to reclaim {name}"),
+                        (series.count, series.started),
+                        now,
+                    ));
+                }
+                self.series.retain(|resource, _| *resource == name);
+            }
+            None => self.series.clear(),
+        }
+        actions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + seconds)
+    }
+
+    fn summary(actions: &[ApiAction]) -> Vec<String> {
+        actions
+            .iter()
+            .map(|action| match action {
+                ApiAction::CreateEvent(e) => {
+                    format!("event {} {} count={}", e.reason, e.message, e.count)
+                }
+                ApiAction::SetNodeConditions(c) => format!(
+                    "conditions {}",
+                    c.iter()
+                        .map(|c| format!("{}={}", c.condition_type, c.status))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+                ApiAction::SetNodeTaints(t) => format!(
+                    "taints [{}]",
+                    t.iter()
+                        .map(|t| format!("{}:{}", t.key, t.effect))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn publishes_transitions_heartbeats_taints_and_threshold_events() {
+        let mut tracker =
+            NodeStatusTracker::new("node-a".to_string(), Duration::from_secs(300), true);
+        let none = BTreeSet::new();
+        let memory = BTreeSet::from([NodeCondition::MemoryPressure]);
+        assert_eq!(
+            summary(&tracker.update(&none, None, at(0))),
+            vec![
+                "conditions NodekeeperMemoryPressure=false,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false",
+                "taints []",
+            ]
+        );
+        assert!(
+            tracker.update(&none, None, at(10)).is_empty(),
+            "nothing new, no heartbeat due"
+        );
+        assert_eq!(
+            summary(&tracker.update(&memory, Some(Resource::Memory), at(20))),
+            vec![
+                "event NodekeeperHasInsufficientMemory Node node-a status is now: NodekeeperHasInsufficientMemory count=1",
+                "conditions NodekeeperMemoryPressure=true,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false",
+                "taints [nodekeeper.io/memory-pressure:NoSchedule]",
+                "event EvictionThresholdMet Attempting to reclaim memory count=1",
+            ]
+        );
+        assert!(
+            tracker
+                .update(&memory, Some(Resource::Memory), at(30))
+                .is_empty()
+        );
+        assert_eq!(
+            summary(&tracker.update(&memory, Some(Resource::Memory), at(320))),
+            vec![
+                "conditions NodekeeperMemoryPressure=true,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false",
+                "event EvictionThresholdMet Attempting to reclaim memory count=2",
+            ],
+            "heartbeat and a repeat of the threshold event after five minutes"
+        );
+        assert_eq!(
+            summary(&tracker.update(&none, None, at(330))),
+            vec![
+                "event NodekeeperHasSufficientMemory Node node-a status is now: NodekeeperHasSufficientMemory count=1",
+                "conditions NodekeeperMemoryPressure=false,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false",
+                "taints []",
+            ]
+        );
+    }
+
+    #[test]
+    fn transition_time_is_kept_across_heartbeats() {
+        let mut tracker = NodeStatusTracker::new("n".to_string(), Duration::from_secs(60), false);
+        let pid = BTreeSet::from([NodeCondition::PidPressure]);
+        tracker.update(&pid, None, at(0));
+        let actions = tracker.update(&pid, None, at(61));
+        let ApiAction::SetNodeConditions(records) = &actions[0] else {
+            panic!("{actions:?}")
+        };
+        let pid_record = records
+            .iter()
+            .find(|r| r.condition_type == "NodekeeperPIDPressure")
+            .unwrap();
+        assert_eq!(pid_record.last_transition, at(0));
+        assert_eq!(pid_record.last_heartbeat, Some(at(61)));
+        assert!(
+            actions
+                .iter()
+                .all(|a| !matches!(a, ApiAction::SetNodeTaints(_))),
+            "taints off"
+        );
+    }
+
+    #[test]
+    fn the_same_threshold_series_keeps_one_event_name() {
+        let mut tracker = NodeStatusTracker::new("n".to_string(), Duration::from_secs(1), false);
+        let memory = BTreeSet::from([NodeCondition::MemoryPressure]);
+        let names: Vec<String> = [0, 2, 4]
+            .into_iter()
+            .flat_map(|t| tracker.update(&memory, Some(Resource::Memory), at(t)))
+            .filter_map(|a| match a {
+                ApiAction::CreateEvent(e) if e.reason == "EvictionThresholdMet" => Some(e.name),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names.len(), 3);
+        assert!(names.iter().all(|n| *n == names[0]));
+    }
+}

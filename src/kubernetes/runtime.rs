@@ -1,0 +1,219 @@
+//! Connecting to the cluster and plugging the Kubernetes parts into the agent.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod as ApiPod;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::reflector::Store;
+
+use super::api::ApiWriter;
+use super::cgroups::PodCgroupNaming;
+use super::evictor::{CgroupKiller, KubeEvictor, LocalKiller};
+use super::node::NodeStatusTracker;
+use super::source::{ApiPodSource, TaskGuard, start_pod_reflector};
+use super::usage::PodUsageReader;
+use super::worker::{OutboxHandle, RetryPolicy, run_outbox};
+use crate::agent::{Agent, CycleObserver, CycleReport};
+use crate::config::AgentConfig;
+use crate::signals::CgroupReader;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig { path: String, message: String },
+    #[error("in-cluster Kubernetes configuration: {0}")]
+    InCluster(String),
+    #[error("Kubernetes client: {0}")]
+    Client(String),
+    #[error("cannot determine this node's name: set --node-name or NODE_NAME ({0})")]
+    NodeName(String),
+}
+
+/// This node's name: the configured name (`--node-name`, `nodeName`), else `NODE_NAME`,
+/// else the hostname, lowercased as the kubelet does.
+pub fn node_name(config: &AgentConfig) -> Result<String, KubeError> {
+    if let Some(name) = config.node_name.as_deref().filter(|n| !n.is_empty()) {
+        return Ok(name.to_string());
+    }
+    if let Ok(name) = std::env::var("NODE_NAME")
+        && !name.trim().is_empty()
+    {
+        return Ok(name.trim().to_string());
+    }
+    let path = config.paths.proc_root.join("sys/kernel/hostname");
+    let hostname = std::fs::read_to_string(&path)
+        .map_err(|e| KubeError::NodeName(format!("{}: {e}", path.display())))?;
+    let hostname = hostname.trim().to_lowercase();
+    if hostname.is_empty() {
+        return Err(KubeError::NodeName(format!("{} is empty", path.display())));
+    }
+    Ok(hostname)
+}
+
+/// Connect when configured to: an explicit kubeconfig (`kubeconfig_flag`, then
+/// `kubernetes.kubeconfig`, then `KUBECONFIG`), else the in-cluster service account
+/// when running in a pod. `Ok(None)` means standalone mode.
+pub async fn connect(
+    config: &AgentConfig,
+    kubeconfig_flag: Option<&Path>,
+) -> Result<Option<KubeRuntime>, KubeError> {
+    if config.kubernetes.enabled == Some(false) {
+        return Ok(None);
+    }
+    let path: Option<PathBuf> = kubeconfig_flag
+        .map(Path::to_path_buf)
+        .or_else(|| config.kubernetes.kubeconfig.clone())
+        .or_else(|| {
+            std::env::var_os("KUBECONFIG")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        });
+    let client_config = match path {
+        Some(path) => {
+            let fail = |message: String| KubeError::Kubeconfig {
+                path: path.display().to_string(),
+                message,
+            };
+            let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| fail(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| fail(e.to_string()))?
+        }
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            kube::Config::incluster().map_err(|e| KubeError::InCluster(e.to_string()))?
+        }
+        None if config.kubernetes.enabled == Some(true) => {
+            return Err(KubeError::InCluster(
+                "kubernetes.enabled is true but there is no kubeconfig and no service account"
+                    .to_string(),
+            ));
+        }
+        None => return Ok(None),
+    };
+    let client =
+        kube::Client::try_from(client_config).map_err(|e| KubeError::Client(e.to_string()))?;
+    let node = node_name(config)?;
+    Ok(Some(KubeRuntime::start(
+        client,
+        node,
+        config,
+        RetryPolicy::default(),
+    )))
+}
+
+/// The running Kubernetes side: the pod watch, the outbox sender, and the parts the
+/// agent loop needs. Must be created inside a tokio runtime.
+pub struct KubeRuntime {
+    node_name: String,
+    store: Store<ApiPod>,
+    outbox: OutboxHandle,
+    usage: Option<PodUsageReader>,
+    local_killer: Option<Box<dyn LocalKiller>>,
+    tracker: NodeStatusTracker,
+    tasks: Arc<TaskGuard>,
+}
+
+impl KubeRuntime {
+    pub fn start(
+        client: kube::Client,
+        node_name: String,
+        config: &AgentConfig,
+        retry: RetryPolicy,
+    ) -> Self {
+        let settings = &config.kubernetes;
+        let (store, reflector_task) = start_pod_reflector(client.clone(), &node_name);
+        let outbox = OutboxHandle::new(settings.outbox_size);
+        let writer = ApiWriter::new(client, node_name.clone());
+        let sender_task = tokio::spawn(run_outbox(outbox.clone(), writer, retry));
+        let reader = match CgroupReader::detect(&config.paths.cgroup_root) {
+            Ok(reader) => Some(reader),
+            Err(error) => {
+                tracing::warn!(%error, "no cgroup tree; pods will have no stats");
+                None
+            }
+        };
+        let usage = reader.as_ref().map(|reader| {
+            let naming = match settings.cgroup_driver {
+                Some(driver) => PodCgroupNaming::new(driver, &settings.pods_cgroup_name),
+                None => PodCgroupNaming::detect(reader, &settings.pods_cgroup_name),
+            };
+            tracing::info!(driver = %naming.driver(), pods_cgroup = %naming.pods_cgroup().display(), "pod cgroups");
+            PodUsageReader::new(reader.clone(), naming, settings)
+        });
+        let local_killer = reader.filter(|_| settings.local_kill).map(|reader| {
+            Box::new(CgroupKiller::new(
+                reader.paths().clone(),
+                &config.paths.cgroup_root,
+            )) as Box<dyn LocalKiller>
+        });
+        let heartbeat = config.kubernetes.condition_heartbeat.to_std();
+        KubeRuntime {
+            tracker: NodeStatusTracker::new(node_name.clone(), heartbeat, settings.taints),
+            node_name,
+            store,
+            outbox,
+            usage,
+            local_killer,
+            tasks: Arc::new(TaskGuard(vec![reflector_task, sender_task])),
+        }
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Replace how hard-evicted pods are killed locally (`None`: not at all).
+    pub fn set_local_killer(&mut self, killer: Option<Box<dyn LocalKiller>>) {
+        self.local_killer = killer;
+    }
+
+    /// The queue of API writes, to inspect what is still owed.
+    pub fn outbox(&self) -> OutboxHandle {
+        self.outbox.clone()
+    }
+
+    /// Wait until the first pod list has arrived.
+    pub async fn wait_until_ready(&self) {
+        let _ = self.store.wait_until_ready().await;
+    }
+
+    /// Make `agent` take its pods from the API, evict through it, and publish node
+    /// conditions and events after every cycle.
+    pub fn install(self, agent: &mut Agent) {
+        self.outbox.set_metrics(agent.metrics());
+        agent.set_evictor(Box::new(KubeEvictor::new(
+            self.outbox.clone(),
+            self.local_killer,
+        )));
+        agent.set_pod_source(Box::new(ApiPodSource::new(
+            self.store,
+            self.usage,
+            self.tasks.clone(),
+        )));
+        agent.add_cycle_observer(Box::new(NodeStatusObserver {
+            tracker: self.tracker,
+            outbox: self.outbox,
+            _tasks: self.tasks,
+        }));
+    }
+}
+
+struct NodeStatusObserver {
+    tracker: NodeStatusTracker,
+    outbox: OutboxHandle,
+    _tasks: Arc<TaskGuard>,
+}
+
+impl CycleObserver for NodeStatusObserver {
+    fn observe(&mut self, report: &CycleReport) {
+        let decision = &report.decision;
+        let starved = decision.starved.map(|s| s.resource);
+        for action in
+            self.tracker
+                .update(&decision.conditions, starved, std::time::SystemTime::now())
+        {
+            self.outbox.push(action);
+        }
+    }
+}

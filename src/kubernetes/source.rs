@@ -1,0 +1,116 @@
+//! Pods bound to this node, from a kube-runtime reflector (`fieldSelector=
+//! spec.nodeName=<node>`): the watcher lists, then watches from the list's
+//! resourceVersion, resumes after a dropped watch, and relists on 410 Gone. The agent
+//! reads the cache each cycle, so an unreachable API server leaves it with the last
+//! known pods instead of none.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod as ApiPod;
+use kube::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::task::JoinHandle;
+
+use super::convert::{convert_pod, is_active};
+use super::usage::PodUsageReader;
+use crate::agent::PodSource;
+use crate::pods::Pod;
+
+/// Aborts the background tasks when the last owner goes away.
+pub struct TaskGuard(pub Vec<JoinHandle<()>>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Start watching this node's pods; the store fills as the first list arrives.
+pub fn start_pod_reflector(
+    client: kube::Client,
+    node_name: &str,
+) -> (Store<ApiPod>, JoinHandle<()>) {
+    let api: Api<ApiPod> = Api::all(client);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        let mut failing = false;
+        while let Some(event) = stream.next().await {
+            match event {
+                Err(error) if !failing => {
+                    failing = true;
+                    tracing::warn!(%error, "pod watch failed; keeping the last known pods and retrying");
+                }
+                Err(error) => tracing::debug!(%error, "pod watch still failing"),
+                Ok(_) if failing => {
+                    failing = false;
+                    tracing::info!("pod watch recovered");
+                }
+                Ok(_) => {}
+            }
+        }
+    });
+    (reader, task)
+}
+
+/// The agent's pods: active pods from the cache, measured on the node.
+pub struct ApiPodSource {
+    store: Store<ApiPod>,
+    usage: Option<PodUsageReader>,
+    logged: BTreeSet<String>,
+    _tasks: Arc<TaskGuard>,
+}
+
+impl ApiPodSource {
+    pub fn new(store: Store<ApiPod>, usage: Option<PodUsageReader>, tasks: Arc<TaskGuard>) -> Self {
+        ApiPodSource {
+            store,
+            usage,
+            logged: BTreeSet::new(),
+            _tasks: tasks,
+        }
+    }
+
+    fn log_once(&mut self, message: String) {
+        if self.logged.len() > 1000 {
+            self.logged.clear();
+        }
+        if self.logged.insert(message.clone()) {
+            tracing::warn!("{message}");
+        }
+    }
+}
+
+impl PodSource for ApiPodSource {
+    fn pods(&mut self) -> Vec<Pod> {
+        let mut pods = Vec::new();
+        for api_pod in self.store.state() {
+            if !is_active(&api_pod) {
+                continue;
+            }
+            let mut node_pod = match convert_pod(&api_pod) {
+                Ok(node_pod) => node_pod,
+                Err(error) => {
+                    self.log_once(error.to_string());
+                    continue;
+                }
+            };
+            for warning in std::mem::take(&mut node_pod.warnings) {
+                self.log_once(format!("pod {}: {warning}", node_pod.pod.key()));
+            }
+            if let Some(usage) = &self.usage {
+                usage.measure(&mut node_pod);
+            }
+            pods.push(node_pod.pod);
+        }
+        pods.sort_by_key(Pod::key);
+        pods
+    }
+}
