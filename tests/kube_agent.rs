@@ -1,0 +1,567 @@
+//! The agent on Kubernetes, end to end against the fake API server over HTTP with the
+//! real kube client: pods from the watch, usage from a fake cgroup tree, evictions the
+//! cluster sees, node conditions, an API outage, watch expiry, a status conflict, and
+//! the RBAC manifest checked against the requests the agent made.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    Container, Event, Node, Pod as ApiPod, PodSpec, PodStatus, ResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use nodekeeper::agent::Agent;
+use nodekeeper::config::{AgentConfig, Overrides, from_yaml_str};
+use nodekeeper::kubernetes::KubeRuntime;
+use nodekeeper::kubernetes::evictor::LocalKiller;
+use nodekeeper::kubernetes::worker::RetryPolicy;
+use nodekeeper::metrics::Metrics;
+use nodekeeper::pods::Pod;
+use support::{FakeApiServer, RequestMatcher, eventually};
+
+const NODE: &str = "node-a";
+const MI: u64 = 1 << 20;
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A fake host: cgroup v2 tree with the kubelet's cgroupfs layout, and a meminfo.
+struct Host {
+    dir: tempfile::TempDir,
+}
+
+impl Host {
+    fn new(mem_free: u64) -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroup = dir.path().join("cgroup");
+        std::fs::create_dir_all(cgroup.join("kubepods")).unwrap();
+        std::fs::write(cgroup.join("cgroup.controllers"), "memory pids\n").unwrap();
+        std::fs::write(cgroup.join("memory.stat"), "inactive_file 0\n").unwrap();
+        std::fs::create_dir_all(dir.path().join("proc/sys/kernel")).unwrap();
+        std::fs::create_dir_all(dir.path().join("nodefs")).unwrap();
+        let host = Host { dir };
+        host.set_free_memory(mem_free);
+        host
+    }
+
+    fn set_free_memory(&self, free: u64) {
+        let total_kib = 8192 * 1024;
+        std::fs::write(
+            self.dir.path().join("proc/meminfo"),
+            format!(
+                "MemTotal: {total_kib} kB\nMemFree: {} kB\nMemAvailable: {} kB\nInactive(file): 0 kB\n",
+                free / 1024,
+                free / 1024
+            ),
+        )
+        .unwrap();
+    }
+
+    fn add_pod_cgroup(&self, qos_dir: &str, uid: &str, working_set: u64) {
+        let dir = self
+            .dir
+            .path()
+            .join("cgroup/kubepods")
+            .join(qos_dir)
+            .join(format!("pod{uid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.current"), format!("{working_set}\n")).unwrap();
+        std::fs::write(dir.join("memory.stat"), "inactive_file 0\n").unwrap();
+        std::fs::write(dir.join("memory.max"), "max\n").unwrap();
+        std::fs::write(dir.join("cgroup.procs"), "").unwrap();
+    }
+
+    fn config(&self, extra: &str) -> AgentConfig {
+        let root = self.dir.path().display();
+        let yaml = format!(
+            "apiVersion: nodekeeper.io/v1alpha1
+kind: AgentConfiguration
+evictionHard:
+  memory.available: 100Mi
+cgroupRoot: {root}/cgroup
+procRoot: {root}/proc
+nodefsPath: {root}/nodefs
+nodeName: {NODE}
+kubernetes:
+  cgroupDriver: cgroupfs
+  podLogsPath: {root}/logs
+  kubeletRootPath: {root}/kubelet
+{extra}"
+        );
+        from_yaml_str(&yaml, "test.yaml", &Overrides::default()).unwrap()
+    }
+}
+
+/// Records local kills instead of sending signals.
+#[derive(Clone, Default)]
+struct KillLog(Arc<Mutex<Vec<String>>>);
+
+impl LocalKiller for KillLog {
+    fn kill(&mut self, pod: &Pod) -> Result<(), String> {
+        self.0.lock().unwrap().push(pod.key());
+        Ok(())
+    }
+}
+
+impl KillLog {
+    fn kills(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+struct PodFixture {
+    name: &'static str,
+    uid: &'static str,
+    memory_request: Option<&'static str>,
+    priority: Option<i32>,
+    annotations: &'static [(&'static str, &'static str)],
+    working_set: u64,
+}
+
+fn api_pod(fixture: &PodFixture) -> ApiPod {
+    ApiPod {
+        metadata: ObjectMeta {
+            name: Some(fixture.name.to_string()),
+            namespace: Some("default".to_string()),
+            uid: Some(fixture.uid.to_string()),
+            annotations: Some(
+                fixture
+                    .annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(NODE.to_string()),
+            priority: fixture.priority,
+            termination_grace_period_seconds: Some(30),
+            containers: vec![Container {
+                name: "app".to_string(),
+                resources: Some(ResourceRequirements {
+                    requests: fixture
+                        .memory_request
+                        .map(|r| BTreeMap::from([("memory".to_string(), Quantity(r.to_string()))])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".to_string()),
+            qos_class: Some(
+                if fixture.memory_request.is_some() {
+                    "Burstable"
+                } else {
+                    "BestEffort"
+                }
+                .to_string(),
+            ),
+            ..Default::default()
+        }),
+    }
+}
+
+/// hog: over its request (first to go). static and critical: bigger, never evicted.
+const PODS: [PodFixture; 4] = [
+    PodFixture {
+        name: "hog",
+        uid: "11111111-aaaa",
+        memory_request: Some("100Mi"),
+        priority: None,
+        annotations: &[("kubernetes.io/config.source", "api")],
+        working_set: 2048 * MI,
+    },
+    PodFixture {
+        name: "modest",
+        uid: "22222222-bbbb",
+        memory_request: Some("1Gi"),
+        priority: None,
+        annotations: &[],
+        working_set: 100 * MI,
+    },
+    PodFixture {
+        name: "static-etcd",
+        uid: "33333333-cccc",
+        memory_request: None,
+        priority: None,
+        annotations: &[
+            ("kubernetes.io/config.source", "file"),
+            ("kubernetes.io/config.mirror", "abc"),
+        ],
+        working_set: 4096 * MI,
+    },
+    PodFixture {
+        name: "dns",
+        uid: "44444444-dddd",
+        memory_request: None,
+        priority: Some(2_000_001_000),
+        annotations: &[],
+        working_set: 4096 * MI,
+    },
+];
+
+struct Scenario {
+    server: FakeApiServer,
+    host: Host,
+    agent: Agent,
+    kills: KillLog,
+    outbox: nodekeeper::kubernetes::worker::OutboxHandle,
+}
+
+async fn scenario(extra_config: &str) -> Scenario {
+    let server = FakeApiServer::start().await;
+    server.seed(&Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let host = Host::new(50 * MI);
+    for fixture in &PODS {
+        server.seed(&api_pod(fixture));
+        let qos = if fixture.memory_request.is_some() {
+            "burstable"
+        } else {
+            "besteffort"
+        };
+        host.add_pod_cgroup(qos, fixture.uid, fixture.working_set);
+    }
+    let config = host.config(extra_config);
+    let mut runtime = KubeRuntime::start(
+        server.client(),
+        NODE.to_string(),
+        &config,
+        RetryPolicy {
+            base: Duration::from_millis(20),
+            max: Duration::from_millis(200),
+        },
+    );
+    let kills = KillLog::default();
+    runtime.set_local_killer(Some(Box::new(kills.clone())));
+    runtime.wait_until_ready().await;
+    let outbox = runtime.outbox();
+    let mut agent = Agent::new(config, Arc::new(Metrics::new()));
+    runtime.install(&mut agent);
+    Scenario {
+        server,
+        host,
+        agent,
+        kills,
+        outbox,
+    }
+}
+
+fn pod(server: &FakeApiServer, name: &str) -> ApiPod {
+    server.object::<ApiPod>("default", name).unwrap()
+}
+
+fn evicted_events(server: &FakeApiServer, pod_name: &str) -> Vec<Event> {
+    server
+        .objects::<Event>()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Evicted"))
+        .filter(|e| e.involved_object.name.as_deref() == Some(pod_name))
+        .collect()
+}
+
+fn successful_deletes(server: &FakeApiServer, pod_name: &str) -> Vec<support::RecordedRequest> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "DELETE" && r.path.ends_with(&format!("/pods/{pod_name}")))
+        .filter(|r| r.status < 300)
+        .collect()
+}
+
+fn condition(pod: &ApiPod, condition_type: &str) -> Option<(String, String)> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == condition_type)
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+#[tokio::test]
+async fn memory_pressure_evicts_the_right_pod_through_the_api() {
+    let mut s = scenario("").await;
+    let (report, evicted) = s.agent.run_cycle().await;
+    assert!(evicted, "{:?}", report.decision);
+    assert_eq!(report.pods.len(), 4);
+    assert_eq!(
+        s.kills.kills(),
+        vec!["default/hog"],
+        "hard threshold: killed locally at once"
+    );
+
+    let hog = eventually(WAIT, "hog deleted gracefully", || {
+        let hog = pod(&s.server, "hog");
+        hog.metadata.deletion_timestamp.is_some().then_some(hog)
+    })
+    .await;
+    assert_eq!(hog.metadata.deletion_grace_period_seconds, Some(1));
+    assert_eq!(
+        condition(&hog, "DisruptionTarget"),
+        Some(("True".to_string(), "TerminationByKubelet".to_string()))
+    );
+    let deletes = successful_deletes(&s.server, "hog");
+    assert_eq!(deletes.len(), 1);
+    let body = deletes[0].json_body().unwrap();
+    assert_eq!(body["preconditions"]["uid"], "11111111-aaaa", "{body}");
+
+    let events = evicted_events(&s.server, "hog");
+    assert_eq!(events.len(), 1);
+    let event = &events[0];
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(
+        event
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("The node was low on resource: memory. "),
+        "{event:?}"
+    );
+    let annotations = event.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("starved_resource").map(String::as_str),
+        Some("memory")
+    );
+    assert_eq!(event.involved_object.uid.as_deref(), Some("11111111-aaaa"));
+
+    let node = eventually(WAIT, "node condition", || {
+        let node = s.server.object::<Node>("", NODE)?;
+        let conditions = node.status.as_ref()?.conditions.clone()?;
+        conditions
+            .iter()
+            .any(|c| c.type_ == "NodekeeperMemoryPressure" && c.status == "True")
+            .then_some(conditions)
+    })
+    .await;
+    assert_eq!(node.len(), 3, "our three conditions: {node:?}");
+    eventually(WAIT, "EvictionThresholdMet event", || {
+        s.server
+            .objects::<Event>()
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("EvictionThresholdMet"))
+            .filter(|e| e.message.as_deref() == Some("Attempting to reclaim memory"))
+    })
+    .await;
+
+    // The next cycles never touch the static or the critical pod, even though they use
+    // the most memory: the terminating hog is skipped and modest goes next.
+    // Cycles until the watch delivers the hog's deletion and modest is chosen.
+    for _ in 0..250 {
+        s.agent.run_cycle().await;
+        if pod(&s.server, "modest")
+            .metadata
+            .deletion_timestamp
+            .is_some()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eventually(WAIT, "modest deleted", || {
+        pod(&s.server, "modest").metadata.deletion_timestamp
+    })
+    .await;
+    // Let the watch deliver modest's deletion too.
+    eventually(WAIT, "outbox flushed", || s.outbox.is_empty().then_some(())).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (report, evicted) = s.agent.run_cycle().await;
+    assert!(
+        !evicted,
+        "only critical pods are left: {:?}",
+        report.decision.evictions
+    );
+    for protected in ["static-etcd", "dns"] {
+        assert!(
+            pod(&s.server, protected)
+                .metadata
+                .deletion_timestamp
+                .is_none()
+        );
+        assert!(successful_deletes(&s.server, protected).is_empty());
+        assert!(evicted_events(&s.server, protected).is_empty());
+    }
+    let kills: BTreeSet<String> = s.kills.kills().into_iter().collect();
+    assert_eq!(
+        kills,
+        BTreeSet::from(["default/hog".to_string(), "default/modest".to_string()])
+    );
+}
+
+#[tokio::test]
+async fn an_api_outage_keeps_local_protection_and_flushes_every_action_once() {
+    let mut s = scenario("").await;
+    s.server.go_down().await;
+    let (_, evicted) = s.agent.run_cycle().await;
+    assert!(evicted, "the agent still decides from its cached pods");
+    assert_eq!(
+        s.kills.kills(),
+        vec!["default/hog"],
+        "local kill without the API"
+    );
+    let kinds: BTreeSet<&str> = s.outbox.pending().iter().map(|a| a.kind()).collect();
+    assert!(
+        kinds.is_superset(&BTreeSet::from([
+            "event",
+            "pod_condition",
+            "pod_delete",
+            "node_conditions"
+        ])),
+        "{kinds:?}"
+    );
+    // The same decision again while down: merged, not queued twice.
+    let pending = s.outbox.pending().len();
+    s.agent.run_cycle().await;
+    assert!(
+        s.outbox.pending().len() <= pending + 1,
+        "{:?}",
+        s.outbox.pending()
+    );
+
+    s.server.come_back().await;
+    eventually(WAIT, "outbox flushed", || s.outbox.is_empty().then_some(())).await;
+    let hog = pod(&s.server, "hog");
+    assert_eq!(hog.metadata.deletion_grace_period_seconds, Some(1));
+    assert!(condition(&hog, "DisruptionTarget").is_some());
+    assert_eq!(
+        successful_deletes(&s.server, "hog").len(),
+        1,
+        "deleted once"
+    );
+    let events = evicted_events(&s.server, "hog");
+    assert_eq!(events.len(), 1, "one Evicted event object");
+}
+
+#[tokio::test]
+async fn watch_expiry_relists_and_a_status_conflict_is_retried() {
+    let mut s = scenario("").await;
+    // Expire every old resourceVersion and cut the watch: the reflector must relist.
+    s.host.set_free_memory(4096 * MI);
+    s.server.compact_history();
+    s.server.drop_watches();
+    let newcomer = PodFixture {
+        name: "newcomer",
+        uid: "55555555-eeee",
+        memory_request: Some("10Mi"),
+        priority: None,
+        annotations: &[],
+        working_set: 3000 * MI,
+    };
+    s.server.seed(&api_pod(&newcomer));
+    s.host
+        .add_pod_cgroup("burstable", newcomer.uid, newcomer.working_set);
+    let mut seen = false;
+    for _ in 0..250 {
+        let (report, _) = s.agent.run_cycle().await;
+        if report.pods.iter().any(|p| p.name == "newcomer") {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen, "the pod created after the expired watch is listed");
+    assert!(
+        s.server
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("/pods") && !r.is_watch() && r.status == 200),
+        "relisted"
+    );
+
+    // A conflicting writer on pods/status: the agent reads again and retries.
+    s.server.fail_matching(
+        RequestMatcher::method("PATCH").and_path("/pods/newcomer/status"),
+        409,
+        Some(1),
+    );
+    s.host.set_free_memory(50 * MI);
+    let (_, evicted) = s.agent.run_cycle().await;
+    assert!(evicted);
+    let newcomer_pod = eventually(WAIT, "newcomer marked and deleted", || {
+        let p = pod(&s.server, "newcomer");
+        (condition(&p, "DisruptionTarget").is_some() && p.metadata.deletion_timestamp.is_some())
+            .then_some(p)
+    })
+    .await;
+    assert_eq!(
+        condition(&newcomer_pod, "DisruptionTarget").map(|c| c.1),
+        Some("TerminationByKubelet".to_string())
+    );
+    let conflicts = s
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/newcomer/status"))
+        .map(|r| r.status)
+        .collect::<Vec<_>>();
+    assert_eq!(conflicts.first(), Some(&409), "{conflicts:?}");
+    assert_eq!(conflicts.last(), Some(&200), "{conflicts:?}");
+}
+
+/// Every `(verb, group, resource)` the ClusterRole grants.
+fn granted(manifest: &Path) -> BTreeSet<(String, String, String)> {
+    let text = std::fs::read_to_string(manifest).unwrap();
+    let mut grants = BTreeSet::new();
+    for document in serde_yaml_ng::Deserializer::from_str(&text) {
+        let value: serde_json::Value = serde::Deserialize::deserialize(document).unwrap();
+        if value["kind"] != "ClusterRole" {
+            continue;
+        }
+        for rule in value["rules"].as_array().unwrap() {
+            for group in rule["apiGroups"].as_array().unwrap() {
+                for resource in rule["resources"].as_array().unwrap() {
+                    for verb in rule["verbs"].as_array().unwrap() {
+                        grants.insert((
+                            verb.as_str().unwrap().to_string(),
+                            group.as_str().unwrap().to_string(),
+                            resource.as_str().unwrap().to_string(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    grants
+}
+
+#[tokio::test]
+async fn the_cluster_role_grants_exactly_what_the_agent_uses() {
+    // Taints on, and a 1 s heartbeat so a repeated threshold event is aggregated (patch).
+    let mut s = scenario("  taints: true\n  conditionHeartbeat: 1s\n").await;
+    s.agent.run_cycle().await;
+    eventually(WAIT, "first flush", || s.outbox.is_empty().then_some(())).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    s.agent.run_cycle().await;
+    eventually(WAIT, "second flush", || s.outbox.is_empty().then_some(())).await;
+    let node = s.server.object::<Node>("", NODE).unwrap();
+    let taints = node.spec.and_then(|spec| spec.taints).unwrap_or_default();
+    assert!(
+        taints
+            .iter()
+            .any(|t| t.key == "nodekeeper.io/memory-pressure" && t.effect == "NoSchedule")
+    );
+
+    let used: BTreeSet<(String, String, String)> = s
+        .server
+        .rbac_accesses()
+        .into_iter()
+        .map(|a| (a.verb, a.group, a.resource))
+        .collect();
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/kubernetes/rbac.yaml");
+    let granted = granted(&manifest);
+    let missing: Vec<_> = used.difference(&granted).collect();
+    let unused: Vec<_> = granted.difference(&used).collect();
+    assert!(missing.is_empty(), "used but not granted: {missing:?}");
+    assert!(unused.is_empty(), "granted but never used: {unused:?}");
+}
