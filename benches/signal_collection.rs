@@ -229,11 +229,20 @@ fn main() {
     let host_cpu = cpu_per_call(iterations, || {
         black_box(host.collect());
     });
+    let (_dir, paths) = fake_host(110);
+    let fake = SignalCollector::new(&paths);
+    let fake_cpu = cpu_per_call(iterations / 10, || {
+        black_box(collect_with_pods(&fake));
+    });
     println!(
-        "\nCPU time per call over {iterations} calls (getrusage user+system):\n  \
-         read /proc/meminfo          {:>8.1} µs\n  host collection             {:>8.1} µs  ({:.1}x)",
+        "\nCPU time per call (getrusage user+system):\n  \
+         read /proc/meminfo               {:>8.1} µs\n  \
+         host collection                  {:>8.1} µs  ({:.1}x)\n  \
+         fake tree, 110 pods with usage   {:>8.1} µs  ({:.1}x)",
         baseline_cpu * 1e6,
         host_cpu * 1e6,
-        host_cpu / baseline_cpu
+        host_cpu / baseline_cpu,
+        fake_cpu * 1e6,
+        fake_cpu / baseline_cpu
     );
 }
