@@ -2,6 +2,10 @@
 //! It is the same shape whether pods come from the API server, from workload cgroups
 //! in standalone mode, or from a recorded trace.
 
+mod standalone;
+
+pub use standalone::workload_pods;
+
 /// Amounts of the resources eviction reasons about, in bytes (memory, storage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ResourceAmounts {
@@ -32,6 +36,40 @@ pub struct Pod {
     pub requests: ResourceAmounts,
     pub limits: ResourceAmounts,
     pub usage: PodUsage,
+    /// Per-container requests, limits and usage, when known. They refine eviction
+    /// messages and enforce per-container ephemeral-storage limits; empty is fine.
+    pub containers: Vec<ContainerStats>,
+    /// emptyDir volumes with a size limit or measured usage, when known.
+    pub empty_dirs: Vec<EmptyDirStats>,
+    /// The pod's cgroup, relative to the cgroup hierarchy root, when it is known.
+    pub cgroup: Option<std::path::PathBuf>,
+}
+
+/// Measured usage of one container; `None` means "no stats".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ContainerUsage {
+    /// Working set in bytes.
+    pub memory: Option<i64>,
+    /// Writable-layer bytes.
+    pub rootfs: Option<i64>,
+    /// Log bytes.
+    pub logs: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ContainerStats {
+    pub name: String,
+    pub requests: ResourceAmounts,
+    pub limits: ResourceAmounts,
+    pub usage: ContainerUsage,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EmptyDirStats {
+    /// The volume name in the pod spec.
+    pub name: String,
+    pub size_limit: Option<i64>,
+    pub used: Option<i64>,
 }
 
 /// `SystemCriticalPriority` in the kubelet.
@@ -46,5 +84,17 @@ impl Pod {
     /// `namespace/name`, the key used for deterministic tie-breaking and output.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Whether any measurement exists for this pod: the kubelet skips pods without a
+    /// stats entry for local-storage checks and leaves their eviction events bare.
+    pub fn has_stats(&self) -> bool {
+        let usage = &self.usage;
+        usage.memory.is_some()
+            || usage.ephemeral_storage.is_some()
+            || usage.inodes.is_some()
+            || usage.pids.is_some()
+            || !self.containers.is_empty()
+            || self.empty_dirs.iter().any(|volume| volume.used.is_some())
     }
 }

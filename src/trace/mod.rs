@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{GoDuration, Quantity};
-use crate::pods::{Pod, PodUsage, ResourceAmounts};
+use crate::pods::{ContainerStats, ContainerUsage, EmptyDirStats, Pod, PodUsage, ResourceAmounts};
 use crate::signals::{Observation, Observations, Signal};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -58,6 +58,35 @@ pub struct TracePod {
     pub limits: BTreeMap<String, Amount>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub usage: BTreeMap<String, Amount>,
+    /// Optional per-container detail (eviction messages, container storage limits).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<TraceContainer>,
+    /// Optional emptyDir volumes (sizeLimit evictions).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub empty_dirs: Vec<TraceEmptyDir>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TraceContainer {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, Amount>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, Amount>,
+    /// `memory` (working set), `rootfs` and `logs` bytes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub usage: BTreeMap<String, Amount>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TraceEmptyDir {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<Amount>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used: Option<Amount>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,24 +175,74 @@ impl TraceStep {
     }
 }
 
+/// Requests or limits: memory and ephemeral-storage (cpu is accepted and ignored).
+fn resource_amounts(
+    who: &str,
+    field: &str,
+    map: &BTreeMap<String, Amount>,
+) -> Result<ResourceAmounts, String> {
+    let mut out = ResourceAmounts::default();
+    for (resource, text) in map {
+        let value = parse_amount(&text.0).map_err(|e| format!("{who}: {field}.{resource}: {e}"))?;
+        match resource.as_str() {
+            "memory" => out.memory = Some(value),
+            "ephemeral-storage" => out.ephemeral_storage = Some(value),
+            "cpu" => {}
+            other => return Err(format!("{who}: {field}: unknown resource {other:?}")),
+        }
+    }
+    Ok(out)
+}
+
+impl TraceContainer {
+    fn to_stats(&self, who: &str) -> Result<ContainerStats, String> {
+        let who = format!("{who}: containers[{}]", self.name);
+        let mut usage = ContainerUsage::default();
+        for (key, text) in &self.usage {
+            let value = parse_amount(&text.0).map_err(|e| format!("{who}: usage.{key}: {e}"))?;
+            match key.as_str() {
+                "memory" => usage.memory = Some(value),
+                "rootfs" => usage.rootfs = Some(value),
+                "logs" => usage.logs = Some(value),
+                "cpu" => {}
+                other => {
+                    return Err(format!(
+                        "{who}: usage: unknown field {other:?} (expected memory, rootfs or logs)"
+                    ));
+                }
+            }
+        }
+        Ok(ContainerStats {
+            name: self.name.clone(),
+            requests: resource_amounts(&who, "requests", &self.requests)?,
+            limits: resource_amounts(&who, "limits", &self.limits)?,
+            usage,
+        })
+    }
+}
+
+impl TraceEmptyDir {
+    fn to_stats(&self, who: &str) -> Result<EmptyDirStats, String> {
+        let who = format!("{who}: emptyDirs[{}]", self.name);
+        let amount = |field: &str, value: &Option<Amount>| {
+            value
+                .as_ref()
+                .map(|text| parse_amount(&text.0).map_err(|e| format!("{who}: {field}: {e}")))
+                .transpose()
+        };
+        Ok(EmptyDirStats {
+            name: self.name.clone(),
+            size_limit: amount("sizeLimit", &self.size_limit)?,
+            used: amount("used", &self.used)?,
+        })
+    }
+}
+
 impl TracePod {
     pub fn to_pod(&self) -> Result<Pod, String> {
         let who = format!("{}/{}", self.namespace, self.name);
         let amounts =
-            |field: &str, map: &BTreeMap<String, Amount>| -> Result<ResourceAmounts, String> {
-                let mut out = ResourceAmounts::default();
-                for (resource, text) in map {
-                    let value = parse_amount(&text.0)
-                        .map_err(|e| format!("{who}: {field}.{resource}: {e}"))?;
-                    match resource.as_str() {
-                        "memory" => out.memory = Some(value),
-                        "ephemeral-storage" => out.ephemeral_storage = Some(value),
-                        "cpu" => {}
-                        other => return Err(format!("{who}: {field}: unknown resource {other:?}")),
-                    }
-                }
-                Ok(out)
-            };
+            |field: &str, map: &BTreeMap<String, Amount>| resource_amounts(&who, field, map);
         let mut usage = PodUsage::default();
         for (resource, text) in &self.usage {
             let value =
@@ -187,6 +266,17 @@ impl TracePod {
             requests: amounts("requests", &self.requests)?,
             limits: amounts("limits", &self.limits)?,
             usage,
+            containers: self
+                .containers
+                .iter()
+                .map(|container| container.to_stats(&who))
+                .collect::<Result<_, _>>()?,
+            empty_dirs: self
+                .empty_dirs
+                .iter()
+                .map(|volume| volume.to_stats(&who))
+                .collect::<Result<_, _>>()?,
+            cgroup: None,
         })
     }
 }

@@ -1,0 +1,245 @@
+//! Node-level reclaim before pod eviction: freeing images and dead containers can end
+//! disk pressure without evicting anyone.
+
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::config::FilesystemLayout as FsLayout;
+use crate::signals::Signal;
+
+/// Frees node-level resources for a starved signal (images, exited containers).
+pub trait NodeReclaimer {
+    fn reclaim(&mut self, signal: Signal) -> Result<(), ReclaimError>;
+}
+
+/// Whether the kubelet has node-level reclaim functions for `signal` on this layout.
+/// Memory and PIDs have none; with an image filesystem that holds the containers,
+/// nodefs has none either because nothing reclaimable lives there.
+pub(super) fn reclaim_applies(signal: Signal, layout: FsLayout) -> bool {
+    match signal {
+        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable | Signal::PidAvailable => {
+            false
+        }
+        Signal::NodeFsAvailable | Signal::NodeFsInodesFree => layout != FsLayout::ImageFs,
+        Signal::ImageFsAvailable
+        | Signal::ImageFsInodesFree
+        | Signal::ContainerFsAvailable
+        | Signal::ContainerFsInodesFree => true,
+    }
+}
+
+/// One external command, e.g. `crictl rmi --prune`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReclaimCommand {
+    pub program: String,
+    pub args: Vec<String>,
+}
+
+impl ReclaimCommand {
+    /// Split a command line on whitespace; no shell quoting is interpreted.
+    pub fn from_command_line(line: &str) -> Option<ReclaimCommand> {
+        let mut words = line.split_whitespace().map(str::to_string);
+        let program = words.next()?;
+        Some(ReclaimCommand {
+            program,
+            args: words.collect(),
+        })
+    }
+}
+
+impl std::fmt::Display for ReclaimCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.program)?;
+        for arg in &self.args {
+            write!(f, " {arg}")?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandFailure {
+    #[error("`{command}` could not start: {error}")]
+    Spawn {
+        command: String,
+        error: std::io::Error,
+    },
+    #[error("`{command}` exited with {status}")]
+    Exit { command: String, status: String },
+    #[error("`{command}` did not finish within {timeout:?} and was killed")]
+    TimedOut { command: String, timeout: Duration },
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("node-level reclaim for {signal} failed: {}", list(.failures))]
+pub struct ReclaimError {
+    pub signal: Signal,
+    pub failures: Vec<CommandFailure>,
+}
+
+fn list(failures: &[CommandFailure]) -> String {
+    failures
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Runs the configured commands in order, each under a timeout. A failing command
+/// does not stop the next one, as in the kubelet; all failures are reported together.
+#[derive(Debug, Clone)]
+pub struct CommandReclaimer {
+    commands: Vec<ReclaimCommand>,
+    timeout: Duration,
+}
+
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+impl CommandReclaimer {
+    pub fn new(commands: Vec<ReclaimCommand>, timeout: Duration) -> Self {
+        CommandReclaimer { commands, timeout }
+    }
+
+    /// With no commands the reclaim step is skipped entirely.
+    pub fn is_configured(&self) -> bool {
+        !self.commands.is_empty()
+    }
+
+    fn run(&self, command: &ReclaimCommand) -> Result<(), CommandFailure> {
+        let name = command.to_string();
+        let mut child = Command::new(&command.program)
+            .args(&command.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|error| CommandFailure::Spawn {
+                command: name.clone(),
+                error,
+            })?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => {
+                    return Err(CommandFailure::Exit {
+                        command: name,
+                        status: status.to_string(),
+                    });
+                }
+                Ok(None) if Instant::now() < deadline => thread::sleep(POLL_INTERVAL),
+                Ok(None) => {
+                    // Kill errors mean it exited meanwhile; reap it either way.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(CommandFailure::TimedOut {
+                        command: name,
+                        timeout: self.timeout,
+                    });
+                }
+                Err(error) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(CommandFailure::Spawn {
+                        command: name,
+                        error,
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl NodeReclaimer for CommandReclaimer {
+    fn reclaim(&mut self, signal: Signal) -> Result<(), ReclaimError> {
+        let failures: Vec<CommandFailure> = self
+            .commands
+            .iter()
+            .filter_map(|command| self.run(command).err())
+            .collect();
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(ReclaimError { signal, failures })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reclaimer(lines: &[&str], timeout: Duration) -> CommandReclaimer {
+        CommandReclaimer::new(
+            lines
+                .iter()
+                .filter_map(|line| ReclaimCommand::from_command_line(line))
+                .collect(),
+            timeout,
+        )
+    }
+
+    #[test]
+    fn succeeds_when_every_command_succeeds() {
+        let mut r = reclaimer(&["true", "sh -c exit"], Duration::from_secs(10));
+        assert!(r.is_configured());
+        r.reclaim(Signal::NodeFsAvailable).unwrap();
+    }
+
+    #[test]
+    fn runs_every_command_and_reports_each_failure() {
+        let mut r = reclaimer(
+            &["false", "true", "/nonexistent/nodekeeper-reclaim"],
+            Duration::from_secs(10),
+        );
+        let error = r.reclaim(Signal::ImageFsAvailable).unwrap_err();
+        assert_eq!(error.failures.len(), 2);
+        let text = error.to_string();
+        assert!(
+            text.starts_with("node-level reclaim for imagefs.available failed"),
+            "{text}"
+        );
+        assert!(text.contains("`false` exited with"), "{text}");
+        assert!(
+            text.contains("/nonexistent/nodekeeper-reclaim` could not start"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_command_past_its_timeout_is_killed_and_counts_as_failure() {
+        let mut r = reclaimer(&["sleep 30"], Duration::from_millis(50));
+        let error = r.reclaim(Signal::NodeFsAvailable).unwrap_err();
+        assert!(
+            matches!(error.failures[..], [CommandFailure::TimedOut { .. }]),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn no_commands_means_not_configured() {
+        assert!(!reclaimer(&[], Duration::from_secs(1)).is_configured());
+    }
+
+    #[test]
+    fn reclaim_applies_per_layout() {
+        use FsLayout::*;
+        use Signal::*;
+        for (signal, layout, expected) in [
+            (MemoryAvailable, SingleDisk, false),
+            (PidAvailable, SingleDisk, false),
+            (NodeFsAvailable, SingleDisk, true),
+            (NodeFsAvailable, ImageFs, false),
+            (NodeFsAvailable, SplitImageFs, true),
+            (ImageFsInodesFree, ImageFs, true),
+            (ContainerFsAvailable, ImageFs, true),
+        ] {
+            assert_eq!(
+                reclaim_applies(signal, layout),
+                expected,
+                "{signal} {layout:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! `/metrics`, `/healthz` and `/readyz` on one small HTTP server.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use super::Metrics;
+
+/// Liveness and readiness as the agent loop reports them.
+#[derive(Debug)]
+pub struct Health {
+    ready: AtomicBool,
+    last_tick_unix_ms: AtomicU64,
+    /// A loop that has not ticked for this long is reported unhealthy.
+    stall_after: Duration,
+}
+
+impl Health {
+    pub fn new(stall_after: Duration) -> Self {
+        Health {
+            ready: AtomicBool::new(false),
+            last_tick_unix_ms: AtomicU64::new(now_unix_ms()),
+            stall_after,
+        }
+    }
+
+    /// Called by the loop after each completed evaluation.
+    pub fn tick(&self) {
+        self.last_tick_unix_ms
+            .store(now_unix_ms(), Ordering::Relaxed);
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    pub fn is_live(&self) -> bool {
+        let last = self.last_tick_unix_ms.load(Ordering::Relaxed);
+        now_unix_ms().saturating_sub(last) <= self.stall_after.as_millis() as u64
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+}
+
+async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
+    if state.health.is_live() {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "agent loop stalled\n")
+    }
+}
+
+async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    if state.health.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no signal collection has completed yet\n",
+        )
+    }
+}
+
+/// Serve on `listener` until `shutdown` resolves. Reports the bound address (useful
+/// with port 0) through `bound` before serving.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    bound: tokio::sync::oneshot::Sender<SocketAddr>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let _ = bound.send(listener.local_addr()?);
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(AppState { metrics, health });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

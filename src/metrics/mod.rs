@@ -1,0 +1,222 @@
+//! Prometheus metrics, all named `nodekeeper_*`, and the HTTP endpoints that serve them.
+
+mod http;
+
+pub use http::{Health, serve};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabels {
+    pub signal: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ThresholdLabels {
+    pub signal: String,
+    /// `memory.available<100Mi`
+    pub threshold: String,
+    /// `hard` or `soft`
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConditionLabels {
+    pub condition: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PressureLabels {
+    pub resource: String,
+    /// `some` or `full`
+    pub kind: String,
+    /// `10s`, `60s` or `300s`
+    pub window: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MechanismLabels {
+    pub mechanism: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every metric the agent exports. Cheap to clone handles; share it behind an `Arc`.
+pub struct Metrics {
+    registry: Registry,
+    pub signal_available: Family<SignalLabels, Gauge>,
+    pub signal_capacity: Family<SignalLabels, Gauge>,
+    pub threshold_met: Family<ThresholdLabels, Gauge>,
+    pub node_condition: Family<ConditionLabels, Gauge>,
+    pub collection_duration: Histogram,
+    pub collection_errors: Family<SignalLabels, Counter>,
+    pub pressure_stall: Family<PressureLabels, FloatGauge>,
+    pub notification_mechanism: Family<MechanismLabels, Gauge>,
+    pub evictions: Family<SignalLabels, Counter>,
+    pub eviction_decision_duration: Histogram,
+    pub last_collection_timestamp: FloatGauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("nodekeeper");
+        let signal_available = Family::<SignalLabels, Gauge>::default();
+        registry.register(
+            "signal_available",
+            "Amount of the signal's resource still available (bytes for memory and filesystem signals, a count for inodes and PIDs)",
+            signal_available.clone(),
+        );
+        let signal_capacity = Family::<SignalLabels, Gauge>::default();
+        registry.register(
+            "signal_capacity",
+            "Capacity the signal is measured against (bytes, or a count for inodes and PIDs)",
+            signal_capacity.clone(),
+        );
+        let threshold_met = Family::<ThresholdLabels, Gauge>::default();
+        registry.register(
+            "threshold_met",
+            "1 when the eviction threshold is met (after its grace period), else 0",
+            threshold_met.clone(),
+        );
+        let node_condition = Family::<ConditionLabels, Gauge>::default();
+        registry.register(
+            "node_condition",
+            "1 while the node pressure condition is on (after transition damping), else 0",
+            node_condition.clone(),
+        );
+        let collection_duration = Histogram::new(exponential_buckets(0.000_05, 2.0, 14));
+        registry.register(
+            "collection_duration_seconds",
+            "Wall time of one signal collection",
+            collection_duration.clone(),
+        );
+        let collection_errors = Family::<SignalLabels, Counter>::default();
+        registry.register(
+            "collection_errors",
+            "Signal reads that failed (missing or corrupt file), by signal",
+            collection_errors.clone(),
+        );
+        let pressure_stall = Family::<PressureLabels, FloatGauge>::default();
+        registry.register(
+            "pressure_stall_ratio",
+            "Pressure stall information: share of wall time some or all tasks stalled, averaged over the window",
+            pressure_stall.clone(),
+        );
+        let notification_mechanism = Family::<MechanismLabels, Gauge>::default();
+        registry.register(
+            "notification_mechanism_available",
+            "1 when this host supports the kernel pressure notification mechanism, else 0",
+            notification_mechanism.clone(),
+        );
+        let evictions = Family::<SignalLabels, Counter>::default();
+        registry.register(
+            "evictions",
+            "Pods evicted (or, in dry-run mode, that would have been), by eviction signal",
+            evictions.clone(),
+        );
+        let eviction_decision_duration = Histogram::new(exponential_buckets(0.000_01, 2.0, 16));
+        registry.register(
+            "eviction_decision_duration_seconds",
+            "Time from the start of an evaluation to the eviction decision",
+            eviction_decision_duration.clone(),
+        );
+        let last_collection_timestamp = FloatGauge::default();
+        registry.register(
+            "last_collection_timestamp_seconds",
+            "Unix time of the last completed signal collection",
+            last_collection_timestamp.clone(),
+        );
+        registry.register(
+            "build",
+            "nodekeeper build information",
+            Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            }),
+        );
+        Metrics {
+            registry,
+            signal_available,
+            signal_capacity,
+            threshold_met,
+            node_condition,
+            collection_duration,
+            collection_errors,
+            pressure_stall,
+            notification_mechanism,
+            evictions,
+            eviction_decision_duration,
+            last_collection_timestamp,
+        }
+    }
+
+    /// The registry, for subsystems that register their own metrics at startup.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    /// OpenMetrics text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn signal(name: &str) -> SignalLabels {
+        SignalLabels {
+            signal: name.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_uses_the_nodekeeper_prefix_and_prometheus_suffixes() {
+        let metrics = Metrics::new();
+        metrics
+            .signal_available
+            .get_or_create(&Metrics::signal("memory.available"))
+            .set(42);
+        metrics
+            .collection_errors
+            .get_or_create(&Metrics::signal("pid.available"))
+            .inc();
+        metrics.collection_duration.observe(0.0002);
+        let text = metrics.encode();
+        assert!(
+            text.contains("nodekeeper_signal_available{signal=\"memory.available\"} 42"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodekeeper_collection_errors_total{signal=\"pid.available\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodekeeper_collection_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(text.contains("nodekeeper_build_info{version=\""), "{text}");
+        assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    }
+}

@@ -1,0 +1,152 @@
+//! `nodekeeper check-config` as an operator runs it: exit codes and messages.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn check_config(path: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .arg("check-config")
+        .arg(path)
+        .output()
+        .expect("run nodekeeper")
+}
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/config")
+        .join(name)
+}
+
+#[test]
+fn accepts_kubelet_documented_configs_and_prints_effective_settings() {
+    for (name, expected) in [
+        ("kubeadm-kubelet-config.yaml", "memory.available: 100Mi"),
+        (
+            "eviction-example.yaml",
+            "#   memory.available<1536Mi (soft, grace 1m30s, minimum reclaim 0)",
+        ),
+        (
+            "shutdown-by-priority.yaml",
+            "shutdownGracePeriodSeconds: 180",
+        ),
+        ("kubelet-plus-agent.yaml", "memory.available: 500Mi"),
+    ] {
+        let out = check_config(&fixture(name));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(expected), "{name}: {stdout}");
+        assert!(
+            stdout.contains("kind: AgentConfiguration"),
+            "{name}: {stdout}"
+        );
+    }
+}
+
+#[test]
+fn the_effective_output_is_itself_a_valid_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = check_config(&fixture("kubelet-plus-agent.yaml"));
+    assert!(out.status.success());
+    let again = dir.path().join("effective.yaml");
+    std::fs::write(&again, &out.stdout).unwrap();
+    let second = check_config(&again);
+    assert!(
+        second.status.success(),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let strip = |o: &Output| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(strip(&out), strip(&second));
+}
+
+#[test]
+fn shipped_example_config_is_valid() {
+    let out = check_config(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config/agent.yaml"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("dryRun: true"));
+}
+
+#[test]
+fn rejects_each_class_of_bad_file_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+    let agent = "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n";
+    let cases = [
+        (
+            "unknown-signal",
+            format!("{kubelet}evictionHard: {{memory.free: 1Gi}}\n"),
+            "evictionHard[\"memory.free\"]: unsupported eviction signal memory.free",
+        ),
+        (
+            "bad-quantity",
+            format!("{kubelet}evictionHard: {{memory.available: 1GB}}\n"),
+            "evictionHard[\"memory.available\"]: \"1GB\"",
+        ),
+        (
+            "negative-duration",
+            format!("{kubelet}evictionPressureTransitionPeriod: -1m\n"),
+            "evictionPressureTransitionPeriod: -1m must not be negative",
+        ),
+        (
+            "unknown-field",
+            format!("{agent}housekeepingIntreval: 1s\n"),
+            "unknown field `housekeepingIntreval`",
+        ),
+        (
+            "soft-without-grace",
+            format!("{agent}evictionSoft: {{memory.available: 1Gi}}\n"),
+            "grace period must be specified for the soft eviction threshold memory.available",
+        ),
+        (
+            "wrong-type",
+            format!("{agent}dryRun: sometimes\n"),
+            "dryRun: invalid type",
+        ),
+        (
+            "bad-yaml",
+            format!("{agent}evictionHard: [\n"),
+            "invalid YAML",
+        ),
+        (
+            "shutdown",
+            format!("{kubelet}shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 1m\n"),
+            "shutdownGracePeriodCriticalPods 1m0s must be <= shutdownGracePeriod 10s",
+        ),
+    ];
+    for (name, text, needle) in cases {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        let out = check_config(&path);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{name}: {stderr:?} lacks {needle:?}"
+        );
+        assert!(
+            stderr.contains(&format!("{name}.yaml")),
+            "{name}: error does not name the file: {stderr}"
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{name}: printed settings despite the error"
+        );
+    }
+    let missing = check_config(&dir.path().join("absent.yaml"));
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
+}
