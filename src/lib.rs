@@ -7,6 +7,7 @@ pub mod agent;
 pub mod config;
 pub mod eviction;
 pub mod metrics;
+pub mod notify;
 pub mod pods;
 pub mod signals;
 pub mod trace;
