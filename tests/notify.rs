@@ -51,6 +51,7 @@ async fn memcg_threshold_fires_when_a_real_cgroup_crosses_it() {
         &AllocatorPlan {
             bytes: 160 * MIB,
             rate: 400 * MIB,
+            ignore_sigterm: false,
             report_crossing: None,
         },
     );
@@ -105,6 +106,7 @@ async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
         &AllocatorPlan {
             bytes: 180 * MIB,
             rate: 400 * MIB,
+            ignore_sigterm: false,
             report_crossing: None,
         },
     );

@@ -37,6 +37,9 @@ pub struct Pod {
     pub containers: Vec<ContainerStats>,
     /// emptyDir volumes with a size limit or measured usage, when known.
     pub empty_dirs: Vec<EmptyDirStats>,
+    /// The pod's cgroup, relative to the cgroup hierarchy root (for v1, the same path in
+    /// every controller hierarchy), when known. The standalone evictor kills it.
+    pub cgroup: Option<std::path::PathBuf>,
 }
 
 /// Measured usage of one container; `None` means "no stats".

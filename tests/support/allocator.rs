@@ -8,12 +8,15 @@ use std::time::{Duration, Instant};
 
 pub const ALLOCATOR_ENV: &str = "NODEKEEPER_ALLOCATOR";
 
-/// What the child allocates, passed through the environment as `bytes,rate[,usage_file,trigger]`.
+/// What the child does, passed through the environment as
+/// `bytes,rate,ignore_sigterm[,usage_file,trigger]`.
 #[derive(Debug, Clone)]
 pub struct AllocatorPlan {
     pub bytes: u64,
     /// Bytes per second; 0 means as fast as possible.
     pub rate: u64,
+    /// Ignore SIGTERM, to make a soft eviction escalate to SIGKILL.
+    pub ignore_sigterm: bool,
     /// When set, the child reads this usage file after each step and, the first time
     /// usage reaches the trigger, writes the CLOCK_MONOTONIC nanoseconds at which that
     /// step started to stdout (8 bytes, little endian).
@@ -22,17 +25,10 @@ pub struct AllocatorPlan {
 
 impl AllocatorPlan {
     pub fn to_env(&self) -> String {
+        let head = format!("{},{},{}", self.bytes, self.rate, self.ignore_sigterm);
         match &self.report_crossing {
-            None => format!("{},{}", self.bytes, self.rate),
-            Some((path, trigger)) => {
-                format!(
-                    "{},{},{},{}",
-                    self.bytes,
-                    self.rate,
-                    path.display(),
-                    trigger
-                )
-            }
+            None => head,
+            Some((path, trigger)) => format!("{head},{},{trigger}", path.display()),
         }
     }
 
@@ -41,8 +37,9 @@ impl AllocatorPlan {
         AllocatorPlan {
             bytes: parts[0].parse().unwrap(),
             rate: parts[1].parse().unwrap(),
-            report_crossing: (parts.len() == 4)
-                .then(|| (parts[2].into(), parts[3].parse().unwrap())),
+            ignore_sigterm: parts[2].parse().unwrap(),
+            report_crossing: (parts.len() == 5)
+                .then(|| (parts[3].into(), parts[4].parse().unwrap())),
         }
     }
 }
@@ -70,6 +67,10 @@ pub fn run_if_requested() {
         return;
     };
     let plan = AllocatorPlan::from_env(&plan);
+    if plan.ignore_sigterm {
+        // SAFETY: installing SIG_IGN has no preconditions.
+        unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+    }
     let mut go = [0u8; 1];
     if std::io::stdin().read_exact(&mut go).is_err() {
         std::process::exit(2);
