@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -95,6 +95,8 @@ struct MemcgWatch {
     cgroup: PathBuf,
     dir: PathBuf,
     registered: Option<(Registered, JoinHandle<()>)>,
+    /// Set by the waiting task on every crossing, cleared when the trigger is refreshed.
+    fired: Arc<AtomicBool>,
     last_error: Option<String>,
 }
 
@@ -217,16 +219,27 @@ impl Notifiers {
             };
             let wanted = memcg_trigger_bytes(observation.capacity, watch.value, inactive_file);
             let current = watch.registered.as_ref().map(|(registered, _)| *registered);
-            if !self.refresh.should_register(current, wanted, now) {
+            let fired = watch.fired.load(Ordering::Relaxed);
+            if !self.refresh.should_register(current, wanted, now, fired) {
                 continue;
             }
             match MemcgThreshold::register(&watch.dir, wanted) {
                 Ok(threshold) => {
+                    watch.fired.store(false, Ordering::Relaxed);
                     let task = self.runtime.spawn(wait_memcg(
                         threshold,
+                        watch.fired.clone(),
                         self.source.clone(),
                         self.sources.clone(),
                     ));
+                    // Registration does not fire for usage already above the trigger, so
+                    // a crossing since the last evaluation gets one right away.
+                    if self
+                        .usage_bytes(&watch.cgroup)
+                        .is_some_and(|usage| usage >= wanted)
+                    {
+                        self.source.notify_one();
+                    }
                     let watch = &mut self.memcg[index];
                     tracing::info!(
                         mechanism = Mechanism::MemcgThreshold.as_str(),
@@ -281,6 +294,11 @@ impl Notifiers {
         self.reader.as_ref()?.paths().v2_dir(cgroup)
     }
 
+    fn usage_bytes(&self, cgroup: &Path) -> Option<u64> {
+        let usage = self.reader.as_ref()?.memory_usage(cgroup).ok()?;
+        Some(usage.usage_bytes)
+    }
+
     fn inactive_file(&self, cgroup: &Path) -> Result<u64, NotifyError> {
         let reader = self.reader.as_ref().ok_or_else(|| NotifyError::Malformed {
             path: cgroup.to_path_buf(),
@@ -318,6 +336,7 @@ impl Notifiers {
             cgroup,
             dir,
             registered: None,
+            fired: Arc::new(AtomicBool::new(false)),
             last_error: None,
         });
     }
@@ -402,10 +421,16 @@ fn report_failure(watch: &mut MemcgWatch, error: NotifyError) {
     }
 }
 
-async fn wait_memcg(mut threshold: MemcgThreshold, source: Arc<Notify>, counts: Arc<SourceCounts>) {
+async fn wait_memcg(
+    mut threshold: MemcgThreshold,
+    fired: Arc<AtomicBool>,
+    source: Arc<Notify>,
+    counts: Arc<SourceCounts>,
+) {
     loop {
         match threshold.crossed().await {
             Ok(_) => {
+                fired.store(true, Ordering::Relaxed);
                 counts.memcg.fetch_add(1, Ordering::Relaxed);
                 source.notify_one();
             }

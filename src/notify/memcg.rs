@@ -56,13 +56,24 @@ pub struct Registered {
 }
 
 impl RefreshPolicy {
-    /// Whether to register `wanted` now, given what is registered (if anything).
-    pub fn should_register(&self, current: Option<Registered>, wanted: u64, now: Duration) -> bool {
+    /// Whether to register `wanted` now, given what is registered (if anything) and
+    /// whether it fired since. A threshold fires once per crossing: if it fired early
+    /// (inactive file pages grew since it was computed, so the working set is still below
+    /// the eviction threshold), it would stay silent while usage keeps growing. So a
+    /// trigger that fired is replaced as soon as it moved, without waiting for the
+    /// interval.
+    pub fn should_register(
+        &self,
+        current: Option<Registered>,
+        wanted: u64,
+        now: Duration,
+        fired_since: bool,
+    ) -> bool {
         match current {
             None => true,
             Some(current) => {
                 current.trigger_bytes.abs_diff(wanted) > self.tolerance_bytes
-                    && now.saturating_sub(current.at) >= self.min_interval
+                    && (fired_since || now.saturating_sub(current.at) >= self.min_interval)
             }
         }
     }
@@ -178,11 +189,28 @@ mod tests {
             trigger_bytes: 500 << 20,
             at: Duration::from_secs(100),
         });
-        assert!(policy.should_register(None, 1, Duration::ZERO));
+        assert!(policy.should_register(None, 1, Duration::ZERO, false));
         // Moved far, but too soon.
-        assert!(!policy.should_register(current, 600 << 20, Duration::from_secs(105)));
+        assert!(!policy.should_register(current, 600 << 20, Duration::from_secs(105), false));
         // Late enough, but only jitter.
-        assert!(!policy.should_register(current, (500 << 20) + 4096, Duration::from_secs(200)));
-        assert!(policy.should_register(current, 400 << 20, Duration::from_secs(110)));
+        assert!(!policy.should_register(
+            current,
+            (500 << 20) + 4096,
+            Duration::from_secs(200),
+            false
+        ));
+        assert!(policy.should_register(current, 400 << 20, Duration::from_secs(110), false));
+    }
+
+    #[test]
+    fn a_trigger_that_fired_is_replaced_at_once_when_it_moved() {
+        let policy = RefreshPolicy::default();
+        let current = Some(Registered {
+            trigger_bytes: 500 << 20,
+            at: Duration::from_secs(100),
+        });
+        let soon = Duration::from_secs(101);
+        assert!(policy.should_register(current, 510 << 20, soon, true));
+        assert!(!policy.should_register(current, 500 << 20, soon, true));
     }
 }

@@ -142,6 +142,15 @@ impl TestCgroups {
             .collect()
     }
 
+    pub fn child_mut(&mut self, pid: u32) -> &mut Child {
+        self.children.iter_mut().find(|c| c.id() == pid).unwrap()
+    }
+
+    /// Drop a child that has been reaped, so cleanup does not touch its (reusable) PID.
+    pub fn forget_child(&mut self, pid: u32) {
+        self.children.retain(|c| c.id() != pid);
+    }
+
     /// Whether a child this test started is still running (not yet reaped).
     pub fn child_running(&mut self, pid: u32) -> bool {
         let child = self.children.iter_mut().find(|c| c.id() == pid).unwrap();
