@@ -88,6 +88,7 @@ pub async fn run(
     let mut agent = Agent::new(config, metrics.clone());
     customize(&mut agent);
     agent.announce();
+    agent.start_notifiers(wake.clone());
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
