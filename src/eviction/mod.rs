@@ -19,9 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 pub use rank::{rank, rank_cmp};
 pub use reclaim::{CommandReclaimer, NodeReclaimer, ReclaimCommand, ReclaimError};
 pub use synchronize::{pressure_remains_after_reclaim, synchronize};
-pub use thresholds::container_fs_thresholds;
 
-use crate::config::{GoDuration, Threshold};
+use crate::config::{FilesystemLayout, GoDuration, HostPaths, Threshold};
 use crate::pods::Pod;
 use crate::signals::{NodeCondition, Observations, Resource, Signal};
 
@@ -43,34 +42,40 @@ impl Millis {
     }
 }
 
-/// The on-disk layout of the node's filesystems, which decides which thresholds the
-/// containerfs signals copy, which stats count toward a container's storage use, and
-/// which disk signals node-level reclaim can relieve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FsLayout {
-    /// One filesystem holds the kubelet root, images and containers.
-    #[default]
-    SingleDisk,
-    /// A dedicated image filesystem that also holds the writable container layers.
-    ImageFs,
-    /// A dedicated image filesystem, with writable layers on nodefs
-    /// (`KubeletSeparateDiskGC`).
-    SplitImageFs,
-}
-
-impl FsLayout {
-    pub fn has_dedicated_image_fs(self) -> bool {
-        self != FsLayout::SingleDisk
-    }
-}
-
-/// Host facts that the configuration does not carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Host facts that the eviction thresholds do not carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SyncOptions {
-    pub fs_layout: FsLayout,
+    /// Which filesystem holds images and writable layers: it decides what counts toward
+    /// a container's storage use and which disk signals node-level reclaim can relieve.
+    pub fs_layout: FilesystemLayout,
     /// Whether a [`NodeReclaimer`] is configured; without one the reclaim step is
     /// skipped and disk pressure goes straight to pod eviction.
     pub node_reclaimer_configured: bool,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        SyncOptions {
+            fs_layout: FilesystemLayout::SingleDisk,
+            node_reclaimer_configured: false,
+        }
+    }
+}
+
+impl SyncOptions {
+    /// The layout implied by the configured filesystem paths, as the configuration
+    /// loader derives it for the containerfs thresholds.
+    pub fn for_paths(paths: &HostPaths, node_reclaimer_configured: bool) -> Self {
+        let fs_layout = paths.fs_layout();
+        SyncOptions {
+            fs_layout,
+            node_reclaimer_configured,
+        }
+    }
+
+    pub(crate) fn has_dedicated_image_fs(&self) -> bool {
+        self.fs_layout != FilesystemLayout::SingleDisk
+    }
 }
 
 /// A threshold together with the time it was first seen met without interruption.

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::FsLayout;
+use crate::config::FilesystemLayout as FsLayout;
 use crate::signals::Signal;
 
 /// Frees node-level resources for a starved signal (images, exited containers).

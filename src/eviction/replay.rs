@@ -14,8 +14,9 @@ use crate::trace::{ParsedStep, TraceError, TraceFile};
 pub enum ReplayError {
     #[error(transparent)]
     Trace(#[from] TraceError),
-    #[error("configuration for trace {trace}: {error}")]
-    Config { trace: String, error: ConfigError },
+    /// Names the trace's inline config or the configuration file and the field.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error(
         "trace {trace}: steps[{index}].at: {at} is earlier than the previous step's {previous}; steps must be in time order"
     )]
@@ -71,10 +72,7 @@ pub fn trace_config(
         (None, Some(path)) => load(Some(path), &Overrides::default()),
         (None, None) => Ok(AgentConfig::default()),
     };
-    result.map_err(|error| ReplayError::Config {
-        trace: trace_name.to_string(),
-        error,
-    })
+    Ok(result?)
 }
 
 /// Parse every step and check they are in time order.
@@ -146,7 +144,11 @@ pub fn replay_file(
     let trace = TraceFile::from_path(trace_path)?;
     let config = trace_config(&trace, &trace_name, config_file)?;
     let steps = parse_steps(&trace, &trace_name)?;
-    Ok(replay(&config.eviction, &steps, &SyncOptions::default()))
+    Ok(replay(
+        &config.eviction,
+        &steps,
+        &SyncOptions::for_paths(&config.paths, false),
+    ))
 }
 
 /// The pods of a trace's last step, for `nodekeeper rank`.

@@ -6,8 +6,8 @@ use super::rank::first_evictable;
 use super::reclaim::reclaim_applies;
 use super::thresholds::{
     by_eviction_priority, conditions_last_observed_at, conditions_observed_since,
-    container_fs_thresholds, first_observed_at, merge_thresholds, met_grace_period,
-    node_conditions, thresholds_met, updated_stats,
+    first_observed_at, merge_thresholds, met_grace_period, node_conditions, thresholds_met,
+    updated_stats,
 };
 use super::{
     Decision, EvictionOrder, EvictionReason, EvictionState, IMMEDIATE_GRACE_PERIOD_SECONDS, Millis,
@@ -33,9 +33,9 @@ pub fn synchronize(
             ..Decision::default()
         };
     }
-    let thresholds = container_fs_thresholds(&config.thresholds, options.fs_layout);
-
-    let mut met = thresholds_met(&thresholds, observations, false);
+    // The containerfs thresholds were already mirrored when the configuration loaded
+    // (the kubelet's first-run `UpdateContainerFsThresholds`).
+    let mut met = thresholds_met(&config.thresholds, observations, false);
     if !state.thresholds_met.is_empty() {
         // Thresholds that already passed grace stay met until min-reclaim is freed.
         let held = thresholds_met(&state.thresholds_met, observations, true);
@@ -72,7 +72,7 @@ pub fn synchronize(
     };
 
     if config.local_storage_capacity_isolation {
-        let offenders = local_storage_evictions(pods, options.fs_layout.has_dedicated_image_fs());
+        let offenders = local_storage_evictions(pods, options.has_dedicated_image_fs());
         if !offenders.is_empty() {
             decision.evictions = offenders;
             return decision;
@@ -126,8 +126,6 @@ fn grace_period_seconds(config: &EvictionConfig, threshold: &Threshold, pod: &Po
 pub fn pressure_remains_after_reclaim(
     config: &EvictionConfig,
     observations: &Observations,
-    options: &SyncOptions,
 ) -> bool {
-    let thresholds = container_fs_thresholds(&config.thresholds, options.fs_layout);
-    !thresholds_met(&thresholds, observations, true).is_empty()
+    !thresholds_met(&config.thresholds, observations, true).is_empty()
 }

@@ -2,9 +2,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{FsLayout, Millis, ObservedThreshold};
+use super::{Millis, ObservedThreshold};
 use crate::config::{Threshold, ThresholdValue};
-use crate::signals::{NodeCondition, Observations, Signal};
+use crate::signals::{NodeCondition, Observations};
 
 /// Two thresholds are the same one when signal, value and grace period agree; the
 /// minimum reclaim is not part of the identity (the kubelet's `hasThreshold`).
@@ -136,54 +136,10 @@ pub(super) fn updated_stats(
         .collect()
 }
 
-/// The configured thresholds with the containerfs ones derived from the layout, like
-/// the kubelet's `UpdateContainerFsThresholds`: user-written `containerfs.*` entries
-/// are ignored and replaced by copies of the nodefs thresholds (single disk, or split
-/// image filesystem) or of the imagefs thresholds (image filesystem holding containers).
-pub fn container_fs_thresholds(thresholds: &[Threshold], layout: FsLayout) -> Vec<Threshold> {
-    let (bytes_source, inodes_source) = match layout {
-        FsLayout::SingleDisk | FsLayout::SplitImageFs => {
-            (Signal::NodeFsAvailable, Signal::NodeFsInodesFree)
-        }
-        FsLayout::ImageFs => (Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
-    };
-    let mut result: Vec<Threshold> = thresholds
-        .iter()
-        .filter(|t| {
-            !matches!(
-                t.signal,
-                Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
-            )
-        })
-        .cloned()
-        .collect();
-    // The kubelet copies at most one hard and one soft threshold per source signal
-    // (the last one it sees in each class).
-    let mut copies = Vec::new();
-    for (source, target) in [
-        (bytes_source, Signal::ContainerFsAvailable),
-        (inodes_source, Signal::ContainerFsInodesFree),
-    ] {
-        for hard in [true, false] {
-            if let Some(found) = result
-                .iter()
-                .rev()
-                .find(|t| t.signal == source && t.is_hard() == hard)
-            {
-                copies.push(Threshold {
-                    signal: target,
-                    ..found.clone()
-                });
-            }
-        }
-    }
-    result.extend(copies);
-    result
-}
-
-/// Memory thresholds first, then the rest in their given order (the kubelet's
-/// `byEvictionPriority`; every signal we know has a resource).
+/// Memory thresholds first (the kubelet's `byEvictionPriority`; every signal we know
+/// has a resource). The kubelet leaves the rest to Go's map order; here a hard threshold
+/// goes before a soft one, then configuration order, so the choice is reproducible.
 pub(super) fn by_eviction_priority(mut thresholds: Vec<Threshold>) -> Vec<Threshold> {
-    thresholds.sort_by_key(|t| !t.signal.is_memory());
+    thresholds.sort_by_key(|t| (!t.signal.is_memory(), !t.is_hard()));
     thresholds
 }

@@ -1,0 +1,177 @@
+//! Properties of the eviction order and of the decisions built on it.
+
+use std::cmp::Ordering;
+
+use nodekeeper::config::{EvictionConfig, GoDuration, Quantity, Threshold, ThresholdValue};
+use nodekeeper::eviction::{EvictionState, Millis, SyncOptions, rank, rank_cmp, synchronize};
+use nodekeeper::pods::{Pod, PodUsage, ResourceAmounts};
+use nodekeeper::signals::{Observation, Observations, Signal};
+use proptest::prelude::*;
+
+const MI: i64 = 1 << 20;
+
+fn signal() -> impl Strategy<Value = Signal> {
+    proptest::sample::select(Signal::ALL.to_vec())
+}
+
+fn amount() -> impl Strategy<Value = Option<i64>> {
+    prop_oneof![1 => Just(None), 4 => (0i64..8).prop_map(|n| Some(n * 64 * MI))]
+}
+
+fn priority() -> impl Strategy<Value = i32> {
+    proptest::sample::select(vec![-10, 0, 0, 1000, 2_000_000_000, 2_000_001_000])
+}
+
+prop_compose! {
+    fn pod_fields()(
+        namespace in proptest::sample::select(vec!["a", "b"]),
+        priority in priority(),
+        critical in proptest::bool::weighted(0.1),
+        memory_request in amount(),
+        storage_request in amount(),
+        memory in amount(),
+        storage in amount(),
+        inodes in amount(),
+        pids in amount(),
+    ) -> Pod {
+        Pod {
+            namespace: namespace.to_string(),
+            priority,
+            critical,
+            requests: ResourceAmounts { memory: memory_request, ephemeral_storage: storage_request },
+            usage: PodUsage { memory, ephemeral_storage: storage, inodes, pids },
+            ..Pod::default()
+        }
+    }
+}
+
+/// Pods with unique names, as pod keys are unique on a node.
+fn pods(max: usize) -> impl Strategy<Value = Vec<Pod>> {
+    proptest::collection::vec(pod_fields(), 0..max).prop_map(|pods| {
+        pods.into_iter()
+            .enumerate()
+            .map(|(i, pod)| Pod {
+                name: format!("pod-{i}"),
+                ..pod
+            })
+            .collect()
+    })
+}
+
+fn keys(pods: &[&Pod]) -> Vec<String> {
+    pods.iter().map(|p| p.key()).collect()
+}
+
+fn hard_thresholds() -> EvictionConfig {
+    let hard = |signal, value: i64| Threshold {
+        signal,
+        value: ThresholdValue::Quantity(Quantity::from_value(value)),
+        grace_period: GoDuration::ZERO,
+        min_reclaim: None,
+    };
+    EvictionConfig {
+        thresholds: Signal::ALL.iter().map(|&s| hard(s, 256 * MI)).collect(),
+        max_pod_grace_period_seconds: 30,
+        pressure_transition_period: GoDuration::from_secs(300),
+        local_storage_capacity_isolation: true,
+    }
+}
+
+fn observations() -> impl Strategy<Value = Observations> {
+    proptest::collection::btree_map(signal(), 0i64..512, 0..4).prop_map(|m| {
+        m.into_iter()
+            .map(|(signal, mib)| {
+                let observation = Observation {
+                    available: mib * MI,
+                    capacity: 1024 * MI,
+                    sampled_at_ms: None,
+                };
+                (signal, observation)
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #[test]
+    fn ranking_does_not_depend_on_input_order(
+        (pods, shuffled) in pods(24).prop_flat_map(|p| (Just(p.clone()), Just(p).prop_shuffle())),
+        signal in signal(),
+    ) {
+        prop_assert_eq!(keys(&rank(signal, &pods)), keys(&rank(signal, &shuffled)));
+    }
+
+    #[test]
+    fn the_rank_comparator_is_a_total_order(pods in pods(8), signal in signal()) {
+        let cmp = rank_cmp(signal);
+        for a in &pods {
+            for b in &pods {
+                prop_assert_eq!(cmp(a, b), cmp(b, a).reverse());
+                prop_assert_eq!(cmp(a, b) == Ordering::Equal, a.key() == b.key());
+                for c in &pods {
+                    if cmp(a, b) == Ordering::Less && cmp(b, c) == Ordering::Less {
+                        prop_assert_eq!(cmp(a, c), Ordering::Less);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn below_request_never_ranks_ahead_of_above_request_at_equal_priority(
+        pods in pods(16),
+        signal in proptest::sample::select(vec![
+            Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable,
+            Signal::NodeFsAvailable, Signal::ImageFsAvailable, Signal::ContainerFsAvailable,
+        ]),
+    ) {
+        let exceeds = |pod: &Pod| -> Option<bool> {
+            let (usage, request) = if signal.is_memory() {
+                (pod.usage.memory, pod.requests.memory)
+            } else {
+                (pod.usage.ephemeral_storage, pod.requests.ephemeral_storage)
+            };
+            usage.map(|u| u > request.unwrap_or(0))
+        };
+        let ranked = rank(signal, &pods);
+        for (i, earlier) in ranked.iter().enumerate() {
+            for later in &ranked[i + 1..] {
+                if earlier.priority == later.priority {
+                    prop_assert!(
+                        !(exceeds(earlier) == Some(false) && exceeds(later) == Some(true)),
+                        "{} (below request) ranked ahead of {} (above request)",
+                        earlier.key(), later.key()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_critical_pod_is_ever_chosen_and_decisions_ignore_input_order(
+        (pods, shuffled) in pods(16).prop_flat_map(|p| (Just(p.clone()), Just(p).prop_shuffle())),
+        cycles in proptest::collection::vec(observations(), 1..5),
+    ) {
+        let config = hard_thresholds();
+        let options = SyncOptions::default();
+        let (mut state, mut state_shuffled) = (EvictionState::default(), EvictionState::default());
+        for (i, observations) in cycles.iter().enumerate() {
+            let now = Millis(i as u64 * 10_000);
+            let decision = synchronize(&config, &state, observations, &pods, now, &options);
+            let other = synchronize(&config, &state_shuffled, observations, &shuffled, now, &options);
+            for order in &decision.evictions {
+                let pod = pods.iter().find(|p| p.key() == order.key());
+                prop_assert!(pod.is_some_and(|p| !p.is_critical()), "evicted {}", order.key());
+            }
+            let mut ours: Vec<_> = decision.evictions.iter().map(|o| (o.key(), o.message.clone())).collect();
+            let mut theirs: Vec<_> = other.evictions.iter().map(|o| (o.key(), o.message.clone())).collect();
+            // Local-storage evictions follow pod list order; compare them as sets.
+            ours.sort();
+            theirs.sort();
+            prop_assert_eq!(ours, theirs);
+            prop_assert!(decision.evictions.iter().filter(|o| o.disruption_target).count() <= 1);
+            state = decision.state;
+            state_shuffled = other.state;
+        }
+    }
+}
