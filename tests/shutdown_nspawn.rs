@@ -156,7 +156,11 @@ fn skip_with<T>(reason: &str) -> Option<T> {
     None
 }
 
+/// One container at a time: two booting at once on a small machine blur the timings.
+static ONE_CONTAINER_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 struct Booted {
+    _serial: std::sync::MutexGuard<'static, ()>,
     _work: tempfile::TempDir,
     root: PathBuf,
     shared: PathBuf,
@@ -176,6 +180,9 @@ fn boot() -> Option<Booted> {
             ));
         }
     }
+    let serial = ONE_CONTAINER_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let tree = match cached_tree() {
         Ok(tree) => tree,
         Err(error) => return skip_with(&format!("no Debian tree: {error}")),
@@ -248,6 +255,7 @@ fn boot() -> Option<Booted> {
         booted.elapsed()
     );
     Some(Booted {
+        _serial: serial,
         _work: work,
         root,
         shared,
@@ -258,6 +266,7 @@ fn boot() -> Option<Booted> {
 #[test]
 fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
     let Some(Booted {
+        _serial,
         _work,
         root,
         shared,
@@ -374,6 +383,7 @@ fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
 #[test]
 fn an_agent_killed_mid_shutdown_resumes_the_remaining_phases() {
     let Some(Booted {
+        _serial,
         _work,
         shared,
         mut container,
