@@ -21,23 +21,43 @@ fn write(path: &Path, text: &str) {
 /// A cgroup v2 host with `PODS` workload cgroups under `kubepods.slice`, and a proc tree.
 fn fake_host(root: &Path) {
     let cgroup = root.join("cgroup");
-    write(&cgroup.join("cgroup.controllers"), "cpuset cpu io memory hugetlb pids rdma misc\n");
-    write(&cgroup.join("memory.stat"), "anon 1073741824\nfile 2147483648\ninactive_file 1073741824\nactive_file 1073741824\n");
+    write(
+        &cgroup.join("cgroup.controllers"),
+        "cpuset cpu io memory hugetlb pids rdma misc\n",
+    );
+    write(
+        &cgroup.join("memory.stat"),
+        "anon 1073741824\nfile 2147483648\ninactive_file 1073741824\nactive_file 1073741824\n",
+    );
     let pods = cgroup.join("kubepods.slice");
     write(&pods.join("memory.current"), "4294967296\n");
     write(&pods.join("memory.max"), "max\n");
-    write(&pods.join("memory.stat"), "anon 3221225472\nfile 1073741824\ninactive_file 536870912\n");
+    write(
+        &pods.join("memory.stat"),
+        "anon 3221225472\nfile 1073741824\ninactive_file 536870912\n",
+    );
     for i in 0..PODS {
         let pod = pods.join(format!("pod-{i:04}"));
         let usage = 8_388_608 * (1 + i as u64 % 64);
         write(&pod.join("memory.current"), &format!("{usage}\n"));
         write(&pod.join("memory.max"), "max\n");
-        write(&pod.join("memory.stat"), &format!("anon {}\nfile {}\ninactive_file {}\n", usage / 2, usage / 2, usage / 4));
+        write(
+            &pod.join("memory.stat"),
+            &format!(
+                "anon {}\nfile {}\ninactive_file {}\n",
+                usage / 2,
+                usage / 2,
+                usage / 4
+            ),
+        );
         write(&pod.join("pids.current"), &format!("{}\n", 1 + i % 20));
         write(&pod.join("cgroup.procs"), "");
     }
     let proc_root = root.join("proc");
-    write(&proc_root.join("meminfo"), "MemTotal:       32768000 kB\nMemFree:        16384000 kB\nMemAvailable:   24576000 kB\nInactive(file):  1048576 kB\n");
+    write(
+        &proc_root.join("meminfo"),
+        "MemTotal:       32768000 kB\nMemFree:        16384000 kB\nMemAvailable:   24576000 kB\nInactive(file):  1048576 kB\n",
+    );
     write(&proc_root.join("loadavg"), "0.10 0.20 0.30 2/812 4242\n");
     write(&proc_root.join("sys/kernel/pid_max"), "4194304\n");
     write(&proc_root.join("sys/kernel/threads-max"), "255000\n");
@@ -120,17 +140,26 @@ fn main() {
         return;
     }
     let window = Duration::from_secs(
-        std::env::var("NK_FOOTPRINT_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30),
+        std::env::var("NK_FOOTPRINT_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(30),
     );
     let dir = tempfile::tempdir().unwrap();
     fake_host(dir.path());
     let fast = measure(&config(dir.path(), "1s"), window);
     let baseline = measure(&config(dir.path(), "10s"), window);
-    println!("agent footprint, {PODS} workloads, {}s window", window.as_secs());
+    println!(
+        "agent footprint, {PODS} workloads, {}s window",
+        window.as_secs()
+    );
     println!("| interval | RSS (MiB) | peak RSS (MiB) | CPU (% of one core) |");
     println!("|---|---|---|---|");
     for (name, m) in [("1s", &fast), ("10s (baseline)", &baseline)] {
-        println!("| {name} | {:.1} | {:.1} | {:.3} |", m.rss_mib, m.peak_rss_mib, m.cpu_percent_of_one_core);
+        println!(
+            "| {name} | {:.1} | {:.1} | {:.3} |",
+            m.rss_mib, m.peak_rss_mib, m.cpu_percent_of_one_core
+        );
     }
     println!(
         "ratios 1s/10s: RSS {:.2}x, CPU {:.2}x",
