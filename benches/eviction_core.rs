@@ -72,6 +72,7 @@ fn pods(count: usize) -> Vec<Pod> {
                     size_limit: Some(GI),
                     used: Some(MI),
                 }],
+                cgroup: None,
             }
         })
         .collect()

@@ -31,6 +31,9 @@ enum Command {
     Rank(cli::rank::Args),
     /// Print the graceful-shutdown phases for a set of pods.
     ShutdownPlan(cli::shutdown_plan::Args),
+    /// Run only the graceful-shutdown manager in standalone mode (workload cgroups).
+    #[command(hide = true)]
+    ShutdownManager(cli::shutdown_manager::Args),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => cli::replay::run(args),
         Command::Rank(args) => cli::rank::run(args),
         Command::ShutdownPlan(args) => cli::shutdown_plan::run(args),
+        Command::ShutdownManager(args) => cli::shutdown_manager::run(args),
     };
     match result {
         Ok(code) => code,

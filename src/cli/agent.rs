@@ -1,8 +1,111 @@
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct Args {}
+use anyhow::Context;
+use nodekeeper::agent::Recorder;
+use nodekeeper::config::{self, Overrides};
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`agent` is not implemented yet")
+use super::EvictionFlags;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  nodekeeper agent --config config/agent.yaml\n  nodekeeper agent --config /var/lib/kubelet/config.yaml --dry-run\n  nodekeeper agent --config config/agent.yaml --record /var/log/nodekeeper/trace.yaml\n  nodekeeper agent --config /etc/nodekeeper/agent.yaml --eviction-hard='memory.available<1Gi' --metrics-addr 0.0.0.0:9847\n\nLog verbosity follows RUST_LOG (default: info)."
+)]
+pub struct Args {
+    /// Configuration file (KubeletConfiguration and/or AgentConfiguration); built-in
+    /// defaults when omitted.
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// This node's name (default: the NODE_NAME variable, then the hostname).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Decide and report, but evict nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Address for /metrics, /healthz and /readyz, e.g. 127.0.0.1:9847.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+    #[arg(long, value_enum, default_value_t)]
+    pub log_format: LogFormat,
+    /// Append every observation to this trace file, for `nodekeeper replay` later.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// Rotate the trace file (to FILE.1) when it reaches this many bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    pub record_max_bytes: u64,
+    #[command(flatten)]
+    pub eviction: EvictionFlags,
+}
+
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    init_logging(args.log_format);
+    let overrides = Overrides {
+        node_name: args.node_name.clone(),
+        dry_run: args.dry_run.then_some(true),
+        metrics_address: args.metrics_addr.clone(),
+        ..args.eviction.overrides()
+    };
+    let loaded = config::load_with_warnings(args.config.as_deref(), &overrides)?;
+    for warning in &loaded.warnings {
+        tracing::warn!("{warning}");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let shutdown = async {
+            let mut terminate =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(signal) => signal,
+                    Err(error) => {
+                        tracing::error!(%error, "cannot watch SIGTERM; stop with SIGINT");
+                        let _ = tokio::signal::ctrl_c().await;
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = terminate.recv() => tracing::info!("SIGTERM received"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+            }
+        };
+        let record = args
+            .record
+            .clone()
+            .map(|path| Recorder::new(path, args.record_max_bytes));
+        let customize = move |agent: &mut nodekeeper::agent::Agent| {
+            if let Some(recorder) = record {
+                agent.set_recorder(recorder);
+            }
+        };
+        nodekeeper::agent::run(loaded.config, shutdown, customize, |handles| {
+            tokio::spawn(async move {
+                if let Ok(address) = handles.metrics_bound.await {
+                    tracing::info!(%address, "serving /metrics, /healthz and /readyz");
+                }
+            });
+        })
+        .await
+    })?;
+    Ok(ExitCode::SUCCESS)
 }

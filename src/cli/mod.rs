@@ -5,6 +5,7 @@ pub mod agent;
 pub mod check_config;
 pub mod rank;
 pub mod replay;
+pub mod shutdown_manager;
 pub mod shutdown_plan;
 pub mod signals;
 

@@ -120,6 +120,48 @@ pub struct AgentDocument {
     pub dry_run: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_reclaim: Option<RawNodeReclaim>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workloads: Option<RawWorkloads>,
+}
+
+/// Commands that free node-level disk resources before pods are evicted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawNodeReclaim {
+    #[serde(default)]
+    pub commands: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+/// Standalone mode: the child cgroups of `parentCgroup` are the "pods".
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawWorkloads {
+    pub parent_cgroup: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub pods: Vec<RawWorkloadPod>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawWorkloadPod {
+    /// A child cgroup name, or a prefix ending in `*`.
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub critical: Option<bool>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: ScalarMap,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: ScalarMap,
 }
 
 impl From<KubeletDocument> for AgentDocument {
@@ -203,7 +245,9 @@ impl AgentDocument {
             pods_cgroup,
             metrics_address,
             dry_run,
-            node_name
+            node_name,
+            node_reclaim,
+            workloads
         )
     }
 }

@@ -9,14 +9,19 @@ use serde::Deserialize;
 
 use super::documents::{
     AGENT_API_VERSION, AGENT_KIND, AgentDocument, KUBELET_API_VERSION, KUBELET_KIND,
-    KubeletDocument, Origins, ScalarMap, ScalarText,
+    KubeletDocument, Origins, RawNodeReclaim, RawWorkloads, ScalarMap, ScalarText,
 };
 use super::duration::GoDuration;
-use super::model::{AgentConfig, EvictionConfig, HostPaths, ShutdownConfig, ShutdownPhaseConfig};
-use super::thresholds::{
-    FieldError, FilesystemLayout, ThresholdMaps, add_allocatable_thresholds,
-    mirror_containerfs_thresholds, parse_thresholds,
+use super::model::{
+    AgentConfig, EvictionConfig, HostPaths, NodeReclaimConfig, ShutdownConfig, ShutdownPhaseConfig,
+    WorkloadPodConfig, WorkloadsConfig,
 };
+use super::quantity::Quantity;
+use super::thresholds::{
+    FieldError, ThresholdMaps, add_allocatable_thresholds, mirror_containerfs_thresholds,
+    parse_thresholds,
+};
+use crate::pods::ResourceAmounts;
 
 /// Command-line settings that override the file, in the kubelet's flag syntax.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -406,13 +411,8 @@ fn build(
     if paths.pods_cgroup.is_some() {
         add_allocatable_thresholds(&mut thresholds);
     }
-    let layout = match (&paths.imagefs, &paths.containerfs) {
-        (None, _) => FilesystemLayout::SingleDisk,
-        (Some(image), Some(container)) if image != container => FilesystemLayout::SplitImageFs,
-        (Some(_), _) => FilesystemLayout::ImageFs,
-    };
     let mut warnings = Vec::new();
-    mirror_containerfs_thresholds(&mut thresholds, layout, &mut warnings);
+    mirror_containerfs_thresholds(&mut thresholds, paths.fs_layout(), &mut warnings);
 
     let metrics_address = doc
         .metrics_address
@@ -431,6 +431,9 @@ fn build(
         ));
     }
 
+    let node_reclaim = build_node_reclaim(doc.node_reclaim.as_ref(), &simple_error)?;
+    let workloads = build_workloads(doc.workloads.as_ref(), &simple_error)?;
+
     let config = AgentConfig {
         eviction: EvictionConfig {
             thresholds,
@@ -444,6 +447,8 @@ fn build(
         metrics_address: metrics_address.clone(),
         dry_run: doc.dry_run.unwrap_or(false),
         node_name: doc.node_name.clone(),
+        node_reclaim,
+        workloads,
     };
     let effective_document = effective_document(doc, &config);
     Ok(LoadedConfig {
@@ -451,6 +456,110 @@ fn build(
         warnings,
         effective_document,
     })
+}
+
+fn build_node_reclaim(
+    raw: Option<&RawNodeReclaim>,
+    simple_error: &dyn Fn(&'static str, String) -> ConfigError,
+) -> Result<NodeReclaimConfig, ConfigError> {
+    let mut config = NodeReclaimConfig::default();
+    let Some(raw) = raw else { return Ok(config) };
+    for (index, command) in raw.commands.iter().enumerate() {
+        if command.split_whitespace().next().is_none() {
+            return Err(simple_error(
+                "nodeReclaim",
+                format!("commands[{index}] is empty"),
+            ));
+        }
+    }
+    config.commands = raw.commands.clone();
+    if let Some(text) = &raw.timeout {
+        let timeout = GoDuration::parse(text)
+            .map_err(|e| simple_error("nodeReclaim", format!("timeout: {e}")))?;
+        if timeout.nanos() <= 0 {
+            return Err(simple_error(
+                "nodeReclaim",
+                format!("timeout: {text} must be positive"),
+            ));
+        }
+        config.timeout = timeout;
+    }
+    Ok(config)
+}
+
+fn build_workloads(
+    raw: Option<&RawWorkloads>,
+    simple_error: &dyn Fn(&'static str, String) -> ConfigError,
+) -> Result<Option<WorkloadsConfig>, ConfigError> {
+    let Some(raw) = raw else { return Ok(None) };
+    let parent = raw.parent_cgroup.trim_matches('/');
+    if parent.is_empty() || parent.split('/').any(|part| part == ".." || part == ".") {
+        return Err(simple_error(
+            "workloads",
+            format!(
+                "parentCgroup {:?} must name a cgroup below the root, without . or ..",
+                raw.parent_cgroup
+            ),
+        ));
+    }
+    let mut pods = Vec::new();
+    for (index, pod) in raw.pods.iter().enumerate() {
+        let at = |message: String| {
+            simple_error(
+                "workloads",
+                format!("pods[{index}] ({}): {message}", pod.name),
+            )
+        };
+        if pod.name.is_empty() || pod.name.contains('/') {
+            return Err(at(
+                "name must be a child cgroup name or a prefix ending in *".to_string(),
+            ));
+        }
+        if pod.termination_grace_period_seconds.is_some_and(|s| s < 0) {
+            return Err(at(
+                "terminationGracePeriodSeconds must not be negative".to_string()
+            ));
+        }
+        let amounts = |field: &str, map: &ScalarMap| -> Result<ResourceAmounts, ConfigError> {
+            let mut out = ResourceAmounts::default();
+            for (resource, text) in map {
+                let quantity = Quantity::parse(&text.0)
+                    .map_err(|e| at(format!("{field}.{resource}: {:?}: {e}", text.0)))?;
+                if quantity.is_negative() {
+                    return Err(at(format!(
+                        "{field}.{resource}: {:?} must not be negative",
+                        text.0
+                    )));
+                }
+                match resource.as_str() {
+                    "memory" => out.memory = Some(quantity.value()),
+                    "ephemeral-storage" => out.ephemeral_storage = Some(quantity.value()),
+                    other => {
+                        return Err(at(format!(
+                            "{field}: unsupported resource {other:?} (memory, ephemeral-storage)"
+                        )));
+                    }
+                }
+            }
+            Ok(out)
+        };
+        pods.push(WorkloadPodConfig {
+            name: pod.name.clone(),
+            priority: pod.priority.unwrap_or(0),
+            termination_grace_period_seconds: pod.termination_grace_period_seconds,
+            critical: pod.critical.unwrap_or(false),
+            requests: amounts("requests", &pod.requests)?,
+            limits: amounts("limits", &pod.limits)?,
+        });
+    }
+    Ok(Some(WorkloadsConfig {
+        parent_cgroup: PathBuf::from(parent),
+        namespace: raw
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "standalone".to_string()),
+        pods,
+    }))
 }
 
 fn static_field(field: &str) -> &'static str {

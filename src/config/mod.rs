@@ -15,8 +15,8 @@ pub use load::{
     load_with_warnings, parse_inline,
 };
 pub use model::{
-    AgentConfig, EvictionConfig, HostPaths, ShutdownConfig, ShutdownPhaseConfig, Threshold,
-    ThresholdValue,
+    AgentConfig, EvictionConfig, HostPaths, NodeReclaimConfig, ShutdownConfig, ShutdownPhaseConfig,
+    Threshold, ThresholdValue, WorkloadPodConfig, WorkloadsConfig,
 };
 pub use quantity::Quantity;
 pub use thresholds::FilesystemLayout;

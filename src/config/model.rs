@@ -100,6 +100,20 @@ pub struct HostPaths {
     pub pods_cgroup: Option<PathBuf>,
 }
 
+impl HostPaths {
+    /// Which filesystem holds images and writable layers, from the configured paths:
+    /// no imagefs path means one disk; an imagefs path without a different
+    /// containerfs path means the image filesystem also holds the writable layers.
+    pub fn fs_layout(&self) -> super::FilesystemLayout {
+        use super::FilesystemLayout;
+        match (&self.imagefs, &self.containerfs) {
+            (None, _) => FilesystemLayout::SingleDisk,
+            (Some(image), Some(container)) if image != container => FilesystemLayout::SplitImageFs,
+            (Some(_), _) => FilesystemLayout::ImageFs,
+        }
+    }
+}
+
 impl Default for HostPaths {
     fn default() -> Self {
         HostPaths {
@@ -109,6 +123,54 @@ impl Default for HostPaths {
             imagefs: None,
             containerfs: None,
             pods_cgroup: None,
+        }
+    }
+}
+
+/// Node-level reclaim commands (e.g. `crictl rmi --prune`), run before evicting pods for
+/// disk pressure. Empty: the step is skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeReclaimConfig {
+    pub commands: Vec<String>,
+    pub timeout: GoDuration,
+}
+
+impl Default for NodeReclaimConfig {
+    fn default() -> Self {
+        NodeReclaimConfig {
+            commands: Vec::new(),
+            timeout: GoDuration::from_secs(120),
+        }
+    }
+}
+
+/// How standalone mode turns workload cgroups into pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadsConfig {
+    /// The parent of the workload cgroups, relative to the memory hierarchy root.
+    pub parent_cgroup: PathBuf,
+    /// The namespace reported for every workload.
+    pub namespace: String,
+    pub pods: Vec<WorkloadPodConfig>,
+}
+
+/// Priority, requests and limits for the workloads whose cgroup name matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadPodConfig {
+    /// An exact child cgroup name, or a prefix ending in `*`.
+    pub name: String,
+    pub priority: i32,
+    pub termination_grace_period_seconds: Option<i64>,
+    pub critical: bool,
+    pub requests: crate::pods::ResourceAmounts,
+    pub limits: crate::pods::ResourceAmounts,
+}
+
+impl WorkloadPodConfig {
+    pub fn matches(&self, cgroup_name: &str) -> bool {
+        match self.name.strip_suffix('*') {
+            Some(prefix) => cgroup_name.starts_with(prefix),
+            None => cgroup_name == self.name,
         }
     }
 }
@@ -123,6 +185,9 @@ pub struct AgentConfig {
     pub metrics_address: String,
     pub dry_run: bool,
     pub node_name: Option<String>,
+    pub node_reclaim: NodeReclaimConfig,
+    /// Standalone mode's workload cgroups; `None` means no pods are known locally.
+    pub workloads: Option<WorkloadsConfig>,
 }
 
 impl Default for EvictionConfig {
@@ -163,6 +228,8 @@ impl Default for AgentConfig {
             metrics_address: "127.0.0.1:9847".to_string(),
             dry_run: false,
             node_name: None,
+            node_reclaim: NodeReclaimConfig::default(),
+            workloads: None,
         }
     }
 }

@@ -66,11 +66,7 @@ impl SyncOptions {
     /// The layout implied by the configured filesystem paths, as the configuration
     /// loader derives it for the containerfs thresholds.
     pub fn for_paths(paths: &HostPaths, node_reclaimer_configured: bool) -> Self {
-        let fs_layout = match (&paths.imagefs, &paths.containerfs) {
-            (None, _) => FilesystemLayout::SingleDisk,
-            (Some(image), Some(container)) if image != container => FilesystemLayout::SplitImageFs,
-            (Some(_), _) => FilesystemLayout::ImageFs,
-        };
+        let fs_layout = paths.fs_layout();
         SyncOptions {
             fs_layout,
             node_reclaimer_configured,

@@ -90,16 +90,15 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-/// Bind `address` and serve until `shutdown` resolves. Returns the bound address
-/// (useful with port 0) through `bound` before serving.
+/// Serve on `listener` until `shutdown` resolves. Reports the bound address (useful
+/// with port 0) through `bound` before serving.
 pub async fn serve(
-    address: SocketAddr,
+    listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     bound: tokio::sync::oneshot::Sender<SocketAddr>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(address).await?;
     let _ = bound.send(listener.local_addr()?);
     let app = Router::new()
         .route("/metrics", get(metrics_handler))

@@ -2,6 +2,10 @@
 //! It is the same shape whether pods come from the API server, from workload cgroups
 //! in standalone mode, or from a recorded trace.
 
+mod standalone;
+
+pub use standalone::workload_pods;
+
 /// Amounts of the resources eviction reasons about, in bytes (memory, storage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ResourceAmounts {
@@ -37,6 +41,9 @@ pub struct Pod {
     pub containers: Vec<ContainerStats>,
     /// emptyDir volumes with a size limit or measured usage, when known.
     pub empty_dirs: Vec<EmptyDirStats>,
+    /// The pod's cgroup, relative to the cgroup hierarchy root (for v1, the same path in
+    /// every controller hierarchy), when known. The standalone evictor kills it.
+    pub cgroup: Option<std::path::PathBuf>,
 }
 
 /// Measured usage of one container; `None` means "no stats".

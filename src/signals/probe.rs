@@ -14,9 +14,13 @@ use super::layout::{CgroupLayout, CgroupPaths, detect_layout};
 use super::pressure::{PressureResource, PressureScope, parse_pressure, psi_unavailable};
 use crate::config::HostPaths;
 
-/// A trigger with a 2 s window: the smallest that unprivileged processes may create on
-/// kernels with commit d82caa273565, so the probe does not need CAP_SYS_RESOURCE.
-const PROBE_TRIGGER: &[u8] = b"some 150000 2000000";
+/// A trigger with a 2 s window: the only windows unprivileged processes may use (kernel
+/// commit d82caa273565), so the probe needs no CAP_SYS_RESOURCE. The kernel overwrites the
+/// last byte written with a NUL, so the text must carry its own terminator or the window
+/// loses a digit and the write fails with EINVAL.
+const UNPRIVILEGED_TRIGGER: &[u8] = b"some 150000 2000000\0";
+/// A 1 s window, which only CAP_SYS_RESOURCE holders may register.
+const PRIVILEGED_TRIGGER: &[u8] = b"some 100000 1000000\0";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NotificationSupport {
@@ -81,16 +85,24 @@ fn probe_psi(proc_root: &Path) -> (bool, String) {
             ),
         );
     }
-    match try_trigger(&path) {
-        Ok(()) => (
-            true,
-            format!("memory trigger accepted by {} {boot}", path.display()),
-        ),
+    match try_trigger(&path, UNPRIVILEGED_TRIGGER) {
+        Ok(()) => {
+            let windows = match try_trigger(&path, PRIVILEGED_TRIGGER) {
+                Ok(()) => "any window from 500ms to 10s",
+                Err(_) => "windows in multiples of 2s only (no CAP_SYS_RESOURCE)",
+            };
+            (
+                true,
+                format!(
+                    "memory triggers accepted by {}: {windows} {boot}",
+                    path.display()
+                ),
+            )
+        }
         Err(e) => (
             false,
             format!(
-                "{} reads, but the kernel rejected a memory trigger ({e}); PSI accounting is \
-                 likely off or triggers are unsupported {boot}",
+                "{} reads, but the kernel rejected a memory trigger ({e}) {boot}",
                 path.display()
             ),
         ),
@@ -123,13 +135,13 @@ fn is_procfs(path: &Path) -> bool {
 }
 
 /// Register and immediately drop a trigger: closing the file removes it.
-fn try_trigger(path: &Path) -> std::io::Result<()> {
+fn try_trigger(path: &Path, trigger: &[u8]) -> std::io::Result<()> {
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
-    file.write_all(PROBE_TRIGGER)
+    file.write_all(trigger)
 }
 
 fn probe_memcg_eventfd(cgroups: Option<&CgroupPaths>) -> (bool, String) {

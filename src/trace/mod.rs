@@ -276,6 +276,7 @@ impl TracePod {
                 .iter()
                 .map(|volume| volume.to_stats(&who))
                 .collect::<Result<_, _>>()?,
+            cgroup: None,
         })
     }
 }

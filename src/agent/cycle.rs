@@ -1,0 +1,445 @@
+//! One agent cycle: collect, decide, act, publish.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use std::time::Duration;
+
+use super::record::Recorder;
+use crate::act::CgroupEvictor;
+use crate::config::AgentConfig;
+use crate::eviction::{
+    CommandReclaimer, Decision, EvictionState, Evictor, Millis, NodeReclaimer, ReclaimCommand,
+    SyncOptions, pressure_remains_after_reclaim, synchronize,
+};
+use crate::metrics::{ConditionLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels};
+use crate::notify::{NotifierSettings, Notifiers};
+use crate::pods::{Pod, workload_pods};
+use crate::signals::{Collection, NodeCondition, Observations, SignalCollector, probe};
+
+const CONDITIONS: [NodeCondition; 3] = [
+    NodeCondition::MemoryPressure,
+    NodeCondition::DiskPressure,
+    NodeCondition::PidPressure,
+];
+
+/// What one cycle saw and decided, for logs and tests.
+#[derive(Debug, Clone)]
+pub struct CycleReport {
+    pub observations: Observations,
+    pub pods: Vec<Pod>,
+    pub decision: Decision,
+    pub collection_errors: usize,
+}
+
+/// The kubelet's `podCleanupTimeout`: how long to wait for an evicted pod's resources
+/// to be released before choosing the next victim.
+const POD_CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+const POD_CLEANUP_POLL: Duration = Duration::from_millis(50);
+
+/// The agent's state between cycles.
+pub struct Agent {
+    config: AgentConfig,
+    collector: SignalCollector,
+    metrics: Arc<Metrics>,
+    state: EvictionState,
+    epoch: Instant,
+    sync_options: SyncOptions,
+    /// Errors already logged, so a persistently broken file is reported once, not
+    /// every cycle; the error counter still counts every failure.
+    logged_errors: BTreeSet<String>,
+    reclaimer: Option<CommandReclaimer>,
+    evictor: Option<Box<dyn Evictor + Send>>,
+    recorder: Option<Recorder>,
+    notifiers: Option<Notifiers>,
+}
+
+impl Agent {
+    pub fn new(config: AgentConfig, metrics: Arc<Metrics>) -> Self {
+        let collector = SignalCollector::new(&config.paths);
+        let commands: Vec<ReclaimCommand> = config
+            .node_reclaim
+            .commands
+            .iter()
+            .filter_map(|line| ReclaimCommand::from_command_line(line))
+            .collect();
+        let reclaimer = (!commands.is_empty())
+            .then(|| CommandReclaimer::new(commands, config.node_reclaim.timeout.to_std()));
+        let sync_options = SyncOptions::for_paths(&config.paths, reclaimer.is_some());
+        Agent {
+            config,
+            collector,
+            metrics,
+            state: EvictionState::default(),
+            epoch: Instant::now(),
+            sync_options,
+            logged_errors: BTreeSet::new(),
+            reclaimer,
+            evictor: None,
+            recorder: None,
+            notifiers: None,
+        }
+        .with_standalone_evictor()
+    }
+
+    /// Outside dry-run mode, standalone workloads are killed through their cgroups.
+    fn with_standalone_evictor(mut self) -> Self {
+        let (Some(workloads), Some(layout), false) = (
+            &self.config.workloads,
+            self.collector.layout(),
+            self.config.dry_run,
+        ) else {
+            return self;
+        };
+        match CgroupEvictor::new(
+            &self.config.paths.cgroup_root,
+            layout,
+            &workloads.parent_cgroup,
+        ) {
+            Ok(evictor) => self.evictor = Some(Box::new(evictor)),
+            Err(error) => tracing::error!(%error, "cannot evict standalone workloads"),
+        }
+        self
+    }
+
+    /// Start the kernel notifiers this host supports; each wakes `wake` for an
+    /// immediate cycle. Must run inside the tokio runtime.
+    pub fn start_notifiers(&mut self, wake: std::sync::Arc<tokio::sync::Notify>) {
+        let support = probe(&self.config.paths);
+        let notifiers = Notifiers::start(&self.config, &support, NotifierSettings::default(), wake);
+        for armed in notifiers.armed() {
+            tracing::info!(
+                mechanism = armed.mechanism.as_str(),
+                path = %armed.path.display(),
+                trigger = %armed.trigger,
+                "kernel notifier armed"
+            );
+        }
+        self.notifiers = Some(notifiers);
+    }
+
+    /// The evictor used outside dry-run mode. Without one, decisions are only logged.
+    pub fn set_evictor(&mut self, evictor: Box<dyn Evictor + Send>) {
+        self.evictor = Some(evictor);
+    }
+
+    /// Append every observation to a trace file (`agent --record`).
+    pub fn set_recorder(&mut self, recorder: Recorder) {
+        self.recorder = Some(recorder);
+    }
+
+    /// Log how the agent sees this host, once at startup, and export which kernel
+    /// notification mechanisms it offers.
+    pub fn announce(&self) {
+        let support = probe(&self.config.paths);
+        tracing::info!(
+            layout = ?self.collector.layout(),
+            dry_run = self.config.dry_run,
+            interval = %self.config.housekeeping_interval,
+            thresholds = %self
+                .config
+                .eviction
+                .thresholds
+                .iter()
+                .map(|t| t.describe())
+                .collect::<Vec<_>>()
+                .join(","),
+            "agent started"
+        );
+        for (mechanism, available, detail) in [
+            ("psi", support.psi, &support.psi_detail),
+            (
+                "memcg_eventfd_v1",
+                support.memcg_eventfd_v1,
+                &support.memcg_eventfd_v1_detail,
+            ),
+            (
+                "memory_events_v2",
+                support.memory_events_v2,
+                &support.memory_events_v2_detail,
+            ),
+        ] {
+            tracing::info!(
+                mechanism,
+                available,
+                "kernel notification mechanism: {detail}"
+            );
+            self.metrics
+                .notification_mechanism
+                .get_or_create(&MechanismLabels {
+                    mechanism: mechanism.to_string(),
+                })
+                .set(i64::from(available));
+        }
+    }
+
+    fn now(&self) -> Millis {
+        Millis(self.epoch.elapsed().as_millis() as u64)
+    }
+
+    /// One full cycle: observe, decide, act. Returns the report; when a pod was
+    /// evicted the caller should start the next cycle at once, as the kubelet does after
+    /// its cleanup wait.
+    pub async fn run_cycle(&mut self) -> (CycleReport, bool) {
+        let report = self.observe_and_decide();
+        let evicted = self.act(&report).await;
+        (report, evicted)
+    }
+
+    /// Collect signals and pods, run the eviction core, publish metrics. No side effects
+    /// on the node.
+    pub fn observe_and_decide(&mut self) -> CycleReport {
+        let started = Instant::now();
+        let collection = self.collector.collect();
+        let pods = self.collect_pods();
+        self.metrics
+            .collection_duration
+            .observe(started.elapsed().as_secs_f64());
+        self.publish_collection(&collection);
+        if let Some(notifiers) = self.notifiers.as_mut() {
+            notifiers.update(&collection.observations);
+        }
+        let now = self.now();
+        if let Some(recorder) = self.recorder.as_mut()
+            && let Err(error) = recorder.record(now.0, &collection.observations, &pods)
+        {
+            tracing::warn!(%error, "cannot record trace step");
+        }
+
+        let decision_started = Instant::now();
+        let decision = synchronize(
+            &self.config.eviction,
+            &self.state,
+            &collection.observations,
+            &pods,
+            now,
+            &self.sync_options,
+        );
+        self.metrics
+            .eviction_decision_duration
+            .observe(decision_started.elapsed().as_secs_f64());
+        let previous_conditions =
+            std::mem::replace(&mut self.state, decision.state.clone()).node_conditions;
+        self.publish_decision(&decision, &previous_conditions);
+        CycleReport {
+            observations: collection.observations,
+            collection_errors: collection.errors.len(),
+            pods,
+            decision,
+        }
+    }
+
+    fn collect_pods(&mut self) -> Vec<Pod> {
+        let (Some(workloads), Some(reader)) = (&self.config.workloads, self.collector.cgroups())
+        else {
+            return Vec::new();
+        };
+        match workload_pods(reader, workloads) {
+            Ok((pods, errors)) => {
+                for error in errors {
+                    tracing::debug!(%error, "workload without stats");
+                }
+                pods
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot list workload cgroups");
+                Vec::new()
+            }
+        }
+    }
+
+    fn publish_collection(&mut self, collection: &Collection) {
+        let m = &self.metrics;
+        for (signal, observation) in &collection.observations {
+            let labels = Metrics::signal(signal.as_str());
+            m.signal_available
+                .get_or_create(&labels)
+                .set(observation.available);
+            m.signal_capacity
+                .get_or_create(&labels)
+                .set(observation.capacity);
+        }
+        let mut current = BTreeSet::new();
+        for error in &collection.errors {
+            let subject = error.subject.to_string();
+            m.collection_errors
+                .get_or_create(&Metrics::signal(&subject))
+                .inc();
+            let text = error.to_string();
+            if !self.logged_errors.contains(&text) {
+                tracing::warn!(error = %text, "signal collection failed; other signals are unaffected");
+            }
+            current.insert(text);
+        }
+        for recovered in self.logged_errors.difference(&current) {
+            tracing::info!(error = %recovered, "signal collection recovered");
+        }
+        self.logged_errors = current;
+        for reading in &collection.pressure {
+            if reading.scope != crate::signals::PressureScope::Node {
+                continue;
+            }
+            for (window, value) in [
+                ("10s", reading.avg10),
+                ("60s", reading.avg60),
+                ("300s", reading.avg300),
+            ] {
+                m.pressure_stall
+                    .get_or_create(&PressureLabels {
+                        resource: reading.resource.to_string(),
+                        kind: reading.kind.to_string(),
+                        window: window.to_string(),
+                    })
+                    .set(value / 100.0);
+            }
+        }
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        m.last_collection_timestamp.set(unix);
+    }
+
+    fn publish_decision(&self, decision: &Decision, previous: &BTreeSet<NodeCondition>) {
+        let met: BTreeSet<String> = decision
+            .thresholds_met
+            .iter()
+            .map(|t| t.describe())
+            .collect();
+        for threshold in &self.config.eviction.thresholds {
+            let labels = ThresholdLabels {
+                signal: threshold.signal.to_string(),
+                threshold: threshold.describe(),
+                kind: if threshold.is_hard() { "hard" } else { "soft" }.to_string(),
+            };
+            let is_met = met.contains(&labels.threshold);
+            self.metrics
+                .threshold_met
+                .get_or_create(&labels)
+                .set(i64::from(is_met));
+        }
+        for condition in CONDITIONS {
+            let on = decision.conditions.contains(&condition);
+            self.metrics
+                .node_condition
+                .get_or_create(&ConditionLabels {
+                    condition: condition.to_string(),
+                })
+                .set(i64::from(on));
+        }
+        for condition in decision.conditions.difference(previous) {
+            tracing::warn!(%condition, "node condition on");
+        }
+        for condition in previous.difference(&decision.conditions) {
+            tracing::info!(%condition, "node condition off");
+        }
+    }
+
+    async fn act(&mut self, report: &CycleReport) -> bool {
+        let decision = &report.decision;
+        if let Some(starved) = decision.starved {
+            tracing::warn!(signal = %starved.signal, "Attempting to reclaim {}", starved.resource);
+        }
+        if let Some(signal) = decision.reclaim_requested
+            && !self.reclaim_node_resources(signal).await
+        {
+            return false;
+        }
+        let mut evicted_any = false;
+        for order in &decision.evictions {
+            let Some(pod) = report
+                .pods
+                .iter()
+                .find(|p| p.namespace == order.namespace && p.name == order.name)
+            else {
+                continue;
+            };
+            self.metrics
+                .evictions
+                .get_or_create(&Metrics::signal(order.reason.label()))
+                .inc();
+            if self.config.dry_run {
+                tracing::warn!(
+                    pod = %order.key(),
+                    signal = order.reason.label(),
+                    grace_period_seconds = order.grace_period_seconds,
+                    message = %order.message,
+                    "dry run: would evict pod"
+                );
+                continue;
+            }
+            let Some(evictor) = self.evictor.as_mut() else {
+                tracing::warn!(pod = %order.key(), "no evictor configured; eviction only logged");
+                continue;
+            };
+            match evictor.evict(order, pod) {
+                Ok(()) => {
+                    tracing::warn!(
+                        pod = %order.key(),
+                        signal = order.reason.label(),
+                        grace_period_seconds = order.grace_period_seconds,
+                        message = %order.message,
+                        "evicted pod"
+                    );
+                    evicted_any = true;
+                }
+                Err(error) => tracing::error!(pod = %order.key(), %error, "eviction failed"),
+            }
+        }
+        if evicted_any {
+            self.wait_for_cleanup(&report.pods, &decision.evictions)
+                .await;
+        }
+        evicted_any
+    }
+
+    /// Run node-level reclaim off the loop's thread, then re-check. Returns whether pods
+    /// must still be evicted.
+    async fn reclaim_node_resources(&mut self, signal: crate::signals::Signal) -> bool {
+        let Some(mut reclaimer) = self.reclaimer.clone() else {
+            return true;
+        };
+        let outcome = tokio::task::spawn_blocking(move || reclaimer.reclaim(signal)).await;
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "node-level reclaim failed"),
+            Err(error) => tracing::warn!(%error, "node-level reclaim task failed"),
+        }
+        let fresh = self.collector.collect();
+        let remains = pressure_remains_after_reclaim(&self.config.eviction, &fresh.observations);
+        if !remains {
+            tracing::info!(%signal, "able to reduce resource pressure without evicting pods");
+        }
+        remains
+    }
+
+    /// Wait (bounded) until every evicted workload's cgroup holds no process, so the
+    /// next cycle measures the node after the kill, not before it.
+    async fn wait_for_cleanup(&self, pods: &[Pod], evicted: &[crate::eviction::EvictionOrder]) {
+        let Some(reader) = self.collector.cgroups() else {
+            return;
+        };
+        let cgroups: Vec<_> = evicted
+            .iter()
+            .filter_map(|order| {
+                pods.iter()
+                    .find(|p| p.namespace == order.namespace && p.name == order.name)
+                    .and_then(|p| p.cgroup.clone())
+            })
+            .collect();
+        let deadline = Instant::now() + POD_CLEANUP_TIMEOUT;
+        while Instant::now() < deadline {
+            let cleaned = cgroups.iter().all(|cgroup| {
+                reader
+                    .process_count(cgroup)
+                    .map_or(true, |count| count == 0)
+            });
+            if cleaned {
+                return;
+            }
+            tokio::time::sleep(POD_CLEANUP_POLL).await;
+        }
+        tracing::warn!("evicted workloads still have processes after {POD_CLEANUP_TIMEOUT:?}");
+    }
+}

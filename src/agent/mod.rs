@@ -1,0 +1,120 @@
+//! The agent loop: the I/O shell around the eviction core. Every housekeeping interval
+//! (or sooner, when a kernel notification wakes it) it collects the node's signals,
+//! runs one eviction cycle, acts on the decision, and publishes metrics.
+
+mod cycle;
+mod record;
+
+pub use cycle::{Agent, CycleReport};
+pub use record::{RecordError, Recorder};
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot, watch};
+
+use crate::config::AgentConfig;
+use crate::metrics::{self, Health, Metrics};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("metricsAddress {address}: {error}")]
+    Metrics {
+        address: String,
+        error: std::io::Error,
+    },
+}
+
+/// Handles the agent exposes while it runs, for the binary and for tests.
+pub struct RunHandles {
+    /// Wakes the loop for an immediate evaluation (kernel notifiers use it).
+    pub wake: Arc<Notify>,
+    /// Receives the bound metrics address once the HTTP server listens.
+    pub metrics_bound: oneshot::Receiver<SocketAddr>,
+}
+
+/// Run until `shutdown` resolves. The HTTP server and the loop stop together; the
+/// current cycle always completes, so no decision is half-applied.
+pub async fn run(
+    config: AgentConfig,
+    shutdown: impl Future<Output = ()>,
+    customize: impl FnOnce(&mut Agent),
+    on_start: impl FnOnce(RunHandles),
+) -> Result<(), AgentError> {
+    let metrics = Arc::new(Metrics::new());
+    let interval = config
+        .housekeeping_interval
+        .to_std()
+        .max(Duration::from_millis(10));
+    let health = Arc::new(Health::new(interval * 3 + Duration::from_secs(5)));
+    let address: SocketAddr =
+        config
+            .metrics_address
+            .parse()
+            .map_err(|e: std::net::AddrParseError| AgentError::Metrics {
+                address: config.metrics_address.clone(),
+                error: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+            })?;
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let (bound_tx, bound_rx) = oneshot::channel();
+    let server_stop = {
+        let mut rx = stop_tx.subscribe();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|error| AgentError::Metrics {
+            address: config.metrics_address.clone(),
+            error,
+        })?;
+    let server = tokio::spawn(metrics::serve(
+        listener,
+        metrics.clone(),
+        health.clone(),
+        bound_tx,
+        server_stop,
+    ));
+
+    let wake = Arc::new(Notify::new());
+    on_start(RunHandles {
+        wake: wake.clone(),
+        metrics_bound: bound_rx,
+    });
+
+    let mut agent = Agent::new(config, metrics.clone());
+    customize(&mut agent);
+    agent.announce();
+    agent.start_notifiers(wake.clone());
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            _ = ticker.tick() => {}
+            () = wake.notified() => {}
+        }
+        let (_, evicted) = agent.run_cycle().await;
+        health.tick();
+        if evicted {
+            // Like the kubelet after its cleanup wait: look again at once.
+            wake.notify_one();
+        }
+        if *stop_rx.borrow_and_update() {
+            break;
+        }
+    }
+    tracing::info!("agent stopping");
+    let _ = stop_tx.send(true);
+    match server.await {
+        Ok(Err(error)) => tracing::warn!(%error, "metrics server ended with an error"),
+        Err(error) => tracing::warn!(%error, "metrics server task failed"),
+        Ok(Ok(())) => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,381 @@
+//! The shutdown manager: holds logind's delay lock, waits for `PrepareForShutdown`, runs
+//! the phases, releases the lock, and survives bus restarts, cancellations and its own
+//! restart in the middle of a shutdown.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use zbus::export::futures_core::Stream;
+
+use super::logind::{
+    Backoff, BusAddress, DEFAULT_DROPIN_PATH, INHIBITOR_WHY, InhibitDelayReport, InhibitLock,
+    Logind, LogindError, PrepareForShutdownStream,
+};
+use super::plan::{PhaseSpec, plan, total_budget_seconds};
+use super::runner::{PodTerminator, RunOutcome, WallClock, run_phases};
+use super::state::{ShutdownOutcome, ShutdownState, StateStore};
+use crate::pods::Pod;
+
+pub const DEFAULT_STATE_PATH: &str = "/var/lib/nodekeeper/graceful_shutdown_state.json";
+
+/// Settings the shutdown manager needs beyond the phases. The YAML fields that feed these
+/// belong to the agent configuration (owned by the config module).
+#[derive(Debug, Clone)]
+pub struct ManagerOptions {
+    pub bus: BusAddress,
+    /// Sorted phases from [`super::plan::phases_from_config`]; empty disables the manager.
+    pub phases: Vec<PhaseSpec>,
+    pub state_path: PathBuf,
+    pub logind_dropin_path: PathBuf,
+    /// Pause before reconnecting after the bus went away (the kubelet uses 1 s).
+    pub reconnect_period: Duration,
+    pub reload_backoff: Backoff,
+    /// This boot's `/proc/sys/kernel/random/boot_id`: only this boot's record is resumed.
+    pub boot_id: String,
+}
+
+impl ManagerOptions {
+    pub fn new(phases: Vec<PhaseSpec>, boot_id: String) -> Self {
+        ManagerOptions {
+            bus: BusAddress::System,
+            phases,
+            state_path: PathBuf::from(DEFAULT_STATE_PATH),
+            logind_dropin_path: PathBuf::from(DEFAULT_DROPIN_PATH),
+            reconnect_period: Duration::from_secs(1),
+            reload_backoff: Backoff::default(),
+            boot_id,
+        }
+    }
+}
+
+/// What the rest of the agent reads: admission, node condition and taint, metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ManagerStatus {
+    pub bus_connected: bool,
+    pub lock_held: bool,
+    /// A shutdown is under way (or finished and waiting for power-off): admit nothing.
+    pub shutting_down: bool,
+    /// `Err` carries the message for the metric and node condition when logind's limit
+    /// stays below the budget.
+    pub inhibit_delay: Option<Result<InhibitDelayReport, String>>,
+    pub last_shutdown: Option<ShutdownState>,
+}
+
+/// The pods to drain, read when a shutdown begins.
+pub type PodSource = Arc<dyn Fn() -> Result<Vec<Pod>, String> + Send + Sync>;
+
+pub fn read_boot_id() -> std::io::Result<String> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?
+        .trim()
+        .to_string())
+}
+
+struct ActiveRun {
+    cancel: watch::Sender<bool>,
+    handle: JoinHandle<(ShutdownState, RunOutcome)>,
+}
+
+struct Manager<T: PodTerminator> {
+    options: ManagerOptions,
+    store: StateStore,
+    terminator: Arc<T>,
+    pods: PodSource,
+    clock: Arc<dyn WallClock>,
+    status: watch::Sender<ManagerStatus>,
+    lock: Option<InhibitLock>,
+    run: Option<ActiveRun>,
+    /// All phases done and the lock released: logind is powering off.
+    released_for_power_off: bool,
+    last: Option<ShutdownState>,
+}
+
+/// Run until `stop` turns true. Returns at once when no phases are configured (graceful
+/// shutdown disabled, as in the kubelet).
+pub async fn run_shutdown_manager<T: PodTerminator>(
+    options: ManagerOptions,
+    terminator: Arc<T>,
+    pods: PodSource,
+    clock: Arc<dyn WallClock>,
+    status: watch::Sender<ManagerStatus>,
+    mut stop: watch::Receiver<bool>,
+) {
+    if options.phases.is_empty() {
+        tracing::info!("no graceful shutdown configured; node shutdown will be immediate");
+        return;
+    }
+    let store = StateStore::new(&options.state_path);
+    let last = match store.load() {
+        Ok(state) => state,
+        Err(error) => {
+            tracing::error!(%error, "ignoring the previous shutdown record");
+            None
+        }
+    };
+    let mut manager = Manager {
+        options,
+        store,
+        terminator,
+        pods,
+        clock,
+        status,
+        lock: None,
+        run: None,
+        released_for_power_off: false,
+        last,
+    };
+    manager.settle_previous_boot();
+    if manager
+        .last
+        .as_ref()
+        .is_some_and(|s| s.needs_resume(&manager.options.boot_id))
+    {
+        tracing::warn!("resuming a shutdown interrupted by an agent restart");
+        manager.start_shutdown();
+    }
+    manager.publish(false);
+    loop {
+        if *stop.borrow_and_update() {
+            break;
+        }
+        let logind = tokio::select! {
+            connected = Logind::connect(&manager.options.bus) => connected,
+            _ = stop.changed() => break,
+        };
+        match logind {
+            Ok(logind) => {
+                if let Err(error) = manager.serve(&logind, &mut stop).await {
+                    tracing::warn!(%error, "logind session ended");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "logind unreachable"),
+        }
+        manager.publish(false);
+        if *stop.borrow() {
+            break;
+        }
+        // Keep draining while the bus is away; reconnect after the pause.
+        let pause = tokio::time::sleep(manager.options.reconnect_period);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                () = &mut pause => break,
+                finished = wait_run(&mut manager.run) => manager.run_ended(finished),
+                _ = stop.changed() => break,
+            }
+        }
+    }
+    if let Some(run) = manager.run.take() {
+        run.handle.abort();
+    }
+}
+
+async fn wait_run(
+    run: &mut Option<ActiveRun>,
+) -> Result<(ShutdownState, RunOutcome), tokio::task::JoinError> {
+    let Some(active) = run.as_mut() else {
+        return std::future::pending().await;
+    };
+    let result = (&mut active.handle).await;
+    *run = None;
+    result
+}
+
+async fn next_signal(stream: &mut PrepareForShutdownStream) -> Option<bool> {
+    loop {
+        let signal = std::future::poll_fn(|cx| Pin::new(&mut *stream).poll_next(cx)).await?;
+        match signal.args() {
+            Ok(args) => return Some(args.start),
+            Err(error) => tracing::warn!(%error, "ignoring a malformed PrepareForShutdown"),
+        }
+    }
+}
+
+impl<T: PodTerminator> Manager<T> {
+    /// A record left in progress by an earlier boot can never be resumed.
+    fn settle_previous_boot(&mut self) {
+        if let Some(state) = self.last.as_mut()
+            && state.outcome == ShutdownOutcome::InProgress
+            && state.boot_id != self.options.boot_id
+        {
+            state.abandon();
+            if let Err(error) = self.store.save(state) {
+                tracing::error!(%error, "cannot mark the previous boot's shutdown abandoned");
+            }
+        }
+    }
+
+    fn publish(&self, bus_connected: bool) {
+        let shutting_down = self.run.is_some() || self.released_for_power_off;
+        let lock_held = self.lock.is_some();
+        let last = self.last.clone();
+        self.status.send_modify(|status| {
+            status.bus_connected = bus_connected;
+            status.lock_held = lock_held;
+            status.shutting_down = shutting_down;
+            status.last_shutdown = last;
+        });
+    }
+
+    async fn serve(
+        &mut self,
+        logind: &Logind,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), LogindError> {
+        let budget = Duration::from_secs(
+            u64::try_from(total_budget_seconds(&self.options.phases)).unwrap_or(0),
+        );
+        let report = logind
+            .ensure_inhibit_delay(
+                budget,
+                &self.options.logind_dropin_path,
+                &self.options.reload_backoff,
+            )
+            .await;
+        match &report {
+            Ok(report) => tracing::info!(?report, "logind inhibit delay checked"),
+            Err(error) => tracing::error!(%error, "logind will not wait long enough"),
+        }
+        self.status.send_modify(|status| {
+            status.inhibit_delay = Some(report.map_err(|e| e.to_string()));
+        });
+
+        // Subscribe before reading the property so no announcement falls in between.
+        let mut signals = logind.prepare_for_shutdown_signals().await?;
+        let preparing = logind.preparing_for_shutdown().await?;
+        if !self.released_for_power_off {
+            self.retake_lock(logind).await?;
+        }
+        if preparing && self.run.is_none() && !self.released_for_power_off {
+            tracing::warn!("logind is already preparing for shutdown; draining now");
+            self.start_shutdown();
+        }
+        self.publish(true);
+        loop {
+            tokio::select! {
+                signal = next_signal(&mut signals) => match signal {
+                    None => {
+                        return Err(LogindError::Call {
+                            what: "PrepareForShutdown stream",
+                            error: Box::new(zbus::Error::InputOutput(std::sync::Arc::new(
+                                std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+                            ))),
+                        });
+                    }
+                    Some(true) => {
+                        tracing::info!("PrepareForShutdown(true): node shutdown detected");
+                        if self.run.is_none() && !self.released_for_power_off {
+                            self.start_shutdown();
+                        }
+                    }
+                    Some(false) => {
+                        tracing::info!("PrepareForShutdown(false): node shutdown cancelled");
+                        self.cancel_shutdown(logind).await?;
+                    }
+                },
+                finished = wait_run(&mut self.run) => self.run_ended(finished),
+                _ = stop.changed() => return Ok(()),
+            }
+            self.publish(true);
+        }
+    }
+
+    /// Take a new lock, then let go of the old one, so there is never a gap.
+    async fn retake_lock(&mut self, logind: &Logind) -> Result<(), LogindError> {
+        let lock = logind.take_delay_lock(INHIBITOR_WHY).await?;
+        self.lock = Some(lock);
+        tracing::info!("logind delay lock held");
+        Ok(())
+    }
+
+    fn start_shutdown(&mut self) {
+        let state = match self.last.take() {
+            Some(state) if state.needs_resume(&self.options.boot_id) => state,
+            _ => {
+                let pods = (self.pods)().unwrap_or_else(|error| {
+                    tracing::error!(%error, "cannot list pods; shutting down without draining");
+                    Vec::new()
+                });
+                let planned = plan(&self.options.phases, &pods);
+                ShutdownState::begin(&planned, &self.options.boot_id, self.clock.now_unix_ms())
+            }
+        };
+        // Persist before any pod is touched, so a restart knows a shutdown began.
+        if let Err(error) = self.store.save(&state) {
+            tracing::error!(%error, "shutdown start not persisted");
+        }
+        self.last = Some(state.clone());
+        let (cancel, cancelled) = watch::channel(false);
+        let terminator = Arc::clone(&self.terminator);
+        let store = self.store.clone();
+        let clock = Arc::clone(&self.clock);
+        let handle = tokio::spawn(async move {
+            let mut state = state;
+            let outcome =
+                run_phases(&mut state, terminator, &store, clock.as_ref(), cancelled).await;
+            (state, outcome)
+        });
+        self.run = Some(ActiveRun { cancel, handle });
+    }
+
+    fn run_ended(&mut self, result: Result<(ShutdownState, RunOutcome), tokio::task::JoinError>) {
+        let (mut state, outcome) = match result {
+            Ok(finished) => finished,
+            Err(error) => {
+                // A failed run must not keep the node from powering off: treat it as done.
+                tracing::error!(%error, "shutdown run failed; releasing the lock");
+                let Some(mut state) = self
+                    .store
+                    .load()
+                    .ok()
+                    .flatten()
+                    .or_else(|| self.last.clone())
+                else {
+                    self.lock = None;
+                    self.released_for_power_off = true;
+                    return;
+                };
+                state.finish(self.clock.now_unix_ms());
+                (state, RunOutcome::Finished)
+            }
+        };
+        if outcome == RunOutcome::Finished {
+            state.about_to_power_off = true;
+            if let Err(error) = self.store.save(&state) {
+                tracing::error!(%error, "final shutdown state not persisted");
+            }
+            self.lock = None;
+            self.released_for_power_off = true;
+            tracing::info!(
+                "all shutdown phases finished; delay lock released, node will shut down shortly"
+            );
+        }
+        self.last = Some(state);
+    }
+
+    async fn cancel_shutdown(&mut self, logind: &Logind) -> Result<(), LogindError> {
+        if let Some(run) = self.run.take() {
+            let _ = run.cancel.send(true);
+            match run.handle.await {
+                Ok((state, _)) => self.last = Some(state),
+                Err(error) => tracing::error!(%error, "shutdown run failed while cancelling"),
+            }
+        } else if let Some(state) = self.last.as_mut()
+            && self.released_for_power_off
+        {
+            state.cancel(self.clock.now_unix_ms());
+            state.about_to_power_off = false;
+            if let Err(error) = self.store.save(state) {
+                tracing::error!(%error, "shutdown cancellation not persisted");
+            }
+        }
+        self.released_for_power_off = false;
+        if self.lock.is_none() {
+            self.retake_lock(logind).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,373 @@
+//! Runs a shutdown's phases: lowest priority first, empty phases skipped without waiting,
+//! the pods of a phase terminated in parallel, every phase bounded by its timer, and a
+//! cancellation seen even in the middle of a phase. Progress is persisted after each step.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::plan::PlannedPod;
+use super::state::{PhaseStatus, ShutdownState, StateError, StateStore};
+
+/// How a pod ended up after [`PodTerminator::terminate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Termination {
+    /// Stopped within its grace period.
+    Graceful,
+    /// Still running when the grace period ran out, then killed.
+    Killed,
+    /// Nothing to stop (no such workload, or already gone).
+    NotFound,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot terminate {pod}: {message}")]
+pub struct TerminateError {
+    pub pod: String,
+    pub message: String,
+}
+
+/// Stops one pod within `grace`. Standalone mode kills a workload cgroup; the Kubernetes
+/// mode deletes the pod through the API. Implementations return once the pod is gone or
+/// they gave up; the runner bounds the whole phase regardless.
+pub trait PodTerminator: Send + Sync + 'static {
+    fn terminate(
+        &self,
+        pod: &PlannedPod,
+        grace: Duration,
+    ) -> impl Future<Output = Result<Termination, TerminateError>> + Send;
+}
+
+/// Wall-clock time for the state record; injected so tests control it.
+pub trait WallClock: Send + Sync {
+    fn now_unix_ms(&self) -> u64;
+}
+
+pub struct SystemClock;
+
+impl WallClock for SystemClock {
+    fn now_unix_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunOutcome {
+    Finished,
+    Cancelled,
+}
+
+/// Run every phase of `state` that is not done yet. `cancelled` turning true stops the
+/// run at once (terminations in flight are abandoned, later phases never start).
+/// A state file that cannot be written is logged, not fatal: draining matters more.
+pub async fn run_phases<T: PodTerminator>(
+    state: &mut ShutdownState,
+    terminator: Arc<T>,
+    store: &StateStore,
+    clock: &dyn WallClock,
+    mut cancelled: watch::Receiver<bool>,
+) -> RunOutcome {
+    let mut cancel_sender_gone = false;
+    for index in 0..state.phases.len() {
+        if state.phases[index].is_done() {
+            continue;
+        }
+        if *cancelled.borrow_and_update() {
+            return cancel(state, store, clock);
+        }
+        let priority = state.phases[index].priority;
+        if state.phases[index].pods.is_empty() {
+            state.end_phase(index, PhaseStatus::Skipped, vec![], clock.now_unix_ms());
+            persist(store, state);
+            continue;
+        }
+        let now = clock.now_unix_ms();
+        let budget = Duration::from_millis(state.remaining_budget_ms(index, now));
+        state.start_phase(index, now);
+        persist(store, state);
+        tracing::info!(
+            priority,
+            pods = state.phases[index].pods.len(),
+            budget_ms = budget.as_millis() as u64,
+            "shutdown phase started"
+        );
+
+        let mut terminations = JoinSet::new();
+        for stored in &state.phases[index].pods {
+            let mut pod = PlannedPod::from(stored);
+            let grace_ms = u64::try_from(pod.grace_period_seconds.max(0)).unwrap_or(0) * 1000;
+            let grace = Duration::from_millis(grace_ms).min(budget);
+            pod.grace_period_seconds = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
+            let terminator = Arc::clone(&terminator);
+            terminations.spawn(async move {
+                let result = terminator.terminate(&pod, grace).await;
+                (pod.key(), result)
+            });
+        }
+
+        let mut failed = Vec::new();
+        let timer = tokio::time::sleep(budget);
+        tokio::pin!(timer);
+        let status = loop {
+            tokio::select! {
+                joined = terminations.join_next() => match joined {
+                    None => break PhaseStatus::Completed,
+                    Some(Ok((key, Ok(outcome)))) => {
+                        tracing::info!(pod = %key, ?outcome, "pod terminated for node shutdown");
+                    }
+                    Some(Ok((key, Err(error)))) => {
+                        tracing::warn!(pod = %key, %error, "pod termination failed");
+                        failed.push(key);
+                    }
+                    Some(Err(error)) => tracing::warn!(%error, "pod termination task failed"),
+                },
+                () = &mut timer => {
+                    tracing::warn!(priority, "shutdown phase timed out with pods still terminating");
+                    // Like the kubelet, the next phase starts; stragglers finish on their own.
+                    terminations.detach_all();
+                    break PhaseStatus::TimedOut;
+                }
+                changed = cancelled.changed(), if !cancel_sender_gone => {
+                    // A dropped sender can never cancel; stop listening to it.
+                    cancel_sender_gone = changed.is_err();
+                    if !cancel_sender_gone && *cancelled.borrow_and_update() {
+                        terminations.abort_all();
+                        return cancel(state, store, clock);
+                    }
+                }
+            }
+        };
+        failed.sort();
+        state.end_phase(index, status, failed, clock.now_unix_ms());
+        persist(store, state);
+        tracing::info!(priority, ?status, "shutdown phase ended");
+    }
+    state.finish(clock.now_unix_ms());
+    persist(store, state);
+    RunOutcome::Finished
+}
+
+fn cancel(state: &mut ShutdownState, store: &StateStore, clock: &dyn WallClock) -> RunOutcome {
+    state.cancel(clock.now_unix_ms());
+    persist(store, state);
+    tracing::info!("shutdown cancelled; remaining phases will not run");
+    RunOutcome::Cancelled
+}
+
+fn persist(store: &StateStore, state: &ShutdownState) {
+    if let Err(error) = store.save(state) {
+        log_state_error(&error);
+    }
+}
+
+fn log_state_error(error: &StateError) {
+    tracing::error!(%error, "shutdown progress not persisted");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+    use crate::pods::Pod;
+    use crate::shutdown::plan::{PhaseSpec, plan};
+    use crate::shutdown::state::ShutdownOutcome;
+
+    /// Pods named `hang-*` never stop; others stop after `stop-after-<ms>` or at once.
+    #[derive(Default)]
+    struct FakeTerminator {
+        calls: Mutex<Vec<(String, Duration, tokio::time::Instant)>>,
+    }
+
+    impl PodTerminator for FakeTerminator {
+        async fn terminate(
+            &self,
+            pod: &PlannedPod,
+            grace: Duration,
+        ) -> Result<Termination, TerminateError> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push((pod.key(), grace, tokio::time::Instant::now()));
+            if pod.name.starts_with("hang") {
+                std::future::pending::<()>().await;
+            }
+            if pod.name.starts_with("fail") {
+                return Err(TerminateError {
+                    pod: pod.key(),
+                    message: "boom".into(),
+                });
+            }
+            if let Some(ms) = pod.name.strip_prefix("stop-after-") {
+                tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
+            }
+            Ok(Termination::Graceful)
+        }
+    }
+
+    /// Wall clock that follows tokio's paused clock.
+    struct PausedClock {
+        origin: tokio::time::Instant,
+        base_ms: AtomicU64,
+    }
+
+    impl WallClock for PausedClock {
+        fn now_unix_ms(&self) -> u64 {
+            self.base_ms.load(Ordering::Relaxed) + self.origin.elapsed().as_millis() as u64
+        }
+    }
+
+    fn clock() -> PausedClock {
+        PausedClock {
+            origin: tokio::time::Instant::now(),
+            base_ms: AtomicU64::new(1_000_000),
+        }
+    }
+
+    fn pod(name: &str, priority: i32, tgps: Option<i64>) -> Pod {
+        Pod {
+            namespace: "ns".into(),
+            name: name.into(),
+            priority,
+            termination_grace_period_seconds: tgps,
+            ..Pod::default()
+        }
+    }
+
+    fn state_for(phases: &[(i32, i64)], pods: &[Pod]) -> ShutdownState {
+        let specs: Vec<PhaseSpec> = phases
+            .iter()
+            .map(|&(priority, seconds)| PhaseSpec { priority, seconds })
+            .collect();
+        ShutdownState::begin(&plan(&specs, pods), "boot", 1_000_000)
+    }
+
+    fn offsets(fake: &FakeTerminator, start: tokio::time::Instant) -> Vec<(String, u64, u64)> {
+        fake.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(key, grace, at)| {
+                (
+                    key.clone(),
+                    grace.as_secs(),
+                    (*at - start).as_millis() as u64,
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn phases_run_lowest_priority_first_each_bounded_by_its_timer() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state.json"));
+        let pods = [
+            pod("hang-low", 0, None),
+            pod("stop-after-2000", 0, Some(5)),
+            pod("critical", 2_000_000_000, None),
+            pod("mid", 500, Some(3)),
+        ];
+        let mut state = state_for(&[(2_000_000_000, 10), (0, 20), (100, 7), (500, 30)], &pods);
+        let fake = Arc::new(FakeTerminator::default());
+        let clock = clock();
+        let start = tokio::time::Instant::now();
+        let (_tx, cancelled) = watch::channel(false);
+        let outcome = run_phases(&mut state, Arc::clone(&fake), &store, &clock, cancelled).await;
+        assert_eq!(outcome, RunOutcome::Finished);
+        // Phase 0 waits its full 20 s for the hanging pod; phase 100 is empty and costs
+        // nothing; phase 500 finishes as soon as its pod stops.
+        assert_eq!(
+            offsets(&fake, start),
+            vec![
+                ("ns/hang-low".into(), 20, 0),
+                ("ns/stop-after-2000".into(), 5, 0),
+                ("ns/mid".into(), 3, 20_000),
+                ("ns/critical".into(), 10, 20_000),
+            ]
+        );
+        let statuses: Vec<PhaseStatus> = state.phases.iter().map(|p| p.status).collect();
+        assert_eq!(
+            statuses,
+            vec![
+                PhaseStatus::TimedOut,
+                PhaseStatus::Skipped,
+                PhaseStatus::Completed,
+                PhaseStatus::Completed,
+            ]
+        );
+        assert_eq!(state.outcome, ShutdownOutcome::Finished);
+        assert_eq!(store.load().unwrap(), Some(state));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cancellation_is_seen_in_the_middle_of_a_phase() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state.json"));
+        let pods = [pod("hang", 0, None), pod("later", 1000, None)];
+        let mut state = state_for(&[(0, 60), (1000, 60)], &pods);
+        let fake = Arc::new(FakeTerminator::default());
+        let clock = clock();
+        let (tx, cancelled) = watch::channel(false);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            tx.send(true).unwrap();
+            tx.closed().await;
+        });
+        let start = tokio::time::Instant::now();
+        let outcome = run_phases(&mut state, Arc::clone(&fake), &store, &clock, cancelled).await;
+        assert_eq!(outcome, RunOutcome::Cancelled);
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        assert_eq!(
+            fake.calls.lock().unwrap().len(),
+            1,
+            "later phase must not start"
+        );
+        let saved = store.load().unwrap().unwrap();
+        assert_eq!(saved.outcome, ShutdownOutcome::Cancelled);
+        assert_eq!(saved.phases[1].status, PhaseStatus::Cancelled);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resumed_run_skips_done_phases_and_shortens_the_interrupted_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state.json"));
+        let pods = [
+            pod("a", 0, None),
+            pod("hang-b", 10, None),
+            pod("c", 20, None),
+        ];
+        let mut state = state_for(&[(0, 5), (10, 30), (20, 5)], &pods);
+        let clock = clock();
+        let now = clock.now_unix_ms();
+        state.end_phase(0, PhaseStatus::Completed, vec![], now - 20_000);
+        state.start_phase(1, now - 12_000);
+        let fake = Arc::new(FakeTerminator::default());
+        let start = tokio::time::Instant::now();
+        let (_tx, cancelled) = watch::channel(false);
+        run_phases(&mut state, Arc::clone(&fake), &store, &clock, cancelled).await;
+        assert_eq!(
+            offsets(&fake, start),
+            vec![("ns/hang-b".into(), 18, 0), ("ns/c".into(), 5, 18_000)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_terminations_are_recorded_and_do_not_stop_the_phase() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state.json"));
+        let pods = [pod("fail-1", 0, None), pod("ok", 0, None)];
+        let mut state = state_for(&[(0, 10)], &pods);
+        let (tx, cancelled) = watch::channel(false);
+        drop(tx);
+        let fake = Arc::new(FakeTerminator::default());
+        run_phases(&mut state, fake, &store, &clock(), cancelled).await;
+        assert_eq!(state.phases[0].status, PhaseStatus::Completed);
+        assert_eq!(state.phases[0].failed_pods, vec!["ns/fail-1".to_string()]);
+    }
+}

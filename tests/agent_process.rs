@@ -1,0 +1,250 @@
+//! The agent as an operator runs it: a real process, scraped over HTTP, stopped by SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+struct Agent {
+    child: Child,
+    address: String,
+    log: mpsc::Receiver<String>,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_agent(args: &[&str]) -> Agent {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .arg("agent")
+        .args(args)
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start nodekeeper agent");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(100)) {
+            if let Some(address) = line
+                .split("address=")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                && line.contains("serving /metrics")
+            {
+                return Agent {
+                    child,
+                    address: address.to_string(),
+                    log: rx,
+                };
+            }
+            seen.push(line);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!(
+        "agent never reported its metrics address; log:\n{}",
+        seen.join("\n")
+    );
+}
+
+fn http_get(address: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect to agent");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Parse OpenMetrics text into (name with labels, value) samples, rejecting any line a
+/// Prometheus scrape would reject.
+fn parse_exposition(text: &str) -> Vec<(String, f64)> {
+    let mut samples = Vec::new();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.last(),
+        Some(&"# EOF"),
+        "exposition must end with # EOF"
+    );
+    for line in &lines[..lines.len() - 1] {
+        if let Some(comment) = line.strip_prefix("# ") {
+            let kind = comment.split_whitespace().next().unwrap_or("");
+            assert!(
+                ["HELP", "TYPE", "UNIT"].contains(&kind),
+                "bad comment line {line:?}"
+            );
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad sample {line:?}"));
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            name.starts_with("nodekeeper_"),
+            "metric without prefix: {line:?}"
+        );
+        assert!(
+            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "bad name {line:?}"
+        );
+        if name_end < series.len() {
+            assert!(series.ends_with('}'), "unterminated labels {line:?}");
+        }
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        samples.push((series.to_string(), value));
+    }
+    samples
+}
+
+fn sample(samples: &[(String, f64)], series: &str) -> Option<f64> {
+    samples.iter().find(|(s, _)| s == series).map(|(_, v)| *v)
+}
+
+#[test]
+fn agent_serves_metrics_and_stops_cleanly_on_sigterm() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config/agent.yaml");
+    let mut agent = start_agent(&["--config", config]);
+
+    let (status, _) = http_get(&agent.address, "/healthz");
+    assert_eq!(status, 200);
+    // The first cycle runs at start; wait for readiness rather than sleeping blindly.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http_get(&agent.address, "/readyz").0 != 200 {
+        assert!(Instant::now() < deadline, "agent never became ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let (status, body) = http_get(&agent.address, "/metrics");
+    assert_eq!(status, 200);
+    let samples = parse_exposition(&body);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let mem_total_kib: f64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let capacity = sample(
+        &samples,
+        "nodekeeper_signal_capacity{signal=\"memory.available\"}",
+    )
+    .expect("memory capacity gauge");
+    assert_eq!(capacity, mem_total_kib * 1024.0);
+    let available = sample(
+        &samples,
+        "nodekeeper_signal_available{signal=\"memory.available\"}",
+    )
+    .expect("memory available gauge");
+    assert!(
+        available > 0.0 && available <= capacity,
+        "{available} of {capacity}"
+    );
+    for signal in ["nodefs.available", "nodefs.inodesFree", "pid.available"] {
+        let available = sample(
+            &samples,
+            &format!("nodekeeper_signal_available{{signal=\"{signal}\"}}"),
+        );
+        assert!(
+            available.is_some_and(|v| v > 0.0),
+            "{signal} missing or zero"
+        );
+    }
+    assert_eq!(
+        sample(
+            &samples,
+            "nodekeeper_threshold_met{signal=\"memory.available\",threshold=\"memory.available<100Mi\",kind=\"hard\"}"
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &samples,
+            "nodekeeper_node_condition{condition=\"MemoryPressure\"}"
+        ),
+        Some(0.0)
+    );
+    assert!(
+        sample(&samples, "nodekeeper_collection_duration_seconds_count").is_some_and(|c| c >= 1.0)
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|(s, v)| s.starts_with("nodekeeper_build_info{") && *v == 1.0)
+    );
+
+    kill(Pid::from_raw(agent.child.id() as i32), Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let status = loop {
+        if let Some(status) = agent.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent did not exit within 2 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "agent exited with {status}");
+    let log: Vec<String> = agent.log.try_iter().collect();
+    assert!(
+        log.iter().any(|l| l.contains("SIGTERM received")),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn agent_refuses_a_bad_config_with_the_field_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nevictionHard: {memory.available: lots}\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["agent", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("evictionHard[\"memory.available\"]") && stderr.contains("\"lots\""),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,368 @@
+//! The shutdown manager against a private dbus-daemon and a fake logind/systemd written
+//! with zbus: the delay lock, PrepareForShutdown, cancellation, a bus restart, the logind
+//! drop-in reload, and resuming after an agent restart. Needs `dbus-daemon` (Debian
+//! package `dbus`); skips with a message when it is missing.
+
+mod support {
+    pub mod logind_fake;
+}
+
+use nodekeeper::pods::Pod;
+use nodekeeper::shutdown::logind::{Backoff, BusAddress, INHIBITOR_WHO};
+use nodekeeper::shutdown::manager::{ManagerOptions, ManagerStatus, run_shutdown_manager};
+use nodekeeper::shutdown::plan::{PhaseSpec, PlannedPod};
+use nodekeeper::shutdown::runner::{PodTerminator, SystemClock, TerminateError, Termination};
+use nodekeeper::shutdown::state::{PhaseStatus, ShutdownOutcome, ShutdownState, StateStore};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::logind_fake::{FakeLogind, PrivateBus, fake_state, wait_until};
+use tokio::sync::watch;
+
+// ---------------------------------------------------------------- workloads
+
+/// Records every termination; pods named `hang-*` never stop.
+#[derive(Default)]
+struct Recorder {
+    calls: Mutex<Vec<(String, Duration, Instant)>>,
+}
+
+impl Recorder {
+    fn names(&self) -> Vec<String> {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.0.clone())
+            .collect()
+    }
+    fn first_at(&self) -> Option<Instant> {
+        self.calls.lock().unwrap().first().map(|c| c.2)
+    }
+}
+
+impl PodTerminator for Recorder {
+    async fn terminate(
+        &self,
+        pod: &PlannedPod,
+        grace: Duration,
+    ) -> Result<Termination, TerminateError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((pod.key(), grace, Instant::now()));
+        if pod.name.starts_with("hang") {
+            std::future::pending::<()>().await;
+        }
+        Ok(Termination::Graceful)
+    }
+}
+
+fn pod(name: &str, priority: i32) -> Pod {
+    Pod {
+        namespace: "default".into(),
+        name: name.into(),
+        priority,
+        ..Pod::default()
+    }
+}
+
+struct Agent {
+    status: watch::Receiver<ManagerStatus>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    recorder: Arc<Recorder>,
+    state_path: PathBuf,
+}
+
+impl Agent {
+    fn start(
+        bus: &PrivateBus,
+        dir: &Path,
+        phases: &[(i32, i64)],
+        pods: Vec<Pod>,
+        tune: impl FnOnce(&mut ManagerOptions),
+    ) -> Agent {
+        let phases: Vec<PhaseSpec> = phases
+            .iter()
+            .map(|&(priority, seconds)| PhaseSpec { priority, seconds })
+            .collect();
+        let mut options = ManagerOptions::new(phases, "test-boot".into());
+        options.bus = BusAddress::Address(bus.address());
+        options.state_path = dir.join("state/graceful_shutdown_state.json");
+        options.logind_dropin_path = dir.join("logind.conf.d/99-nodekeeper.conf");
+        options.reconnect_period = Duration::from_millis(100);
+        options.reload_backoff = Backoff {
+            initial: Duration::from_millis(10),
+            attempts: 4,
+        };
+        tune(&mut options);
+        let state_path = options.state_path.clone();
+        let recorder = Arc::new(Recorder::default());
+        let (status_tx, status) = watch::channel(ManagerStatus::default());
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(run_shutdown_manager(
+            options,
+            Arc::clone(&recorder),
+            Arc::new(move || Ok(pods.clone())),
+            Arc::new(SystemClock),
+            status_tx,
+            stop_rx,
+        ));
+        Agent {
+            status,
+            stop,
+            task,
+            recorder,
+            state_path,
+        }
+    }
+
+    fn saved(&self) -> Option<ShutdownState> {
+        StateStore::new(&self.state_path).load().unwrap()
+    }
+
+    async fn shut_down(self) {
+        self.stop.send(true).unwrap();
+        self.task.await.unwrap();
+    }
+}
+
+fn setup() -> Option<(tempfile::TempDir, PrivateBus)> {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("nodekeeper=debug")
+        .try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let bus = PrivateBus::start(dir.path())?;
+    Some((dir, bus))
+}
+
+// ---------------------------------------------------------------- tests
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_a_delay_lock_then_drains_in_priority_order_and_releases_it() {
+    let Some((dir, bus)) = setup() else { return };
+    let logind = FakeLogind::serve(&bus, fake_state(3600)).await;
+    let pods = vec![
+        pod("critical", 2_000_000_000),
+        pod("web", 0),
+        pod("batch", 0),
+    ];
+    let agent = Agent::start(
+        &bus,
+        dir.path(),
+        &[(0, 20), (2_000_000_000, 10)],
+        pods,
+        |_| {},
+    );
+    wait_until("the delay lock", || logind.held() == 1).await;
+    {
+        let state = logind.shared.lock().unwrap();
+        let lock = &state.locks[0];
+        assert_eq!(
+            (lock.what.as_str(), lock.who.as_str(), lock.mode.as_str()),
+            ("shutdown", INHIBITOR_WHO, "delay")
+        );
+    }
+    wait_until("the agent to subscribe", || {
+        agent.status.borrow().bus_connected
+    })
+    .await;
+
+    let sent = logind.announce(true).await;
+    wait_until("the lock release", || logind.held() == 0).await;
+    let latency = agent.recorder.first_at().unwrap() - sent;
+    println!("PrepareForShutdown -> first termination: {latency:?}");
+    let mut order = agent.recorder.names();
+    let first_phase: std::collections::BTreeSet<String> = order.drain(..2).collect();
+    assert_eq!(
+        first_phase,
+        ["default/batch", "default/web"].map(String::from).into()
+    );
+    assert_eq!(order, vec!["default/critical"]);
+    let saved = agent.saved().unwrap();
+    assert_eq!(saved.outcome, ShutdownOutcome::Finished);
+    assert!(saved.about_to_power_off);
+    assert!(agent.status.borrow().shutting_down);
+    agent.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_mid_phase_stops_the_phases_and_keeps_the_lock() {
+    let Some((dir, bus)) = setup() else { return };
+    let logind = FakeLogind::serve(&bus, fake_state(3600)).await;
+    let pods = vec![pod("hang-web", 0), pod("later", 1000)];
+    let agent = Agent::start(&bus, dir.path(), &[(0, 600), (1000, 600)], pods, |_| {});
+    wait_until("the agent to subscribe", || {
+        agent.status.borrow().bus_connected
+    })
+    .await;
+    logind.announce(true).await;
+    wait_until("the first phase", || !agent.recorder.names().is_empty()).await;
+    logind.announce(false).await;
+    wait_until("the cancelled record", || {
+        agent
+            .saved()
+            .is_some_and(|s| s.outcome == ShutdownOutcome::Cancelled)
+    })
+    .await;
+    wait_until("the agent to stop shutting down", || {
+        !agent.status.borrow().shutting_down
+    })
+    .await;
+    assert_eq!(agent.recorder.names(), vec!["default/hang-web"]);
+    assert_eq!(
+        agent.saved().unwrap().phases[1].status,
+        PhaseStatus::Cancelled
+    );
+    assert_eq!(
+        logind.held(),
+        1,
+        "the agent must keep blocking the next shutdown"
+    );
+
+    // A later shutdown still drains (the subscription and lock survived the cancel).
+    logind.announce(true).await;
+    wait_until("a second drain", || agent.recorder.names().len() == 2).await;
+    agent.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_after_the_bus_restarts_and_takes_the_lock_again() {
+    let Some((dir, mut bus)) = setup() else {
+        return;
+    };
+    let shared = fake_state(3600);
+    let logind = FakeLogind::serve(&bus, Arc::clone(&shared)).await;
+    let agent = Agent::start(&bus, dir.path(), &[(0, 5)], vec![pod("web", 0)], |_| {});
+    wait_until("the delay lock", || logind.held() == 1).await;
+    wait_until("the agent to subscribe", || {
+        agent.status.borrow().bus_connected
+    })
+    .await;
+
+    drop(logind);
+    bus.restart();
+    wait_until("the agent to notice", || {
+        !agent.status.borrow().bus_connected
+    })
+    .await;
+    let logind = FakeLogind::serve(&bus, shared).await;
+    wait_until("a second Inhibit call", || logind.inhibit_calls() == 2).await;
+    wait_until("the old lock to be released", || logind.held() == 1).await;
+    assert!(!logind.shared.lock().unwrap().locks[1].released());
+    wait_until("the agent to resubscribe", || {
+        agent.status.borrow().bus_connected
+    })
+    .await;
+
+    logind.announce(true).await;
+    wait_until("the drain after reconnect", || logind.held() == 0).await;
+    assert_eq!(agent.recorder.names(), vec!["default/web"]);
+    agent.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raises_inhibit_delay_max_with_a_dropin_and_a_logind_reload() {
+    let Some((dir, bus)) = setup() else { return };
+    let shared = fake_state(5);
+    shared.lock().unwrap().dropin = Some(dir.path().join("logind.conf.d/99-nodekeeper.conf"));
+    let logind = FakeLogind::serve(&bus, Arc::clone(&shared)).await;
+    let agent = Agent::start(&bus, dir.path(), &[(0, 20), (100, 10)], vec![], |_| {});
+    wait_until("the inhibit delay check", || {
+        agent.status.borrow().inhibit_delay.is_some()
+    })
+    .await;
+    let report = agent
+        .status
+        .borrow()
+        .inhibit_delay
+        .clone()
+        .unwrap()
+        .unwrap();
+    assert_eq!(report.before, Duration::from_secs(5));
+    assert_eq!(report.after, Duration::from_secs(30));
+    assert_eq!(
+        logind.shared.lock().unwrap().kill_unit_calls,
+        vec![("systemd-logind.service".to_string(), "all".to_string(), 1)]
+    );
+    let dropin =
+        std::fs::read_to_string(dir.path().join("logind.conf.d/99-nodekeeper.conf")).unwrap();
+    assert!(
+        dropin.contains("[Login]\nInhibitDelayMaxSec=30\n"),
+        "{dropin}"
+    );
+    agent.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_an_error_when_logind_never_shows_the_new_limit() {
+    let Some((dir, bus)) = setup() else { return };
+    let _logind = FakeLogind::serve(&bus, fake_state(5)).await;
+    let agent = Agent::start(&bus, dir.path(), &[(0, 30)], vec![], |_| {});
+    wait_until("the inhibit delay check", || {
+        agent.status.borrow().inhibit_delay.is_some()
+    })
+    .await;
+    let error = agent
+        .status
+        .borrow()
+        .inhibit_delay
+        .clone()
+        .unwrap()
+        .unwrap_err();
+    assert!(error.contains("InhibitDelayMaxSec is still 5s"), "{error}");
+    assert!(error.contains("99-nodekeeper.conf"), "{error}");
+    // The agent still holds a lock: 5 s of drain is better than none.
+    wait_until("the delay lock", || agent.status.borrow().lock_held).await;
+    agent.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_while_logind_prepares_for_shutdown_drains_at_once() {
+    let Some((dir, bus)) = setup() else { return };
+    let shared = fake_state(3600);
+    shared.lock().unwrap().preparing = true;
+    let logind = FakeLogind::serve(&bus, shared).await;
+    let agent = Agent::start(&bus, dir.path(), &[(0, 5)], vec![pod("web", 0)], |_| {});
+    wait_until("the drain", || {
+        logind.inhibit_calls() == 1 && logind.held() == 0
+    })
+    .await;
+    assert_eq!(agent.recorder.names(), vec!["default/web"]);
+    agent.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_shutdown_resumes_the_remaining_phases() {
+    let Some((dir, bus)) = setup() else { return };
+    let logind = FakeLogind::serve(&bus, fake_state(3600)).await;
+    let phases = [(0, 2), (1000, 600), (2000, 600)];
+    let pods = vec![pod("hang-web", 0), pod("db", 1000), pod("dns", 2000)];
+    let first = Agent::start(&bus, dir.path(), &phases, pods.clone(), |_| {});
+    wait_until("the agent to subscribe", || {
+        first.status.borrow().bus_connected
+    })
+    .await;
+    logind.announce(true).await;
+    wait_until("the first phase", || !first.recorder.names().is_empty()).await;
+    first.shut_down().await;
+    // logind no longer says anything: the record alone must bring the agent back to work.
+    logind.shared.lock().unwrap().preparing = false;
+    let phase_pods: Vec<Pod> = vec![pod("web-new-replica", 0)];
+    let second = Agent::start(&bus, dir.path(), &phases, phase_pods, |_| {});
+    wait_until("the resumed phases", || second.recorder.names().len() == 3).await;
+    assert_eq!(
+        second.recorder.names(),
+        vec!["default/hang-web", "default/db", "default/dns"],
+        "the interrupted phase runs again, then the rest, from the recorded plan"
+    );
+    wait_until("the finished record", || {
+        second
+            .saved()
+            .is_some_and(|s| s.outcome == ShutdownOutcome::Finished && s.about_to_power_off)
+    })
+    .await;
+    second.shut_down().await;
+}

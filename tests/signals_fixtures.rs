@@ -1,0 +1,508 @@
+//! The live collectors against fake cgroupfs/procfs trees in tests/fixtures.
+
+use std::path::{Path, PathBuf};
+
+use nodekeeper::config::HostPaths;
+use nodekeeper::signals::{
+    CgroupLayout, CgroupUsage, Collection, ErrorSubject, Observation, PressureKind,
+    PressureResource, PressureScope, Signal, SignalCollector, probe,
+};
+
+const MEM_TOTAL: i64 = 16_384_000 * 1024;
+const MEM_FREE: i64 = 8_000_000 * 1024;
+const MEMINFO_INACTIVE_FILE: i64 = 2_000_000 * 1024;
+const GIB: i64 = 1 << 30;
+const MIB: i64 = 1 << 20;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn host(cgroup_root: &Path, proc_root: &Path, pods: Option<&str>) -> HostPaths {
+    HostPaths {
+        cgroup_root: cgroup_root.to_path_buf(),
+        proc_root: proc_root.to_path_buf(),
+        nodefs: fixtures(),
+        imagefs: None,
+        containerfs: None,
+        pods_cgroup: pods.map(PathBuf::from),
+    }
+}
+
+fn fixture_host(tree: &str, pods: &str) -> HostPaths {
+    host(&fixtures().join(tree), &fixtures().join("proc"), Some(pods))
+}
+
+/// A writable copy of the fixtures, for tests that break files.
+fn copy_of_fixtures() -> tempfile::TempDir {
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_dir(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&fixtures(), dir.path());
+    dir
+}
+
+fn observed(collection: &Collection, signal: Signal) -> Observation {
+    *collection
+        .observations
+        .get(&signal)
+        .unwrap_or_else(|| panic!("{signal} missing; errors: {:?}", collection.errors))
+}
+
+fn memory(available: i64, capacity: i64) -> (i64, i64) {
+    (available, capacity)
+}
+
+fn pair(observation: Observation) -> (i64, i64) {
+    (observation.available, observation.capacity)
+}
+
+fn errored_signals(collection: &Collection) -> Vec<Signal> {
+    collection
+        .errors
+        .iter()
+        .filter_map(|e| e.signal())
+        .collect()
+}
+
+#[test]
+fn cgroup_v1_memory_and_pid_signals_are_exact() {
+    let collector = SignalCollector::new(&fixture_host("cgroup-v1", "kubepods"));
+    assert_eq!(collector.layout(), Some(CgroupLayout::Legacy));
+    let collection = collector.collect();
+    assert!(collection.errors.is_empty(), "{:?}", collection.errors);
+
+    // Root working set: usage_in_bytes 6Gi − total_inactive_file 1Gi.
+    assert_eq!(
+        pair(observed(&collection, Signal::MemoryAvailable)),
+        memory(MEM_TOTAL - 5 * GIB, MEM_TOTAL)
+    );
+    // kubepods: limit 14Gi, usage 4Gi − total_inactive_file 512Mi.
+    assert_eq!(
+        pair(observed(&collection, Signal::AllocatableMemoryAvailable)),
+        memory(14 * GIB - (4 * GIB - 512 * MIB), 14 * GIB)
+    );
+    // min(pid_max 4194304, threads-max 127853) − 1234 from loadavg.
+    assert_eq!(
+        pair(observed(&collection, Signal::PidAvailable)),
+        (127_853 - 1234, 127_853)
+    );
+}
+
+#[test]
+fn cgroup_hybrid_reads_memory_from_v1_and_pressure_from_unified() {
+    let collector = SignalCollector::new(&fixture_host("cgroup-hybrid", "kubepods"));
+    assert_eq!(collector.layout(), Some(CgroupLayout::Hybrid));
+    let collection = collector.collect();
+    assert!(collection.errors.is_empty(), "{:?}", collection.errors);
+    assert_eq!(
+        pair(observed(&collection, Signal::MemoryAvailable)),
+        memory(MEM_TOTAL - 6 * GIB, MEM_TOTAL)
+    );
+    assert_eq!(
+        pair(observed(&collection, Signal::AllocatableMemoryAvailable)),
+        memory(12 * GIB - GIB, 12 * GIB)
+    );
+    let pods_pressure: Vec<_> = collection
+        .pressure
+        .iter()
+        .filter(|r| r.scope == PressureScope::Cgroup(PathBuf::from("kubepods")))
+        .collect();
+    assert_eq!(pods_pressure.len(), 2);
+    assert_eq!(pods_pressure[0].total_microseconds, 424_242);
+    assert_eq!(pods_pressure[1].kind, PressureKind::Full);
+}
+
+#[test]
+fn cgroup_v2_root_without_memory_current_uses_meminfo_and_root_memory_stat() {
+    let collector = SignalCollector::new(&fixture_host("cgroup-v2", "kubepods.slice"));
+    assert_eq!(collector.layout(), Some(CgroupLayout::Unified));
+    let collection = collector.collect();
+    assert!(collection.errors.is_empty(), "{:?}", collection.errors);
+    // usage = MemTotal − MemFree; inactive_file 2Gi from the root memory.stat.
+    let working_set = MEM_TOTAL - MEM_FREE - 2 * GIB;
+    assert_eq!(
+        pair(observed(&collection, Signal::MemoryAvailable)),
+        memory(MEM_TOTAL - working_set, MEM_TOTAL)
+    );
+    // kubepods.slice has memory.max "max": capacity is MemTotal.
+    assert_eq!(
+        pair(observed(&collection, Signal::AllocatableMemoryAvailable)),
+        memory(MEM_TOTAL - (4 * GIB - GIB), MEM_TOTAL)
+    );
+}
+
+#[test]
+fn cgroup_v2_root_without_memory_stat_takes_inactive_file_from_meminfo() {
+    let copy = copy_of_fixtures();
+    std::fs::remove_file(copy.path().join("cgroup-v2/memory.stat")).unwrap();
+    let collection = SignalCollector::new(&host(
+        &copy.path().join("cgroup-v2"),
+        &copy.path().join("proc"),
+        None,
+    ))
+    .collect();
+    let working_set = MEM_TOTAL - MEM_FREE - MEMINFO_INACTIVE_FILE;
+    assert_eq!(
+        pair(observed(&collection, Signal::MemoryAvailable)),
+        memory(MEM_TOTAL - working_set, MEM_TOTAL)
+    );
+}
+
+#[test]
+fn cgroup_v2_root_with_memory_current_uses_it() {
+    // Inside a container the namespaced v2 root does have memory.current.
+    let copy = copy_of_fixtures();
+    std::fs::write(copy.path().join("cgroup-v2/memory.current"), "3221225472\n").unwrap();
+    let collection = SignalCollector::new(&host(
+        &copy.path().join("cgroup-v2"),
+        &copy.path().join("proc"),
+        None,
+    ))
+    .collect();
+    assert_eq!(
+        pair(observed(&collection, Signal::MemoryAvailable)),
+        memory(MEM_TOTAL - GIB, MEM_TOTAL)
+    );
+}
+
+#[test]
+fn filesystem_signals_follow_nodefs_without_dedicated_imagefs() {
+    let collection = SignalCollector::new(&fixture_host("cgroup-v1", "kubepods")).collect();
+    let nodefs = observed(&collection, Signal::NodeFsAvailable);
+    assert!(nodefs.capacity > 0 && nodefs.available <= nodefs.capacity);
+    for (signal, same_as) in [
+        (Signal::ImageFsAvailable, Signal::NodeFsAvailable),
+        (Signal::ContainerFsAvailable, Signal::NodeFsAvailable),
+        (Signal::ImageFsInodesFree, Signal::NodeFsInodesFree),
+        (Signal::ContainerFsInodesFree, Signal::NodeFsInodesFree),
+    ] {
+        let a = observed(&collection, signal);
+        let b = observed(&collection, same_as);
+        // Both come from one statvfs, so they are identical.
+        assert_eq!(a, b, "{signal} differs from {same_as}");
+    }
+}
+
+#[test]
+fn containerfs_follows_a_dedicated_imagefs() {
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return;
+    }
+    let mut paths = fixture_host("cgroup-v1", "kubepods");
+    paths.imagefs = Some(shm.to_path_buf());
+    let collection = SignalCollector::new(&paths).collect();
+    let stat = nix::sys::statvfs::statvfs(shm).unwrap();
+    let imagefs = observed(&collection, Signal::ImageFsAvailable);
+    assert_eq!(
+        imagefs.capacity,
+        (stat.fragment_size() * stat.blocks()) as i64
+    );
+    assert_eq!(observed(&collection, Signal::ContainerFsAvailable), imagefs);
+    assert_eq!(
+        observed(&collection, Signal::ContainerFsInodesFree),
+        observed(&collection, Signal::ImageFsInodesFree)
+    );
+}
+
+#[test]
+fn missing_nodefs_path_is_measured_at_its_nearest_ancestor_and_noted_once() {
+    let mut paths = fixture_host("cgroup-v1", "kubepods");
+    paths.nodefs = fixtures().join("var/lib/kubelet");
+    let collector = SignalCollector::new(&paths);
+    assert_eq!(collector.notes().len(), 1);
+    assert!(collector.notes()[0].contains("var/lib/kubelet"));
+    let fallback = collector.collect();
+    paths.nodefs = fixtures();
+    let direct = SignalCollector::new(&paths).collect();
+    assert_eq!(
+        observed(&fallback, Signal::NodeFsInodesFree).capacity,
+        observed(&direct, Signal::NodeFsInodesFree).capacity
+    );
+}
+
+#[test]
+fn node_pressure_files_are_parsed() {
+    let collection = SignalCollector::new(&fixture_host("cgroup-v1", "kubepods")).collect();
+    let node: Vec<_> = collection
+        .pressure
+        .iter()
+        .filter(|r| r.scope == PressureScope::Node)
+        .collect();
+    assert_eq!(node.len(), 6);
+    let memory_some = node
+        .iter()
+        .find(|r| r.resource == PressureResource::Memory && r.kind == PressureKind::Some)
+        .unwrap();
+    assert_eq!(
+        (memory_some.avg10, memory_some.avg60, memory_some.avg300),
+        (1.25, 0.80, 0.25)
+    );
+    assert_eq!(memory_some.total_microseconds, 12_345_678);
+    let cpu_some = node
+        .iter()
+        .find(|r| r.resource == PressureResource::Cpu && r.kind == PressureKind::Some)
+        .unwrap();
+    assert_eq!(cpu_some.total_microseconds, 98_765_432);
+}
+
+#[test]
+fn v1_pod_usage_reads_pids_controller_or_counts_procs_recursively() {
+    let collector = SignalCollector::new(&fixture_host("cgroup-v1", "kubepods"));
+    let cgroups = collector.cgroups().unwrap();
+    let pods = cgroups.list_child_cgroups(Path::new("kubepods")).unwrap();
+    assert_eq!(
+        pods,
+        vec![
+            PathBuf::from("kubepods/pod0f6a4b2c-1111-4c3e-9d2a-aaaaaaaaaaaa"),
+            PathBuf::from("kubepods/podb7e1d9f0-2222-4a5b-8c7d-bbbbbbbbbbbb"),
+        ]
+    );
+    assert_eq!(
+        cgroups.read_cgroup_usage(&pods[0]).unwrap(),
+        CgroupUsage {
+            working_set_bytes: (GIB - 256 * MIB) as u64,
+            usage_bytes: GIB as u64,
+            limit_bytes: Some(2 * GIB as u64),
+            process_count: 7,
+        }
+    );
+    // No pids controller for pod B: 1 process in the pod cgroup + 2 in its container.
+    // inactive_file above usage floors the working set at zero.
+    assert_eq!(
+        cgroups.read_cgroup_usage(&pods[1]).unwrap(),
+        CgroupUsage {
+            working_set_bytes: 0,
+            usage_bytes: 512 * MIB as u64,
+            limit_bytes: None,
+            process_count: 3,
+        }
+    );
+}
+
+#[test]
+fn v2_pod_usage_reads_pids_current_or_counts_procs_recursively() {
+    let collector = SignalCollector::new(&fixture_host("cgroup-v2", "kubepods.slice"));
+    let cgroups = collector.cgroups().unwrap();
+    let pods = cgroups
+        .list_child_cgroups(Path::new("/kubepods.slice"))
+        .unwrap();
+    assert_eq!(pods.len(), 2);
+    assert_eq!(
+        cgroups.read_cgroup_usage(&pods[0]).unwrap(),
+        CgroupUsage {
+            working_set_bytes: (640 * MIB) as u64,
+            usage_bytes: (768 * MIB) as u64,
+            limit_bytes: Some(GIB as u64),
+            process_count: 12,
+        }
+    );
+    let second = cgroups.read_cgroup_usage(&pods[1]).unwrap();
+    assert_eq!((second.working_set_bytes, second.process_count), (0, 4));
+}
+
+#[test]
+fn corrupt_root_memory_stat_fails_only_memory_available() {
+    let copy = copy_of_fixtures();
+    let stat = copy.path().join("cgroup-v1/memory/memory.stat");
+    std::fs::write(&stat, "cache 1\ntotal_cache 2\n").unwrap();
+    let collection = SignalCollector::new(&host(
+        &copy.path().join("cgroup-v1"),
+        &copy.path().join("proc"),
+        Some("kubepods"),
+    ))
+    .collect();
+    assert_eq!(errored_signals(&collection), vec![Signal::MemoryAvailable]);
+    let error = &collection.errors[0];
+    assert_eq!(error.path, stat);
+    let message = error.to_string();
+    assert!(message.starts_with("memory.available: "), "{message}");
+    assert!(message.contains("memory.stat"), "{message}");
+    assert!(message.contains("total_inactive_file"), "{message}");
+    assert_eq!(collection.observations.len(), Signal::ALL.len() - 1);
+}
+
+#[test]
+fn missing_meminfo_fails_memory_available_but_not_a_limited_pods_cgroup() {
+    let copy = copy_of_fixtures();
+    let meminfo = copy.path().join("proc/meminfo");
+    std::fs::remove_file(&meminfo).unwrap();
+    let collection = SignalCollector::new(&host(
+        &copy.path().join("cgroup-v1"),
+        &copy.path().join("proc"),
+        Some("kubepods"),
+    ))
+    .collect();
+    assert_eq!(errored_signals(&collection), vec![Signal::MemoryAvailable]);
+    assert_eq!(collection.errors[0].path, meminfo);
+    assert!(collection.errors[0].to_string().contains("cannot read"));
+    observed(&collection, Signal::AllocatableMemoryAvailable);
+    observed(&collection, Signal::PidAvailable);
+}
+
+#[test]
+fn corrupt_loadavg_or_missing_pid_max_fails_only_pid_available() {
+    for (file, content) in [
+        ("proc/loadavg", Some("0.42 0.37 0.31 3-1234 98765\n")),
+        ("proc/sys/kernel/pid_max", None),
+        ("proc/sys/kernel/threads-max", Some("lots\n")),
+    ] {
+        let copy = copy_of_fixtures();
+        let path = copy.path().join(file);
+        match content {
+            Some(text) => std::fs::write(&path, text).unwrap(),
+            None => std::fs::remove_file(&path).unwrap(),
+        }
+        let collection = SignalCollector::new(&host(
+            &copy.path().join("cgroup-v2"),
+            &copy.path().join("proc"),
+            Some("kubepods.slice"),
+        ))
+        .collect();
+        assert_eq!(
+            errored_signals(&collection),
+            vec![Signal::PidAvailable],
+            "{file}"
+        );
+        assert_eq!(collection.errors[0].path, path);
+        assert!(
+            collection.errors[0]
+                .to_string()
+                .starts_with("pid.available: ")
+        );
+        assert_eq!(collection.observations.len(), Signal::ALL.len() - 1);
+    }
+}
+
+#[test]
+fn corrupt_pods_memory_max_fails_only_allocatable() {
+    let copy = copy_of_fixtures();
+    let max = copy.path().join("cgroup-v2/kubepods.slice/memory.max");
+    std::fs::write(&max, "unlimited\n").unwrap();
+    let collection = SignalCollector::new(&host(
+        &copy.path().join("cgroup-v2"),
+        &copy.path().join("proc"),
+        Some("kubepods.slice"),
+    ))
+    .collect();
+    assert_eq!(
+        errored_signals(&collection),
+        vec![Signal::AllocatableMemoryAvailable]
+    );
+    assert_eq!(collection.errors[0].path, max);
+    observed(&collection, Signal::MemoryAvailable);
+}
+
+#[test]
+fn missing_cgroup_hierarchy_fails_memory_signals_only() {
+    let empty = tempfile::tempdir().unwrap();
+    let collection = SignalCollector::new(&host(
+        empty.path(),
+        &fixtures().join("proc"),
+        Some("kubepods"),
+    ))
+    .collect();
+    assert_eq!(
+        errored_signals(&collection),
+        vec![Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable]
+    );
+    assert!(
+        collection.errors[0]
+            .to_string()
+            .contains("no cgroup hierarchy")
+    );
+    observed(&collection, Signal::PidAvailable);
+    observed(&collection, Signal::NodeFsAvailable);
+}
+
+#[test]
+fn corrupt_pressure_file_is_reported_and_other_readings_kept() {
+    let copy = copy_of_fixtures();
+    let io = copy.path().join("proc/pressure/io");
+    std::fs::write(&io, "some avg10=0.00 avg60=0.00\n").unwrap();
+    let collection = SignalCollector::new(&host(
+        &copy.path().join("cgroup-v1"),
+        &copy.path().join("proc"),
+        None,
+    ))
+    .collect();
+    assert_eq!(collection.errors.len(), 1);
+    assert_eq!(
+        collection.errors[0].subject,
+        ErrorSubject::Pressure(PressureResource::Io)
+    );
+    assert_eq!(collection.errors[0].path, io);
+    assert_eq!(collection.pressure.len(), 4);
+    assert!(
+        collection
+            .pressure
+            .iter()
+            .all(|r| r.resource != PressureResource::Io)
+    );
+}
+
+#[test]
+fn kernel_without_psi_gives_no_readings_and_no_errors() {
+    let copy = copy_of_fixtures();
+    std::fs::remove_dir_all(copy.path().join("proc/pressure")).unwrap();
+    let collection = SignalCollector::new(&host(
+        &copy.path().join("cgroup-v1"),
+        &copy.path().join("proc"),
+        None,
+    ))
+    .collect();
+    assert!(collection.errors.is_empty(), "{:?}", collection.errors);
+    assert!(collection.pressure.is_empty());
+}
+
+#[test]
+fn probe_reports_mechanisms_per_layout() {
+    let v1 = probe(&fixture_host("cgroup-v1", "kubepods"));
+    assert!(v1.memcg_eventfd_v1 && !v1.memory_events_v2);
+    assert!(v1.psi, "{}", v1.psi_detail);
+    assert!(v1.psi_detail.contains("psi=1"), "{}", v1.psi_detail);
+
+    let v2 = probe(&fixture_host("cgroup-v2", "kubepods.slice"));
+    assert!(!v2.memcg_eventfd_v1 && v2.memory_events_v2);
+    assert!(
+        v2.memory_events_v2_detail
+            .contains("kubepods.slice/memory.events")
+    );
+
+    let hybrid = probe(&fixture_host("cgroup-hybrid", "kubepods"));
+    assert!(hybrid.memcg_eventfd_v1 && !hybrid.memory_events_v2);
+
+    let text = v2.to_string();
+    assert!(text.contains("PSI triggers:"), "{text}");
+    assert!(text.contains("memory.events (v2):      yes"), "{text}");
+}
+
+#[test]
+fn probe_without_pressure_files_says_psi_is_unavailable() {
+    let copy = copy_of_fixtures();
+    std::fs::remove_dir_all(copy.path().join("proc/pressure")).unwrap();
+    let support = probe(&host(
+        &copy.path().join("cgroup-v2"),
+        &copy.path().join("proc"),
+        None,
+    ));
+    assert!(!support.psi);
+    assert!(
+        support.psi_detail.contains("CONFIG_PSI"),
+        "{}",
+        support.psi_detail
+    );
+    // The v2 root cgroup has no memory.events of its own.
+    assert!(!support.memory_events_v2);
+}
