@@ -151,21 +151,41 @@ fn events(shared: &Path) -> Vec<(f64, String, String)> {
         .collect()
 }
 
-#[test]
-fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
+fn skip_with<T>(reason: &str) -> Option<T> {
+    skip(reason);
+    None
+}
+
+/// One container at a time: two booting at once on a small machine blur the timings.
+static ONE_CONTAINER_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+struct Booted {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    _work: tempfile::TempDir,
+    root: PathBuf,
+    shared: PathBuf,
+    container: Container,
+}
+
+/// Boot the container with the agent and workloads and wait until the agent holds its
+/// lock; `None` (after a message) when this machine cannot run the test.
+fn boot() -> Option<Booted> {
     if !is_root() {
-        return skip("not running as root");
+        return skip_with("not running as root");
     }
     for program in ["systemd-nspawn", "debootstrap", "nsenter"] {
         if !have(program) {
-            return skip(&format!(
+            return skip_with(&format!(
                 "{program} is missing (apt-get install -y systemd-container debootstrap)"
             ));
         }
     }
+    let serial = ONE_CONTAINER_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let tree = match cached_tree() {
         Ok(tree) => tree,
-        Err(error) => return skip(&format!("no Debian tree: {error}")),
+        Err(error) => return skip_with(&format!("no Debian tree: {error}")),
     };
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("root");
@@ -213,7 +233,7 @@ fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
         .spawn();
     let mut container = match nspawn {
         Ok(child) => Container { nspawn: child },
-        Err(error) => return skip(&format!("systemd-nspawn cannot start: {error}")),
+        Err(error) => return skip_with(&format!("systemd-nspawn cannot start: {error}")),
     };
     let booted = Instant::now();
     let agent_log = shared.join("agent.log");
@@ -223,7 +243,7 @@ fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
         Duration::from_secs(90),
     ) {
         if container.nspawn.try_wait().ok().flatten().is_some() {
-            return skip("systemd-nspawn exited during boot (no container support here?)");
+            return skip_with("systemd-nspawn exited during boot (no container support here?)");
         }
         panic!(
             "the agent never took the delay lock; its log:\n{}",
@@ -234,7 +254,28 @@ fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
         "container booted and agent holds the lock after {:?}",
         booted.elapsed()
     );
+    Some(Booted {
+        _serial: serial,
+        _work: work,
+        root,
+        shared,
+        container,
+    })
+}
 
+#[test]
+fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
+    let Some(Booted {
+        _serial,
+        _work,
+        root,
+        shared,
+        mut container,
+    }) = boot()
+    else {
+        return;
+    };
+    let agent_log = shared.join("agent.log");
     // The lock is visible to logind, and logind honours the raised limit.
     let inhibitors = container.exec("systemd-inhibit --list --no-pager");
     let inhibitors = String::from_utf8_lossy(&inhibitors.stdout);
@@ -334,4 +375,72 @@ fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
         gone_after > Duration::from_secs(5),
         "the drain took longer than 5 s, so logind must have honoured the raised limit"
     );
+}
+
+/// Killing the agent mid-shutdown: systemd restarts it and it finishes the remaining
+/// phases. Killing closes the agent's lock, so a second delay lock (as another component
+/// on a real node might hold) keeps logind waiting meanwhile, up to the raised 9 s limit.
+#[test]
+fn an_agent_killed_mid_shutdown_resumes_the_remaining_phases() {
+    let Some(Booted {
+        _serial,
+        _work,
+        shared,
+        mut container,
+        ..
+    }) = boot()
+    else {
+        return;
+    };
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while events(&shared).iter().filter(|e| e.2 == "START").count() < 4 {
+        assert!(Instant::now() < give_up, "workloads did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let other = container.exec(
+        "systemd-run --unit=other-delay-lock systemd-inhibit --what=shutdown --mode=delay \
+         --who=other --why=test sleep 60",
+    );
+    assert!(other.status.success(), "{other:?}");
+    let poweroff = container.exec("systemctl poweroff");
+    assert!(poweroff.status.success(), "{poweroff:?}");
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while !events(&shared)
+        .iter()
+        .any(|e| e.1 == "default/web" && e.2 == "TERM")
+    {
+        assert!(Instant::now() < give_up, "phase 0 never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let killed = container.exec("systemctl kill --signal=SIGKILL nodekeeper-shutdown.service");
+    assert!(killed.status.success(), "{killed:?}");
+    assert!(
+        container.exited_within(Duration::from_secs(60)),
+        "the container did not power off"
+    );
+    let log = std::fs::read_to_string(shared.join("agent.log")).unwrap();
+    assert!(
+        log.contains("resuming a shutdown interrupted by an agent restart"),
+        "{log}"
+    );
+    let state: ShutdownState = StateStore::new(shared.join("state.json"))
+        .load()
+        .unwrap()
+        .expect("state file");
+    assert_eq!(state.outcome, ShutdownOutcome::Finished, "{state:?}");
+    for phase in &state.phases {
+        println!(
+            "resumed run: phase {} {:?} in {:?} ms",
+            phase.priority,
+            phase.status,
+            phase.duration_ms()
+        );
+    }
+    for id in ["db/postgres", "kube-system/dns"] {
+        assert!(
+            events(&shared).iter().any(|e| e.1 == id && e.2 == "TERM"),
+            "{id} was not drained after the restart: {:?}",
+            events(&shared)
+        );
+    }
 }

@@ -343,8 +343,27 @@ impl Notifiers {
 
     fn start_psi(&mut self, file: &Path, spec: PsiTriggerSpec, readiness: PsiReadiness) {
         let _runtime = self.runtime.enter();
-        match PsiTrigger::arm(file, spec, readiness) {
-            Ok(trigger) => {
+        // Without CAP_SYS_RESOURCE (common in containers) the kernel accepts only windows
+        // that are whole multiples of 2 s; keep the same stall ratio over a 2 s window.
+        let unprivileged = PsiTriggerSpec {
+            stall: spec.stall * 2 * 1000
+                / u32::try_from(spec.window.as_millis())
+                    .unwrap_or(1000)
+                    .max(1),
+            window: std::time::Duration::from_secs(2),
+            ..spec
+        };
+        let armed = PsiTrigger::arm(file, spec, readiness)
+            .map(|t| (t, spec))
+            .or_else(|error| {
+                if spec.window.as_millis().is_multiple_of(2000) {
+                    return Err(error);
+                }
+                tracing::debug!(%error, "retrying the PSI trigger with a 2 s window");
+                PsiTrigger::arm(file, unprivileged, readiness).map(|t| (t, unprivileged))
+            });
+        match armed {
+            Ok((trigger, spec)) => {
                 tracing::info!(
                     mechanism = Mechanism::Psi.as_str(),
                     file = %file.display(),
