@@ -95,63 +95,15 @@ fn compare(a: (RankKey, &Pod), b: (RankKey, &Pod)) -> Ordering {
         .then_with(|| identity(a.1).cmp(&identity(b.1)))
 }
 
-/// Pod identities copied side by side, so that tie-breaks during a large sort read one
-/// compact buffer instead of chasing every pod's strings across the heap.
-struct Identities {
-    text: String,
-    /// Per pod: where namespace, name and uid end in `text`, and whether it has a uid.
-    spans: Vec<(usize, usize, usize, usize, bool)>,
-}
-
-impl Identities {
-    fn of(pods: &[Pod]) -> Self {
-        let mut text = String::new();
-        let spans = pods
-            .iter()
-            .map(|pod| {
-                let start = text.len();
-                text.push_str(&pod.namespace);
-                let namespace_end = text.len();
-                text.push_str(&pod.name);
-                let name_end = text.len();
-                text.push_str(pod.uid.as_deref().unwrap_or_default());
-                (
-                    start,
-                    namespace_end,
-                    name_end,
-                    text.len(),
-                    pod.uid.is_some(),
-                )
-            })
-            .collect();
-        Identities { text, spans }
-    }
-
-    fn get(&self, index: usize) -> (&str, &str, Option<&str>) {
-        let (start, namespace_end, name_end, end, has_uid) = self.spans[index];
-        let slice = |from: usize, to: usize| self.text.get(from..to).unwrap_or_default();
-        (
-            slice(start, namespace_end),
-            slice(namespace_end, name_end),
-            has_uid.then(|| slice(name_end, end)),
-        )
-    }
-}
-
 /// The eviction order for `signal`: the first pod is evicted first. Critical pods are
 /// ranked like any other; the eviction step skips them.
 pub fn rank(signal: Signal, pods: &[Pod]) -> Vec<&Pod> {
-    let identities = Identities::of(pods);
-    let mut keyed: Vec<(RankKey, usize)> = pods
+    let mut keyed: Vec<(RankKey, &Pod)> = pods
         .iter()
-        .enumerate()
-        .map(|(index, pod)| (rank_key(signal, pod), index))
+        .map(|pod| (rank_key(signal, pod), pod))
         .collect();
-    keyed.sort_unstable_by(|a, b| {
-        a.0.cmp(&b.0)
-            .then_with(|| identities.get(a.1).cmp(&identities.get(b.1)))
-    });
-    keyed.into_iter().map(|(_, index)| &pods[index]).collect()
+    keyed.sort_unstable_by(|a, b| compare(*a, *b));
+    keyed.into_iter().map(|(_, pod)| pod).collect()
 }
 
 /// The comparator behind [`rank`]: `Less` means `a` is evicted before `b`.
