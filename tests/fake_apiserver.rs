@@ -13,7 +13,7 @@ use kube::api::{
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::{Value, json};
 
-use support::{CustomResource, FakeApiServer, RequestMatcher};
+use support::apiserver::{CustomResource, FakeApiServer, RequestMatcher};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -316,14 +316,14 @@ async fn reflector_relists_after_410_and_survives_dropped_watches() {
                 .then_some(())
         }
     };
-    support::eventually(PATIENCE, "the reflector to list a", has("a")).await;
+    support::apiserver::eventually(PATIENCE, "the reflector to list a", has("a")).await;
 
     // A cut watch is resumed: later objects still arrive.
     server.drop_watches();
     api.create(&PostParams::default(), &config_map("b"))
         .await
         .unwrap();
-    support::eventually(PATIENCE, "b after a dropped watch", has("b")).await;
+    support::apiserver::eventually(PATIENCE, "b after a dropped watch", has("b")).await;
 
     // Keep the watcher away while history moves on and is compacted: its version is now too old.
     let watches = RequestMatcher {
@@ -332,7 +332,7 @@ async fn reflector_relists_after_410_and_survives_dropped_watches() {
     };
     server.fail_matching(watches, 500, None);
     server.drop_watches();
-    support::eventually(PATIENCE, "a refused re-watch", || {
+    support::apiserver::eventually(PATIENCE, "a refused re-watch", || {
         server
             .requests()
             .iter()
@@ -351,7 +351,7 @@ async fn reflector_relists_after_410_and_survives_dropped_watches() {
         .count();
     server.clear_failures();
 
-    support::eventually(PATIENCE, "c after a relist", has("c")).await;
+    support::apiserver::eventually(PATIENCE, "c after a relist", has("c")).await;
     let lists_after = server
         .requests()
         .iter()
