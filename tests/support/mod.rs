@@ -1,3 +1,4 @@
 #![allow(dead_code)]
 pub mod allocator;
+pub mod apiserver;
 pub mod cgroups;

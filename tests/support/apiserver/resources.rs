@@ -1,0 +1,255 @@
+//! The resource types the fake server knows: the built-in kinds nodekeeper touches, plus custom
+//! resources registered by tests. Built-in bodies are decoded into their k8s-openapi types on every
+//! write, so a shape the real server would reject fails here too and stored objects keep the real
+//! field layout.
+
+use k8s_openapi::api::{batch, coordination, core, events};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// Decodes a body into the kind's typed struct and back, dropping unknown fields.
+type Normalizer = fn(Value) -> Result<Value, String>;
+
+#[derive(Clone, Debug)]
+pub struct ResourceType {
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    pub plural: String,
+    pub namespaced: bool,
+    /// Whether a `/status` subresource exists; then the main resource ignores `.status`.
+    pub has_status: bool,
+    normalizer: Option<Normalizer>,
+    /// Field selector labels beyond `metadata.name` and `metadata.namespace`.
+    pub field_labels: &'static [&'static str],
+}
+
+/// A custom resource definition, reduced to what routing and storage need.
+#[derive(Clone, Debug)]
+pub struct CustomResource {
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    pub plural: String,
+    pub namespaced: bool,
+    pub has_status: bool,
+}
+
+impl ResourceType {
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    pub fn singular(&self) -> String {
+        self.kind.to_lowercase()
+    }
+
+    pub fn normalize(&self, object: Value) -> Result<Value, String> {
+        match self.normalizer {
+            Some(normalize) => normalize(object),
+            None => Ok(object),
+        }
+    }
+
+    pub fn supports_field_label(&self, label: &str) -> bool {
+        label == "metadata.name"
+            || label == "metadata.namespace"
+            || self.field_labels.contains(&label)
+    }
+}
+
+fn through<T: DeserializeOwned + Serialize>(object: Value) -> Result<Value, String> {
+    let typed: T = serde_json::from_value(object).map_err(|error| error.to_string())?;
+    serde_json::to_value(typed).map_err(|error| error.to_string())
+}
+
+const POD_FIELDS: &[&str] = &[
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
+];
+const CORE_EVENT_FIELDS: &[&str] = &[
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
+];
+const EVENTS_V1_FIELDS: &[&str] = &[
+    "regarding.kind",
+    "regarding.namespace",
+    "regarding.name",
+    "regarding.uid",
+    "reason",
+    "reportingController",
+    "type",
+];
+
+#[allow(clippy::too_many_arguments)]
+fn builtin(
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+    namespaced: bool,
+    has_status: bool,
+    normalizer: Normalizer,
+    field_labels: &'static [&'static str],
+) -> ResourceType {
+    ResourceType {
+        group: group.to_string(),
+        version: version.to_string(),
+        kind: kind.to_string(),
+        plural: plural.to_string(),
+        namespaced,
+        has_status,
+        normalizer: Some(normalizer),
+        field_labels,
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Registry {
+    types: Vec<ResourceType>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        let types = vec![
+            builtin(
+                "",
+                "v1",
+                "Pod",
+                "pods",
+                true,
+                true,
+                through::<core::v1::Pod>,
+                POD_FIELDS,
+            ),
+            builtin(
+                "",
+                "v1",
+                "Node",
+                "nodes",
+                false,
+                true,
+                through::<core::v1::Node>,
+                &["spec.unschedulable"],
+            ),
+            builtin(
+                "",
+                "v1",
+                "Event",
+                "events",
+                true,
+                false,
+                through::<core::v1::Event>,
+                CORE_EVENT_FIELDS,
+            ),
+            builtin(
+                "",
+                "v1",
+                "ConfigMap",
+                "configmaps",
+                true,
+                false,
+                through::<core::v1::ConfigMap>,
+                &[],
+            ),
+            builtin(
+                "",
+                "v1",
+                "Secret",
+                "secrets",
+                true,
+                false,
+                through::<core::v1::Secret>,
+                &["type"],
+            ),
+            builtin(
+                "",
+                "v1",
+                "Namespace",
+                "namespaces",
+                false,
+                true,
+                through::<core::v1::Namespace>,
+                &["status.phase"],
+            ),
+            builtin(
+                "events.k8s.io",
+                "v1",
+                "Event",
+                "events",
+                true,
+                false,
+                through::<events::v1::Event>,
+                EVENTS_V1_FIELDS,
+            ),
+            builtin(
+                "coordination.k8s.io",
+                "v1",
+                "Lease",
+                "leases",
+                true,
+                false,
+                through::<coordination::v1::Lease>,
+                &[],
+            ),
+            builtin(
+                "batch",
+                "v1",
+                "Job",
+                "jobs",
+                true,
+                true,
+                through::<batch::v1::Job>,
+                &["status.successful"],
+            ),
+        ];
+        Self { types }
+    }
+}
+
+impl Registry {
+    pub fn register(&mut self, custom: CustomResource) {
+        self.types
+            .retain(|known| !(known.group == custom.group && known.plural == custom.plural));
+        self.types.push(ResourceType {
+            group: custom.group,
+            version: custom.version,
+            kind: custom.kind,
+            plural: custom.plural,
+            namespaced: custom.namespaced,
+            has_status: custom.has_status,
+            normalizer: None,
+            field_labels: &[],
+        });
+    }
+
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceType> {
+        self.types.iter().find(|known| {
+            known.group == group && known.version == version && known.plural == plural
+        })
+    }
+
+    pub fn all(&self) -> &[ResourceType] {
+        &self.types
+    }
+}
