@@ -3,11 +3,13 @@
 //! The crate is a functional core (threshold evaluation, ranking, shutdown planning) with
 //! an I/O shell (cgroupfs/procfs readers, HTTP, the agent loop) around it.
 
+pub mod act;
 pub mod agent;
 pub mod config;
 pub mod eviction;
 pub mod kubernetes;
 pub mod metrics;
+pub mod notify;
 pub mod pods;
 pub mod shutdown;
 pub mod signals;

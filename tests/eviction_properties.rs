@@ -98,7 +98,12 @@ proptest! {
         (pods, shuffled) in pods(24).prop_flat_map(|p| (Just(p.clone()), Just(p).prop_shuffle())),
         signal in signal(),
     ) {
-        prop_assert_eq!(keys(&rank(signal, &pods)), keys(&rank(signal, &shuffled)));
+        let ranked = rank(signal, &pods);
+        prop_assert_eq!(keys(&ranked), keys(&rank(signal, &shuffled)));
+        let cmp = rank_cmp(signal);
+        for pair in ranked.windows(2) {
+            prop_assert_eq!(cmp(pair[0], pair[1]), Ordering::Less, "rank agrees with rank_cmp");
+        }
     }
 
     #[test]

@@ -2,18 +2,43 @@
 
 mod support;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, PostParams};
+use std::time::Duration;
 
-use support::FakeApiServer;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams, Preconditions, WatchEvent, WatchParams,
+};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde_json::{Value, json};
+
+use support::apiserver::{CustomResource, FakeApiServer, RequestMatcher};
+
+const PATIENCE: Duration = Duration::from_secs(20);
 
 fn config_map(name: &str) -> ConfigMap {
-    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"k": "v"}}))
-        .unwrap()
+    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap()
+}
+
+fn running_pod(name: &str, node: &str, labels: Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}], "terminationGracePeriodSeconds": 45},
+        "status": {"phase": "Running"},
+    }))
+    .unwrap()
+}
+
+fn api_error(error: kube::Error) -> (u16, String) {
+    match error {
+        kube::Error::Api(status) => (status.code, status.reason.clone()),
+        other => panic!("expected an API error, got {other:?}"),
+    }
 }
 
 #[tokio::test]
-async fn creates_and_reads_back() {
+async fn create_get_list_replace_delete() {
     let server = FakeApiServer::start().await;
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
     let created = api
@@ -21,14 +46,748 @@ async fn creates_and_reads_back() {
         .await
         .unwrap();
     assert!(created.metadata.uid.is_some());
-    let fetched = api.get("one").await.unwrap();
-    assert_eq!(fetched.data.unwrap()["k"], "v");
-    let pods: Api<Pod> = Api::default_namespaced(server.client());
-    assert!(
-        pods.list(&Default::default())
+    assert!(created.metadata.creation_timestamp.is_some());
+    assert_eq!(api.get("one").await.unwrap().data.unwrap()["k"], "v");
+
+    let generated: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"generateName": "gen-"}})).unwrap();
+    let generated = api
+        .create(&PostParams::default(), &generated)
+        .await
+        .unwrap();
+    assert!(generated.metadata.name.unwrap().starts_with("gen-"));
+
+    let duplicate = api
+        .create(&PostParams::default(), &config_map("one"))
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(duplicate), (409, "AlreadyExists".to_string()));
+
+    let mut changed = created.clone();
+    changed.data = Some([("k".to_string(), "w".to_string())].into());
+    let replaced = api
+        .replace("one", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    assert_ne!(
+        replaced.metadata.resource_version,
+        created.metadata.resource_version
+    );
+
+    let list = api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 2);
+    assert!(list.metadata.resource_version.is_some());
+
+    api.delete("one", &DeleteParams::default()).await.unwrap();
+    assert_eq!(
+        api_error(api.get("one").await.unwrap_err()),
+        (404, "NotFound".to_string())
+    );
+}
+
+#[tokio::test]
+async fn update_with_an_old_resource_version_is_rejected() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    let first = api
+        .create(&PostParams::default(), &config_map("cm"))
+        .await
+        .unwrap();
+    let mut newer = first.clone();
+    newer.data = Some([("k".to_string(), "newer".to_string())].into());
+    api.replace("cm", &PostParams::default(), &newer)
+        .await
+        .unwrap();
+    let mut stale = first;
+    stale.data = Some([("k".to_string(), "stale".to_string())].into());
+    let error = api
+        .replace("cm", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(error), (409, "Conflict".to_string()));
+    assert_eq!(api.get("cm").await.unwrap().data.unwrap()["k"], "newer");
+}
+
+#[tokio::test]
+async fn delete_preconditions_guard_against_replacements() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    let original = api
+        .create(&PostParams::default(), &config_map("cm"))
+        .await
+        .unwrap();
+    api.delete("cm", &DeleteParams::default()).await.unwrap();
+    api.create(&PostParams::default(), &config_map("cm"))
+        .await
+        .unwrap();
+
+    let old_uid = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: original.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    assert_eq!(
+        api_error(api.delete("cm", &old_uid).await.unwrap_err()),
+        (409, "Conflict".to_string())
+    );
+    let stale_version = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: None,
+            resource_version: original.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    assert_eq!(
+        api_error(api.delete("cm", &stale_version).await.unwrap_err()),
+        (409, "Conflict".to_string())
+    );
+    let current_uid = api.get("cm").await.unwrap().metadata.uid;
+    let current = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: current_uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    api.delete("cm", &current).await.unwrap();
+    assert!(server.object::<ConfigMap>("default", "cm").is_none());
+}
+
+#[tokio::test]
+async fn graceful_pod_deletion_waits_for_finalize() {
+    let server = FakeApiServer::start().await;
+    server.seed(&running_pod("web", "node-a", json!({})));
+    let api: Api<Pod> = Api::default_namespaced(server.client());
+    let start = api
+        .get("web")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut events = api
+        .watch(&WatchParams::default(), &start)
+        .await
+        .unwrap()
+        .boxed();
+
+    api.delete(
+        "web",
+        &DeleteParams {
+            grace_period_seconds: Some(20),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    let terminating = api.get("web").await.unwrap();
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(20));
+    assert!(matches!(
+        events.try_next().await.unwrap(),
+        Some(WatchEvent::Modified(_))
+    ));
+
+    assert!(server.finalize::<Pod>("default", "web"));
+    assert!(matches!(
+        events.try_next().await.unwrap(),
+        Some(WatchEvent::Deleted(_))
+    ));
+    assert_eq!(api_error(api.get("web").await.unwrap_err()).0, 404);
+
+    // Without an explicit grace period the pod's own terminationGracePeriodSeconds applies; 0 is immediate.
+    server.seed(&running_pod("db", "node-a", json!({})));
+    api.delete("db", &DeleteParams::default()).await.unwrap();
+    assert_eq!(
+        api.get("db")
             .await
             .unwrap()
-            .items
-            .is_empty()
+            .metadata
+            .deletion_grace_period_seconds,
+        Some(45)
+    );
+    api.delete(
+        "db",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(server.object::<Pod>("default", "db").is_none());
+}
+
+#[tokio::test]
+async fn watch_resumes_from_a_resource_version_and_sends_bookmarks() {
+    let server = FakeApiServer::start().await;
+    server.set_bookmark_interval(Duration::from_millis(50));
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    api.create(&PostParams::default(), &config_map("before"))
+        .await
+        .unwrap();
+    let resume_at = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    api.create(&PostParams::default(), &config_map("after-1"))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &config_map("after-2"))
+        .await
+        .unwrap();
+
+    let params = WatchParams {
+        bookmarks: true,
+        ..WatchParams::default()
+    };
+    let mut events = api.watch(&params, &resume_at).await.unwrap().boxed();
+    let mut added = Vec::new();
+    let mut bookmark = None;
+    while bookmark.is_none() {
+        match events.try_next().await.unwrap().unwrap() {
+            WatchEvent::Added(object) => added.push(object.metadata.name.unwrap()),
+            WatchEvent::Bookmark(mark) => bookmark = Some(mark.metadata.resource_version),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(added, ["after-1", "after-2"]);
+    assert_eq!(bookmark.unwrap(), server.revision().to_string());
+}
+
+#[tokio::test]
+async fn expired_resource_version_is_gone() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    api.create(&PostParams::default(), &config_map("a"))
+        .await
+        .unwrap();
+    let old = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    api.create(&PostParams::default(), &config_map("b"))
+        .await
+        .unwrap();
+    server.compact_history();
+
+    let mut events = api
+        .watch(&WatchParams::default(), &old)
+        .await
+        .unwrap()
+        .boxed();
+    match events.try_next().await.unwrap() {
+        Some(WatchEvent::Error(status)) => assert_eq!(status.code, 410),
+        other => panic!("expected a 410 error event, got {other:?}"),
+    }
+    let exact = ListParams::default()
+        .at(&old)
+        .matching(kube::api::VersionMatch::Exact);
+    assert_eq!(api_error(api.list(&exact).await.unwrap_err()).0, 410);
+}
+
+#[tokio::test]
+async fn reflector_relists_after_410_and_survives_dropped_watches() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    api.create(&PostParams::default(), &config_map("a"))
+        .await
+        .unwrap();
+    let (reader, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api.clone(), watcher::Config::default()))
+        .default_backoff()
+        .applied_objects();
+    let driver = tokio::spawn(stream.for_each(|_| async {}));
+    let has = |name: &'static str| {
+        let reader = reader.clone();
+        move || {
+            reader
+                .state()
+                .iter()
+                .any(|cm| cm.metadata.name.as_deref() == Some(name))
+                .then_some(())
+        }
+    };
+    support::apiserver::eventually(PATIENCE, "the reflector to list a", has("a")).await;
+
+    // A cut watch is resumed: later objects still arrive.
+    server.drop_watches();
+    api.create(&PostParams::default(), &config_map("b"))
+        .await
+        .unwrap();
+    support::apiserver::eventually(PATIENCE, "b after a dropped watch", has("b")).await;
+
+    // Keep the watcher away while history moves on and is compacted: its version is now too old.
+    let watches = RequestMatcher {
+        watch: Some(true),
+        ..RequestMatcher::default()
+    };
+    server.fail_matching(watches, 500, None);
+    server.drop_watches();
+    support::apiserver::eventually(PATIENCE, "a refused re-watch", || {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.is_watch() && r.status == 500)
+            .then_some(())
+    })
+    .await;
+    api.create(&PostParams::default(), &config_map("c"))
+        .await
+        .unwrap();
+    server.compact_history();
+    let lists_before = server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with("/configmaps") && !r.is_watch())
+        .count();
+    server.clear_failures();
+
+    support::apiserver::eventually(PATIENCE, "c after a relist", has("c")).await;
+    let lists_after = server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with("/configmaps") && !r.is_watch())
+        .count();
+    assert!(lists_after > lists_before, "410 must trigger a relist");
+    driver.abort();
+}
+
+#[tokio::test]
+async fn field_and_label_selectors() {
+    let server = FakeApiServer::start().await;
+    server.seed(&running_pod(
+        "a1",
+        "node-a",
+        json!({"app": "web", "tier": "front"}),
+    ));
+    server.seed(&running_pod("a2", "node-a", json!({"app": "db"})));
+    server.seed(&running_pod("b1", "node-b", json!({"app": "web"})));
+    let api: Api<Pod> = Api::default_namespaced(server.client());
+    let names = |params: ListParams| {
+        let api = api.clone();
+        async move {
+            let mut names: Vec<String> = api
+                .list(&params)
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|pod| pod.metadata.name.unwrap())
+                .collect();
+            names.sort();
+            names
+        }
+    };
+    assert_eq!(
+        names(ListParams::default().fields("spec.nodeName=node-a")).await,
+        ["a1", "a2"]
+    );
+    assert_eq!(
+        names(ListParams::default().fields("spec.nodeName!=node-a")).await,
+        ["b1"]
+    );
+    assert_eq!(
+        names(ListParams::default().fields("spec.nodeName==node-a,metadata.name=a2")).await,
+        ["a2"]
+    );
+    assert_eq!(
+        names(ListParams::default().labels("app=web")).await,
+        ["a1", "b1"]
+    );
+    assert_eq!(
+        names(ListParams::default().labels("app in (db,cache)")).await,
+        ["a2"]
+    );
+    assert_eq!(
+        names(ListParams::default().labels("app notin (db),!tier")).await,
+        ["b1"]
+    );
+    assert_eq!(names(ListParams::default().labels("tier")).await, ["a1"]);
+    assert_eq!(
+        names(
+            ListParams::default()
+                .labels("app!=web")
+                .fields("spec.nodeName=node-a")
+        )
+        .await,
+        ["a2"]
+    );
+    let unsupported = api
+        .list(&ListParams::default().fields("spec.priority=1"))
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(unsupported).0, 400);
+
+    // A pod leaving a watched selection is seen as DELETED.
+    let rv = server.revision().to_string();
+    let mut events = api
+        .watch(&WatchParams::default().fields("spec.nodeName=node-a"), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    server.seed(&running_pod("a1", "node-c", json!({})));
+    assert!(matches!(
+        events.try_next().await.unwrap(),
+        Some(WatchEvent::Deleted(_))
+    ));
+}
+
+#[tokio::test]
+async fn merge_json_and_strategic_patches() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    api.create(&PostParams::default(), &config_map("cm"))
+        .await
+        .unwrap();
+    let merged = api
+        .patch(
+            "cm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": null, "n": "1"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        merged.data.unwrap(),
+        [("n".to_string(), "1".to_string())].into()
+    );
+    let strategic = api
+        .patch(
+            "cm",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(strategic.metadata.labels.unwrap()["x"], "y");
+
+    let json_patch = |operations: Value| {
+        http::Request::patch(format!(
+            "{}/api/v1/namespaces/default/configmaps/cm",
+            server.url()
+        ))
+        .header("content-type", "application/json-patch+json")
+        .body(serde_json::to_vec(&operations).unwrap())
+        .unwrap()
+    };
+    let client = server.client();
+    let patched: ConfigMap = client
+        .request(json_patch(json!([
+            {"op": "test", "path": "/data/n", "value": "1"},
+            {"op": "add", "path": "/data/m", "value": "2"},
+            {"op": "remove", "path": "/data/n"},
+        ])))
+        .await
+        .unwrap();
+    assert_eq!(
+        patched.data.unwrap(),
+        [("m".to_string(), "2".to_string())].into()
+    );
+    let failed = client
+        .request::<ConfigMap>(json_patch(
+            json!([{"op": "test", "path": "/data/m", "value": "9"}]),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(failed), (422, "Invalid".to_string()));
+}
+
+#[tokio::test]
+async fn server_side_apply_tracks_owners_and_conflicts() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    let applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {"a": "1", "shared": "s"}});
+    let created = api
+        .patch("cm", &PatchParams::apply("alpha"), &Patch::Apply(&applied))
+        .await
+        .unwrap();
+    assert_eq!(
+        created.metadata.managed_fields.unwrap()[0]
+            .manager
+            .as_deref(),
+        Some("alpha")
+    );
+
+    let mut rival = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {"a": "2"}});
+    let conflict = api
+        .patch("cm", &PatchParams::apply("beta"), &Patch::Apply(&rival))
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(conflict), (409, "Conflict".to_string()));
+    // Applying an equal value is shared ownership, not a conflict.
+    rival["data"] = json!({"shared": "s", "b": "1"});
+    api.patch("cm", &PatchParams::apply("beta"), &Patch::Apply(&rival))
+        .await
+        .unwrap();
+    rival["data"] = json!({"a": "2"});
+    let forced = api
+        .patch(
+            "cm",
+            &PatchParams::apply("beta").force(),
+            &Patch::Apply(&rival),
+        )
+        .await
+        .unwrap();
+    assert_eq!(forced.data.as_ref().unwrap()["a"], "2");
+    // beta dropped "b" (its own) but "shared" survives because alpha still owns it.
+    assert_eq!(
+        forced.data.unwrap().keys().cloned().collect::<Vec<_>>(),
+        ["a", "shared"]
+    );
+
+    let missing_manager = http::Request::patch(format!(
+        "{}/api/v1/namespaces/default/configmaps/cm",
+        server.url()
+    ))
+    .header("content-type", "application/apply-patch+yaml")
+    .body(serde_json::to_vec(&applied).unwrap())
+    .unwrap();
+    assert_eq!(
+        api_error(
+            server
+                .client()
+                .request::<ConfigMap>(missing_manager)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        422
+    );
+}
+
+#[tokio::test]
+async fn status_apply_owns_single_conditions_and_leaves_spec_alone() {
+    let server = FakeApiServer::start().await;
+    let nodes: Api<Node> = Api::all(server.client());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "node-a"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let ready = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+    nodes
+        .patch_status(
+            "node-a",
+            &PatchParams::apply("kubelet"),
+            &Patch::Apply(&ready),
+        )
+        .await
+        .unwrap();
+    let ours = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+        "spec": {"unschedulable": true},
+        "status": {"conditions": [{"type": "NodekeeperMemoryPressure", "status": "True"}]}});
+    let node = nodes
+        .patch_status(
+            "node-a",
+            &PatchParams::apply("nodekeeper"),
+            &Patch::Apply(&ours),
+        )
+        .await
+        .unwrap();
+    let types: Vec<String> = node
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    assert_eq!(types, ["Ready", "NodekeeperMemoryPressure"]);
+    assert_eq!(
+        node.spec.and_then(|spec| spec.unschedulable),
+        None,
+        "a status write must not touch spec"
+    );
+
+    let takeover = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+        "status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+    let conflict = nodes
+        .patch_status(
+            "node-a",
+            &PatchParams::apply("nodekeeper"),
+            &Patch::Apply(&takeover),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(conflict).0, 409);
+
+    // Main-resource writes cannot change status.
+    let pods: Api<Pod> = Api::default_namespaced(server.client());
+    server.seed(&running_pod("web", "node-a", json!({})));
+    let patched = pods
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"x": "1"}}, "status": {"phase": "Failed"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.status.unwrap().phase.as_deref(), Some("Running"));
+    let patched = pods
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"y": "1"}}, "status": {"phase": "Failed"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.status.unwrap().phase.as_deref(), Some("Failed"));
+    assert!(!patched.metadata.labels.unwrap().contains_key("y"));
+}
+
+#[tokio::test]
+async fn injected_failures_and_latency_reach_the_client() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    api.create(&PostParams::default(), &config_map("cm"))
+        .await
+        .unwrap();
+    server.fail_next(1, 500);
+    assert_eq!(
+        api_error(api.get("cm").await.unwrap_err()),
+        (500, "InternalError".to_string())
+    );
+    api.get("cm").await.unwrap();
+
+    server.fail_matching(RequestMatcher::method("PATCH"), 500, Some(1));
+    api.get("cm").await.unwrap();
+    let patch = Patch::Merge(json!({"data": {"x": "1"}}));
+    assert_eq!(
+        api_error(
+            api.patch("cm", &PatchParams::default(), &patch)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        500
+    );
+    api.patch("cm", &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+
+    // kube retries 429, 503 and 504 on its own: the caller sees success, the log both attempts.
+    server.clear_requests();
+    server.fail_next(1, 503);
+    api.get("cm").await.unwrap();
+    let statuses: Vec<u16> = server
+        .requests()
+        .iter()
+        .map(|request| request.status)
+        .collect();
+    assert_eq!(statuses, [503, 200]);
+
+    server.set_latency(Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    api.get("cm").await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn unreachable_server_comes_back_on_the_same_port() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    api.create(&PostParams::default(), &config_map("cm"))
+        .await
+        .unwrap();
+    server.go_down().await;
+    assert!(
+        api.get("cm").await.is_err(),
+        "a request to a server that is down must fail"
+    );
+    server.come_back().await;
+    assert_eq!(
+        api.get("cm").await.unwrap().metadata.name.as_deref(),
+        Some("cm")
+    );
+}
+
+#[tokio::test]
+async fn request_log_names_rbac_verbs() {
+    let server = FakeApiServer::start().await;
+    server.seed(&running_pod("web", "node-a", json!({})));
+    let pods: Api<Pod> = Api::default_namespaced(server.client());
+    pods.list(&ListParams::default().fields("spec.nodeName=node-a"))
+        .await
+        .unwrap();
+    pods.patch_status("web", &PatchParams::apply("nodekeeper"), &Patch::Apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"}, "status": {"conditions": [{"type": "DisruptionTarget", "status": "True"}]}}))).await.unwrap();
+    pods.delete("web", &DeleteParams::default()).await.unwrap();
+    let accesses: Vec<(String, String)> = server
+        .rbac_accesses()
+        .into_iter()
+        .map(|access| (access.verb, access.resource))
+        .collect();
+    let expected = [
+        ("delete", "pods"),
+        ("list", "pods"),
+        ("patch", "pods/status"),
+    ]
+    .map(|(verb, resource)| (verb.to_string(), resource.to_string()));
+    assert_eq!(accesses, expected);
+    let list = &server.requests()[0];
+    assert_eq!(
+        list.query_param("fieldSelector").as_deref(),
+        Some("spec.nodeName=node-a")
+    );
+    let apply = &server.requests()[1];
+    assert_eq!(
+        apply.content_type.as_deref(),
+        Some("application/apply-patch+yaml")
+    );
+    assert_eq!(
+        apply.query_param("fieldManager").as_deref(),
+        Some("nodekeeper")
+    );
+}
+
+#[tokio::test]
+async fn custom_resources_discovery_and_kubeconfig() {
+    let server = FakeApiServer::start().await;
+    server.register(CustomResource {
+        group: "nodekeeper.io".into(),
+        version: "v1alpha1".into(),
+        kind: "Fence".into(),
+        plural: "fences".into(),
+        namespaced: false,
+        has_status: true,
+    });
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("kubeconfig");
+    server.write_kubeconfig(&path).unwrap();
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+
+    let gvk = GroupVersionKind::gvk("nodekeeper.io", "v1alpha1", "Fence");
+    let (resource, _) = kube::discovery::pinned_kind(&client, &gvk).await.unwrap();
+    assert_eq!(resource.plural, "fences");
+    let fences: Api<DynamicObject> =
+        Api::all_with(client, &ApiResource::from_gvk_with_plural(&gvk, "fences"));
+    let fence: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "nodekeeper.io/v1alpha1", "kind": "Fence",
+        "metadata": {"name": "f1"}, "spec": {"node": "node-a"}}),
+    )
+    .unwrap();
+    fences.create(&PostParams::default(), &fence).await.unwrap();
+    assert_eq!(
+        fences.get("f1").await.unwrap().data["spec"]["node"],
+        "node-a"
     );
 }

@@ -22,7 +22,7 @@ use nodekeeper::kubernetes::evictor::LocalKiller;
 use nodekeeper::kubernetes::worker::RetryPolicy;
 use nodekeeper::metrics::Metrics;
 use nodekeeper::pods::Pod;
-use support::{FakeApiServer, RequestMatcher, eventually};
+use support::apiserver::{FakeApiServer, RecordedRequest, RequestMatcher, eventually};
 
 const NODE: &str = "node-a";
 const MI: u64 = 1 << 20;
@@ -271,7 +271,7 @@ fn evicted_events(server: &FakeApiServer, pod_name: &str) -> Vec<Event> {
         .collect()
 }
 
-fn successful_deletes(server: &FakeApiServer, pod_name: &str) -> Vec<support::RecordedRequest> {
+fn successful_deletes(server: &FakeApiServer, pod_name: &str) -> Vec<RecordedRequest> {
     server
         .requests()
         .into_iter()

@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use super::hooks::{CycleObserver, PodSource};
 use super::record::Recorder;
+use crate::act::CgroupEvictor;
 use crate::config::AgentConfig;
 use crate::eviction::{
     CommandReclaimer, Decision, EvictionState, Evictor, Millis, NodeReclaimer, ReclaimCommand,
     SyncOptions, pressure_remains_after_reclaim, synchronize,
 };
 use crate::metrics::{ConditionLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels};
+use crate::notify::{NotifierSettings, Notifiers};
 use crate::pods::{Pod, workload_pods};
 use crate::signals::{Collection, NodeCondition, Observations, SignalCollector, probe};
 
@@ -53,6 +55,7 @@ pub struct Agent {
     recorder: Option<Recorder>,
     pod_source: Option<Box<dyn PodSource>>,
     observers: Vec<Box<dyn CycleObserver>>,
+    notifiers: Option<Notifiers>,
 }
 
 impl Agent {
@@ -80,7 +83,45 @@ impl Agent {
             recorder: None,
             pod_source: None,
             observers: Vec::new(),
+            notifiers: None,
         }
+        .with_standalone_evictor()
+    }
+
+    /// Outside dry-run mode, standalone workloads are killed through their cgroups.
+    fn with_standalone_evictor(mut self) -> Self {
+        let (Some(workloads), Some(layout), false) = (
+            &self.config.workloads,
+            self.collector.layout(),
+            self.config.dry_run,
+        ) else {
+            return self;
+        };
+        match CgroupEvictor::new(
+            &self.config.paths.cgroup_root,
+            layout,
+            &workloads.parent_cgroup,
+        ) {
+            Ok(evictor) => self.evictor = Some(Box::new(evictor)),
+            Err(error) => tracing::error!(%error, "cannot evict standalone workloads"),
+        }
+        self
+    }
+
+    /// Start the kernel notifiers this host supports; each wakes `wake` for an
+    /// immediate cycle. Must run inside the tokio runtime.
+    pub fn start_notifiers(&mut self, wake: std::sync::Arc<tokio::sync::Notify>) {
+        let support = probe(&self.config.paths);
+        let notifiers = Notifiers::start(&self.config, &support, NotifierSettings::default(), wake);
+        for armed in notifiers.armed() {
+            tracing::info!(
+                mechanism = armed.mechanism.as_str(),
+                path = %armed.path.display(),
+                trigger = %armed.trigger,
+                "kernel notifier armed"
+            );
+        }
+        self.notifiers = Some(notifiers);
     }
 
     /// The evictor used outside dry-run mode. Without one, decisions are only logged.
@@ -180,6 +221,9 @@ impl Agent {
             .collection_duration
             .observe(started.elapsed().as_secs_f64());
         self.publish_collection(&collection);
+        if let Some(notifiers) = self.notifiers.as_mut() {
+            notifiers.update(&collection.observations);
+        }
         let now = self.now();
         if let Some(recorder) = self.recorder.as_mut()
             && let Err(error) = recorder.record(now.0, &collection.observations, &pods)

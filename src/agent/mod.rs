@@ -5,6 +5,7 @@
 mod cycle;
 mod hooks;
 mod record;
+mod shutdown;
 
 pub use cycle::{Agent, CycleReport};
 pub use hooks::{CycleObserver, PodSource};
@@ -87,9 +88,18 @@ pub async fn run(
         metrics_bound: bound_rx,
     });
 
+    let shutdown_manager = shutdown::start(
+        &config,
+        crate::signals::CgroupReader::detect(&config.paths.cgroup_root)
+            .ok()
+            .as_ref(),
+        metrics.clone(),
+        stop_tx.subscribe(),
+    );
     let mut agent = Agent::new(config, metrics.clone());
     customize(&mut agent);
     agent.announce();
+    agent.start_notifiers(wake.clone());
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
@@ -112,6 +122,11 @@ pub async fn run(
     }
     tracing::info!("agent stopping");
     let _ = stop_tx.send(true);
+    if let Some((manager, publisher)) = shutdown_manager {
+        // The manager finishes a running drain phase bookkeeping and releases the lock.
+        let _ = manager.await;
+        publisher.abort();
+    }
     match server.await {
         Ok(Err(error)) => tracing::warn!(%error, "metrics server ended with an error"),
         Err(error) => tracing::warn!(%error, "metrics server task failed"),

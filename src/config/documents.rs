@@ -121,6 +121,12 @@ pub struct AgentDocument {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_state_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logind_drop_in_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dbus_address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub node_reclaim: Option<RawNodeReclaim>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workloads: Option<RawWorkloads>,
@@ -283,6 +289,9 @@ impl AgentDocument {
             metrics_address,
             dry_run,
             node_name,
+            shutdown_state_file,
+            logind_drop_in_path,
+            dbus_address,
             node_reclaim,
             workloads,
             kubernetes

@@ -13,8 +13,9 @@ use super::documents::{
 };
 use super::duration::GoDuration;
 use super::model::{
-    AgentConfig, CgroupDriver, EvictionConfig, HostPaths, KubernetesConfig, NodeReclaimConfig,
-    ShutdownConfig, ShutdownPhaseConfig, WorkloadPodConfig, WorkloadsConfig,
+    AgentConfig, CgroupDriver, DEFAULT_LOGIND_DROP_IN_PATH, DEFAULT_SHUTDOWN_STATE_FILE,
+    EvictionConfig, HostPaths, KubernetesConfig, NodeReclaimConfig, ShutdownConfig,
+    ShutdownPhaseConfig, WorkloadPodConfig, WorkloadsConfig,
 };
 use super::quantity::Quantity;
 use super::thresholds::{
@@ -396,6 +397,8 @@ fn build(
         ("nodefsPath", &doc.nodefs_path),
         ("imagefsPath", &doc.imagefs_path),
         ("containerfsPath", &doc.containerfs_path),
+        ("shutdownStateFile", &doc.shutdown_state_file),
+        ("logindDropInPath", &doc.logind_drop_in_path),
     ] {
         if value.as_deref().is_some_and(|v| !v.starts_with('/')) {
             return Err(field_error(FieldError {
@@ -448,6 +451,15 @@ fn build(
         metrics_address: metrics_address.clone(),
         dry_run: doc.dry_run.unwrap_or(false),
         node_name: doc.node_name.clone(),
+        shutdown_state_file: path_field(
+            &doc.shutdown_state_file,
+            PathBuf::from(DEFAULT_SHUTDOWN_STATE_FILE),
+        ),
+        logind_drop_in_path: path_field(
+            &doc.logind_drop_in_path,
+            PathBuf::from(DEFAULT_LOGIND_DROP_IN_PATH),
+        ),
+        dbus_address: doc.dbus_address.clone(),
         node_reclaim,
         workloads,
         kubernetes,
@@ -652,6 +664,8 @@ fn static_field(field: &str) -> &'static str {
         "procRoot" => "procRoot",
         "nodefsPath" => "nodefsPath",
         "imagefsPath" => "imagefsPath",
+        "shutdownStateFile" => "shutdownStateFile",
+        "logindDropInPath" => "logindDropInPath",
         _ => "containerfsPath",
     }
 }
@@ -766,5 +780,7 @@ fn effective_document(mut doc: AgentDocument, config: &AgentConfig) -> AgentDocu
     doc.nodefs_path = path(&config.paths.nodefs);
     doc.metrics_address = Some(config.metrics_address.clone());
     doc.dry_run = Some(config.dry_run);
+    doc.shutdown_state_file = path(&config.shutdown_state_file);
+    doc.logind_drop_in_path = path(&config.logind_drop_in_path);
     doc
 }

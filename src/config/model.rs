@@ -175,6 +175,9 @@ impl WorkloadPodConfig {
     }
 }
 
+pub const DEFAULT_SHUTDOWN_STATE_FILE: &str = "/var/lib/nodekeeper/graceful_shutdown_state.json";
+pub const DEFAULT_LOGIND_DROP_IN_PATH: &str = "/etc/systemd/logind.conf.d/99-nodekeeper.conf";
+
 /// The agent's complete effective configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
@@ -185,6 +188,12 @@ pub struct AgentConfig {
     pub metrics_address: String,
     pub dry_run: bool,
     pub node_name: Option<String>,
+    /// Where graceful-shutdown progress is persisted (the shutdown report).
+    pub shutdown_state_file: PathBuf,
+    /// The logind drop-in written when InhibitDelayMaxSec is below the shutdown budget.
+    pub logind_drop_in_path: PathBuf,
+    /// A D-Bus address to use instead of the system bus (tests, containers).
+    pub dbus_address: Option<String>,
     pub node_reclaim: NodeReclaimConfig,
     /// Standalone mode's workload cgroups; `None` means no pods are known locally.
     pub workloads: Option<WorkloadsConfig>,
@@ -293,6 +302,9 @@ impl Default for AgentConfig {
             metrics_address: "127.0.0.1:9847".to_string(),
             dry_run: false,
             node_name: None,
+            shutdown_state_file: PathBuf::from(DEFAULT_SHUTDOWN_STATE_FILE),
+            logind_drop_in_path: PathBuf::from(DEFAULT_LOGIND_DROP_IN_PATH),
+            dbus_address: None,
             node_reclaim: NodeReclaimConfig::default(),
             workloads: None,
             kubernetes: KubernetesConfig::default(),

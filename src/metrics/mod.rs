@@ -55,6 +55,11 @@ pub struct ApiActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub priority: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
 }
@@ -77,6 +82,12 @@ pub struct Metrics {
     pub last_collection_timestamp: FloatGauge,
     pub api_actions: Family<ApiActionLabels, Counter>,
     pub api_outbox_pending: Gauge,
+    pub shutdown_in_progress: Gauge,
+    pub shutdown_inhibit_lock_held: Gauge,
+    pub shutdown_inhibit_delay_sufficient: Gauge,
+    pub graceful_shutdown_start_time: FloatGauge,
+    pub graceful_shutdown_end_time: FloatGauge,
+    pub graceful_shutdown_phase_duration: Family<PhaseLabels, FloatGauge>,
 }
 
 impl Default for Metrics {
@@ -166,6 +177,42 @@ impl Metrics {
             "Kubernetes API writes waiting to be sent",
             api_outbox_pending.clone(),
         );
+        let shutdown_in_progress = Gauge::default();
+        registry.register(
+            "shutdown_in_progress",
+            "1 while a graceful node shutdown is draining pods (or waiting for power-off)",
+            shutdown_in_progress.clone(),
+        );
+        let shutdown_inhibit_lock_held = Gauge::default();
+        registry.register(
+            "shutdown_inhibit_lock_held",
+            "1 while the agent holds its systemd-logind delay inhibitor lock",
+            shutdown_inhibit_lock_held.clone(),
+        );
+        let shutdown_inhibit_delay_sufficient = Gauge::default();
+        registry.register(
+            "shutdown_inhibit_delay_sufficient",
+            "0 when logind's InhibitDelayMaxSec stayed below the shutdown budget, else 1",
+            shutdown_inhibit_delay_sufficient.clone(),
+        );
+        let graceful_shutdown_start_time = FloatGauge::default();
+        registry.register(
+            "graceful_shutdown_start_time_seconds",
+            "Unix time the last graceful shutdown started (0 if none)",
+            graceful_shutdown_start_time.clone(),
+        );
+        let graceful_shutdown_end_time = FloatGauge::default();
+        registry.register(
+            "graceful_shutdown_end_time_seconds",
+            "Unix time the last graceful shutdown finished (0 if none or unfinished)",
+            graceful_shutdown_end_time.clone(),
+        );
+        let graceful_shutdown_phase_duration = Family::<PhaseLabels, FloatGauge>::default();
+        registry.register(
+            "graceful_shutdown_phase_duration_seconds",
+            "How long each priority phase of the last graceful shutdown took",
+            graceful_shutdown_phase_duration.clone(),
+        );
         registry.register(
             "build",
             "nodekeeper build information",
@@ -188,6 +235,12 @@ impl Metrics {
             last_collection_timestamp,
             api_actions,
             api_outbox_pending,
+            shutdown_in_progress,
+            shutdown_inhibit_lock_held,
+            shutdown_inhibit_delay_sufficient,
+            graceful_shutdown_start_time,
+            graceful_shutdown_end_time,
+            graceful_shutdown_phase_duration,
         }
     }
 

@@ -41,7 +41,8 @@ pub struct Pod {
     pub containers: Vec<ContainerStats>,
     /// emptyDir volumes with a size limit or measured usage, when known.
     pub empty_dirs: Vec<EmptyDirStats>,
-    /// The pod's cgroup, relative to the cgroup hierarchy root, when it is known.
+    /// The pod's cgroup, relative to the cgroup hierarchy root (for v1, the same path in
+    /// every controller hierarchy), when known. The standalone evictor kills it.
     pub cgroup: Option<std::path::PathBuf>,
 }
 

@@ -17,6 +17,9 @@ pub struct CgroupTerminator {
     /// Directory holding `<namespace>/<name>` workload cgroups, inside a v2 hierarchy or
     /// the v1 freezer hierarchy (e.g. `/sys/fs/cgroup/freezer/nodekeeper-workloads`).
     parent: PathBuf,
+    /// When set, workloads are `<parent>/<name>` and all carry this namespace (the agent's
+    /// standalone `workloads` layout) instead of `<parent>/<namespace>/<name>`.
+    flat_namespace: Option<String>,
     poll_interval: Duration,
     /// How long to wait for the cgroup to empty after SIGKILL.
     kill_wait: Duration,
@@ -26,8 +29,17 @@ impl CgroupTerminator {
     pub fn new(parent: impl Into<PathBuf>) -> Self {
         CgroupTerminator {
             parent: parent.into(),
+            flat_namespace: None,
             poll_interval: Duration::from_millis(20),
             kill_wait: Duration::from_secs(5),
+        }
+    }
+
+    /// Workloads are the direct children `<parent>/<name>`, all in `namespace`.
+    pub fn flat(parent: impl Into<PathBuf>, namespace: &str) -> Self {
+        CgroupTerminator {
+            flat_namespace: Some(namespace.to_string()),
+            ..Self::new(parent)
         }
     }
 
@@ -43,7 +55,14 @@ impl CgroupTerminator {
                 });
             }
         }
-        Ok(self.parent.join(&pod.namespace).join(&pod.name))
+        match &self.flat_namespace {
+            None => Ok(self.parent.join(&pod.namespace).join(&pod.name)),
+            Some(namespace) if *namespace == pod.namespace => Ok(self.parent.join(&pod.name)),
+            Some(namespace) => Err(TerminateError {
+                pod: pod.key(),
+                message: format!("only workloads of namespace {namespace:?} are managed here"),
+            }),
+        }
     }
 }
 

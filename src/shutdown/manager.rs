@@ -137,6 +137,8 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
         manager.start_shutdown();
     }
     manager.publish(false);
+    // Log an unreachable bus once per outage, not on every reconnect attempt.
+    let mut unreachable_since: Option<String> = None;
     loop {
         if *stop.borrow_and_update() {
             break;
@@ -147,11 +149,20 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
         };
         match logind {
             Ok(logind) => {
+                if unreachable_since.take().is_some() {
+                    tracing::info!("logind reachable again");
+                }
                 if let Err(error) = manager.serve(&logind, &mut stop).await {
                     tracing::warn!(%error, "logind session ended");
                 }
             }
-            Err(error) => tracing::warn!(%error, "logind unreachable"),
+            Err(error) => {
+                let text = error.to_string();
+                if unreachable_since.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(error = %text, "logind unreachable; retrying every {:?}", manager.options.reconnect_period);
+                }
+                unreachable_since = Some(text);
+            }
         }
         manager.publish(false);
         if *stop.borrow() {

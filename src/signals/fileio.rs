@@ -7,30 +7,27 @@ use std::path::Path;
 use super::error::{FileError, FileProblem};
 
 /// Big enough for every cgroup and proc file we read (a v1 `memory.stat` is ~1.5 KiB,
-/// `/proc/meminfo` ~1.5 KiB); larger files fall back to a heap read.
+/// `/proc/meminfo` ~1.5 KiB); a file that fills it is read to the end on the heap.
 const STACK_BUFFER: usize = 8 * 1024;
 
-/// Read `path` and hand its text to `parse`. Kernel files generate their whole content on
-/// the first read, so this is usually one `read(2)` plus the one that sees end of file.
+/// Read `path` and hand its text to `parse`. Kernel files (seq_file, sysfs) produce their
+/// whole content on the first read, and so do regular files this small, so a read that
+/// leaves room in the buffer is taken as the end of the file: one `read(2)` per file.
 pub(crate) fn with_file_text<T>(
     path: &Path,
     parse: impl FnOnce(&str) -> Result<T, FileProblem>,
 ) -> Result<T, FileError> {
     let mut file = File::open(path).map_err(|e| FileError::new(path, e))?;
     let mut buffer = [0u8; STACK_BUFFER];
-    let mut filled = 0;
-    loop {
-        match file.read(&mut buffer[filled..]) {
-            Ok(0) => break,
-            Ok(n) => {
-                filled += n;
-                if filled == buffer.len() {
-                    return read_rest_on_heap(&mut file, &buffer, path, parse);
-                }
-            }
+    let filled = loop {
+        match file.read(&mut buffer) {
+            Ok(n) => break n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(FileError::new(path, e)),
         }
+    };
+    if filled == buffer.len() {
+        return read_rest_on_heap(&mut file, &buffer, path, parse);
     }
     let text = std::str::from_utf8(&buffer[..filled])
         .map_err(|_| FileError::new(path, FileProblem::Malformed("not UTF-8".into())))?;
@@ -58,4 +55,35 @@ pub(crate) fn read_u64(path: &Path) -> Result<u64, FileError> {
 
 pub(crate) fn is_not_found(problem: &FileError) -> bool {
     matches!(&problem.problem, FileProblem::Io(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_larger_than_the_stack_buffer_are_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memory.stat");
+        let mut text = "filler 1\n".repeat(STACK_BUFFER / 9 + 10);
+        text.push_str("inactive_file 4242\n");
+        std::fs::write(&path, &text).unwrap();
+        let value = with_file_text(&path, |t| {
+            super::super::parse::flat_keyed_u64(t, "inactive_file")
+        });
+        assert_eq!(value.unwrap(), 4242);
+    }
+
+    #[test]
+    fn errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memory.current");
+        std::fs::write(&path, "12 kB\n").unwrap();
+        let error = read_u64(&path).unwrap_err();
+        assert_eq!(error.path, path);
+        assert!(error.to_string().contains("memory.current"));
+        assert!(is_not_found(
+            &read_u64(&dir.path().join("absent")).unwrap_err()
+        ));
+    }
 }

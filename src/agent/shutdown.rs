@@ -1,0 +1,145 @@
+//! Graceful node shutdown inside the agent: start the logind shutdown manager with the
+//! configured phases, drain the agent's own workloads through it, and export its status.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::AgentConfig;
+use crate::metrics::{Metrics, PhaseLabels};
+use crate::pods::workload_pods;
+use crate::shutdown::cgroup_kill::CgroupTerminator;
+use crate::shutdown::logind::BusAddress;
+use crate::shutdown::manager::{
+    ManagerOptions, ManagerStatus, PodSource, read_boot_id, run_shutdown_manager,
+};
+use crate::shutdown::plan::phases_from_config;
+use crate::shutdown::runner::SystemClock;
+use crate::shutdown::state::metrics_from_state;
+use crate::signals::{CgroupLayout, CgroupReader};
+
+/// Start the shutdown manager when graceful shutdown is configured. Returns the tasks to
+/// await on stop; `None` when the feature is off or cannot run here (logged).
+pub fn start(
+    config: &AgentConfig,
+    reader: Option<&CgroupReader>,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) -> Option<(JoinHandle<()>, JoinHandle<()>)> {
+    let phases = phases_from_config(&config.shutdown);
+    if phases.is_empty() {
+        tracing::info!(
+            "graceful node shutdown disabled (shutdownGracePeriod is 0 and no shutdownGracePeriodByPodPriority)"
+        );
+        return None;
+    }
+    let boot_id = match read_boot_id() {
+        Ok(id) => id,
+        Err(error) => {
+            tracing::error!(%error, "cannot read this boot's id; graceful node shutdown disabled");
+            return None;
+        }
+    };
+    let mut options = ManagerOptions::new(phases, boot_id);
+    options.state_path = config.shutdown_state_file.clone();
+    options.logind_dropin_path = config.logind_drop_in_path.clone();
+    if let Some(address) = &config.dbus_address {
+        options.bus = BusAddress::Address(address.clone());
+    }
+
+    let (terminator, pods): (CgroupTerminator, PodSource) = match (&config.workloads, reader) {
+        (Some(workloads), Some(reader)) => {
+            let dir = workload_dir(&config.paths.cgroup_root, reader, &workloads.parent_cgroup);
+            let terminator = CgroupTerminator::flat(dir, &workloads.namespace);
+            let (reader, workloads) = (reader.clone(), workloads.clone());
+            let pods: PodSource = Arc::new(move || {
+                workload_pods(&reader, &workloads)
+                    .map(|(pods, _)| pods)
+                    .map_err(|e| e.to_string())
+            });
+            (terminator, pods)
+        }
+        _ => (
+            CgroupTerminator::new(PathBuf::from("/nonexistent")),
+            Arc::new(|| Ok(Vec::new())),
+        ),
+    };
+    let (status_tx, status_rx) = watch::channel(ManagerStatus::default());
+    let manager = tokio::spawn(run_shutdown_manager(
+        options,
+        Arc::new(terminator),
+        pods,
+        Arc::new(SystemClock),
+        status_tx,
+        stop,
+    ));
+    let publisher = tokio::spawn(publish_status(status_rx, metrics));
+    Some((manager, publisher))
+}
+
+/// The directory whose `cgroup.procs` lists a workload's processes and which can be
+/// frozen: the v1 freezer hierarchy when the workload parent exists there, else the
+/// memory hierarchy (v1) or the unified hierarchy (v2).
+fn workload_dir(
+    cgroup_root: &std::path::Path,
+    reader: &CgroupReader,
+    parent: &std::path::Path,
+) -> PathBuf {
+    if reader.layout() != CgroupLayout::Unified {
+        let freezer = cgroup_root.join("freezer").join(parent);
+        if freezer.is_dir() {
+            return freezer;
+        }
+    }
+    reader.paths().memory_dir(parent)
+}
+
+async fn publish_status(mut status: watch::Receiver<ManagerStatus>, metrics: Arc<Metrics>) {
+    let mut was_shutting_down = false;
+    loop {
+        {
+            let current = status.borrow_and_update();
+            metrics
+                .shutdown_in_progress
+                .set(i64::from(current.shutting_down));
+            metrics
+                .shutdown_inhibit_lock_held
+                .set(i64::from(current.lock_held));
+            let sufficient = !matches!(current.inhibit_delay, Some(Err(_)));
+            metrics
+                .shutdown_inhibit_delay_sufficient
+                .set(i64::from(sufficient));
+            if let Some(Err(message)) = &current.inhibit_delay {
+                tracing::error!("{message}");
+            }
+            let figures = metrics_from_state(current.last_shutdown.as_ref());
+            metrics
+                .graceful_shutdown_start_time
+                .set(figures.start_time_seconds);
+            metrics
+                .graceful_shutdown_end_time
+                .set(figures.end_time_seconds);
+            for (priority, seconds) in figures.phase_durations {
+                metrics
+                    .graceful_shutdown_phase_duration
+                    .get_or_create(&PhaseLabels {
+                        priority: priority.to_string(),
+                    })
+                    .set(seconds);
+            }
+            if current.shutting_down != was_shutting_down {
+                was_shutting_down = current.shutting_down;
+                if was_shutting_down {
+                    tracing::warn!("node is shutting down: draining workloads by priority phase");
+                } else {
+                    tracing::info!("node shutdown finished or cancelled");
+                }
+            }
+        }
+        if status.changed().await.is_err() {
+            return;
+        }
+    }
+}

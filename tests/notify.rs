@@ -1,0 +1,322 @@
+//! Kernel notifiers: the v1 memcg threshold against a real cgroup on this machine, and PSI
+//! triggers and `memory.events` on fake files (PSI is disabled on this kernel and the
+//! memory controller is on v1, so those cannot be exercised for real here).
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nodekeeper::config::{AgentConfig, Quantity, Threshold, ThresholdValue};
+use nodekeeper::notify::{
+    Mechanism, MemcgThreshold, MemoryEventsWatch, NotifierSettings, Notifiers, PsiReadiness,
+    PsiTrigger, PsiTriggerSpec,
+};
+use nodekeeper::signals::{NotificationSupport, SignalCollector};
+use nodekeeper::signals::{Signal, probe};
+use support::allocator::AllocatorPlan;
+use support::cgroups::TestCgroups;
+use tokio::sync::Notify;
+
+const MIB: u64 = 1 << 20;
+/// Generous bound for "the notification arrives"; it normally takes milliseconds.
+const ARRIVAL: Duration = Duration::from_secs(20);
+
+#[test]
+fn allocator_child() {
+    support::allocator::run_if_requested();
+}
+
+#[tokio::test]
+async fn memcg_threshold_fires_when_a_real_cgroup_crosses_it() {
+    require_cgroups!("memory");
+    let mut cgroups = TestCgroups::create(&["memory"]);
+    let parent = cgroups.parent.clone();
+    cgroups.set_memory_limit(&parent, 256 * MIB);
+    let dir = cgroups.dir("memory", &parent);
+    let usage = || -> u64 {
+        std::fs::read_to_string(dir.join("memory.usage_in_bytes"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let trigger = 100 * MIB;
+    let mut threshold = MemcgThreshold::register(&dir, trigger).unwrap();
+    assert!(usage() < trigger);
+
+    cgroups.spawn_allocator(
+        &parent,
+        &AllocatorPlan {
+            bytes: 160 * MIB,
+            rate: 400 * MIB,
+            ignore_sigterm: false,
+            report_crossing: None,
+        },
+    );
+    let crossings = tokio::time::timeout(ARRIVAL, threshold.crossed())
+        .await
+        .expect("no memcg threshold notification")
+        .unwrap();
+    assert!(crossings >= 1);
+    assert!(
+        usage() >= trigger,
+        "notified at {} bytes, below the trigger",
+        usage()
+    );
+}
+
+#[tokio::test]
+async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
+    require_cgroups!("memory");
+    let mut cgroups = TestCgroups::create(&["memory"]);
+    let parent = cgroups.parent.clone();
+    cgroups.set_memory_limit(&parent, 256 * MIB);
+
+    let mut config = AgentConfig::default();
+    config.paths.pods_cgroup = Some(parent.clone());
+    config.eviction.thresholds = vec![Threshold {
+        signal: Signal::AllocatableMemoryAvailable,
+        value: ThresholdValue::Quantity(Quantity::from_value((150 * MIB) as i64)),
+        grace_period: Default::default(),
+        min_reclaim: None,
+    }];
+    let support = probe(&config.paths);
+    assert!(support.memcg_eventfd_v1, "{support}");
+    let wake = Arc::new(Notify::new());
+    let mut notifiers =
+        Notifiers::start(&config, &support, NotifierSettings::default(), wake.clone());
+    let collection = SignalCollector::new(&config.paths).collect();
+    notifiers.update(&collection.observations);
+
+    let armed = notifiers.armed();
+    assert_eq!(armed.len(), 1, "{armed:?}");
+    assert_eq!(armed[0].mechanism, Mechanism::MemcgThreshold);
+    assert_eq!(armed[0].path, cgroups.dir("memory", &parent));
+    // 256 MiB capacity − 150 MiB threshold + inactive file pages (none in a new cgroup).
+    let trigger: u64 = armed[0].trigger.parse().unwrap();
+    assert!(
+        (106 * MIB..107 * MIB).contains(&trigger),
+        "trigger {trigger}"
+    );
+
+    cgroups.spawn_allocator(
+        &parent,
+        &AllocatorPlan {
+            bytes: 180 * MIB,
+            rate: 400 * MIB,
+            ignore_sigterm: false,
+            report_crossing: None,
+        },
+    );
+    tokio::time::timeout(ARRIVAL, wake.notified())
+        .await
+        .expect("the agent was not woken");
+    let counts = notifiers.counts();
+    assert!(counts.memcg_crossings >= 1, "{counts:?}");
+    assert!(counts.evaluations >= 1, "{counts:?}");
+}
+
+#[tokio::test]
+async fn psi_trigger_is_written_and_its_readiness_wakes_the_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("memory.pressure");
+    std::fs::write(&file, "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n").unwrap();
+    let spec = PsiTriggerSpec {
+        stall: Duration::from_millis(150),
+        ..PsiTriggerSpec::default()
+    };
+    let mut trigger = PsiTrigger::arm(&file, spec, PsiReadiness::FileModified).unwrap();
+    let written = std::fs::read(&file).unwrap();
+    assert!(
+        written.starts_with(b"some 150000 1000000\0"),
+        "{:?}",
+        String::from_utf8_lossy(&written)
+    );
+
+    let waiter = tokio::spawn(async move { trigger.fired().await });
+    std::fs::write(&file, "some avg10=42.00 avg60=0.00 avg300=0.00 total=1\n").unwrap();
+    tokio::time::timeout(ARRIVAL, waiter)
+        .await
+        .expect("the PSI waiter did not wake")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn psi_poll_priority_refuses_a_regular_file_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("memory");
+    std::fs::write(&file, "").unwrap();
+    let error = PsiTrigger::arm(&file, PsiTriggerSpec::default(), PsiReadiness::PollPriority)
+        .err()
+        .expect("epoll cannot watch a regular file");
+    assert!(
+        error.to_string().contains(&file.display().to_string()),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn memory_events_wake_on_a_pressure_counter() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("memory.events");
+    std::fs::write(&file, "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n").unwrap();
+    let mut watch = MemoryEventsWatch::new(&file).unwrap();
+    let waiter = tokio::spawn(async move { watch.pressure().await });
+    std::fs::write(&file, "low 0\nhigh 0\nmax 1\noom 0\noom_kill 0\n").unwrap();
+    let counts = tokio::time::timeout(ARRIVAL, waiter)
+        .await
+        .expect("memory.events watch did not wake")
+        .unwrap()
+        .unwrap();
+    assert_eq!(counts.max, 1);
+}
+
+#[tokio::test]
+async fn memory_events_watch_reports_a_removed_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("memory.events");
+    std::fs::write(&file, "oom 0\n").unwrap();
+    let mut watch = MemoryEventsWatch::new(&file).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let error = tokio::time::timeout(ARRIVAL, watch.pressure())
+        .await
+        .expect("no error for a removed file")
+        .unwrap_err();
+    assert!(error.to_string().contains("gone"), "{error}");
+}
+
+/// A fake unified host: cgroup.controllers at the root, a pods cgroup with PSI and
+/// memory.events, and a procfs with /proc/pressure/memory.
+fn fake_v2_host(root: &Path) -> AgentConfig {
+    let cgroup_root = root.join("cgroup");
+    let pods = cgroup_root.join("kubepods");
+    std::fs::create_dir_all(&pods).unwrap();
+    std::fs::write(cgroup_root.join("cgroup.controllers"), "memory pids\n").unwrap();
+    std::fs::write(
+        pods.join("memory.events"),
+        "high 0\nmax 0\noom 0\noom_kill 0\n",
+    )
+    .unwrap();
+    std::fs::write(pods.join("memory.pressure"), "").unwrap();
+    std::fs::create_dir_all(root.join("proc/pressure")).unwrap();
+    std::fs::write(root.join("proc/pressure/memory"), "").unwrap();
+    let mut config = AgentConfig::default();
+    config.paths.cgroup_root = cgroup_root;
+    config.paths.proc_root = root.join("proc");
+    config.paths.pods_cgroup = Some("kubepods".into());
+    config.eviction.thresholds.push(Threshold {
+        signal: Signal::AllocatableMemoryAvailable,
+        value: ThresholdValue::Percentage(0.1),
+        grace_period: Default::default(),
+        min_reclaim: None,
+    });
+    config
+}
+
+fn v2_support(psi: bool) -> NotificationSupport {
+    NotificationSupport {
+        psi,
+        memcg_eventfd_v1: false,
+        memory_events_v2: true,
+        psi_detail: String::new(),
+        memcg_eventfd_v1_detail: String::new(),
+        memory_events_v2_detail: String::new(),
+    }
+}
+
+fn fake_file_settings() -> NotifierSettings {
+    NotifierSettings {
+        psi_readiness: PsiReadiness::FileModified,
+        ..NotifierSettings::default()
+    }
+}
+
+#[tokio::test]
+async fn notifiers_on_a_v2_host_arm_psi_and_memory_events_and_wake_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fake_v2_host(dir.path());
+    let wake = Arc::new(Notify::new());
+    let notifiers = Notifiers::start(
+        &config,
+        &v2_support(true),
+        fake_file_settings(),
+        wake.clone(),
+    );
+    let mut armed: Vec<_> = notifiers
+        .armed()
+        .into_iter()
+        .map(|a| {
+            (
+                a.mechanism,
+                a.path.strip_prefix(dir.path()).unwrap().to_path_buf(),
+            )
+        })
+        .collect();
+    armed.sort();
+    assert_eq!(
+        armed,
+        vec![
+            (Mechanism::Psi, "cgroup/kubepods/memory.pressure".into()),
+            (Mechanism::Psi, "proc/pressure/memory".into()),
+            (
+                Mechanism::MemoryEvents,
+                "cgroup/kubepods/memory.events".into()
+            ),
+        ]
+    );
+
+    let events = dir.path().join("cgroup/kubepods/memory.events");
+    std::fs::write(&events, "high 0\nmax 0\noom 1\noom_kill 1\n").unwrap();
+    tokio::time::timeout(ARRIVAL, wake.notified())
+        .await
+        .expect("memory.events did not wake the agent");
+
+    std::fs::write(dir.path().join("proc/pressure/memory"), "x").unwrap();
+    tokio::time::timeout(ARRIVAL, wake.notified())
+        .await
+        .expect("PSI did not wake the agent");
+    let counts = notifiers.counts();
+    assert_eq!(counts.memory_events, 1, "{counts:?}");
+    assert_eq!(counts.psi_events, 1, "{counts:?}");
+    assert_eq!(counts.evaluations, 2, "{counts:?}");
+}
+
+#[tokio::test]
+async fn a_failing_mechanism_is_skipped_and_the_others_still_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fake_v2_host(dir.path());
+    std::fs::remove_file(dir.path().join("proc/pressure/memory")).unwrap();
+    std::fs::remove_file(dir.path().join("cgroup/kubepods/memory.pressure")).unwrap();
+    let wake = Arc::new(Notify::new());
+    let notifiers = Notifiers::start(
+        &config,
+        &v2_support(true),
+        fake_file_settings(),
+        wake.clone(),
+    );
+    let mechanisms: Vec<_> = notifiers.armed().iter().map(|a| a.mechanism).collect();
+    assert_eq!(mechanisms, vec![Mechanism::MemoryEvents]);
+
+    let events = dir.path().join("cgroup/kubepods/memory.events");
+    std::fs::write(&events, "high 3\nmax 0\noom 0\noom_kill 0\n").unwrap();
+    tokio::time::timeout(ARRIVAL, wake.notified())
+        .await
+        .expect("memory.events did not wake the agent");
+}
+
+#[tokio::test]
+async fn without_memory_thresholds_nothing_is_armed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = fake_v2_host(dir.path());
+    config.eviction.thresholds.retain(|t| !t.signal.is_memory());
+    let notifiers = Notifiers::start(
+        &config,
+        &v2_support(true),
+        fake_file_settings(),
+        Arc::new(Notify::new()),
+    );
+    assert!(notifiers.armed().is_empty());
+}

@@ -1,0 +1,325 @@
+//! An in-process fake Kubernetes API server speaking the real wire protocol, so
+//! the real `kube` client runs against it unmodified. See tests/support/apiserver/README.md.
+
+mod apply;
+mod faults;
+mod patch;
+mod resources;
+mod routes;
+mod selectors;
+mod server;
+mod status;
+mod store;
+mod verbs;
+mod watch;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub use faults::{RbacAccess, RecordedRequest, RequestMatcher};
+pub use resources::CustomResource;
+
+use resources::ResourceType;
+use server::Listener;
+use store::ObjectKey;
+
+/// The fake API server. Dropping it stops it.
+pub struct FakeApiServer {
+    listener: Listener,
+}
+
+/// A typed built-in kind the server knows (k8s-openapi types).
+pub trait Kind: kube::Resource<DynamicType = ()> + Serialize + DeserializeOwned {}
+impl<K> Kind for K where K: kube::Resource<DynamicType = ()> + Serialize + DeserializeOwned {}
+
+impl FakeApiServer {
+    /// Starts a server on 127.0.0.1 with an ephemeral port, on the current tokio runtime.
+    pub async fn start() -> Self {
+        let listener = Listener::bind()
+            .await
+            .expect("bind the fake API server on 127.0.0.1");
+        Self { listener }
+    }
+
+    fn shared(&self) -> &server::Shared {
+        &self.listener.shared
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.shared().address)
+    }
+
+    /// A real kube client for this server, with default namespace `default`.
+    pub fn client(&self) -> kube::Client {
+        let uri: http::Uri = self.url().parse().expect("the server URL is a URI");
+        let config = kube::Config::new(uri);
+        kube::Client::try_from(config).expect("build a kube client for the fake API server")
+    }
+
+    /// A kubeconfig whose current context points at this server (namespace `default`).
+    pub fn kubeconfig_yaml(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {url}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
+             current-context: fake\nusers:\n- name: fake\n  user:\n    token: nodekeeper-test-token\n",
+            url = self.url()
+        )
+    }
+
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::write(path, self.kubeconfig_yaml())
+    }
+
+    // ---- resources and objects ----
+
+    pub fn register(&self, custom: CustomResource) {
+        self.shared().registry.lock().unwrap().register(custom);
+    }
+
+    fn resource_type(&self, group: &str, version: &str, plural: &str) -> ResourceType {
+        self.shared()
+            .registry
+            .lock()
+            .unwrap()
+            .find(group, version, plural)
+            .cloned()
+            .unwrap_or_else(|| {
+                panic!("the fake API server does not serve {group}/{version} {plural}")
+            })
+    }
+
+    fn type_of<K: Kind>(&self) -> ResourceType {
+        self.resource_type(&K::group(&()), &K::version(&()), &K::plural(&()))
+    }
+
+    /// Stores an object as given, status included, bypassing the API (fixtures, or what the
+    /// kubelet or a controller would have written). Replaces any object of the same name.
+    pub fn seed<K: Kind>(&self, object: &K) -> K {
+        let resource_type = self.type_of::<K>();
+        let value = serde_json::to_value(object).unwrap();
+        serde_json::from_value(self.seed_value(&resource_type, value)).unwrap()
+    }
+
+    /// `seed` for custom resources: `group`, `version`, `plural` must be registered.
+    pub fn seed_custom(&self, group: &str, version: &str, plural: &str, object: Value) -> Value {
+        let resource_type = self.resource_type(group, version, plural);
+        self.seed_value(&resource_type, object)
+    }
+
+    fn seed_value(&self, resource_type: &ResourceType, object: Value) -> Value {
+        let namespace = object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_string();
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .expect("a seeded object needs metadata.name")
+            .to_string();
+        let request = verbs::Request {
+            resource_type,
+            namespace: &namespace,
+            name: &name,
+            subresource: None,
+            manager: "seed",
+        };
+        let mut store = self.shared().store.lock().unwrap();
+        verbs::seed(&mut store, &request, object)
+            .unwrap_or_else(|error| panic!("seeding {name}: {}", error.message))
+    }
+
+    /// The stored object, straight from the store (no request is logged).
+    pub fn object<K: Kind>(&self, namespace: &str, name: &str) -> Option<K> {
+        let resource_type = self.type_of::<K>();
+        let store = self.shared().store.lock().unwrap();
+        store
+            .get(&ObjectKey::new(&resource_type, namespace, name))
+            .map(|value| serde_json::from_value(value.clone()).unwrap())
+    }
+
+    /// All stored objects of a kind, in every namespace.
+    pub fn objects<K: Kind>(&self) -> Vec<K> {
+        let resource_type = self.type_of::<K>();
+        let store = self.shared().store.lock().unwrap();
+        store
+            .list(&resource_type, None)
+            .into_iter()
+            .map(|value| serde_json::from_value(value).unwrap())
+            .collect()
+    }
+
+    /// Ends a graceful deletion as the kubelet would once containers are gone: the object is
+    /// removed and watchers see DELETED. Returns false if there was no such object.
+    pub fn finalize<K: Kind>(&self, namespace: &str, name: &str) -> bool {
+        let resource_type = self.type_of::<K>();
+        let request = verbs::Request {
+            resource_type: &resource_type,
+            namespace,
+            name,
+            subresource: None,
+            manager: "kubelet",
+        };
+        verbs::finalize(&mut self.shared().store.lock().unwrap(), &request).is_ok()
+    }
+
+    /// The current (latest) resourceVersion.
+    pub fn revision(&self) -> u64 {
+        self.shared().store.lock().unwrap().revision()
+    }
+
+    /// Forgets the change history: any earlier resourceVersion is now expired (410 Gone).
+    pub fn compact_history(&self) {
+        self.shared().store.lock().unwrap().compact();
+    }
+
+    /// How often watches with `allowWatchBookmarks=true` get a BOOKMARK (default 1 s).
+    pub fn set_bookmark_interval(&self, interval: Duration) {
+        *self.shared().bookmark_interval.lock().unwrap() = interval;
+    }
+
+    // ---- fault injection ----
+
+    /// Delay before every request is served.
+    pub fn set_latency(&self, latency: Duration) {
+        self.shared().faults.lock().unwrap().latency = latency;
+    }
+
+    /// The next `count` requests fail with `status` and a matching `Status` body.
+    pub fn fail_next(&self, count: usize, status: u16) {
+        self.fail_matching(RequestMatcher::any(), status, Some(count));
+    }
+
+    /// Requests hit by `matcher` fail with `status`, `times` times or (None) until cleared.
+    pub fn fail_matching(&self, matcher: RequestMatcher, status: u16, times: Option<usize>) {
+        self.shared()
+            .faults
+            .lock()
+            .unwrap()
+            .add_rule(matcher, status, times);
+    }
+
+    pub fn clear_failures(&self) {
+        self.shared().faults.lock().unwrap().clear();
+    }
+
+    /// Cuts every open watch connection mid-stream, as a load balancer or apiserver restart would.
+    pub fn drop_watches(&self) {
+        self.shared()
+            .drop_watches
+            .send_modify(|generation| *generation += 1);
+    }
+
+    /// Makes the server unreachable: the port refuses connections and open ones are reset.
+    /// Stored objects survive.
+    pub async fn go_down(&self) {
+        self.listener.stop().await;
+    }
+
+    /// Listens again on the same port after `go_down`.
+    pub async fn come_back(&self) {
+        self.listener
+            .restart()
+            .await
+            .expect("rebind the fake API server's port");
+    }
+
+    // ---- request log ----
+
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared().log.lock().unwrap().clone()
+    }
+
+    pub fn clear_requests(&self) {
+        self.shared().log.lock().unwrap().clear();
+    }
+
+    /// Every (verb, group, resource) the clients used so far, for RBAC checks.
+    pub fn rbac_accesses(&self) -> BTreeSet<RbacAccess> {
+        self.requests()
+            .iter()
+            .filter_map(RecordedRequest::rbac_access)
+            .collect()
+    }
+}
+
+/// Where a test's Kubernetes calls go: the fake server (default) or, with
+/// `NODEKEEPER_REAL_CLUSTER=1`, the cluster named by `KUBECONFIG` (or in-cluster config).
+pub enum TestCluster {
+    Fake(FakeApiServer),
+    Real(kube::Client),
+}
+
+impl TestCluster {
+    pub fn client(&self) -> kube::Client {
+        match self {
+            TestCluster::Fake(server) => server.client(),
+            TestCluster::Real(client) => client.clone(),
+        }
+    }
+
+    /// The fake server, for seeding and fault injection; None on a real cluster.
+    pub fn fake(&self) -> Option<&FakeApiServer> {
+        match self {
+            TestCluster::Fake(server) => Some(server),
+            TestCluster::Real(_) => None,
+        }
+    }
+
+    /// The namespace tests should use: `default` on the fake, `NODEKEEPER_TEST_NAMESPACE` (else
+    /// `default`) on a real cluster.
+    pub fn namespace(&self) -> String {
+        match self {
+            TestCluster::Fake(_) => "default".to_string(),
+            TestCluster::Real(_) => {
+                std::env::var("NODEKEEPER_TEST_NAMESPACE").unwrap_or_else(|_| "default".to_string())
+            }
+        }
+    }
+}
+
+pub fn wants_real_cluster() -> bool {
+    std::env::var("NODEKEEPER_REAL_CLUSTER").is_ok_and(|value| value == "1")
+}
+
+pub async fn cluster() -> TestCluster {
+    if wants_real_cluster() {
+        let client = kube::Client::try_default()
+            .await
+            .expect("NODEKEEPER_REAL_CLUSTER=1 needs a usable KUBECONFIG");
+        TestCluster::Real(client)
+    } else {
+        TestCluster::Fake(FakeApiServer::start().await)
+    }
+}
+
+/// The fake server, or None (and a note on stderr) when running against a real cluster: for
+/// tests that need fault injection or direct store access.
+pub fn fake_only<'a>(cluster: &'a TestCluster, test: &str) -> Option<&'a FakeApiServer> {
+    let fake = cluster.fake();
+    if fake.is_none() {
+        eprintln!("{test}: skipped on a real cluster (needs the fake API server)");
+    }
+    fake
+}
+
+/// Polls `check` every 20 ms until it returns Some, or panics after `limit`.
+pub async fn eventually<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(found) = check() {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
