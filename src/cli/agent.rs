@@ -29,6 +29,10 @@ pub struct Args {
     /// Decide and report, but evict nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Kubeconfig for the Kubernetes API (default: `kubernetes.kubeconfig`, then
+    /// KUBECONFIG, then the in-cluster service account; none of them: standalone).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
     /// Address for /metrics, /healthz and /readyz, e.g. 127.0.0.1:9847.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
@@ -89,6 +93,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
             }
         };
+        let kube = nodekeeper::kubernetes::connect(&loaded.config, args.kubeconfig.as_deref())
+            .await
+            .context("connecting to the Kubernetes API")?;
+        match &kube {
+            Some(runtime) => tracing::info!(
+                node = runtime.node_name(),
+                "evicting through the Kubernetes API"
+            ),
+            None => tracing::info!("no Kubernetes API configured: standalone mode"),
+        }
         let record = args
             .record
             .clone()
@@ -96,6 +110,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let customize = move |agent: &mut nodekeeper::agent::Agent| {
             if let Some(recorder) = record {
                 agent.set_recorder(recorder);
+            }
+            if let Some(runtime) = kube {
+                runtime.install(agent);
             }
         };
         nodekeeper::agent::run(loaded.config, shutdown, customize, |handles| {
@@ -106,6 +123,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             });
         })
         .await
+        .map_err(anyhow::Error::from)
     })?;
     Ok(ExitCode::SUCCESS)
 }
