@@ -161,9 +161,13 @@ fn main() {
             m.rss_mib, m.peak_rss_mib, m.cpu_percent_of_one_core
         );
     }
-    println!(
-        "ratios 1s/10s: RSS {:.2}x, CPU {:.2}x",
-        fast.rss_mib / baseline.rss_mib,
-        fast.cpu_percent_of_one_core / baseline.cpu_percent_of_one_core.max(1e-9)
-    );
+    println!("ratio 1s/10s RSS: {:.2}x", fast.rss_mib / baseline.rss_mib);
+    if baseline.cpu_percent_of_one_core > 0.0 {
+        println!(
+            "ratio 1s/10s CPU: {:.2}x",
+            fast.cpu_percent_of_one_core / baseline.cpu_percent_of_one_core
+        );
+    } else {
+        println!("ratio 1s/10s CPU: n/a (the 10 s agent used less than one clock tick)");
+    }
 }
