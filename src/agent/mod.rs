@@ -42,6 +42,7 @@ pub struct RunHandles {
 /// current cycle always completes, so no decision is half-applied.
 pub async fn run(
     config: AgentConfig,
+    kube_shutdown: Option<crate::kubernetes::shutdown::ShutdownHooks>,
     shutdown: impl Future<Output = ()>,
     customize: impl FnOnce(&mut Agent),
     on_start: impl FnOnce(RunHandles),
@@ -90,6 +91,7 @@ pub async fn run(
 
     let shutdown_manager = shutdown::start(
         &config,
+        kube_shutdown,
         crate::signals::CgroupReader::detect(&config.paths.cgroup_root)
             .ok()
             .as_ref(),

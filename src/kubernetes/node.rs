@@ -189,7 +189,10 @@ impl NodeStatusTracker {
                     "nodekeeper: the node is shutting down; pods are terminated by priority",
                 )
             } else {
-                ("NodeNotShuttingDown", "nodekeeper: the node is not shutting down")
+                (
+                    "NodeNotShuttingDown",
+                    "nodekeeper: the node is not shutting down",
+                )
             };
             records.push(ConditionRecord {
                 condition_type: SHUTDOWN_CONDITION.to_string(),
