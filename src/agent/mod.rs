@@ -10,6 +10,7 @@ mod shutdown;
 pub use cycle::{Agent, CycleReport};
 pub use hooks::{CycleObserver, PodSource};
 pub use record::{RecordError, Recorder};
+pub use shutdown::start as start_shutdown_manager;
 
 use std::future::Future;
 use std::net::SocketAddr;
