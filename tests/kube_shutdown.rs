@@ -374,3 +374,56 @@ async fn a_cancelled_shutdown_removes_the_taint_and_stops_deleting() {
     );
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_terminator_reports_missing_replaced_and_outliving_pods() {
+    use nodekeeper::shutdown::plan::PlannedPod;
+    use nodekeeper::shutdown::runner::{PodTerminator, Termination};
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeApiServer::start().await;
+    server.seed(&api_pod(&("hang-web", "uid-hang", 0, 30, false)));
+    let config = config(dir.path(), "unix:path=/nonexistent");
+    let runtime = KubeRuntime::start(
+        server.client(),
+        NODE.to_string(),
+        &config,
+        RetryPolicy::default(),
+    );
+    runtime.wait_until_ready().await;
+    let terminator = runtime.shutdown_hooks().terminator;
+    let planned = |name: &str, uid: &str| PlannedPod {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: Some(uid.into()),
+        grace_period_seconds: 1,
+    };
+    let outcome = |pod: PlannedPod| {
+        let terminator = Arc::clone(&terminator);
+        async move {
+            terminator
+                .terminate(&pod, Duration::from_secs(1))
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        outcome(planned("gone", "uid-gone")).await,
+        Termination::NotFound
+    );
+    assert_eq!(
+        outcome(planned("hang-web", "uid-of-an-older-pod")).await,
+        Termination::NotFound,
+        "a replacement with the same name is not ours"
+    );
+    assert!(
+        server.requests().iter().all(|r| r.method == "GET"),
+        "nothing written for pods that are not there"
+    );
+    // Deleted, but its containers never stop: the kubelet kills it after the grace.
+    assert_eq!(
+        outcome(planned("hang-web", "uid-hang")).await,
+        Termination::Killed
+    );
+    let pod = server.object::<ApiPod>("default", "hang-web").unwrap();
+    assert!(pod.metadata.deletion_timestamp.is_some());
+}
