@@ -10,6 +10,7 @@ mod shutdown;
 pub use cycle::{Agent, CycleReport};
 pub use hooks::{CycleObserver, PodSource};
 pub use record::{RecordError, Recorder};
+pub use shutdown::start as start_shutdown_manager;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -42,6 +43,7 @@ pub struct RunHandles {
 /// current cycle always completes, so no decision is half-applied.
 pub async fn run(
     config: AgentConfig,
+    kube_shutdown: Option<crate::kubernetes::shutdown::ShutdownHooks>,
     shutdown: impl Future<Output = ()>,
     customize: impl FnOnce(&mut Agent),
     on_start: impl FnOnce(RunHandles),
@@ -90,6 +92,7 @@ pub async fn run(
 
     let shutdown_manager = shutdown::start(
         &config,
+        kube_shutdown,
         crate::signals::CgroupReader::detect(&config.paths.cgroup_root)
             .ok()
             .as_ref(),

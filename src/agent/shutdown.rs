@@ -1,5 +1,6 @@
 //! Graceful node shutdown inside the agent: start the logind shutdown manager with the
-//! configured phases, drain the agent's own workloads through it, and export its status.
+//! configured phases, drain the agent's own workloads (standalone) or this node's pods
+//! through the API (Kubernetes), and export its status.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::AgentConfig;
+use crate::kubernetes::shutdown::{NodeShutdownPublisher, ShutdownHooks};
 use crate::metrics::{Metrics, PhaseLabels};
 use crate::pods::workload_pods;
 use crate::shutdown::cgroup_kill::CgroupTerminator;
@@ -20,10 +22,12 @@ use crate::shutdown::runner::SystemClock;
 use crate::shutdown::state::metrics_from_state;
 use crate::signals::{CgroupLayout, CgroupReader};
 
-/// Start the shutdown manager when graceful shutdown is configured. Returns the tasks to
-/// await on stop; `None` when the feature is off or cannot run here (logged).
+/// Start the shutdown manager when graceful shutdown is configured: with `kube` hooks it
+/// drains this node's pods through the API, else the agent's workload cgroups. Returns
+/// the tasks to await on stop; `None` when the feature is off or cannot run here (logged).
 pub fn start(
     config: &AgentConfig,
+    kube: Option<ShutdownHooks>,
     reader: Option<&CgroupReader>,
     metrics: Arc<Metrics>,
     stop: watch::Receiver<bool>,
@@ -49,7 +53,45 @@ pub fn start(
         options.bus = BusAddress::Address(address.clone());
     }
 
-    let (terminator, pods): (CgroupTerminator, PodSource) = match (&config.workloads, reader) {
+    let (status_tx, status_rx) = watch::channel(ManagerStatus::default());
+    let clock = Arc::new(SystemClock);
+    let (manager, node_status) = match kube {
+        Some(hooks) => (
+            tokio::spawn(run_shutdown_manager(
+                options,
+                hooks.terminator,
+                hooks.pods,
+                clock,
+                status_tx,
+                stop,
+            )),
+            Some(hooks.node_status),
+        ),
+        None => {
+            let (terminator, pods) = workload_terminator(config, reader);
+            (
+                tokio::spawn(run_shutdown_manager(
+                    options,
+                    Arc::new(terminator),
+                    pods,
+                    clock,
+                    status_tx,
+                    stop,
+                )),
+                None,
+            )
+        }
+    };
+    let publisher = tokio::spawn(publish_status(status_rx, metrics, node_status));
+    Some((manager, publisher))
+}
+
+/// Standalone mode: kill the agent's own workload cgroups.
+fn workload_terminator(
+    config: &AgentConfig,
+    reader: Option<&CgroupReader>,
+) -> (CgroupTerminator, PodSource) {
+    match (&config.workloads, reader) {
         (Some(workloads), Some(reader)) => {
             let dir = workload_dir(&config.paths.cgroup_root, reader, &workloads.parent_cgroup);
             let terminator = CgroupTerminator::flat(dir, &workloads.namespace);
@@ -65,18 +107,7 @@ pub fn start(
             CgroupTerminator::new(PathBuf::from("/nonexistent")),
             Arc::new(|| Ok(Vec::new())),
         ),
-    };
-    let (status_tx, status_rx) = watch::channel(ManagerStatus::default());
-    let manager = tokio::spawn(run_shutdown_manager(
-        options,
-        Arc::new(terminator),
-        pods,
-        Arc::new(SystemClock),
-        status_tx,
-        stop,
-    ));
-    let publisher = tokio::spawn(publish_status(status_rx, metrics));
-    Some((manager, publisher))
+    }
 }
 
 /// The directory whose `cgroup.procs` lists a workload's processes and which can be
@@ -96,11 +127,18 @@ fn workload_dir(
     reader.paths().memory_dir(parent)
 }
 
-async fn publish_status(mut status: watch::Receiver<ManagerStatus>, metrics: Arc<Metrics>) {
+async fn publish_status(
+    mut status: watch::Receiver<ManagerStatus>,
+    metrics: Arc<Metrics>,
+    mut node_status: Option<NodeShutdownPublisher>,
+) {
     let mut was_shutting_down = false;
     loop {
         {
             let current = status.borrow_and_update();
+            if let Some(node_status) = node_status.as_mut() {
+                node_status.observe(&current);
+            }
             metrics
                 .shutdown_in_progress
                 .set(i64::from(current.shutting_down));

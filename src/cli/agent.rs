@@ -107,6 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .record
             .clone()
             .map(|path| Recorder::new(path, args.record_max_bytes));
+        let kube_shutdown = kube.as_ref().map(|runtime| runtime.shutdown_hooks());
         let customize = move |agent: &mut nodekeeper::agent::Agent| {
             if let Some(recorder) = record {
                 agent.set_recorder(recorder);
@@ -115,13 +116,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 runtime.install(agent);
             }
         };
-        nodekeeper::agent::run(loaded.config, shutdown, customize, |handles| {
-            tokio::spawn(async move {
-                if let Ok(address) = handles.metrics_bound.await {
-                    tracing::info!(%address, "serving /metrics, /healthz and /readyz");
-                }
-            });
-        })
+        nodekeeper::agent::run(
+            loaded.config,
+            kube_shutdown,
+            shutdown,
+            customize,
+            |handles| {
+                tokio::spawn(async move {
+                    if let Ok(address) = handles.metrics_bound.await {
+                        tracing::info!(%address, "serving /metrics, /healthz and /readyz");
+                    }
+                });
+            },
+        )
         .await
         .map_err(anyhow::Error::from)
     })?;

@@ -12,6 +12,7 @@ pub mod node;
 pub mod outbox;
 pub mod resources;
 pub mod runtime;
+pub mod shutdown;
 pub mod source;
 pub mod usage;
 pub mod worker;

@@ -20,6 +20,17 @@ pub const TAINT_PREFIX: &str = "nodekeeper.io/";
 /// The namespace of events about the node, as the kubelet uses.
 pub const NODE_EVENT_NAMESPACE: &str = "default";
 
+/// Our condition while a node shutdown drains pods. The kubelet reports the same state
+/// through `Ready=False` ("node is shutting down"), which only it may write.
+pub const SHUTDOWN_CONDITION: &str = "NodekeeperShuttingDown";
+/// Keeps new pods off a node that is draining for shutdown.
+pub const SHUTDOWN_TAINT: &str = "nodekeeper.io/shutting-down";
+/// The kubelet's event reason for both a shutdown and its cancellation.
+pub const SHUTDOWN_EVENT_REASON: &str = "Shutdown";
+pub const SHUTDOWN_EVENT_MESSAGE: &str = "Shutdown manager detected shutdown event";
+pub const SHUTDOWN_CANCELLED_EVENT_MESSAGE: &str =
+    "Shutdown manager detected shutdown cancellation";
+
 struct ConditionText {
     condition_type: &'static str,
     taint: &'static str,
@@ -97,6 +108,9 @@ pub struct NodeStatusTracker {
     last_sent: Option<SystemTime>,
     last_taints: Option<BTreeSet<TaintRecord>>,
     series: BTreeMap<String, ThresholdSeries>,
+    /// `None` until the shutdown manager reported; then taints are managed even when
+    /// pressure taints are off, so a taint left by a shutdown is removed after reboot.
+    shutting_down: Option<Published>,
 }
 
 impl NodeStatusTracker {
@@ -109,7 +123,117 @@ impl NodeStatusTracker {
             last_sent: None,
             last_taints: None,
             series: BTreeMap::new(),
+            shutting_down: None,
         }
+    }
+
+    /// The writes owed when the shutdown manager's `shutting_down` is `on` at `now`:
+    /// nothing when unchanged; else the Shutdown event (not for the first report of "not
+    /// shutting down"), our conditions, and our taints.
+    pub fn set_shutting_down(&mut self, on: bool, now: SystemTime) -> Vec<ApiAction> {
+        let previous = self.shutting_down;
+        if previous.is_some_and(|p| p.on == on) {
+            return Vec::new();
+        }
+        self.shutting_down = Some(Published { on, since: now });
+        let mut actions = Vec::new();
+        if on || previous.is_some() {
+            let message = if on {
+                SHUTDOWN_EVENT_MESSAGE
+            } else {
+                SHUTDOWN_CANCELLED_EVENT_MESSAGE
+            };
+            let since = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            actions.push(self.node_event(
+                &format!("{SHUTDOWN_EVENT_REASON}/{on}/{since}"),
+                EventType::Normal,
+                SHUTDOWN_EVENT_REASON,
+                message,
+                (1, now),
+                now,
+            ));
+        }
+        self.last_sent = Some(now);
+        actions.push(ApiAction::SetNodeConditions(self.condition_records(now)));
+        actions.extend(self.taint_update());
+        actions
+    }
+
+    fn condition_records(&self, now: SystemTime) -> Vec<ConditionRecord> {
+        let mut records: Vec<ConditionRecord> = CONDITIONS
+            .iter()
+            .filter_map(|condition| {
+                let published = self.published.get(condition)?;
+                let words = text(*condition);
+                let (reason, message) = if published.on {
+                    (words.on_reason, words.on_message)
+                } else {
+                    (words.off_reason, words.off_message)
+                };
+                Some(ConditionRecord {
+                    condition_type: words.condition_type.to_string(),
+                    status: published.on,
+                    reason: reason.to_string(),
+                    message: message.to_string(),
+                    last_transition: published.since,
+                    last_heartbeat: Some(now),
+                })
+            })
+            .collect();
+        if let Some(shutdown) = self.shutting_down {
+            let (reason, message) = if shutdown.on {
+                (
+                    "NodeShutdown",
+                    "nodekeeper: the node is shutting down; pods are terminated by priority",
+                )
+            } else {
+                (
+                    "NodeNotShuttingDown",
+                    "nodekeeper: the node is not shutting down",
+                )
+            };
+            records.push(ConditionRecord {
+                condition_type: SHUTDOWN_CONDITION.to_string(),
+                status: shutdown.on,
+                reason: reason.to_string(),
+                message: message.to_string(),
+                last_transition: shutdown.since,
+                last_heartbeat: Some(now),
+            });
+        }
+        records
+    }
+
+    /// Our complete taint set when it changed: pressure taints (when enabled) and the
+    /// shutdown taint. `None` while we manage no taints at all.
+    fn taint_update(&mut self) -> Option<ApiAction> {
+        if !self.taints && self.shutting_down.is_none() {
+            return None;
+        }
+        let pressure = self
+            .published
+            .iter()
+            .filter(|(_, published)| self.taints && published.on)
+            .map(|(condition, _)| taint_key(*condition));
+        let shutdown = self
+            .shutting_down
+            .filter(|published| published.on)
+            .map(|_| SHUTDOWN_TAINT);
+        let desired: BTreeSet<TaintRecord> = pressure
+            .chain(shutdown)
+            .map(|key| TaintRecord {
+                key: key.to_string(),
+                effect: "NoSchedule".to_string(),
+            })
+            .collect();
+        if self.last_taints.as_ref() == Some(&desired) {
+            return None;
+        }
+        let action = ApiAction::SetNodeTaints(desired.iter().cloned().collect());
+        self.last_taints = Some(desired);
+        Some(action)
     }
 
     fn node(&self) -> InvolvedObject {
@@ -191,42 +315,9 @@ impl NodeStatusTracker {
             .is_none_or(|sent| now.duration_since(sent).unwrap_or_default() >= self.heartbeat);
         if changed || heartbeat_due {
             self.last_sent = Some(now);
-            let records = CONDITIONS
-                .iter()
-                .filter_map(|condition| {
-                    let published = self.published.get(condition)?;
-                    let words = text(*condition);
-                    let (reason, message) = if published.on {
-                        (words.on_reason, words.on_message)
-                    } else {
-                        (words.off_reason, words.off_message)
-                    };
-                    Some(ConditionRecord {
-                        condition_type: words.condition_type.to_string(),
-                        status: published.on,
-                        reason: reason.to_string(),
-                        message: message.to_string(),
-                        last_transition: published.since,
-                        last_heartbeat: Some(now),
-                    })
-                })
-                .collect();
-            actions.push(ApiAction::SetNodeConditions(records));
+            actions.push(ApiAction::SetNodeConditions(self.condition_records(now)));
         }
-        if self.taints {
-            let desired: BTreeSet<TaintRecord> = CONDITIONS
-                .iter()
-                .filter(|condition| conditions.contains(condition))
-                .map(|condition| TaintRecord {
-                    key: taint_key(*condition).to_string(),
-                    effect: "NoSchedule".to_string(),
-                })
-                .collect();
-            if self.last_taints.as_ref() != Some(&desired) {
-                actions.push(ApiAction::SetNodeTaints(desired.iter().cloned().collect()));
-                self.last_taints = Some(desired);
-            }
-        }
+        actions.extend(self.taint_update());
         match starved {
             Some(resource) => {
                 let name = resource.to_string();
@@ -354,6 +445,63 @@ mod tests {
                 "conditions NodekeeperMemoryPressure=false,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false",
                 "taints []",
             ]
+        );
+    }
+
+    #[test]
+    fn shutdown_sets_and_clears_its_condition_taint_and_events_beside_pressure_taints() {
+        let mut tracker =
+            NodeStatusTracker::new("node-a".to_string(), Duration::from_secs(300), true);
+        let memory = BTreeSet::from([NodeCondition::MemoryPressure]);
+        tracker.update(&memory, None, at(0));
+        assert_eq!(
+            summary(&tracker.set_shutting_down(false, at(1))),
+            vec![
+                "conditions NodekeeperMemoryPressure=true,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false,NodekeeperShuttingDown=false",
+            ],
+            "the first report clears a stale condition without an event"
+        );
+        assert_eq!(
+            summary(&tracker.set_shutting_down(true, at(2))),
+            vec![
+                "event Shutdown Shutdown manager detected shutdown event count=1",
+                "conditions NodekeeperMemoryPressure=true,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false,NodekeeperShuttingDown=true",
+                "taints [nodekeeper.io/memory-pressure:NoSchedule,nodekeeper.io/shutting-down:NoSchedule]",
+            ]
+        );
+        assert!(tracker.set_shutting_down(true, at(3)).is_empty());
+        assert_eq!(
+            summary(&tracker.update(&BTreeSet::new(), None, at(4)))[2],
+            "taints [nodekeeper.io/shutting-down:NoSchedule]",
+            "a cycle keeps the shutdown taint"
+        );
+        assert_eq!(
+            summary(&tracker.set_shutting_down(false, at(5))),
+            vec![
+                "event Shutdown Shutdown manager detected shutdown cancellation count=1",
+                "conditions NodekeeperMemoryPressure=false,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false,NodekeeperShuttingDown=false",
+                "taints []",
+            ]
+        );
+    }
+
+    #[test]
+    fn with_pressure_taints_off_the_first_shutdown_report_clears_a_stale_shutdown_taint() {
+        let mut tracker = NodeStatusTracker::new("n".to_string(), Duration::from_secs(60), false);
+        let memory = BTreeSet::from([NodeCondition::MemoryPressure]);
+        assert!(
+            summary(&tracker.update(&memory, None, at(0)))
+                .iter()
+                .all(|line| !line.starts_with("taints")),
+            "no taints managed before the shutdown manager reports"
+        );
+        let actions = summary(&tracker.set_shutting_down(false, at(1)));
+        assert_eq!(actions.last().unwrap(), "taints []");
+        let actions = summary(&tracker.set_shutting_down(true, at(2)));
+        assert_eq!(
+            actions.last().unwrap(),
+            "taints [nodekeeper.io/shutting-down:NoSchedule]",
+            "no pressure taint while pressure taints are off"
         );
     }
 

@@ -1,7 +1,7 @@
 //! Connecting to the cluster and plugging the Kubernetes parts into the agent.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod as ApiPod;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -11,6 +11,7 @@ use super::api::ApiWriter;
 use super::cgroups::PodCgroupNaming;
 use super::evictor::{CgroupKiller, KubeEvictor, LocalKiller};
 use super::node::NodeStatusTracker;
+use super::shutdown::{KubeTerminator, NodeShutdownPublisher, ShutdownHooks, node_pods};
 use super::source::{ApiPodSource, TaskGuard, start_pod_reflector};
 use super::usage::PodUsageReader;
 use super::worker::{OutboxHandle, RetryPolicy, run_outbox};
@@ -110,7 +111,7 @@ pub struct KubeRuntime {
     outbox: OutboxHandle,
     usage: Option<PodUsageReader>,
     local_killer: Option<Box<dyn LocalKiller>>,
-    tracker: NodeStatusTracker,
+    tracker: Arc<Mutex<NodeStatusTracker>>,
     tasks: Arc<TaskGuard>,
 }
 
@@ -149,7 +150,11 @@ impl KubeRuntime {
         });
         let heartbeat = config.kubernetes.condition_heartbeat.to_std();
         KubeRuntime {
-            tracker: NodeStatusTracker::new(node_name.clone(), heartbeat, settings.taints),
+            tracker: Arc::new(Mutex::new(NodeStatusTracker::new(
+                node_name.clone(),
+                heartbeat,
+                settings.taints,
+            ))),
             node_name,
             store,
             outbox,
@@ -178,6 +183,20 @@ impl KubeRuntime {
         let _ = self.store.wait_until_ready().await;
     }
 
+    /// What the shutdown manager needs to drain this node through the API and show the
+    /// shutdown on the Node. Call before [`KubeRuntime::install`].
+    pub fn shutdown_hooks(&self) -> ShutdownHooks {
+        ShutdownHooks {
+            terminator: Arc::new(KubeTerminator::new(
+                self.outbox.clone(),
+                self.store.clone(),
+                self.tasks.clone(),
+            )),
+            pods: node_pods(self.store.clone()),
+            node_status: NodeShutdownPublisher::new(self.tracker.clone(), self.outbox.clone()),
+        }
+    }
+
     /// Make `agent` take its pods from the API, evict through it, and publish node
     /// conditions and events after every cycle.
     pub fn install(self, agent: &mut Agent) {
@@ -200,7 +219,7 @@ impl KubeRuntime {
 }
 
 struct NodeStatusObserver {
-    tracker: NodeStatusTracker,
+    tracker: Arc<Mutex<NodeStatusTracker>>,
     outbox: OutboxHandle,
     _tasks: Arc<TaskGuard>,
 }
@@ -209,10 +228,9 @@ impl CycleObserver for NodeStatusObserver {
     fn observe(&mut self, report: &CycleReport) {
         let decision = &report.decision;
         let starved = decision.starved.map(|s| s.resource);
-        for action in
-            self.tracker
-                .update(&decision.conditions, starved, std::time::SystemTime::now())
-        {
+        let mut tracker = self.tracker.lock().unwrap_or_else(PoisonError::into_inner);
+        // Pushed under the lock, like the shutdown publisher's, so taint sets stay ordered.
+        for action in tracker.update(&decision.conditions, starved, std::time::SystemTime::now()) {
             self.outbox.push(action);
         }
     }
