@@ -7,17 +7,16 @@
 //! outbox, so this never waits on the API server.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use super::api::event_name;
 use super::outbox::{ApiAction, ConditionRecord, EventRecord, EventType, InvolvedObject, PodRef};
 use super::worker::OutboxHandle;
+use crate::act::CgroupKiller;
 use crate::eviction::{
     EVICTED_REASON, EvictError, EvictionOrder, Evictor, IMMEDIATE_GRACE_PERIOD_SECONDS,
 };
 use crate::pods::Pod;
-use crate::signals::CgroupPaths;
 
 pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
 pub const TERMINATION_BY_KUBELET: &str = "TerminationByKubelet";
@@ -27,84 +26,17 @@ pub trait LocalKiller: Send {
     fn kill(&mut self, pod: &Pod) -> Result<(), String>;
 }
 
-/// Kills a pod cgroup with `cgroup.kill` (cgroup v2, Linux 5.14+), else by freezing it
-/// (v1 freezer), sending SIGKILL to every member, and thawing, so nothing forks away
-/// between listing and killing; without a freezer, SIGKILL to the listed members.
-#[derive(Debug, Clone)]
-pub struct CgroupKiller {
-    paths: CgroupPaths,
-    cgroup_root: PathBuf,
-}
-
-impl CgroupKiller {
-    pub fn new(paths: CgroupPaths, cgroup_root: &Path) -> Self {
-        CgroupKiller {
-            paths,
-            cgroup_root: cgroup_root.to_path_buf(),
-        }
-    }
-}
-
-fn members(dir: &Path, out: &mut Vec<i32>) -> std::io::Result<()> {
-    let text = std::fs::read_to_string(dir.join("cgroup.procs"))?;
-    out.extend(
-        text.lines()
-            .filter_map(|line| line.trim().parse::<i32>().ok()),
-    );
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            members(&entry.path(), out)?;
-        }
-    }
-    Ok(())
-}
-
-fn sigkill_all(dir: &Path) -> std::io::Result<usize> {
-    let mut pids = Vec::new();
-    members(dir, &mut pids)?;
-    for pid in &pids {
-        // The process may already be gone; that is the goal anyway.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(*pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
-    Ok(pids.len())
-}
-
+/// The standalone cgroup killer serves the API mode too: `cgroup.kill` on v2, freeze,
+/// SIGKILL and thaw on v1, SIGKILL to each member otherwise.
 impl LocalKiller for CgroupKiller {
     fn kill(&mut self, pod: &Pod) -> Result<(), String> {
         let cgroup = pod
             .cgroup
             .as_ref()
             .ok_or("pod has no cgroup on this node")?;
-        let describe = |path: &Path, error: std::io::Error| format!("{}: {error}", path.display());
-        if let Some(v2) = self.paths.v2_dir(cgroup) {
-            let kill_file = v2.join("cgroup.kill");
-            if kill_file.exists() {
-                return std::fs::write(&kill_file, "1").map_err(|e| describe(&kill_file, e));
-            }
-        }
-        let memory_dir = self.paths.memory_dir(cgroup);
-        let mut freezer = self.cgroup_root.join("freezer");
-        freezer.extend(
-            cgroup
-                .components()
-                .filter(|c| matches!(c, std::path::Component::Normal(_))),
-        );
-        let freezer_state = freezer.join("freezer.state");
-        if self.paths.layout().memory_is_v1() && freezer_state.exists() {
-            std::fs::write(&freezer_state, "FROZEN").map_err(|e| describe(&freezer_state, e))?;
-            let killed = sigkill_all(&freezer).map_err(|e| describe(&freezer, e));
-            let thawed =
-                std::fs::write(&freezer_state, "THAWED").map_err(|e| describe(&freezer_state, e));
-            killed?;
-            return thawed;
-        }
-        sigkill_all(&memory_dir)
+        CgroupKiller::kill(self, cgroup)
             .map(|_| ())
-            .map_err(|e| describe(&memory_dir, e))
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -206,6 +138,7 @@ mod tests {
     use crate::eviction::EvictionReason;
     use crate::signals::Signal;
     use std::collections::BTreeMap;
+    use std::path::PathBuf;
     use std::sync::{Arc, Mutex};
 
     struct Recorder(Arc<Mutex<Vec<String>>>);
@@ -328,16 +261,19 @@ mod tests {
             format!("{}\n", child.id()),
         )
         .unwrap();
-        let paths = CgroupPaths::new(dir.path(), crate::signals::CgroupLayout::Legacy);
-        let mut killer = CgroupKiller::new(paths, dir.path());
+        let mut killer = CgroupKiller::new(dir.path(), crate::signals::CgroupLayout::Legacy);
         let target = Pod {
             cgroup: Some(PathBuf::from("/kubepods/podx")),
             ..pod()
         };
-        killer.kill(&target).unwrap();
+        LocalKiller::kill(&mut killer, &target).unwrap();
         let status = child.wait().unwrap();
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(9));
-        assert!(killer.kill(&pod()).unwrap_err().contains("no cgroup"));
+        assert!(
+            LocalKiller::kill(&mut killer, &pod())
+                .unwrap_err()
+                .contains("no cgroup")
+        );
     }
 }

@@ -9,12 +9,13 @@ use kube::runtime::reflector::Store;
 
 use super::api::ApiWriter;
 use super::cgroups::PodCgroupNaming;
-use super::evictor::{CgroupKiller, KubeEvictor, LocalKiller};
+use super::evictor::{KubeEvictor, LocalKiller};
 use super::node::NodeStatusTracker;
 use super::shutdown::{KubeTerminator, NodeShutdownPublisher, ShutdownHooks, node_pods};
 use super::source::{ApiPodSource, TaskGuard, start_pod_reflector};
 use super::usage::PodUsageReader;
 use super::worker::{OutboxHandle, RetryPolicy, run_outbox};
+use crate::act::CgroupKiller;
 use crate::agent::{Agent, CycleObserver, CycleReport};
 use crate::config::AgentConfig;
 use crate::signals::CgroupReader;
@@ -144,8 +145,8 @@ impl KubeRuntime {
         });
         let local_killer = reader.filter(|_| settings.local_kill).map(|reader| {
             Box::new(CgroupKiller::new(
-                reader.paths().clone(),
                 &config.paths.cgroup_root,
+                reader.layout(),
             )) as Box<dyn LocalKiller>
         });
         let heartbeat = config.kubernetes.condition_heartbeat.to_std();
