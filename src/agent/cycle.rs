@@ -17,7 +17,9 @@ use crate::eviction::{
 use crate::metrics::{ConditionLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels};
 use crate::notify::{NotifierSettings, Notifiers};
 use crate::pods::{Pod, workload_pods};
-use crate::signals::{Collection, NodeCondition, Observations, SignalCollector, probe};
+use crate::signals::{
+    Collection, NodeCondition, NotificationSupport, Observations, SignalCollector, probe,
+};
 
 const CONDITIONS: [NodeCondition; 3] = [
     NodeCondition::MemoryPressure,
@@ -110,9 +112,12 @@ impl Agent {
 
     /// Start the kernel notifiers this host supports; each wakes `wake` for an
     /// immediate cycle. Must run inside the tokio runtime.
-    pub fn start_notifiers(&mut self, wake: std::sync::Arc<tokio::sync::Notify>) {
-        let support = probe(&self.config.paths);
-        let notifiers = Notifiers::start(&self.config, &support, NotifierSettings::default(), wake);
+    pub fn start_notifiers(
+        &mut self,
+        support: &NotificationSupport,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+    ) {
+        let notifiers = Notifiers::start(&self.config, support, NotifierSettings::default(), wake);
         for armed in notifiers.armed() {
             tracing::info!(
                 mechanism = armed.mechanism.as_str(),
@@ -154,8 +159,9 @@ impl Agent {
     }
 
     /// Log how the agent sees this host, once at startup, and export which kernel
-    /// notification mechanisms it offers.
-    pub fn announce(&self) {
+    /// notification mechanisms it offers. The probe result is returned so the notifiers
+    /// start from the same verdict without probing (and writing a PSI trigger) again.
+    pub fn announce(&self) -> NotificationSupport {
         let support = probe(&self.config.paths);
         tracing::info!(
             layout = ?self.collector.layout(),
@@ -196,6 +202,12 @@ impl Agent {
                 })
                 .set(i64::from(available));
         }
+        support
+    }
+
+    /// The effective configuration the agent runs with.
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
     }
 
     fn now(&self) -> Millis {
@@ -378,6 +390,7 @@ impl Agent {
             return false;
         }
         let mut evicted_any = false;
+        let mut attempted_cgroups = Vec::new();
         for order in &decision.evictions {
             let Some(pod) = report
                 .pods
@@ -404,6 +417,7 @@ impl Agent {
                 tracing::warn!(pod = %order.key(), "no evictor configured; eviction only logged");
                 continue;
             };
+            attempted_cgroups.extend(pod.cgroup.clone());
             match evictor.evict(order, pod) {
                 Ok(()) => {
                     tracing::warn!(
@@ -419,8 +433,7 @@ impl Agent {
             }
         }
         if evicted_any {
-            self.wait_for_cleanup(&report.pods, &decision.evictions)
-                .await;
+            self.wait_for_cleanup(&attempted_cgroups).await;
         }
         evicted_any
     }
@@ -447,18 +460,10 @@ impl Agent {
 
     /// Wait (bounded) until every evicted workload's cgroup holds no process, so the
     /// next cycle measures the node after the kill, not before it.
-    async fn wait_for_cleanup(&self, pods: &[Pod], evicted: &[crate::eviction::EvictionOrder]) {
+    async fn wait_for_cleanup(&self, cgroups: &[std::path::PathBuf]) {
         let Some(reader) = self.collector.cgroups() else {
             return;
         };
-        let cgroups: Vec<_> = evicted
-            .iter()
-            .filter_map(|order| {
-                pods.iter()
-                    .find(|p| p.namespace == order.namespace && p.name == order.name)
-                    .and_then(|p| p.cgroup.clone())
-            })
-            .collect();
         let deadline = Instant::now() + POD_CLEANUP_TIMEOUT;
         while Instant::now() < deadline {
             let cleaned = cgroups.iter().all(|cgroup| {

@@ -90,19 +90,17 @@ pub async fn run(
         metrics_bound: bound_rx,
     });
 
+    let mut agent = Agent::new(config, metrics.clone());
+    customize(&mut agent);
     let shutdown_manager = shutdown::start(
-        &config,
+        agent.config(),
         kube_shutdown,
-        crate::signals::CgroupReader::detect(&config.paths.cgroup_root)
-            .ok()
-            .as_ref(),
+        agent.cgroup_reader(),
         metrics.clone(),
         stop_tx.subscribe(),
     );
-    let mut agent = Agent::new(config, metrics.clone());
-    customize(&mut agent);
-    agent.announce();
-    agent.start_notifiers(wake.clone());
+    let support = agent.announce();
+    agent.start_notifiers(&support, wake.clone());
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
