@@ -23,7 +23,7 @@ impl<'de> Deserialize<'de> for ScalarText {
         impl serde::de::Visitor<'_> for Visitor {
             type Value = ScalarText;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string or a number")
+                f.write_str("a string (such as 900Mi or 1m30s) or a number")
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ScalarText, E> {
                 Ok(ScalarText(v.to_string()))
@@ -43,6 +43,12 @@ impl<'de> Deserialize<'de> for ScalarText {
             }
         }
         deserializer.deserialize_any(Visitor)
+    }
+}
+
+impl From<i64> for ScalarText {
+    fn from(v: i64) -> Self {
+        ScalarText(v.to_string())
     }
 }
 

@@ -400,15 +400,11 @@ fn build(
         ("shutdownStateFile", &doc.shutdown_state_file),
         ("logindDropInPath", &doc.logind_drop_in_path),
     ] {
-        if value.as_deref().is_some_and(|v| !v.starts_with('/')) {
-            return Err(field_error(FieldError {
-                field: static_field(field),
-                key: None,
-                message: format!(
-                    "{:?} must be an absolute path",
-                    value.as_deref().unwrap_or_default()
-                ),
-            }));
+        if let Some(relative) = value.as_deref().filter(|v| !v.starts_with('/')) {
+            return Err(simple_error(
+                field,
+                format!("{relative:?} must be an absolute path"),
+            ));
         }
     }
     if paths.pods_cgroup.is_some() {
@@ -656,18 +652,6 @@ fn build_kubernetes(
     config.taints = raw.taints.unwrap_or(config.taints);
     config.local_kill = raw.local_kill.unwrap_or(config.local_kill);
     Ok(config)
-}
-
-fn static_field(field: &str) -> &'static str {
-    match field {
-        "cgroupRoot" => "cgroupRoot",
-        "procRoot" => "procRoot",
-        "nodefsPath" => "nodefsPath",
-        "imagefsPath" => "imagefsPath",
-        "shutdownStateFile" => "shutdownStateFile",
-        "logindDropInPath" => "logindDropInPath",
-        _ => "containerfsPath",
-    }
 }
 
 fn valid_node_name(name: &str) -> bool {

@@ -8,7 +8,7 @@ mod model;
 pub mod quantity;
 mod thresholds;
 
-pub use documents::AgentDocument;
+pub use documents::{AgentDocument, ScalarText};
 pub use duration::GoDuration;
 pub use load::{
     ConfigError, LoadedConfig, Overrides, from_yaml_str, from_yaml_str_with_warnings, load,

@@ -26,6 +26,19 @@ pub trait LocalKiller: Send {
     fn kill(&mut self, pod: &Pod) -> Result<(), String>;
 }
 
+/// `DisruptionTarget=True` with reason `TerminationByKubelet`, as the kubelet sets it on
+/// pods it evicts and on pods it stops at node shutdown.
+pub fn disruption_target(message: &str, now: SystemTime) -> ConditionRecord {
+    ConditionRecord {
+        condition_type: DISRUPTION_TARGET.to_string(),
+        status: true,
+        reason: TERMINATION_BY_KUBELET.to_string(),
+        message: message.to_string(),
+        last_transition: now,
+        last_heartbeat: None,
+    }
+}
+
 /// The standalone cgroup killer serves the API mode too: `cgroup.kill` on v2, freeze,
 /// SIGKILL and thaw on v1, SIGKILL to each member otherwise.
 impl LocalKiller for CgroupKiller {
@@ -114,14 +127,7 @@ impl Evictor for KubeEvictor {
         if order.disruption_target {
             self.outbox.push(ApiAction::SetPodCondition {
                 pod: pod_ref.clone(),
-                condition: ConditionRecord {
-                    condition_type: DISRUPTION_TARGET.to_string(),
-                    status: true,
-                    reason: TERMINATION_BY_KUBELET.to_string(),
-                    message: order.message.clone(),
-                    last_transition: now,
-                    last_heartbeat: None,
-                },
+                condition: disruption_target(&order.message, now),
             });
         }
         self.outbox.push(ApiAction::DeletePod {

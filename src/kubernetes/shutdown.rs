@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::Pod as ApiPod;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::convert::convert_pod;
-use super::evictor::{DISRUPTION_TARGET, TERMINATION_BY_KUBELET};
+use super::evictor::disruption_target;
 use super::node::NodeStatusTracker;
-use super::outbox::{ApiAction, ConditionRecord, PodRef};
+use super::outbox::{ApiAction, PodRef};
 use super::source::TaskGuard;
 use super::worker::OutboxHandle;
 use crate::shutdown::manager::{ManagerStatus, PodSource};
@@ -86,14 +86,7 @@ impl PodTerminator for KubeTerminator {
         }
         self.outbox.push(ApiAction::SetPodCondition {
             pod: pod_ref.clone(),
-            condition: ConditionRecord {
-                condition_type: DISRUPTION_TARGET.to_string(),
-                status: true,
-                reason: TERMINATION_BY_KUBELET.to_string(),
-                message: SHUTDOWN_DISRUPTION_MESSAGE.to_string(),
-                last_transition: SystemTime::now(),
-                last_heartbeat: None,
-            },
+            condition: disruption_target(SHUTDOWN_DISRUPTION_MESSAGE, SystemTime::now()),
         });
         self.outbox.push(ApiAction::DeletePod {
             pod: pod_ref.clone(),

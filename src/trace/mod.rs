@@ -7,6 +7,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+/// A quantity as written in a trace: a string (`900Mi`) or a bare YAML/JSON number; the
+/// same scalar the configuration documents accept.
+pub use crate::config::ScalarText as Amount;
 use crate::config::{GoDuration, Quantity};
 use crate::pods::{ContainerStats, ContainerUsage, EmptyDirStats, Pod, PodUsage, ResourceAmounts};
 use crate::signals::{Observation, Observations, Signal};
@@ -288,42 +291,6 @@ fn parse_amount(text: &str) -> Result<i64, String> {
         return Err(format!("{text:?} must not be negative"));
     }
     Ok(quantity.value())
-}
-
-/// A quantity as written in a trace: a string (`900Mi`) or a bare YAML/JSON number.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
-pub struct Amount(pub String);
-
-impl<'de> Deserialize<'de> for Amount {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = Amount;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a quantity such as 900Mi or a number")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Amount, E> {
-                Ok(Amount(v.to_string()))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Amount, E> {
-                Ok(Amount(v.to_string()))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Amount, E> {
-                Ok(Amount(v.to_string()))
-            }
-            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Amount, E> {
-                Ok(Amount(v.to_string()))
-            }
-        }
-        deserializer.deserialize_any(Visitor)
-    }
-}
-
-impl From<i64> for Amount {
-    fn from(v: i64) -> Self {
-        Amount(v.to_string())
-    }
 }
 
 #[cfg(test)]
