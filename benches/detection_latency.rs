@@ -22,7 +22,7 @@
 mod support;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use nodekeeper::notify::{Mechanism, NotifierSettings, Notifiers};
 use nodekeeper::pods::{Pod, PodUsage};
 use nodekeeper::signals::{CgroupReader, Observations, Signal, SignalCollector, probe};
 use support::allocator::{AllocatorPlan, monotonic_nanos};
-use support::cgroups::{CGROUP_ROOT, TestCgroups, skip_reason};
+use support::cgroups::TestCgroups;
 use tokio::sync::Notify;
 
 const MIB: u64 = 1 << 20;
@@ -47,17 +47,20 @@ const SAFETY_POLL: Duration = Duration::from_secs(10);
 
 fn main() {
     support::allocator::run_if_requested();
-    if let Some(reason) = skip_reason(&["memory", "freezer"]) {
-        println!("SKIPPED detection_latency: needs root and cgroup v1 memory + freezer: {reason}");
-        return;
-    }
+    let cgroups = match TestCgroups::create(&["memory", "freezer"]) {
+        Ok(cgroups) => cgroups,
+        Err(reason) => {
+            println!("SKIPPED detection_latency: needs cgroup v1 memory + freezer: {reason}");
+            return;
+        }
+    };
     let crossings = env_count("NODEKEEPER_BENCH_CROSSINGS", 60);
     let slow_crossings = env_count("NODEKEEPER_BENCH_SLOW_CROSSINGS", 3);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(run(crossings, slow_crossings));
+    runtime.block_on(run(cgroups, crossings, slow_crossings));
 }
 
 fn env_count(name: &str, default: usize) -> usize {
@@ -91,8 +94,7 @@ struct Harness {
 }
 
 impl Harness {
-    fn new() -> Harness {
-        let mut cgroups = TestCgroups::create(&["memory", "freezer"]);
+    fn new(mut cgroups: TestCgroups) -> Harness {
         cgroups.allocator_args = Vec::new();
         let parent = cgroups.parent.clone();
         cgroups.set_memory_limit(&parent, LIMIT);
@@ -107,8 +109,9 @@ impl Harness {
         }];
         config.eviction.local_storage_capacity_isolation = false;
         let collector = SignalCollector::new(&config.paths);
-        let reader = CgroupReader::detect(Path::new(CGROUP_ROOT)).unwrap();
-        let evictor = CgroupEvictor::new(Path::new(CGROUP_ROOT), reader.layout(), &parent).unwrap();
+        let cgroup_root = cgroups.v1_root();
+        let reader = CgroupReader::detect(&cgroup_root).unwrap();
+        let evictor = CgroupEvictor::new(&cgroup_root, reader.layout(), &parent).unwrap();
         Harness {
             cgroups,
             workload,
@@ -194,9 +197,9 @@ impl Harness {
     }
 }
 
-async fn run(crossings: usize, slow_crossings: usize) {
+async fn run(cgroups: TestCgroups, crossings: usize, slow_crossings: usize) {
     let bench_start = monotonic_nanos();
-    let mut harness = Harness::new();
+    let mut harness = Harness::new(cgroups);
     let support = probe(&harness.config.paths);
     println!(
         "host: memcg eventfd {}, psi {}",

@@ -1,6 +1,8 @@
-//! The standalone evictor against real cgroups on this machine: v1 memory + freezer
-//! hierarchies, and the v2 hierarchy mounted at /sys/fs/cgroup/unified (no controllers,
-//! but `cgroup.kill` works there). Every process killed is one this test started.
+//! The cgroup killers against real cgroups on this machine: the standalone evictor and the
+//! shutdown terminator, on the v1 memory + freezer hierarchies and on the v2 hierarchy
+//! wherever it is mounted (`/sys/fs/cgroup` on a unified host, `/sys/fs/cgroup/unified` on
+//! a hybrid one, found in the mount table). Every process killed is one this test started.
+//! Under `CI=true` these tests fail when real cgroups cannot be used.
 
 mod support;
 
@@ -11,14 +13,18 @@ use std::time::Duration;
 use nodekeeper::act::{CgroupEvictor, DryRunEvictor, KillMethod};
 use nodekeeper::eviction::{EvictionOrder, EvictionReason, Evictor};
 use nodekeeper::pods::Pod;
+use nodekeeper::shutdown::cgroup_kill::CgroupTerminator;
+use nodekeeper::shutdown::plan::PlannedPod;
+use nodekeeper::shutdown::runner::{PodTerminator, Termination};
 use nodekeeper::signals::{CgroupLayout, Signal};
 use support::allocator::AllocatorPlan;
-use support::cgroups::{CGROUP_ROOT, TestCgroups};
+use support::cgroups::{TestCgroups, V2};
 
 const MIB: u64 = 1 << 20;
 const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 #[test]
+#[ignore = "helper process for the real-cgroup tests, not a test by itself"]
 fn allocator_child() {
     support::allocator::run_if_requested();
 }
@@ -54,14 +60,16 @@ fn order(name: &str, grace_period_seconds: i64) -> EvictionOrder {
     }
 }
 
-fn v1_evictor(parent: &Path) -> CgroupEvictor {
-    CgroupEvictor::new(Path::new(CGROUP_ROOT), CgroupLayout::Hybrid, parent).unwrap()
+const V1: &str = "the cgroup v1 memory and freezer hierarchies";
+const UNIFIED: &str = "the cgroup v2 hierarchy";
+
+fn v1_evictor(cgroups: &TestCgroups, parent: &Path) -> CgroupEvictor {
+    CgroupEvictor::new(&cgroups.v1_root(), CgroupLayout::Hybrid, parent).unwrap()
 }
 
 #[tokio::test]
 async fn hard_eviction_freezes_kills_and_thaws_only_the_chosen_v1_cgroup() {
-    require_cgroups!("memory", "freezer");
-    let mut cgroups = TestCgroups::create(&["memory", "freezer"]);
+    let mut cgroups = require!(V1, TestCgroups::create(&["memory", "freezer"]));
     let victim = cgroups.child("pod-a");
     let bystander = cgroups.child("pod-b");
     let victim_pid = cgroups.spawn_allocator(&victim, &holder(false)).id();
@@ -69,7 +77,7 @@ async fn hard_eviction_freezes_kills_and_thaws_only_the_chosen_v1_cgroup() {
     wait_until_resident(victim_pid);
     wait_until_resident(bystander_pid);
 
-    let mut evictor = v1_evictor(&cgroups.parent);
+    let mut evictor = v1_evictor(&cgroups, &cgroups.parent);
     evictor
         .evict(&order("pod-a", 1), &pod("pod-a", &victim))
         .unwrap();
@@ -86,14 +94,13 @@ async fn hard_eviction_freezes_kills_and_thaws_only_the_chosen_v1_cgroup() {
 
 #[tokio::test]
 async fn soft_eviction_returns_at_once_then_escalates_to_sigkill_after_the_grace_period() {
-    require_cgroups!("memory", "freezer");
-    let mut cgroups = TestCgroups::create(&["memory", "freezer"]);
+    let mut cgroups = require!(V1, TestCgroups::create(&["memory", "freezer"]));
     let stubborn = cgroups.child("stubborn");
     let pid = cgroups.spawn_allocator(&stubborn, &holder(true)).id();
     // Let the child install its SIGTERM handler before it is signalled.
     wait_until_resident(pid);
 
-    let mut evictor = v1_evictor(&cgroups.parent);
+    let mut evictor = v1_evictor(&cgroups, &cgroups.parent);
     evictor
         .evict(&order("stubborn", 2), &pod("stubborn", &stubborn))
         .unwrap();
@@ -122,13 +129,12 @@ async fn soft_eviction_returns_at_once_then_escalates_to_sigkill_after_the_grace
 
 #[tokio::test]
 async fn soft_eviction_of_a_cooperative_workload_ends_with_sigterm() {
-    require_cgroups!("memory", "freezer");
-    let mut cgroups = TestCgroups::create(&["memory", "freezer"]);
+    let mut cgroups = require!(V1, TestCgroups::create(&["memory", "freezer"]));
     let polite = cgroups.child("polite");
     let pid = cgroups.spawn_allocator(&polite, &holder(false)).id();
     wait_until_resident(pid);
 
-    let mut evictor = v1_evictor(&cgroups.parent);
+    let mut evictor = v1_evictor(&cgroups, &cgroups.parent);
     evictor
         .evict(&order("polite", 2), &pod("polite", &polite))
         .unwrap();
@@ -140,14 +146,14 @@ async fn soft_eviction_of_a_cooperative_workload_ends_with_sigterm() {
 
 #[tokio::test]
 async fn cgroups_outside_the_workload_parent_are_never_touched() {
-    require_cgroups!("memory", "freezer");
-    let mut workloads = TestCgroups::create(&["memory", "freezer"]);
-    let mut elsewhere = TestCgroups::create(&["memory", "freezer"]);
+    let mut workloads = require!(V1, TestCgroups::create(&["memory", "freezer"]));
+    let mut elsewhere = TestCgroups::create(&["memory", "freezer"]).unwrap();
     let outside = elsewhere.child("not-a-workload");
     let pid = elsewhere.spawn_allocator(&outside, &holder(false)).id();
     wait_until_resident(pid);
 
-    let mut evictor = v1_evictor(&workloads.child("unused"));
+    let unused = workloads.child("unused");
+    let mut evictor = v1_evictor(&workloads, &unused);
     let escape = workloads.parent.join("unused/../../").join(&outside);
     for cgroup in [outside.clone(), escape, PathBuf::from("/")] {
         let error = evictor
@@ -183,8 +189,7 @@ async fn a_pod_without_a_cgroup_is_an_error_naming_it() {
 
 #[tokio::test]
 async fn v2_hard_eviction_uses_cgroup_kill() {
-    require_cgroups!("unified");
-    let mut cgroups = TestCgroups::create(&["unified"]);
+    let mut cgroups = require!(UNIFIED, TestCgroups::create(&[V2]));
     let victim = cgroups.child("pod-a");
     let bystander = cgroups.child("pod-b");
     let victim_pid = cgroups.spawn_allocator(&victim, &holder(true)).id();
@@ -192,8 +197,8 @@ async fn v2_hard_eviction_uses_cgroup_kill() {
     wait_until_resident(victim_pid);
     wait_until_resident(bystander_pid);
 
-    let unified = Path::new(CGROUP_ROOT).join("unified");
-    let mut evictor = CgroupEvictor::new(&unified, CgroupLayout::Unified, &cgroups.parent).unwrap();
+    let mut evictor =
+        CgroupEvictor::new(cgroups.mount(V2), CgroupLayout::Unified, &cgroups.parent).unwrap();
     evictor
         .evict(&order("pod-a", 0), &pod("pod-a", &victim))
         .unwrap();
@@ -237,4 +242,61 @@ fn wait_until_resident(pid: u32) {
         std::thread::sleep(Duration::from_millis(5));
     }
     panic!("pid {pid} never reached 4 MiB resident");
+}
+
+fn planned(name: &str) -> PlannedPod {
+    PlannedPod {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: None,
+        grace_period_seconds: 0,
+    }
+}
+
+/// Standalone shutdown: a cooperative workload ends with SIGTERM within its grace period,
+/// one that ignores SIGTERM is killed when the grace period ends, and an empty or missing
+/// cgroup has nothing to stop.
+async fn shutdown_terminator_sigterm_then_kill(hierarchy: &str, cgroups: &mut TestCgroups) {
+    cgroups.child("default");
+    let polite_cgroup = cgroups.child("default/polite");
+    let stubborn_cgroup = cgroups.child("default/stubborn");
+    let polite = cgroups.spawn_shell(&polite_cgroup, "exec sleep 1000", "sleep");
+    let stubborn = cgroups.spawn_shell(&stubborn_cgroup, "trap '' TERM; exec sleep 1000", "sleep");
+    let terminator = CgroupTerminator::new(cgroups.dir(hierarchy, &cgroups.parent));
+    let grace = Duration::from_millis(300);
+
+    let outcome = terminator
+        .terminate(&planned("polite"), Duration::from_secs(30))
+        .await;
+    assert_eq!(outcome.unwrap(), Termination::Graceful);
+    let outcome = terminator.terminate(&planned("stubborn"), grace).await;
+    assert_eq!(outcome.unwrap(), Termination::Killed);
+    let mut signal = |pid| cgroups.wait_child(pid, EXIT_WAIT).and_then(|s| s.signal());
+    assert_eq!(
+        [signal(polite), signal(stubborn)],
+        [Some(libc::SIGTERM), Some(libc::SIGKILL)]
+    );
+    let outcome = terminator.terminate(&planned("polite"), grace).await;
+    assert_eq!(
+        outcome.unwrap(),
+        Termination::NotFound,
+        "an empty cgroup has nothing to stop"
+    );
+    let outcome = terminator.terminate(&planned("absent"), grace).await;
+    assert_eq!(outcome.unwrap(), Termination::NotFound);
+}
+
+#[tokio::test]
+async fn shutdown_terminator_on_v2_sends_sigterm_then_cgroup_kill() {
+    let mut cgroups = require!(UNIFIED, TestCgroups::create(&[V2]));
+    shutdown_terminator_sigterm_then_kill(V2, &mut cgroups).await;
+}
+
+#[tokio::test]
+async fn shutdown_terminator_on_v1_sends_sigterm_then_freezes_kills_and_thaws() {
+    let mut cgroups = require!(
+        "the cgroup v1 freezer hierarchy",
+        TestCgroups::create(&["freezer"])
+    );
+    shutdown_terminator_sigterm_then_kill("freezer", &mut cgroups).await;
 }

@@ -2,8 +2,16 @@
 //! standalone mode, evicts the workload the kubelet's ranking picks, before the kernel
 //! OOM killer fires, and leaves the others running.
 //!
-//! Needs root and a v1 memory hierarchy; it skips with a message otherwise. Every cgroup
-//! it creates lives under a parent it owns, and is removed at the end.
+//! Needs root and the v1 memory and freezer hierarchies at /sys/fs/cgroup (fails under
+//! `CI=true` without them, skips with a message otherwise). Every cgroup it creates lives
+//! under a parent it owns, and is removed at the end.
+
+#[allow(dead_code)]
+mod support {
+    pub mod allocator;
+    pub mod cgroups;
+    pub mod real;
+}
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -67,22 +75,29 @@ impl Fixture {
             .collect()
     }
 
-    fn create(name: &str, limit: u64) -> Option<Fixture> {
+    /// The parent cgroups, or why they cannot be made here.
+    fn create(name: &str, limit: u64) -> Result<Fixture, String> {
+        support::real::root()?;
+        for (controller, expected) in [("memory", MEMORY), ("freezer", FREEZER)] {
+            let mounted = support::cgroups::mount_point(controller)?;
+            if mounted != Path::new(expected) {
+                return Err(format!(
+                    "the {controller} hierarchy is mounted at {}, not {expected}",
+                    mounted.display()
+                ));
+            }
+        }
         let fixture = Fixture {
             name: name.to_string(),
             workloads: Vec::new(),
         };
         for dir in fixture.dirs(None) {
-            if fs::create_dir(&dir).is_err() {
-                return None;
-            }
+            fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        fs::write(
-            Path::new(MEMORY).join(name).join("memory.limit_in_bytes"),
-            limit.to_string(),
-        )
-        .ok()?;
-        Some(fixture)
+        let limit_file = Path::new(MEMORY).join(name).join("memory.limit_in_bytes");
+        fs::write(&limit_file, limit.to_string())
+            .map_err(|e| format!("{}: {e}", limit_file.display()))?;
+        Ok(fixture)
     }
 
     fn start_workload(&mut self, name: &str, mib: usize, mib_per_sec: usize) {
@@ -197,18 +212,11 @@ fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) 
 
 #[test]
 fn agent_evicts_the_ranked_workload_before_the_oom_killer() {
-    if unsafe { libc::geteuid() } != 0
-        || !Path::new(MEMORY).join("cgroup.event_control").exists()
-        || !Path::new(FREEZER).exists()
-    {
-        eprintln!("skipping: needs root and cgroup v1 memory and freezer hierarchies");
-        return;
-    }
     let name = format!("nodekeeper-e2e-{}", std::process::id());
-    let Some(mut fixture) = Fixture::create(&name, 256 * MIB) else {
-        eprintln!("skipping: cannot create test cgroups under {MEMORY}");
-        return;
-    };
+    let mut fixture = require!(
+        "the cgroup v1 memory and freezer hierarchies",
+        Fixture::create(&name, 256 * MIB)
+    );
     // Below their requests: must survive. The hog has no request and grows past the
     // threshold: the kubelet's memory ranking puts it first.
     fixture.start_workload("steady-high-priority", 40, 200);

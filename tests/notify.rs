@@ -24,14 +24,17 @@ const MIB: u64 = 1 << 20;
 const ARRIVAL: Duration = Duration::from_secs(20);
 
 #[test]
+#[ignore = "helper process for the real-cgroup tests, not a test by itself"]
 fn allocator_child() {
     support::allocator::run_if_requested();
 }
 
 #[tokio::test]
 async fn memcg_threshold_fires_when_a_real_cgroup_crosses_it() {
-    require_cgroups!("memory");
-    let mut cgroups = TestCgroups::create(&["memory"]);
+    let mut cgroups = require!(
+        "the cgroup v1 memory hierarchy",
+        TestCgroups::create(&["memory"])
+    );
     let parent = cgroups.parent.clone();
     cgroups.set_memory_limit(&parent, 256 * MIB);
     let dir = cgroups.dir("memory", &parent);
@@ -69,8 +72,10 @@ async fn memcg_threshold_fires_when_a_real_cgroup_crosses_it() {
 
 #[tokio::test]
 async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
-    require_cgroups!("memory");
-    let mut cgroups = TestCgroups::create(&["memory"]);
+    let mut cgroups = require!(
+        "the cgroup v1 memory hierarchy",
+        TestCgroups::create(&["memory"])
+    );
     let parent = cgroups.parent.clone();
     cgroups.set_memory_limit(&parent, 256 * MIB);
 

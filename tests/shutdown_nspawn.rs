@@ -3,8 +3,14 @@
 //! priority tiers; `systemctl poweroff` inside must wait for the agent's phases.
 //!
 //! Needs root, systemd-nspawn (package systemd-container) and debootstrap; the tree is
-//! cached in /var/cache/nodekeeper-test/bookworm (override with NODEKEEPER_NSPAWN_TREE).
-//! Skips with a message when any of that is unavailable.
+//! cached in /var/cache/nodekeeper-test/bookworm (override with NODEKEEPER_NSPAWN_TREE;
+//! the mirror is apt's own, or NODEKEEPER_DEBIAN_MIRROR). Fails under `CI=true` when any
+//! of that is unavailable, skips with a message otherwise.
+
+mod support {
+    pub mod debian;
+    pub mod real;
+}
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -12,68 +18,7 @@ use std::time::{Duration, Instant};
 
 use nodekeeper::shutdown::state::{PhaseStatus, ShutdownOutcome, ShutdownState, StateStore};
 
-fn skip(reason: &str) {
-    eprintln!("skipping the systemd-nspawn end-to-end test: {reason}");
-}
-
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {program}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
-        status
-            .lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-    })
-}
-
-fn debian_mirror() -> String {
-    if let Ok(mirror) = std::env::var("NODEKEEPER_DEBIAN_MIRROR") {
-        return mirror;
-    }
-    let sources = std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources")
-        .or_else(|_| std::fs::read_to_string("/etc/apt/sources.list"))
-        .unwrap_or_default();
-    sources
-        .split_whitespace()
-        .find(|word| word.starts_with("http") && !word.contains("security"))
-        .unwrap_or("http://deb.debian.org/debian")
-        .to_string()
-}
-
-/// The cached minimal tree, built once with debootstrap.
-fn cached_tree() -> Result<PathBuf, String> {
-    let tree = std::env::var("NODEKEEPER_NSPAWN_TREE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from("/var/cache/nodekeeper-test/bookworm"));
-    if tree.join("usr/lib/systemd/systemd").exists() {
-        return Ok(tree);
-    }
-    let partial = tree.with_extension("partial");
-    let _ = std::fs::remove_dir_all(&partial);
-    std::fs::create_dir_all(tree.parent().unwrap()).map_err(|e| e.to_string())?;
-    let status = Command::new("debootstrap")
-        .args([
-            "--variant=minbase",
-            "--include=systemd,systemd-sysv,dbus",
-            "bookworm",
-        ])
-        .arg(&partial)
-        .arg(debian_mirror())
-        .status()
-        .map_err(|e| format!("debootstrap: {e}"))?;
-    if !status.success() {
-        return Err(format!("debootstrap failed ({status})"));
-    }
-    std::fs::rename(&partial, &tree).map_err(|e| e.to_string())?;
-    Ok(tree)
-}
+const NSPAWN: &str = "systemd-nspawn with a debootstrap'ed Debian tree";
 
 struct Container {
     nspawn: Child,
@@ -151,11 +96,6 @@ fn events(shared: &Path) -> Vec<(f64, String, String)> {
         .collect()
 }
 
-fn skip_with<T>(reason: &str) -> Option<T> {
-    skip(reason);
-    None
-}
-
 /// One container at a time: two booting at once on a small machine blur the timings.
 static ONE_CONTAINER_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -168,25 +108,15 @@ struct Booted {
 }
 
 /// Boot the container with the agent and workloads and wait until the agent holds its
-/// lock; `None` (after a message) when this machine cannot run the test.
-fn boot() -> Option<Booted> {
-    if !is_root() {
-        return skip_with("not running as root");
-    }
-    for program in ["systemd-nspawn", "debootstrap", "nsenter"] {
-        if !have(program) {
-            return skip_with(&format!(
-                "{program} is missing (apt-get install -y systemd-container debootstrap)"
-            ));
-        }
-    }
+/// lock; `Err` says why this machine cannot run the test.
+fn boot() -> Result<Booted, String> {
+    support::real::root()?;
+    support::real::program("systemd-nspawn", "systemd-container")?;
+    support::real::program("nsenter", "util-linux")?;
     let serial = ONE_CONTAINER_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let tree = match cached_tree() {
-        Ok(tree) => tree,
-        Err(error) => return skip_with(&format!("no Debian tree: {error}")),
-    };
+    let tree = support::debian::cached_tree()?;
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("root");
     let shared = work.path().join("shared");
@@ -231,9 +161,8 @@ fn boot() -> Option<Booted> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn();
-    let mut container = match nspawn {
-        Ok(child) => Container { nspawn: child },
-        Err(error) => return skip_with(&format!("systemd-nspawn cannot start: {error}")),
+    let mut container = Container {
+        nspawn: nspawn.map_err(|e| format!("systemd-nspawn cannot start: {e}"))?,
     };
     let booted = Instant::now();
     let agent_log = shared.join("agent.log");
@@ -242,8 +171,10 @@ fn boot() -> Option<Booted> {
         "logind delay lock held",
         Duration::from_secs(90),
     ) {
-        if container.nspawn.try_wait().ok().flatten().is_some() {
-            return skip_with("systemd-nspawn exited during boot (no container support here?)");
+        if let Ok(Some(status)) = container.nspawn.try_wait() {
+            return Err(format!(
+                "systemd-nspawn exited during boot ({status}; no container support here?)"
+            ));
         }
         panic!(
             "the agent never took the delay lock; its log:\n{}",
@@ -254,7 +185,7 @@ fn boot() -> Option<Booted> {
         "container booted and agent holds the lock after {:?}",
         booted.elapsed()
     );
-    Some(Booted {
+    Ok(Booted {
         _serial: serial,
         _work: work,
         root,
@@ -265,16 +196,13 @@ fn boot() -> Option<Booted> {
 
 #[test]
 fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
-    let Some(Booted {
+    let Booted {
         _serial,
         _work,
         root,
         shared,
         mut container,
-    }) = boot()
-    else {
-        return;
-    };
+    } = require!(NSPAWN, boot());
     let agent_log = shared.join("agent.log");
     // The lock is visible to logind, and logind honours the raised limit.
     let inhibitors = container.exec("systemd-inhibit --list --no-pager");
@@ -382,16 +310,13 @@ fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
 /// on a real node might hold) keeps logind waiting meanwhile, up to the raised 9 s limit.
 #[test]
 fn an_agent_killed_mid_shutdown_resumes_the_remaining_phases() {
-    let Some(Booted {
+    let Booted {
         _serial,
         _work,
         shared,
         mut container,
         ..
-    }) = boot()
-    else {
-        return;
-    };
+    } = require!(NSPAWN, boot());
     let give_up = Instant::now() + Duration::from_secs(30);
     while events(&shared).iter().filter(|e| e.2 == "START").count() < 4 {
         assert!(Instant::now() < give_up, "workloads did not start");
@@ -443,4 +368,98 @@ fn an_agent_killed_mid_shutdown_resumes_the_remaining_phases() {
             events(&shared)
         );
     }
+}
+
+// ------------------------------------------------------- the mirror debootstrap uses
+
+/// This machine's own sources file: the mirror is in `URIs:`, and a snapshot address sits
+/// in a comment just above it.
+const DEB822_WITH_COMMENTED_SNAPSHOT: &str = "\
+Types: deb
+# http://snapshot.debian.org/archive/debian/20250520T000000Z
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+# http://snapshot.debian.org/archive/debian-security/20250520T000000Z
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+";
+
+#[test]
+fn the_mirror_comes_from_the_uris_field_not_from_a_comment() {
+    let sources = support::debian::parse_deb822(DEB822_WITH_COMMENTED_SNAPSHOT);
+    assert_eq!(
+        support::debian::choose_mirror(&sources, "bookworm").as_deref(),
+        Some("http://deb.debian.org/debian")
+    );
+}
+
+#[test]
+fn deb822_continuation_lines_disabled_paragraphs_and_source_only_entries() {
+    let text = "\
+Types: deb-src
+URIs: http://source-only.example/debian
+Suites: bookworm
+
+Types: deb
+Enabled: no
+URIs: http://disabled.example/debian
+Suites: bookworm
+
+# A comment paragraph of its own.
+
+types: deb deb-src
+uris:
+ http://first.example/debian/
+ http://second.example/debian
+suites: trixie bookworm
+";
+    let sources = support::debian::parse_deb822(text);
+    assert_eq!(sources.len(), 1, "{sources:?}");
+    assert_eq!(
+        sources[0].uris,
+        [
+            "http://first.example/debian/",
+            "http://second.example/debian"
+        ]
+    );
+    assert_eq!(
+        support::debian::choose_mirror(&sources, "bookworm").as_deref(),
+        Some("http://first.example/debian")
+    );
+}
+
+#[test]
+fn one_line_sources_skip_comments_deb_src_and_options() {
+    let text = "\
+# deb http://commented.example/debian bookworm main
+deb-src http://source.example/debian bookworm main
+deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] http://security.debian.org/debian-security bookworm-security main
+deb [ arch=amd64 ] http://mirror.example/debian bookworm main # the main archive
+";
+    let sources = support::debian::parse_one_line(text);
+    assert_eq!(sources.len(), 2, "{sources:?}");
+    assert_eq!(
+        support::debian::choose_mirror(&sources, "bookworm").as_deref(),
+        Some("http://mirror.example/debian")
+    );
+}
+
+#[test]
+fn a_mirror_without_the_suite_falls_back_to_the_first_main_archive() {
+    let sources = support::debian::parse_one_line(
+        "deb http://updates.example/debian trixie-updates main\n\
+         deb cdrom:[Debian]/ trixie main\n\
+         deb https://main.example/debian trixie main\n",
+    );
+    assert_eq!(
+        support::debian::choose_mirror(&sources, "bookworm").as_deref(),
+        Some("https://main.example/debian")
+    );
+    assert_eq!(support::debian::choose_mirror(&[], "bookworm"), None);
 }

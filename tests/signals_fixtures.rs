@@ -1,5 +1,10 @@
 //! The live collectors against fake cgroupfs/procfs trees in tests/fixtures.
 
+mod support {
+    #[allow(dead_code)]
+    pub mod real;
+}
+
 use std::path::{Path, PathBuf};
 
 use nodekeeper::config::HostPaths;
@@ -13,6 +18,23 @@ const MEM_FREE: i64 = 8_000_000 * 1024;
 const MEMINFO_INACTIVE_FILE: i64 = 2_000_000 * 1024;
 const GIB: i64 = 1 << 30;
 const MIB: i64 = 1 << 20;
+
+/// `dir` exists and is on another filesystem than the fixtures (the fake nodefs).
+fn separate_filesystem(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let device = |path: &Path| {
+        std::fs::metadata(path)
+            .map(|meta| meta.dev())
+            .map_err(|e| format!("{}: {e}", path.display()))
+    };
+    if device(dir)? == device(&fixtures())? {
+        return Err(format!(
+            "{} is on the same filesystem as the fixtures",
+            dir.display()
+        ));
+    }
+    Ok(())
+}
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -197,9 +219,10 @@ fn filesystem_signals_follow_nodefs_without_dedicated_imagefs() {
 #[test]
 fn containerfs_follows_a_dedicated_imagefs() {
     let shm = Path::new("/dev/shm");
-    if !shm.is_dir() {
-        return;
-    }
+    require!(
+        "a separate filesystem (tmpfs) at /dev/shm",
+        separate_filesystem(shm)
+    );
     let mut paths = fixture_host("cgroup-v1", "kubepods");
     paths.imagefs = Some(shm.to_path_buf());
     let collection = SignalCollector::new(&paths).collect();

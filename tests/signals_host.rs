@@ -1,8 +1,17 @@
 //! The live collectors against this real host, cross-checked with independent sources
 //! (/proc/meminfo's MemAvailable, `df`, /proc/self/mounts) and a real test cgroup.
 
+#[allow(dead_code)]
+mod support {
+    pub mod allocator;
+    pub mod cgroups;
+    pub mod real;
+}
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
+
+use support::cgroups::TestCgroups;
 
 use nodekeeper::config::HostPaths;
 use nodekeeper::signals::{CgroupLayout, CgroupReader, Signal, SignalCollector, probe};
@@ -124,39 +133,18 @@ fn detected_layout_matches_the_mount_table() {
     assert_eq!(support.memcg_eventfd_v1, expected.memory_is_v1());
 }
 
-/// A v1 memory cgroup this test owns, removed on drop with any child it started.
-struct TestCgroup {
-    dir: PathBuf,
-    child: Option<Child>,
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_dir(&self.dir);
-    }
-}
-
 #[test]
 fn real_v1_cgroup_usage_reports_limit_and_processes() {
-    let memory_root = Path::new("/sys/fs/cgroup/memory");
-    let name = format!("nodekeeper-test-{}-1", std::process::id());
-    let dir = memory_root.join(&name);
-    if !memory_root.join("cgroup.procs").exists() || std::fs::create_dir(&dir).is_err() {
-        eprintln!("skipping: cannot create a v1 memory cgroup here");
-        return;
-    }
-    let mut cgroup = TestCgroup { dir, child: None };
-    std::fs::write(cgroup.dir.join("memory.limit_in_bytes"), "67108864").unwrap();
-    let child = Command::new("sleep").arg("30").spawn().unwrap();
-    std::fs::write(cgroup.dir.join("cgroup.procs"), child.id().to_string()).unwrap();
-    cgroup.child = Some(child);
+    let mut cgroups = require!(
+        "the cgroup v1 memory hierarchy",
+        TestCgroups::create(&["memory"])
+    );
+    let parent = cgroups.parent.clone();
+    cgroups.set_memory_limit(&parent, 64 << 20);
+    cgroups.spawn_shell(&parent, "exec sleep 30", "sleep");
 
-    let reader = CgroupReader::detect(Path::new("/sys/fs/cgroup")).unwrap();
-    let usage = reader.read_cgroup_usage(Path::new(&name)).unwrap();
+    let reader = CgroupReader::detect(&cgroups.v1_root()).unwrap();
+    let usage = reader.read_cgroup_usage(&parent).unwrap();
     assert_eq!(usage.limit_bytes, Some(64 << 20));
     assert_eq!(usage.process_count, 1);
     assert!(usage.working_set_bytes <= usage.usage_bytes);
@@ -164,6 +152,57 @@ fn real_v1_cgroup_usage_reports_limit_and_processes() {
         reader
             .list_child_cgroups(Path::new("/"))
             .unwrap()
-            .contains(&PathBuf::from("/").join(&name))
+            .contains(&PathBuf::from("/").join(&parent))
+    );
+}
+
+/// The tests find cgroup hierarchies in the mount table, wherever a host mounts them.
+#[test]
+fn test_cgroups_find_each_hierarchy_in_mountinfo() {
+    use support::cgroups::{CgroupMount, cgroup_mounts};
+    let hybrid = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime shared:14 - cgroup cgroup rw,memory
+36 31 0:33 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw,nsdelegate
+";
+    let mounts = cgroup_mounts(hybrid);
+    assert_eq!(
+        mounts.iter().map(|m| m.point.clone()).collect::<Vec<_>>(),
+        [
+            "/sys/fs/cgroup/memory",
+            "/sys/fs/cgroup/cpu,cpuacct",
+            "/sys/fs/cgroup/unified"
+        ]
+        .map(PathBuf::from)
+    );
+    assert_eq!(mounts[1].super_options, ["rw", "cpu", "cpuacct"]);
+    let unified = "29 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n\
+                   30 23 0:27 / /mnt/odd\\040place rw - cgroup2 none rw\n";
+    assert_eq!(
+        cgroup_mounts(unified),
+        [
+            CgroupMount {
+                point: PathBuf::from("/sys/fs/cgroup"),
+                fstype: "cgroup2".into(),
+                super_options: vec!["rw".into(), "nsdelegate".into()],
+            },
+            CgroupMount {
+                point: PathBuf::from("/mnt/odd place"),
+                fstype: "cgroup2".into(),
+                super_options: vec!["rw".into()],
+            },
+        ]
+    );
+
+    // On this host, the v2 mount found is the one /proc/self/mounts lists.
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let listed = mounts.lines().find_map(|line| {
+        let fields: Vec<_> = line.split_whitespace().collect();
+        (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
+    });
+    assert_eq!(
+        support::cgroups::mount_point(support::cgroups::V2).ok(),
+        listed
     );
 }

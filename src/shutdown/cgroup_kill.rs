@@ -207,65 +207,9 @@ async fn wait_until(
 
 #[cfg(test)]
 mod tests {
-    use std::process::{Child, Command};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::*;
 
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-
-    /// A cgroup parent this test owns, removed (children first) when dropped.
-    struct TestParent(PathBuf);
-
-    impl TestParent {
-        fn under(hierarchy: &str) -> Option<TestParent> {
-            let root = Path::new(hierarchy);
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let dir = root.join(format!("nodekeeper-test-{}-{n}", std::process::id()));
-            if let Err(error) = std::fs::create_dir(&dir) {
-                eprintln!("skipping: cannot create a test cgroup under {hierarchy}: {error}");
-                return None;
-            }
-            Some(TestParent(dir))
-        }
-    }
-
-    impl Drop for TestParent {
-        fn drop(&mut self) {
-            let mut dirs = vec![];
-            let mut pending = vec![self.0.clone()];
-            while let Some(dir) = pending.pop() {
-                if let Ok(entries) = std::fs::read_dir(&dir) {
-                    for entry in entries.flatten() {
-                        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                            pending.push(entry.path());
-                        }
-                    }
-                }
-                dirs.push(dir);
-            }
-            for dir in dirs.iter().rev() {
-                let _ = std::fs::remove_dir(dir);
-            }
-        }
-    }
-
-    /// A process this test started; killed by its PID if an assertion fails first.
-    struct Started(Child);
-
-    impl Drop for Started {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-
-    fn start_in(cgroup: &Path, script: &str) -> Started {
-        std::fs::create_dir_all(cgroup).unwrap();
-        let child = Started(Command::new("sh").arg("-c").arg(script).spawn().unwrap());
-        std::fs::write(cgroup.join("cgroup.procs"), child.0.id().to_string()).unwrap();
-        child
-    }
+    // The real-cgroup tests of the terminator are in tests/act.rs.
 
     fn planned(namespace: &str, name: &str) -> PlannedPod {
         PlannedPod {
@@ -274,64 +218,6 @@ mod tests {
             uid: None,
             grace_period_seconds: 0,
         }
-    }
-
-    async fn graceful_then_forced(hierarchy: &str) {
-        let Some(parent) = TestParent::under(hierarchy) else {
-            return;
-        };
-        let terminator = CgroupTerminator::new(&parent.0);
-        let polite = planned("default", "polite");
-        let stubborn = planned("default", "stubborn");
-        let mut children = [
-            start_in(&terminator.cgroup_of(&polite).unwrap(), "exec sleep 1000"),
-            start_in(
-                &terminator.cgroup_of(&stubborn).unwrap(),
-                "trap '' TERM; exec sleep 1000",
-            ),
-        ];
-        let grace = Duration::from_millis(300);
-        assert_eq!(
-            terminator
-                .terminate(&polite, Duration::from_secs(30))
-                .await
-                .unwrap(),
-            Termination::Graceful
-        );
-        assert_eq!(
-            terminator.terminate(&stubborn, grace).await.unwrap(),
-            Termination::Killed
-        );
-        let statuses: Vec<Option<i32>> = children
-            .iter_mut()
-            .map(|c| {
-                use std::os::unix::process::ExitStatusExt;
-                c.0.wait().unwrap().signal()
-            })
-            .collect();
-        assert_eq!(statuses, vec![Some(libc::SIGTERM), Some(libc::SIGKILL)]);
-        assert_eq!(
-            terminator.terminate(&polite, grace).await.unwrap(),
-            Termination::NotFound,
-            "an empty cgroup has nothing to stop"
-        );
-        assert_eq!(
-            terminator
-                .terminate(&planned("default", "absent"), grace)
-                .await
-                .unwrap(),
-            Termination::NotFound
-        );
-    }
-
-    #[tokio::test]
-    async fn cgroup_v2_processes_get_sigterm_then_cgroup_kill() {
-        graceful_then_forced("/sys/fs/cgroup/unified").await;
-    }
-
-    #[tokio::test]
-    async fn cgroup_v1_processes_get_sigterm_then_freeze_kill_thaw() {
-        graceful_then_forced("/sys/fs/cgroup/freezer").await;
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Real v1 (and hybrid v2) cgroups owned by one test: created under a unique name, and
-//! always removed, after killing the test's own children by PID.
+//! Real cgroups (v1 controllers and the v2 hierarchy, wherever this machine mounts them)
+//! owned by one test: created under a unique name, and always removed, after killing the
+//! test's own children by PID.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,58 +10,119 @@ use std::time::Duration;
 
 use super::allocator::{ALLOCATOR_ENV, AllocatorPlan};
 
-pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// The tests' name for the unified (cgroup v2) hierarchy; every other name is a v1
+/// controller (`memory`, `freezer`).
+pub const V2: &str = "v2";
+
+/// One cgroup mount of this machine, from `/proc/self/mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupMount {
+    pub point: PathBuf,
+    /// `cgroup` (v1) or `cgroup2`.
+    pub fstype: String,
+    /// The super options; for v1 they name the controllers (`rw,memory`).
+    pub super_options: Vec<String>,
+}
+
+/// The cgroup mounts listed in a mountinfo text (see proc(5)): the mount point is the
+/// fifth field, and after the ` - ` separator come the filesystem type, the source and
+/// the super options. Octal escapes (`\040` for a space) in the mount point are decoded.
+pub fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (mount, filesystem) = line.split_once(" - ")?;
+            let point = mount.split(' ').nth(4)?;
+            let mut filesystem = filesystem.split(' ');
+            let fstype = filesystem.next()?;
+            let _source = filesystem.next()?;
+            let super_options = filesystem.next().unwrap_or_default();
+            matches!(fstype, "cgroup" | "cgroup2").then(|| CgroupMount {
+                point: PathBuf::from(unescape_mount_point(point)),
+                fstype: fstype.to_string(),
+                super_options: super_options.split(',').map(str::to_string).collect(),
+            })
+        })
+        .collect()
+}
+
+fn unescape_mount_point(escaped: &str) -> String {
+    let bytes = escaped.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|digits| bytes[i] == b'\\' && digits.iter().all(|d| (b'0'..=b'7').contains(d)));
+        match octal {
+            Some(digits) => {
+                let value = digits
+                    .iter()
+                    .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
+                out.push(u8::try_from(value).unwrap_or(b'?'));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Where this machine mounts `hierarchy` ([`V2`] or a v1 controller), as this process
+/// sees it in `/proc/self/mountinfo`: `/sys/fs/cgroup` on a unified host,
+/// `/sys/fs/cgroup/unified` for v2 on a hybrid one.
+pub fn mount_point(hierarchy: &str) -> Result<PathBuf, String> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    let mounts = cgroup_mounts(&mountinfo);
+    let found = if hierarchy == V2 {
+        mounts.iter().find(|m| m.fstype == "cgroup2")
+    } else {
+        mounts
+            .iter()
+            .find(|m| m.fstype == "cgroup" && m.super_options.iter().any(|o| o == hierarchy))
+    };
+    found.map(|m| m.point.clone()).ok_or_else(|| {
+        if hierarchy == V2 {
+            "no cgroup2 filesystem is mounted".to_string()
+        } else {
+            format!("no cgroup v1 hierarchy with the {hierarchy} controller is mounted")
+        }
+    })
+}
 
 pub struct TestCgroups {
     /// The parent, relative to each hierarchy root, e.g. `nodekeeper-test-123-0`.
     pub parent: PathBuf,
-    hierarchies: Vec<PathBuf>,
+    /// (name, mount point) of each hierarchy the cgroups are made in.
+    hierarchies: Vec<(String, PathBuf)>,
     created: Vec<PathBuf>,
     children: Vec<Child>,
     /// Arguments that make the re-executed binary run only the allocator: libtest needs
-    /// a filter naming the test that calls `run_if_requested`; a harness-less bench none.
+    /// a filter naming the (ignored) test that calls `run_if_requested`; a harness-less
+    /// bench none.
     pub allocator_args: Vec<String>,
 }
 
-/// The test every real-cgroup test binary must define, calling
+/// The test every real-cgroup test binary must define (`#[ignore]`d), calling
 /// `support::allocator::run_if_requested()`.
 pub const ALLOCATOR_TEST: &str = "allocator_child";
 
-/// Why a real-cgroup test cannot run here, or `None` when it can.
-pub fn skip_reason(hierarchies: &[&str]) -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".to_string());
-    }
-    for hierarchy in hierarchies {
-        let dir = Path::new(CGROUP_ROOT).join(hierarchy);
-        let marker = if *hierarchy == "unified" {
-            "cgroup.controllers"
-        } else {
-            "cgroup.procs"
-        };
-        if !dir.join(marker).exists() {
-            return Some(format!("{} is not a cgroup hierarchy", dir.display()));
-        }
-    }
-    None
-}
-
-/// Skip (return early) with a message when the test cannot run here.
-#[macro_export]
-macro_rules! require_cgroups {
-    ($($hierarchy:expr),+) => {
-        if let Some(reason) = support::cgroups::skip_reason(&[$($hierarchy),+]) {
-            eprintln!("SKIPPED: needs root and cgroup hierarchies {:?}: {reason}", [$($hierarchy),+]);
-            return;
-        }
-    };
-}
-
 impl TestCgroups {
-    /// Create the parent in each of `hierarchies` (`memory`, `freezer`, `unified`).
-    pub fn create(hierarchies: &[&str]) -> TestCgroups {
+    /// Create a parent cgroup this test owns in each of `hierarchies` (v1 controllers such
+    /// as `memory` and `freezer`, or [`V2`]), found through the mount table. `Err` says
+    /// why real cgroups cannot be used here (not root, not mounted, not writable).
+    pub fn create(hierarchies: &[&str]) -> Result<TestCgroups, String> {
+        super::real::root()?;
+        let mut resolved = Vec::new();
+        for hierarchy in hierarchies {
+            resolved.push((hierarchy.to_string(), mount_point(hierarchy)?));
+        }
         let parent = PathBuf::from(format!(
             "nodekeeper-test-{}-{}",
             std::process::id(),
@@ -68,18 +130,53 @@ impl TestCgroups {
         ));
         let mut cgroups = TestCgroups {
             parent: parent.clone(),
-            hierarchies: hierarchies
-                .iter()
-                .map(|h| Path::new(CGROUP_ROOT).join(h))
-                .collect(),
+            hierarchies: resolved,
             created: Vec::new(),
             children: Vec::new(),
-            allocator_args: [ALLOCATOR_TEST, "--exact", "--nocapture", "--test-threads=1"]
-                .map(String::from)
-                .to_vec(),
+            allocator_args: [
+                ALLOCATOR_TEST,
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ]
+            .map(String::from)
+            .to_vec(),
         };
-        cgroups.make(&parent);
-        cgroups
+        for (_, mount) in cgroups.hierarchies.clone() {
+            let dir = mount.join(&parent);
+            std::fs::create_dir(&dir)
+                .map_err(|e| format!("cannot create a test cgroup {}: {e}", dir.display()))?;
+            cgroups.created.push(dir);
+        }
+        Ok(cgroups)
+    }
+
+    /// The mount point of one of this test's hierarchies.
+    pub fn mount(&self, hierarchy: &str) -> &Path {
+        self.hierarchies
+            .iter()
+            .find(|(name, _)| name == hierarchy)
+            .map(|(_, mount)| mount.as_path())
+            .unwrap_or_else(|| panic!("{hierarchy} is not one of this test's hierarchies"))
+    }
+
+    /// The directory holding the v1 controller mounts (`/sys/fs/cgroup`), which is what
+    /// the agent's `cgroupRoot` names; it must hold this test's v1 hierarchies under their
+    /// controller names, as the agent expects.
+    pub fn v1_root(&self) -> PathBuf {
+        let memory = self.mount("memory");
+        let root = memory.parent().expect("a v1 mount below a directory");
+        for (name, mount) in &self.hierarchies {
+            if name != V2 {
+                assert_eq!(
+                    mount,
+                    &root.join(name),
+                    "v1 hierarchies are expected side by side"
+                );
+            }
+        }
+        root.to_path_buf()
     }
 
     /// Create a child cgroup (relative to the parent) in every hierarchy; returns its path
@@ -91,15 +188,15 @@ impl TestCgroups {
     }
 
     fn make(&mut self, relative: &Path) {
-        for hierarchy in self.hierarchies.clone() {
-            let dir = hierarchy.join(relative);
+        for (_, mount) in self.hierarchies.clone() {
+            let dir = mount.join(relative);
             std::fs::create_dir(&dir).unwrap();
             self.created.push(dir);
         }
     }
 
     pub fn dir(&self, hierarchy: &str, relative: &Path) -> PathBuf {
-        Path::new(CGROUP_ROOT).join(hierarchy).join(relative)
+        self.mount(hierarchy).join(relative)
     }
 
     pub fn set_memory_limit(&self, relative: &Path, bytes: u64) {
@@ -121,9 +218,9 @@ impl TestCgroups {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        for hierarchy in &self.hierarchies {
+        for (_, mount) in &self.hierarchies {
             std::fs::write(
-                hierarchy.join(relative).join("cgroup.procs"),
+                mount.join(relative).join("cgroup.procs"),
                 child.id().to_string(),
             )
             .unwrap();
@@ -131,6 +228,32 @@ impl TestCgroups {
         child.stdin.as_mut().unwrap().write_all(b"g").unwrap();
         self.children.push(child);
         self.children.last_mut().unwrap()
+    }
+
+    /// Start `sh -c script` inside `relative` in every hierarchy; returns its PID once the
+    /// shell has exec'd the script's last command (so a `trap` in it is in force).
+    pub fn spawn_shell(&mut self, relative: &Path, script: &str, execs: &str) -> u32 {
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        self.children.push(child);
+        for (_, mount) in &self.hierarchies {
+            std::fs::write(mount.join(relative).join("cgroup.procs"), pid.to_string()).unwrap();
+        }
+        let comm = format!("/proc/{pid}/comm");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&comm).unwrap_or_default().trim() != execs {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pid {pid} never became {execs}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        pid
     }
 
     /// The PIDs in a cgroup of one hierarchy (not its descendants).
@@ -175,10 +298,10 @@ impl TestCgroups {
 
 impl Drop for TestCgroups {
     fn drop(&mut self) {
-        for hierarchy in &self.hierarchies {
-            if hierarchy.ends_with("freezer") {
+        for (name, mount) in &self.hierarchies {
+            if name == "freezer" {
                 for dir in &self.created {
-                    if dir.starts_with(hierarchy) {
+                    if dir.starts_with(mount) {
                         let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
                     }
                 }

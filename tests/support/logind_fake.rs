@@ -20,14 +20,16 @@ pub struct PrivateBus {
 }
 
 impl PrivateBus {
-    pub fn start(dir: &Path) -> Option<PrivateBus> {
-        if Command::new("dbus-daemon")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!("skipping: dbus-daemon not installed (apt-get install -y dbus)");
-            return None;
+    /// Start a private bus in `dir`; `Err` when no dbus-daemon can run here.
+    pub fn start(dir: &Path) -> Result<PrivateBus, String> {
+        match Command::new("dbus-daemon").arg("--version").output() {
+            Ok(output) if output.status.success() => {}
+            Ok(output) => return Err(format!("dbus-daemon --version failed: {}", output.status)),
+            Err(error) => {
+                return Err(format!(
+                    "dbus-daemon cannot run ({error}; apt-get install -y dbus)"
+                ));
+            }
         }
         let socket = dir.join("bus.sock");
         let config = dir.join("bus.conf");
@@ -64,7 +66,7 @@ impl PrivateBus {
             daemon: None,
         };
         bus.restart();
-        Some(bus)
+        Ok(bus)
     }
 
     pub fn address(&self) -> String {

@@ -2,3 +2,5 @@
 pub mod allocator;
 pub mod apiserver;
 pub mod cgroups;
+pub mod debian;
+pub mod real;
