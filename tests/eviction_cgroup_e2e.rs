@@ -2,9 +2,9 @@
 //! standalone mode, evicts the workload the kubelet's ranking picks, before the kernel
 //! OOM killer fires, and leaves the others running.
 //!
-//! Needs root and the v1 memory and freezer hierarchies at /sys/fs/cgroup (fails under
-//! `CI=true` without them, skips with a message otherwise). Every cgroup it creates lives
-//! under a parent it owns, and is removed at the end.
+//! Needs root and the v1 memory and freezer hierarchies (fails under `CI=true` without
+//! them, skips with a message otherwise). Every cgroup it creates lives under a parent it
+//! owns, and is removed at the end.
 
 #[allow(dead_code)]
 mod support {
@@ -14,129 +14,68 @@ mod support {
 }
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use support::allocator::AllocatorPlan;
+use support::cgroups::TestCgroups;
 
-const MEMORY: &str = "/sys/fs/cgroup/memory";
-const FREEZER: &str = "/sys/fs/cgroup/freezer";
 const MIB: u64 = 1 << 20;
 
-/// The memory-allocating workload: run as this test binary in helper mode. It waits for
-/// "go" on stdin (so its pages are charged to the cgroup it was moved into), then touches
-/// `NK_ALLOC_MIB` MiB at `NK_ALLOC_MIB_PER_SEC`, then sleeps until killed.
 #[test]
 #[ignore = "helper process for the end-to-end test, not a test by itself"]
-fn allocator_process() {
-    let Ok(total) = std::env::var("NK_ALLOC_MIB") else {
-        return;
-    };
-    let total: usize = total.parse().unwrap();
-    let rate: usize = std::env::var("NK_ALLOC_MIB_PER_SEC")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
-    let mut chunks: Vec<Vec<u8>> = Vec::new();
-    let step = Duration::from_millis(1000 / rate.max(1) as u64);
-    for _ in 0..total {
-        chunks.push(vec![0xA5; MIB as usize]);
-        std::thread::sleep(step);
-    }
-    println!("allocated {} MiB", chunks.len());
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-        std::hint::black_box(&chunks);
-    }
+fn allocator_child() {
+    support::allocator::run_if_requested();
 }
 
+/// Workload cgroups under a memory-limited parent this test owns, in the v1 memory and
+/// freezer hierarchies, each running a held allocator.
 struct Fixture {
-    name: String,
-    workloads: Vec<(String, Child)>,
+    cgroups: TestCgroups,
+    /// (name, cgroup relative to the hierarchy roots, allocator PID)
+    workloads: Vec<(String, PathBuf, u32)>,
 }
 
 impl Fixture {
-    fn dirs(&self, child: Option<&str>) -> Vec<PathBuf> {
-        [MEMORY, FREEZER]
-            .iter()
-            .map(|root| {
-                let parent = Path::new(root).join(&self.name);
-                match child {
-                    Some(c) => parent.join(c),
-                    None => parent,
-                }
-            })
-            .collect()
-    }
-
     /// The parent cgroups, or why they cannot be made here.
-    fn create(name: &str, limit: u64) -> Result<Fixture, String> {
-        support::real::root()?;
-        for (controller, expected) in [("memory", MEMORY), ("freezer", FREEZER)] {
-            let mounted = support::cgroups::mount_point(controller)?;
-            if mounted != Path::new(expected) {
-                return Err(format!(
-                    "the {controller} hierarchy is mounted at {}, not {expected}",
-                    mounted.display()
-                ));
-            }
-        }
-        let fixture = Fixture {
-            name: name.to_string(),
+    fn create(limit: u64) -> Result<Fixture, String> {
+        let cgroups = TestCgroups::create(&["memory", "freezer"])?;
+        cgroups.set_memory_limit(&cgroups.parent, limit);
+        Ok(Fixture {
+            cgroups,
             workloads: Vec::new(),
-        };
-        for dir in fixture.dirs(None) {
-            fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        }
-        let limit_file = Path::new(MEMORY).join(name).join("memory.limit_in_bytes");
-        fs::write(&limit_file, limit.to_string())
-            .map_err(|e| format!("{}: {e}", limit_file.display()))?;
-        Ok(fixture)
+        })
     }
 
-    fn start_workload(&mut self, name: &str, mib: usize, mib_per_sec: usize) {
-        for dir in self.dirs(Some(name)) {
-            fs::create_dir(&dir).unwrap();
-        }
-        let child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "allocator_process",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("NK_ALLOC_MIB", mib.to_string())
-            .env("NK_ALLOC_MIB_PER_SEC", mib_per_sec.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        for dir in self.dirs(Some(name)) {
-            fs::write(dir.join("cgroup.procs"), child.id().to_string()).unwrap();
-        }
-        self.workloads.push((name.to_string(), child));
+    /// Start a workload that touches `mib` MiB at `mib_per_sec` once let go.
+    fn start_workload(&mut self, name: &str, mib: u64, mib_per_sec: u64) {
+        let cgroup = self.cgroups.child(name);
+        let plan = AllocatorPlan {
+            bytes: mib * MIB,
+            rate: mib_per_sec * MIB,
+            ignore_sigterm: false,
+            report_crossing: None,
+        };
+        let pid = self.cgroups.spawn_held_allocator(&cgroup, &plan);
+        self.workloads.push((name.to_string(), cgroup, pid));
+    }
+
+    fn workload(&self, name: &str) -> &(String, PathBuf, u32) {
+        self.workloads.iter().find(|(n, ..)| n == name).unwrap()
     }
 
     fn go(&mut self, name: &str) {
-        let child = &mut self
-            .workloads
-            .iter_mut()
-            .find(|(n, _)| n == name)
-            .unwrap()
-            .1;
-        writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+        let pid = self.workload(name).2;
+        self.cgroups.release_allocator(pid);
     }
 
     fn working_set(&self, name: &str) -> u64 {
-        let dir = Path::new(MEMORY).join(&self.name).join(name);
+        let dir = self.cgroups.dir("memory", &self.workload(name).1);
         let usage: u64 = fs::read_to_string(dir.join("memory.usage_in_bytes"))
             .unwrap()
             .trim()
@@ -152,12 +91,8 @@ impl Fixture {
     }
 
     fn oom_kills(&self) -> u64 {
-        let text = fs::read_to_string(
-            Path::new(MEMORY)
-                .join(&self.name)
-                .join("memory.oom_control"),
-        )
-        .unwrap();
+        let dir = self.cgroups.dir("memory", &self.cgroups.parent);
+        let text = fs::read_to_string(dir.join("memory.oom_control")).unwrap();
         text.lines()
             .find_map(|l| l.strip_prefix("oom_kill "))
             .and_then(|v| v.parse().ok())
@@ -165,40 +100,8 @@ impl Fixture {
     }
 
     fn exited(&mut self, name: &str) -> Option<std::process::ExitStatus> {
-        let child = &mut self
-            .workloads
-            .iter_mut()
-            .find(|(n, _)| n == name)
-            .unwrap()
-            .1;
-        child.try_wait().unwrap()
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        for (_, child) in &mut self.workloads {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        // Thaw in case a freeze was interrupted, then remove children before parents.
-        for (name, _) in &self.workloads {
-            let _ = fs::write(
-                Path::new(FREEZER)
-                    .join(&self.name)
-                    .join(name)
-                    .join("freezer.state"),
-                "THAWED",
-            );
-        }
-        for (name, _) in &self.workloads {
-            for dir in self.dirs(Some(name)) {
-                let _ = fs::remove_dir(dir);
-            }
-        }
-        for dir in self.dirs(None) {
-            let _ = fs::remove_dir(dir);
-        }
+        let pid = self.workload(name).2;
+        self.cgroups.wait_child(pid, Duration::ZERO)
     }
 }
 
@@ -212,11 +115,12 @@ fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) 
 
 #[test]
 fn agent_evicts_the_ranked_workload_before_the_oom_killer() {
-    let name = format!("nodekeeper-e2e-{}", std::process::id());
     let mut fixture = require!(
         "the cgroup v1 memory and freezer hierarchies",
-        Fixture::create(&name, 256 * MIB)
+        Fixture::create(256 * MIB)
     );
+    let name = fixture.cgroups.parent.display().to_string();
+    let cgroup_root = fixture.cgroups.v1_root();
     // Below their requests: must survive. The hog has no request and grows past the
     // threshold: the kubelet's memory ranking puts it first.
     fixture.start_workload("steady-high-priority", 40, 200);
@@ -234,6 +138,7 @@ fn agent_evicts_the_ranked_workload_before_the_oom_killer() {
         },
     );
 
+    let cgroup_root = cgroup_root.display();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("agent.yaml");
     let trace = dir.path().join("trace.yaml");
@@ -244,6 +149,7 @@ fn agent_evicts_the_ranked_workload_before_the_oom_killer() {
 kind: AgentConfiguration
 housekeepingInterval: 1s
 metricsAddress: 127.0.0.1:0
+cgroupRoot: {cgroup_root}
 podsCgroup: {name}
 evictionHard:
   allocatableMemory.available: 100Mi

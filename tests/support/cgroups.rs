@@ -77,9 +77,16 @@ fn unescape_mount_point(escaped: &str) -> String {
 /// sees it in `/proc/self/mountinfo`: `/sys/fs/cgroup` on a unified host,
 /// `/sys/fs/cgroup/unified` for v2 on a hybrid one.
 pub fn mount_point(hierarchy: &str) -> Result<PathBuf, String> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
-    let mounts = cgroup_mounts(&mountinfo);
+    find_mount(&this_process_mounts()?, hierarchy)
+}
+
+fn this_process_mounts() -> Result<Vec<CgroupMount>, String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|mountinfo| cgroup_mounts(&mountinfo))
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))
+}
+
+fn find_mount(mounts: &[CgroupMount], hierarchy: &str) -> Result<PathBuf, String> {
     let found = if hierarchy == V2 {
         mounts.iter().find(|m| m.fstype == "cgroup2")
     } else {
@@ -119,9 +126,10 @@ impl TestCgroups {
     /// why real cgroups cannot be used here (not root, not mounted, not writable).
     pub fn create(hierarchies: &[&str]) -> Result<TestCgroups, String> {
         super::real::root()?;
+        let mounts = this_process_mounts()?;
         let mut resolved = Vec::new();
         for hierarchy in hierarchies {
-            resolved.push((hierarchy.to_string(), mount_point(hierarchy)?));
+            resolved.push((hierarchy.to_string(), find_mount(&mounts, hierarchy)?));
         }
         let parent = PathBuf::from(format!(
             "nodekeeper-test-{}-{}",
@@ -143,12 +151,7 @@ impl TestCgroups {
             .map(String::from)
             .to_vec(),
         };
-        for (_, mount) in cgroups.hierarchies.clone() {
-            let dir = mount.join(&parent);
-            std::fs::create_dir(&dir)
-                .map_err(|e| format!("cannot create a test cgroup {}: {e}", dir.display()))?;
-            cgroups.created.push(dir);
-        }
+        cgroups.make(&parent)?;
         Ok(cgroups)
     }
 
@@ -183,16 +186,19 @@ impl TestCgroups {
     /// relative to the hierarchy roots.
     pub fn child(&mut self, name: &str) -> PathBuf {
         let relative = self.parent.join(name);
-        self.make(&relative);
+        self.make(&relative).unwrap();
         relative
     }
 
-    fn make(&mut self, relative: &Path) {
+    /// Create `relative` in every hierarchy, noting each directory for removal.
+    fn make(&mut self, relative: &Path) -> Result<(), String> {
         for (_, mount) in self.hierarchies.clone() {
             let dir = mount.join(relative);
-            std::fs::create_dir(&dir).unwrap();
+            std::fs::create_dir(&dir)
+                .map_err(|e| format!("cannot create a test cgroup {}: {e}", dir.display()))?;
             self.created.push(dir);
         }
+        Ok(())
     }
 
     pub fn dir(&self, hierarchy: &str, relative: &Path) -> PathBuf {
@@ -210,7 +216,15 @@ impl TestCgroups {
     /// Start an allocator child inside `relative` in every hierarchy, then let it go.
     /// The child's stdout is piped for crossing reports.
     pub fn spawn_allocator(&mut self, relative: &Path, plan: &AllocatorPlan) -> &mut Child {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        let pid = self.spawn_held_allocator(relative, plan);
+        self.release_allocator(pid);
+        self.child_mut(pid)
+    }
+
+    /// Start an allocator child inside `relative` in every hierarchy, waiting until
+    /// [`release_allocator`](Self::release_allocator) lets it allocate; returns its PID.
+    pub fn spawn_held_allocator(&mut self, relative: &Path, plan: &AllocatorPlan) -> u32 {
+        let child = Command::new(std::env::current_exe().unwrap())
             .args(&self.allocator_args)
             .env(ALLOCATOR_ENV, plan.to_env())
             .stdin(Stdio::piped())
@@ -218,16 +232,24 @@ impl TestCgroups {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        for (_, mount) in &self.hierarchies {
-            std::fs::write(
-                mount.join(relative).join("cgroup.procs"),
-                child.id().to_string(),
-            )
-            .unwrap();
-        }
-        child.stdin.as_mut().unwrap().write_all(b"g").unwrap();
+        self.adopt(relative, child)
+    }
+
+    /// Let a held allocator start allocating.
+    pub fn release_allocator(&mut self, pid: u32) {
+        let stdin = self.child_mut(pid).stdin.as_mut().unwrap();
+        stdin.write_all(b"g").unwrap();
+    }
+
+    /// Move a child this test started into `relative` in every hierarchy, and own it: it is
+    /// killed by its PID at cleanup.
+    fn adopt(&mut self, relative: &Path, child: Child) -> u32 {
+        let pid = child.id();
         self.children.push(child);
-        self.children.last_mut().unwrap()
+        for (_, mount) in &self.hierarchies {
+            std::fs::write(mount.join(relative).join("cgroup.procs"), pid.to_string()).unwrap();
+        }
+        pid
     }
 
     /// Start `sh -c script` inside `relative` in every hierarchy; returns its PID once the
@@ -239,11 +261,7 @@ impl TestCgroups {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        let pid = child.id();
-        self.children.push(child);
-        for (_, mount) in &self.hierarchies {
-            std::fs::write(mount.join(relative).join("cgroup.procs"), pid.to_string()).unwrap();
-        }
+        let pid = self.adopt(relative, child);
         let comm = format!("/proc/{pid}/comm");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while std::fs::read_to_string(&comm).unwrap_or_default().trim() != execs {
