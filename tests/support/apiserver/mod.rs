@@ -299,14 +299,15 @@ pub async fn cluster() -> TestCluster {
     }
 }
 
-/// The fake server, or None (and a note on stderr) when running against a real cluster: for
-/// tests that need fault injection or direct store access.
-pub fn fake_only<'a>(cluster: &'a TestCluster, test: &str) -> Option<&'a FakeApiServer> {
-    let fake = cluster.fake();
-    if fake.is_none() {
-        eprintln!("{test}: skipped on a real cluster (needs the fake API server)");
-    }
-    fake
+/// The fake server, for tests that need fault injection or direct store access; `Err` when
+/// running against a real cluster. Take it with
+/// `require!("the fake API server", fake_only(&cluster))`, so such a test fails under
+/// `CI=true` and is reported as skipped otherwise, never counted as passed.
+pub fn fake_only(cluster: &TestCluster) -> Result<&FakeApiServer, String> {
+    cluster.fake().ok_or_else(|| {
+        "running against a real cluster (NODEKEEPER_REAL_CLUSTER=1); this test needs the fake"
+            .to_string()
+    })
 }
 
 /// Polls `check` every 20 ms until it returns Some, or panics after `limit`.
