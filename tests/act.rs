@@ -10,7 +10,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nodekeeper::act::{CgroupEvictor, DryRunEvictor, KillMethod};
+use nodekeeper::act::{CgroupEvictor, DryRunEvictor, KillMethod, KillTarget, Stopped, kill_target};
 use nodekeeper::eviction::{EvictionOrder, EvictionReason, Evictor};
 use nodekeeper::pods::Pod;
 use nodekeeper::shutdown::cgroup_kill::CgroupTerminator;
@@ -116,12 +116,9 @@ async fn soft_eviction_returns_at_once_then_escalates_to_sigkill_after_the_grace
 
     let outcomes = evictor.settle().await;
     assert_eq!(outcomes.len(), 1);
-    let report = outcomes[0]
-        .result
-        .as_ref()
-        .unwrap()
-        .as_ref()
-        .expect("escalated");
+    let Ok(Stopped::Killed(report)) = &outcomes[0].result else {
+        panic!("not escalated to SIGKILL: {outcomes:?}");
+    };
     assert_eq!(report.method, KillMethod::FreezeKillThaw);
     let status = cgroups.wait_child(pid, EXIT_WAIT).expect("not killed");
     assert_eq!(status.signal(), Some(libc::SIGKILL));
@@ -141,7 +138,10 @@ async fn soft_eviction_of_a_cooperative_workload_ends_with_sigterm() {
     let status = cgroups.wait_child(pid, EXIT_WAIT).expect("SIGTERM ignored");
     assert_eq!(status.signal(), Some(libc::SIGTERM));
     let outcomes = evictor.settle().await;
-    assert!(matches!(outcomes[0].result, Ok(None)), "{outcomes:?}");
+    assert!(
+        matches!(outcomes[0].result, Ok(Stopped::Exited)),
+        "{outcomes:?}"
+    );
 }
 
 #[tokio::test]
@@ -299,4 +299,61 @@ async fn shutdown_terminator_on_v1_sends_sigterm_then_freezes_kills_and_thaws() 
         TestCgroups::create(&["freezer"])
     );
     shutdown_terminator_sigterm_then_kill("freezer", &mut cgroups).await;
+}
+
+/// `cgroup.procs` can list 0 (a task outside a containerized agent's PID namespace), init
+/// and the agent itself; `kill(0)` would signal the agent's own process group. One killer
+/// serves eviction and shutdown, and it signals none of them. A plain directory stands in
+/// for the cgroup (no freezer, no `cgroup.kill`), so the signal-each path runs.
+#[test]
+fn the_killer_signals_only_real_members_never_pid_0_init_or_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut member = std::process::Command::new("sleep")
+        .arg("1000")
+        .spawn()
+        .unwrap();
+    let mut nested_member = std::process::Command::new("sleep")
+        .arg("1000")
+        .spawn()
+        .unwrap();
+    let own = std::process::id();
+    std::fs::write(
+        dir.path().join("cgroup.procs"),
+        format!("0\n1\n{own}\n{}\n", member.id()),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("ctr")).unwrap();
+    std::fs::write(
+        dir.path().join("ctr/cgroup.procs"),
+        format!("{own}\n{}\n", nested_member.id()),
+    )
+    .unwrap();
+
+    let report = kill_target(&KillTarget::directory(dir.path())).unwrap();
+    assert_eq!(report.method, KillMethod::SignalEach);
+    assert_eq!(report.signalled, 2, "only the two sleeps: {report:?}");
+    for child in [&mut member, &mut nested_member] {
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    }
+}
+
+#[tokio::test]
+async fn the_shutdown_terminator_never_signals_pid_0_init_or_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let workload = dir.path().join("default/listed-but-foreign");
+    std::fs::create_dir_all(&workload).unwrap();
+    std::fs::write(
+        workload.join("cgroup.procs"),
+        format!("0\n1\n{}\n", std::process::id()),
+    )
+    .unwrap();
+    let terminator = CgroupTerminator::new(dir.path());
+    let outcome = terminator
+        .terminate(&planned("listed-but-foreign"), Duration::from_millis(50))
+        .await;
+    assert_eq!(
+        outcome.unwrap(),
+        Termination::NotFound,
+        "nothing it may signal, so nothing to stop (and this test is still alive)"
+    );
 }

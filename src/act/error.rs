@@ -27,6 +27,8 @@ pub enum ActError {
     NoRuntime { pod: String },
     #[error("the escalation task for {cgroup} failed: {reason}", cgroup = .cgroup.display())]
     Escalation { cgroup: PathBuf, reason: String },
+    #[error("{cgroup}: processes {pids:?} survived SIGKILL", cgroup = .cgroup.display())]
+    Survived { cgroup: PathBuf, pids: Vec<i32> },
 }
 
 impl ActError {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use super::error::ActError;
-use super::kill::{CgroupKiller, KillReport};
+use super::kill::{CgroupKiller, StopTiming, Stopped, escalate_after_sigterm, terminate_target};
 use super::scope::{workload_cgroup, workload_parent};
 use crate::eviction::{EvictError, EvictionOrder, Evictor, IMMEDIATE_GRACE_PERIOD_SECONDS};
 use crate::pods::Pod;
@@ -18,17 +18,16 @@ use crate::signals::CgroupLayout;
 #[derive(Debug)]
 pub struct Escalation {
     pub cgroup: PathBuf,
-    /// `None` when every process exited on SIGTERM within the grace period.
-    pub result: Result<Option<KillReport>, ActError>,
+    pub result: Result<Stopped, ActError>,
 }
 
 /// Kills workload cgroups below one parent. Hard evictions (grace of at most 1 s) are
-/// killed before `evict` returns; soft ones get SIGTERM, and SIGKILL after the grace
-/// period from a tokio task, so the agent loop never waits for a grace period.
+/// killed before `evict` returns; soft ones are stopped gracefully (SIGTERM, the grace
+/// period, SIGKILL) by a tokio task, so the agent loop never waits for a grace period.
 pub struct CgroupEvictor {
     killer: Arc<CgroupKiller>,
     parent: PathBuf,
-    escalations: BTreeMap<PathBuf, JoinHandle<Result<Option<KillReport>, ActError>>>,
+    escalations: BTreeMap<PathBuf, JoinHandle<Result<Stopped, ActError>>>,
 }
 
 impl CgroupEvictor {
@@ -99,8 +98,11 @@ impl CgroupEvictor {
         }
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ActError::NoRuntime { pod: pod.key() })?;
-        let report = self.killer.terminate(&cgroup)?;
         let grace = Duration::from_secs(order.grace_period_seconds.unsigned_abs());
+        let target = self.killer.target(&cgroup);
+        // SIGTERM now, so the eviction happens when it is decided; only the wait for the
+        // grace period and the escalation run in the background.
+        let report = terminate_target(&target)?;
         tracing::warn!(
             pod = %order.key(),
             cgroup = %cgroup.display(),
@@ -110,31 +112,17 @@ impl CgroupEvictor {
             message = %order.message,
             "evicting pod: sent SIGTERM, SIGKILL follows after the grace period"
         );
-        let killer = self.killer.clone();
-        let task_cgroup = cgroup.clone();
-        let failed_cgroup = cgroup.clone();
         let task = runtime.spawn(async move {
-            tokio::time::sleep(grace).await;
-            let escalate = move || -> Result<Option<KillReport>, ActError> {
-                if killer.is_empty(&task_cgroup)? {
-                    return Ok(None);
-                }
-                let report = killer.kill(&task_cgroup)?;
+            let stopped =
+                escalate_after_sigterm(target.clone(), grace, StopTiming::default()).await;
+            if let Ok(Stopped::Killed(report)) = &stopped {
                 tracing::warn!(
-                    cgroup = %task_cgroup.display(),
+                    cgroup = %target.tasks.display(),
                     processes = report.signalled,
                     "grace period over: killed the remaining processes"
                 );
-                Ok(Some(report))
-            };
-            tokio::task::spawn_blocking(escalate)
-                .await
-                .unwrap_or_else(|e| {
-                    Err(ActError::Escalation {
-                        cgroup: failed_cgroup,
-                        reason: e.to_string(),
-                    })
-                })
+            }
+            stopped
         });
         self.escalations.insert(cgroup, task);
         Ok(())

@@ -1,6 +1,16 @@
-//! Killing every process of a cgroup subtree, race-free where the kernel allows it:
-//! `cgroup.kill` on v2; on v1, freeze the subtree so nothing can fork, SIGKILL every task,
-//! then thaw so the signals are delivered.
+//! The one way nodekeeper stops the processes of a cgroup subtree, used by eviction and by
+//! graceful shutdown alike:
+//! - listing: one recursive `cgroup.procs` walk that never yields pid 0, negative pids,
+//!   init or the agent itself (a containerized agent without hostPID reads 0 for tasks
+//!   outside its PID namespace, and `kill(0)`/`kill(-1)` would hit its own process group or
+//!   every process on the host);
+//! - killing, race-free where the kernel allows it: v2 `cgroup.kill`; else freeze (v1
+//!   freezer, or v2 `cgroup.freeze`), SIGKILL every task, thaw so the signals are
+//!   delivered; else SIGKILL repeated until no new task appears;
+//! - stopping: SIGTERM, the grace period, then the kill, then a bounded wait for the exit.
+//!
+//! Everything here except [`stop_gracefully`] blocks on cgroupfs (a freezer can take up to
+//! [`FREEZE_WAIT`]); async callers run it on the blocking pool.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -13,9 +23,9 @@ use nix::unistd::Pid;
 use super::error::ActError;
 use crate::signals::{CgroupLayout, CgroupPaths};
 
-/// How long to wait for a v1 freezer to report FROZEN. Tasks stuck in uninterruptible
-/// sleep can hold it in FREEZING; the kill goes ahead regardless.
-const FREEZE_WAIT: Duration = Duration::from_secs(1);
+/// How long to wait for a freezer to report frozen. Tasks stuck in uninterruptible sleep
+/// can hold it in FREEZING; the kill goes ahead regardless.
+pub const FREEZE_WAIT: Duration = Duration::from_secs(1);
 const FREEZE_POLL: Duration = Duration::from_millis(1);
 /// Without a freezer, tasks forked during the kill are caught by repeating it.
 const UNFROZEN_ROUNDS: usize = 10;
@@ -24,11 +34,11 @@ const UNFROZEN_ROUNDS: usize = 10;
 pub enum KillMethod {
     /// v2 `cgroup.kill`.
     CgroupKill,
-    /// v1 freezer: FROZEN, SIGKILL each task, THAWED.
+    /// Freezer (v1 `freezer.state` or v2 `cgroup.freeze`): frozen, SIGKILL each task, thawed.
     FreezeKillThaw,
-    /// Signal each task, repeated until the cgroup is empty (no freezer available).
+    /// Signal each task, repeated until no new one appears (no freezer available).
     SignalEach,
-    /// SIGTERM to each task: the first step of a soft eviction.
+    /// SIGTERM to each task: the first step of a graceful stop.
     Terminate,
 }
 
@@ -40,7 +50,33 @@ pub struct KillReport {
     pub signalled: usize,
 }
 
-/// Kills cgroups of one host (or test) hierarchy.
+/// One workload's cgroup, as the directories the killer works in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KillTarget {
+    /// The directory whose `cgroup.procs` (with its descendants') lists the processes; on
+    /// v2 it also holds `cgroup.kill` and `cgroup.freeze`.
+    pub tasks: PathBuf,
+    /// The same workload in the v1 freezer hierarchy, when the host has one.
+    pub v1_freezer: Option<PathBuf>,
+}
+
+impl KillTarget {
+    /// A cgroup in a single hierarchy: a v2 cgroup, or a v1 freezer cgroup (which lists its
+    /// own tasks).
+    pub fn directory(dir: impl Into<PathBuf>) -> Self {
+        let tasks = dir.into();
+        KillTarget {
+            v1_freezer: Some(tasks.clone()),
+            tasks,
+        }
+    }
+
+    fn name(&self) -> &Path {
+        &self.tasks
+    }
+}
+
+/// Maps cgroups of one host (or test) hierarchy, given relative to its root, to targets.
 #[derive(Debug, Clone)]
 pub struct CgroupKiller {
     root: PathBuf,
@@ -55,92 +91,33 @@ impl CgroupKiller {
         }
     }
 
+    /// Where `cgroup`'s processes are listed (the memory hierarchy on v1, the unified one
+    /// on v2) and its v1 freezer twin.
+    pub fn target(&self, cgroup: &Path) -> KillTarget {
+        KillTarget {
+            tasks: self.paths.memory_dir(cgroup),
+            v1_freezer: self
+                .paths
+                .layout()
+                .memory_is_v1()
+                .then(|| under(&self.root.join("freezer"), cgroup)),
+        }
+    }
+
     /// SIGKILL every process in `cgroup` and its descendants. Returns once the signals
     /// are sent; the processes exit asynchronously.
     pub fn kill(&self, cgroup: &Path) -> Result<KillReport, ActError> {
-        if self.paths.layout().memory_is_v1() {
-            self.kill_v1(cgroup)
-        } else {
-            self.kill_v2(cgroup)
-        }
+        kill_target(&self.target(cgroup))
     }
 
     /// SIGTERM every process in `cgroup` and its descendants.
     pub fn terminate(&self, cgroup: &Path) -> Result<KillReport, ActError> {
-        let pids = self.pids(cgroup)?;
-        signal_each(&pids, Signal::SIGTERM);
-        Ok(KillReport {
-            method: KillMethod::Terminate,
-            signalled: pids.len(),
-        })
+        terminate_target(&self.target(cgroup))
     }
 
     /// Whether no process is left in `cgroup` or below it.
     pub fn is_empty(&self, cgroup: &Path) -> Result<bool, ActError> {
-        Ok(self.pids(cgroup)?.is_empty())
-    }
-
-    fn kill_v2(&self, cgroup: &Path) -> Result<KillReport, ActError> {
-        let dir = self.task_dir(cgroup);
-        let control = dir.join("cgroup.kill");
-        if !control.exists() {
-            // Kernels before 5.14 have no cgroup.kill.
-            return self.kill_each(cgroup);
-        }
-        let signalled = procs_recursive(&dir)?.len();
-        std::fs::write(&control, "1").map_err(|e| ActError::io(&control, "write 1 to", e))?;
-        Ok(KillReport {
-            method: KillMethod::CgroupKill,
-            signalled,
-        })
-    }
-
-    fn kill_v1(&self, cgroup: &Path) -> Result<KillReport, ActError> {
-        let freezer = under(&self.root.join("freezer"), cgroup);
-        let state = freezer.join("freezer.state");
-        if !state.exists() {
-            tracing::debug!(cgroup = %cgroup.display(), "no matching freezer cgroup; killing without freezing");
-            return self.kill_each(cgroup);
-        }
-        write_state(&state, "FROZEN")?;
-        if !wait_frozen(&state)? {
-            tracing::warn!(file = %state.display(), "cgroup did not reach FROZEN in time; killing anyway");
-        }
-        let mut pids = self.pids(cgroup)?;
-        pids.extend(procs_recursive(&freezer)?);
-        signal_each(&pids, Signal::SIGKILL);
-        write_state(&state, "THAWED")?;
-        Ok(KillReport {
-            method: KillMethod::FreezeKillThaw,
-            signalled: pids.len(),
-        })
-    }
-
-    fn kill_each(&self, cgroup: &Path) -> Result<KillReport, ActError> {
-        let mut signalled = BTreeSet::new();
-        for _ in 0..UNFROZEN_ROUNDS {
-            let pids = self.pids(cgroup)?;
-            let fresh: BTreeSet<Pid> = pids.difference(&signalled).copied().collect();
-            if fresh.is_empty() {
-                break;
-            }
-            signal_each(&fresh, Signal::SIGKILL);
-            signalled.extend(fresh);
-        }
-        Ok(KillReport {
-            method: KillMethod::SignalEach,
-            signalled: signalled.len(),
-        })
-    }
-
-    /// The directory whose `cgroup.procs` lists the cgroup's tasks: the memory hierarchy
-    /// on v1, the unified hierarchy on v2.
-    fn task_dir(&self, cgroup: &Path) -> PathBuf {
-        self.paths.memory_dir(cgroup)
-    }
-
-    fn pids(&self, cgroup: &Path) -> Result<BTreeSet<Pid>, ActError> {
-        procs_recursive(&self.task_dir(cgroup))
+        Ok(processes(&self.target(cgroup))?.is_empty())
     }
 }
 
@@ -155,32 +132,245 @@ fn under(hierarchy: &Path, cgroup: &Path) -> PathBuf {
     dir
 }
 
-fn write_state(state: &Path, value: &str) -> Result<(), ActError> {
-    std::fs::write(state, value).map_err(|e| ActError::io(state, "write the freezer state to", e))
+/// Every process that may be signalled in the target and below it. A cgroup removed
+/// meanwhile is empty.
+pub fn processes(target: &KillTarget) -> Result<BTreeSet<Pid>, ActError> {
+    let mut pids = BTreeSet::new();
+    collect_procs(&target.tasks, &mut pids)?;
+    if let Some(freezer) = target.v1_freezer.as_ref().filter(|f| **f != target.tasks) {
+        collect_procs(freezer, &mut pids)?;
+    }
+    Ok(pids)
 }
 
-/// Poll (with a sleep, bounded) until the v1 freezer reports FROZEN; the v1 freezer has
-/// no notification for it.
-fn wait_frozen(state: &Path) -> Result<bool, ActError> {
-    let deadline = Instant::now() + FREEZE_WAIT;
-    loop {
-        let text = std::fs::read_to_string(state)
-            .map_err(|e| ActError::io(state, "read the freezer state from", e))?;
-        if text.trim() == "FROZEN" {
-            return Ok(true);
+/// SIGKILL every process of the target, with the safest method the kernel offers.
+pub fn kill_target(target: &KillTarget) -> Result<KillReport, ActError> {
+    let cgroup_kill = target.tasks.join("cgroup.kill");
+    if cgroup_kill.exists() {
+        let signalled = processes(target)?.len();
+        std::fs::write(&cgroup_kill, "1")
+            .map_err(|e| ActError::io(&cgroup_kill, "write 1 to", e))?;
+        return Ok(KillReport {
+            method: KillMethod::CgroupKill,
+            signalled,
+        });
+    }
+    match freezer_of(target) {
+        Some(freezer) => {
+            freezer.freeze()?;
+            if !freezer.wait_frozen()? {
+                tracing::warn!(file = %freezer.control.display(), "cgroup did not freeze in time; killing anyway");
+            }
+            let pids = processes(target);
+            if let Ok(pids) = &pids {
+                signal_each(pids, Signal::SIGKILL);
+            }
+            // Thaw even when listing failed, so nothing stays frozen behind us.
+            freezer.thaw()?;
+            Ok(KillReport {
+                method: KillMethod::FreezeKillThaw,
+                signalled: pids?.len(),
+            })
         }
-        if Instant::now() >= deadline {
-            return Ok(false);
+        None => {
+            tracing::debug!(cgroup = %target.name().display(), "no freezer for this cgroup; killing without freezing");
+            kill_each(target)
         }
-        std::thread::sleep(FREEZE_POLL);
     }
 }
 
-/// The processes of `dir` and every cgroup below it. A cgroup removed meanwhile is empty.
-fn procs_recursive(dir: &Path) -> Result<BTreeSet<Pid>, ActError> {
-    let mut pids = BTreeSet::new();
-    collect_procs(dir, &mut pids)?;
-    Ok(pids)
+/// SIGTERM every process of the target.
+pub fn terminate_target(target: &KillTarget) -> Result<KillReport, ActError> {
+    let pids = processes(target)?;
+    signal_each(&pids, Signal::SIGTERM);
+    Ok(KillReport {
+        method: KillMethod::Terminate,
+        signalled: pids.len(),
+    })
+}
+
+/// How a graceful stop ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// The cgroup was missing or held no process.
+    NothingToStop,
+    /// Every process exited within the grace period after SIGTERM.
+    Exited,
+    /// Processes were left when the grace period ended and were killed.
+    Killed(KillReport),
+}
+
+/// The pace of [`stop_gracefully`].
+#[derive(Debug, Clone, Copy)]
+pub struct StopTiming {
+    /// How often to look whether the processes are gone.
+    pub poll: Duration,
+    /// How long processes may take to disappear after SIGKILL before it is an error.
+    pub kill_wait: Duration,
+}
+
+impl Default for StopTiming {
+    fn default() -> Self {
+        StopTiming {
+            poll: Duration::from_millis(20),
+            kill_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+/// SIGTERM, up to `grace` for the processes to exit, then the kill and a bounded wait
+/// until the cgroup is empty. Blocking steps run on the blocking pool.
+pub async fn stop_gracefully(
+    target: KillTarget,
+    grace: Duration,
+    timing: StopTiming,
+) -> Result<Stopped, ActError> {
+    let target = std::sync::Arc::new(target);
+    let terminated = blocking(&target, terminate_target).await?;
+    if terminated.signalled == 0 {
+        return Ok(Stopped::NothingToStop);
+    }
+    escalate(target, grace, timing).await
+}
+
+/// The rest of a graceful stop whose SIGTERM was already sent: wait up to `grace` for the
+/// processes to exit, then kill what is left and wait (bounded) until the cgroup is empty.
+pub async fn escalate_after_sigterm(
+    target: KillTarget,
+    grace: Duration,
+    timing: StopTiming,
+) -> Result<Stopped, ActError> {
+    escalate(std::sync::Arc::new(target), grace, timing).await
+}
+
+async fn escalate(
+    target: std::sync::Arc<KillTarget>,
+    grace: Duration,
+    timing: StopTiming,
+) -> Result<Stopped, ActError> {
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        if blocking(&target, processes).await?.is_empty() {
+            return Ok(Stopped::Exited);
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            break;
+        }
+        tokio::time::sleep(timing.poll.min(deadline - now)).await;
+    }
+    let report = blocking(&target, kill_target).await?;
+    let deadline = tokio::time::Instant::now() + timing.kill_wait;
+    loop {
+        let left = blocking(&target, processes).await?;
+        if left.is_empty() {
+            return Ok(Stopped::Killed(report));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ActError::Survived {
+                cgroup: target.tasks.clone(),
+                pids: left.iter().map(|pid| pid.as_raw()).collect(),
+            });
+        }
+        tokio::time::sleep(timing.poll).await;
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    target: &std::sync::Arc<KillTarget>,
+    step: fn(&KillTarget) -> Result<T, ActError>,
+) -> Result<T, ActError> {
+    let shared = target.clone();
+    tokio::task::spawn_blocking(move || step(&shared))
+        .await
+        .unwrap_or_else(|e| {
+            Err(ActError::Escalation {
+                cgroup: target.tasks.clone(),
+                reason: e.to_string(),
+            })
+        })
+}
+
+fn kill_each(target: &KillTarget) -> Result<KillReport, ActError> {
+    let mut signalled = BTreeSet::new();
+    for _ in 0..UNFROZEN_ROUNDS {
+        let pids = processes(target)?;
+        let fresh: BTreeSet<Pid> = pids.difference(&signalled).copied().collect();
+        if fresh.is_empty() {
+            break;
+        }
+        signal_each(&fresh, Signal::SIGKILL);
+        signalled.extend(fresh);
+    }
+    Ok(KillReport {
+        method: KillMethod::SignalEach,
+        signalled: signalled.len(),
+    })
+}
+
+/// A cgroup freezer: the v1 `freezer.state` file or the v2 `cgroup.freeze` one.
+struct Freezer {
+    control: PathBuf,
+    v1: bool,
+}
+
+/// The freezer to use: v1 when the workload has a v1 freezer cgroup, else v2's.
+fn freezer_of(target: &KillTarget) -> Option<Freezer> {
+    let v1 = target
+        .v1_freezer
+        .as_ref()
+        .map(|dir| dir.join("freezer.state"))
+        .filter(|state| state.exists())
+        .map(|control| Freezer { control, v1: true });
+    v1.or_else(|| {
+        let control = target.tasks.join("cgroup.freeze");
+        control.exists().then_some(Freezer { control, v1: false })
+    })
+}
+
+impl Freezer {
+    fn freeze(&self) -> Result<(), ActError> {
+        self.write(if self.v1 { "FROZEN" } else { "1" })
+    }
+
+    fn thaw(&self) -> Result<(), ActError> {
+        self.write(if self.v1 { "THAWED" } else { "0" })
+    }
+
+    fn write(&self, value: &str) -> Result<(), ActError> {
+        std::fs::write(&self.control, value)
+            .map_err(|e| ActError::io(&self.control, "write the freezer state to", e))
+    }
+
+    /// Poll (bounded) until the freezer reports frozen: the v1 freezer has no
+    /// notification, and a v2 freeze completes in microseconds.
+    fn wait_frozen(&self) -> Result<bool, ActError> {
+        let deadline = Instant::now() + FREEZE_WAIT;
+        loop {
+            if self.is_frozen()? {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(FREEZE_POLL);
+        }
+    }
+
+    fn is_frozen(&self) -> Result<bool, ActError> {
+        let file = if self.v1 {
+            self.control.clone()
+        } else {
+            self.control.with_file_name("cgroup.events")
+        };
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| ActError::io(&file, "read the freezer state from", e))?;
+        Ok(if self.v1 {
+            text.trim() == "FROZEN"
+        } else {
+            text.lines().any(|line| line.trim() == "frozen 1")
+        })
+    }
 }
 
 fn collect_procs(dir: &Path, pids: &mut BTreeSet<Pid>) -> Result<(), ActError> {
@@ -190,18 +380,7 @@ fn collect_procs(dir: &Path, pids: &mut BTreeSet<Pid>) -> Result<(), ActError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(ActError::io(&procs, "read", e)),
     };
-    let own = std::process::id();
-    for line in text.lines() {
-        match line.trim().parse::<u32>() {
-            // Never signal ourselves, nor init, whatever the cgroup says.
-            Ok(pid) if pid > 1 && pid != own => {
-                if let Ok(pid) = i32::try_from(pid) {
-                    pids.insert(Pid::from_raw(pid));
-                }
-            }
-            _ => {}
-        }
-    }
+    pids.extend(text.lines().filter_map(signalable));
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -215,6 +394,15 @@ fn collect_procs(dir: &Path, pids: &mut BTreeSet<Pid>) -> Result<(), ActError> {
     Ok(())
 }
 
+/// A `cgroup.procs` line as a pid that may be signalled: never 0 (our process group, or
+/// a task outside our PID namespace), a negative number (a process group; -1 is every
+/// process), init, or the agent itself, whatever the file says.
+fn signalable(line: &str) -> Option<Pid> {
+    let pid: i32 = line.trim().parse().ok()?;
+    let own = i32::try_from(std::process::id()).ok();
+    (pid > 1 && Some(pid) != own).then(|| Pid::from_raw(pid))
+}
+
 fn signal_each(pids: &BTreeSet<Pid>, signal: Signal) {
     for pid in pids {
         match kill(*pid, signal) {
@@ -223,5 +411,32 @@ fn signal_each(pids: &BTreeSet<Pid>, signal: Signal) {
                 tracing::warn!(pid = pid.as_raw(), %signal, %error, "cannot signal process")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_real_foreign_processes_are_ever_signalled() {
+        let own = std::process::id().to_string();
+        let lines = [
+            "0",
+            "-1",
+            "-42",
+            "1",
+            own.as_str(),
+            "",
+            "x",
+            "4294967297",
+            " 77 ",
+        ];
+        let pids: Vec<i32> = lines
+            .iter()
+            .filter_map(|line| signalable(line))
+            .map(Pid::as_raw)
+            .collect();
+        assert_eq!(pids, vec![77]);
     }
 }

@@ -1,6 +1,7 @@
 //! Acting on eviction decisions without a Kubernetes API: the standalone evictor kills a
 //! pod's cgroup (`cgroup.kill` on v2; freeze, SIGKILL, thaw on v1), soft evictions get
 //! SIGTERM first and SIGKILL after their grace period, and the dry-run evictor only logs.
+//! The same killer (`kill.rs`) stops workloads at node shutdown.
 //! Only cgroups strictly below the configured workload parent are ever touched.
 
 mod error;
@@ -10,5 +11,8 @@ mod scope;
 
 pub use error::ActError;
 pub use evictor::{CgroupEvictor, DryRunEvictor, Escalation};
-pub use kill::{CgroupKiller, KillMethod, KillReport};
+pub use kill::{
+    CgroupKiller, FREEZE_WAIT, KillMethod, KillReport, KillTarget, StopTiming, Stopped,
+    escalate_after_sigterm, kill_target, processes, stop_gracefully, terminate_target,
+};
 pub use scope::{workload_cgroup, workload_parent};
