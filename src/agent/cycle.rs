@@ -438,17 +438,14 @@ impl Agent {
         evicted_any
     }
 
-    /// Run node-level reclaim off the loop's thread, then re-check. Returns whether pods
+    /// Run node-level reclaim (the commands are awaited, not polled), then re-check. Returns whether pods
     /// must still be evicted.
     async fn reclaim_node_resources(&mut self, signal: crate::signals::Signal) -> bool {
         let Some(mut reclaimer) = self.reclaimer.clone() else {
             return true;
         };
-        let outcome = tokio::task::spawn_blocking(move || reclaimer.reclaim(signal)).await;
-        match outcome {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "node-level reclaim failed"),
-            Err(error) => tracing::warn!(%error, "node-level reclaim task failed"),
+        if let Err(error) = reclaimer.reclaim(signal).await {
+            tracing::warn!(%error, "node-level reclaim failed");
         }
         let fresh = self.collector.collect();
         let remains = pressure_remains_after_reclaim(&self.config.eviction, &fresh.observations);

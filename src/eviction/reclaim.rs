@@ -1,16 +1,18 @@
 //! Node-level reclaim before pod eviction: freeing images and dead containers can end
 //! disk pressure without evicting anyone.
 
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use crate::config::FilesystemLayout as FsLayout;
 use crate::signals::Signal;
 
 /// Frees node-level resources for a starved signal (images, exited containers).
 pub trait NodeReclaimer {
-    fn reclaim(&mut self, signal: Signal) -> Result<(), ReclaimError>;
+    fn reclaim(
+        &mut self,
+        signal: Signal,
+    ) -> impl std::future::Future<Output = Result<(), ReclaimError>> + Send;
 }
 
 /// Whether the kubelet has node-level reclaim functions for `signal` on this layout.
@@ -94,8 +96,6 @@ pub struct CommandReclaimer {
     timeout: Duration,
 }
 
-const POLL_INTERVAL: Duration = Duration::from_millis(10);
-
 impl CommandReclaimer {
     pub fn new(commands: Vec<ReclaimCommand>, timeout: Duration) -> Self {
         CommandReclaimer { commands, timeout }
@@ -106,58 +106,59 @@ impl CommandReclaimer {
         !self.commands.is_empty()
     }
 
-    fn run(&self, command: &ReclaimCommand) -> Result<(), CommandFailure> {
+    /// Run one command in its own process group, waiting asynchronously; past the
+    /// timeout the whole group is killed, so a shell's children cannot linger.
+    async fn run(&self, command: &ReclaimCommand) -> Result<(), CommandFailure> {
         let name = command.to_string();
-        let mut child = Command::new(&command.program)
+        let mut child = tokio::process::Command::new(&command.program)
             .args(&command.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
             .spawn()
             .map_err(|error| CommandFailure::Spawn {
                 command: name.clone(),
                 error,
             })?;
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) if status.success() => return Ok(()),
-                Ok(Some(status)) => {
-                    return Err(CommandFailure::Exit {
-                        command: name,
-                        status: status.to_string(),
-                    });
+        match tokio::time::timeout(self.timeout, child.wait()).await {
+            Ok(Ok(status)) if status.success() => Ok(()),
+            Ok(Ok(status)) => Err(CommandFailure::Exit {
+                command: name,
+                status: status.to_string(),
+            }),
+            Ok(Err(error)) => Err(CommandFailure::Spawn {
+                command: name,
+                error,
+            }),
+            Err(_) => {
+                if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
+                    // ESRCH means the group is already gone.
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
                 }
-                Ok(None) if Instant::now() < deadline => thread::sleep(POLL_INTERVAL),
-                Ok(None) => {
-                    // Kill errors mean it exited meanwhile; reap it either way.
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(CommandFailure::TimedOut {
-                        command: name,
-                        timeout: self.timeout,
-                    });
-                }
-                Err(error) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(CommandFailure::Spawn {
-                        command: name,
-                        error,
-                    });
-                }
+                // Reap it; kill errors mean it exited meanwhile.
+                let _ = child.kill().await;
+                Err(CommandFailure::TimedOut {
+                    command: name,
+                    timeout: self.timeout,
+                })
             }
         }
     }
 }
 
 impl NodeReclaimer for CommandReclaimer {
-    fn reclaim(&mut self, signal: Signal) -> Result<(), ReclaimError> {
-        let failures: Vec<CommandFailure> = self
-            .commands
-            .iter()
-            .filter_map(|command| self.run(command).err())
-            .collect();
+    async fn reclaim(&mut self, signal: Signal) -> Result<(), ReclaimError> {
+        let mut failures = Vec::new();
+        for command in &self.commands {
+            if let Err(failure) = self.run(command).await {
+                failures.push(failure);
+            }
+        }
         if failures.is_empty() {
             Ok(())
         } else {
@@ -180,20 +181,20 @@ mod tests {
         )
     }
 
-    #[test]
-    fn succeeds_when_every_command_succeeds() {
+    #[tokio::test]
+    async fn succeeds_when_every_command_succeeds() {
         let mut r = reclaimer(&["true", "sh -c exit"], Duration::from_secs(10));
         assert!(r.is_configured());
-        r.reclaim(Signal::NodeFsAvailable).unwrap();
+        r.reclaim(Signal::NodeFsAvailable).await.unwrap();
     }
 
-    #[test]
-    fn runs_every_command_and_reports_each_failure() {
+    #[tokio::test]
+    async fn runs_every_command_and_reports_each_failure() {
         let mut r = reclaimer(
             &["false", "true", "/nonexistent/nodekeeper-reclaim"],
             Duration::from_secs(10),
         );
-        let error = r.reclaim(Signal::ImageFsAvailable).unwrap_err();
+        let error = r.reclaim(Signal::ImageFsAvailable).await.unwrap_err();
         assert_eq!(error.failures.len(), 2);
         let text = error.to_string();
         assert!(
@@ -207,14 +208,49 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_command_past_its_timeout_is_killed_and_counts_as_failure() {
-        let mut r = reclaimer(&["sleep 30"], Duration::from_millis(50));
-        let error = r.reclaim(Signal::NodeFsAvailable).unwrap_err();
+    #[tokio::test]
+    async fn a_command_past_its_timeout_is_killed_with_its_children() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("grandchild.pid");
+        let script = dir.path().join("reclaim.sh");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nsleep 30 &\necho $! > {}\nwait\n",
+                pid_file.display()
+            ),
+        )
+        .unwrap();
+        // Run through `sh`: executing a file just written races other tests' forks
+        // (ETXTBSY).
+        let line = format!("sh {}", script.display());
+        let mut r = reclaimer(&[line.as_str()], Duration::from_millis(300));
+        let started = std::time::Instant::now();
+        let error = r.reclaim(Signal::NodeFsAvailable).await.unwrap_err();
         assert!(
             matches!(error.failures[..], [CommandFailure::TimedOut { .. }]),
             "{error}"
         );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not killed in time"
+        );
+        let grandchild: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+                .map_or(true, |stat| stat.contains(") Z "))
+        };
+        for _ in 0..200 {
+            if gone() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the command's child {grandchild} outlived the timeout");
     }
 
     #[test]

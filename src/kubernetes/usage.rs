@@ -95,6 +95,20 @@ impl PodUsageReader {
         let Some(uid) = node_pod.pod.uid.clone() else {
             return;
         };
+        // These names come from the API and become host paths; a hostile or corrupt one
+        // (`..`, `/etc`, `a/b`) must not point the walk or the cgroup reads elsewhere.
+        let pod_key = node_pod.pod.key();
+        for (field, value) in [
+            ("metadata.uid", &uid),
+            ("metadata.namespace", &node_pod.pod.namespace),
+            ("metadata.name", &node_pod.pod.name),
+        ] {
+            if !is_path_component(value) {
+                tracing::warn!(pod = %pod_key, field, value, "not usable in a host path; the pod gets no stats");
+                node_pod.pod.containers.clear();
+                return;
+            }
+        }
         let cgroup = self.naming.pod_cgroup(&uid, node_pod.qos);
         if !self.reader.paths().memory_dir(&cgroup).is_dir() {
             // The eviction core reads per-container entries as "has stats"; the
@@ -125,13 +139,16 @@ impl PodUsageReader {
                 .container_ids
                 .iter()
                 .find(|(name, _)| *name == container.name)
-                .map(|(_, id)| id.as_str());
+                .map(|(_, id)| id.as_str())
+                .filter(|id| usable_in_path(&pod_key, "containerID", id));
             if let Some(child) = id.and_then(|id| container_cgroup(&self.reader, &cgroup, id))
                 && let Ok(memory) = self.reader.memory_usage(&child)
             {
                 container.usage.memory = Some(saturating(memory.working_set_bytes()));
             }
-            if let Some(logs) = disk_usage(&log_dir.join(&container.name), &mut budget) {
+            if usable_in_path(&pod_key, "container name", &container.name)
+                && let Some(logs) = disk_usage(&log_dir.join(&container.name), &mut budget)
+            {
                 container.usage.logs = Some(logs.bytes);
                 add_ephemeral(logs);
             }
@@ -151,7 +168,9 @@ impl PodUsageReader {
             .join(&uid)
             .join("volumes/kubernetes.io~empty-dir");
         for volume in &mut pod.empty_dirs {
-            if let Some(used) = disk_usage(&volumes.join(&volume.name), &mut budget) {
+            if usable_in_path(&pod_key, "volume name", &volume.name)
+                && let Some(used) = disk_usage(&volumes.join(&volume.name), &mut budget)
+            {
                 volume.used = Some(used.bytes);
                 add_ephemeral(used);
             }
@@ -164,6 +183,20 @@ impl PodUsageReader {
             pod.usage.inodes = Some(total.inodes);
         }
     }
+}
+
+/// Whether `text` names exactly one entry of a directory: not empty, not `.` or `..`, and
+/// without `/` or NUL.
+pub fn is_path_component(text: &str) -> bool {
+    !text.is_empty() && text != "." && text != ".." && !text.contains(['/', '\0'])
+}
+
+fn usable_in_path(pod: &str, field: &str, value: &str) -> bool {
+    let usable = is_path_component(value);
+    if !usable {
+        tracing::warn!(pod, field, value, "not usable in a host path; skipped");
+    }
+    usable
 }
 
 fn saturating(value: u64) -> i64 {
@@ -351,6 +384,47 @@ mod tests {
         );
         // Directories count as inodes: app/ + 0.log, diff/ + tmp/ + big, scratch/ + data.
         assert_eq!(pod.pod.usage.inodes, Some(7));
+    }
+
+    #[test]
+    fn names_from_the_api_never_lead_the_walk_outside_the_pod_directories() {
+        let cgroups = tree(false);
+        write_cgroup(cgroups.path(), false, "kubepods/pod1-2", 10, 0, "");
+        let files = tempfile::tempdir().unwrap();
+        // Something an escaping name would reach: the whole test directory is bigger than
+        // any legitimate figure below.
+        let secret = files.path().join("secret");
+        std::fs::create_dir_all(&secret).unwrap();
+        std::fs::write(secret.join("big"), vec![b's'; 256 * 1024]).unwrap();
+        let usage_reader = PodUsageReader::new(
+            CgroupReader::detect(cgroups.path()).unwrap(),
+            PodCgroupNaming::new(CgroupDriver::Cgroupfs, "/kubepods"),
+            &config(files.path()),
+        );
+        let absolute = secret.display().to_string();
+        for hostile in [absolute.as_str(), "..", "../../secret", "a/b", "."] {
+            let mut pod = node_pod(QosClass::Guaranteed);
+            pod.pod.containers[0].name = hostile.to_string();
+            pod.pod.empty_dirs[0].name = hostile.to_string();
+            pod.container_ids[0] = (hostile.to_string(), hostile.to_string());
+            usage_reader.measure(&mut pod);
+            assert_eq!(pod.pod.containers[0].usage.logs, None, "{hostile}");
+            assert_eq!(pod.pod.containers[0].usage.rootfs, None, "{hostile}");
+            assert_eq!(pod.pod.empty_dirs[0].used, None, "{hostile}");
+            assert_eq!(pod.pod.usage.ephemeral_storage, None, "{hostile}");
+            assert_eq!(pod.pod.usage.memory, Some(10), "the cgroup is still read");
+
+            for field in ["uid", "name"] {
+                let mut pod = node_pod(QosClass::Guaranteed);
+                match field {
+                    "uid" => pod.pod.uid = Some(hostile.to_string()),
+                    _ => pod.pod.name = hostile.to_string(),
+                }
+                usage_reader.measure(&mut pod);
+                assert!(!pod.pod.has_stats(), "{field}={hostile}");
+                assert_eq!(pod.pod.cgroup, None, "{field}={hostile}");
+            }
+        }
     }
 
     #[test]

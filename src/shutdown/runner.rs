@@ -100,7 +100,9 @@ pub async fn run_phases<T: PodTerminator>(
         let mut terminations = JoinSet::new();
         for stored in &state.phases[index].pods {
             let mut pod = PlannedPod::from(stored);
-            let grace_ms = u64::try_from(pod.grace_period_seconds.max(0)).unwrap_or(0) * 1000;
+            let grace_ms = u64::try_from(pod.grace_period_seconds.max(0))
+                .unwrap_or(0)
+                .saturating_mul(1000);
             let grace = Duration::from_millis(grace_ms).min(budget);
             pod.grace_period_seconds = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
             let terminator = Arc::clone(&terminator);
@@ -369,5 +371,20 @@ mod tests {
         run_phases(&mut state, fake, &store, &clock(), cancelled).await;
         assert_eq!(state.phases[0].status, PhaseStatus::Completed);
         assert_eq!(state.phases[0].failed_pods, vec!["ns/fail-1".to_string()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_huge_grace_period_is_bounded_by_the_phase_instead_of_overflowing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state.json"));
+        let pods = [pod("ok", 0, None)];
+        let mut state = state_for(&[(0, 10)], &pods);
+        // As read back from a corrupt or hand-edited state file.
+        state.phases[0].pods[0].grace_period_seconds = i64::MAX;
+        let (_tx, cancelled) = watch::channel(false);
+        let fake = Arc::new(FakeTerminator::default());
+        let start = tokio::time::Instant::now();
+        run_phases(&mut state, Arc::clone(&fake), &store, &clock(), cancelled).await;
+        assert_eq!(offsets(&fake, start), vec![("ns/ok".into(), 10, 0)]);
     }
 }

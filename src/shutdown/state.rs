@@ -165,7 +165,9 @@ impl ShutdownState {
         let Some(phase) = self.phases.get(index) else {
             return 0;
         };
-        let full = u64::try_from(phase.seconds.max(0)).unwrap_or(0) * 1000;
+        let full = u64::try_from(phase.seconds.max(0))
+            .unwrap_or(0)
+            .saturating_mul(1000);
         match phase.started_unix_ms {
             Some(started) => full.saturating_sub(now_unix_ms.saturating_sub(started)),
             None => full,
@@ -425,5 +427,15 @@ mod tests {
         state.start_phase(0, 10_000);
         assert_eq!(state.remaining_budget_ms(0, 15_500), 14_500);
         assert_eq!(state.remaining_budget_ms(0, 90_000), 0);
+    }
+
+    #[test]
+    fn a_huge_phase_from_config_or_a_corrupt_state_file_saturates_instead_of_overflowing() {
+        let mut state = sample_state();
+        state.phases[0].seconds = i64::MAX;
+        assert_eq!(state.remaining_budget_ms(0, 50_000), u64::MAX);
+        state.start_phase(0, u64::MAX);
+        assert_eq!(state.remaining_budget_ms(0, 0), u64::MAX);
+        assert_eq!(state.remaining_budget_ms(0, u64::MAX), u64::MAX);
     }
 }
