@@ -22,8 +22,13 @@ use tokio::sync::{Notify, oneshot, watch};
 use crate::config::AgentConfig;
 use crate::metrics::{self, Health, Metrics};
 
+/// How long a stop waits for the running cycle.
+pub const CYCLE_STOP_WAIT: Duration = Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    #[error("cannot start the decision cycle thread: {0}")]
+    CycleThread(std::io::Error),
     #[error("metricsAddress {address}: {error}")]
     Metrics {
         address: String,
@@ -40,7 +45,13 @@ pub struct RunHandles {
 }
 
 /// Run until `shutdown` resolves. The HTTP server and the loop stop together; the
-/// current cycle always completes, so no decision is half-applied.
+/// current cycle completes (waited for up to [`CYCLE_STOP_WAIT`]), so no decision is
+/// half-applied.
+///
+/// The decision cycle runs on a thread of its own: its procfs, cgroupfs and statvfs reads,
+/// disk walks, cgroup kills and trace writes block, and a hung filesystem or a memory-
+/// starved disk must not stall what the async runtime serves meanwhile (logind's
+/// PrepareForShutdown, `/healthz` and `/metrics`, the pod watch and the API writes).
 pub async fn run(
     config: AgentConfig,
     kube_shutdown: Option<crate::kubernetes::shutdown::ShutdownHooks>,
@@ -62,7 +73,7 @@ pub async fn run(
                 address: config.metrics_address.clone(),
                 error: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
             })?;
-    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let (stop_tx, _) = watch::channel(false);
     let (bound_tx, bound_rx) = oneshot::channel();
     let server_stop = {
         let mut rx = stop_tx.subscribe();
@@ -101,28 +112,18 @@ pub async fn run(
     );
     let support = agent.announce();
     agent.start_notifiers(&support, wake.clone());
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            _ = ticker.tick() => {}
-            () = wake.notified() => {}
-        }
-        let (_, evicted) = agent.run_cycle().await;
-        health.tick();
-        if evicted {
-            // Like the kubelet after its cleanup wait: look again at once.
-            wake.notify_one();
-        }
-        if *stop_rx.borrow_and_update() {
-            break;
-        }
-    }
+    let cycles = start_cycle_thread(agent, interval, wake, health, stop_tx.subscribe())?;
+    shutdown.await;
     tracing::info!("agent stopping");
     let _ = stop_tx.send(true);
+    // The running cycle completes, so no decision is half-applied; a cycle stuck in the
+    // kernel (a hung filesystem) cannot hold the stop up forever.
+    match tokio::time::timeout(CYCLE_STOP_WAIT, cycles).await {
+        Ok(_) => {}
+        Err(_) => tracing::error!(
+            "the decision cycle did not finish within {CYCLE_STOP_WAIT:?} (stuck on a hung filesystem?); stopping without it"
+        ),
+    }
     if let Some((manager, publisher)) = shutdown_manager {
         // The manager finishes a running drain phase bookkeeping and releases the lock.
         let _ = manager.await;
@@ -134,4 +135,44 @@ pub async fn run(
         Ok(Ok(())) => {}
     }
     Ok(())
+}
+
+/// Start the thread that runs the decision cycles: every `interval`, or at once when
+/// `wake` fires, until `stop` turns true. It drives its futures through the runtime's
+/// handle, so timers, spawned escalations and channels work as before, while everything
+/// it blocks on blocks this thread only. Resolves when the thread has finished.
+fn start_cycle_thread(
+    mut agent: Agent,
+    interval: Duration,
+    wake: Arc<Notify>,
+    health: Arc<Health>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<oneshot::Receiver<()>, AgentError> {
+    let runtime = tokio::runtime::Handle::current();
+    let (done_tx, done_rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("nodekeeper-cycle".to_string())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let mut ticker = tokio::time::interval(interval);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = stop.wait_for(|stop| *stop) => break,
+                        _ = ticker.tick() => {}
+                        () = wake.notified() => {}
+                    }
+                    let (_, evicted) = agent.run_cycle().await;
+                    health.tick();
+                    if evicted {
+                        // Like the kubelet after its cleanup wait: look again at once.
+                        wake.notify_one();
+                    }
+                }
+            });
+            let _ = done_tx.send(());
+        })
+        .map_err(AgentError::CycleThread)?;
+    Ok(done_rx)
 }
