@@ -18,13 +18,14 @@ use crate::shutdown::manager::{
     ManagerOptions, ManagerStatus, PodSource, read_boot_id, run_shutdown_manager,
 };
 use crate::shutdown::plan::phases_from_config;
-use crate::shutdown::runner::SystemClock;
+use crate::shutdown::runner::{DryRunTerminator, SystemClock};
 use crate::shutdown::state::metrics_from_state;
 use crate::signals::{CgroupLayout, CgroupReader};
 
 /// Start the shutdown manager when graceful shutdown is configured: with `kube` hooks it
-/// drains this node's pods through the API, else the agent's workload cgroups. Returns
-/// the tasks to await on stop; `None` when the feature is off or cannot run here (logged).
+/// drains this node's pods through the API, else the agent's workload cgroups. In dry-run
+/// mode it holds the lock and plans the phases as usual, but only logs each pod it would
+/// stop. Returns the tasks to await on stop; `None` when the feature is off or cannot run here (logged).
 pub fn start(
     config: &AgentConfig,
     kube: Option<ShutdownHooks>,
@@ -55,7 +56,19 @@ pub fn start(
 
     let (status_tx, status_rx) = watch::channel(ManagerStatus::default());
     let clock = Arc::new(SystemClock);
+    let dry_run = config.dry_run;
     let (manager, node_status) = match kube {
+        Some(hooks) if dry_run => (
+            tokio::spawn(run_shutdown_manager(
+                options,
+                Arc::new(DryRunTerminator),
+                hooks.pods,
+                clock,
+                status_tx,
+                stop,
+            )),
+            Some(hooks.node_status),
+        ),
         Some(hooks) => (
             tokio::spawn(run_shutdown_manager(
                 options,
@@ -69,7 +82,16 @@ pub fn start(
         ),
         None => {
             let (terminator, pods) = workload_terminator(config, reader);
-            (
+            let manager = if dry_run {
+                tokio::spawn(run_shutdown_manager(
+                    options,
+                    Arc::new(DryRunTerminator),
+                    pods,
+                    clock,
+                    status_tx,
+                    stop,
+                ))
+            } else {
                 tokio::spawn(run_shutdown_manager(
                     options,
                     Arc::new(terminator),
@@ -77,9 +99,9 @@ pub fn start(
                     clock,
                     status_tx,
                     stop,
-                )),
-                None,
-            )
+                ))
+            };
+            (manager, None)
         }
     };
     let publisher = tokio::spawn(publish_status(status_rx, metrics, node_status));

@@ -21,6 +21,28 @@ pub enum Termination {
     Killed,
     /// Nothing to stop (no such workload, or already gone).
     NotFound,
+    /// Dry-run mode: only logged, nothing was stopped.
+    DryRun,
+}
+
+/// The terminator of a dry run: says which pod it would stop, with which grace period,
+/// and touches nothing.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DryRunTerminator;
+
+impl PodTerminator for DryRunTerminator {
+    async fn terminate(
+        &self,
+        pod: &PlannedPod,
+        grace: Duration,
+    ) -> Result<Termination, TerminateError> {
+        tracing::warn!(
+            pod = %pod.key(),
+            grace_period_seconds = grace.as_secs(),
+            "dry run: would stop pod for node shutdown"
+        );
+        Ok(Termination::DryRun)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,18 +100,18 @@ pub async fn run_phases<T: PodTerminator>(
             continue;
         }
         if *cancelled.borrow_and_update() {
-            return cancel(state, store, clock);
+            return cancel(state, store, clock).await;
         }
         let priority = state.phases[index].priority;
         if state.phases[index].pods.is_empty() {
             state.end_phase(index, PhaseStatus::Skipped, vec![], clock.now_unix_ms());
-            persist(store, state);
+            persist(store, state).await;
             continue;
         }
         let now = clock.now_unix_ms();
         let budget = Duration::from_millis(state.remaining_budget_ms(index, now));
         state.start_phase(index, now);
-        persist(store, state);
+        persist(store, state).await;
         tracing::info!(
             priority,
             pods = state.phases[index].pods.len(),
@@ -139,31 +161,42 @@ pub async fn run_phases<T: PodTerminator>(
                     cancel_sender_gone = changed.is_err();
                     if !cancel_sender_gone && *cancelled.borrow_and_update() {
                         terminations.abort_all();
-                        return cancel(state, store, clock);
+                        return cancel(state, store, clock).await;
                     }
                 }
             }
         };
         failed.sort();
         state.end_phase(index, status, failed, clock.now_unix_ms());
-        persist(store, state);
+        persist(store, state).await;
         tracing::info!(priority, ?status, "shutdown phase ended");
     }
     state.finish(clock.now_unix_ms());
-    persist(store, state);
+    persist(store, state).await;
     RunOutcome::Finished
 }
 
-fn cancel(state: &mut ShutdownState, store: &StateStore, clock: &dyn WallClock) -> RunOutcome {
+async fn cancel(
+    state: &mut ShutdownState,
+    store: &StateStore,
+    clock: &dyn WallClock,
+) -> RunOutcome {
     state.cancel(clock.now_unix_ms());
-    persist(store, state);
+    persist(store, state).await;
     tracing::info!("shutdown cancelled; remaining phases will not run");
     RunOutcome::Cancelled
 }
 
-fn persist(store: &StateStore, state: &ShutdownState) {
-    if let Err(error) = store.save(state) {
-        log_state_error(&error);
+/// Save the progress on the blocking pool: the fsync can take seconds on a disk starved
+/// by memory pressure, and the runtime must keep serving D-Bus and the API meanwhile.
+async fn persist(store: &StateStore, state: &ShutdownState) {
+    let (store, state) = (store.clone(), state.clone());
+    match tokio::task::spawn_blocking(move || store.save(&state)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => log_state_error(&error),
+        Err(error) => {
+            tracing::error!(%error, "shutdown progress not persisted: the save task failed")
+        }
     }
 }
 

@@ -1,11 +1,19 @@
-//! The agent process keeps answering while its decision cycle is stuck in the kernel.
-//! `/proc/meminfo` is replaced (through `procRoot`) by a FIFO that nobody writes: reading
-//! it blocks exactly like a read from a hung NFS mount or a `statvfs` on one. Meanwhile
-//! logind's PrepareForShutdown and `/healthz` must be answered within 100 ms, and the
-//! agent must still stop on SIGTERM. Needs `dbus-daemon` for the private bus and the fake
-//! logind; fails under `CI=true` without it.
+//! The agent process with a fake logind on a private bus:
+//! - it keeps answering while its decision cycle is stuck in the kernel. `/proc/meminfo` is
+//!   replaced (through `procRoot`) by a FIFO that nobody writes: reading it blocks exactly
+//!   like a read from a hung NFS mount or a `statvfs` on one. Meanwhile logind's
+//!   PrepareForShutdown and `/healthz` must be answered within 100 ms, and the agent must
+//!   still stop on SIGTERM;
+//! - in dry-run mode a node shutdown is planned and logged, and no workload is stopped.
+//!
+//! Needs `dbus-daemon` (and, for the dry-run test, real cgroups); fails under `CI=true`
+//! without them.
 
 mod support {
+    #[allow(dead_code)]
+    pub mod allocator;
+    #[allow(dead_code)]
+    pub mod cgroups;
     pub mod logind_fake;
     #[allow(dead_code)]
     pub mod real;
@@ -23,6 +31,7 @@ use nix::fcntl::{OFlag, open};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::stat::Mode;
 use nix::unistd::Pid;
+use support::cgroups::TestCgroups;
 use support::logind_fake::{FakeLogind, PrivateBus, fake_state};
 
 const DBUS: &str = "a private dbus-daemon";
@@ -84,6 +93,57 @@ impl AgentProcess {
     }
 }
 
+fn metrics_address(agent: &AgentProcess) -> String {
+    let (_, line) = agent.wait_for_line("serving /metrics", Duration::from_secs(30));
+    line.split("address=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the metrics address in the log")
+        .to_string()
+}
+
+fn stop(agent: &mut AgentProcess) {
+    kill(Pid::from_raw(agent.child.id() as i32), Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = agent.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        status.success(),
+        "agent exit: {status:?} (signal {:?})",
+        status.signal()
+    );
+}
+
+fn fake_logind(dir: &Path) -> Result<(PrivateBus, tokio::runtime::Runtime, FakeLogind), String> {
+    let bus = PrivateBus::start(dir)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let logind = runtime.block_on(FakeLogind::serve(&bus, fake_state(3600)));
+    Ok((bus, runtime, logind))
+}
+
+fn wait_for_release(logind: &FakeLogind) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while logind.held() != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the drain never released the delay lock"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn http_status(address: &str, path: &str) -> u16 {
     let mut stream = TcpStream::connect(address).expect("connect to the agent");
     stream
@@ -122,13 +182,7 @@ fn hold_fifo_writer(fifo: &Path, within: Duration) -> std::os::fd::OwnedFd {
 #[test]
 fn prepare_for_shutdown_and_healthz_are_answered_while_a_cycle_is_stuck_on_a_hung_file() {
     let dir = tempfile::tempdir().unwrap();
-    let bus = require!(DBUS, PrivateBus::start(dir.path()));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let logind = runtime.block_on(FakeLogind::serve(&bus, fake_state(3600)));
+    let (bus, runtime, logind) = require!(DBUS, fake_logind(dir.path()));
 
     let proc_root = dir.path().join("proc");
     let cgroup_root = dir.path().join("cgroup");
@@ -162,13 +216,7 @@ kubernetes:
     .unwrap();
 
     let mut agent = AgentProcess::start(&config);
-    let (_, line) = agent.wait_for_line("serving /metrics", Duration::from_secs(30));
-    let address = line
-        .split("address=")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("the metrics address in the log")
-        .to_string();
+    let address = metrics_address(&agent);
     let writer = hold_fifo_writer(&meminfo, Duration::from_secs(10));
     agent.wait_for_line("logind delay lock held", Duration::from_secs(10));
     assert_eq!(logind.held(), 1);
@@ -204,21 +252,55 @@ kubernetes:
         .write_all(b"MemTotal: 1024 kB\nMemAvailable: 512 kB\n")
         .unwrap();
     drop(writer);
-    kill(Pid::from_raw(agent.child.id() as i32), Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = agent.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the agent did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(
-        status.success(),
-        "agent exit: {status:?} (signal {:?})",
-        status.signal()
+    stop(&mut agent);
+}
+
+#[test]
+fn a_dry_run_plans_and_logs_a_node_shutdown_but_stops_no_workload() {
+    let mut cgroups = require!(
+        "the cgroup v1 memory and freezer hierarchies",
+        TestCgroups::create(&["memory", "freezer"])
     );
+    let dir = tempfile::tempdir().unwrap();
+    let (bus, runtime, logind) = require!(DBUS, fake_logind(dir.path()));
+    let web = cgroups.child("web");
+    let pid = cgroups.spawn_shell(&web, "exec sleep 1000", "sleep");
+    let config = dir.path().join("agent.yaml");
+    let root = dir.path().display();
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1
+kind: AgentConfiguration
+dryRun: true
+metricsAddress: 127.0.0.1:0
+cgroupRoot: {cgroup_root}
+shutdownGracePeriod: 5s
+shutdownStateFile: {root}/state/graceful_shutdown_state.json
+logindDropInPath: {root}/logind.conf.d/99-nodekeeper.conf
+dbusAddress: {bus}
+workloads:
+  parentCgroup: {parent}
+kubernetes:
+  enabled: false
+",
+            cgroup_root = cgroups.v1_root().display(),
+            parent = cgroups.parent.display(),
+            bus = bus.address()
+        ),
+    )
+    .unwrap();
+    let mut agent = AgentProcess::start(&config);
+    metrics_address(&agent);
+    agent.wait_for_line("logind delay lock held", Duration::from_secs(10));
+
+    runtime.block_on(logind.announce(true));
+    let (_, line) = agent.wait_for_line("would stop pod", Duration::from_secs(10));
+    assert!(line.contains("/web"), "{line}");
+    wait_for_release(&logind);
+    assert!(
+        cgroups.child_running(pid),
+        "a dry run must not stop the workload"
+    );
+    stop(&mut agent);
 }
