@@ -7,6 +7,7 @@
 pub mod api;
 pub mod cgroups;
 pub mod convert;
+pub mod disk_walk;
 pub mod evictor;
 pub mod node;
 pub mod outbox;

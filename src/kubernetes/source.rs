@@ -4,7 +4,7 @@
 //! reads the cache each cycle, so an unreachable API server leaves it with the last
 //! known pods instead of none.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -91,6 +91,7 @@ impl ApiPodSource {
 impl PodSource for ApiPodSource {
     fn pods(&mut self) -> Vec<Pod> {
         let mut pods = Vec::new();
+        let mut uids = HashSet::new();
         for api_pod in self.store.state() {
             if !is_active(&api_pod) {
                 continue;
@@ -108,7 +109,11 @@ impl PodSource for ApiPodSource {
             if let Some(usage) = &self.usage {
                 usage.measure(&mut node_pod);
             }
+            uids.extend(node_pod.pod.uid.clone());
             pods.push(node_pod.pod);
+        }
+        if let Some(usage) = &self.usage {
+            usage.retain_pods(&uids);
         }
         pods.sort_by_key(Pod::key);
         pods

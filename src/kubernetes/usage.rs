@@ -4,65 +4,16 @@
 //! directory. A pod whose cgroup does not exist yet has no stats, as in the kubelet.
 
 use std::collections::HashSet;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::cgroups::{PodCgroupNaming, container_cgroup};
 use super::convert::NodePod;
+use super::disk_walk::{DiskWalker, PodDirectories};
 use crate::config::KubernetesConfig;
 use crate::signals::CgroupReader;
 
-/// Bytes on disk (allocated blocks, like `du`) and distinct inodes under a directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct DiskUsage {
-    pub bytes: i64,
-    pub inodes: i64,
-    /// The walk stopped at its entry budget; the figures are a lower bound.
-    pub truncated: bool,
-}
-
-impl DiskUsage {
-    fn add(&mut self, other: DiskUsage) {
-        self.bytes = self.bytes.saturating_add(other.bytes);
-        self.inodes = self.inodes.saturating_add(other.inodes);
-        self.truncated |= other.truncated;
-    }
-}
-
-/// Walk `root` without following symlinks, visiting at most `*budget` entries.
-/// `None` when `root` does not exist.
-pub fn disk_usage(root: &Path, budget: &mut u64) -> Option<DiskUsage> {
-    let metadata = std::fs::symlink_metadata(root).ok()?;
-    let mut seen = HashSet::new();
-    let mut usage = DiskUsage::default();
-    let mut stack = vec![(root.to_path_buf(), metadata)];
-    while let Some((path, metadata)) = stack.pop() {
-        if *budget == 0 {
-            usage.truncated = true;
-            break;
-        }
-        *budget -= 1;
-        if seen.insert((metadata.dev(), metadata.ino())) {
-            usage.bytes = usage.bytes.saturating_add(
-                i64::try_from(metadata.blocks().saturating_mul(512)).unwrap_or(i64::MAX),
-            );
-            usage.inodes += 1;
-        }
-        if metadata.is_dir() {
-            let Ok(entries) = std::fs::read_dir(&path) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                if let Ok(child) = entry.metadata() {
-                    stack.push((entry.path(), child));
-                }
-            }
-        }
-    }
-    Some(usage)
-}
-
-/// Where one pod's files are, and how much of them a cycle may walk.
+/// Where one pod's files are. Cgroup figures are read by the cycle; disk figures come
+/// from the background walker.
 #[derive(Debug, Clone)]
 pub struct PodUsageReader {
     reader: CgroupReader,
@@ -70,7 +21,7 @@ pub struct PodUsageReader {
     pod_logs_path: PathBuf,
     kubelet_root_path: PathBuf,
     writable_layer_path: Option<String>,
-    max_entries: u64,
+    disk: DiskWalker,
 }
 
 impl PodUsageReader {
@@ -81,8 +32,19 @@ impl PodUsageReader {
             pod_logs_path: config.pod_logs_path.clone(),
             kubelet_root_path: config.kubelet_root_path.clone(),
             writable_layer_path: config.writable_layer_path.clone(),
-            max_entries: config.disk_walk_max_entries,
+            disk: DiskWalker::new(config.disk_walk_max_entries),
         }
+    }
+
+    /// Stop measuring the disk usage of pods that are no longer on the node.
+    pub fn retain_pods(&self, uids: &HashSet<String>) {
+        self.disk.retain(uids);
+    }
+
+    /// Walk every tracked pod's directories now, on this thread (tests and tools; the
+    /// agent leaves it to the background walker).
+    pub fn walk_disks_now(&self) {
+        self.disk.walk_all();
     }
 
     pub fn naming(&self) -> &PodCgroupNaming {
@@ -126,14 +88,10 @@ impl PodUsageReader {
         }
         pod.cgroup = Some(cgroup.clone());
 
-        let mut budget = self.max_entries;
         let log_dir = self
             .pod_logs_path
             .join(format!("{}_{}_{}", pod.namespace, pod.name, uid));
-        let mut ephemeral = None::<DiskUsage>;
-        let mut add_ephemeral = |usage: DiskUsage| {
-            ephemeral.get_or_insert_with(DiskUsage::default).add(usage);
-        };
+        let mut directories = PodDirectories::default();
         for container in &mut pod.containers {
             let id = node_pod
                 .container_ids
@@ -146,39 +104,42 @@ impl PodUsageReader {
             {
                 container.usage.memory = Some(saturating(memory.working_set_bytes()));
             }
-            if usable_in_path(&pod_key, "container name", &container.name)
-                && let Some(logs) = disk_usage(&log_dir.join(&container.name), &mut budget)
-            {
-                container.usage.logs = Some(logs.bytes);
-                add_ephemeral(logs);
-            }
-            if let (Some(template), Some(id)) = (&self.writable_layer_path, id)
-                && let Some(layer) = disk_usage(
-                    Path::new(&template.replace("{containerId}", id)),
-                    &mut budget,
-                )
-            {
-                container.usage.rootfs = Some(layer.bytes);
-                add_ephemeral(layer);
-            }
+            let logs = usable_in_path(&pod_key, "container name", &container.name)
+                .then(|| log_dir.join(&container.name));
+            let layer = self
+                .writable_layer_path
+                .as_ref()
+                .zip(id)
+                .map(|(template, id)| PathBuf::from(template.replace("{containerId}", id)));
+            directories
+                .containers
+                .push((container.name.clone(), logs, layer));
         }
         let volumes = self
             .kubelet_root_path
             .join("pods")
             .join(&uid)
             .join("volumes/kubernetes.io~empty-dir");
-        for volume in &mut pod.empty_dirs {
-            if usable_in_path(&pod_key, "volume name", &volume.name)
-                && let Some(used) = disk_usage(&volumes.join(&volume.name), &mut budget)
-            {
-                volume.used = Some(used.bytes);
-                add_ephemeral(used);
+        for volume in &pod.empty_dirs {
+            if usable_in_path(&pod_key, "volume name", &volume.name) {
+                directories
+                    .volumes
+                    .push((volume.name.clone(), volumes.join(&volume.name)));
             }
         }
-        if let Some(total) = ephemeral {
-            if total.truncated {
-                tracing::debug!(pod = %pod.key(), "disk walk budget reached; storage usage is a lower bound");
+        let Some(figures) = self.disk.track(&uid, directories) else {
+            return;
+        };
+        for container in &mut pod.containers {
+            if let Some((logs, rootfs)) = figures.containers.get(&container.name) {
+                container.usage.logs = *logs;
+                container.usage.rootfs = *rootfs;
             }
+        }
+        for volume in &mut pod.empty_dirs {
+            volume.used = figures.volumes.get(&volume.name).copied();
+        }
+        if let Some(total) = figures.total {
             pod.usage.ephemeral_storage = Some(total.bytes);
             pod.usage.inodes = Some(total.inodes);
         }
@@ -206,6 +167,8 @@ fn saturating(value: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
+
     use crate::config::CgroupDriver;
     use crate::kubernetes::resources::QosClass;
     use crate::pods::{ContainerStats, EmptyDirStats, Pod};
@@ -368,6 +331,13 @@ mod tests {
         );
         let mut pod = node_pod(QosClass::Guaranteed);
         usage_reader.measure(&mut pod);
+        assert_eq!(
+            pod.pod.usage.ephemeral_storage, None,
+            "the cycle never walks the disk itself"
+        );
+        usage_reader.walk_disks_now();
+        let mut pod = node_pod(QosClass::Guaranteed);
+        usage_reader.measure(&mut pod);
         let container = &pod.pod.containers[0].usage;
         let logs_bytes = container.logs.unwrap();
         let rootfs_bytes = container.rootfs.unwrap();
@@ -407,6 +377,8 @@ mod tests {
             pod.pod.containers[0].name = hostile.to_string();
             pod.pod.empty_dirs[0].name = hostile.to_string();
             pod.container_ids[0] = (hostile.to_string(), hostile.to_string());
+            usage_reader.measure(&mut pod.clone());
+            usage_reader.walk_disks_now();
             usage_reader.measure(&mut pod);
             assert_eq!(pod.pod.containers[0].usage.logs, None, "{hostile}");
             assert_eq!(pod.pod.containers[0].usage.rootfs, None, "{hostile}");
@@ -425,24 +397,5 @@ mod tests {
                 assert_eq!(pod.pod.cgroup, None, "{field}={hostile}");
             }
         }
-    }
-
-    #[test]
-    fn the_walk_stops_at_its_budget_and_counts_hard_links_once() {
-        let dir = tempfile::tempdir().unwrap();
-        for i in 0..10 {
-            std::fs::write(dir.path().join(format!("f{i}")), b"data").unwrap();
-        }
-        std::fs::hard_link(dir.path().join("f0"), dir.path().join("link")).unwrap();
-        let mut budget = 100;
-        let full = disk_usage(dir.path(), &mut budget).unwrap();
-        assert_eq!(full.inodes, 11, "the directory and ten distinct files");
-        assert!(!full.truncated);
-        assert_eq!(budget, 100 - 12);
-        let mut small = 4;
-        let partial = disk_usage(dir.path(), &mut small).unwrap();
-        assert!(partial.truncated);
-        assert!(partial.inodes <= 4);
-        assert_eq!(disk_usage(&dir.path().join("missing"), &mut 10), None);
     }
 }
