@@ -127,14 +127,14 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
         released_for_power_off: false,
         last,
     };
-    manager.settle_previous_boot();
+    manager.settle_previous_boot().await;
     if manager
         .last
         .as_ref()
         .is_some_and(|s| s.needs_resume(&manager.options.boot_id))
     {
         tracing::warn!("resuming a shutdown interrupted by an agent restart");
-        manager.start_shutdown();
+        manager.start_shutdown().await;
     }
     manager.publish(false);
     // Log an unreachable bus once per outage, not on every reconnect attempt.
@@ -174,7 +174,7 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
         loop {
             tokio::select! {
                 () = &mut pause => break,
-                finished = wait_run(&mut manager.run) => manager.run_ended(finished),
+                finished = wait_run(&mut manager.run) => manager.run_ended(finished).await,
                 _ = stop.changed() => break,
             }
         }
@@ -207,13 +207,13 @@ async fn next_signal(stream: &mut PrepareForShutdownStream) -> Option<bool> {
 
 impl<T: PodTerminator> Manager<T> {
     /// A record left in progress by an earlier boot can never be resumed.
-    fn settle_previous_boot(&mut self) {
+    async fn settle_previous_boot(&mut self) {
         if let Some(state) = self.last.as_mut()
             && state.outcome == ShutdownOutcome::InProgress
             && state.boot_id != self.options.boot_id
         {
             state.abandon();
-            if let Err(error) = self.store.save(state) {
+            if let Err(error) = self.store.save_in_background(state).await {
                 tracing::error!(%error, "cannot mark the previous boot's shutdown abandoned");
             }
         }
@@ -262,7 +262,7 @@ impl<T: PodTerminator> Manager<T> {
         }
         if preparing && self.run.is_none() && !self.released_for_power_off {
             tracing::warn!("logind is already preparing for shutdown; draining now");
-            self.start_shutdown();
+            self.start_shutdown().await;
         }
         self.publish(true);
         loop {
@@ -279,7 +279,7 @@ impl<T: PodTerminator> Manager<T> {
                     Some(true) => {
                         tracing::info!("PrepareForShutdown(true): node shutdown detected");
                         if self.run.is_none() && !self.released_for_power_off {
-                            self.start_shutdown();
+                            self.start_shutdown().await;
                         }
                     }
                     Some(false) => {
@@ -287,7 +287,7 @@ impl<T: PodTerminator> Manager<T> {
                         self.cancel_shutdown(logind).await?;
                     }
                 },
-                finished = wait_run(&mut self.run) => self.run_ended(finished),
+                finished = wait_run(&mut self.run) => self.run_ended(finished).await,
                 _ = stop.changed() => return Ok(()),
             }
             self.publish(true);
@@ -302,7 +302,7 @@ impl<T: PodTerminator> Manager<T> {
         Ok(())
     }
 
-    fn start_shutdown(&mut self) {
+    async fn start_shutdown(&mut self) {
         let state = match self.last.take() {
             Some(state) if state.needs_resume(&self.options.boot_id) => state,
             _ => {
@@ -315,7 +315,7 @@ impl<T: PodTerminator> Manager<T> {
             }
         };
         // Persist before any pod is touched, so a restart knows a shutdown began.
-        if let Err(error) = self.store.save(&state) {
+        if let Err(error) = self.store.save_in_background(&state).await {
             tracing::error!(%error, "shutdown start not persisted");
         }
         self.last = Some(state.clone());
@@ -332,7 +332,10 @@ impl<T: PodTerminator> Manager<T> {
         self.run = Some(ActiveRun { cancel, handle });
     }
 
-    fn run_ended(&mut self, result: Result<(ShutdownState, RunOutcome), tokio::task::JoinError>) {
+    async fn run_ended(
+        &mut self,
+        result: Result<(ShutdownState, RunOutcome), tokio::task::JoinError>,
+    ) {
         let (mut state, outcome) = match result {
             Ok(finished) => finished,
             Err(error) => {
@@ -355,7 +358,7 @@ impl<T: PodTerminator> Manager<T> {
         };
         if outcome == RunOutcome::Finished {
             state.about_to_power_off = true;
-            if let Err(error) = self.store.save(&state) {
+            if let Err(error) = self.store.save_in_background(&state).await {
                 tracing::error!(%error, "final shutdown state not persisted");
             }
             self.lock = None;
@@ -379,7 +382,7 @@ impl<T: PodTerminator> Manager<T> {
         {
             state.cancel(self.clock.now_unix_ms());
             state.about_to_power_off = false;
-            if let Err(error) = self.store.save(state) {
+            if let Err(error) = self.store.save_in_background(state).await {
                 tracing::error!(%error, "shutdown cancellation not persisted");
             }
         }

@@ -287,6 +287,21 @@ impl StateStore {
 
     /// Temp file in the same directory, fsync, rename, fsync the directory: a reader sees
     /// the old record or the new one, never a torn one, even across power loss.
+    /// [`StateStore::save`] on the blocking pool: the fsync can take seconds on a disk
+    /// starved by memory pressure, and the runtime must keep serving D-Bus, the API and
+    /// `/healthz` meanwhile.
+    pub async fn save_in_background(&self, state: &ShutdownState) -> Result<(), StateError> {
+        let (store, state) = (self.clone(), state.clone());
+        tokio::task::spawn_blocking(move || store.save(&state))
+            .await
+            .unwrap_or_else(|error| {
+                Err(StateError::Write {
+                    path: self.path.display().to_string(),
+                    error: std::io::Error::other(format!("the save task failed: {error}")),
+                })
+            })
+    }
+
     pub fn save(&self, state: &ShutdownState) -> Result<(), StateError> {
         let write_error = |error| StateError::Write {
             path: self.path.display().to_string(),
