@@ -1,7 +1,9 @@
 //! The agent on Kubernetes, end to end against the fake API server over HTTP with the
 //! real kube client: pods from the watch, usage from a fake cgroup tree, evictions the
-//! cluster sees, node conditions, an API outage, watch expiry, a status conflict, and
-//! the RBAC manifest checked against the requests the agent made.
+//! cluster sees, node conditions, an API outage, watch expiry, a status conflict, the
+//! RBAC manifest checked against the requests the agent made, evictions that do not wait
+//! behind failing bookkeeping writes, what every request says about the agent (User-Agent,
+//! field manager, only its own conditions), and a dry run that writes nothing.
 
 mod support;
 
@@ -11,10 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    Container, Event, Node, Pod as ApiPod, PodSpec, PodStatus, ResourceRequirements,
+    Container, Event, Node, NodeCondition, NodeSpec, NodeStatus, Pod as ApiPod, PodSpec, PodStatus,
+    ResourceRequirements, Taint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use nodekeeper::agent::Agent;
 use nodekeeper::config::{AgentConfig, Overrides, from_yaml_str};
 use nodekeeper::kubernetes::KubeRuntime;
@@ -215,6 +218,17 @@ struct Scenario {
 }
 
 async fn scenario(extra_config: &str) -> Scenario {
+    scenario_with(
+        extra_config,
+        RetryPolicy {
+            base: Duration::from_millis(20),
+            max: Duration::from_millis(200),
+        },
+    )
+    .await
+}
+
+async fn scenario_with(extra_config: &str, retry: RetryPolicy) -> Scenario {
     let server = FakeApiServer::start().await;
     server.seed(&Node {
         metadata: ObjectMeta {
@@ -234,15 +248,11 @@ async fn scenario(extra_config: &str) -> Scenario {
         host.add_pod_cgroup(qos, fixture.uid, fixture.working_set);
     }
     let config = host.config(extra_config);
-    let mut runtime = KubeRuntime::start(
-        server.client(),
-        NODE.to_string(),
-        &config,
-        RetryPolicy {
-            base: Duration::from_millis(20),
-            max: Duration::from_millis(200),
-        },
-    );
+    // Built as `connect` builds it, so requests carry the agent's User-Agent.
+    let client =
+        nodekeeper::kubernetes::build_client(kube::Config::new(server.url().parse().unwrap()))
+            .unwrap();
+    let mut runtime = KubeRuntime::start(client, NODE.to_string(), &config, retry);
     let kills = KillLog::default();
     runtime.set_local_killer(Some(Box::new(kills.clone())));
     runtime.wait_until_ready().await;
@@ -564,4 +574,365 @@ async fn the_cluster_role_grants_exactly_what_the_agent_uses() {
     let unused: Vec<_> = granted.difference(&used).collect();
     assert!(missing.is_empty(), "used but not granted: {missing:?}");
     assert!(unused.is_empty(), "granted but never used: {unused:?}");
+}
+
+/// A backoff slow enough to see: five failures in a row cost 0.1 + 0.2 + 0.4 + 0.8 + 1.6 =
+/// 3.1 s before the sixth attempt.
+const SLOW_RETRY: RetryPolicy = RetryPolicy {
+    base: Duration::from_millis(100),
+    max: Duration::from_secs(10),
+};
+/// Well under that backoff: an eviction that waited behind it could not make this.
+const PROMPT: Duration = Duration::from_millis(1500);
+
+fn position(log: &[RecordedRequest], wanted: impl Fn(&RecordedRequest) -> bool) -> Option<usize> {
+    log.iter().position(wanted)
+}
+
+fn is_hog_delete(request: &RecordedRequest) -> bool {
+    request.method == "DELETE" && request.path.ends_with("/pods/hog") && request.status < 300
+}
+
+fn is_hog_condition(request: &RecordedRequest) -> bool {
+    request.method == "PATCH" && request.path.ends_with("/pods/hog/status") && request.status < 300
+}
+
+/// Indices in `log` of the requests `failed` matches that the server answered with 500.
+fn failures(log: &[RecordedRequest], failed: impl Fn(&RecordedRequest) -> bool) -> Vec<usize> {
+    log.iter()
+        .enumerate()
+        .filter(|(_, r)| r.status == 500 && failed(r))
+        .map(|(index, _)| index)
+        .collect()
+}
+
+/// The hog's DELETE went out within [`PROMPT`] of the cycle that evicted it, after its
+/// DisruptionTarget condition and before the failing bookkeeping write had used up its
+/// five failures.
+async fn assert_delete_overtook(
+    s: &Scenario,
+    started: std::time::Instant,
+    failed: impl Fn(&RecordedRequest) -> bool,
+) {
+    eventually(PROMPT, "the hog's DELETE", || {
+        position(&s.server.requests(), is_hog_delete)
+    })
+    .await;
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+    let log = s.server.requests();
+    let delete = position(&log, is_hog_delete).unwrap();
+    let condition = position(&log, is_hog_condition).expect("DisruptionTarget was set");
+    assert!(
+        condition < delete,
+        "DisruptionTarget goes before the delete"
+    );
+    let failed_before = failures(&log[..delete], &failed).len();
+    assert!(
+        (1..5).contains(&failed_before),
+        "the delete went out while the bookkeeping write was still failing ({failed_before} failures before it)"
+    );
+}
+
+#[tokio::test]
+async fn failing_event_posts_do_not_delay_the_eviction() {
+    let mut s = scenario_with("", SLOW_RETRY).await;
+    let is_event_post = |r: &RecordedRequest| r.method == "POST" && r.path.ends_with("/events");
+    s.server.fail_matching(
+        RequestMatcher::method("POST").and_path("/events"),
+        500,
+        Some(5),
+    );
+    let started = std::time::Instant::now();
+    let (_, evicted) = s.agent.run_cycle().await;
+    assert!(evicted);
+    assert_delete_overtook(&s, started, is_event_post).await;
+
+    // The events still arrive once the server accepts them, each once.
+    eventually(WAIT, "outbox flushed", || s.outbox.is_empty().then_some(())).await;
+    assert_eq!(evicted_events(&s.server, "hog").len(), 1);
+    assert!(
+        s.server
+            .objects::<Event>()
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("EvictionThresholdMet"))
+    );
+    assert_eq!(failures(&s.server.requests(), is_event_post).len(), 5);
+}
+
+#[tokio::test]
+async fn failing_node_status_patches_do_not_delay_the_eviction() {
+    let mut s = scenario_with("", SLOW_RETRY).await;
+    let is_node_status = |r: &RecordedRequest| {
+        r.method == "PATCH" && r.path.ends_with(&format!("/nodes/{NODE}/status"))
+    };
+    s.server.fail_matching(
+        RequestMatcher::method("PATCH").and_path(&format!("/nodes/{NODE}/status")),
+        500,
+        Some(5),
+    );
+    // A calm first cycle queues the node conditions, which start failing...
+    s.host.set_free_memory(4096 * MI);
+    let (_, evicted) = s.agent.run_cycle().await;
+    assert!(!evicted);
+    eventually(WAIT, "the first node status failure", || {
+        (!failures(&s.server.requests(), is_node_status).is_empty()).then_some(())
+    })
+    .await;
+    // ...and the eviction under pressure does not queue behind them.
+    s.host.set_free_memory(50 * MI);
+    let started = std::time::Instant::now();
+    let (_, evicted) = s.agent.run_cycle().await;
+    assert!(evicted);
+    assert_delete_overtook(&s, started, is_node_status).await;
+
+    eventually(WAIT, "outbox flushed", || s.outbox.is_empty().then_some(())).await;
+    let node = s.server.object::<Node>("", NODE).unwrap();
+    let conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.type_ == "NodekeeperMemoryPressure" && c.status == "True"),
+        "{conditions:?}"
+    );
+    assert_eq!(failures(&s.server.requests(), is_node_status).len(), 5);
+}
+
+/// Requests that would change the cluster.
+fn writes(server: &FakeApiServer) -> Vec<RecordedRequest> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| matches!(r.method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE"))
+        .collect()
+}
+
+#[tokio::test]
+async fn dry_run_writes_nothing_to_the_cluster() {
+    // Memory pressure with taints on: for real, the agent writes conditions, events, its
+    // taint and the eviction.
+    let mut real = scenario("  taints: true\n").await;
+    real.agent.run_cycle().await;
+    eventually(WAIT, "outbox flushed", || {
+        real.outbox.is_empty().then_some(())
+    })
+    .await;
+    let methods: BTreeSet<String> = writes(&real.server).into_iter().map(|r| r.method).collect();
+    assert_eq!(
+        methods,
+        BTreeSet::from(["DELETE".into(), "PATCH".into(), "POST".into()])
+    );
+
+    let mut s = scenario("  taints: true\ndryRun: true\n").await;
+    assert!(s.outbox.is_dry_run());
+    for _ in 0..3 {
+        s.agent.run_cycle().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        s.outbox.is_empty(),
+        "nothing queued: {:?}",
+        s.outbox.pending()
+    );
+    // Time for a sender to (wrongly) send anything it had.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let written = writes(&s.server);
+    assert!(written.is_empty(), "dry run wrote: {written:?}");
+    assert!(
+        s.server.requests().iter().any(RecordedRequest::is_watch),
+        "the pod watch goes on"
+    );
+    let node = s.server.object::<Node>("", NODE).unwrap();
+    assert_eq!(node.spec.and_then(|spec| spec.taints), None);
+    assert_eq!(node.status.and_then(|status| status.conditions), None);
+    let metrics = s.agent.metrics().encode();
+    for action in ["node_conditions", "node_taints", "event"] {
+        let line = format!("api_actions_total{{action=\"{action}\",outcome=\"dry_run\"}}");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
+}
+
+fn at(rfc3339: &str) -> Time {
+    Time(rfc3339.parse().unwrap())
+}
+
+fn kubelet_condition(condition_type: &str, status: &str, reason: &str) -> NodeCondition {
+    NodeCondition {
+        type_: condition_type.to_string(),
+        status: status.to_string(),
+        reason: Some(reason.to_string()),
+        message: Some(format!("kubelet says {reason}")),
+        last_heartbeat_time: Some(at("2026-01-01T10:00:00Z")),
+        last_transition_time: Some(at("2025-12-01T00:00:00Z")),
+    }
+}
+
+#[tokio::test]
+async fn writes_name_the_agent_and_touch_only_its_own_conditions() {
+    let mut s = scenario("  taints: true\n").await;
+    let ours = [
+        "NodekeeperMemoryPressure",
+        "NodekeeperDiskPressure",
+        "NodekeeperPIDPressure",
+    ];
+    // The kubelet's conditions, someone else's taint, and our memory condition as an
+    // earlier run of the agent left it (already True).
+    let seeded = s.server.seed(&Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.to_string()),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            taints: Some(vec![Taint {
+                key: "example.com/dedicated".to_string(),
+                effect: "NoSchedule".to_string(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            conditions: Some(vec![
+                kubelet_condition("Ready", "True", "KubeletReady"),
+                kubelet_condition("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+                NodeCondition {
+                    last_transition_time: Some(at("2025-06-01T00:00:00Z")),
+                    ..kubelet_condition(ours[0], "True", "NodekeeperHasInsufficientMemory")
+                },
+            ]),
+            ..Default::default()
+        }),
+    });
+    let (_, evicted) = s.agent.run_cycle().await;
+    assert!(evicted);
+    eventually(WAIT, "outbox flushed", || s.outbox.is_empty().then_some(())).await;
+
+    let log = s.server.requests();
+    let agent = format!("nodekeeper/{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(nodekeeper::kubernetes::USER_AGENT, agent);
+    for request in &log {
+        assert_eq!(
+            request.user_agent, agent,
+            "{} {}",
+            request.method, request.path
+        );
+    }
+    let writes = writes(&s.server);
+    let kinds: BTreeSet<(String, String)> = writes
+        .iter()
+        .map(|r| {
+            (
+                r.method.clone(),
+                r.path.rsplit('/').next().unwrap().to_string(),
+            )
+        })
+        .collect();
+    for expected in [
+        ("POST", "events"),
+        ("PATCH", "status"),
+        ("PATCH", NODE),
+        ("DELETE", "hog"),
+    ] {
+        assert!(
+            kinds.contains(&(expected.0.to_string(), expected.1.to_string())),
+            "{expected:?} missing from {kinds:?}"
+        );
+    }
+    // DELETE has no fieldManager: a deletion records no managed fields.
+    for write in writes.iter().filter(|r| r.method != "DELETE") {
+        assert_eq!(
+            write.query_param("fieldManager").as_deref(),
+            Some("nodekeeper"),
+            "{} {}",
+            write.method,
+            write.path
+        );
+    }
+
+    // Conditions are applied, and carry only our own condition types.
+    let status_writes: Vec<&RecordedRequest> = writes
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/status"))
+        .collect();
+    for write in &status_writes {
+        assert_eq!(
+            write.content_type.as_deref(),
+            Some("application/apply-patch+yaml"),
+            "{}",
+            write.path
+        );
+        assert_eq!(write.query_param("force").as_deref(), Some("true"));
+        let body = write.json_body().unwrap();
+        let types: Vec<&str> = body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect();
+        let allowed: &[&str] = if write.path.contains("/pods/") {
+            &["DisruptionTarget"]
+        } else {
+            &ours
+        };
+        assert!(
+            !types.is_empty() && types.iter().all(|t| allowed.contains(t)),
+            "{}: {types:?}",
+            write.path
+        );
+    }
+    assert!(status_writes.iter().any(|r| r.path.contains("/nodes/")));
+    assert!(status_writes.iter().any(|r| r.path.contains("/pods/hog/")));
+
+    let node = s.server.object::<Node>("", NODE).unwrap();
+    let conditions = node.status.as_ref().unwrap().conditions.clone().unwrap();
+    let find = |list: &[NodeCondition], t: &str| list.iter().find(|c| c.type_ == t).cloned();
+    let before = seeded.status.unwrap().conditions.unwrap();
+    for kubelets in ["Ready", "MemoryPressure"] {
+        assert_eq!(
+            serde_json::to_string(&find(&conditions, kubelets)).unwrap(),
+            serde_json::to_string(&find(&before, kubelets)).unwrap(),
+            "the kubelet's {kubelets} condition is untouched"
+        );
+    }
+    let memory = find(&conditions, ours[0]).unwrap();
+    assert_eq!(memory.status, "True");
+    assert_eq!(
+        memory.last_transition_time,
+        Some(at("2025-06-01T00:00:00Z")),
+        "still True since the earlier run: not a transition"
+    );
+    assert_ne!(memory.last_heartbeat_time, Some(at("2026-01-01T10:00:00Z")));
+    assert_eq!(conditions.len(), 5, "{conditions:?}");
+
+    let taints: Vec<String> = node
+        .spec
+        .unwrap()
+        .taints
+        .unwrap()
+        .into_iter()
+        .map(|t| t.key)
+        .collect();
+    assert_eq!(
+        taints,
+        vec!["example.com/dedicated", "nodekeeper.io/memory-pressure"]
+    );
+    let managers: BTreeSet<(String, String, String)> = node
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| {
+            (
+                m.manager.unwrap_or_default(),
+                m.operation.unwrap_or_default(),
+                m.subresource.unwrap_or_default(),
+            )
+        })
+        .filter(|m| m.0 == "nodekeeper")
+        .collect();
+    assert_eq!(
+        managers,
+        BTreeSet::from([
+            ("nodekeeper".into(), "Apply".into(), "status".into()),
+            ("nodekeeper".into(), "Update".into(), "".into()),
+        ])
+    );
 }

@@ -1,5 +1,6 @@
 //! `nodekeeper agent --kubeconfig` as a process: it connects to the API server named in
-//! the kubeconfig, watches only its own node's pods, and still stops cleanly on SIGTERM.
+//! the kubeconfig with its own User-Agent, watches only its own node's pods, and still
+//! stops cleanly on SIGTERM.
 
 mod support;
 
@@ -63,5 +64,13 @@ async fn agent_with_a_kubeconfig_watches_its_node_pods_through_the_api() {
         "no pod list/watch for the node; agent log:\n{log}"
     );
     assert!(log.contains("evicting through the Kubernetes API"), "{log}");
+    let agent = format!("nodekeeper/{}", env!("CARGO_PKG_VERSION"));
+    for request in server.requests() {
+        assert_eq!(
+            request.user_agent, agent,
+            "{} {}",
+            request.method, request.path
+        );
+    }
     assert!(status.success(), "agent exited with {status}:\n{log}");
 }

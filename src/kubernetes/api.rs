@@ -1,8 +1,13 @@
 //! Executes one [`ApiAction`] against the API server and classifies the result for the
-//! outbox. Status and taint writes are read-modify-write merge patches guarded by the
-//! object's `resourceVersion`: they carry the complete list with only our entries
-//! changed, so nobody else's conditions or taints are overwritten, and a concurrent
-//! writer makes the server answer 409, after which we read again and retry.
+//! outbox. Every write names us as its field manager, so `managedFields` shows what is
+//! ours. Conditions (the node's and a pod's `DisruptionTarget`) are server-side applies
+//! to the status subresource carrying only our condition types: `conditions` is a list
+//! keyed by `type`, so the kubelet's conditions are never re-sent or overwritten, and
+//! `force` takes our types over from whoever wrote them before (they are ours by name).
+//! The condition is read first, to keep its `lastTransitionTime` when the status did not
+//! change. Taints have no merge key, so they stay a read-modify-write merge patch guarded
+//! by the node's `resourceVersion` that only changes our taint keys: a concurrent writer
+//! makes the server answer 409, after which we read again and retry.
 
 use std::time::SystemTime;
 
@@ -50,7 +55,11 @@ impl ApiWriter {
     async fn create_event(&self, record: &EventRecord) -> Outcome {
         let api: Api<Event> = Api::namespaced(self.client.clone(), &record.namespace);
         let event = event_object(record, &self.node_name);
-        match api.create(&PostParams::default(), &event).await {
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PostParams::default()
+        };
+        match api.create(&params, &event).await {
             Ok(_) => Outcome::Done,
             // The same occurrence again (or a retry whose first try got through):
             // update the count, as the kubelet's event aggregation does.
@@ -83,19 +92,23 @@ impl ApiWriter {
                 // A replacement with the same name: our pod is gone.
                 return Outcome::Done;
             }
-            let existing = current
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .map(|list| serde_json::to_value(list).unwrap_or(Value::Null))
-                .unwrap_or(Value::Null);
-            let conditions = upsert_condition(existing, condition_value(condition));
-            let patch = json!({
-                "metadata": {"resourceVersion": current.metadata.resource_version},
-                "status": {"conditions": conditions},
+            let recorded =
+                recorded_conditions(current.status.as_ref().and_then(|s| s.conditions.as_ref()));
+            let condition = keep_transition_time(&recorded, condition_value(condition));
+            // The resourceVersion we read makes the apply fail (409) if the pod changed
+            // since, e.g. was replaced by a namesake after the UID check: read again.
+            let body = json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": pod.name,
+                    "namespace": pod.namespace,
+                    "resourceVersion": current.metadata.resource_version,
+                },
+                "status": {"conditions": [condition]},
             });
             match api
-                .patch_status(&pod.name, &patch_params(), &Patch::Merge(&patch))
+                .patch_status(&pod.name, &apply_params(), &Patch::Apply(&body))
                 .await
             {
                 Ok(_) => return Outcome::Done,
@@ -126,23 +139,42 @@ impl ApiWriter {
     }
 
     async fn set_node_conditions(&self, ours: &[ConditionRecord]) -> Outcome {
-        self.update_node(true, |node| {
-            let mut conditions = node
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .map(|list| serde_json::to_value(list).unwrap_or(Value::Null))
-                .unwrap_or(Value::Null);
-            for condition in ours {
-                conditions = upsert_condition(conditions, condition_value(condition));
-            }
-            json!({"status": {"conditions": conditions}})
-        })
-        .await
+        let api: Api<Node> = Api::all(self.client.clone());
+        let node = match api.get(&self.node_name).await {
+            Ok(node) => node,
+            Err(error) => return classify(error),
+        };
+        let recorded =
+            recorded_conditions(node.status.as_ref().and_then(|s| s.conditions.as_ref()));
+        let conditions: Vec<Value> = ours
+            .iter()
+            .map(|condition| keep_transition_time(&recorded, condition_value(condition)))
+            .collect();
+        // No resourceVersion: only we write these condition types, so what we read of
+        // them cannot be stale, and a lock would make every kubelet status update in
+        // between a conflict.
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.node_name},
+            "status": {"conditions": conditions},
+        });
+        match api
+            .patch_status(&self.node_name, &apply_params(), &Patch::Apply(&body))
+            .await
+        {
+            Ok(_) => Outcome::Done,
+            Err(error) => classify(error),
+        }
     }
 
     async fn set_node_taints(&self, ours: &[TaintRecord]) -> Outcome {
-        self.update_node(false, |node| {
+        let api: Api<Node> = Api::all(self.client.clone());
+        for _ in 0..CONFLICT_RETRIES {
+            let node = match api.get(&self.node_name).await {
+                Ok(node) => node,
+                Err(error) => return classify(error),
+            };
             let mut taints: Vec<Value> = node
                 .spec
                 .as_ref()
@@ -156,28 +188,14 @@ impl ApiWriter {
                 ours.iter()
                     .map(|t| json!({"key": t.key, "effect": t.effect})),
             );
-            json!({"spec": {"taints": taints}})
-        })
-        .await
-    }
-
-    async fn update_node(&self, status: bool, build: impl Fn(&Node) -> Value) -> Outcome {
-        let api: Api<Node> = Api::all(self.client.clone());
-        for _ in 0..CONFLICT_RETRIES {
-            let node = match api.get(&self.node_name).await {
-                Ok(node) => node,
-                Err(error) => return classify(error),
-            };
-            let mut patch = build(&node);
-            patch["metadata"] = json!({"resourceVersion": node.metadata.resource_version});
-            let result = if status {
-                api.patch_status(&self.node_name, &patch_params(), &Patch::Merge(&patch))
-                    .await
-            } else {
-                api.patch(&self.node_name, &patch_params(), &Patch::Merge(&patch))
-                    .await
-            };
-            match result {
+            let patch = json!({
+                "metadata": {"resourceVersion": node.metadata.resource_version},
+                "spec": {"taints": taints},
+            });
+            match api
+                .patch(&self.node_name, &patch_params(), &Patch::Merge(&patch))
+                .await
+            {
                 Ok(_) => return Outcome::Done,
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
                 Err(error) => return classify(error),
@@ -192,6 +210,12 @@ fn patch_params() -> PatchParams {
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()
     }
+}
+
+/// Server-side apply as [`FIELD_MANAGER`], forcing: our condition types are ours, even
+/// if an older nodekeeper (merge patches) or someone else wrote them.
+fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
 }
 
 /// Transient failures are retried; the server's refusals are not.
@@ -243,29 +267,30 @@ fn condition_value(condition: &ConditionRecord) -> Value {
     value
 }
 
-/// Replace the condition of the same type in `list` (a JSON array or null), or append.
-/// A condition whose status did not change keeps its recorded transition time.
-pub fn upsert_condition(list: Value, condition: Value) -> Value {
-    let mut items = match list {
-        Value::Array(items) => items,
-        _ => Vec::new(),
-    };
-    match items
-        .iter_mut()
-        .find(|item| item.get("type") == condition.get("type"))
+/// `condition` (JSON, as sent) with the `lastTransitionTime` of the condition of the
+/// same type in `recorded` (the object's conditions as JSON, or null) when that one has
+/// the same status: a heartbeat or an agent restart is not a transition.
+pub fn keep_transition_time(recorded: &Value, mut condition: Value) -> Value {
+    let previous = recorded
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|item| item.get("type") == condition.get("type"));
+    if let Some(previous) = previous
+        && previous.get("status") == condition.get("status")
+        && let Some(since) = previous.get("lastTransitionTime").filter(|t| !t.is_null())
     {
-        Some(existing) => {
-            let mut condition = condition;
-            if existing.get("status") == condition.get("status")
-                && let Some(previous) = existing.get("lastTransitionTime").cloned()
-            {
-                condition["lastTransitionTime"] = previous;
-            }
-            *existing = condition;
-        }
-        None => items.push(condition),
+        condition["lastTransitionTime"] = since.clone();
     }
-    Value::Array(items)
+    condition
+}
+
+/// An object's status conditions as JSON (null when there are none), for
+/// [`keep_transition_time`].
+fn recorded_conditions<T: serde::Serialize>(conditions: Option<&Vec<T>>) -> Value {
+    conditions
+        .and_then(|list| serde_json::to_value(list).ok())
+        .unwrap_or(Value::Null)
 }
 
 fn event_object(record: &EventRecord, node_name: &str) -> Event {
@@ -316,23 +341,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn upsert_keeps_others_and_the_transition_time_of_an_unchanged_status() {
-        let list = json!([
-            {"type": "Ready", "status": "True"},
+    fn an_unchanged_status_keeps_its_recorded_transition_time() {
+        let recorded = json!([
+            {"type": "Ready", "status": "True", "lastTransitionTime": "2025-01-01T00:00:00Z"},
             {"type": "NodekeeperMemoryPressure", "status": "False", "lastTransitionTime": "2026-01-01T00:00:00Z"},
         ]);
         let same = json!({"type": "NodekeeperMemoryPressure", "status": "False", "lastTransitionTime": "2026-02-02T00:00:00Z", "lastHeartbeatTime": "2026-02-02T00:00:00Z"});
-        let updated = upsert_condition(list.clone(), same);
-        assert_eq!(updated[0], json!({"type": "Ready", "status": "True"}));
-        assert_eq!(updated[1]["lastTransitionTime"], "2026-01-01T00:00:00Z");
-        assert_eq!(updated[1]["lastHeartbeatTime"], "2026-02-02T00:00:00Z");
-        let flipped = json!({"type": "NodekeeperMemoryPressure", "status": "True", "lastTransitionTime": "2026-02-02T00:00:00Z"});
         assert_eq!(
-            upsert_condition(list, flipped)[1]["lastTransitionTime"],
-            "2026-02-02T00:00:00Z"
+            keep_transition_time(&recorded, same),
+            json!({"type": "NodekeeperMemoryPressure", "status": "False", "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-02-02T00:00:00Z"})
         );
-        let added = upsert_condition(Value::Null, json!({"type": "DisruptionTarget"}));
-        assert_eq!(added, json!([{"type": "DisruptionTarget"}]));
+        let flipped = json!({"type": "NodekeeperMemoryPressure", "status": "True", "lastTransitionTime": "2026-02-02T00:00:00Z"});
+        assert_eq!(keep_transition_time(&recorded, flipped.clone()), flipped);
+        let new = json!({"type": "DisruptionTarget", "status": "True", "lastTransitionTime": "2026-02-02T00:00:00Z"});
+        assert_eq!(keep_transition_time(&recorded, new.clone()), new);
+        assert_eq!(keep_transition_time(&Value::Null, new.clone()), new);
     }
 
     #[test]

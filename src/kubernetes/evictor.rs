@@ -178,17 +178,18 @@ mod tests {
     }
 
     #[test]
-    fn queues_event_condition_and_delete_in_order_and_kills_hard_evictions_locally() {
+    fn queues_event_condition_and_delete_and_kills_hard_evictions_locally() {
         let killed = Arc::new(Mutex::new(Vec::new()));
         let outbox = OutboxHandle::new(10);
         let mut evictor =
             KubeEvictor::new(outbox.clone(), Some(Box::new(Recorder(killed.clone()))));
         evictor.evict(&order(1, true), &pod()).unwrap();
         assert_eq!(*killed.lock().unwrap(), vec!["shop/web"]);
+        // The pod lane (condition, then delete) first, then the event in bookkeeping.
         let kinds: Vec<_> = outbox.pending().iter().map(|a| a.kind()).collect();
-        assert_eq!(kinds, vec!["event", "pod_condition", "pod_delete"]);
+        assert_eq!(kinds, vec!["pod_condition", "pod_delete", "event"]);
         let pending = outbox.pending();
-        let ApiAction::CreateEvent(event) = &pending[0] else {
+        let ApiAction::CreateEvent(event) = &pending[2] else {
             panic!()
         };
         assert_eq!(event.reason, "Evicted");
@@ -200,12 +201,12 @@ mod tests {
                 .map(String::as_str),
             Some("memory")
         );
-        let ApiAction::SetPodCondition { condition, .. } = &pending[1] else {
+        let ApiAction::SetPodCondition { condition, .. } = &pending[0] else {
             panic!()
         };
         assert_eq!(condition.reason, "TerminationByKubelet");
         assert_eq!(
-            pending[2],
+            pending[1],
             ApiAction::DeletePod {
                 pod: PodRef {
                     namespace: "shop".into(),
@@ -226,7 +227,7 @@ mod tests {
         evictor.evict(&order(30, false), &pod()).unwrap();
         assert!(killed.lock().unwrap().is_empty());
         let kinds: Vec<_> = outbox.pending().iter().map(|a| a.kind()).collect();
-        assert_eq!(kinds, vec!["event", "pod_delete"]);
+        assert_eq!(kinds, vec!["pod_delete", "event"]);
     }
 
     #[test]

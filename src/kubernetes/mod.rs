@@ -18,4 +18,4 @@ pub mod source;
 pub mod usage;
 pub mod worker;
 
-pub use runtime::{KubeError, KubeRuntime, connect, node_name};
+pub use runtime::{KubeError, KubeRuntime, USER_AGENT, build_client, connect, node_name};

@@ -1,9 +1,15 @@
-//! The queue of API writes the agent owes the cluster. Writes go out in order, one at a
-//! time; while the API server is unreachable they wait here, and when it returns they are
-//! flushed in the order they were made. Memory is bounded: beyond the capacity the oldest
-//! event or node-condition heartbeat is dropped (a later one supersedes it), but a pod
-//! deletion, pod condition or taint change is never dropped. Deduplication by each
-//! action's identity keeps retries and repeated decisions from doubling up.
+//! The queue of API writes the agent owes the cluster, in two lanes: pod actions
+//! (`DisruptionTarget`, delete) and bookkeeping (events, node conditions, taints). Each
+//! lane sends one write at a time, in the order they were made, and backs off on its own,
+//! so an eviction never waits behind an event the server keeps refusing, as the kubelet's
+//! event recorder never delays an eviction. Within a lane order holds: a pod's
+//! `DisruptionTarget` goes before its delete, taint sets and node conditions stay in
+//! order. While the API server is unreachable writes wait here and are flushed once it
+//! returns. Memory is bounded: beyond the capacity (both lanes together) the oldest event
+//! or node-condition heartbeat is dropped (a later one supersedes it), but a pod deletion,
+//! pod condition or taint change is never dropped. Deduplication by each action's
+//! identity keeps retries and repeated decisions from doubling up. In dry-run mode nothing
+//! is queued: every pushed action is only counted, for the caller to log.
 //!
 //! Pure state: the async worker in `worker.rs` executes what [`Outbox::begin`] hands out
 //! and reports back through [`Outbox::finish`].
@@ -86,6 +92,33 @@ pub struct TaintRecord {
     pub effect: String,
 }
 
+/// Which queue an action waits in; each lane has its own in-flight slot and backoff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Lane {
+    /// Pod conditions and deletes: evictions and shutdown terminations.
+    Pods,
+    /// Events, node conditions and node taints.
+    Bookkeeping,
+}
+
+impl Lane {
+    pub const ALL: [Lane; 2] = [Lane::Pods, Lane::Bookkeeping];
+
+    fn index(self) -> usize {
+        match self {
+            Lane::Pods => 0,
+            Lane::Bookkeeping => 1,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Pods => "pods",
+            Lane::Bookkeeping => "bookkeeping",
+        }
+    }
+}
+
 /// One write to the API server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApiAction {
@@ -127,6 +160,68 @@ impl ApiAction {
             self,
             ApiAction::CreateEvent(_) | ApiAction::SetNodeConditions(_)
         )
+    }
+
+    /// The lane it is sent in: pod actions never queue behind bookkeeping.
+    pub fn lane(&self) -> Lane {
+        match self {
+            ApiAction::SetPodCondition { .. } | ApiAction::DeletePod { .. } => Lane::Pods,
+            ApiAction::CreateEvent(_)
+            | ApiAction::SetNodeConditions(_)
+            | ApiAction::SetNodeTaints(_) => Lane::Bookkeeping,
+        }
+    }
+
+    /// The object written to, e.g. `pod default/web` or `node`.
+    pub fn target(&self) -> String {
+        match self {
+            ApiAction::CreateEvent(event) => format!("event {}/{}", event.namespace, event.name),
+            ApiAction::SetPodCondition { pod, .. } | ApiAction::DeletePod { pod, .. } => {
+                format!("pod {} (uid {})", pod.key(), pod.uid)
+            }
+            ApiAction::SetNodeConditions(_) | ApiAction::SetNodeTaints(_) => "node".to_string(),
+        }
+    }
+
+    /// What the write would do, for the dry-run log.
+    pub fn describe(&self) -> String {
+        let status = |on: bool| if on { "True" } else { "False" };
+        match self {
+            ApiAction::CreateEvent(event) => format!(
+                "create {} event {} on {} {}: {}",
+                event.event_type.as_str(),
+                event.reason,
+                event.involved.kind,
+                event.involved.name,
+                event.message
+            ),
+            ApiAction::SetPodCondition { condition, .. } => format!(
+                "set pod condition {}={} ({})",
+                condition.condition_type,
+                status(condition.status),
+                condition.reason
+            ),
+            ApiAction::DeletePod {
+                grace_period_seconds,
+                ..
+            } => format!("delete the pod with a {grace_period_seconds}s grace period"),
+            ApiAction::SetNodeConditions(conditions) => format!(
+                "set node conditions {}",
+                conditions
+                    .iter()
+                    .map(|c| format!("{}={}", c.condition_type, status(c.status)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            ApiAction::SetNodeTaints(taints) => format!(
+                "set our node taints to [{}]",
+                taints
+                    .iter()
+                    .map(|t| format!("{}:{}", t.key, t.effect))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
     }
 
     /// A short label for logs and metrics.
@@ -200,10 +295,16 @@ pub enum Pushed {
     QueuedDroppingOldest(&'static str),
     /// Not queued: the outbox is full and this action may be dropped.
     DroppedNew,
+    /// Not queued: the outbox is in dry-run mode and sends nothing.
+    DryRun,
 }
 
+/// One attempt handed out by [`Outbox::begin`]; it names its lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct EntryId(u64);
+pub struct EntryId {
+    lane: Lane,
+    serial: u64,
+}
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -218,71 +319,119 @@ pub struct OutboxCounters {
     pub dropped: BTreeMap<&'static str, u64>,
     pub rejected: BTreeMap<&'static str, u64>,
     pub done: BTreeMap<&'static str, u64>,
+    pub dry_run: BTreeMap<&'static str, u64>,
+}
+
+#[derive(Debug, Default)]
+struct LaneQueue {
+    entries: VecDeque<Entry>,
+    in_flight: Option<EntryId>,
+}
+
+impl LaneQueue {
+    fn is_in_flight(&self, entry: &Entry) -> bool {
+        self.in_flight == Some(entry.id)
+    }
 }
 
 #[derive(Debug)]
 pub struct Outbox {
-    entries: VecDeque<Entry>,
+    lanes: [LaneQueue; 2],
     capacity: usize,
-    next_id: u64,
-    in_flight: Option<EntryId>,
+    next_serial: u64,
+    dry_run: bool,
     counters: OutboxCounters,
 }
 
 impl Outbox {
     pub fn new(capacity: usize) -> Self {
         Outbox {
-            entries: VecDeque::new(),
+            lanes: Default::default(),
             capacity: capacity.max(1),
-            next_id: 0,
-            in_flight: None,
+            next_serial: 0,
+            dry_run: false,
             counters: OutboxCounters::default(),
         }
     }
 
+    /// From now on, count pushed actions instead of queuing them. Already queued actions
+    /// are still sent.
+    pub fn set_dry_run(&mut self, dry_run: bool) {
+        self.dry_run = dry_run;
+    }
+
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    fn lane(&self, lane: Lane) -> &LaneQueue {
+        &self.lanes[lane.index()]
+    }
+
+    fn lane_mut(&mut self, lane: Lane) -> &mut LaneQueue {
+        &mut self.lanes[lane.index()]
+    }
+
+    /// Queued actions in both lanes.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.lanes.iter().map(|lane| lane.entries.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.lanes.iter().all(|lane| lane.entries.is_empty())
+    }
+
+    /// Queued actions in one lane.
+    pub fn lane_len(&self, lane: Lane) -> usize {
+        self.lane(lane).entries.len()
     }
 
     pub fn counters(&self) -> &OutboxCounters {
         &self.counters
     }
 
-    /// Queued actions in delivery order.
+    /// Queued actions: the pod lane in delivery order, then the bookkeeping lane.
     pub fn pending(&self) -> impl Iterator<Item = &ApiAction> {
-        self.entries.iter().map(|entry| &entry.action)
+        self.lanes
+            .iter()
+            .flat_map(|lane| lane.entries.iter().map(|entry| &entry.action))
+    }
+
+    /// Queued actions of one lane in delivery order.
+    pub fn pending_in(&self, lane: Lane) -> impl Iterator<Item = &ApiAction> {
+        self.lane(lane).entries.iter().map(|entry| &entry.action)
     }
 
     pub fn push(&mut self, action: ApiAction) -> Pushed {
+        if self.dry_run {
+            *self.counters.dry_run.entry(action.kind()).or_default() += 1;
+            return Pushed::DryRun;
+        }
         let identity = action.identity();
+        let lane = action.lane();
+        let queue = self.lane_mut(lane);
         let mut in_flight_same = false;
-        for entry in self.entries.iter_mut() {
-            if entry.action.identity() != identity {
+        for index in 0..queue.entries.len() {
+            if queue.entries[index].action.identity() != identity {
                 continue;
             }
-            if Some(entry.id) == self.in_flight {
-                in_flight_same = entry.action.redundant_while_in_flight(&action);
+            if queue.is_in_flight(&queue.entries[index]) {
+                in_flight_same = queue.entries[index]
+                    .action
+                    .redundant_while_in_flight(&action);
                 continue;
             }
-            entry.action.absorb(action);
+            queue.entries[index].action.absorb(action);
             return Pushed::Merged;
         }
         if in_flight_same {
             return Pushed::Duplicate;
         }
         let mut outcome = Pushed::Queued;
-        if self.entries.len() >= self.capacity {
-            let oldest_droppable = self
-                .entries
-                .iter()
-                .position(|entry| Some(entry.id) != self.in_flight && entry.action.droppable());
-            match oldest_droppable {
-                Some(index) => {
-                    if let Some(dropped) = self.entries.remove(index) {
+        if self.len() >= self.capacity {
+            match self.oldest_droppable() {
+                Some((lane, index)) => {
+                    if let Some(dropped) = self.lane_mut(lane).entries.remove(index) {
                         let kind = dropped.action.kind();
                         *self.counters.dropped.entry(kind).or_default() += 1;
                         outcome = Pushed::QueuedDroppingOldest(kind);
@@ -297,9 +446,12 @@ impl Outbox {
                 None => {}
             }
         }
-        let id = EntryId(self.next_id);
-        self.next_id += 1;
-        self.entries.push_back(Entry {
+        let id = EntryId {
+            lane,
+            serial: self.next_serial,
+        };
+        self.next_serial += 1;
+        self.lane_mut(lane).entries.push_back(Entry {
             id,
             action,
             attempts: 0,
@@ -307,33 +459,53 @@ impl Outbox {
         outcome
     }
 
-    /// The next action to send, or `None` when empty or one is already being sent.
-    pub fn begin(&mut self) -> Option<(EntryId, ApiAction)> {
-        if self.in_flight.is_some() {
+    /// The lane and index of the oldest droppable action that is not being sent.
+    fn oldest_droppable(&self) -> Option<(Lane, usize)> {
+        Lane::ALL
+            .into_iter()
+            .filter_map(|lane| {
+                let queue = self.lane(lane);
+                queue
+                    .entries
+                    .iter()
+                    .position(|entry| !queue.is_in_flight(entry) && entry.action.droppable())
+                    .map(|index| (queue.entries[index].id.serial, lane, index))
+            })
+            .min()
+            .map(|(_, lane, index)| (lane, index))
+    }
+
+    /// The next action to send in `lane`, or `None` when that lane is empty or already
+    /// has one being sent.
+    pub fn begin(&mut self, lane: Lane) -> Option<(EntryId, ApiAction)> {
+        let queue = self.lane_mut(lane);
+        if queue.in_flight.is_some() {
             return None;
         }
-        let front = self.entries.front()?;
-        self.in_flight = Some(front.id);
-        Some((front.id, front.action.clone()))
+        let front = queue.entries.front()?;
+        let handed_out = (front.id, front.action.clone());
+        queue.in_flight = Some(front.id);
+        Some(handed_out)
     }
 
     /// Record how the attempt handed out by [`Outbox::begin`] ended. Returns the number
     /// of consecutive failed attempts of that action (0 once it is gone).
     pub fn finish(&mut self, id: EntryId, outcome: Outcome) -> u32 {
-        if self.in_flight == Some(id) {
-            self.in_flight = None;
+        let queue = self.lane_mut(id.lane);
+        if queue.in_flight == Some(id) {
+            queue.in_flight = None;
         }
-        let Some(index) = self.entries.iter().position(|entry| entry.id == id) else {
+        let Some(index) = queue.entries.iter().position(|entry| entry.id == id) else {
             return 0;
         };
         match outcome {
             Outcome::Retry(_) => {
-                let entry = &mut self.entries[index];
+                let entry = &mut queue.entries[index];
                 entry.attempts += 1;
                 entry.attempts
             }
             Outcome::Done | Outcome::Rejected(_) => {
-                if let Some(entry) = self.entries.remove(index) {
+                if let Some(entry) = queue.entries.remove(index) {
                     let counter = if outcome == Outcome::Done {
                         &mut self.counters.done
                     } else {
@@ -404,33 +576,180 @@ mod tests {
         }])
     }
 
+    fn condition(uid: &str) -> ApiAction {
+        ApiAction::SetPodCondition {
+            pod: pod(uid),
+            condition: ConditionRecord {
+                condition_type: "DisruptionTarget".to_string(),
+                status: true,
+                reason: "TerminationByKubelet".to_string(),
+                message: "m".to_string(),
+                last_transition: SystemTime::UNIX_EPOCH,
+                last_heartbeat: None,
+            },
+        }
+    }
+
+    fn taints(keys: &[&str]) -> ApiAction {
+        ApiAction::SetNodeTaints(
+            keys.iter()
+                .map(|key| TaintRecord {
+                    key: key.to_string(),
+                    effect: "NoSchedule".to_string(),
+                })
+                .collect(),
+        )
+    }
+
+    /// Everything queued, sent successfully: the pod lane, then the bookkeeping lane.
     fn drain(outbox: &mut Outbox) -> Vec<ApiAction> {
         let mut sent = Vec::new();
-        while let Some((id, action)) = outbox.begin() {
-            sent.push(action);
-            outbox.finish(id, Outcome::Done);
+        for lane in Lane::ALL {
+            while let Some((id, action)) = outbox.begin(lane) {
+                sent.push(action);
+                outbox.finish(id, Outcome::Done);
+            }
         }
         sent
     }
 
     #[test]
-    fn delivers_in_order_and_retries_the_front_until_it_succeeds() {
+    fn each_lane_delivers_in_order_and_retries_its_front_until_it_succeeds() {
         let mut outbox = Outbox::new(10);
         outbox.push(event("e1", 1));
-        outbox.push(delete("a", 1));
-        let (id, first) = outbox.begin().unwrap();
+        outbox.push(heartbeat(1));
+        outbox.push(taints(&["nodekeeper.io/memory-pressure"]));
+        let (id, first) = outbox.begin(Lane::Bookkeeping).unwrap();
         assert_eq!(first, event("e1", 1));
-        assert_eq!(outbox.begin(), None, "one write at a time");
+        assert_eq!(
+            outbox.begin(Lane::Bookkeeping),
+            None,
+            "one write at a time per lane"
+        );
         assert_eq!(
             outbox.finish(id, Outcome::Retry("connection refused".into())),
             1
         );
-        let (id, again) = outbox.begin().unwrap();
+        let (id, again) = outbox.begin(Lane::Bookkeeping).unwrap();
         assert_eq!(again, event("e1", 1), "a failed write stays first");
         assert_eq!(outbox.finish(id, Outcome::Retry("503".into())), 2);
-        assert_eq!(drain(&mut outbox), vec![event("e1", 1), delete("a", 1)]);
+        assert_eq!(
+            drain(&mut outbox),
+            vec![
+                event("e1", 1),
+                heartbeat(1),
+                taints(&["nodekeeper.io/memory-pressure"])
+            ]
+        );
         assert!(outbox.is_empty());
-        assert_eq!(outbox.counters().done.get("pod_delete"), Some(&1));
+        assert_eq!(outbox.counters().done.get("node_taints"), Some(&1));
+    }
+
+    #[test]
+    fn a_failing_event_does_not_hold_back_a_queued_delete() {
+        let mut outbox = Outbox::new(10);
+        outbox.push(event("evicted", 1));
+        outbox.push(condition("a"));
+        outbox.push(delete("a", 1));
+        outbox.push(heartbeat(1));
+        assert_eq!(outbox.lane_len(Lane::Pods), 2);
+        assert_eq!(outbox.lane_len(Lane::Bookkeeping), 2);
+        let (event_id, front) = outbox.begin(Lane::Bookkeeping).unwrap();
+        assert_eq!(front, event("evicted", 1));
+
+        // While the event is out (and then failing), the pod lane goes on, in order.
+        let (id, first) = outbox.begin(Lane::Pods).unwrap();
+        assert_eq!(first, condition("a"), "DisruptionTarget before the delete");
+        assert_eq!(outbox.begin(Lane::Pods), None, "one pod write at a time");
+        outbox.finish(id, Outcome::Done);
+        assert_eq!(outbox.finish(event_id, Outcome::Retry("500".into())), 1);
+        let (id, second) = outbox.begin(Lane::Pods).unwrap();
+        assert_eq!(second, delete("a", 1));
+        outbox.finish(id, Outcome::Done);
+        assert_eq!(outbox.lane_len(Lane::Pods), 0);
+
+        // The event is still owed, ahead of the heartbeat.
+        assert_eq!(
+            outbox.pending().cloned().collect::<Vec<_>>(),
+            vec![event("evicted", 1), heartbeat(1)]
+        );
+        assert_eq!(drain(&mut outbox), vec![event("evicted", 1), heartbeat(1)]);
+    }
+
+    #[test]
+    fn a_failing_pod_write_holds_back_only_its_own_lane() {
+        let mut outbox = Outbox::new(10);
+        outbox.push(condition("a"));
+        outbox.push(delete("a", 1));
+        outbox.push(heartbeat(1));
+        let (id, _) = outbox.begin(Lane::Pods).unwrap();
+        outbox.finish(id, Outcome::Retry("500".into()));
+        let (id, front) = outbox.begin(Lane::Pods).unwrap();
+        assert_eq!(
+            front,
+            condition("a"),
+            "the delete never overtakes its condition"
+        );
+        let (heartbeat_id, sent) = outbox.begin(Lane::Bookkeeping).unwrap();
+        assert_eq!(sent, heartbeat(1), "bookkeeping goes on meanwhile");
+        outbox.finish(heartbeat_id, Outcome::Done);
+        outbox.finish(id, Outcome::Retry("500".into()));
+        assert_eq!(drain(&mut outbox), vec![condition("a"), delete("a", 1)]);
+    }
+
+    #[test]
+    fn dry_run_counts_every_action_and_queues_none() {
+        let mut outbox = Outbox::new(10);
+        outbox.set_dry_run(true);
+        for action in [
+            event("e1", 1),
+            condition("a"),
+            delete("a", 1),
+            heartbeat(1),
+            taints(&["nodekeeper.io/memory-pressure"]),
+        ] {
+            assert_eq!(outbox.push(action), Pushed::DryRun);
+        }
+        assert!(outbox.is_empty());
+        assert_eq!(outbox.begin(Lane::Pods), None);
+        assert_eq!(outbox.begin(Lane::Bookkeeping), None);
+        let counted: Vec<_> = outbox.counters().dry_run.keys().copied().collect();
+        assert_eq!(
+            counted,
+            vec![
+                "event",
+                "node_conditions",
+                "node_taints",
+                "pod_condition",
+                "pod_delete"
+            ]
+        );
+    }
+
+    #[test]
+    fn actions_describe_what_they_would_write() {
+        assert_eq!(delete("a", 1).target(), "pod shop/pod-a (uid a)");
+        assert_eq!(
+            delete("a", 1).describe(),
+            "delete the pod with a 1s grace period"
+        );
+        assert_eq!(
+            condition("a").describe(),
+            "set pod condition DisruptionTarget=True (TerminationByKubelet)"
+        );
+        assert_eq!(
+            taints(&["nodekeeper.io/memory-pressure"]).describe(),
+            "set our node taints to [nodekeeper.io/memory-pressure:NoSchedule]"
+        );
+        assert_eq!(
+            heartbeat(1).describe(),
+            "set node conditions NodekeeperMemoryPressure=False"
+        );
+        assert_eq!(event("e1", 1).target(), "event shop/e1");
+        assert_eq!(
+            event("e1", 1).describe(),
+            "create Warning event Evicted on Pod p: m"
+        );
     }
 
     #[test]
@@ -454,12 +773,12 @@ mod tests {
     fn a_repeat_of_the_write_in_flight_is_not_sent_twice() {
         let mut outbox = Outbox::new(10);
         outbox.push(delete("a", 1));
-        let (id, _) = outbox.begin().unwrap();
+        let (id, _) = outbox.begin(Lane::Pods).unwrap();
         assert_eq!(outbox.push(delete("a", 1)), Pushed::Duplicate);
         // A newer heartbeat behind an in-flight one must still go out.
         outbox.finish(id, Outcome::Done);
         outbox.push(heartbeat(1));
-        let (id, _) = outbox.begin().unwrap();
+        let (id, _) = outbox.begin(Lane::Bookkeeping).unwrap();
         assert_eq!(outbox.push(heartbeat(2)), Pushed::Queued);
         outbox.finish(id, Outcome::Done);
         assert_eq!(drain(&mut outbox), vec![heartbeat(2)]);
@@ -498,7 +817,7 @@ mod tests {
     fn the_action_in_flight_is_never_dropped() {
         let mut outbox = Outbox::new(1);
         outbox.push(event("e1", 1));
-        let (id, _) = outbox.begin().unwrap();
+        let (id, _) = outbox.begin(Lane::Bookkeeping).unwrap();
         assert_eq!(outbox.push(event("e2", 1)), Pushed::DroppedNew);
         outbox.finish(id, Outcome::Done);
         assert!(outbox.is_empty());
@@ -509,7 +828,7 @@ mod tests {
         let mut outbox = Outbox::new(5);
         outbox.push(delete("a", 1));
         outbox.push(delete("b", 1));
-        let (id, _) = outbox.begin().unwrap();
+        let (id, _) = outbox.begin(Lane::Pods).unwrap();
         outbox.finish(id, Outcome::Rejected("403 forbidden".into()));
         assert_eq!(outbox.counters().rejected.get("pod_delete"), Some(&1));
         assert_eq!(drain(&mut outbox), vec![delete("b", 1)]);

@@ -93,8 +93,7 @@ pub async fn connect(
         }
         None => return Ok(None),
     };
-    let client =
-        kube::Client::try_from(client_config).map_err(|e| KubeError::Client(e.to_string()))?;
+    let client = build_client(client_config)?;
     let node = node_name(config)?;
     Ok(Some(KubeRuntime::start(
         client,
@@ -102,6 +101,24 @@ pub async fn connect(
         config,
         RetryPolicy::default(),
     )))
+}
+
+/// Every request's `User-Agent`, so the API server's audit log and its per-client
+/// metrics and priority-and-fairness flow schemas can tell our traffic apart; without
+/// it the kube client sends none at all.
+pub const USER_AGENT: &str = concat!("nodekeeper/", env!("CARGO_PKG_VERSION"));
+
+/// The agent's client for `config`: every request carries our [`USER_AGENT`]. Build every
+/// client of the agent through this.
+pub fn build_client(mut config: kube::Config) -> Result<kube::Client, KubeError> {
+    config
+        .headers
+        .retain(|(name, _)| name != http::header::USER_AGENT);
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(USER_AGENT),
+    ));
+    kube::Client::try_from(config).map_err(|e| KubeError::Client(e.to_string()))
 }
 
 /// The running Kubernetes side: the pod watch, the outbox sender, and the parts the
@@ -126,6 +143,11 @@ impl KubeRuntime {
         let settings = &config.kubernetes;
         let (store, reflector_task) = start_pod_reflector(client.clone(), &node_name);
         let outbox = OutboxHandle::new(settings.outbox_size);
+        if config.dry_run {
+            // Reads (the pod watch) go on; writes are only logged and counted.
+            outbox.set_dry_run(true);
+            tracing::info!(node = %node_name, "dry run: Kubernetes API writes are logged, not sent");
+        }
         let writer = ApiWriter::new(client, node_name.clone());
         let sender_task = tokio::spawn(run_outbox(outbox.clone(), writer, retry));
         let reader = match CgroupReader::detect(&config.paths.cgroup_root) {

@@ -1,21 +1,28 @@
-//! The async side of the outbox: one task that sends queued writes in order, backs off
-//! while the API server fails, and exports what happened as metrics. Callers on the
-//! synchronous eviction path only lock, push and wake it; they never wait on the API.
+//! The async side of the outbox: one sender per lane, each sending its queued writes in
+//! order, backing off on its own while the API server fails, and exporting what happened
+//! as metrics. Callers on the synchronous eviction path only lock, push and wake it; they
+//! never wait on the API.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::api::ApiWriter;
-use super::outbox::{ApiAction, Outbox, Outcome, Pushed, retry_delay};
+use super::outbox::{ApiAction, Lane, Outbox, Outcome, Pushed, retry_delay};
 use crate::metrics::{ApiActionLabels, Metrics};
 
 /// Shared access to the outbox, cheap to clone.
 #[derive(Clone)]
 pub struct OutboxHandle {
     outbox: Arc<Mutex<Outbox>>,
-    wake: Arc<Notify>,
+    /// One per lane: a push wakes only the sender of its own lane, so a sender sleeping
+    /// out a backoff is never the one woken for the other lane's write.
+    wake: Arc<[Notify; 2]>,
+    /// Signalled whenever an attempt ends, for [`OutboxHandle::flush`].
+    progress: Arc<Notify>,
     metrics: Arc<OnceLock<Arc<Metrics>>>,
 }
 
@@ -23,9 +30,19 @@ impl OutboxHandle {
     pub fn new(capacity: usize) -> Self {
         OutboxHandle {
             outbox: Arc::new(Mutex::new(Outbox::new(capacity))),
-            wake: Arc::new(Notify::new()),
+            wake: Arc::new([Notify::new(), Notify::new()]),
+            progress: Arc::new(Notify::new()),
             metrics: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Dry run: from now on every pushed write is logged and counted, never sent.
+    pub fn set_dry_run(&self, dry_run: bool) {
+        self.lock().set_dry_run(dry_run);
+    }
+
+    pub fn is_dry_run(&self) -> bool {
+        self.lock().is_dry_run()
     }
 
     /// Export counts to `metrics` from now on, from every clone of this handle.
@@ -38,6 +55,13 @@ impl OutboxHandle {
         self.outbox
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn wake(&self, lane: Lane) -> &Notify {
+        match lane {
+            Lane::Pods => &self.wake[0],
+            Lane::Bookkeeping => &self.wake[1],
+        }
     }
 
     fn count(&self, action: &str, outcome: &str) {
@@ -60,14 +84,27 @@ impl OutboxHandle {
         }
     }
 
-    /// Queue a write and wake the sender. Never blocks on the network.
+    /// Queue a write and wake its lane's sender. Never blocks on the network. In dry-run
+    /// mode the write is logged at INFO and counted instead.
     pub fn push(&self, action: ApiAction) -> Pushed {
         let kind = action.kind();
-        let (pushed, pending) = {
-            let mut outbox = self.lock();
-            let pushed = outbox.push(action);
-            (pushed, outbox.len())
-        };
+        let lane = action.lane();
+        let mut outbox = self.lock();
+        if outbox.is_dry_run() {
+            let pushed = outbox.push(action.clone());
+            drop(outbox);
+            tracing::info!(
+                action = kind,
+                target = %action.target(),
+                "dry run: would {}",
+                action.describe()
+            );
+            self.count(kind, "dry_run");
+            return pushed;
+        }
+        let pushed = outbox.push(action);
+        let pending = outbox.len();
+        drop(outbox);
         match &pushed {
             Pushed::QueuedDroppingOldest(dropped) => {
                 tracing::warn!(dropped, "API outbox full; dropped the oldest {dropped}");
@@ -80,16 +117,55 @@ impl OutboxHandle {
             _ => {}
         }
         self.publish_pending(pending);
-        self.wake.notify_one();
+        self.wake(lane).notify_one();
         pushed
     }
 
+    /// Everything still owed: the pod lane in order, then the bookkeeping lane.
     pub fn pending(&self) -> Vec<ApiAction> {
         self.lock().pending().cloned().collect()
     }
 
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
+    }
+
+    /// Wait until both lanes are empty or `deadline` passes, for a bounded flush on stop:
+    /// `handle.flush(Instant::now() + Duration::from_secs(5)).await` before aborting the
+    /// sender. Returns whether everything went out; what is left is logged.
+    pub async fn flush(&self, deadline: Instant) -> bool {
+        loop {
+            // Registered before looking, so progress between the look and the wait wakes us.
+            let progress = self.progress.notified();
+            tokio::pin!(progress);
+            progress.as_mut().enable();
+            if self.is_empty() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, progress).await.is_err() {
+                break;
+            }
+        }
+        let left = self.pending();
+        if left.is_empty() {
+            return true;
+        }
+        for lane in Lane::ALL {
+            let owed: Vec<String> = left
+                .iter()
+                .filter(|action| action.lane() == lane)
+                .map(|action| format!("{} {}", action.kind(), action.target()))
+                .collect();
+            if !owed.is_empty() {
+                tracing::warn!(
+                    lane = lane.as_str(),
+                    count = owed.len(),
+                    left = ?owed,
+                    "API writes not sent before the flush deadline"
+                );
+            }
+        }
+        false
     }
 }
 
@@ -109,12 +185,35 @@ impl Default for RetryPolicy {
     }
 }
 
-/// Send queued writes forever; run it as a task and abort it to stop.
-pub async fn run_outbox(handle: OutboxHandle, writer: ApiWriter, retry: RetryPolicy) {
+/// What carries out one write; the API server in production, a fake in unit tests.
+pub trait ActionWriter: Send + Sync {
+    fn execute(&self, action: &ApiAction) -> impl Future<Output = Outcome> + Send;
+}
+
+impl ActionWriter for ApiWriter {
+    fn execute(&self, action: &ApiAction) -> impl Future<Output = Outcome> + Send {
+        ApiWriter::execute(self, action)
+    }
+}
+
+/// Send queued writes forever, both lanes at once; run it as a task and abort it to stop.
+pub async fn run_outbox<W: ActionWriter>(handle: OutboxHandle, writer: W, retry: RetryPolicy) {
+    tokio::join!(
+        run_lane(&handle, &writer, retry, Lane::Pods),
+        run_lane(&handle, &writer, retry, Lane::Bookkeeping),
+    );
+}
+
+async fn run_lane<W: ActionWriter>(
+    handle: &OutboxHandle,
+    writer: &W,
+    retry: RetryPolicy,
+    lane: Lane,
+) {
     loop {
-        let next = handle.lock().begin();
+        let next = handle.lock().begin(lane);
         let Some((id, action)) = next else {
-            handle.wake.notified().await;
+            handle.wake(lane).notified().await;
             continue;
         };
         let outcome = writer.execute(&action).await;
@@ -125,22 +224,171 @@ pub async fn run_outbox(handle: OutboxHandle, writer: ApiWriter, retry: RetryPol
             (attempts, outbox.len())
         };
         handle.publish_pending(pending);
+        handle.progress.notify_waiters();
         match outcome {
             Outcome::Done => {
                 tracing::debug!(action = kind, "API write done");
                 handle.count(kind, "done");
             }
             Outcome::Rejected(reason) => {
-                tracing::error!(action = kind, %reason, ?action, "API server refused a write; dropping it");
+                tracing::error!(action = kind, target = %action.target(), %reason, ?action, "API server refused a write; dropping it");
                 handle.count(kind, "rejected");
             }
             Outcome::Retry(reason) => {
                 if attempts == 1 {
-                    tracing::warn!(action = kind, %reason, pending, "API write failed; queued for retry");
+                    tracing::warn!(action = kind, target = %action.target(), lane = lane.as_str(), %reason, pending, "API write failed; queued for retry");
                 }
                 handle.count(kind, "retried");
                 tokio::time::sleep(retry_delay(attempts, retry.base, retry.max)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubernetes::outbox::{
+        ConditionRecord, EventRecord, EventType, InvolvedObject, PodRef,
+    };
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::SystemTime;
+
+    /// Records what it was asked to write; events fail while `events_fail` is set.
+    #[derive(Clone, Default)]
+    struct Scripted {
+        sent: Arc<Mutex<Vec<&'static str>>>,
+        events_fail: Arc<AtomicBool>,
+    }
+
+    impl ActionWriter for Scripted {
+        fn execute(&self, action: &ApiAction) -> impl Future<Output = Outcome> + Send {
+            self.sent.lock().unwrap().push(action.kind());
+            let outcome = if action.kind() == "event" && self.events_fail.load(Ordering::SeqCst) {
+                Outcome::Retry("500 injected".to_string())
+            } else {
+                Outcome::Done
+            };
+            async move { outcome }
+        }
+    }
+
+    fn pod() -> PodRef {
+        PodRef {
+            namespace: "shop".to_string(),
+            name: "web".to_string(),
+            uid: "u1".to_string(),
+        }
+    }
+
+    fn evicted_event() -> ApiAction {
+        ApiAction::CreateEvent(EventRecord {
+            name: "web.1".to_string(),
+            namespace: "shop".to_string(),
+            involved: InvolvedObject {
+                kind: "Pod",
+                namespace: Some("shop".to_string()),
+                name: "web".to_string(),
+                uid: "u1".to_string(),
+            },
+            event_type: EventType::Warning,
+            reason: "Evicted".to_string(),
+            message: "m".to_string(),
+            annotations: BTreeMap::new(),
+            count: 1,
+            first_seen: SystemTime::UNIX_EPOCH,
+            last_seen: SystemTime::UNIX_EPOCH,
+        })
+    }
+
+    fn eviction() -> [ApiAction; 3] {
+        [
+            evicted_event(),
+            ApiAction::SetPodCondition {
+                pod: pod(),
+                condition: ConditionRecord {
+                    condition_type: "DisruptionTarget".to_string(),
+                    status: true,
+                    reason: "TerminationByKubelet".to_string(),
+                    message: "m".to_string(),
+                    last_transition: SystemTime::UNIX_EPOCH,
+                    last_heartbeat: None,
+                },
+            },
+            ApiAction::DeletePod {
+                pod: pod(),
+                grace_period_seconds: 1,
+            },
+        ]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pod_lane_is_sent_while_an_event_keeps_failing_and_flush_is_bounded() {
+        let handle = OutboxHandle::new(10);
+        let writer = Scripted::default();
+        writer.events_fail.store(true, Ordering::SeqCst);
+        let sender = tokio::spawn(run_outbox(
+            handle.clone(),
+            writer.clone(),
+            RetryPolicy::default(),
+        ));
+        for action in eviction() {
+            handle.push(action);
+        }
+        let started = Instant::now();
+        assert!(
+            !handle.flush(started + Duration::from_secs(3)).await,
+            "the event is still failing"
+        );
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_secs(3),
+            "flush waits until its deadline, no longer"
+        );
+        assert_eq!(handle.pending(), vec![evicted_event()]);
+        let sent = writer.sent.lock().unwrap().clone();
+        let pod_writes: Vec<_> = sent.iter().filter(|kind| **kind != "event").collect();
+        assert_eq!(pod_writes, vec![&"pod_condition", &"pod_delete"]);
+        assert!(
+            sent.iter().filter(|kind| **kind == "event").count() > 1,
+            "the event was retried: {sent:?}"
+        );
+
+        writer.events_fail.store(false, Ordering::SeqCst);
+        assert!(handle.flush(Instant::now() + Duration::from_secs(60)).await);
+        assert!(handle.is_empty());
+        sender.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn flush_returns_at_once_when_empty_and_at_the_deadline_without_a_sender() {
+        let handle = OutboxHandle::new(10);
+        let started = Instant::now();
+        assert!(handle.flush(started + Duration::from_secs(5)).await);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        handle.push(evicted_event());
+        assert!(!handle.flush(started + Duration::from_secs(5)).await);
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(handle.pending().len(), 1, "flush sends nothing itself");
+    }
+
+    #[tokio::test]
+    async fn dry_run_sends_nothing() {
+        let handle = OutboxHandle::new(10);
+        handle.set_dry_run(true);
+        let writer = Scripted::default();
+        let sender = tokio::spawn(run_outbox(
+            handle.clone(),
+            writer.clone(),
+            RetryPolicy::default(),
+        ));
+        for action in eviction() {
+            assert_eq!(handle.push(action), Pushed::DryRun);
+        }
+        assert!(handle.flush(Instant::now()).await);
+        tokio::task::yield_now().await;
+        assert!(writer.sent.lock().unwrap().is_empty());
+        sender.abort();
     }
 }

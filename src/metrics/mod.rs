@@ -50,7 +50,7 @@ pub struct MechanismLabels {
 pub struct ApiActionLabels {
     /// `event`, `pod_condition`, `pod_delete`, `node_conditions` or `node_taints`
     pub action: String,
-    /// `done`, `retried`, `rejected` or `dropped`
+    /// `done`, `retried`, `rejected`, `dropped` or `dry_run`
     pub outcome: String,
 }
 
@@ -168,7 +168,7 @@ impl Metrics {
         let api_actions = Family::<ApiActionLabels, Counter>::default();
         registry.register(
             "api_actions",
-            "Kubernetes API writes by action and outcome (dropped: discarded from a full outbox)",
+            "Kubernetes API writes by action and outcome (dropped: discarded from a full outbox; dry_run: logged, not sent)",
             api_actions.clone(),
         );
         let api_outbox_pending = Gauge::default();

@@ -174,6 +174,7 @@ pub async fn handle(
             path,
             query,
             content_type,
+            user_agent,
             body: String::from_utf8_lossy(&body).into_owned(),
             status: response.status().as_u16(),
         });
