@@ -527,10 +527,10 @@ pub fn retry_delay(attempts: u32, base: Duration, max: Duration) -> Duration {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn pod(uid: &str) -> PodRef {
+    pub(crate) fn pod(uid: &str) -> PodRef {
         PodRef {
             namespace: "shop".to_string(),
             name: format!("pod-{uid}"),
@@ -538,14 +538,14 @@ mod tests {
         }
     }
 
-    fn delete(uid: &str, grace: i64) -> ApiAction {
+    pub(crate) fn delete(uid: &str, grace: i64) -> ApiAction {
         ApiAction::DeletePod {
             pod: pod(uid),
             grace_period_seconds: grace,
         }
     }
 
-    fn event(name: &str, count: i32) -> ApiAction {
+    pub(crate) fn event(name: &str, count: i32) -> ApiAction {
         ApiAction::CreateEvent(EventRecord {
             name: name.to_string(),
             namespace: "shop".to_string(),
@@ -576,7 +576,7 @@ mod tests {
         }])
     }
 
-    fn condition(uid: &str) -> ApiAction {
+    pub(crate) fn condition(uid: &str) -> ApiAction {
         ApiAction::SetPodCondition {
             pod: pod(uid),
             condition: ConditionRecord {

@@ -248,12 +248,8 @@ async fn run_lane<W: ActionWriter>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubernetes::outbox::{
-        ConditionRecord, EventRecord, EventType, InvolvedObject, PodRef,
-    };
-    use std::collections::BTreeMap;
+    use crate::kubernetes::outbox::tests::{condition, delete, event};
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::SystemTime;
 
     /// Records what it was asked to write; events fail while `events_fail` is set.
     #[derive(Clone, Default)]
@@ -274,53 +270,14 @@ mod tests {
         }
     }
 
-    fn pod() -> PodRef {
-        PodRef {
-            namespace: "shop".to_string(),
-            name: "web".to_string(),
-            uid: "u1".to_string(),
-        }
-    }
-
     fn evicted_event() -> ApiAction {
-        ApiAction::CreateEvent(EventRecord {
-            name: "web.1".to_string(),
-            namespace: "shop".to_string(),
-            involved: InvolvedObject {
-                kind: "Pod",
-                namespace: Some("shop".to_string()),
-                name: "web".to_string(),
-                uid: "u1".to_string(),
-            },
-            event_type: EventType::Warning,
-            reason: "Evicted".to_string(),
-            message: "m".to_string(),
-            annotations: BTreeMap::new(),
-            count: 1,
-            first_seen: SystemTime::UNIX_EPOCH,
-            last_seen: SystemTime::UNIX_EPOCH,
-        })
+        event("web.1", 1)
     }
 
+    /// What an eviction queues: the Evicted event, the DisruptionTarget condition, the
+    /// delete.
     fn eviction() -> [ApiAction; 3] {
-        [
-            evicted_event(),
-            ApiAction::SetPodCondition {
-                pod: pod(),
-                condition: ConditionRecord {
-                    condition_type: "DisruptionTarget".to_string(),
-                    status: true,
-                    reason: "TerminationByKubelet".to_string(),
-                    message: "m".to_string(),
-                    last_transition: SystemTime::UNIX_EPOCH,
-                    last_heartbeat: None,
-                },
-            },
-            ApiAction::DeletePod {
-                pod: pod(),
-                grace_period_seconds: 1,
-            },
-        ]
+        [evicted_event(), condition("u1"), delete("u1", 1)]
     }
 
     #[tokio::test(start_paused = true)]
