@@ -10,7 +10,7 @@
 //! - stopping: SIGTERM, the grace period, then the kill, then a bounded wait for the exit.
 //!
 //! Everything here except [`stop_gracefully`] blocks on cgroupfs (a freezer can take up to
-//! [`FREEZE_WAIT`]); async callers run it on the blocking pool.
+//! `FREEZE_WAIT`); async callers run it on the blocking pool.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -25,7 +25,7 @@ use crate::signals::{CgroupLayout, CgroupPaths};
 
 /// How long to wait for a freezer to report frozen. Tasks stuck in uninterruptible sleep
 /// can hold it in FREEZING; the kill goes ahead regardless.
-pub const FREEZE_WAIT: Duration = Duration::from_secs(1);
+const FREEZE_WAIT: Duration = Duration::from_secs(1);
 const FREEZE_POLL: Duration = Duration::from_millis(1);
 /// Without a freezer, tasks forked during the kill are caught by repeating it.
 const UNFROZEN_ROUNDS: usize = 10;
@@ -109,16 +109,6 @@ impl CgroupKiller {
     pub fn kill(&self, cgroup: &Path) -> Result<KillReport, ActError> {
         kill_target(&self.target(cgroup))
     }
-
-    /// SIGTERM every process in `cgroup` and its descendants.
-    pub fn terminate(&self, cgroup: &Path) -> Result<KillReport, ActError> {
-        terminate_target(&self.target(cgroup))
-    }
-
-    /// Whether no process is left in `cgroup` or below it.
-    pub fn is_empty(&self, cgroup: &Path) -> Result<bool, ActError> {
-        Ok(processes(&self.target(cgroup))?.is_empty())
-    }
 }
 
 /// `cgroup` below a hierarchy root, even when written absolute (`/kubepods`).
@@ -134,7 +124,7 @@ fn under(hierarchy: &Path, cgroup: &Path) -> PathBuf {
 
 /// Every process that may be signalled in the target and below it. A cgroup removed
 /// meanwhile is empty.
-pub fn processes(target: &KillTarget) -> Result<BTreeSet<Pid>, ActError> {
+fn processes(target: &KillTarget) -> Result<BTreeSet<Pid>, ActError> {
     let mut pids = BTreeSet::new();
     collect_procs(&target.tasks, &mut pids)?;
     if let Some(freezer) = target.v1_freezer.as_ref().filter(|f| **f != target.tasks) {

@@ -12,7 +12,7 @@ mod scope;
 pub use error::ActError;
 pub use evictor::{CgroupEvictor, DryRunEvictor, Escalation};
 pub use kill::{
-    CgroupKiller, FREEZE_WAIT, KillMethod, KillReport, KillTarget, StopTiming, Stopped,
-    escalate_after_sigterm, kill_target, processes, stop_gracefully, terminate_target,
+    CgroupKiller, KillMethod, KillReport, KillTarget, StopTiming, Stopped, kill_target,
+    stop_gracefully,
 };
 pub use scope::{workload_cgroup, workload_parent};
