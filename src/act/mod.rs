@@ -15,4 +15,4 @@ pub use kill::{
     CgroupKiller, KillMethod, KillReport, KillTarget, StopTiming, Stopped, kill_target,
     stop_gracefully,
 };
-pub use scope::{workload_cgroup, workload_parent};
+pub use scope::{is_path_component, workload_cgroup, workload_parent};

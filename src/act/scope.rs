@@ -35,6 +35,13 @@ pub fn workload_cgroup(parent: &Path, cgroup: &Path) -> Result<PathBuf, ActError
     }
 }
 
+/// Whether `text` names exactly one entry of a directory: not empty, not `.` or `..`, and
+/// without `/` or NUL. Names from a pod list or the API must pass before they are joined
+/// to a host path, or an absolute name would replace the base and `..` would climb out.
+pub fn is_path_component(text: &str) -> bool {
+    !text.is_empty() && text != "." && text != ".." && !text.contains(['/', '\0'])
+}
+
 /// Drop leading `/` and `.`; refuse `..`, which could climb out of the parent.
 fn normalize(path: &Path) -> Option<PathBuf> {
     let mut normalized = PathBuf::new();

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use super::cgroups::{PodCgroupNaming, container_cgroup};
 use super::convert::NodePod;
 use super::disk_walk::{DiskWalker, PodDirectories};
+use crate::act::is_path_component;
 use crate::config::KubernetesConfig;
 use crate::signals::CgroupReader;
 
@@ -144,12 +145,6 @@ impl PodUsageReader {
             pod.usage.inodes = Some(total.inodes);
         }
     }
-}
-
-/// Whether `text` names exactly one entry of a directory: not empty, not `.` or `..`, and
-/// without `/` or NUL.
-pub fn is_path_component(text: &str) -> bool {
-    !text.is_empty() && text != "." && text != ".." && !text.contains(['/', '\0'])
 }
 
 fn usable_in_path(pod: &str, field: &str, value: &str) -> bool {

@@ -3,10 +3,10 @@
 //! when the grace period ends is killed as a whole (`cgroup.kill`, else freeze, SIGKILL,
 //! thaw), so no process can fork its way out between listing and killing.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::act::{KillTarget, StopTiming, Stopped, stop_gracefully};
+use crate::act::{KillTarget, StopTiming, Stopped, is_path_component, stop_gracefully};
 
 use super::plan::PlannedPod;
 use super::runner::{PodTerminator, TerminateError, Termination};
@@ -41,10 +41,7 @@ impl CgroupTerminator {
 
     pub fn cgroup_of(&self, pod: &PlannedPod) -> Result<PathBuf, TerminateError> {
         for part in [&pod.namespace, &pod.name] {
-            let mut components = Path::new(part).components();
-            let single_normal = matches!(components.next(), Some(Component::Normal(_)))
-                && components.next().is_none();
-            if !single_normal {
+            if !is_path_component(part) {
                 return Err(TerminateError {
                     pod: pod.key(),
                     message: format!("{part:?} cannot name a workload cgroup directory"),
@@ -86,6 +83,7 @@ impl PodTerminator for CgroupTerminator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     // The real-cgroup tests of the terminator are in tests/act.rs.
 
