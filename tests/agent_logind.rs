@@ -11,6 +11,8 @@
 
 mod support {
     #[allow(dead_code)]
+    pub mod agent_process;
+    #[allow(dead_code)]
     pub mod allocator;
     #[allow(dead_code)]
     pub mod cgroups;
@@ -19,18 +21,15 @@ mod support {
     pub mod real;
 }
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::ffi::OsStr;
+use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{OFlag, open};
-use nix::sys::signal::{Signal, kill};
 use nix::sys::stat::Mode;
-use nix::unistd::Pid;
+use support::agent_process::{AgentProcess, http_get};
 use support::cgroups::TestCgroups;
 use support::logind_fake::{FakeLogind, PrivateBus, fake_state};
 
@@ -38,88 +37,39 @@ const DBUS: &str = "a private dbus-daemon";
 /// What the issue asks of a node agent under load; an idle loopback answer takes ~1 ms.
 const ANSWER_WITHIN: Duration = Duration::from_millis(100);
 
-struct AgentProcess {
-    child: Child,
-    lines: mpsc::Receiver<(Instant, String)>,
-}
-
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        // Only the agent this test started, by its PID.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl AgentProcess {
-    fn start(config: &Path) -> AgentProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-            .args(["agent", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .env_remove("KUBECONFIG")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start nodekeeper agent");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send((Instant::now(), line)).is_err() {
-                    break;
-                }
-            }
-        });
-        AgentProcess { child, lines }
-    }
-
-    /// The first log line containing `text`, with the time it was read.
-    fn wait_for_line(&self, text: &str, within: Duration) -> (Instant, String) {
-        let deadline = Instant::now() + within;
-        let mut seen = Vec::new();
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok((at, line)) if line.contains(text) => return (at, line),
-                Ok((_, line)) => seen.push(line),
-                Err(_) => break,
-            }
-        }
-        panic!(
-            "no log line with {text:?} within {within:?}; log:\n{}",
-            seen.join("\n")
-        );
-    }
-}
-
-fn metrics_address(agent: &AgentProcess) -> String {
-    let (_, line) = agent.wait_for_line("serving /metrics", Duration::from_secs(30));
-    line.split("address=")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("the metrics address in the log")
-        .to_string()
-}
-
+/// Stop the agent as an operator would and expect a clean exit.
 fn stop(agent: &mut AgentProcess) {
-    kill(Pid::from_raw(agent.child.id() as i32), Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = agent.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the agent did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = agent.stop(Duration::from_secs(20));
     assert!(
         status.success(),
         "agent exit: {status:?} (signal {:?})",
         status.signal()
     );
+}
+
+/// Write an agent configuration for a dry-run, standalone agent that talks to the fake
+/// logind on `bus` and keeps its files in `dir`, plus `specific` lines of the test's own.
+fn write_config(dir: &Path, bus: &PrivateBus, specific: &str) -> PathBuf {
+    let root = dir.display();
+    let config = dir.join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1
+kind: AgentConfiguration
+dryRun: true
+metricsAddress: 127.0.0.1:0
+shutdownStateFile: {root}/state/graceful_shutdown_state.json
+logindDropInPath: {root}/logind.conf.d/99-nodekeeper.conf
+dbusAddress: {bus}
+kubernetes:
+  enabled: false
+{specific}",
+            bus = bus.address()
+        ),
+    )
+    .unwrap();
+    config
 }
 
 fn fake_logind(dir: &Path) -> Result<(PrivateBus, tokio::runtime::Runtime, FakeLogind), String> {
@@ -142,25 +92,6 @@ fn wait_for_release(logind: &FakeLogind) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-fn http_status(address: &str, path: &str) -> u16 {
-    let mut stream = TcpStream::connect(address).expect("connect to the agent");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Open the FIFO's write end once the agent's cycle is blocked opening it for reading
@@ -190,33 +121,21 @@ fn prepare_for_shutdown_and_healthz_are_answered_while_a_cycle_is_stuck_on_a_hun
     std::fs::create_dir_all(&cgroup_root).unwrap();
     let meminfo = proc_root.join("meminfo");
     nix::unistd::mkfifo(&meminfo, Mode::S_IRUSR | Mode::S_IWUSR).unwrap();
-    let config = dir.path().join("agent.yaml");
     let root = dir.path().display();
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: nodekeeper.io/v1alpha1
-kind: AgentConfiguration
-dryRun: true
-housekeepingInterval: 100ms
-metricsAddress: 127.0.0.1:0
+    let config = write_config(
+        dir.path(),
+        &bus,
+        &format!(
+            "housekeepingInterval: 100ms
 procRoot: {root}/proc
 cgroupRoot: {root}/cgroup
 nodefsPath: {root}
 shutdownGracePeriod: 30s
-shutdownStateFile: {root}/state/graceful_shutdown_state.json
-logindDropInPath: {root}/logind.conf.d/99-nodekeeper.conf
-dbusAddress: {bus}
-kubernetes:
-  enabled: false
-",
-            bus = bus.address()
+"
         ),
-    )
-    .unwrap();
+    );
 
-    let mut agent = AgentProcess::start(&config);
-    let address = metrics_address(&agent);
+    let mut agent = AgentProcess::start(&[OsStr::new("--config"), config.as_os_str()]);
     let writer = hold_fifo_writer(&meminfo, Duration::from_secs(10));
     agent.wait_for_line("logind delay lock held", Duration::from_secs(10));
     assert_eq!(logind.held(), 1);
@@ -224,7 +143,7 @@ kubernetes:
     std::thread::sleep(Duration::from_millis(200));
 
     let asked = Instant::now();
-    let status = http_status(&address, "/healthz");
+    let (status, _) = http_get(&agent.address, "/healthz");
     let healthz = asked.elapsed();
     assert_eq!(status, 200, "/healthz while the cycle is stuck");
     assert!(healthz < ANSWER_WITHIN, "/healthz took {healthz:?}");
@@ -236,14 +155,7 @@ kubernetes:
         reaction < ANSWER_WITHIN,
         "PrepareForShutdown handled after {reaction:?}"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while logind.held() != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the drain never released the delay lock"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_release(&logind);
     println!("stuck cycle: /healthz in {healthz:?}, PrepareForShutdown seen after {reaction:?}");
 
     // Let the stuck read finish, then stop as an operator would.
@@ -265,33 +177,20 @@ fn a_dry_run_plans_and_logs_a_node_shutdown_but_stops_no_workload() {
     let (bus, runtime, logind) = require!(DBUS, fake_logind(dir.path()));
     let web = cgroups.child("web");
     let pid = cgroups.spawn_shell(&web, "exec sleep 1000", "sleep");
-    let config = dir.path().join("agent.yaml");
-    let root = dir.path().display();
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: nodekeeper.io/v1alpha1
-kind: AgentConfiguration
-dryRun: true
-metricsAddress: 127.0.0.1:0
-cgroupRoot: {cgroup_root}
+    let config = write_config(
+        dir.path(),
+        &bus,
+        &format!(
+            "cgroupRoot: {cgroup_root}
 shutdownGracePeriod: 5s
-shutdownStateFile: {root}/state/graceful_shutdown_state.json
-logindDropInPath: {root}/logind.conf.d/99-nodekeeper.conf
-dbusAddress: {bus}
 workloads:
   parentCgroup: {parent}
-kubernetes:
-  enabled: false
 ",
             cgroup_root = cgroups.v1_root().display(),
             parent = cgroups.parent.display(),
-            bus = bus.address()
         ),
-    )
-    .unwrap();
-    let mut agent = AgentProcess::start(&config);
-    metrics_address(&agent);
+    );
+    let mut agent = AgentProcess::start(&[OsStr::new("--config"), config.as_os_str()]);
     agent.wait_for_line("logind delay lock held", Duration::from_secs(10));
 
     runtime.block_on(logind.announce(true));

@@ -1,96 +1,13 @@
 //! The agent as an operator runs it: a real process, scraped over HTTP, stopped by SIGTERM.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+mod support {
+    pub mod agent_process;
+}
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-
-struct Agent {
-    child: Child,
-    address: String,
-    log: mpsc::Receiver<String>,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_agent(args: &[&str]) -> Agent {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .arg("agent")
-        .args(args)
-        .args(["--metrics-addr", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start nodekeeper agent");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seen = Vec::new();
-    while Instant::now() < deadline {
-        if let Ok(line) = rx.recv_timeout(Duration::from_millis(100)) {
-            if let Some(address) = line
-                .split("address=")
-                .nth(1)
-                .and_then(|rest| rest.split_whitespace().next())
-                && line.contains("serving /metrics")
-            {
-                return Agent {
-                    child,
-                    address: address.to_string(),
-                    log: rx,
-                };
-            }
-            seen.push(line);
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!(
-        "agent never reported its metrics address; log:\n{}",
-        seen.join("\n")
-    );
-}
-
-fn http_get(address: &str, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(address).expect("connect to agent");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
+use support::agent_process::{AgentProcess, http_get};
 
 /// Parse OpenMetrics text into (name with labels, value) samples, rejecting any line a
 /// Prometheus scrape would reject.
@@ -142,7 +59,7 @@ fn sample(samples: &[(String, f64)], series: &str) -> Option<f64> {
 #[test]
 fn agent_serves_metrics_and_stops_cleanly_on_sigterm() {
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config/agent.yaml");
-    let mut agent = start_agent(&["--config", config]);
+    let mut agent = AgentProcess::start(&["--config", config, "--metrics-addr", "127.0.0.1:0"]);
 
     let (status, _) = http_get(&agent.address, "/healthz");
     assert_eq!(status, 200);
@@ -211,20 +128,9 @@ fn agent_serves_metrics_and_stops_cleanly_on_sigterm() {
             .any(|(s, v)| s.starts_with("nodekeeper_build_info{") && *v == 1.0)
     );
 
-    kill(Pid::from_raw(agent.child.id() as i32), Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let status = loop {
-        if let Some(status) = agent.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "agent did not exit within 2 s of SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = agent.stop(Duration::from_secs(2));
     assert!(status.success(), "agent exited with {status}");
-    let log: Vec<String> = agent.log.try_iter().collect();
+    let log = agent.lines_so_far();
     assert!(
         log.iter().any(|l| l.contains("SIGTERM received")),
         "{log:?}"

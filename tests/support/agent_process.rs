@@ -1,0 +1,134 @@
+//! The `nodekeeper agent` binary as an operator runs it: a child process whose log lines
+//! are read as they come, reached over HTTP on the metrics address it reports, and
+//! stopped by SIGTERM. Only the process this helper started is ever signalled.
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// How long the agent may take to report its metrics address.
+const START_WAIT: Duration = Duration::from_secs(30);
+
+pub struct AgentProcess {
+    pub child: Child,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub address: String,
+    /// Log lines not read yet, with the time each was read.
+    lines: mpsc::Receiver<(Instant, String)>,
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl AgentProcess {
+    /// Start `nodekeeper agent ARGS` in standalone mode (no kubeconfig from the
+    /// environment) and wait until it serves HTTP.
+    pub fn start<S: AsRef<OsStr>>(args: &[S]) -> AgentProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+            .arg("agent")
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start nodekeeper agent");
+        let stderr = child.stderr.take().expect("the agent's stderr is piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send((Instant::now(), line)).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut agent = AgentProcess {
+            child,
+            address: String::new(),
+            lines,
+        };
+        let (_, line) = agent.wait_for_line("serving /metrics", START_WAIT);
+        agent.address = line
+            .split("address=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("the metrics address in the log")
+            .to_string();
+        agent
+    }
+
+    /// The first log line not read yet that contains `text`, with the time it was read.
+    pub fn wait_for_line(&self, text: &str, within: Duration) -> (Instant, String) {
+        let deadline = Instant::now() + within;
+        let mut seen = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok((at, line)) if line.contains(text) => return (at, line),
+                Ok((_, line)) => seen.push(line),
+                Err(_) => break,
+            }
+        }
+        panic!(
+            "no log line with {text:?} within {within:?}; log:\n{}",
+            seen.join("\n")
+        );
+    }
+
+    /// Every log line read so far and not consumed by [`AgentProcess::wait_for_line`].
+    pub fn lines_so_far(&self) -> Vec<String> {
+        self.lines.try_iter().map(|(_, line)| line).collect()
+    }
+
+    /// Send SIGTERM and wait (at most `within`) for the agent to exit.
+    pub fn stop(&mut self, within: Duration) -> ExitStatus {
+        let pid = i32::try_from(self.child.id()).expect("a pid fits i32");
+        kill(Pid::from_raw(pid), Signal::SIGTERM).expect("signal the agent");
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the agent") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent did not exit within {within:?} of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// `GET path` from the agent: the status code and the body.
+pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect to the agent");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("set a read timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
