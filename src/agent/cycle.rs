@@ -441,7 +441,7 @@ impl Agent {
     /// Run node-level reclaim (the commands are awaited, not polled), then re-check. Returns whether pods
     /// must still be evicted.
     async fn reclaim_node_resources(&mut self, signal: crate::signals::Signal) -> bool {
-        let Some(mut reclaimer) = self.reclaimer.clone() else {
+        let Some(reclaimer) = self.reclaimer.as_mut() else {
             return true;
         };
         if let Err(error) = reclaimer.reclaim(signal).await {

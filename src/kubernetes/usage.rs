@@ -288,15 +288,20 @@ mod tests {
         }
     }
 
+    /// A reader of the cgroupfs driver's tree under `cgroups`, with pod files under `files`.
+    fn cgroupfs_reader(cgroups: &Path, files: &Path) -> PodUsageReader {
+        PodUsageReader::new(
+            CgroupReader::detect(cgroups).unwrap(),
+            PodCgroupNaming::new(CgroupDriver::Cgroupfs, "/kubepods"),
+            &config(files),
+        )
+    }
+
     #[test]
     fn a_pod_without_a_cgroup_has_no_stats() {
         let cgroups = tree(false);
         let files = tempfile::tempdir().unwrap();
-        let usage_reader = PodUsageReader::new(
-            CgroupReader::detect(cgroups.path()).unwrap(),
-            PodCgroupNaming::new(CgroupDriver::Cgroupfs, "/kubepods"),
-            &config(files.path()),
-        );
+        let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
         let mut pod = node_pod(QosClass::Guaranteed);
         usage_reader.measure(&mut pod);
         assert!(!pod.pod.has_stats());
@@ -319,11 +324,7 @@ mod tests {
             .join("kubelet/pods/1-2/volumes/kubernetes.io~empty-dir/scratch");
         std::fs::create_dir_all(&volume).unwrap();
         std::fs::write(volume.join("data"), vec![b'z'; 32 * 1024]).unwrap();
-        let usage_reader = PodUsageReader::new(
-            CgroupReader::detect(cgroups.path()).unwrap(),
-            PodCgroupNaming::new(CgroupDriver::Cgroupfs, "/kubepods"),
-            &config(files.path()),
-        );
+        let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
         let mut pod = node_pod(QosClass::Guaranteed);
         usage_reader.measure(&mut pod);
         assert_eq!(
@@ -361,11 +362,7 @@ mod tests {
         let secret = files.path().join("secret");
         std::fs::create_dir_all(&secret).unwrap();
         std::fs::write(secret.join("big"), vec![b's'; 256 * 1024]).unwrap();
-        let usage_reader = PodUsageReader::new(
-            CgroupReader::detect(cgroups.path()).unwrap(),
-            PodCgroupNaming::new(CgroupDriver::Cgroupfs, "/kubepods"),
-            &config(files.path()),
-        );
+        let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
         let absolute = secret.display().to_string();
         for hostile in [absolute.as_str(), "..", "../../secret", "a/b", "."] {
             let mut pod = node_pod(QosClass::Guaranteed);
