@@ -31,6 +31,11 @@ enum Command {
     Rank(cli::rank::Args),
     /// Print the graceful-shutdown phases for a set of pods.
     ShutdownPlan(cli::shutdown_plan::Args),
+    /// Check a node's fence configuration (ConfigMaps of the node-fencing design); --probe
+    /// runs a fire drill against every fence device.
+    FenceConfig(cli::fence_config::Args),
+    /// Carry out a fence step for a node by hand through ClusterLabs fence agents.
+    Fence(cli::fence::Args),
     /// Run only the graceful-shutdown manager in standalone mode (workload cgroups).
     #[command(hide = true)]
     ShutdownManager(cli::shutdown_manager::Args),
@@ -45,6 +50,8 @@ fn main() -> ExitCode {
         Command::Replay(args) => cli::replay::run(args),
         Command::Rank(args) => cli::rank::run(args),
         Command::ShutdownPlan(args) => cli::shutdown_plan::run(args),
+        Command::FenceConfig(args) => cli::fence_config::run(args),
+        Command::Fence(args) => cli::fence::run(args),
         Command::ShutdownManager(args) => cli::shutdown_manager::run(args),
     };
     match result {

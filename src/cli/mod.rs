@@ -3,6 +3,8 @@
 
 pub mod agent;
 pub mod check_config;
+pub mod fence;
+pub mod fence_config;
 pub mod rank;
 pub mod replay;
 pub mod shutdown_manager;
@@ -54,4 +56,70 @@ pub enum OutputFormat {
     #[default]
     Table,
     Json,
+}
+
+/// Where `fence-config` and `fence` read the fence configuration, and how they run agents.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FenceSourceArgs {
+    /// Read the ConfigMaps and Secrets from the YAML files in DIR (several documents per
+    /// file, any file names) instead of from the cluster.
+    #[arg(long, value_name = "DIR")]
+    pub from: Option<std::path::PathBuf>,
+    /// Namespace of the fence ConfigMaps and Secrets in the cluster (default: the
+    /// kubeconfig context's namespace, or the pod's).
+    #[arg(long, short = 'n', value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Kubeconfig for reading the cluster (default: KUBECONFIG, then the in-cluster service
+    /// account).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Directory the fence agents are installed in; agents are never looked up on PATH.
+    #[arg(long, value_name = "DIR", default_value = nodekeeper::fencing::runner::DEFAULT_AGENTS_DIR)]
+    pub agents_dir: std::path::PathBuf,
+    /// Deadline of one agent call, e.g. 60s; an agent still running then is killed with
+    /// its process group and counts as failed.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub timeout: std::time::Duration,
+}
+
+impl FenceSourceArgs {
+    /// The ConfigMaps and Secrets, from `--from DIR` or from the cluster.
+    pub async fn objects(&self) -> anyhow::Result<nodekeeper::fencing::FenceObjects> {
+        use anyhow::Context;
+        if let Some(dir) = &self.from {
+            return Ok(nodekeeper::fencing::FenceObjects::from_dir(dir)?);
+        }
+        let Some(config) =
+            nodekeeper::kubernetes::client_config(self.kubeconfig.as_deref()).await?
+        else {
+            anyhow::bail!(
+                "no cluster to read the fence configuration from: give --kubeconfig, set KUBECONFIG, or read files with --from DIR"
+            );
+        };
+        let namespace = self
+            .namespace
+            .clone()
+            .unwrap_or_else(|| config.default_namespace.clone());
+        let client = nodekeeper::kubernetes::build_client(config)?;
+        nodekeeper::kubernetes::fencing::load_fence_objects(&client, &namespace)
+            .await
+            .with_context(|| format!("reading the fence configuration in namespace {namespace}"))
+    }
+
+    pub fn runner_settings(&self) -> nodekeeper::fencing::RunnerSettings {
+        nodekeeper::fencing::RunnerSettings {
+            agents_dir: self.agents_dir.clone(),
+            call_timeout: self.timeout,
+            ..nodekeeper::fencing::RunnerSettings::default()
+        }
+    }
+}
+
+/// A Go-style duration (`90s`, `1m30s`) as a positive `std::time::Duration`.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let duration = nodekeeper::config::GoDuration::parse(text).map_err(|e| e.to_string())?;
+    if duration.is_negative() || duration.is_zero() {
+        return Err(format!("{text:?} must be a positive duration"));
+    }
+    Ok(duration.to_std())
 }

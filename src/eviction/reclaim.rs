@@ -5,6 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::config::FilesystemLayout as FsLayout;
+use crate::process::Waited;
 use crate::signals::Signal;
 
 /// Frees node-level resources for a starved signal (images, exited containers).
@@ -110,43 +111,32 @@ impl CommandReclaimer {
     /// timeout the whole group is killed, so a shell's children cannot linger.
     async fn run(&self, command: &ReclaimCommand) -> Result<(), CommandFailure> {
         let name = command.to_string();
-        let mut child = tokio::process::Command::new(&command.program)
-            .args(&command.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|error| CommandFailure::Spawn {
-                command: name.clone(),
-                error,
-            })?;
-        match tokio::time::timeout(self.timeout, child.wait()).await {
-            Ok(Ok(status)) if status.success() => Ok(()),
-            Ok(Ok(status)) => Err(CommandFailure::Exit {
+        let mut child = crate::process::in_own_group(
+            tokio::process::Command::new(&command.program)
+                .args(&command.args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .spawn()
+        .map_err(|error| CommandFailure::Spawn {
+            command: name.clone(),
+            error,
+        })?;
+        match crate::process::wait_or_kill_group(&mut child, self.timeout).await {
+            Ok(Waited::Exited(status)) if status.success() => Ok(()),
+            Ok(Waited::Exited(status)) => Err(CommandFailure::Exit {
                 command: name,
                 status: status.to_string(),
             }),
-            Ok(Err(error)) => Err(CommandFailure::Spawn {
+            Ok(Waited::TimedOut) => Err(CommandFailure::TimedOut {
+                command: name,
+                timeout: self.timeout,
+            }),
+            Err(error) => Err(CommandFailure::Spawn {
                 command: name,
                 error,
             }),
-            Err(_) => {
-                if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
-                    // ESRCH means the group is already gone.
-                    let _ = nix::sys::signal::killpg(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-                // Reap it; kill errors mean it exited meanwhile.
-                let _ = child.kill().await;
-                Err(CommandFailure::TimedOut {
-                    command: name,
-                    timeout: self.timeout,
-                })
-            }
         }
     }
 }

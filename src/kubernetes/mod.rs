@@ -9,6 +9,7 @@ pub mod cgroups;
 pub mod convert;
 pub mod disk_walk;
 pub mod evictor;
+pub mod fencing;
 pub mod node;
 pub mod outbox;
 pub mod resources;
@@ -18,4 +19,6 @@ pub mod source;
 pub mod usage;
 pub mod worker;
 
-pub use runtime::{KubeError, KubeRuntime, USER_AGENT, build_client, connect, node_name};
+pub use runtime::{
+    KubeError, KubeRuntime, USER_AGENT, build_client, client_config, connect, node_name,
+};

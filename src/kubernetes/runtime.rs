@@ -63,28 +63,11 @@ pub async fn connect(
     if config.kubernetes.enabled == Some(false) {
         return Ok(None);
     }
-    let path: Option<PathBuf> = kubeconfig_flag
+    let explicit = kubeconfig_flag
         .map(Path::to_path_buf)
-        .or_else(|| config.kubernetes.kubeconfig.clone())
-        .or_else(|| {
-            std::env::var_os("KUBECONFIG")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        });
-    let client_config = match path {
-        Some(path) => {
-            let fail = |message: String| KubeError::Kubeconfig {
-                path: path.display().to_string(),
-                message,
-            };
-            let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| fail(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| fail(e.to_string()))?
-        }
-        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
-            kube::Config::incluster().map_err(|e| KubeError::InCluster(e.to_string()))?
-        }
+        .or_else(|| config.kubernetes.kubeconfig.clone());
+    let client_config = match client_config(explicit.as_deref()).await? {
+        Some(client_config) => client_config,
         None if config.kubernetes.enabled == Some(true) => {
             return Err(KubeError::InCluster(
                 "kubernetes.enabled is true but there is no kubeconfig and no service account"
@@ -101,6 +84,33 @@ pub async fn connect(
         config,
         RetryPolicy::default(),
     )))
+}
+
+/// The API connection to use: `kubeconfig` when given, else `KUBECONFIG`, else the
+/// in-cluster service account when running in a pod; `Ok(None)` when there is none.
+pub async fn client_config(kubeconfig: Option<&Path>) -> Result<Option<kube::Config>, KubeError> {
+    let path: Option<PathBuf> = kubeconfig.map(Path::to_path_buf).or_else(|| {
+        std::env::var_os("KUBECONFIG")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
+    match path {
+        Some(path) => {
+            let fail = |message: String| KubeError::Kubeconfig {
+                path: path.display().to_string(),
+                message,
+            };
+            let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| fail(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map(Some)
+                .map_err(|e| fail(e.to_string()))
+        }
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => kube::Config::incluster()
+            .map(Some)
+            .map_err(|e| KubeError::InCluster(e.to_string())),
+        None => Ok(None),
+    }
 }
 
 /// Every request's `User-Agent`, so the API server's audit log and its per-client

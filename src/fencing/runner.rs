@@ -1,0 +1,563 @@
+//! Runs ClusterLabs fence agents safely.
+//!
+//! - Every option goes to the agent's standard input as a `key=value` line and the agent
+//!   gets no arguments at all (agents read stdin only when argv is empty), so credentials
+//!   never show in `ps`. The action is always explicit and written last (an agent given
+//!   no action reboots; on stdin the last occurrence of a key wins).
+//! - Each call has a deadline; a timeout is a failure, and the agent's whole process
+//!   group (with its ipmitool or snmpget children) is killed.
+//! - Output is captured up to a limit, with every credential of the call replaced by
+//!   `***`.
+//! - Exit codes follow the ClusterLabs convention: 0 success (for `status`: ON), 2 OFF
+//!   (status only), anything else failure.
+//! - `off` counts only once `status` reports OFF (an agent may report success before the
+//!   power is really off); `reboot` is a verified `off` followed by `on`.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use super::config::{FenceAction, MethodPlan, Parameter};
+use super::metadata::{AgentMetadata, MetadataError, parse_metadata};
+use super::secret::MASK;
+use crate::process::{Waited, in_own_group, wait_or_kill_group};
+
+/// Where Debian and RHEL install the agents.
+pub const DEFAULT_AGENTS_DIR: &str = "/usr/sbin";
+
+/// How the runner calls agents.
+#[derive(Debug, Clone)]
+pub struct RunnerSettings {
+    /// The directory the agents are looked up in (never `PATH`).
+    pub agents_dir: PathBuf,
+    /// The deadline of one agent call.
+    pub call_timeout: Duration,
+    /// How long `status` may take to confirm an `off` or `on` the agent reported done.
+    pub verify_timeout: Duration,
+    /// The pause between two `status` calls while verifying.
+    pub verify_interval: Duration,
+    /// Output kept per stream; the rest is read and dropped.
+    pub output_limit: usize,
+}
+
+impl Default for RunnerSettings {
+    fn default() -> RunnerSettings {
+        RunnerSettings {
+            agents_dir: PathBuf::from(DEFAULT_AGENTS_DIR),
+            // Pacemaker's fencing-timeout and Fence Agents Remediation's per-call timeout.
+            call_timeout: Duration::from_secs(60),
+            verify_timeout: Duration::from_secs(30),
+            verify_interval: Duration::from_secs(1),
+            output_limit: 64 * 1024,
+        }
+    }
+}
+
+/// The power state a `status` call reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum PowerState {
+    On,
+    Off,
+}
+
+impl std::fmt::Display for PowerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PowerState::On => "ON",
+            PowerState::Off => "OFF",
+        })
+    }
+}
+
+/// How an agent call ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum Exit {
+    Code {
+        code: i32,
+    },
+    Signal {
+        signal: i32,
+    },
+    TimedOut {
+        seconds: f64,
+    },
+    /// The agent could not be started at all.
+    NotStarted {
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code { code } => write!(f, "exit code {code}"),
+            Exit::Signal { signal } => write!(f, "killed by signal {signal}"),
+            Exit::TimedOut { seconds } => write!(f, "timed out after {seconds:.1}s"),
+            Exit::NotStarted { reason } => write!(f, "not started: {reason}"),
+        }
+    }
+}
+
+/// One run of an agent.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentCall {
+    pub agent: String,
+    pub action: String,
+    pub exit: Exit,
+    /// What `status` reported; none for other actions or a failed status.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerState>,
+    #[serde(serialize_with = "seconds")]
+    pub duration: Duration,
+    /// Standard output then standard error, credentials redacted.
+    pub output: String,
+}
+
+impl AgentCall {
+    /// Success by the ClusterLabs convention: 0, or 2 (OFF) for `status`.
+    pub fn succeeded(&self) -> bool {
+        match self.exit {
+            Exit::Code { code: 0 } => true,
+            Exit::Code { code: 2 } => self.action == "status",
+            _ => false,
+        }
+    }
+
+    /// The last non-empty output line, for one-line summaries.
+    pub fn last_line(&self) -> &str {
+        self.output
+            .lines()
+            .rev()
+            .map(str::trim)
+            .find(|line| !line.is_empty())
+            .unwrap_or("")
+    }
+
+    /// "exit code 1: Failed: Unable to obtain correct plug status".
+    pub fn summary(&self) -> String {
+        match self.last_line() {
+            "" => self.exit.to_string(),
+            line => format!("{}: {line}", self.exit),
+        }
+    }
+}
+
+fn seconds<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_f64((duration.as_secs_f64() * 1000.0).round() / 1000.0)
+}
+
+/// The result of one method: its action, confirmed or not.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MethodResult {
+    pub method: String,
+    pub agent: String,
+    pub action: FenceAction,
+    pub succeeded: bool,
+    /// Why it failed, or what went wrong after the part that counts (a reboot whose
+    /// `on` failed after a confirmed `off`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Whether `status` reported the power OFF after the action: the confirmation a
+    /// fence needs before any pod may be released.
+    pub off_confirmed: bool,
+    /// The last power state `status` reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerState>,
+    pub calls: Vec<AgentCall>,
+    #[serde(serialize_with = "seconds")]
+    pub duration: Duration,
+}
+
+/// What the fire drill learned about one method's device.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeResult {
+    pub method: String,
+    pub agent: String,
+    /// `status`, or `monitor` for an agent without status.
+    pub action: String,
+    /// The device answered and accepted the credentials.
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerState>,
+    pub call: AgentCall,
+}
+
+/// Why an agent cannot be used at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunnerError {
+    #[error(
+        "agent {agent:?} is not a ClusterLabs fence agent name (fence_ followed by letters, digits or '_')"
+    )]
+    BadName { agent: String },
+    #[error("agent {agent} is not installed here: no executable {}", path.display())]
+    NotInstalled { agent: String, path: PathBuf },
+    #[error("{agent} -o metadata failed: {reason}")]
+    MetadataCall { agent: String, reason: String },
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+}
+
+/// Runs fence agents; cheap to share (`Arc`) between tasks.
+#[derive(Debug)]
+pub struct FenceRunner {
+    settings: RunnerSettings,
+    metadata: Mutex<HashMap<String, Arc<AgentMetadata>>>,
+}
+
+impl FenceRunner {
+    pub fn new(settings: RunnerSettings) -> FenceRunner {
+        FenceRunner {
+            settings,
+            metadata: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn settings(&self) -> &RunnerSettings {
+        &self.settings
+    }
+
+    /// The agent's executable, if the name is an agent's and it is installed.
+    pub fn agent_path(&self, agent: &str) -> Result<PathBuf, RunnerError> {
+        let valid = agent.strip_prefix("fence_").is_some_and(|rest| {
+            !rest.is_empty() && rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+        if !valid {
+            return Err(RunnerError::BadName {
+                agent: agent.to_string(),
+            });
+        }
+        let path = self.settings.agents_dir.join(agent);
+        let executable = std::fs::metadata(&path)
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0);
+        if executable {
+            Ok(path)
+        } else {
+            Err(RunnerError::NotInstalled {
+                agent: agent.to_string(),
+                path,
+            })
+        }
+    }
+
+    /// The agent's metadata, read once per runner.
+    pub async fn metadata(&self, agent: &str) -> Result<Arc<AgentMetadata>, RunnerError> {
+        if let Some(known) = self.lock_metadata().get(agent) {
+            return Ok(Arc::clone(known));
+        }
+        self.agent_path(agent)?;
+        let call = self.call(agent, "metadata", &[]).await;
+        if !call.succeeded() {
+            return Err(RunnerError::MetadataCall {
+                agent: agent.to_string(),
+                reason: call.summary(),
+            });
+        }
+        let metadata = Arc::new(parse_metadata(agent, &call.output)?);
+        self.lock_metadata()
+            .insert(agent.to_string(), Arc::clone(&metadata));
+        Ok(metadata)
+    }
+
+    fn lock_metadata(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<AgentMetadata>>> {
+        // The map holds only finished entries, so a panic elsewhere cannot leave it torn.
+        self.metadata
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs `agent` once with `action` and `parameters`, all on standard input.
+    pub async fn call(&self, agent: &str, action: &str, parameters: &[Parameter]) -> AgentCall {
+        let started = Instant::now();
+        let secrets: Vec<&str> = parameters
+            .iter()
+            .filter(|p| p.value.is_sensitive())
+            .map(|p| p.value.expose())
+            .filter(|value| !value.is_empty())
+            .collect();
+        let finish = |exit: Exit, power: Option<PowerState>, output: String| AgentCall {
+            agent: agent.to_string(),
+            action: action.to_string(),
+            exit,
+            power,
+            duration: started.elapsed(),
+            output: redact(&output, &secrets),
+        };
+        let path = match self.agent_path(agent) {
+            Ok(path) => path,
+            Err(error) => {
+                return finish(
+                    Exit::NotStarted {
+                        reason: error.to_string(),
+                    },
+                    None,
+                    String::new(),
+                );
+            }
+        };
+        let input = agent_input(action, parameters);
+        let mut command = tokio::process::Command::new(&path);
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // fence_ipmilan warns about a deprecated Python module on every call.
+            .env("PYTHONWARNINGS", "ignore::DeprecationWarning");
+        let mut child = match in_own_group(&mut command).spawn() {
+            Ok(child) => child,
+            Err(error) => {
+                let reason = format!("{}: {error}", path.display());
+                return finish(Exit::NotStarted { reason }, None, String::new());
+            }
+        };
+        let stdout = Captured::start(child.stdout.take(), self.settings.output_limit);
+        let stderr = Captured::start(child.stderr.take(), self.settings.output_limit);
+        if let Some(mut stdin) = child.stdin.take() {
+            tokio::spawn(async move {
+                // An agent that exits without reading its input closes the pipe; that
+                // is its business and shows in its exit code.
+                let _ = stdin.write_all(input.as_bytes()).await;
+                let _ = stdin.shutdown().await;
+            });
+        }
+        let waited = wait_or_kill_group(&mut child, self.settings.call_timeout).await;
+        let output = format!("{}{}", stdout.finish().await, stderr.finish().await);
+        let exit = match waited {
+            Ok(Waited::Exited(status)) => {
+                use std::os::unix::process::ExitStatusExt;
+                match (status.code(), status.signal()) {
+                    (Some(code), _) => Exit::Code { code },
+                    (None, Some(signal)) => Exit::Signal { signal },
+                    (None, None) => Exit::NotStarted {
+                        reason: "no exit status".to_string(),
+                    },
+                }
+            }
+            Ok(Waited::TimedOut) => Exit::TimedOut {
+                seconds: self.settings.call_timeout.as_secs_f64(),
+            },
+            Err(error) => Exit::NotStarted {
+                reason: format!("waiting for {}: {error}", path.display()),
+            },
+        };
+        let power = match (action, &exit) {
+            ("status", Exit::Code { code: 0 }) => Some(PowerState::On),
+            ("status", Exit::Code { code: 2 }) => Some(PowerState::Off),
+            _ => None,
+        };
+        finish(exit, power, output)
+    }
+
+    /// Carries out a method's action and confirms it with `status`.
+    pub async fn execute(&self, method: &MethodPlan) -> MethodResult {
+        let started = Instant::now();
+        let mut result = MethodResult {
+            method: method.name.clone(),
+            agent: method.agent.clone(),
+            action: method.action,
+            succeeded: false,
+            detail: None,
+            off_confirmed: false,
+            power: None,
+            calls: Vec::new(),
+            duration: Duration::ZERO,
+        };
+        match method.action {
+            FenceAction::Off => {
+                if let Err(reason) = self
+                    .act_and_verify(method, PowerState::Off, &mut result)
+                    .await
+                {
+                    result.detail = Some(reason);
+                } else {
+                    result.succeeded = true;
+                }
+            }
+            FenceAction::On => {
+                if let Err(reason) = self
+                    .act_and_verify(method, PowerState::On, &mut result)
+                    .await
+                {
+                    result.detail = Some(reason);
+                } else {
+                    result.succeeded = true;
+                }
+            }
+            FenceAction::Reboot => {
+                match self
+                    .act_and_verify(method, PowerState::Off, &mut result)
+                    .await
+                {
+                    Err(reason) => result.detail = Some(reason),
+                    Ok(()) => {
+                        // The fence is the confirmed off; a failed power-on afterwards
+                        // leaves the node fenced, which is what counts, and is reported.
+                        result.succeeded = true;
+                        if let Err(reason) = self
+                            .act_and_verify(method, PowerState::On, &mut result)
+                            .await
+                        {
+                            result.detail = Some(format!("powered off, but {reason}"));
+                        }
+                    }
+                }
+            }
+        }
+        result.duration = started.elapsed();
+        result
+    }
+
+    /// One `off` or `on`, then `status` until it reports `target` or the verify deadline.
+    async fn act_and_verify(
+        &self,
+        method: &MethodPlan,
+        target: PowerState,
+        result: &mut MethodResult,
+    ) -> Result<(), String> {
+        let action = match target {
+            PowerState::Off => "off",
+            PowerState::On => "on",
+        };
+        let call = self.call(&method.agent, action, &method.parameters).await;
+        let acted = call.succeeded();
+        let summary = call.summary();
+        result.calls.push(call);
+        if !acted {
+            return Err(format!("{action} failed ({summary})"));
+        }
+        let deadline = Instant::now() + self.settings.verify_timeout;
+        loop {
+            let status = self.call(&method.agent, "status", &method.parameters).await;
+            let power = status.power;
+            let summary = status.summary();
+            result.calls.push(status);
+            if power.is_some() {
+                result.power = power;
+            }
+            if power == Some(target) {
+                if target == PowerState::Off {
+                    result.off_confirmed = true;
+                }
+                return Ok(());
+            }
+            if Instant::now() + self.settings.verify_interval > deadline {
+                let seen = match power {
+                    Some(power) => format!("status still reports {power}"),
+                    None => format!("status failed ({summary})"),
+                };
+                return Err(format!(
+                    "the agent reported {action} done, but after {:.1}s {seen}",
+                    self.settings.verify_timeout.as_secs_f64()
+                ));
+            }
+            tokio::time::sleep(self.settings.verify_interval).await;
+        }
+    }
+
+    /// The fire drill for one method: `status` (or `monitor`), never a power change.
+    pub async fn probe(&self, method: &MethodPlan) -> ProbeResult {
+        let action = match self.metadata(&method.agent).await {
+            Ok(metadata) => metadata.probe_action().unwrap_or("status"),
+            Err(_) => "status",
+        };
+        let call = self.call(&method.agent, action, &method.parameters).await;
+        ProbeResult {
+            method: method.name.clone(),
+            agent: method.agent.clone(),
+            action: action.to_string(),
+            ok: call.succeeded(),
+            power: call.power,
+            call,
+        }
+    }
+}
+
+/// The agent's standard input: one `key=value` line per parameter, the action last.
+fn agent_input(action: &str, parameters: &[Parameter]) -> String {
+    let mut input = String::new();
+    for parameter in parameters {
+        input.push_str(&parameter.name);
+        input.push('=');
+        input.push_str(parameter.value.expose());
+        input.push('\n');
+    }
+    input.push_str("action=");
+    input.push_str(action);
+    input.push('\n');
+    input
+}
+
+/// `text` with every occurrence of every secret replaced by `***`, longest first so a
+/// secret containing another is masked whole.
+pub fn redact(text: &str, secrets: &[&str]) -> String {
+    let mut secrets: Vec<&str> = secrets.iter().copied().filter(|s| !s.is_empty()).collect();
+    secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
+    let mut redacted = text.to_string();
+    for secret in secrets {
+        if redacted.contains(secret) {
+            redacted = redacted.replace(secret, MASK);
+        }
+    }
+    redacted
+}
+
+/// One output stream read in the background, the first `limit` bytes kept.
+struct Captured {
+    buffer: Arc<Mutex<Vec<u8>>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Captured {
+    fn start<R: AsyncRead + Unpin + Send + 'static>(stream: Option<R>, limit: usize) -> Captured {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let task = stream.map(|mut stream| {
+            let buffer = Arc::clone(&buffer);
+            tokio::spawn(async move {
+                let mut chunk = [0u8; 8192];
+                loop {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(read) => {
+                            let mut kept = buffer
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                            let room = limit.saturating_sub(kept.len());
+                            kept.extend_from_slice(&chunk[..read.min(room)]);
+                        }
+                    }
+                }
+            })
+        });
+        Captured { buffer, task }
+    }
+
+    /// The text read so far. The stream ends when every process holding it exits; one
+    /// that escaped the killed process group may hold it open, so wait only briefly.
+    async fn finish(mut self) -> String {
+        if let Some(task) = self.task.take() {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        let bytes = self
+            .buffer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}

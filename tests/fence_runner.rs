@@ -1,0 +1,360 @@
+//! The fence-agent runner with real processes: options only on standard input, the
+//! action always explicit, a timeout that kills the agent's whole process group, an off
+//! confirmed by status, output redacted, and the real `fence_dummy` agent.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nodekeeper::fencing::config::{Layer, Parameter, ParameterValue, Source};
+use nodekeeper::fencing::{
+    Exit, FenceAction, FenceObjects, FenceRunner, MethodPlan, ObjectOrigin, PowerState,
+    RunnerSettings, SecretValue, Step, resolve,
+};
+use support::fake_fence_agents::{SWITCH, install};
+use support::real;
+
+fn runner(agents_dir: &Path, call_timeout: Duration) -> FenceRunner {
+    FenceRunner::new(RunnerSettings {
+        agents_dir: agents_dir.to_path_buf(),
+        call_timeout,
+        verify_timeout: Duration::from_millis(1500),
+        verify_interval: Duration::from_millis(100),
+        ..RunnerSettings::default()
+    })
+}
+
+fn text(name: &str, value: &str) -> Parameter {
+    Parameter {
+        name: name.to_string(),
+        written: name.to_string(),
+        value: ParameterValue::Text(value.to_string()),
+        layer: Layer::Node,
+        source: Source {
+            config_map: "fence-method-m-n1".to_string(),
+            key: "method.properties".to_string(),
+        },
+        secret: None,
+    }
+}
+
+fn secret(name: &str, value: &str) -> Parameter {
+    Parameter {
+        value: ParameterValue::Sensitive(SecretValue::new(value)),
+        ..text(name, "")
+    }
+}
+
+fn method(agent: &str, action: FenceAction, parameters: Vec<Parameter>) -> MethodPlan {
+    MethodPlan {
+        name: "m".to_string(),
+        source: Source {
+            config_map: "fence-method-m-n1".to_string(),
+            key: "method.properties".to_string(),
+        },
+        template: None,
+        agent: agent.to_string(),
+        action,
+        action_layer: Layer::Node,
+        must_succeed: true,
+        parameters,
+    }
+}
+
+fn process_exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| !stat.contains(") Z "))
+}
+
+#[tokio::test]
+async fn options_reach_the_agent_only_on_stdin_with_the_action_last() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spy = dir.path().join("spy");
+    std::fs::create_dir(&spy).expect("spy dir");
+    install(
+        dir.path(),
+        "fence_spy",
+        &format!(
+            r#"spy={spy}
+printf '%s\n' "$0" "$@" > "$spy/argv"
+cat /proc/$$/environ | tr '\0' '\n' > "$spy/environ"
+printf '%s\n' "$input" > "$spy/stdin"
+echo "debug: logging in with password $password"
+echo "Failed: the device refused $password" >&2
+exit 1"#,
+            spy = spy.display()
+        ),
+    );
+    let runner = runner(dir.path(), Duration::from_secs(20));
+    let call = runner
+        .call(
+            "fence_spy",
+            "status",
+            &[text("ip", "10.0.0.1"), secret("password", "hunter2-pw")],
+        )
+        .await;
+
+    let argv = std::fs::read_to_string(spy.join("argv")).expect("argv recorded");
+    assert_eq!(argv.lines().count(), 1, "no arguments at all: {argv}");
+    let environ = std::fs::read_to_string(spy.join("environ")).expect("environ recorded");
+    assert!(!environ.contains("hunter2-pw"), "not in the environment");
+    let stdin = std::fs::read_to_string(spy.join("stdin")).expect("stdin recorded");
+    assert_eq!(stdin, "ip=10.0.0.1\npassword=hunter2-pw\naction=status\n");
+
+    assert_eq!(call.exit, Exit::Code { code: 1 });
+    assert!(!call.succeeded());
+    assert_eq!(call.power, None);
+    assert_eq!(
+        call.output,
+        "debug: logging in with password ***\nFailed: the device refused ***\n"
+    );
+    let json = serde_json::to_string(&call).expect("serializes");
+    assert!(!json.contains("hunter2-pw"), "{json}");
+}
+
+#[tokio::test]
+async fn a_hung_agent_times_out_and_its_whole_process_group_is_killed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pids = dir.path().join("pids");
+    install(
+        dir.path(),
+        "fence_hang",
+        &format!(
+            r#"sleep 300 &
+echo $! > {pids}
+echo "Connecting to the device"
+sleep 300"#,
+            pids = pids.display()
+        ),
+    );
+    let runner = runner(dir.path(), Duration::from_secs(1));
+    let started = Instant::now();
+    let call = runner.call("fence_hang", "off", &[]).await;
+    let took = started.elapsed();
+
+    assert_eq!(call.exit, Exit::TimedOut { seconds: 1.0 });
+    assert!(!call.succeeded(), "a timeout is a failure");
+    assert!(took < Duration::from_secs(5), "returned after {took:?}");
+    assert_eq!(
+        call.output, "Connecting to the device\n",
+        "output kept up to the kill"
+    );
+    let child: i32 = std::fs::read_to_string(&pids)
+        .expect("the agent's child wrote its pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    // The orphaned child is reparented and reaped by init; give that a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process_exists(child) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !process_exists(child),
+        "the agent's child {child} still runs"
+    );
+}
+
+#[tokio::test]
+async fn an_off_counts_only_once_status_reports_off() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    install(dir.path(), "fence_switch", SWITCH);
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).expect("state dir");
+    std::fs::write(state.join("power"), "on\n").expect("power on");
+    let runner = runner(dir.path(), Duration::from_secs(20));
+    let plan = method(
+        "fence_switch",
+        FenceAction::Off,
+        vec![text("state_dir", &state.display().to_string())],
+    );
+
+    let result = runner.execute(&plan).await;
+    assert!(result.succeeded, "{result:#?}");
+    assert!(result.off_confirmed);
+    assert_eq!(result.power, Some(PowerState::Off));
+    let actions: Vec<&str> = result.calls.iter().map(|c| c.action.as_str()).collect();
+    assert_eq!(actions, ["off", "status"]);
+
+    // A relay that reports success but stays closed: the runner does not believe it.
+    std::fs::write(state.join("power"), "on\n").expect("power on");
+    std::fs::write(state.join("stuck"), "").expect("stick the relay");
+    let result = runner.execute(&plan).await;
+    assert!(!result.succeeded);
+    assert!(!result.off_confirmed);
+    assert_eq!(result.power, Some(PowerState::On));
+    let detail = result.detail.as_deref().unwrap_or_default();
+    assert!(
+        detail.starts_with("the agent reported off done, but after 1.5s status still reports ON"),
+        "{detail}"
+    );
+    assert!(
+        result.calls.len() >= 3,
+        "status was polled: {:?}",
+        result.calls.len()
+    );
+}
+
+#[tokio::test]
+async fn a_reboot_is_a_confirmed_off_then_an_on() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    install(dir.path(), "fence_switch", SWITCH);
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).expect("state dir");
+    std::fs::write(state.join("power"), "on\n").expect("power on");
+    let runner = runner(dir.path(), Duration::from_secs(20));
+    let plan = method(
+        "fence_switch",
+        FenceAction::Reboot,
+        vec![text("state_dir", &state.display().to_string())],
+    );
+    let result = runner.execute(&plan).await;
+    assert!(result.succeeded && result.off_confirmed, "{result:#?}");
+    assert_eq!(result.power, Some(PowerState::On));
+    let actions: Vec<&str> = result.calls.iter().map(|c| c.action.as_str()).collect();
+    assert_eq!(actions, ["off", "status", "on", "status"]);
+}
+
+#[tokio::test]
+async fn an_agent_that_is_not_installed_or_not_an_agent_is_never_started() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let runner = runner(dir.path(), Duration::from_secs(5));
+    let call = runner.call("fence_absent", "status", &[]).await;
+    assert!(matches!(&call.exit, Exit::NotStarted { reason } if reason.contains("not installed")));
+    let call = runner.call("../../bin/sh", "status", &[]).await;
+    assert!(
+        matches!(&call.exit, Exit::NotStarted { reason } if reason.contains("not a ClusterLabs fence agent name")),
+        "{:?}",
+        call.exit
+    );
+}
+
+#[tokio::test]
+async fn endless_output_is_capped_and_does_not_block_the_agent() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    install(
+        dir.path(),
+        "fence_chatty",
+        "head -c 4000000 /dev/zero | tr '\\0' 'x'\necho\necho 'Status: ON'\nexit 0",
+    );
+    let runner = FenceRunner::new(RunnerSettings {
+        agents_dir: dir.path().to_path_buf(),
+        output_limit: 1000,
+        ..RunnerSettings::default()
+    });
+    let call = runner.call("fence_chatty", "status", &[]).await;
+    assert_eq!(call.exit, Exit::Code { code: 0 });
+    assert_eq!(call.power, Some(PowerState::On));
+    assert_eq!(call.output.len(), 1000);
+}
+
+#[tokio::test]
+async fn metadata_is_read_once_and_checks_a_resolved_plan() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let agent = install(dir.path(), "fence_counted", "exit 0");
+    let runner = runner(dir.path(), Duration::from_secs(5));
+    let first = runner.metadata("fence_counted").await.expect("metadata");
+    // Break the agent: a cached answer does not run it again.
+    std::fs::write(&agent, "#!/bin/sh\nexit 1\n").expect("break the agent");
+    let second = runner
+        .metadata("fence_counted")
+        .await
+        .expect("cached metadata");
+    assert!(std::sync::Arc::ptr_eq(&first, &second));
+    let fresh = FenceRunner::new(RunnerSettings {
+        agents_dir: dir.path().to_path_buf(),
+        ..RunnerSettings::default()
+    });
+    let error = fresh
+        .metadata("fence_counted")
+        .await
+        .expect_err("broken agent");
+    assert_eq!(
+        error.to_string(),
+        "fence_counted -o metadata failed: exit code 1"
+    );
+
+    let mut objects = FenceObjects::new();
+    objects
+        .insert_config_map(
+            "fence-config-n1",
+            BTreeMap::from([("config.properties".into(), "power_management=m".into())]),
+            ObjectOrigin::Cluster,
+        )
+        .expect("insert");
+    objects
+        .insert_config_map(
+            "fence-method-m-n1",
+            BTreeMap::from([(
+                "method.properties".into(),
+                "agent_name=fence_counted\nplug=1\ncolour=blue".into(),
+            )]),
+            ObjectOrigin::Cluster,
+        )
+        .expect("insert");
+    install(dir.path(), "fence_counted", "exit 0");
+    let mut plan = resolve(&objects, "n1").expect("resolves");
+    let check = nodekeeper::fencing::check_agents(&mut plan, &runner).await;
+    let errors: Vec<String> = check.errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        errors,
+        [
+            "node n1, method m, ConfigMap fence-method-m-n1, key method.properties: agent fence_counted has no parameter colour (see fence_counted -o metadata)"
+        ]
+    );
+    assert!(plan.step(Step::PowerManagement).is_some());
+}
+
+#[tokio::test]
+async fn the_real_fence_dummy_is_powered_off_and_on_with_confirmation() {
+    require!("fence-agents", real::program("fence_dummy", "fence-agents"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let status_file = dir.path().join("dummy.status");
+    // fence_dummy wants exactly "on", without a newline.
+    std::fs::write(&status_file, "on").expect("power on");
+    let runner = FenceRunner::new(RunnerSettings {
+        verify_interval: Duration::from_millis(100),
+        ..RunnerSettings::default()
+    });
+    let path = status_file.display().to_string();
+    let off = method(
+        "fence_dummy",
+        FenceAction::Off,
+        vec![text("status_file", &path)],
+    );
+
+    let probe = runner.probe(&off).await;
+    assert!(probe.ok, "{probe:#?}");
+    assert_eq!(
+        (probe.action.as_str(), probe.power),
+        ("status", Some(PowerState::On))
+    );
+
+    let result = runner.execute(&off).await;
+    assert!(result.succeeded && result.off_confirmed, "{result:#?}");
+    assert_eq!(std::fs::read_to_string(&status_file).expect("read"), "off");
+
+    let on = method(
+        "fence_dummy",
+        FenceAction::On,
+        vec![text("status_file", &path)],
+    );
+    let result = runner.execute(&on).await;
+    assert!(result.succeeded && !result.off_confirmed, "{result:#?}");
+    assert_eq!(result.power, Some(PowerState::On));
+
+    // Garbage in the status file: the agent cannot read its plug, so off fails.
+    std::fs::write(&status_file, "garbage").expect("corrupt");
+    let result = runner.execute(&off).await;
+    assert!(!result.succeeded);
+    assert!(
+        result
+            .detail
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("off failed (exit code 1")
+    );
+}
