@@ -18,8 +18,14 @@ use support::real;
 const ORIGINAL: &str = "tests/fixtures/fencing/original-design";
 
 fn nodekeeper(args: &[&str]) -> Output {
+    nodekeeper_logging(args, "warn")
+}
+
+/// `nodekeeper` with `RUST_LOG` set to `level`.
+fn nodekeeper_logging(args: &[&str], level: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
         .args(args)
+        .env("RUST_LOG", level)
         .env_remove("KUBECONFIG")
         .env_remove("KUBERNETES_SERVICE_HOST")
         .output()
@@ -413,19 +419,22 @@ exit 1"#,
         "--agents-dir",
         &agents_dir,
     ]);
-    let run = nodekeeper(&[
-        "fence",
-        "run",
-        "--node",
-        "n1",
-        "--step",
-        "power-management",
-        "--yes",
-        "--from",
-        &from,
-        "--agents-dir",
-        &agents_dir,
-    ]);
+    let run = nodekeeper_logging(
+        &[
+            "fence",
+            "run",
+            "--node",
+            "n1",
+            "--step",
+            "power-management",
+            "--yes",
+            "--from",
+            &from,
+            "--agents-dir",
+            &agents_dir,
+        ],
+        "trace",
+    );
     let run_json = nodekeeper(&[
         "fence",
         "run",
@@ -453,6 +462,8 @@ exit 1"#,
         "{probe_out}"
     );
     assert_eq!(run.status.code(), Some(1));
+    let log = text(&run.stderr);
+    assert!(log.contains("running fence agent") && log.contains("\"password\""), "parameter names are logged: {log}");
     for output in [&probe, &probe_json, &run, &run_json] {
         let all = text(&output.stdout) + &text(&output.stderr);
         assert!(!all.contains(password), "password shown:\n{all}");

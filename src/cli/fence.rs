@@ -47,6 +47,7 @@ fn parse_step(text: &str) -> Result<Step, String> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Command::Run(args) = args.command;
+    super::init_stderr_logging("warn");
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -39,6 +39,7 @@ pub struct CheckArgs {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Command::Check(args) = args.command;
+    super::init_stderr_logging("warn");
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

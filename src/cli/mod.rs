@@ -123,3 +123,15 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     }
     Ok(duration.to_std())
 }
+
+/// Logs to stderr, filtered by `RUST_LOG` (else `default`), for the one-shot commands.
+pub fn init_stderr_logging(default: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}

@@ -43,13 +43,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    super::init_stderr_logging("info");
     let config = config::load(args.config.as_deref(), &Overrides::default())?;
     let phases = phases_from_config(&config.shutdown);
     let boot_id = read_boot_id().context("cannot read this boot's id")?;

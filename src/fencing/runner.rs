@@ -306,6 +306,9 @@ impl FenceRunner {
             }
         };
         let input = agent_input(action, parameters);
+        // Names only: values may be credentials.
+        let names: Vec<&str> = parameters.iter().map(|p| p.name.as_str()).collect();
+        tracing::debug!(agent, action, parameters = ?names, "running fence agent");
         let mut command = tokio::process::Command::new(&path);
         command
             .stdin(Stdio::piped())
@@ -355,7 +358,15 @@ impl FenceRunner {
             ("status", Exit::Code { code: 2 }) => Some(PowerState::Off),
             _ => None,
         };
-        finish(exit, power, output)
+        let call = finish(exit, power, output);
+        tracing::debug!(
+            agent,
+            action,
+            result = %call.summary(),
+            seconds = call.duration.as_secs_f64(),
+            "fence agent finished"
+        );
+        call
     }
 
     /// Carries out a method's action and confirms it with `status`.
