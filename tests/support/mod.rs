@@ -3,4 +3,5 @@ pub mod allocator;
 pub mod apiserver;
 pub mod cgroups;
 pub mod debian;
+pub mod fence_emulators;
 pub mod real;
