@@ -57,6 +57,8 @@ fn run_agent(agent: &Path, options: &[(&str, &str)]) -> AgentRun {
         .collect();
     let started = Instant::now();
     let mut child = Command::new(agent)
+        // fence_ipmilan imports the deprecated `pipes` module; keep its output to the point.
+        .env("PYTHONWARNINGS", "ignore::DeprecationWarning")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

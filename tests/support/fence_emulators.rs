@@ -105,21 +105,28 @@ impl EmulatorProcess {
         }
     }
 
-    /// Poll `answers` until it is true, the process exits or [`START_DEADLINE`] passes.
-    fn wait_until_ready(&mut self, mut answers: impl FnMut() -> bool) -> Readiness {
+    /// Poll `answers` until it is true while this process holds `port`, or until the process
+    /// exits, another process turns out to hold the port, or [`START_DEADLINE`] passes.
+    fn wait_until_ready(
+        &mut self,
+        protocol: Protocol,
+        port: u16,
+        mut answers: impl FnMut() -> bool,
+    ) -> Readiness {
         let deadline = Instant::now() + START_DEADLINE;
         loop {
             if let Some(status) = self.exited() {
                 return Readiness::Exited(status);
             }
-            if answers() {
-                // The answer may have come from another process on the same port while ours
-                // was failing to bind it; the callers' probes check an identity of their own
-                // instance, and this checks that ours is still the one running.
-                return match self.exited() {
-                    Some(status) => Readiness::Exited(status),
-                    None => Readiness::Ready,
-                };
+            // snmpsim keeps running when it cannot bind its port, and an answer may come from
+            // whoever holds the port instead: so the port must be ours (and the callers' probes
+            // also check an identity of their own instance).
+            let holders = PortHolders::find(protocol, port, self.pid());
+            if holders.others && !holders.ours {
+                return Readiness::PortTaken;
+            }
+            if holders.ours && answers() {
+                return Readiness::Ready;
             }
             if Instant::now() >= deadline {
                 return Readiness::TimedOut;
@@ -176,7 +183,68 @@ enum Readiness {
     Ready,
     /// The process exited before it answered, with its exit status.
     Exited(String),
+    /// Another process holds the port, and this one does not.
+    PortTaken,
     TimedOut,
+}
+
+/// Who has a socket bound to a local port, from `/proc/net/{udp,tcp}` and the socket inodes
+/// among a process's open files.
+struct PortHolders {
+    /// The emulator process has one.
+    ours: bool,
+    /// Some other process has one.
+    others: bool,
+}
+
+impl PortHolders {
+    fn find(protocol: Protocol, port: u16, pid: u32) -> Self {
+        let (table, bound_state) = match protocol {
+            Protocol::Udp => ("/proc/net/udp", None),
+            // TCP: only a listening socket holds the port; the probes' closed connections
+            // linger in the table, but without an inode.
+            Protocol::Tcp => ("/proc/net/tcp", Some("0A")),
+        };
+        let bound_inodes: Vec<u64> = fs::read_to_string(table)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let local_port = fields.get(1)?.rsplit(':').next()?;
+                let state = fields.get(3)?;
+                let inode: u64 = fields.get(9)?.parse().ok()?;
+                let on_port = u16::from_str_radix(local_port, 16).ok()? == port;
+                let bound = bound_state.is_none_or(|wanted| *state == wanted);
+                (on_port && bound && inode != 0).then_some(inode)
+            })
+            .collect();
+        let our_sockets = socket_inodes(pid);
+        Self {
+            ours: bound_inodes.iter().any(|inode| our_sockets.contains(inode)),
+            others: bound_inodes
+                .iter()
+                .any(|inode| !our_sockets.contains(inode)),
+        }
+    }
+}
+
+/// The inodes of the sockets process `pid` has open (`/proc/PID/fd/N -> socket:[INODE]`).
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.filter_map(|fd| {
+        let target = fs::read_link(fd.ok()?.path()).ok()?;
+        let target = target.to_str()?;
+        target
+            .strip_prefix("socket:[")?
+            .strip_suffix(']')?
+            .parse()
+            .ok()
+    })
+    .collect()
 }
 
 /// Start an emulator on a fresh port, again on a new port when it lost the port to another
@@ -191,10 +259,16 @@ fn start_on_free_port(
     for attempt in 1..=PORT_ATTEMPTS {
         let port = free_loopback_port(protocol)?;
         let mut process = launch(port)?;
-        match process.wait_until_ready(|| answers(port)) {
+        match process.wait_until_ready(protocol, port, || answers(port)) {
             Readiness::Ready => return Ok((process, port)),
+            Readiness::PortTaken if attempt < PORT_ATTEMPTS => continue,
             Readiness::Exited(_) if process.lost_port_race() && attempt < PORT_ATTEMPTS => {
                 continue;
+            }
+            Readiness::PortTaken => {
+                return Err(
+                    process.not_ready(&format!("found {LOOPBACK}:{port} taken by another process"))
+                );
             }
             Readiness::Exited(status) => {
                 return Err(process.not_ready(&format!(
