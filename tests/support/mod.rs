@@ -4,4 +4,5 @@ pub mod apiserver;
 pub mod cgroups;
 pub mod debian;
 pub mod fake_fence_agents;
+pub mod fence_emulators;
 pub mod real;
