@@ -463,7 +463,10 @@ exit 1"#,
     );
     assert_eq!(run.status.code(), Some(1));
     let log = text(&run.stderr);
-    assert!(log.contains("running fence agent") && log.contains("\"password\""), "parameter names are logged: {log}");
+    assert!(
+        log.contains("running fence agent") && log.contains("\"password\""),
+        "parameter names are logged: {log}"
+    );
     for output in [&probe, &probe_json, &run, &run_json] {
         let all = text(&output.stdout) + &text(&output.stderr);
         assert!(!all.contains(password), "password shown:\n{all}");
