@@ -499,13 +499,26 @@ fn agent_input(action: &str, parameters: &[Parameter]) -> String {
     for parameter in parameters {
         input.push_str(&parameter.name);
         input.push('=');
-        input.push_str(parameter.value.expose());
+        input.push_str(&stdin_value(parameter.value.expose()));
         input.push('\n');
     }
     input.push_str("action=");
     input.push_str(action);
     input.push('\n');
     input
+}
+
+/// A value as the agents' stdin parser gives it back unchanged. fencing.py strips each
+/// line's surrounding whitespace and then one pair of surrounding double quotes, so a
+/// value with leading or trailing whitespace, or itself wrapped in quotes (a password
+/// may be either), is wrapped in one more pair of quotes.
+fn stdin_value(value: &str) -> std::borrow::Cow<'_, str> {
+    let quoted = value.len() >= 2 && value.starts_with('"') && value.ends_with('"');
+    if quoted || value.trim() != value {
+        std::borrow::Cow::Owned(format!("\"{value}\""))
+    } else {
+        std::borrow::Cow::Borrowed(value)
+    }
 }
 
 /// `text` with every occurrence of every secret replaced by `***`, longest first so a
@@ -570,5 +583,54 @@ impl Captured {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What fencing.py's `_parse_input_stdin` makes of one `key=value` line: the line
+    /// stripped, split at the first `=`, one pair of surrounding quotes removed.
+    fn as_the_agent_reads(line: &str) -> (String, String) {
+        let line = line.trim();
+        let (key, value) = line.split_once('=').unwrap_or((line, ""));
+        let value = if value.len() >= 2 && value.starts_with('"') && value.ends_with('"') {
+            &value[1..value.len() - 1]
+        } else {
+            value
+        };
+        (key.to_string(), value.to_string())
+    }
+
+    #[test]
+    fn every_value_reaches_the_agent_unchanged() {
+        for value in [
+            "plain",
+            "with=equals",
+            "\"quoted\"",
+            "\"",
+            "\"\"",
+            " leading",
+            "trailing ",
+            "\" both \"",
+            "in\"side",
+            "#hash",
+        ] {
+            let line = format!("password={}", stdin_value(value));
+            assert_eq!(
+                as_the_agent_reads(&line),
+                ("password".to_string(), value.to_string()),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn redaction_masks_the_longest_secret_whole() {
+        assert_eq!(
+            redact("pw=abcdef and abc", &["abc", "abcdef", ""]),
+            "pw=*** and ***"
+        );
     }
 }
