@@ -29,15 +29,23 @@ pub async fn wait_or_kill_group(child: &mut Child, timeout: Duration) -> std::io
         Err(_) => {
             // The child is not reaped yet, so its pid still names its group.
             if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
-                // ESRCH means the group is already gone.
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+                kill_group(pid);
             }
             // Reap it; an error means it exited meanwhile.
             let _ = child.kill().await;
             Ok(Waited::TimedOut)
         }
+    }
+}
+
+/// SIGKILLs process group `group`. Called for a group this process created, while its
+/// leader is unreaped or just after: a group id is not reused while any member lives.
+pub fn kill_group(group: i32) {
+    if group > 1 {
+        // ESRCH means the group is already gone.
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(group),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }

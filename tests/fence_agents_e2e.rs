@@ -38,7 +38,7 @@ fn config_map(name: &str, key: &str, properties: &str) -> String {
 
 fn secret(name: &str, key: &str, value: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\nstringData:\n  {key}: {value:?}\n---\n"
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  labels:\n    fencing.nodekeeper.io/credentials: \"true\"\nstringData:\n  {key}: {value:?}\n---\n"
     )
 }
 
@@ -140,7 +140,7 @@ fn ipmi_probe_then_power_off_confirmed_then_on() {
     );
     assert_eq!(code, Some(0), "{out}");
     assert!(
-        out.contains("ipmi-off (fence_ipmilan off): ok, power OFF confirmed by status"),
+        out.contains("ipmi-off (fence_ipmilan off): ok, OFF confirmed by status"),
         "{out}"
     );
     assert!(
@@ -314,11 +314,11 @@ fn a_failing_bmc_hands_over_to_two_pdu_outlets() {
         "{out}"
     );
     assert!(
-        out.contains("pdu-a-off (fence_apc_snmp off): ok, power OFF confirmed by status"),
+        out.contains("pdu-a-off (fence_apc_snmp off): ok, OFF confirmed by status"),
         "{out}"
     );
     assert!(
-        out.contains("pdu-b-off (fence_apc_snmp off): ok, power OFF confirmed by status"),
+        out.contains("pdu-b-off (fence_apc_snmp off): ok, OFF confirmed by status"),
         "{out}"
     );
     assert!(bmc.power_is_on(), "the BMC refused the wrong password");
@@ -382,7 +382,7 @@ fn redfish_over_https_is_probed_and_powered_off_with_confirmation() {
     );
     assert_eq!(code, Some(0), "{out}");
     assert!(
-        out.contains("redfish-off (fence_redfish off): ok, power OFF confirmed by status"),
+        out.contains("redfish-off (fence_redfish off): ok, OFF confirmed by status"),
         "{out}"
     );
     assert_eq!(bmc.power_state().as_deref(), Ok("Off"));
@@ -420,19 +420,30 @@ fn storage_isolation_runs_as_its_own_step_before_power() {
             "--step",
             "isolation",
             "--yes",
+            // fence_dummy keeps its state in a file: a test rig's option, allowed here.
+            "--allow-option",
+            "status_file",
         ],
         dir.path(),
         &[],
     );
     assert_eq!(code, Some(0), "{out}");
     assert!(
-        out.contains("Step isolation succeeded; power OFF confirmed by status."),
+        out.contains("Step isolation succeeded; OFF confirmed by status."),
         "{out}"
     );
     assert_eq!(std::fs::read_to_string(&fabric).expect("read"), "off");
     let (code, out) = run(
         &[
-            "fence", "run", "--node", "worker-4", "--step", "recovery", "--yes",
+            "fence",
+            "run",
+            "--node",
+            "worker-4",
+            "--step",
+            "recovery",
+            "--yes",
+            "--allow-option",
+            "status_file",
         ],
         dir.path(),
         &[],

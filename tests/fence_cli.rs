@@ -57,7 +57,7 @@ fn config_map(name: &str, key: &str, properties: &str) -> String {
 
 fn secret(name: &str, key: &str, value: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\nstringData:\n  {key}: {value:?}\n---\n"
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  labels:\n    fencing.nodekeeper.io/credentials: \"true\"\nstringData:\n  {key}: {value:?}\n---\n"
     )
 }
 
@@ -272,6 +272,8 @@ fn fence_run_without_yes_only_says_what_it_would_do() {
         &dir.path().display().to_string(),
         "--agents-dir",
         &agents.path().display().to_string(),
+        "--allow-option",
+        "status_file",
     ]);
     let stdout = text(&output.stdout);
     assert_eq!(
@@ -317,6 +319,8 @@ fn fence_run_falls_back_to_the_second_alternative_and_confirms_off() {
         &dir.path().display().to_string(),
         "--agents-dir",
         &agents.path().display().to_string(),
+        "--allow-option",
+        "status_file",
     ]);
     let stdout = text(&output.stdout);
     let stderr = text(&output.stderr);
@@ -325,13 +329,13 @@ fn fence_run_falls_back_to_the_second_alternative_and_confirms_off() {
         stdout.contains("  alternative 1: failed\n    dummy-off (fence_dummy off): FAILED"),
         "{stdout}"
     );
-    assert!(stdout.contains("  alternative 2: succeeded\n    outlet-a (fence_switch off): ok, power OFF confirmed by status"), "{stdout}");
+    assert!(stdout.contains("  alternative 2: succeeded\n    outlet-a (fence_switch off): ok, OFF confirmed by status"), "{stdout}");
     assert!(
-        stdout.contains("    outlet-b (fence_switch off): ok, power OFF confirmed by status"),
+        stdout.contains("    outlet-b (fence_switch off): ok, OFF confirmed by status"),
         "{stdout}"
     );
     assert!(
-        stdout.ends_with("Step power-management succeeded; power OFF confirmed by status.\n"),
+        stdout.ends_with("Step power-management succeeded; OFF confirmed by status.\n"),
         "{stdout}"
     );
     assert_eq!(
@@ -353,6 +357,8 @@ fn fence_run_falls_back_to_the_second_alternative_and_confirms_off() {
         &dir.path().display().to_string(),
         "--agents-dir",
         &agents.path().display().to_string(),
+        "--allow-option",
+        "status_file",
     ]);
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(
@@ -576,6 +582,12 @@ async fn the_configuration_is_read_from_the_cluster_with_secrets_fetched_by_name
             ),
         ),
         (format!("unrelated-{suffix}"), "other", "x".to_string()),
+        // Another node's method: its Secret is not read when fencing this node.
+        (
+            format!("fence-method-ipmi-other-node-{suffix}"),
+            "method.properties",
+            format!("agent_name=fence_ipmilan\npassword_secret=other-bmc-{suffix}/password"),
+        ),
     ]
     .into_iter()
     .map(|(name, key, text)| ConfigMap {
@@ -596,6 +608,13 @@ async fn the_configuration_is_read_from_the_cluster_with_secrets_fetched_by_name
     let bmc = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(format!("bmc-{suffix}")),
+            labels: Some(
+                [(
+                    "fencing.nodekeeper.io/credentials".to_string(),
+                    "true".to_string(),
+                )]
+                .into(),
+            ),
             ..Default::default()
         },
         string_data: Some([("password".to_string(), "cluster-s3cret".to_string())].into()),
@@ -606,7 +625,8 @@ async fn the_configuration_is_read_from_the_cluster_with_secrets_fetched_by_name
         .await
         .expect("create Secret");
 
-    let loaded = nodekeeper::kubernetes::fencing::load_fence_objects(&client, &namespace).await;
+    let loaded =
+        nodekeeper::kubernetes::fencing::load_fence_objects(&client, &namespace, &node).await;
     let plan = loaded
         .as_ref()
         .map_err(ToString::to_string)
@@ -643,6 +663,11 @@ async fn the_configuration_is_read_from_the_cluster_with_secrets_fetched_by_name
             "{stdout}"
         );
         assert!(!stdout.contains("cluster-s3cret"));
+        let other = format!("other-bmc-{suffix}");
+        assert!(
+            fake.requests().iter().all(|r| !r.path.contains(&other)),
+            "another node's Secret was read"
+        );
         let accesses = fake.rbac_accesses();
         let access = |verb: &str, resource: &str| RbacAccess {
             verb: verb.to_string(),

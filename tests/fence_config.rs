@@ -7,7 +7,9 @@ mod support;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use nodekeeper::fencing::config::{Layer, ParameterValue};
+use nodekeeper::fencing::config::{
+    Layer, ParameterValue, ResolvePolicy, referenced_secrets, resolve_with,
+};
 use nodekeeper::fencing::{
     FenceAction, FenceObjects, FencePlan, ObjectOrigin, SecretValue, Step, resolve,
 };
@@ -462,7 +464,7 @@ fn each_broken_configuration_gets_a_precise_error() {
                     "agent_name=fence_ipmilan\npassword_script=/tmp/x",
                 ),
             ],
-            "node n1, method m, ConfigMap fence-method-m-n1, key method.properties: password_script would make the agent run or write a path chosen by a ConfigMap; nodekeeper does not pass it (write password_secret=<secret>/<key> instead: credentials come from Secrets)",
+            "node n1, method m, ConfigMap fence-method-m-n1, key method.properties: nodekeeper does not pass password_script to agents: credentials come from Secrets: write password_secret=<secret>/<key>",
         ),
         (
             vec![
@@ -473,7 +475,7 @@ fn each_broken_configuration_gets_a_precise_error() {
                     "agent_name=fence_ipmilan\nipmitool-path=/tmp/evil",
                 ),
             ],
-            "node n1, method m, ConfigMap fence-method-m-n1, key method.properties: ipmitool-path would make the agent run or write a path chosen by a ConfigMap; nodekeeper does not pass it",
+            "node n1, method m, ConfigMap fence-method-m-n1, key method.properties: nodekeeper does not pass ipmitool-path to agents: it makes the agent run a program, or read or write a file, chosen by a ConfigMap (an operator can allow it with --allow-option)",
         ),
         (
             vec![
@@ -577,7 +579,7 @@ fn secrets_that_are_missing_or_unsafe_are_errors_that_never_show_the_value() {
     let error = error_of(&with_newline, "n1");
     assert_eq!(
         error,
-        "node n1, method m, ConfigMap fence-method-m-n1, key method.properties: the value of password_secret holds a line break or NUL byte, which would pass further options to the agent (a Secret made with --from-file keeps the file's final newline; use --from-literal)"
+        "node n1, method m, ConfigMap fence-method-m-n1, key method.properties: the value of password_secret holds a line break or NUL byte, which could pass further options or commands to the agent (a Secret made with --from-file keeps the file's final newline; use --from-literal)"
     );
     assert!(!error.contains("hunter2"));
 }
@@ -630,4 +632,191 @@ fn the_plan_as_json_masks_every_credential() {
         json.contains("\"secret\":\"bmc\""),
         "names the Secret: {json}"
     );
+}
+
+/// The error, if any, of node n1's one method `m` (agent `fence_x`) with `properties`
+/// added, resolved under `policy`.
+fn method_error(properties: &str, policy: &ResolvePolicy) -> Option<String> {
+    let mut objects = objects(&[("fence-config-n1", "config.properties", "power_management=m")]);
+    let text = format!("agent_name=fence_x\n{properties}");
+    objects
+        .insert_config_map(
+            "fence-method-m-n1",
+            BTreeMap::from([("method.properties".to_string(), text)]),
+            ObjectOrigin::Cluster,
+        )
+        .expect("insert");
+    resolve_with(&objects, "n1", policy)
+        .err()
+        .map(|e| e.to_string())
+}
+
+#[test]
+fn a_config_map_cannot_make_an_agent_run_programs_write_files_or_fake_an_off() {
+    let safe = ResolvePolicy::default();
+    for (option, reason) in [
+        (
+            "ssh_options=-oProxyCommand=touch${IFS}/tmp/x",
+            "it makes the agent run a program, or read or write a file, chosen by a ConfigMap (an operator can allow it with --allow-option)",
+        ),
+        (
+            "runonfail=touch /tmp/x",
+            "it makes the agent run a program, or read or write a file, chosen by a ConfigMap (an operator can allow it with --allow-option)",
+        ),
+        (
+            "exec=/bin/sh",
+            "it makes the agent run a program, or read or write a file, chosen by a ConfigMap (an operator can allow it with --allow-option)",
+        ),
+        (
+            "identity-file=/root/.ssh/id_rsa",
+            "it makes the agent run a program, or read or write a file, chosen by a ConfigMap (an operator can allow it with --allow-option)",
+        ),
+        (
+            "status_file=/etc/passwd",
+            "it makes the agent run a program, or read or write a file, chosen by a ConfigMap (an operator can allow it with --allow-option)",
+        ),
+        (
+            "verbose=1",
+            "it makes the agent log its traffic, credentials included, where nodekeeper cannot redact it",
+        ),
+        (
+            "missing_as_off=1",
+            "it makes status report OFF for a plug that does not exist, which would count as a confirmed fence",
+        ),
+        (
+            "option=reboot",
+            "it is the old name of action; write action=",
+        ),
+    ] {
+        let key = option.split('=').next().unwrap_or_default();
+        assert_eq!(
+            method_error(option, &safe),
+            Some(format!(
+                "node n1, method m, ConfigMap fence-method-m-n1, key method.properties: nodekeeper does not pass {key} to agents: {reason}"
+            )),
+            "{option}"
+        );
+    }
+    let rig = ResolvePolicy {
+        allowed_options: ["status_file".to_string()].into(),
+    };
+    assert_eq!(method_error("status_file=/tmp/dummy.status", &rig), None);
+}
+
+#[test]
+fn plain_values_that_could_become_arguments_or_commands_are_refused() {
+    let safe = ResolvePolicy::default();
+    for (value, problem) in [
+        ("ip=127.0.0.1 -oProxyCommand=x", "holds whitespace"),
+        ("ip=-oProxyCommand=x", "starts with '-'"),
+        ("plug=1;reboot", "holds a quote or shell character"),
+        ("systems_uri=$(id)", "holds a quote or shell character"),
+        ("username=a'b", "holds a quote or shell character"),
+    ] {
+        let key = value.split('=').next().unwrap_or_default();
+        assert_eq!(
+            method_error(value, &safe),
+            Some(format!(
+                "node n1, method m, ConfigMap fence-method-m-n1, key method.properties: the value of {key} {problem}, which could pass further options or commands to the agent"
+            )),
+            "{value}"
+        );
+    }
+    // Credentials are passed as they are: a password may hold anything but a line break.
+    assert_eq!(method_error("password=p a$s'w;rd", &safe), None);
+    assert_eq!(
+        method_error(
+            "systems_uri=/redfish/v1/Systems/1\nplug=node-1.rack_2",
+            &safe
+        ),
+        None
+    );
+}
+
+#[test]
+fn a_fencing_alternative_must_turn_something_off() {
+    let objects = objects(&[
+        (
+            "fence-config-n1",
+            "config.properties",
+            "power_management=ipmi-off | pdu-on\nrecovery=pdu-on",
+        ),
+        (
+            "fence-method-ipmi-off-n1",
+            "method.properties",
+            "agent_name=fence_ipmilan",
+        ),
+        (
+            "fence-method-pdu-on-n1",
+            "method.properties",
+            "agent_name=fence_apc_snmp\naction=on",
+        ),
+    ]);
+    assert_eq!(
+        error_of(&objects, "n1"),
+        "node n1, ConfigMap fence-config-n1, key config.properties: alternative 2 of step power-management has no method that turns anything off (action off or reboot), so it could never fence the node"
+    );
+}
+
+#[test]
+fn only_secrets_marked_as_fence_credentials_are_used() {
+    let yaml = "apiVersion: v1\nkind: Secret\nmetadata: {name: kube-admin}\nstringData: {token: x}\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: bmc\n  labels: {fencing.nodekeeper.io/credentials: \"true\"}\nstringData: {password: pw}\n";
+    let mut objects = objects(&[
+        (
+            "fence-config-n1",
+            "config.properties",
+            "power_management=a | b",
+        ),
+        (
+            "fence-method-a-n1",
+            "method.properties",
+            "agent_name=fence_ipmilan\npassword_secret=kube-admin/token",
+        ),
+        (
+            "fence-method-b-n1",
+            "method.properties",
+            "agent_name=fence_ipmilan\npassword_secret=bmc/password",
+        ),
+    ]);
+    objects
+        .add_yaml(yaml, Path::new("secrets.yaml"))
+        .expect("secrets load");
+    assert_eq!(
+        error_of(&objects, "n1"),
+        "node n1, method a, ConfigMap fence-method-a-n1, key method.properties: password_secret names Secret kube-admin, which cannot be used: it lacks the label fencing.nodekeeper.io/credentials=true, which marks the Secrets fence agents may receive"
+    );
+}
+
+#[test]
+fn only_the_nodes_own_methods_and_templates_name_the_secrets_to_read() {
+    let objects = objects(&[
+        (
+            "fence-config-n1",
+            "config.properties",
+            "power_management=a\nrecovery=b",
+        ),
+        ("fence-config-n1", "fence-method-b", "template=t\nplug=1"),
+        (
+            "fence-method-a-n1",
+            "method.properties",
+            "agent_name=fence_ipmilan\npassword_secret=bmc-n1/password",
+        ),
+        (
+            "t",
+            "template.properties",
+            "agent_name=fence_apc_snmp\ncommunity_secret=pdu/community",
+        ),
+        (
+            "fence-method-a-n2",
+            "method.properties",
+            "agent_name=fence_ipmilan\npassword_secret=bmc-n2/password",
+        ),
+        (
+            "unused-template",
+            "template.properties",
+            "password_secret=elsewhere/password",
+        ),
+    ]);
+    let names: Vec<String> = referenced_secrets(&objects, "n1").into_iter().collect();
+    assert_eq!(names, ["bmc-n1", "pdu"]);
 }

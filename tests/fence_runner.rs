@@ -248,7 +248,8 @@ async fn endless_output_is_capped_and_does_not_block_the_agent() {
     let call = runner.call("fence_chatty", "status", &[]).await;
     assert_eq!(call.exit, Exit::Code { code: 0 });
     assert_eq!(call.power, Some(PowerState::On));
-    assert_eq!(call.output.len(), 1000);
+    // The end is kept (the verdict is the last line), without the cut line before it.
+    assert_eq!(call.output, "Status: ON\n");
 }
 
 #[tokio::test]
@@ -356,5 +357,141 @@ async fn the_real_fence_dummy_is_powered_off_and_on_with_confirmation() {
             .as_deref()
             .unwrap_or_default()
             .starts_with("off failed (exit code 1")
+    );
+}
+
+#[tokio::test]
+async fn values_reach_the_real_fencing_library_unchanged_even_with_quotes_or_spaces() {
+    require!("fence-agents", real::program("fence_dummy", "fence-agents"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let runner = runner(Path::new("/usr/sbin"), Duration::from_secs(20));
+    // fencing.py strips each stdin line and one pair of surrounding quotes; the runner
+    // quotes such values so the agent gets them exactly.
+    for name in ["\"quoted\"", "trailing space ", " leading"] {
+        let path = dir.path().join(name);
+        let call = runner
+            .call(
+                "fence_dummy",
+                "on",
+                &[text("status_file", &path.display().to_string())],
+            )
+            .await;
+        assert!(call.succeeded(), "{name:?}: {call:?}");
+        assert_eq!(
+            std::fs::read_to_string(&path).ok().as_deref(),
+            Some("on"),
+            "fence_dummy wrote to another file than {path:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn booleans_go_to_the_agent_as_it_reads_them_and_its_environment_is_clean() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spy = dir.path().join("stdin");
+    let environ = dir.path().join("environ");
+    install(
+        dir.path(),
+        "fence_spy",
+        &format!(
+            "printf '%s\\n' \"$input\" >> {}\ntr '\\0' '\\n' < /proc/$$/environ > {}\necho 'Status: ON'\nexit 0",
+            spy.display(),
+            environ.display()
+        ),
+    );
+    let runner = runner(dir.path(), Duration::from_secs(20));
+    runner.metadata("fence_spy").await.expect("metadata");
+    runner
+        .call(
+            "fence_spy",
+            "status",
+            &[text("ssl_insecure", "0"), text("plug", "1")],
+        )
+        .await;
+    runner
+        .call("fence_spy", "status", &[text("ssl-insecure", "yes")])
+        .await;
+    let stdin = std::fs::read_to_string(&spy).expect("stdin recorded");
+    assert_eq!(
+        stdin, "plug=1\naction=status\nssl-insecure=1\naction=status\n",
+        "a false boolean is left out (agents test presence), a true one is 1"
+    );
+    let environ = std::fs::read_to_string(&environ).expect("environ recorded");
+    let names: Vec<&str> = environ
+        .lines()
+        .filter_map(|line| line.split('=').next())
+        .filter(|name| !name.is_empty())
+        .collect();
+    for name in &names {
+        assert!(
+            [
+                "PATH",
+                "LANG",
+                "PYTHONWARNINGS",
+                "PWD",
+                "SHLVL",
+                "_",
+                "REQUESTS_CA_BUNDLE",
+                "SSL_CERT_FILE",
+                "SSL_CERT_DIR",
+            ]
+            .contains(name)
+                || name.ends_with("_proxy")
+                || name.ends_with("_PROXY")
+                || *name == "TZ",
+            "{name} passed to the agent: {names:?}"
+        );
+    }
+    assert!(
+        !names.contains(&"HOME"),
+        "HOME would bring the user's ssh config along"
+    );
+}
+
+#[tokio::test]
+async fn exit_code_2_without_saying_off_is_not_taken_for_off() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    install(
+        dir.path(),
+        "fence_confused",
+        "echo 'Failed: bad arguments'; exit 2",
+    );
+    let runner = runner(dir.path(), Duration::from_secs(20));
+    let call = runner.call("fence_confused", "status", &[]).await;
+    assert_eq!(call.exit, Exit::Code { code: 2 });
+    assert_eq!(call.power, None);
+    let result = runner
+        .execute(&method("fence_confused", FenceAction::Off, Vec::new()))
+        .await;
+    assert!(!result.succeeded && !result.off_confirmed, "{result:#?}");
+}
+
+#[tokio::test]
+async fn children_an_agent_leaves_behind_are_killed_when_it_exits() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pids = dir.path().join("pids");
+    install(
+        dir.path(),
+        "fence_leaky",
+        &format!(
+            "sleep 300 > /dev/null 2>&1 &\necho $! > {}\necho 'Status: ON'\nexit 0",
+            pids.display()
+        ),
+    );
+    let runner = runner(dir.path(), Duration::from_secs(20));
+    let call = runner.call("fence_leaky", "status", &[]).await;
+    assert!(call.succeeded(), "{call:?}");
+    let child: i32 = std::fs::read_to_string(&pids)
+        .expect("pid written")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process_exists(child) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !process_exists(child),
+        "the agent's child {child} outlived it"
     );
 }

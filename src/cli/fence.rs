@@ -56,15 +56,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_fence_step(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let objects = args.source.objects().await?;
+    let objects = args.source.objects(&args.node).await?;
     let runner = FenceRunner::new(fencing::RunnerSettings {
         verify_timeout: args.verify_timeout,
         ..args.source.runner_settings()
     });
-    let mut plan = fencing::resolve(&objects, &args.node)?;
+    let mut plan = fencing::config::resolve_with(&objects, &args.node, &args.source.policy())?;
     let check = fencing::check_agents(&mut plan, &runner).await;
-    if !check.errors.is_empty() {
-        return Err(fencing::ConfigErrors(check.errors).into());
+    let problems = check.problems();
+    if !problems.is_empty() {
+        anyhow::bail!(problems.join("\nerror: "));
     }
     for warning in &plan.warnings {
         eprintln!("warning: {warning}");
@@ -92,7 +93,21 @@ async fn run_fence_step(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let result = run_step(&runner, step).await;
+    // The agents run in process groups of their own, so Ctrl-C at the terminal does not
+    // reach them: on SIGINT or SIGTERM, kill them before exiting.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("watching for SIGTERM")?;
+    let result = tokio::select! {
+        result = run_step(&runner, step) => result,
+        _ = tokio::signal::ctrl_c() => {
+            runner.kill_running();
+            anyhow::bail!("interrupted: the running fence agents were killed; the step's outcome is unknown");
+        }
+        _ = terminate.recv() => {
+            runner.kill_running();
+            anyhow::bail!("terminated: the running fence agents were killed; the step's outcome is unknown");
+        }
+    };
     match args.output {
         OutputFormat::Table => print!("{}", report::render_step_result(&plan.node, &result)),
         OutputFormat::Json => {

@@ -48,16 +48,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let objects = args.source.objects().await?;
+    let objects = args.source.objects(&args.node).await?;
     let runner = FenceRunner::new(args.source.runner_settings());
-    let (mut plan, mut errors) = match fencing::resolve(&objects, &args.node) {
-        Ok(plan) => (Some(plan), Vec::new()),
-        Err(errors) => (None, errors.0),
-    };
+    let (mut plan, mut errors): (_, Vec<String>) =
+        match fencing::config::resolve_with(&objects, &args.node, &args.source.policy()) {
+            Ok(plan) => (Some(plan), Vec::new()),
+            Err(errors) => (None, errors.0.iter().map(ToString::to_string).collect()),
+        };
     let mut agent_check = None;
     if let Some(plan) = plan.as_mut() {
         let found = fencing::check_agents(plan, &runner).await;
-        errors.extend(found.errors.iter().cloned());
+        errors.extend(found.problems());
         agent_check = Some(found);
     }
     let mut probes = Vec::new();
@@ -84,7 +85,7 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
                 "node": args.node,
                 "valid": errors.is_empty(),
                 "plan": plan,
-                "errors": errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "errors": errors,
                 "warnings": plan.as_ref().map(|p| p.warnings.iter().map(ToString::to_string).collect::<Vec<_>>()).unwrap_or_default(),
                 "notInstalled": agent_check.as_ref().map(|c| c.not_installed.clone()).unwrap_or_default(),
                 "probe": if args.probe && !probe_skipped { Some(&probes) } else { None },

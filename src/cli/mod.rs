@@ -80,11 +80,15 @@ pub struct FenceSourceArgs {
     /// its process group and counts as failed.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub timeout: std::time::Duration,
+    /// Pass this agent option although it names a file or program (e.g. fence_dummy's
+    /// `status_file` on a test rig); repeatable. ConfigMaps cannot allow it themselves.
+    #[arg(long = "allow-option", value_name = "OPTION")]
+    pub allowed_options: Vec<String>,
 }
 
 impl FenceSourceArgs {
-    /// The ConfigMaps and Secrets, from `--from DIR` or from the cluster.
-    pub async fn objects(&self) -> anyhow::Result<nodekeeper::fencing::FenceObjects> {
+    /// The ConfigMaps and Secrets for `node`, from `--from DIR` or from the cluster.
+    pub async fn objects(&self, node: &str) -> anyhow::Result<nodekeeper::fencing::FenceObjects> {
         use anyhow::Context;
         if let Some(dir) = &self.from {
             return Ok(nodekeeper::fencing::FenceObjects::from_dir(dir)?);
@@ -101,9 +105,20 @@ impl FenceSourceArgs {
             .clone()
             .unwrap_or_else(|| config.default_namespace.clone());
         let client = nodekeeper::kubernetes::build_client(config)?;
-        nodekeeper::kubernetes::fencing::load_fence_objects(&client, &namespace)
+        nodekeeper::kubernetes::fencing::load_fence_objects(&client, &namespace, node)
             .await
             .with_context(|| format!("reading the fence configuration in namespace {namespace}"))
+    }
+
+    /// What the operator allowed beyond the safe defaults.
+    pub fn policy(&self) -> nodekeeper::fencing::config::ResolvePolicy {
+        nodekeeper::fencing::config::ResolvePolicy {
+            allowed_options: self
+                .allowed_options
+                .iter()
+                .map(|option| option.replace('-', "_"))
+                .collect(),
+        }
     }
 
     pub fn runner_settings(&self) -> nodekeeper::fencing::RunnerSettings {

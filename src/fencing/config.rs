@@ -18,6 +18,7 @@
 //! Resolution is a pure function of the objects; `metadata.rs` then checks each method
 //! against its agent's own description of its parameters.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
 
@@ -485,20 +486,34 @@ pub enum FenceConfigError {
         second: String,
     },
     #[error(
-        "{at}: the value of {property} holds a line break or NUL byte, which would pass further options to the agent{hint}"
+        "{at}: the value of {property} {problem}, which could pass further options or commands to the agent{hint}"
     )]
     UnsafeValue {
         at: Place,
         property: String,
+        problem: String,
         hint: String,
     },
-    #[error(
-        "{at}: {property} would make the agent run or write a path chosen by a ConfigMap; nodekeeper does not pass it{hint}"
-    )]
+    #[error("{at}: nodekeeper does not pass {property} to agents: {reason}")]
     ForbiddenOption {
         at: Place,
         property: String,
-        hint: String,
+        reason: String,
+    },
+    #[error("{at}: {property} names Secret {secret}, which cannot be used: {reason}")]
+    UnusableSecret {
+        at: Place,
+        property: String,
+        secret: String,
+        reason: String,
+    },
+    #[error(
+        "{at}: alternative {alternative} of step {step} has no method that turns anything off (action off or reboot), so it could never fence the node"
+    )]
+    NothingTurnedOff {
+        at: Place,
+        step: Step,
+        alternative: usize,
     },
     #[error("{at}: agent {agent} has no parameter {property} (see {agent} -o metadata)")]
     UnknownParameter {
@@ -566,10 +581,79 @@ const OWNED_KEYS: [&str; 6] = [
     "action",
 ];
 
-/// Resolves the fence plan for `node` from `objects`, or every error found on the way.
+/// The Secrets `node`'s configuration references (`<option>_secret=<secret>/<key>` in its
+/// methods and their templates): the only ones worth reading for it. Unreadable text
+/// references none; resolving reports it.
+pub fn referenced_secrets(objects: &FenceObjects, node: &str) -> BTreeSet<String> {
+    let parsed = |text: &str| properties::parse(text).unwrap_or_default();
+    let node_config_map = config_map_name(node);
+    let mut texts: Vec<&str> = Vec::new();
+    if let Some(data) = objects.config_map(&node_config_map) {
+        texts.extend(
+            data.iter()
+                .filter(|(key, _)| key.starts_with("fence-method-"))
+                .map(|(_, text)| text.as_str()),
+        );
+    }
+    let suffix = format!("-{node}");
+    for name in objects.config_map_names() {
+        if name.starts_with("fence-method-")
+            && name.ends_with(&suffix)
+            && let Some(text) = objects.config_map(name).and_then(|d| d.get(METHOD_KEY))
+        {
+            texts.push(text);
+        }
+    }
+    let templates: Vec<String> = texts
+        .iter()
+        .flat_map(|text| parsed(text))
+        .filter(|p| p.key == "template")
+        .map(|p| p.value)
+        .collect();
+    for template in &templates {
+        if let Some(text) = objects
+            .config_map(template)
+            .and_then(|d| d.get(TEMPLATE_KEY))
+        {
+            texts.push(text);
+        }
+    }
+    texts
+        .iter()
+        .flat_map(|text| parsed(text))
+        .filter(|p| p.key.ends_with("_secret"))
+        .filter_map(|p| {
+            p.value
+                .split_once('/')
+                .map(|(secret, _)| secret.to_string())
+        })
+        .filter(|secret| !secret.is_empty())
+        .collect()
+}
+
+/// What the operator, not a ConfigMap, allows beyond the safe defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResolvePolicy {
+    /// Options (in their `_` spelling) passed although they name a file or program, such
+    /// as fence_dummy's `status_file` on a test rig. Their values are not checked for
+    /// shell characters either.
+    pub allowed_options: BTreeSet<String>,
+}
+
+/// Resolves the fence plan for `node` from `objects` with the safe defaults, or every
+/// error found on the way.
 pub fn resolve(objects: &FenceObjects, node: &str) -> Result<FencePlan, ConfigErrors> {
+    resolve_with(objects, node, &ResolvePolicy::default())
+}
+
+/// [`resolve`] with options the operator allowed.
+pub fn resolve_with(
+    objects: &FenceObjects,
+    node: &str,
+    policy: &ResolvePolicy,
+) -> Result<FencePlan, ConfigErrors> {
     let mut errors = Vec::new();
-    let plan = resolve_collecting(objects, node, &mut errors);
+    let plan = resolve_collecting(objects, node, policy, &mut errors);
     match plan {
         Some(plan) if errors.is_empty() => Ok(plan),
         _ => Err(ConfigErrors(errors)),
@@ -579,6 +663,7 @@ pub fn resolve(objects: &FenceObjects, node: &str) -> Result<FencePlan, ConfigEr
 fn resolve_collecting(
     objects: &FenceObjects,
     node: &str,
+    policy: &ResolvePolicy,
     errors: &mut Vec<FenceConfigError>,
 ) -> Option<FencePlan> {
     let config_map = config_map_name(node);
@@ -640,14 +725,25 @@ fn resolve_collecting(
             continue;
         };
         let mut alternatives = Vec::new();
-        for methods in names {
+        for (index, methods) in names.into_iter().enumerate() {
             let mut plans = Vec::new();
+            let wanted = methods.len();
             for method in methods {
                 if let Some(plan) =
-                    resolve_method(objects, node, step, &method, &mut warnings, errors)
+                    resolve_method(objects, node, step, &method, policy, &mut warnings, errors)
                 {
                     plans.push(plan);
                 }
+            }
+            let turns_off = plans
+                .iter()
+                .any(|m| matches!(m.action, FenceAction::Off | FenceAction::Reboot));
+            if plans.len() == wanted && step != Step::Recovery && !turns_off {
+                errors.push(FenceConfigError::NothingTurnedOff {
+                    at: at.clone(),
+                    step,
+                    alternative: index + 1,
+                });
             }
             alternatives.push(Alternative { methods: plans });
         }
@@ -726,6 +822,7 @@ fn resolve_method(
     node: &str,
     step: Step,
     method: &str,
+    policy: &ResolvePolicy,
     warnings: &mut Vec<ConfigWarning>,
     errors: &mut Vec<FenceConfigError>,
 ) -> Option<MethodPlan> {
@@ -889,7 +986,8 @@ fn resolve_method(
             if OWNED_KEYS.contains(&property.key.as_str()) {
                 continue;
             }
-            let Some(parameter) = layer_parameter(objects, layer, property, &at, warnings, errors)
+            let Some(parameter) =
+                layer_parameter(objects, layer, property, &at, policy, warnings, errors)
             else {
                 continue;
             };
@@ -952,6 +1050,7 @@ fn layer_parameter(
     layer: &LayerProperties,
     property: &Property,
     at: &Place,
+    policy: &ResolvePolicy,
     warnings: &mut Vec<ConfigWarning>,
     errors: &mut Vec<FenceConfigError>,
 ) -> Option<Parameter> {
@@ -960,17 +1059,12 @@ fn layer_parameter(
         .strip_suffix("_secret")
         .filter(|name| !name.is_empty());
     let name = secret_option.unwrap_or(&property.key).to_string();
-    if is_forbidden_option(&name) {
-        let hint = if name.ends_with("_script") && name.contains("passw") {
-            " (write password_secret=<secret>/<key> instead: credentials come from Secrets)"
-                .to_string()
-        } else {
-            String::new()
-        };
+    let allowed = policy.allowed_options.contains(&name);
+    if let Some(reason) = forbidden_option(&name).filter(|_| !allowed) {
         errors.push(FenceConfigError::ForbiddenOption {
             at: at.clone(),
             property: property.written.clone(),
-            hint,
+            reason: reason.to_string(),
         });
         return None;
     }
@@ -987,11 +1081,20 @@ fn layer_parameter(
                 return None;
             };
             let Some(data) = objects.secret(secret) else {
-                errors.push(FenceConfigError::MissingSecret {
-                    at: at.clone(),
-                    property: property.written.clone(),
-                    secret: secret.to_string(),
-                });
+                let error = match objects.secret_problem(secret) {
+                    Some(reason) => FenceConfigError::UnusableSecret {
+                        at: at.clone(),
+                        property: property.written.clone(),
+                        secret: secret.to_string(),
+                        reason: reason.to_string(),
+                    },
+                    None => FenceConfigError::MissingSecret {
+                        at: at.clone(),
+                        property: property.written.clone(),
+                        secret: secret.to_string(),
+                    },
+                };
+                errors.push(error);
                 return None;
             };
             let Some(value) = data.get(key) else {
@@ -1022,17 +1125,25 @@ fn layer_parameter(
         }
         None => (ParameterValue::Text(property.value.clone()), None),
     };
-    if value.expose().contains(['\n', '\r', '\0']) {
-        let hint = if secret.is_some() {
+    let problem = if value.expose().contains(['\n', '\r', '\0']) {
+        Some("holds a line break or NUL byte")
+    } else if value.is_sensitive() || allowed {
+        // Credentials go to agents as they are; they come from Secrets or draw a warning.
+        None
+    } else {
+        unsafe_text(value.expose())
+    };
+    if let Some(problem) = problem {
+        let hint = if secret.is_some() && value.expose().ends_with('\n') {
             " (a Secret made with --from-file keeps the file's final newline; use --from-literal)"
-                .to_string()
         } else {
-            String::new()
+            ""
         };
         errors.push(FenceConfigError::UnsafeValue {
             at: at.clone(),
             property: property.written.clone(),
-            hint,
+            problem: problem.to_string(),
+            hint: hint.to_string(),
         });
         return None;
     }
@@ -1046,12 +1157,59 @@ fn layer_parameter(
     })
 }
 
-/// Options that make an agent run a program or write a file named by the configuration:
-/// whoever may edit a ConfigMap must not get to run code as the controller.
-fn is_forbidden_option(name: &str) -> bool {
-    name.ends_with("_path")
+/// Why an option is never passed to an agent from a ConfigMap, if it is one of those:
+/// whoever may edit a ConfigMap must not get to run code or write files as the
+/// controller, read the agents' traffic, or fake a confirmation.
+fn forbidden_option(name: &str) -> Option<&'static str> {
+    const RUNS_OR_WRITES: &str = "it makes the agent run a program, or read or write a file, chosen by a ConfigMap (an operator can allow it with --allow-option)";
+    if name == "option" {
+        Some("it is the old name of action; write action=")
+    } else if name.ends_with("_script") && name.contains("passw") {
+        Some("credentials come from Secrets: write password_secret=<secret>/<key>")
+    } else if name.ends_with("_path")
         || name.ends_with("_script")
-        || matches!(name, "debug" | "debug_file" | "logfile")
+        || name.ends_with("_file")
+        || matches!(
+            name,
+            "exec"
+                | "runonfail"
+                | "runonwarn"
+                | "ssh_options"
+                | "openrc"
+                | "kubeconfig"
+                | "logfile"
+        )
+    {
+        Some(RUNS_OR_WRITES)
+    } else if matches!(name, "debug" | "verbose" | "verbose_level" | "boto3_debug") {
+        Some(
+            "it makes the agent log its traffic, credentials included, where nodekeeper cannot redact it",
+        )
+    } else if name == "missing_as_off" {
+        Some(
+            "it makes status report OFF for a plug that does not exist, which would count as a confirmed fence",
+        )
+    } else {
+        None
+    }
+}
+
+/// What makes a plain value unsafe to hand an agent: several agents build shell-like
+/// command lines from option values (ssh, telnet, gnutls-cli), so a value that could be
+/// read as further arguments or commands is refused.
+fn unsafe_text(value: &str) -> Option<&'static str> {
+    if value.starts_with('-') {
+        Some("starts with '-'")
+    } else if value.chars().any(char::is_whitespace) {
+        Some("holds whitespace")
+    } else if value
+        .chars()
+        .any(|c| c.is_control() || "'\"`$;&|<>(){}\\*?!~".contains(c))
+    {
+        Some("holds a quote or shell character")
+    } else {
+        None
+    }
 }
 
 fn parse_yes_no(value: &str) -> Option<bool> {

@@ -303,7 +303,7 @@ fn value_problem(spec: &ParameterSpec, value: &str) -> Option<String> {
         "boolean" => {
             let valid = matches!(
                 value.to_ascii_lowercase().as_str(),
-                "" | "1" | "0" | "yes" | "no" | "on" | "off" | "true" | "false"
+                "1" | "0" | "yes" | "no" | "on" | "off" | "true" | "false"
             );
             (!valid).then(|| "a boolean (1, 0, yes, no, on, off, true or false)".to_string())
         }

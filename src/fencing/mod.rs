@@ -35,8 +35,22 @@ pub struct AgentCheck {
     pub errors: Vec<FenceConfigError>,
     /// Agents not installed here, whose parameters were therefore not checked.
     pub not_installed: Vec<String>,
-    /// Agents whose metadata could not be read (not a configuration error).
+    /// Agents whose metadata could not be read: their methods are unchecked, so nothing
+    /// may run them until this is fixed.
     pub unreadable: Vec<(String, String)>,
+}
+
+impl AgentCheck {
+    /// Every reason not to run the plan, one line each.
+    pub fn problems(&self) -> Vec<String> {
+        self.errors
+            .iter()
+            .map(ToString::to_string)
+            .chain(self.unreadable.iter().map(|(agent, reason)| {
+                format!("cannot check the methods using {agent}, so they may not run: {reason}")
+            }))
+            .collect()
+    }
 }
 
 /// Checks every method of `plan` against its agent's metadata, settling option aliases

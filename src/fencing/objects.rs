@@ -31,7 +31,14 @@ impl std::fmt::Display for ObjectOrigin {
 pub struct FenceObjects {
     config_maps: BTreeMap<String, (BTreeMap<String, String>, ObjectOrigin)>,
     secrets: BTreeMap<String, (BTreeMap<String, SecretValue>, ObjectOrigin)>,
+    /// Secrets that exist but may not be used, with why.
+    refused_secrets: BTreeMap<String, String>,
 }
+
+/// The label that marks a Secret as a fence credential. Only such Secrets are ever read
+/// into a plan: a ConfigMap may name any Secret, and without the mark it could have any
+/// Secret of the namespace sent to a device of its choosing.
+pub const CREDENTIALS_LABEL: &str = "fencing.nodekeeper.io/credentials";
 
 /// Why the objects could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -59,12 +66,6 @@ pub enum ObjectsError {
         kind: &'static str,
         origin: ObjectOrigin,
     },
-    #[error("Secret {name} ({origin}): key {key} is not valid UTF-8 text")]
-    NotText {
-        name: String,
-        key: String,
-        origin: ObjectOrigin,
-    },
 }
 
 impl FenceObjects {
@@ -78,6 +79,16 @@ impl FenceObjects {
 
     pub fn secret(&self, name: &str) -> Option<&BTreeMap<String, SecretValue>> {
         self.secrets.get(name).map(|(data, _)| data)
+    }
+
+    /// Why a Secret that exists cannot be used (unlabelled, unreadable, not text).
+    pub fn secret_problem(&self, name: &str) -> Option<&str> {
+        self.refused_secrets.get(name).map(String::as_str)
+    }
+
+    /// Notes that Secret `name` exists but cannot be used, and why.
+    pub fn refuse_secret(&mut self, name: &str, reason: String) {
+        self.refused_secrets.insert(name.to_string(), reason);
     }
 
     pub fn config_map_names(&self) -> impl Iterator<Item = &str> {
@@ -137,7 +148,8 @@ impl FenceObjects {
     }
 
     /// Adds a Secret: `data` (base64-decoded by the API types) and `stringData`, the latter
-    /// winning as the API server merges them.
+    /// winning as the API server merges them. A Secret without the [`CREDENTIALS_LABEL`]
+    /// set to `true`, or with a value that is not text, is noted as refused instead.
     pub fn add_secret(
         &mut self,
         secret: &Secret,
@@ -150,14 +162,30 @@ impl FenceObjects {
                 origin,
             });
         }
+        let labelled = secret
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(CREDENTIALS_LABEL))
+            .is_some_and(|value| value == "true");
+        if !labelled {
+            self.refuse_secret(
+                &name,
+                format!("it lacks the label {CREDENTIALS_LABEL}=true, which marks the Secrets fence agents may receive"),
+            );
+            return Ok(());
+        }
         let mut data = BTreeMap::new();
         for (key, bytes) in secret.data.iter().flatten() {
-            let text = String::from_utf8(bytes.0.clone()).map_err(|_| ObjectsError::NotText {
-                name: name.clone(),
-                key: key.clone(),
-                origin: origin.clone(),
-            })?;
-            data.insert(key.clone(), SecretValue::new(text));
+            match String::from_utf8(bytes.0.clone()) {
+                Ok(text) => {
+                    data.insert(key.clone(), SecretValue::new(text));
+                }
+                Err(_) => {
+                    self.refuse_secret(&name, format!("its key {key} is not UTF-8 text"));
+                    return Ok(());
+                }
+            }
         }
         for (key, text) in secret.string_data.iter().flatten() {
             data.insert(key.clone(), SecretValue::new(text.clone()));
@@ -290,7 +318,7 @@ items:
 ---
 apiVersion: v1
 kind: Secret
-metadata: {name: bmc}
+metadata: {name: bmc, labels: {fencing.nodekeeper.io/credentials: "true"}}
 data: {password: czNjcmV0}
 stringData: {user: admin}
 ---

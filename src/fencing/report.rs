@@ -186,7 +186,7 @@ pub fn render_step_result(node: &str, result: &StepResult) -> String {
         for method in &alternative.methods {
             let verdict = if method.succeeded { "ok" } else { "FAILED" };
             let confirmation = if method.off_confirmed {
-                ", power OFF confirmed by status"
+                ", OFF confirmed by status"
             } else {
                 ""
             };
@@ -218,9 +218,10 @@ pub fn render_step_result(node: &str, result: &StepResult) -> String {
         }
     }
     let verdict = match (result.succeeded, result.off_confirmed) {
-        (true, true) => "succeeded; power OFF confirmed by status",
-        (true, false) => "succeeded",
         (false, _) => "FAILED: no alternative succeeded",
+        (true, _) if result.step == super::config::Step::Recovery => "succeeded",
+        (true, true) => "succeeded; OFF confirmed by status",
+        (true, false) => "succeeded, but not every off was confirmed by status",
     };
     let _ = writeln!(out, "Step {} {verdict}.", result.step);
     out

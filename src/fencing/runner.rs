@@ -13,7 +13,7 @@
 //! - `off` counts only once `status` reports OFF (an agent may report success before the
 //!   power is really off); `reboot` is a verified `off` followed by `on`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -24,12 +24,31 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::config::{FenceAction, MethodPlan, Parameter};
+use super::metadata::ParameterSpec;
 use super::metadata::{AgentMetadata, MetadataError, parse_metadata};
 use super::secret::MASK;
-use crate::process::{Waited, in_own_group, wait_or_kill_group};
+use crate::process::{Waited, in_own_group, kill_group, wait_or_kill_group};
 
 /// Where Debian and RHEL install the agents.
 pub const DEFAULT_AGENTS_DIR: &str = "/usr/sbin";
+
+/// The `PATH` agents run with: they find ipmitool, snmpget and python here.
+const AGENT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The only variables of nodekeeper's environment an agent sees: how to reach a device
+/// through a proxy, which CA bundle to trust, the time zone.
+const PASSED_ENVIRONMENT: [&str; 10] = [
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "REQUESTS_CA_BUNDLE",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "TZ",
+];
 
 /// How the runner calls agents.
 #[derive(Debug, Clone)]
@@ -42,7 +61,7 @@ pub struct RunnerSettings {
     pub verify_timeout: Duration,
     /// The pause between two `status` calls while verifying.
     pub verify_interval: Duration,
-    /// Output kept per stream; the rest is read and dropped.
+    /// Output kept per stream, from its end; the rest is read and dropped.
     pub output_limit: usize,
 }
 
@@ -93,6 +112,10 @@ pub enum Exit {
     NotStarted {
         reason: String,
     },
+    /// The agent started, but its end could not be observed; its group was killed.
+    Lost {
+        reason: String,
+    },
 }
 
 impl std::fmt::Display for Exit {
@@ -102,6 +125,7 @@ impl std::fmt::Display for Exit {
             Exit::Signal { signal } => write!(f, "killed by signal {signal}"),
             Exit::TimedOut { seconds } => write!(f, "timed out after {seconds:.1}s"),
             Exit::NotStarted { reason } => write!(f, "not started: {reason}"),
+            Exit::Lost { reason } => write!(f, "lost: {reason}"),
         }
     }
 }
@@ -213,6 +237,8 @@ pub enum RunnerError {
 pub struct FenceRunner {
     settings: RunnerSettings,
     metadata: Mutex<HashMap<String, Arc<AgentMetadata>>>,
+    /// Process groups of the agents running now.
+    running: Mutex<HashSet<i32>>,
 }
 
 impl FenceRunner {
@@ -220,6 +246,7 @@ impl FenceRunner {
         FenceRunner {
             settings,
             metadata: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashSet::new()),
         }
     }
 
@@ -256,14 +283,14 @@ impl FenceRunner {
             return Ok(Arc::clone(known));
         }
         self.agent_path(agent)?;
-        let call = self.call(agent, "metadata", &[]).await;
+        let (call, stdout) = self.call_capturing(agent, "metadata", &[]).await;
         if !call.succeeded() {
             return Err(RunnerError::MetadataCall {
                 agent: agent.to_string(),
                 reason: call.summary(),
             });
         }
-        let metadata = Arc::new(parse_metadata(agent, &call.output)?);
+        let metadata = Arc::new(parse_metadata(agent, &stdout)?);
         self.lock_metadata()
             .insert(agent.to_string(), Arc::clone(&metadata));
         Ok(metadata)
@@ -278,6 +305,17 @@ impl FenceRunner {
 
     /// Runs `agent` once with `action` and `parameters`, all on standard input.
     pub async fn call(&self, agent: &str, action: &str, parameters: &[Parameter]) -> AgentCall {
+        self.call_capturing(agent, action, parameters).await.0
+    }
+
+    /// [`call`](Self::call), also returning standard output alone (redacted), which is
+    /// where an agent prints its metadata.
+    async fn call_capturing(
+        &self,
+        agent: &str,
+        action: &str,
+        parameters: &[Parameter],
+    ) -> (AgentCall, String) {
         let started = Instant::now();
         let secrets: Vec<&str> = parameters
             .iter()
@@ -285,27 +323,26 @@ impl FenceRunner {
             .map(|p| p.value.expose())
             .filter(|value| !value.is_empty())
             .collect();
-        let finish = |exit: Exit, power: Option<PowerState>, output: String| AgentCall {
+        let finish = |exit: Exit, power: Option<PowerState>, output: &str| AgentCall {
             agent: agent.to_string(),
             action: action.to_string(),
             exit,
             power,
             duration: started.elapsed(),
-            output: redact(&output, &secrets),
+            output: redact(output, &secrets),
         };
         let path = match self.agent_path(agent) {
             Ok(path) => path,
             Err(error) => {
-                return finish(
-                    Exit::NotStarted {
-                        reason: error.to_string(),
-                    },
-                    None,
-                    String::new(),
-                );
+                let exit = Exit::NotStarted {
+                    reason: error.to_string(),
+                };
+                return (finish(exit, None, ""), String::new());
             }
         };
-        let input = agent_input(action, parameters);
+        let known = self.lock_metadata().get(agent).cloned();
+        let parameters = as_the_agent_expects(parameters, known.as_deref());
+        let input = agent_input(action, &parameters);
         // Names only: values may be credentials.
         let names: Vec<&str> = parameters.iter().map(|p| p.name.as_str()).collect();
         tracing::debug!(agent, action, parameters = ?names, "running fence agent");
@@ -314,15 +351,28 @@ impl FenceRunner {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Nothing of the controller's environment (HOME and its ssh config, a user's
+            // locale) changes what an agent does; proxies and CA bundles pass through.
+            .env_clear()
+            .envs(std::env::vars_os().filter(|(name, _)| {
+                name.to_str()
+                    .is_some_and(|name| PASSED_ENVIRONMENT.contains(&name))
+            }))
+            .env("PATH", AGENT_PATH)
+            .env("LANG", "C.UTF-8")
             // fence_ipmilan warns about a deprecated Python module on every call.
             .env("PYTHONWARNINGS", "ignore::DeprecationWarning");
         let mut child = match in_own_group(&mut command).spawn() {
             Ok(child) => child,
             Err(error) => {
                 let reason = format!("{}: {error}", path.display());
-                return finish(Exit::NotStarted { reason }, None, String::new());
+                return (finish(Exit::NotStarted { reason }, None, ""), String::new());
             }
         };
+        let group = child.id().and_then(|pid| i32::try_from(pid).ok());
+        if let Some(group) = group {
+            self.lock_running().insert(group);
+        }
         let stdout = Captured::start(child.stdout.take(), self.settings.output_limit);
         let stderr = Captured::start(child.stderr.take(), self.settings.output_limit);
         if let Some(mut stdin) = child.stdin.take() {
@@ -334,14 +384,21 @@ impl FenceRunner {
             });
         }
         let waited = wait_or_kill_group(&mut child, self.settings.call_timeout).await;
-        let output = format!("{}{}", stdout.finish().await, stderr.finish().await);
+        if let Some(group) = group {
+            // Children the agent left behind (an ipmitool still running) die with it.
+            kill_group(group);
+            self.lock_running().remove(&group);
+        }
+        let limit = self.settings.output_limit;
+        let stdout = stdout.finish(limit).await;
+        let output = format!("{stdout}{}", stderr.finish(limit).await);
         let exit = match waited {
             Ok(Waited::Exited(status)) => {
                 use std::os::unix::process::ExitStatusExt;
                 match (status.code(), status.signal()) {
                     (Some(code), _) => Exit::Code { code },
                     (None, Some(signal)) => Exit::Signal { signal },
-                    (None, None) => Exit::NotStarted {
+                    (None, None) => Exit::Lost {
                         reason: "no exit status".to_string(),
                     },
                 }
@@ -349,16 +406,23 @@ impl FenceRunner {
             Ok(Waited::TimedOut) => Exit::TimedOut {
                 seconds: self.settings.call_timeout.as_secs_f64(),
             },
-            Err(error) => Exit::NotStarted {
+            Err(error) => Exit::Lost {
                 reason: format!("waiting for {}: {error}", path.display()),
             },
         };
+        // Exit code 2 alone is not trusted as OFF: the agent must also say so.
+        let says = |state: &str| {
+            stdout.lines().any(|line| {
+                line.trim()
+                    .eq_ignore_ascii_case(&format!("Status: {state}"))
+            })
+        };
         let power = match (action, &exit) {
             ("status", Exit::Code { code: 0 }) => Some(PowerState::On),
-            ("status", Exit::Code { code: 2 }) => Some(PowerState::Off),
+            ("status", Exit::Code { code: 2 }) if says("OFF") => Some(PowerState::Off),
             _ => None,
         };
-        let call = finish(exit, power, output);
+        let call = finish(exit, power, &output);
         tracing::debug!(
             agent,
             action,
@@ -366,7 +430,22 @@ impl FenceRunner {
             seconds = call.duration.as_secs_f64(),
             "fence agent finished"
         );
-        call
+        (call, redact(&stdout, &secrets))
+    }
+
+    /// Kills every agent this runner has running, with its process group: for a command
+    /// interrupted by Ctrl-C or SIGTERM, since the agents' own groups do not get the
+    /// terminal's signal.
+    pub fn kill_running(&self) {
+        for group in self.lock_running().drain() {
+            kill_group(group);
+        }
+    }
+
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashSet<i32>> {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Carries out a method's action and confirms it with `status`.
@@ -493,6 +572,36 @@ impl FenceRunner {
     }
 }
 
+/// The parameters as the agent reads them, when its metadata is known: a boolean set to
+/// false is left out (fencing.py and some agents treat any value, even `0`, as set), and
+/// a true one is written `1`.
+fn as_the_agent_expects(
+    parameters: &[Parameter],
+    metadata: Option<&AgentMetadata>,
+) -> Vec<Parameter> {
+    let is_boolean = |parameter: &Parameter| {
+        metadata
+            .and_then(|metadata| metadata.lookup(&parameter.name))
+            .is_some_and(|spec: &ParameterSpec| spec.content_type == "boolean")
+    };
+    parameters
+        .iter()
+        .filter_map(|parameter| {
+            if !is_boolean(parameter) {
+                return Some(parameter.clone());
+            }
+            let value = parameter.value.expose().to_ascii_lowercase();
+            if matches!(value.as_str(), "1" | "yes" | "on" | "true") {
+                let mut on = parameter.clone();
+                on.value = super::config::ParameterValue::Text("1".to_string());
+                Some(on)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
 /// The agent's standard input: one `key=value` line per parameter, the action last.
 fn agent_input(action: &str, parameters: &[Parameter]) -> String {
     let mut input = String::new();
@@ -535,15 +644,22 @@ pub fn redact(text: &str, secrets: &[&str]) -> String {
     redacted
 }
 
-/// One output stream read in the background, the first `limit` bytes kept.
+/// One output stream read in the background, its last `limit` bytes kept: an agent's
+/// verdict is its last line.
 struct Captured {
-    buffer: Arc<Mutex<Vec<u8>>>,
+    buffer: Arc<Mutex<Tail>>,
     task: Option<tokio::task::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Tail {
+    bytes: Vec<u8>,
+    truncated: bool,
 }
 
 impl Captured {
     fn start<R: AsyncRead + Unpin + Send + 'static>(stream: Option<R>, limit: usize) -> Captured {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let buffer = Arc::new(Mutex::new(Tail::default()));
         let task = stream.map(|mut stream| {
             let buffer = Arc::clone(&buffer);
             tokio::spawn(async move {
@@ -552,11 +668,16 @@ impl Captured {
                     match stream.read(&mut chunk).await {
                         Ok(0) | Err(_) => break,
                         Ok(read) => {
-                            let mut kept = buffer
+                            let mut tail = buffer
                                 .lock()
                                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-                            let room = limit.saturating_sub(kept.len());
-                            kept.extend_from_slice(&chunk[..read.min(room)]);
+                            tail.bytes.extend_from_slice(&chunk[..read]);
+                            // Trim in batches, not on every read.
+                            if tail.bytes.len() > limit.saturating_mul(2).max(16 * 1024) {
+                                let cut = tail.bytes.len() - limit;
+                                tail.bytes.drain(..cut);
+                                tail.truncated = true;
+                            }
                         }
                     }
                 }
@@ -567,7 +688,7 @@ impl Captured {
 
     /// The text read so far. The stream ends when every process holding it exits; one
     /// that escaped the killed process group may hold it open, so wait only briefly.
-    async fn finish(mut self) -> String {
+    async fn finish(mut self, limit: usize) -> String {
         if let Some(task) = self.task.take() {
             let abort = task.abort_handle();
             if tokio::time::timeout(Duration::from_secs(2), task)
@@ -577,11 +698,27 @@ impl Captured {
                 abort.abort();
             }
         }
-        let bytes = self
-            .buffer
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let tail = std::mem::take(
+            &mut *self
+                .buffer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let mut bytes = tail.bytes;
+        let mut truncated = tail.truncated;
+        if bytes.len() > limit {
+            bytes.drain(..bytes.len() - limit);
+            truncated = true;
+        }
+        if truncated {
+            // The first kept line is cut; drop it, so that no credential is shown in part
+            // (credentials hold no line breaks, so a whole one is always redacted).
+            let start = bytes
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(bytes.len(), |i| i + 1);
+            bytes.drain(..start);
+        }
         String::from_utf8_lossy(&bytes).into_owned()
     }
 }

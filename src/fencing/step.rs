@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::config::{MethodPlan, Step, StepPlan};
+use super::config::{FenceAction, MethodPlan, Step, StepPlan};
 use super::runner::{FenceRunner, MethodResult};
 
 /// Carries out one method; the runner in production, a script in tests.
@@ -36,7 +36,7 @@ pub struct AlternativeResult {
 pub struct StepResult {
     pub step: Step,
     pub succeeded: bool,
-    /// Whether a method that succeeded had `status` confirm the power OFF.
+    /// Whether the winning alternative proves the node off (see [`off_confirmed`]).
     pub off_confirmed: bool,
     pub alternatives: Vec<AlternativeResult>,
 }
@@ -80,10 +80,20 @@ pub async fn run_step<E: MethodExecutor>(executor: &E, plan: &StepPlan) -> StepR
     StepResult {
         step: plan.step,
         succeeded: winner.is_some(),
-        off_confirmed: winner
-            .is_some_and(|a| a.methods.iter().any(|m| m.succeeded && m.off_confirmed)),
+        off_confirmed: winner.is_some_and(|winner| off_confirmed(&winner.methods)),
         alternatives,
     }
+}
+
+/// Whether an alternative's results prove the node off: it turned something off, and
+/// every method that was to turn something off had `status` confirm it, including one
+/// allowed to fail (a second power supply still on keeps the node running).
+pub fn off_confirmed(methods: &[MethodResult]) -> bool {
+    let mut turning_off = methods
+        .iter()
+        .filter(|m| matches!(m.action, FenceAction::Off | FenceAction::Reboot))
+        .peekable();
+    turning_off.peek().is_some() && turning_off.all(|m| m.off_confirmed)
 }
 
 #[cfg(test)]
@@ -92,7 +102,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::fencing::config::{Alternative, FenceAction, Layer, Source};
+    use crate::fencing::config::{Alternative, Layer, Source};
 
     /// Succeeds or fails each method by name, recording the order of calls.
     struct Scripted {
@@ -201,6 +211,7 @@ mod tests {
     async fn a_method_that_may_fail_does_not_fail_its_alternative_but_cannot_carry_it_alone() {
         let (result, calls) = run("cordon? ipmi", &["cordon"]).await;
         assert!(result.succeeded);
+        assert!(!result.off_confirmed, "the failed off is not confirmed");
         assert_eq!(calls, ["cordon", "ipmi"]);
         let (result, _) = run("cordon?", &["cordon"]).await;
         assert!(!result.succeeded, "no method succeeded at all");

@@ -16,6 +16,7 @@ const METADATA: &str = r#"<?xml version="1.0" ?>
   <parameter name="plug" unique="0" required="0"><getopt mixed="-n, --plug=[id]" /><content type="string" /></parameter>
   <parameter name="username" unique="0" required="0"><getopt mixed="-l, --username=[name]" /><content type="string" /></parameter>
   <parameter name="password" unique="0" required="0"><getopt mixed="-p, --password=[password]" /><content type="string" /></parameter>
+  <parameter name="ssl_insecure" unique="0" required="0"><getopt mixed="--ssl-insecure" /><content type="boolean" /></parameter>
   <parameter name="state_dir" unique="0" required="0"><getopt mixed="--state-dir=[dir]" /><content type="string" /></parameter>
 </parameters>
 <actions><action name="on" /><action name="off" /><action name="reboot" /><action name="status" /><action name="monitor" /><action name="metadata" /></actions>
