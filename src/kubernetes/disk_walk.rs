@@ -207,17 +207,33 @@ fn lock(board: &Mutex<Board>) -> MutexGuard<'_, Board> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// How often a waiting walker looks whether its owner is gone: the wait holds the shared
+/// state, so a wakeup alone cannot be relied on to end it.
+const OWNER_CHECK: Duration = Duration::from_secs(1);
+
 fn walk_forever(shared: Weak<Shared>, max_entries: u64, period: Duration) {
     loop {
         let Some(strong) = shared.upgrade() else {
             return;
         };
-        {
+        let deadline = std::time::Instant::now() + period;
+        loop {
             let board = lock(&strong.board);
-            if !board.changed {
-                let _ = strong
+            if board.changed {
+                break;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            drop(
+                strong
                     .wake
-                    .wait_timeout_while(board, period, |board| !board.changed);
+                    .wait_timeout_while(board, left.min(OWNER_CHECK), |board| !board.changed),
+            );
+            if Arc::strong_count(&strong) == 1 {
+                // Only this thread still holds it: the walker was dropped.
+                return;
             }
         }
         walk_round(&strong, max_entries);
