@@ -2,7 +2,8 @@
 //!
 //! - `status` of the real `fence_dummy` through `FenceRunner::call` (stdin options,
 //!   process group, captured and redacted output, deadline) versus the same agent started
-//!   directly with `std::process` and the same stdin: the ratio is the runner's overhead;
+//!   directly (`fence_emulators::run_agent`) with the same stdin: the ratio is the
+//!   runner's overhead;
 //! - one `fence_ipmilan` off confirmed by status against an `ipmi_sim` BMC through
 //!   `FenceRunner::execute`, versus the two agent calls (off, status) made directly.
 //!
@@ -19,13 +20,11 @@ mod support {
     pub use super::real;
 }
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use fence_emulators::{IpmiSim, LOOPBACK};
+use fence_emulators::{IpmiSim, LOOPBACK, run_agent};
 use nodekeeper::fencing::config::{Layer, Parameter, ParameterValue, Source};
 use nodekeeper::fencing::{FenceAction, FenceRunner, MethodPlan, RunnerSettings, SecretValue};
 
@@ -45,29 +44,6 @@ fn parameter(name: &str, value: &str, sensitive: bool) -> Parameter {
         },
         secret: None,
     }
-}
-
-/// The agent started directly: options on stdin, output collected, exit code returned.
-fn run_directly(agent: &str, input: &str) -> i32 {
-    let mut child = Command::new(Path::new("/usr/sbin").join(agent))
-        .env("PYTHONWARNINGS", "ignore::DeprecationWarning")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the agent");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input.as_bytes())
-        .expect("write options");
-    child
-        .wait_with_output()
-        .expect("agent output")
-        .status
-        .code()
-        .unwrap_or(-1)
 }
 
 fn bench(c: &mut Criterion) {
@@ -90,12 +66,19 @@ fn bench(c: &mut Criterion) {
         &status_file.display().to_string(),
         false,
     )];
-    let dummy_input = format!("status_file={}\naction=status\n", status_file.display());
+    let status_path = status_file.display().to_string();
+    let dummy_options = [("status_file", status_path.as_str()), ("action", "status")];
+    let agent = |name: &str| Path::new("/usr/sbin").join(name);
 
     let mut group = c.benchmark_group("fence_agent_status");
     group.sample_size(20);
     group.bench_function("baseline_fence_dummy_direct", |b| {
-        b.iter(|| assert_eq!(run_directly("fence_dummy", &dummy_input), 0));
+        b.iter(|| {
+            assert_eq!(
+                run_agent(&agent("fence_dummy"), &dummy_options).exit_code,
+                0
+            )
+        });
     });
     group.bench_function("fence_dummy_through_runner", |b| {
         b.iter(|| {
@@ -113,12 +96,15 @@ fn bench(c: &mut Criterion) {
         parameter("password", IpmiSim::PASSWORD, true),
         parameter("power_wait", "0", false),
     ];
-    let ipmi_input = |action: &str| {
-        format!(
-            "ip={LOOPBACK}\nipport={port}\nusername={}\npassword={}\npower_wait=0\naction={action}\n",
-            IpmiSim::USER,
-            IpmiSim::PASSWORD
-        )
+    let ipmi_options = |action| {
+        [
+            ("ip", LOOPBACK),
+            ("ipport", port.as_str()),
+            ("username", IpmiSim::USER),
+            ("password", IpmiSim::PASSWORD),
+            ("power_wait", "0"),
+            ("action", action),
+        ]
     };
     let off = MethodPlan {
         name: "ipmi-off".to_string(),
@@ -138,8 +124,9 @@ fn bench(c: &mut Criterion) {
     group.bench_function("baseline_off_then_status_direct", |b| {
         b.iter(|| {
             bmc.set_power(true);
-            assert_eq!(run_directly("fence_ipmilan", &ipmi_input("off")), 0);
-            assert_eq!(run_directly("fence_ipmilan", &ipmi_input("status")), 2);
+            let ipmilan = agent("fence_ipmilan");
+            assert_eq!(run_agent(&ipmilan, &ipmi_options("off")).exit_code, 0);
+            assert_eq!(run_agent(&ipmilan, &ipmi_options("status")).exit_code, 2);
         });
     });
     group.bench_function("off_confirmed_through_runner", |b| {

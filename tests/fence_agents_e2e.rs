@@ -7,40 +7,10 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 use support::fence_emulators::{IpmiOptions, IpmiSim, LOOPBACK, PduKind, Redfish, SnmpPdu};
+use support::fence_manifests::{config_map, nodekeeper, secret, text};
 use support::real;
-
-fn nodekeeper(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(args)
-        .env("RUST_LOG", "debug")
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .output()
-        .expect("run nodekeeper")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn config_map(name: &str, key: &str, properties: &str) -> String {
-    let indented: String = properties
-        .lines()
-        .map(|line| format!("    {line}\n"))
-        .collect();
-    format!(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  {key}: |\n{indented}---\n"
-    )
-}
-
-fn secret(name: &str, key: &str, value: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  labels:\n    fencing.nodekeeper.io/credentials: \"true\"\nstringData:\n  {key}: {value:?}\n---\n"
-    )
-}
 
 /// `fence-config check` or `fence run` on `dir`'s files; fails the test if any credential
 /// in `secrets` shows in the output or the log.
@@ -48,7 +18,7 @@ fn run(args: &[&str], dir: &Path, secrets: &[&str]) -> (Option<i32>, String) {
     let dir = dir.display().to_string();
     let mut all: Vec<&str> = args.to_vec();
     all.extend(["--from", &dir]);
-    let output = nodekeeper(&all);
+    let output = nodekeeper(&all, "debug");
     let stdout = text(&output.stdout);
     let everything = stdout.clone() + &text(&output.stderr);
     for secret in secrets {
@@ -58,6 +28,28 @@ fn run(args: &[&str], dir: &Path, secrets: &[&str]) -> (Option<i32>, String) {
         );
     }
     (output.status.code(), everything)
+}
+
+/// `fence run --node NODE --step STEP --yes EXTRA...` on `dir`'s files (see [`run`]).
+fn fence_run(
+    node: &str,
+    step: &str,
+    extra: &[&str],
+    dir: &Path,
+    secrets: &[&str],
+) -> (Option<i32>, String) {
+    let mut args = vec!["fence", "run", "--node", node, "--step", step, "--yes"];
+    args.extend_from_slice(extra);
+    run(&args, dir, secrets)
+}
+
+/// `fence-config check --node NODE --probe` on `dir`'s files (see [`run`]).
+fn probe(node: &str, dir: &Path, secrets: &[&str]) -> (Option<i32>, String) {
+    run(
+        &["fence-config", "check", "--node", node, "--probe"],
+        dir,
+        secrets,
+    )
 }
 
 /// A node fenced over IPMI: power off for power management, on for recovery.
@@ -104,11 +96,7 @@ fn ipmi_probe_then_power_off_confirmed_then_on() {
     ipmi_config(&config, &bmc, IpmiSim::PASSWORD);
     let secrets = [IpmiSim::PASSWORD];
 
-    let (code, out) = run(
-        &["fence-config", "check", "--node", "worker-1", "--probe"],
-        &config,
-        &secrets,
-    );
+    let (code, out) = probe("worker-1", &config, &secrets);
     assert_eq!(code, Some(0), "{out}");
     let row = out
         .lines()
@@ -125,19 +113,7 @@ fn ipmi_probe_then_power_off_confirmed_then_on() {
         bmc.chassis_log()
     );
 
-    let (code, out) = run(
-        &[
-            "fence",
-            "run",
-            "--node",
-            "worker-1",
-            "--step",
-            "power-management",
-            "--yes",
-        ],
-        &config,
-        &secrets,
-    );
+    let (code, out) = fence_run("worker-1", "power-management", &[], &config, &secrets);
     assert_eq!(code, Some(0), "{out}");
     assert!(
         out.contains("ipmi-off (fence_ipmilan off): ok, OFF confirmed by status"),
@@ -149,13 +125,7 @@ fn ipmi_probe_then_power_off_confirmed_then_on() {
     );
     assert!(!bmc.power_is_on());
 
-    let (code, out) = run(
-        &[
-            "fence", "run", "--node", "worker-1", "--step", "recovery", "--yes",
-        ],
-        &config,
-        &secrets,
-    );
+    let (code, out) = fence_run("worker-1", "recovery", &[], &config, &secrets);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("ipmi-on (fence_ipmilan on): ok in"), "{out}");
     assert!(bmc.power_is_on());
@@ -175,30 +145,14 @@ fn ipmi_with_a_wrong_password_fails_the_probe_and_the_fence_without_showing_it()
     ipmi_config(&config, &bmc, wrong);
     let secrets = [wrong, IpmiSim::PASSWORD];
 
-    let (code, out) = run(
-        &["fence-config", "check", "--node", "worker-1", "--probe"],
-        &config,
-        &secrets,
-    );
+    let (code, out) = probe("worker-1", &config, &secrets);
     assert_eq!(code, Some(1), "{out}");
     assert!(
         out.lines()
             .any(|l| l.starts_with("ipmi-off ") && l.contains("FAILED")),
         "{out}"
     );
-    let (code, out) = run(
-        &[
-            "fence",
-            "run",
-            "--node",
-            "worker-1",
-            "--step",
-            "power-management",
-            "--yes",
-        ],
-        &config,
-        &secrets,
-    );
+    let (code, out) = fence_run("worker-1", "power-management", &[], &config, &secrets);
     assert_eq!(code, Some(1), "{out}");
     assert!(
         out.contains("Step power-management FAILED: no alternative succeeded."),
@@ -226,16 +180,10 @@ fn a_stuck_relay_is_never_taken_for_a_fence() {
     let config = dir.path().join("config");
     std::fs::create_dir(&config).expect("config dir");
     ipmi_config(&config, &bmc, IpmiSim::PASSWORD);
-    let (code, out) = run(
-        &[
-            "fence",
-            "run",
-            "--node",
-            "worker-1",
-            "--step",
-            "power-management",
-            "--yes",
-        ],
+    let (code, out) = fence_run(
+        "worker-1",
+        "power-management",
+        &[],
         &config,
         &[IpmiSim::PASSWORD],
     );
@@ -295,19 +243,7 @@ fn a_failing_bmc_hands_over_to_two_pdu_outlets() {
         + &secret("pdu", "community", SnmpPdu::COMMUNITY);
     std::fs::write(config.join("worker-2.yaml"), yaml).expect("write config");
 
-    let (code, out) = run(
-        &[
-            "fence",
-            "run",
-            "--node",
-            "worker-2",
-            "--step",
-            "power-management",
-            "--yes",
-        ],
-        &config,
-        &[wrong],
-    );
+    let (code, out) = fence_run("worker-2", "power-management", &[], &config, &[wrong]);
     assert_eq!(code, Some(0), "{out}");
     assert!(
         out.contains("  alternative 1: failed\n    ipmi-off (fence_ipmilan off): FAILED"),
@@ -354,11 +290,7 @@ fn redfish_over_https_is_probed_and_powered_off_with_confirmation() {
     std::fs::write(config.join("worker-3.yaml"), yaml).expect("write config");
     let secrets = [Redfish::PASSWORD];
 
-    let (code, out) = run(
-        &["fence-config", "check", "--node", "worker-3", "--probe"],
-        &config,
-        &secrets,
-    );
+    let (code, out) = probe("worker-3", &config, &secrets);
     assert_eq!(code, Some(0), "{out}");
     assert!(
         out.lines().any(|l| l.starts_with("redfish-off ")
@@ -367,19 +299,7 @@ fn redfish_over_https_is_probed_and_powered_off_with_confirmation() {
     );
     // The emulator applies a power change 1 to 11 s after the request; fence_redfish
     // waits for it (power_timeout 20 s), and the runner's status confirms it.
-    let (code, out) = run(
-        &[
-            "fence",
-            "run",
-            "--node",
-            "worker-3",
-            "--step",
-            "power-management",
-            "--yes",
-        ],
-        &config,
-        &secrets,
-    );
+    let (code, out) = fence_run("worker-3", "power-management", &[], &config, &secrets);
     assert_eq!(code, Some(0), "{out}");
     assert!(
         out.contains("redfish-off (fence_redfish off): ok, OFF confirmed by status"),
@@ -411,15 +331,10 @@ fn storage_isolation_runs_as_its_own_step_before_power() {
         &format!("agent_name=fence_dummy\nstatus_file={}", fabric.display()),
     );
     std::fs::write(dir.path().join("worker-4.yaml"), yaml).expect("write config");
-    let (code, out) = run(
+    let (code, out) = fence_run(
+        "worker-4",
+        "isolation",
         &[
-            "fence",
-            "run",
-            "--node",
-            "worker-4",
-            "--step",
-            "isolation",
-            "--yes",
             // fence_dummy keeps its state in a file: a test rig's option, allowed here.
             "--allow-option",
             "status_file",
@@ -433,18 +348,10 @@ fn storage_isolation_runs_as_its_own_step_before_power() {
         "{out}"
     );
     assert_eq!(std::fs::read_to_string(&fabric).expect("read"), "off");
-    let (code, out) = run(
-        &[
-            "fence",
-            "run",
-            "--node",
-            "worker-4",
-            "--step",
-            "recovery",
-            "--yes",
-            "--allow-option",
-            "status_file",
-        ],
+    let (code, out) = fence_run(
+        "worker-4",
+        "recovery",
+        &["--allow-option", "status_file"],
         dir.path(),
         &[],
     );

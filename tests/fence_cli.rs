@@ -5,60 +5,30 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::path::{Path, PathBuf};
+use std::process::Output;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use support::apiserver::{RbacAccess, cluster};
-use support::fake_fence_agents::{SWITCH, install};
+use support::fake_fence_agents::{install, install_switch};
+use support::fence_manifests::{self, config_dir, config_map, secret, text};
 use support::real;
 
 const ORIGINAL: &str = "tests/fixtures/fencing/original-design";
 
 fn nodekeeper(args: &[&str]) -> Output {
-    nodekeeper_logging(args, "warn")
+    fence_manifests::nodekeeper(args, "warn")
 }
 
-/// `nodekeeper` with `RUST_LOG` set to `level`.
-fn nodekeeper_logging(args: &[&str], level: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(args)
-        .env("RUST_LOG", level)
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .output()
-        .expect("run nodekeeper")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Writes `files` (name → YAML) into a new directory.
-fn config_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    for (name, yaml) in files {
-        std::fs::write(dir.path().join(name), yaml).expect("write config");
-    }
-    dir
-}
-
-fn config_map(name: &str, key: &str, properties: &str) -> String {
-    let indented: String = properties
-        .lines()
-        .map(|line| format!("    {line}\n"))
-        .collect();
-    format!(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  {key}: |\n{indented}---\n"
-    )
-}
-
-fn secret(name: &str, key: &str, value: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  labels:\n    fencing.nodekeeper.io/credentials: \"true\"\nstringData:\n  {key}: {value:?}\n---\n"
-    )
+/// `nodekeeper args --from dir --agents-dir agents` with `RUST_LOG=level`.
+fn from_files(args: &[&str], dir: &Path, agents: &Path, level: &str) -> Output {
+    let dir = dir.display().to_string();
+    let agents = agents.display().to_string();
+    let mut all = args.to_vec();
+    all.extend(["--from", &dir, "--agents-dir", &agents]);
+    fence_manifests::nodekeeper(&all, level)
 }
 
 #[test]
@@ -129,18 +99,12 @@ fn check_as_json_for_programs() {
             + &secret("bmc", "password", "s3cret-json")),
     )]);
     let agents = tempfile::tempdir().expect("agents dir");
-    let output = nodekeeper(&[
-        "fence-config",
-        "check",
-        "--node",
-        "n1",
-        "--output",
-        "json",
-        "--from",
-        &dir.path().display().to_string(),
-        "--agents-dir",
-        &agents.path().display().to_string(),
-    ]);
+    let output = from_files(
+        &["fence-config", "check", "--node", "n1", "--output", "json"],
+        dir.path(),
+        agents.path(),
+        "warn",
+    );
     let stdout = text(&output.stdout);
     assert_eq!(
         output.status.code(),
@@ -218,10 +182,7 @@ fn alternatives_setup() -> (tempfile::TempDir, tempfile::TempDir, PathBuf) {
     let agents = tempfile::tempdir().expect("agents dir");
     std::os::unix::fs::symlink("/usr/sbin/fence_dummy", agents.path().join("fence_dummy"))
         .expect("link fence_dummy");
-    install(agents.path(), "fence_switch", SWITCH);
-    let state = agents.path().join("state");
-    std::fs::create_dir(&state).expect("state dir");
-    std::fs::write(state.join("power"), "on\n").expect("power on");
+    let state = install_switch(agents.path());
     let dummy_status = agents.path().join("dummy.status");
     std::fs::write(&dummy_status, "garbage").expect("broken dummy");
     let dir = config_dir(&[(
@@ -257,24 +218,27 @@ fn alternatives_setup() -> (tempfile::TempDir, tempfile::TempDir, PathBuf) {
     (agents, dir, state)
 }
 
+/// `fence run` on node n1's `step` in the [`alternatives_setup`] rig, with `--yes` if `yes`.
+fn run_alternatives(
+    agents: &tempfile::TempDir,
+    dir: &tempfile::TempDir,
+    step: &str,
+    yes: bool,
+) -> Output {
+    let mut args = vec!["fence", "run", "--node", "n1", "--step", step];
+    if yes {
+        args.push("--yes");
+    }
+    // fence_dummy keeps its state in a file: a test rig's option, allowed here.
+    args.extend(["--allow-option", "status_file"]);
+    from_files(&args, dir.path(), agents.path(), "warn")
+}
+
 #[test]
 fn fence_run_without_yes_only_says_what_it_would_do() {
     require!("fence-agents", real::program("fence_dummy", "fence-agents"));
     let (agents, dir, state) = alternatives_setup();
-    let output = nodekeeper(&[
-        "fence",
-        "run",
-        "--node",
-        "n1",
-        "--step",
-        "power-management",
-        "--from",
-        &dir.path().display().to_string(),
-        "--agents-dir",
-        &agents.path().display().to_string(),
-        "--allow-option",
-        "status_file",
-    ]);
+    let output = run_alternatives(&agents, &dir, "power-management", false);
     let stdout = text(&output.stdout);
     assert_eq!(
         output.status.code(),
@@ -307,21 +271,7 @@ fn fence_run_without_yes_only_says_what_it_would_do() {
 fn fence_run_falls_back_to_the_second_alternative_and_confirms_off() {
     require!("fence-agents", real::program("fence_dummy", "fence-agents"));
     let (agents, dir, state) = alternatives_setup();
-    let output = nodekeeper(&[
-        "fence",
-        "run",
-        "--node",
-        "n1",
-        "--step",
-        "power-management",
-        "--yes",
-        "--from",
-        &dir.path().display().to_string(),
-        "--agents-dir",
-        &agents.path().display().to_string(),
-        "--allow-option",
-        "status_file",
-    ]);
+    let output = run_alternatives(&agents, &dir, "power-management", true);
     let stdout = text(&output.stdout);
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
@@ -345,21 +295,7 @@ fn fence_run_falls_back_to_the_second_alternative_and_confirms_off() {
     assert!(!stdout.contains("sw1tch-pw") && !stderr.contains("sw1tch-pw"));
 
     // Recovery is not configured for this node: a precise refusal, nothing run.
-    let output = nodekeeper(&[
-        "fence",
-        "run",
-        "--node",
-        "n1",
-        "--step",
-        "recovery",
-        "--yes",
-        "--from",
-        &dir.path().display().to_string(),
-        "--agents-dir",
-        &agents.path().display().to_string(),
-        "--allow-option",
-        "status_file",
-    ]);
+    let output = run_alternatives(&agents, &dir, "recovery", true);
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(
         text(&output.stderr),
@@ -399,49 +335,8 @@ exit 1"#,
             "agent_name=fence_spy\nip=10.0.0.1\nusername=admin\npassword_secret=bmc/password",
         ) + &secret("bmc", "password", password)),
     )]);
-    let from = dir.path().display().to_string();
-    let agents_dir = agents.path().display().to_string();
-    let probe = nodekeeper(&[
-        "fence-config",
-        "check",
-        "--node",
-        "n1",
-        "--probe",
-        "--from",
-        &from,
-        "--agents-dir",
-        &agents_dir,
-    ]);
-    let probe_json = nodekeeper(&[
-        "fence-config",
-        "check",
-        "--node",
-        "n1",
-        "--probe",
-        "--output",
-        "json",
-        "--from",
-        &from,
-        "--agents-dir",
-        &agents_dir,
-    ]);
-    let run = nodekeeper_logging(
-        &[
-            "fence",
-            "run",
-            "--node",
-            "n1",
-            "--step",
-            "power-management",
-            "--yes",
-            "--from",
-            &from,
-            "--agents-dir",
-            &agents_dir,
-        ],
-        "trace",
-    );
-    let run_json = nodekeeper(&[
+    let check = ["fence-config", "check", "--node", "n1", "--probe"];
+    let fence_run = [
         "fence",
         "run",
         "--node",
@@ -449,13 +344,12 @@ exit 1"#,
         "--step",
         "power-management",
         "--yes",
-        "--output",
-        "json",
-        "--from",
-        &from,
-        "--agents-dir",
-        &agents_dir,
-    ]);
+    ];
+    let as_json = |args: &[&'static str]| [args, &["--output", "json"]].concat();
+    let probe = from_files(&check, dir.path(), agents.path(), "warn");
+    let probe_json = from_files(&as_json(&check), dir.path(), agents.path(), "warn");
+    let run = from_files(&fence_run, dir.path(), agents.path(), "trace");
+    let run_json = from_files(&as_json(&fence_run), dir.path(), agents.path(), "warn");
 
     assert_eq!(probe.status.code(), Some(1), "the device refused");
     let probe_out = text(&probe.stdout);
@@ -493,10 +387,7 @@ exit 1"#,
 #[test]
 fn the_probe_reports_power_without_changing_it() {
     let agents = tempfile::tempdir().expect("agents dir");
-    install(agents.path(), "fence_switch", SWITCH);
-    let state = agents.path().join("state");
-    std::fs::create_dir(&state).expect("state dir");
-    std::fs::write(state.join("power"), "on\n").expect("power on");
+    let state = install_switch(agents.path());
     let dir = config_dir(&[(
         "fencing.yaml",
         &(config_map(
@@ -516,17 +407,12 @@ fn the_probe_reports_power_without_changing_it() {
             ),
         )),
     )]);
-    let output = nodekeeper(&[
-        "fence-config",
-        "check",
-        "--node",
-        "n1",
-        "--probe",
-        "--from",
-        &dir.path().display().to_string(),
-        "--agents-dir",
-        &agents.path().display().to_string(),
-    ]);
+    let output = from_files(
+        &["fence-config", "check", "--node", "n1", "--probe"],
+        dir.path(),
+        agents.path(),
+        "warn",
+    );
     let stdout = text(&output.stdout);
     assert_eq!(
         output.status.code(),

@@ -13,28 +13,20 @@ mod support {
     pub mod real;
 }
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
-use support::fence_emulators::{IpmiOptions, IpmiSim, LOOPBACK, PduKind, Redfish, SnmpPdu};
+use support::fence_emulators::{
+    self, AgentRun, IpmiOptions, IpmiSim, LOOPBACK, PduKind, Redfish, SnmpPdu,
+};
 
 const STATUS_ON: i32 = 0;
 const SUCCESS: i32 = 0;
 const FAILED: i32 = 1;
 const STATUS_OFF: i32 = 2;
-
-/// What one agent run did.
-struct AgentRun {
-    exit_code: i32,
-    /// stdout and stderr.
-    output: String,
-    took: Duration,
-}
 
 /// The installed agent, or why not.
 fn fence_agent(name: &str) -> Result<PathBuf, String> {
@@ -49,37 +41,9 @@ fn fence_agent(name: &str) -> Result<PathBuf, String> {
     }
 }
 
-/// Run `agent` with no arguments and `options` on stdin, one `key=value` a line.
+/// [`fence_emulators::run_agent`], with what it did printed for the test's log.
 fn run_agent(agent: &Path, options: &[(&str, &str)]) -> AgentRun {
-    let input: String = options
-        .iter()
-        .map(|(key, value)| format!("{key}={value}\n"))
-        .collect();
-    let started = Instant::now();
-    let mut child = Command::new(agent)
-        // fence_ipmilan imports the deprecated `pipes` module; keep its output to the point.
-        .env("PYTHONWARNINGS", "ignore::DeprecationWarning")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the fence agent");
-    child
-        .stdin
-        .take()
-        .expect("the agent's stdin")
-        .write_all(input.as_bytes())
-        .expect("write the agent's options");
-    let output = child.wait_with_output().expect("wait for the fence agent");
-    let run = AgentRun {
-        exit_code: output.status.code().expect("the agent exited, not killed"),
-        output: format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ),
-        took: started.elapsed(),
-    };
+    let run = fence_emulators::run_agent(agent, options);
     let action = options
         .iter()
         .find(|(key, _)| *key == "action")

@@ -13,7 +13,7 @@ use nodekeeper::fencing::{
     Exit, FenceAction, FenceObjects, FenceRunner, MethodPlan, ObjectOrigin, PowerState,
     RunnerSettings, SecretValue, Step, resolve,
 };
-use support::fake_fence_agents::{SWITCH, install};
+use support::fake_fence_agents::{install, install_switch};
 use support::real;
 
 fn runner(agents_dir: &Path, call_timeout: Duration) -> FenceRunner {
@@ -161,10 +161,7 @@ sleep 300"#,
 #[tokio::test]
 async fn an_off_counts_only_once_status_reports_off() {
     let dir = tempfile::tempdir().expect("temp dir");
-    install(dir.path(), "fence_switch", SWITCH);
-    let state = dir.path().join("state");
-    std::fs::create_dir(&state).expect("state dir");
-    std::fs::write(state.join("power"), "on\n").expect("power on");
+    let state = install_switch(dir.path());
     let runner = runner(dir.path(), Duration::from_secs(20));
     let plan = method(
         "fence_switch",
@@ -201,10 +198,7 @@ async fn an_off_counts_only_once_status_reports_off() {
 #[tokio::test]
 async fn a_reboot_is_a_confirmed_off_then_an_on() {
     let dir = tempfile::tempdir().expect("temp dir");
-    install(dir.path(), "fence_switch", SWITCH);
-    let state = dir.path().join("state");
-    std::fs::create_dir(&state).expect("state dir");
-    std::fs::write(state.join("power"), "on\n").expect("power on");
+    let state = install_switch(dir.path());
     let runner = runner(dir.path(), Duration::from_secs(20));
     let plan = method(
         "fence_switch",

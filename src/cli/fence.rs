@@ -47,12 +47,7 @@ fn parse_step(text: &str) -> Result<Step, String> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Command::Run(args) = args.command;
-    super::init_stderr_logging("warn");
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?
-        .block_on(run_fence_step(args))
+    super::block_on(run_fence_step(args))
 }
 
 async fn run_fence_step(args: RunArgs) -> anyhow::Result<ExitCode> {

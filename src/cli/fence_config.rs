@@ -39,12 +39,7 @@ pub struct CheckArgs {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Command::Check(args) = args.command;
-    super::init_stderr_logging("warn");
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?
-        .block_on(check(args))
+    super::block_on(check(args))
 }
 
 async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {

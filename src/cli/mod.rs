@@ -150,3 +150,17 @@ pub fn init_stderr_logging(default: &str) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
+
+/// Runs a one-shot command's future on a current-thread runtime, logging to stderr at
+/// `warn` unless `RUST_LOG` says otherwise.
+pub fn block_on(
+    command: impl std::future::Future<Output = anyhow::Result<std::process::ExitCode>>,
+) -> anyhow::Result<std::process::ExitCode> {
+    use anyhow::Context;
+    init_stderr_logging("warn");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(command)
+}

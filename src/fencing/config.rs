@@ -18,7 +18,7 @@
 //! Resolution is a pure function of the objects; `metadata.rs` then checks each method
 //! against its agent's own description of its parameters.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -675,24 +675,10 @@ fn resolve_collecting(
         });
         return None;
     };
-    let at = place.in_config_map(&config_map, None);
-    let Some(text) = data.get(CONFIG_KEY) else {
-        errors.push(FenceConfigError::MissingKey {
-            at,
-            missing: CONFIG_KEY.to_string(),
-        });
-        return None;
-    };
-    let at = place.in_config_map(&config_map, Some(CONFIG_KEY));
-    let config = match properties::parse(text) {
-        Ok(config) => config,
-        Err(problem) => {
-            errors.push(FenceConfigError::Properties { at, problem });
-            return None;
-        }
-    };
+    let config = read_layer(data, &config_map, CONFIG_KEY, Layer::Node, &place, errors)?;
+    let at = place.at(&config.source);
     let mut steps: Vec<(Step, &Property)> = Vec::new();
-    for property in &config {
+    for property in &config.properties {
         if property.key == "node_name" {
             if property.value != node {
                 errors.push(FenceConfigError::NodeNameMismatch {
@@ -832,8 +818,8 @@ fn resolve_method(
     let inline_key = inline_method_key(method);
     let inline = objects
         .config_map(&node_config_map)
-        .and_then(|data| data.get(&inline_key));
-    let (source, text) = match (objects.config_map(&method_config_map), inline) {
+        .filter(|data| data.contains_key(&inline_key));
+    let node_layer = match (objects.config_map(&method_config_map), inline) {
         (Some(_), Some(_)) => {
             errors.push(FenceConfigError::MethodDefinedTwice {
                 at: place,
@@ -843,27 +829,22 @@ fn resolve_method(
             });
             return None;
         }
-        (Some(data), None) => {
-            let Some(text) = data.get(METHOD_KEY) else {
-                errors.push(FenceConfigError::MissingKey {
-                    at: place.in_config_map(&method_config_map, None),
-                    missing: METHOD_KEY.to_string(),
-                });
-                return None;
-            };
-            let source = Source {
-                config_map: method_config_map,
-                key: METHOD_KEY.to_string(),
-            };
-            (source, text)
-        }
-        (None, Some(text)) => {
-            let source = Source {
-                config_map: node_config_map,
-                key: inline_key,
-            };
-            (source, text)
-        }
+        (Some(data), None) => read_layer(
+            data,
+            &method_config_map,
+            METHOD_KEY,
+            Layer::Node,
+            &place,
+            errors,
+        )?,
+        (None, Some(data)) => read_layer(
+            data,
+            &node_config_map,
+            &inline_key,
+            Layer::Node,
+            &place,
+            errors,
+        )?,
         (None, None) => {
             errors.push(FenceConfigError::MissingMethod {
                 at: Place::node(node).in_config_map(&node_config_map, Some(CONFIG_KEY)),
@@ -876,11 +857,6 @@ fn resolve_method(
             return None;
         }
     };
-    let node_layer = LayerProperties {
-        layer: Layer::Node,
-        properties: parse_layer(text, &place.at(&source), errors)?,
-        source,
-    };
 
     let mut layers = Vec::new();
     let mut template_name = None;
@@ -891,22 +867,8 @@ fn resolve_method(
             errors.push(FenceConfigError::MissingTemplate { at, template: name });
             return None;
         };
-        let Some(text) = data.get(TEMPLATE_KEY) else {
-            errors.push(FenceConfigError::MissingKey {
-                at: place.in_config_map(&name, None),
-                missing: TEMPLATE_KEY.to_string(),
-            });
-            return None;
-        };
-        let source = Source {
-            config_map: name.clone(),
-            key: TEMPLATE_KEY.to_string(),
-        };
-        let template_layer = LayerProperties {
-            layer: Layer::Template,
-            properties: parse_layer(text, &place.at(&source), errors)?,
-            source,
-        };
+        let template_layer =
+            read_layer(data, &name, TEMPLATE_KEY, Layer::Template, &place, errors)?;
         if let Some(nested) = template_layer.get("template") {
             errors.push(FenceConfigError::NestedTemplate {
                 at: place.at(&template_layer.source),
@@ -1027,16 +989,36 @@ fn resolve_method(
     })
 }
 
-fn parse_layer(
-    text: &str,
-    at: &Place,
+/// The properties under `key` of ConfigMap `config_map` (whose data is `data`) as one
+/// layer, or the error that the key is missing or its text unreadable.
+fn read_layer(
+    data: &BTreeMap<String, String>,
+    config_map: &str,
+    key: &str,
+    layer: Layer,
+    place: &Place,
     errors: &mut Vec<FenceConfigError>,
-) -> Option<Vec<Property>> {
+) -> Option<LayerProperties> {
+    let Some(text) = data.get(key) else {
+        errors.push(FenceConfigError::MissingKey {
+            at: place.in_config_map(config_map, None),
+            missing: key.to_string(),
+        });
+        return None;
+    };
+    let source = Source {
+        config_map: config_map.to_string(),
+        key: key.to_string(),
+    };
     match properties::parse(text) {
-        Ok(properties) => Some(properties),
+        Ok(properties) => Some(LayerProperties {
+            layer,
+            source,
+            properties,
+        }),
         Err(problem) => {
             errors.push(FenceConfigError::Properties {
-                at: at.clone(),
+                at: place.at(&source),
                 problem,
             });
             None

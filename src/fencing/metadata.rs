@@ -407,6 +407,10 @@ mod tests {
         }
     }
 
+    fn messages(errors: Vec<FenceConfigError>) -> Vec<String> {
+        errors.iter().map(ToString::to_string).collect()
+    }
+
     #[test]
     fn reads_names_long_options_requirements_and_actions() {
         let metadata = pdu();
@@ -485,10 +489,7 @@ mod tests {
                 parameter("plug", "3", Layer::Node),
             ],
         );
-        let errors: Vec<String> = check_method(&mut plan, &pdu(), "n1")
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let errors = messages(check_method(&mut plan, &pdu(), "n1"));
         assert_eq!(
             errors,
             [
@@ -522,10 +523,7 @@ mod tests {
                 parameter("password", "hunter2", Layer::Node),
             ],
         );
-        let errors: Vec<String> = check_method(&mut plan, &pdu(), "n1")
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let errors = messages(check_method(&mut plan, &pdu(), "n1"));
         assert_eq!(
             errors,
             [
@@ -550,10 +548,7 @@ mod tests {
                 parameter("plug", "3", Layer::Node),
             ],
         );
-        let errors: Vec<String> = check_method(&mut plan, &metadata, "n1")
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let errors = messages(check_method(&mut plan, &metadata, "n1"));
         assert_eq!(
             errors,
             [

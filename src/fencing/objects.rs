@@ -101,16 +101,7 @@ impl FenceObjects {
         data: BTreeMap<String, String>,
         origin: ObjectOrigin,
     ) -> Result<(), ObjectsError> {
-        if let Some((_, first)) = self.config_maps.get(name) {
-            return Err(ObjectsError::Duplicate {
-                kind: "ConfigMap",
-                name: name.to_string(),
-                first: first.clone(),
-                second: origin,
-            });
-        }
-        self.config_maps.insert(name.to_string(), (data, origin));
-        Ok(())
+        insert_once(&mut self.config_maps, "ConfigMap", name, data, origin)
     }
 
     pub fn insert_secret(
@@ -119,16 +110,7 @@ impl FenceObjects {
         data: BTreeMap<String, SecretValue>,
         origin: ObjectOrigin,
     ) -> Result<(), ObjectsError> {
-        if let Some((_, first)) = self.secrets.get(name) {
-            return Err(ObjectsError::Duplicate {
-                kind: "Secret",
-                name: name.to_string(),
-                first: first.clone(),
-                second: origin,
-            });
-        }
-        self.secrets.insert(name.to_string(), (data, origin));
-        Ok(())
+        insert_once(&mut self.secrets, "Secret", name, data, origin)
     }
 
     /// Adds a ConfigMap as the API returns it (data only; binaryData is not properties text).
@@ -282,6 +264,26 @@ impl FenceObjects {
         }
         Ok(())
     }
+}
+
+/// Adds object `name` of `kind`, unless one of that name is already there.
+fn insert_once<T>(
+    objects: &mut BTreeMap<String, (T, ObjectOrigin)>,
+    kind: &'static str,
+    name: &str,
+    data: T,
+    origin: ObjectOrigin,
+) -> Result<(), ObjectsError> {
+    if let Some((_, first)) = objects.get(name) {
+        return Err(ObjectsError::Duplicate {
+            kind,
+            name: name.to_string(),
+            first: first.clone(),
+            second: origin,
+        });
+    }
+    objects.insert(name.to_string(), (data, origin));
+    Ok(())
 }
 
 fn yaml_kind(value: &serde_yaml_ng::Value) -> &'static str {

@@ -67,3 +67,13 @@ case "$action" in
   *) echo "Failed: Unrecognised action '$action'"; exit 1;;
 esac
 "#;
+
+/// Installs `fence_switch` ([`SWITCH`]) into `agents_dir` with its power on, and returns
+/// its state directory (the value for its `state_dir` option).
+pub fn install_switch(agents_dir: &Path) -> PathBuf {
+    install(agents_dir, "fence_switch", SWITCH);
+    let state = agents_dir.join("state");
+    std::fs::create_dir(&state).expect("state dir");
+    std::fs::write(state.join("power"), "on\n").expect("power on");
+    state
+}

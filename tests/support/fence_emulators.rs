@@ -20,7 +20,7 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write as _};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -902,4 +902,45 @@ fn snmpget(port: u16, oid: &str) -> Result<String, String> {
         .arg(format!("{LOOPBACK}:{port}"))
         .arg(oid))?;
     Ok(output.trim().trim_matches('"').to_string())
+}
+
+/// What one agent run did.
+pub struct AgentRun {
+    pub exit_code: i32,
+    /// stdout and stderr.
+    pub output: String,
+    pub took: Duration,
+}
+
+/// Run `agent` with no arguments and `options` on stdin, one `key=value` a line.
+pub fn run_agent(agent: &Path, options: &[(&str, &str)]) -> AgentRun {
+    let input: String = options
+        .iter()
+        .map(|(key, value)| format!("{key}={value}\n"))
+        .collect();
+    let started = Instant::now();
+    let mut child = Command::new(agent)
+        // fence_ipmilan imports the deprecated `pipes` module; keep its output to the point.
+        .env("PYTHONWARNINGS", "ignore::DeprecationWarning")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the fence agent");
+    child
+        .stdin
+        .take()
+        .expect("the agent's stdin")
+        .write_all(input.as_bytes())
+        .expect("write the agent's options");
+    let output = child.wait_with_output().expect("wait for the fence agent");
+    AgentRun {
+        exit_code: output.status.code().expect("the agent exited, not killed"),
+        output: format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+        took: started.elapsed(),
+    }
 }

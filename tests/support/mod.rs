@@ -5,4 +5,5 @@ pub mod cgroups;
 pub mod debian;
 pub mod fake_fence_agents;
 pub mod fence_emulators;
+pub mod fence_manifests;
 pub mod real;
