@@ -6,6 +6,7 @@
 pub mod act;
 pub mod agent;
 pub mod config;
+pub mod controller;
 pub mod eviction;
 pub mod fencing;
 pub mod kubernetes;

@@ -36,6 +36,8 @@ enum Command {
     FenceConfig(cli::fence_config::Args),
     /// Carry out a fence step for a node by hand through ClusterLabs fence agents.
     Fence(cli::fence::Args),
+    /// Print the NodeFence CustomResourceDefinition (YAML) for `kubectl apply -f -`.
+    Crd(cli::crd::Args),
     /// Run only the graceful-shutdown manager in standalone mode (workload cgroups).
     #[command(hide = true)]
     ShutdownManager(cli::shutdown_manager::Args),
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Command::ShutdownPlan(args) => cli::shutdown_plan::run(args),
         Command::FenceConfig(args) => cli::fence_config::run(args),
         Command::Fence(args) => cli::fence::run(args),
+        Command::Crd(args) => cli::crd::run(args),
         Command::ShutdownManager(args) => cli::shutdown_manager::run(args),
     };
     match result {

@@ -1,0 +1,917 @@
+//! The fence state machine: `decide(fence, facts, reports, guard, policy, now)` returns
+//! the NodeFence's next status and the actions that go with it. It is pure; the
+//! reconciler persists the status first (guarded by the object's resourceVersion) and
+//! carries out the actions only once that write succeeded. Every execution is in the
+//! status before its agent starts, so a controller restarted at any instant finds it, and
+//! one whose executor no longer knows it is asked about with `status` instead of being
+//! repeated.
+//!
+//! The rules, in the order they win:
+//! - an execution in flight is never joined by another one for the same node;
+//! - the storm guard holds back every power action (isolation and power management), the
+//!   zone rate every new fence; recovery is never held back;
+//! - the node's pods are released (out-of-service taint, optional deletion) only once a
+//!   step's winning alternative proved the node off or its storage isolated;
+//! - a failed step is retried after an exponential backoff up to the retry limit, then
+//!   the fence stays failed and says so;
+//! - our taints are removed only after recovery, and only the ones we recorded adding.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+
+use crate::fencing::Step;
+
+use super::facts::NodeFacts;
+use super::policy::FencePolicy;
+use super::progress::{Progress, progress};
+use super::resource::{
+    Execution, ExecutionKind, ExecutionResult, FencePhase, FenceStep, MAX_EXECUTIONS, MethodAction,
+    NodeFence, NodeFenceStatus, Pause, PauseReason, PowerSeen,
+};
+use super::storm::{Guard, GuardBlock};
+
+/// How long to wait before looking again when nothing else says when.
+pub const IDLE_REQUEUE: Duration = Duration::from_secs(30);
+/// How often to look at a fence whose execution is running.
+pub const RUNNING_REQUEUE: Duration = Duration::from_secs(5);
+
+/// What the executor says about an execution recorded in the status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutionReport {
+    pub name: String,
+    pub state: ReportedState,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReportedState {
+    Running,
+    Finished(Outcome),
+    /// The executor has no trace of it: it was started by a controller that is gone.
+    Lost,
+}
+
+/// How an execution ended, as the runner or a Job reported it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub succeeded: bool,
+    pub timed_out: bool,
+    pub off_confirmed: bool,
+    pub power: Option<PowerSeen>,
+    pub detail: Option<String>,
+    pub finished_at: Timestamp,
+}
+
+/// An execution to start; it is already recorded in the returned status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ExecutionRequest {
+    pub name: String,
+    pub step: Step,
+    pub attempt: u32,
+    pub alternative: u32,
+    pub method: String,
+    pub kind: ExecutionKind,
+}
+
+/// A taint change on the fenced node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TaintChange {
+    AddRemediation,
+    RemoveRemediation,
+    AddOutOfService,
+    RemoveOutOfService,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum Action {
+    Start(ExecutionRequest),
+    Taint(TaintChange),
+    /// Force-delete the node's pods (the optional cluster fence).
+    DeletePods,
+    /// The fence is over (recovered, cancelled, or its node is gone): delete the NodeFence.
+    DeleteFence,
+}
+
+/// An Event for the NodeFence and its Node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FenceEvent {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub status: NodeFenceStatus,
+    pub actions: Vec<Action>,
+    pub events: Vec<FenceEvent>,
+    pub requeue_after: Duration,
+}
+
+/// The whole decision for one fence. `reports` covers the status's unfinished
+/// executions; one with no report is waited for, never assumed lost.
+pub fn decide(
+    fence: &NodeFence,
+    facts: &NodeFacts,
+    reports: &[ExecutionReport],
+    guard: &Guard,
+    policy: &FencePolicy,
+    now: Timestamp,
+) -> Decision {
+    let mut machine = Machine {
+        status: fence.status.clone().unwrap_or_default(),
+        forced: fence.spec.force,
+        facts,
+        guard,
+        policy,
+        now,
+        actions: Vec::new(),
+        events: Vec::new(),
+        wake_at: None,
+        pause: None,
+    };
+    machine.record_reports(reports);
+    let name = fence.metadata.name.as_deref().unwrap_or_default();
+    if name != fence.spec.node_name {
+        // Only a fence named after its node may act: that is what makes it the node's
+        // only fence. Whatever already runs is still recorded when it ends.
+        machine.pause(
+            PauseReason::NameMismatch,
+            format!(
+                "this NodeFence is named {name:?} but fences node {:?}; create it as {:?} instead",
+                fence.spec.node_name, fence.spec.node_name
+            ),
+            None,
+        );
+        return machine.finish(fence.metadata.generation);
+    }
+    if !machine.in_flight() {
+        // Each pass makes at most one transition; a handful settle any state.
+        for _ in 0..8 {
+            if !machine.advance() {
+                break;
+            }
+        }
+    }
+    machine.release_and_taints();
+    machine.finish(fence.metadata.generation)
+}
+
+struct Machine<'a> {
+    status: NodeFenceStatus,
+    forced: bool,
+    facts: &'a NodeFacts,
+    guard: &'a Guard,
+    policy: &'a FencePolicy,
+    now: Timestamp,
+    actions: Vec<Action>,
+    events: Vec<FenceEvent>,
+    wake_at: Option<Timestamp>,
+    pause: Option<(PauseReason, String, Option<Timestamp>)>,
+}
+
+impl Machine<'_> {
+    fn in_flight(&self) -> bool {
+        self.status.executions.iter().any(|e| !e.is_finished())
+    }
+
+    fn event(&mut self, warning: bool, reason: &'static str, message: String) {
+        self.events.push(FenceEvent {
+            warning,
+            reason,
+            message,
+        });
+    }
+
+    /// The fence ends before or instead of its next step: say why, then delete it.
+    fn end_fence(&mut self, reason: &'static str, message: String) -> bool {
+        self.event(false, reason, message);
+        self.actions.push(Action::DeleteFence);
+        false
+    }
+
+    fn wake(&mut self, at: Timestamp) {
+        self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
+    }
+
+    fn pause(&mut self, reason: PauseReason, message: String, until: Option<Timestamp>) {
+        if let Some(until) = until {
+            self.wake(until);
+        }
+        self.pause = Some((reason, message, until));
+    }
+
+    fn block(&mut self, block: &GuardBlock) {
+        self.pause(block.reason, block.message.clone(), block.until);
+    }
+
+    fn set_phase(&mut self, step: FenceStep, phase: FencePhase) {
+        self.status.step = Some(step);
+        self.status.phase = Some(phase);
+        self.status.phase_since = Some(Time(self.now));
+    }
+
+    fn phase_since(&self) -> Timestamp {
+        self.status
+            .phase_since
+            .as_ref()
+            .map_or(self.now, |time| time.0)
+    }
+
+    fn attempt(&self) -> u32 {
+        self.status.retries + 1
+    }
+
+    /// Folds the executor's reports into the recorded executions.
+    fn record_reports(&mut self, reports: &[ExecutionReport]) {
+        let mut finished = Vec::new();
+        for execution in self
+            .status
+            .executions
+            .iter_mut()
+            .filter(|e| !e.is_finished())
+        {
+            let Some(report) = reports.iter().find(|r| r.name == execution.name) else {
+                continue;
+            };
+            match &report.state {
+                ReportedState::Running => {}
+                ReportedState::Finished(outcome) => {
+                    execution.finished_at = Some(Time(outcome.finished_at));
+                    execution.result = Some(if outcome.succeeded {
+                        ExecutionResult::Succeeded
+                    } else if outcome.timed_out {
+                        ExecutionResult::TimedOut
+                    } else {
+                        ExecutionResult::Failed
+                    });
+                    execution.off_confirmed = outcome.succeeded && outcome.off_confirmed;
+                    execution.power = outcome.power;
+                    execution.detail = outcome.detail.clone();
+                    finished.push(execution.clone());
+                }
+                ReportedState::Lost => {
+                    execution.finished_at = Some(Time(self.now));
+                    execution.result = Some(ExecutionResult::Interrupted);
+                    execution.detail = Some(
+                        "interrupted: the controller restarted while it ran; the device is asked for its state before anything is done again".to_string(),
+                    );
+                    finished.push(execution.clone());
+                }
+            }
+        }
+        for execution in finished {
+            let result = execution.result.unwrap_or(ExecutionResult::Failed);
+            let what = match execution.kind {
+                ExecutionKind::Act => execution.action_text(),
+                ExecutionKind::Verify => "status".to_string(),
+            };
+            let mut line = format!("{} {what}: {result:?}", execution.method);
+            if let Some(power) = execution.power {
+                line.push_str(&format!(", power {power:?}"));
+            }
+            self.status.last_result = Some(line.clone());
+            let warning = result != ExecutionResult::Succeeded;
+            let detail = execution
+                .detail
+                .as_deref()
+                .map(|d| format!(" ({d})"))
+                .unwrap_or_default();
+            self.event(
+                warning,
+                if warning {
+                    "ExecutionFailed"
+                } else {
+                    "ExecutionSucceeded"
+                },
+                format!(
+                    "{} step, attempt {}, alternative {}: {line}{detail}",
+                    execution.step, execution.attempt, execution.alternative
+                ),
+            );
+        }
+    }
+
+    /// One transition; `false` when the fence is settled for now.
+    fn advance(&mut self) -> bool {
+        let facts = self.facts;
+        let Some(step) = self.status.step else {
+            return self.begin();
+        };
+        if !facts.exists {
+            return self.end_fence(
+                "NodeGone",
+                "the Node object was deleted; the fence ends here".to_string(),
+            );
+        }
+        if facts.excluded && step != FenceStep::Recovery {
+            self.pause(
+                PauseReason::Excluded,
+                "the node carries the exclusion label; nothing more is done".to_string(),
+                None,
+            );
+            return false;
+        }
+        let phase = self.status.phase.unwrap_or(FencePhase::New);
+        let ready = facts.health.is_ready();
+        let started = self.status.started_at.is_some();
+        match (step, phase) {
+            (FenceStep::Recovery, FencePhase::New) => self.start_step(),
+            (_, FencePhase::New) => {
+                if ready && !self.forced {
+                    if started {
+                        return self.enter_recovery();
+                    }
+                    return self.end_fence(
+                        "FenceCancelled",
+                        "the node is Ready again before anything was done".to_string(),
+                    );
+                }
+                self.start_step()
+            }
+            (_, FencePhase::Running) => self.continue_step(),
+            (FenceStep::Isolation, FencePhase::Done) => {
+                if ready && !self.forced {
+                    return self.enter_recovery();
+                }
+                if !self.plan_has(Step::PowerManagement) {
+                    return false;
+                }
+                let at = self.phase_since() + self.policy.power_management_delay;
+                if at > self.now {
+                    self.pause(
+                        PauseReason::WaitingForPowerManagementDelay,
+                        format!("isolation is done; power management starts at {at} unless the node comes back first"),
+                        Some(at),
+                    );
+                    return false;
+                }
+                self.status.retries = 0;
+                self.set_phase(FenceStep::PowerManagement, FencePhase::New);
+                true
+            }
+            (FenceStep::PowerManagement, FencePhase::Done) => {
+                if ready {
+                    return self.enter_recovery();
+                }
+                false
+            }
+            (FenceStep::Recovery, FencePhase::Done) => {
+                if self.status.recovered_at.is_none() {
+                    self.status.recovered_at = Some(Time(self.now));
+                    self.event(
+                        false,
+                        "Recovered",
+                        "recovery is done; our taints are removed".to_string(),
+                    );
+                }
+                let ours_left = facts.taints.remediation
+                    || (facts.taints.out_of_service && self.status.out_of_service_at.is_some());
+                if !ours_left {
+                    self.actions.push(Action::DeleteFence);
+                }
+                false
+            }
+            (_, FencePhase::Error) => {
+                if ready && !self.forced && step != FenceStep::Recovery && started {
+                    return self.enter_recovery();
+                }
+                self.retry_or_fail(step)
+            }
+        }
+    }
+
+    fn plan_has(&self, step: Step) -> bool {
+        self.facts.plan.as_ref().is_ok_and(|plan| plan.has(step))
+    }
+
+    /// A fence with no step yet: wait for every precondition, then pick the first step.
+    fn begin(&mut self) -> bool {
+        let facts = self.facts;
+        if !facts.exists {
+            return self.end_fence("NodeGone", "the Node object does not exist".to_string());
+        }
+        if facts.excluded {
+            self.pause(
+                PauseReason::Excluded,
+                "the node carries the exclusion label and is never fenced".to_string(),
+                None,
+            );
+            return false;
+        }
+        let plan = match &facts.plan {
+            Ok(plan) if plan.can_fence() => plan,
+            Ok(_) => {
+                self.pause(
+                    PauseReason::NoConfiguration,
+                    "the node's fence configuration has neither an isolation nor a power management step".to_string(),
+                    None,
+                );
+                return false;
+            }
+            Err(reason) => {
+                self.pause(PauseReason::NoConfiguration, reason.clone(), None);
+                return false;
+            }
+        };
+        if !self.forced {
+            if facts.health.is_ready() {
+                return self.end_fence(
+                    "FenceCancelled",
+                    "the node is Ready; only a fence with spec.force runs on a Ready node"
+                        .to_string(),
+                );
+            }
+            if !facts.runs_pods_needing_fencing {
+                return self.end_fence(
+                    "FenceCancelled",
+                    "the node runs no pods that need fencing".to_string(),
+                );
+            }
+            let unhealthy = facts.health.unhealthy_for(self.now).unwrap_or_default();
+            if unhealthy < self.policy.unhealthy_duration {
+                let at = self.now + (self.policy.unhealthy_duration - unhealthy);
+                self.pause(
+                    PauseReason::WaitingForUnhealthyDuration,
+                    format!(
+                        "the node has been unhealthy for {}s of the {}s required",
+                        unhealthy.as_secs(),
+                        self.policy.unhealthy_duration.as_secs()
+                    ),
+                    Some(at),
+                );
+                return false;
+            }
+        }
+        let step = if plan.has(Step::Isolation) {
+            FenceStep::Isolation
+        } else {
+            FenceStep::PowerManagement
+        };
+        self.status.retries = 0;
+        self.set_phase(step, FencePhase::New);
+        true
+    }
+
+    fn enter_recovery(&mut self) -> bool {
+        self.status.retries = 0;
+        self.set_phase(FenceStep::Recovery, FencePhase::New);
+        self.event(
+            false,
+            "RecoveryStarted",
+            "the node is Ready again; running the recovery methods".to_string(),
+        );
+        true
+    }
+
+    /// Phase New of any step: the guard, the backoff, then the first method.
+    fn start_step(&mut self) -> bool {
+        let step = self.status.step.unwrap_or(FenceStep::Isolation);
+        let alternatives = match &self.facts.plan {
+            Ok(plan) => plan.alternatives(step.into()).to_vec(),
+            Err(reason) => {
+                let reason = reason.clone();
+                self.pause(PauseReason::NoConfiguration, reason, None);
+                return false;
+            }
+        };
+        if alternatives.is_empty() {
+            // Nothing configured for this step: it is trivially done (an unconfigured
+            // step proves nothing, so nothing is confirmed).
+            self.set_phase(step, FencePhase::Done);
+            return true;
+        }
+        if self.status.retries > 0 {
+            let at = self.phase_since() + self.policy.backoff(self.status.retries);
+            if at > self.now {
+                self.pause(
+                    PauseReason::RetryBackoff,
+                    format!(
+                        "retry {} of the {step} step starts at {at}",
+                        self.status.retries
+                    ),
+                    Some(at),
+                );
+                return false;
+            }
+        }
+        if step != FenceStep::Recovery {
+            if let Some(block) = &self.guard.storm {
+                self.block(block);
+                return false;
+            }
+            if self.status.started_at.is_none()
+                && let Some(block) = &self.guard.zone
+            {
+                self.block(block);
+                return false;
+            }
+        }
+        self.set_phase(step, FencePhase::Running);
+        self.event(
+            false,
+            "StepStarted",
+            format!("{step} step, attempt {}", self.attempt()),
+        );
+        self.continue_step()
+    }
+
+    /// Phase Running with nothing in flight: the next method, or the step's end.
+    fn continue_step(&mut self) -> bool {
+        let step = self.status.step.unwrap_or(FenceStep::Isolation);
+        let alternatives = match &self.facts.plan {
+            Ok(plan) => plan.alternatives(step.into()).to_vec(),
+            Err(reason) => {
+                let reason = reason.clone();
+                self.pause(PauseReason::NoConfiguration, reason, None);
+                return false;
+            }
+        };
+        let attempt = self.attempt();
+        let runs: Vec<&Execution> = self
+            .status
+            .executions
+            .iter()
+            .filter(|e| e.step == step && e.attempt == attempt)
+            .collect();
+        match progress(&alternatives, &runs) {
+            Progress::Next {
+                alternative,
+                method,
+                kind,
+            } => {
+                if step != FenceStep::Recovery
+                    && kind == ExecutionKind::Act
+                    && let Some(block) = &self.guard.storm
+                {
+                    self.block(block);
+                    return false;
+                }
+                let count = runs
+                    .iter()
+                    .filter(|e| {
+                        e.alternative == alternative && e.method == method.name && e.kind == kind
+                    })
+                    .count();
+                let kind_name = match kind {
+                    ExecutionKind::Act => "act",
+                    ExecutionKind::Verify => "verify",
+                };
+                let name = format!(
+                    "{}-t{attempt}-a{alternative}-{}-{kind_name}{}",
+                    Step::from(step).name(),
+                    method.name,
+                    count + 1
+                );
+                let action = match kind {
+                    ExecutionKind::Act => MethodAction::from(method.action),
+                    ExecutionKind::Verify => MethodAction::Status,
+                };
+                if self.status.started_at.is_none() {
+                    self.status.started_at = Some(Time(self.now));
+                    self.status.zone = Some(self.facts.zone.clone());
+                    self.event(
+                        true,
+                        "FenceStarted",
+                        format!("fencing the node: {step} step, method {}", method.name),
+                    );
+                }
+                self.status.executions.push(Execution {
+                    name: name.clone(),
+                    step,
+                    attempt,
+                    alternative,
+                    method: method.name.clone(),
+                    agent: method.agent.clone(),
+                    kind,
+                    action,
+                    started_at: Time(self.now),
+                    finished_at: None,
+                    result: None,
+                    off_confirmed: false,
+                    power: None,
+                    detail: None,
+                });
+                self.actions.push(Action::Start(ExecutionRequest {
+                    name,
+                    step: step.into(),
+                    attempt,
+                    alternative,
+                    method: method.name,
+                    kind,
+                }));
+                false
+            }
+            Progress::Succeeded {
+                alternative,
+                confirmed,
+                methods,
+            } => {
+                self.set_phase(step, FencePhase::Done);
+                self.event(
+                    false,
+                    "StepSucceeded",
+                    format!(
+                        "{step} step: alternative {alternative} ({}) succeeded",
+                        methods.join(", ")
+                    ),
+                );
+                if confirmed && step != FenceStep::Recovery && self.status.confirmed_at.is_none() {
+                    self.status.confirmed_at = Some(Time(self.now));
+                    self.status.confirmed_by = Some(format!(
+                        "{step} step, attempt {attempt}, alternative {alternative}: {}",
+                        methods.join(", ")
+                    ));
+                    self.event(
+                        false,
+                        "FenceConfirmed",
+                        format!(
+                            "{step} step proved the node fenced ({}); its pods may be released",
+                            methods.join(", ")
+                        ),
+                    );
+                }
+                true
+            }
+            Progress::Failed => {
+                self.set_phase(step, FencePhase::Error);
+                self.event(
+                    true,
+                    "StepFailed",
+                    format!("{step} step, attempt {attempt}: every alternative failed"),
+                );
+                true
+            }
+        }
+    }
+
+    fn retry_or_fail(&mut self, step: FenceStep) -> bool {
+        if self.status.retries < self.policy.retry_limit {
+            self.status.retries += 1;
+            self.set_phase(step, FencePhase::New);
+            let at = self.now + self.policy.backoff(self.status.retries);
+            self.event(
+                true,
+                "RetryScheduled",
+                format!(
+                    "{step} step: retry {} of {} at {at}",
+                    self.status.retries, self.policy.retry_limit
+                ),
+            );
+            return true;
+        }
+        let already = self
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Failed" && c.status == "True");
+        if !already {
+            self.event(
+                true,
+                "FenceFailed",
+                format!(
+                    "{step} step failed {} time(s); nothing more is tried until an operator acts (delete the NodeFence to start over)",
+                    self.status.retries + 1
+                ),
+            );
+        }
+        false
+    }
+
+    /// Level-based: taints and releases as the status says they should be, compared with
+    /// what the node carries now, so a lost write is simply made again.
+    fn release_and_taints(&mut self) {
+        let facts = self.facts;
+        if !facts.exists {
+            return;
+        }
+        let status = &self.status;
+        let active = status.started_at.is_some() && status.recovered_at.is_none();
+        // Once recovery starts nothing more is released: the node is coming back.
+        let confirmed = status.confirmed_at.is_some()
+            && status.recovered_at.is_none()
+            && status.step != Some(FenceStep::Recovery);
+        if active && !facts.taints.remediation {
+            self.actions
+                .push(Action::Taint(TaintChange::AddRemediation));
+        }
+        if status.recovered_at.is_some() && facts.taints.remediation {
+            self.actions
+                .push(Action::Taint(TaintChange::RemoveRemediation));
+        }
+        if confirmed && self.policy.out_of_service_taint && !facts.taints.out_of_service {
+            self.actions
+                .push(Action::Taint(TaintChange::AddOutOfService));
+            if self.status.out_of_service_at.is_none() {
+                self.status.out_of_service_at = Some(Time(self.now));
+                self.event(
+                    false,
+                    "OutOfServiceTaintAdded",
+                    "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute: Kubernetes force-deletes the node's pods and detaches their volumes".to_string(),
+                );
+            }
+        }
+        if self.status.recovered_at.is_some()
+            && self.status.out_of_service_at.is_some()
+            && facts.taints.out_of_service
+        {
+            self.actions
+                .push(Action::Taint(TaintChange::RemoveOutOfService));
+        }
+        if confirmed
+            && self.policy.delete_pods
+            && facts.pods_to_release > 0
+            && !facts.health.is_ready()
+        {
+            self.actions.push(Action::DeletePods);
+            if self.status.pods_deleted_at.is_none() {
+                self.status.pods_deleted_at = Some(Time(self.now));
+                self.event(
+                    false,
+                    "PodsDeleted",
+                    format!("deleting the node's {} pod(s)", facts.pods_to_release),
+                );
+            }
+        }
+    }
+
+    fn finish(mut self, generation: Option<i64>) -> Decision {
+        let now = self.now;
+        // The pause, with its own start kept while the reason stays the same.
+        let previous = self.status.pause.take();
+        let deleting = self.actions.contains(&Action::DeleteFence);
+        self.status.pause = match self.pause.take() {
+            Some((reason, message, until)) if !deleting => {
+                let since = match &previous {
+                    Some(p) if p.reason == reason => p.since.clone(),
+                    _ => Time(now),
+                };
+                if previous.as_ref().map(|p| p.reason) != Some(reason) {
+                    self.event(
+                        reason_is_warning(reason),
+                        "FencePaused",
+                        format!("{reason:?}: {message}"),
+                    );
+                }
+                Some(Pause {
+                    reason,
+                    message,
+                    since,
+                    until: until.map(Time),
+                })
+            }
+            _ => None,
+        };
+        if self.status.phase.is_none() && self.status.step.is_none() {
+            self.status.phase = Some(FencePhase::New);
+        }
+        let failed = self.status.phase == Some(FencePhase::Error)
+            && self.status.retries >= self.policy.retry_limit;
+        let paused = self.status.pause.clone();
+        let confirmed = self.status.confirmed_at.is_some();
+        let confirmed_by = self.status.confirmed_by.clone().unwrap_or_default();
+        let conditions = &mut self.status.conditions;
+        set_condition(
+            conditions,
+            "Paused",
+            paused.is_some(),
+            paused
+                .as_ref()
+                .map_or("NotPaused".to_string(), |p| format!("{:?}", p.reason)),
+            paused.as_ref().map_or(String::new(), |p| p.message.clone()),
+            generation,
+            now,
+        );
+        set_condition(
+            conditions,
+            "Confirmed",
+            confirmed,
+            if confirmed {
+                "FenceConfirmed"
+            } else {
+                "NotConfirmed"
+            }
+            .to_string(),
+            confirmed_by,
+            generation,
+            now,
+        );
+        set_condition(
+            conditions,
+            "Failed",
+            failed,
+            if failed {
+                "RetriesExhausted"
+            } else {
+                "NotFailed"
+            }
+            .to_string(),
+            if failed {
+                format!(
+                    "the {} step failed after {} retries",
+                    self.status.step.map(|s| s.to_string()).unwrap_or_default(),
+                    self.status.retries
+                )
+            } else {
+                String::new()
+            },
+            generation,
+            now,
+        );
+        prune_executions(&mut self.status);
+        let running = self.status.executions.iter().any(|e| !e.is_finished());
+        let mut requeue = if running {
+            RUNNING_REQUEUE
+        } else {
+            IDLE_REQUEUE
+        };
+        if let Some(at) = self.wake_at
+            && at > now
+        {
+            let wait = Duration::try_from(at.duration_since(now)).unwrap_or(Duration::ZERO);
+            requeue = requeue.min(wait.max(Duration::from_millis(100)));
+        }
+        Decision {
+            status: self.status,
+            actions: self.actions,
+            events: self.events,
+            requeue_after: requeue,
+        }
+    }
+}
+
+fn reason_is_warning(reason: PauseReason) -> bool {
+    matches!(
+        reason,
+        PauseReason::StormGuard
+            | PauseReason::StormCooldown
+            | PauseReason::ZoneRateLimit
+            | PauseReason::NoConfiguration
+            | PauseReason::NameMismatch
+    )
+}
+
+impl Execution {
+    fn action_text(&self) -> String {
+        match self.action {
+            MethodAction::Off => "off",
+            MethodAction::On => "on",
+            MethodAction::Reboot => "reboot",
+            MethodAction::Status => "status",
+        }
+        .to_string()
+    }
+}
+
+/// Sets a condition, keeping its `lastTransitionTime` while its status stays the same.
+fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: String,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let status = if status { "True" } else { "False" }.to_string();
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(condition) => {
+            if condition.status != status {
+                condition.last_transition_time = Time(now);
+            }
+            condition.status = status;
+            condition.reason = reason;
+            condition.message = message;
+            condition.observed_generation = generation;
+        }
+        None => conditions.push(Condition {
+            type_: type_.to_string(),
+            status,
+            reason,
+            message,
+            observed_generation: generation,
+            last_transition_time: Time(now),
+        }),
+    }
+}
+
+/// Drops the oldest finished executions of earlier steps or attempts beyond
+/// [`MAX_EXECUTIONS`]; the current attempt's are always kept, since progress is read
+/// from them.
+fn prune_executions(status: &mut NodeFenceStatus) {
+    let excess = status.executions.len().saturating_sub(MAX_EXECUTIONS);
+    if excess == 0 {
+        return;
+    }
+    let current = (status.step, status.retries + 1);
+    let mut dropped = 0;
+    status.executions.retain(|e| {
+        let removable = dropped < excess && e.is_finished() && (Some(e.step), e.attempt) != current;
+        if removable {
+            dropped += 1;
+        }
+        !removable
+    });
+}

@@ -1,0 +1,21 @@
+//! The fence controller's core: the NodeFence resource (`resource.rs`), the controller's
+//! configuration (`policy.rs`), what it knows about nodes (`facts.rs`), the storm guard
+//! (`storm.rs`) and the state machine (`decide.rs`, reading step progress from the
+//! recorded executions in `progress.rs`). All of it is pure: the reconciler around it
+//! reads the cluster, calls `decide`, writes the status and only then acts.
+
+pub mod decide;
+pub mod facts;
+pub mod policy;
+pub mod progress;
+pub mod resource;
+pub mod storm;
+
+pub use decide::{
+    Action, Decision, ExecutionReport, ExecutionRequest, FenceEvent, Outcome, ReportedState,
+    TaintChange, decide,
+};
+pub use facts::{MethodOutline, NodeFacts, NodeHealth, NodeTaints, PlanOutline, Readiness};
+pub use policy::{ControllerPolicy, CountOrPercent, FencePolicy, StormPolicy};
+pub use resource::{NodeFence, NodeFenceSpec, NodeFenceStatus};
+pub use storm::{Assessment, Guard, GuardBlock, StormMemory, StormState};

@@ -1,0 +1,559 @@
+//! The controller's configuration (`ControllerConfiguration`, usually
+//! `config/controller.yaml`), decoded into plain policy values the decision functions
+//! read. Unknown fields are refused and every error names its field.
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde::{Deserialize, Serialize};
+
+use crate::config::GoDuration;
+
+pub const API_VERSION: &str = "nodekeeper.io/v1alpha1";
+pub const KIND: &str = "ControllerConfiguration";
+/// Nodes with this label set to `true` are never fenced (medik8s uses its own
+/// `remediation.medik8s.io/exclude-from-remediation`, which is honoured too).
+pub const EXCLUSION_LABEL: &str = "fencing.nodekeeper.io/exclude";
+pub const MEDIK8S_EXCLUSION_LABEL: &str = "remediation.medik8s.io/exclude-from-remediation";
+/// Our `NoSchedule` taint while a node is being fenced. Not `NoExecute`: that would evict
+/// pods before the node is proven stopped.
+pub const REMEDIATION_TAINT: &str = "fencing.nodekeeper.io/remediation";
+/// The non-graceful shutdown taint (KEP-2268): pods force-deleted, volumes detached at once.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
+
+/// A count or a percentage of nodes, as `maxUnhealthy` is written.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum CountOrPercent {
+    Count(u32),
+    Percent(f64),
+}
+
+impl CountOrPercent {
+    /// The largest number of unhealthy nodes out of `total` that is still allowed. A
+    /// percentage rounds down, so `40%` of 5 nodes allows 2.
+    pub fn allowed(self, total: usize) -> usize {
+        match self {
+            CountOrPercent::Count(count) => count as usize,
+            CountOrPercent::Percent(percent) => {
+                // Nodes are counted in the thousands at most; the product is exact enough.
+                ((total as f64) * percent / 100.0 + 1e-9).floor() as usize
+            }
+        }
+    }
+
+    fn parse(text: &str) -> Result<CountOrPercent, String> {
+        let text = text.trim();
+        if let Some(number) = text.strip_suffix('%') {
+            let percent: f64 = number
+                .trim()
+                .parse()
+                .map_err(|_| format!("{text:?} is not a percentage"))?;
+            if !(0.0..=100.0).contains(&percent) {
+                return Err(format!("{text:?} must be between 0% and 100%"));
+            }
+            return Ok(CountOrPercent::Percent(percent));
+        }
+        text.parse()
+            .map(CountOrPercent::Count)
+            .map_err(|_| format!("{text:?} is neither a node count nor a percentage like 40%"))
+    }
+}
+
+impl std::fmt::Display for CountOrPercent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CountOrPercent::Count(count) => write!(f, "{count}"),
+            CountOrPercent::Percent(percent) => write!(f, "{percent}%"),
+        }
+    }
+}
+
+/// When and how fences run, and what happens after one is confirmed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FencePolicy {
+    /// How long the Ready condition must be False or Unknown before a fence starts.
+    pub unhealthy_duration: Duration,
+    /// After a confirmed isolation, how long the node may come back by itself before the
+    /// power step starts.
+    pub power_management_delay: Duration,
+    /// Retries of a failed step before the fence stays failed.
+    pub retry_limit: u32,
+    /// The first retry's wait; each further retry doubles it, up to `retry_backoff_max`.
+    pub retry_backoff: Duration,
+    pub retry_backoff_max: Duration,
+    /// Apply the out-of-service taint once a fence is confirmed.
+    pub out_of_service_taint: bool,
+    /// Also delete the node's pods once a fence is confirmed (the original design's
+    /// cluster fence).
+    pub delete_pods: bool,
+}
+
+impl Default for FencePolicy {
+    fn default() -> FencePolicy {
+        FencePolicy {
+            unhealthy_duration: Duration::from_secs(60),
+            power_management_delay: Duration::from_secs(60),
+            retry_limit: 3,
+            retry_backoff: Duration::from_secs(30),
+            retry_backoff_max: Duration::from_secs(300),
+            out_of_service_taint: true,
+            delete_pods: false,
+        }
+    }
+}
+
+impl FencePolicy {
+    /// The wait before retry number `retry` (1-based).
+    pub fn backoff(&self, retry: u32) -> Duration {
+        let factor = 2u32.saturating_pow(retry.saturating_sub(1));
+        self.retry_backoff
+            .saturating_mul(factor)
+            .min(self.retry_backoff_max)
+    }
+}
+
+/// The storm guard and the zone rate limits.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StormPolicy {
+    /// No fence starts while more selected nodes than this are unhealthy.
+    pub max_unhealthy: CountOrPercent,
+    /// After a storm, how long fencing stays paused.
+    pub storm_cooldown: Duration,
+    /// Fences started per second in a healthy zone (the node lifecycle controller's
+    /// `--node-eviction-rate`).
+    pub zone_fence_rate: f64,
+    /// ... in a partially disrupted zone larger than `large_cluster_size_threshold`
+    /// (`--secondary-node-eviction-rate`); smaller disrupted zones get none.
+    pub secondary_zone_fence_rate: f64,
+    pub large_cluster_size_threshold: usize,
+    /// The share of NotReady nodes (with more than two) that makes a zone partially
+    /// disrupted (`--unhealthy-zone-threshold`).
+    pub unhealthy_zone_threshold: f64,
+}
+
+impl Default for StormPolicy {
+    fn default() -> StormPolicy {
+        StormPolicy {
+            max_unhealthy: CountOrPercent::Percent(40.0),
+            storm_cooldown: Duration::from_secs(300),
+            zone_fence_rate: 0.1,
+            secondary_zone_fence_rate: 0.01,
+            large_cluster_size_threshold: 50,
+            unhealthy_zone_threshold: 0.55,
+        }
+    }
+}
+
+/// The whole configuration, resolved.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ControllerPolicy {
+    /// Namespace of the fence ConfigMaps and Secrets.
+    pub namespace: String,
+    /// Only nodes this selects are watched, counted by the storm guard and fenced.
+    #[serde(skip)]
+    pub node_selector: Option<kube::core::Selector>,
+    /// Pods that make a node worth fencing; by default StatefulSet pods and pods with
+    /// single-node volumes.
+    #[serde(skip)]
+    pub pod_selector: Option<kube::core::Selector>,
+    pub fence: FencePolicy,
+    pub storm: StormPolicy,
+}
+
+impl Default for ControllerPolicy {
+    fn default() -> ControllerPolicy {
+        ControllerPolicy {
+            namespace: "nodekeeper-fencing".to_string(),
+            node_selector: None,
+            pod_selector: None,
+            fence: FencePolicy::default(),
+            storm: StormPolicy::default(),
+        }
+    }
+}
+
+impl ControllerPolicy {
+    /// The configuration as a `ControllerConfiguration` document with every default
+    /// filled in, for `check-config`.
+    pub fn effective_document(&self) -> serde_json::Value {
+        let go = |duration: Duration| GoDuration::from(duration).to_string();
+        let selector = |selector: &Option<kube::core::Selector>| match selector {
+            Some(selector) => serde_json::Value::String(selector.to_string()),
+            None => serde_json::json!({}),
+        };
+        serde_json::json!({
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "namespace": self.namespace,
+            "nodeSelector": selector(&self.node_selector),
+            "podSelector": selector(&self.pod_selector),
+            "unhealthyDuration": go(self.fence.unhealthy_duration),
+            "powerManagementDelay": go(self.fence.power_management_delay),
+            "retry": {
+                "limit": self.fence.retry_limit,
+                "backoff": go(self.fence.retry_backoff),
+                "maxBackoff": go(self.fence.retry_backoff_max),
+            },
+            "release": {
+                "outOfServiceTaint": self.fence.out_of_service_taint,
+                "deletePods": self.fence.delete_pods,
+            },
+            "stormGuard": {
+                "maxUnhealthy": self.storm.max_unhealthy.to_string(),
+                "stormCooldown": go(self.storm.storm_cooldown),
+                "zoneFenceRate": self.storm.zone_fence_rate,
+                "secondaryZoneFenceRate": self.storm.secondary_zone_fence_rate,
+                "largeClusterSizeThreshold": self.storm.large_cluster_size_threshold,
+                "unhealthyZoneThreshold": self.storm.unhealthy_zone_threshold,
+            },
+        })
+    }
+}
+
+/// Whether a YAML text is a `ControllerConfiguration` (by its `kind`).
+pub fn is_controller_configuration(text: &str) -> bool {
+    serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text)
+        .ok()
+        .and_then(|value| {
+            value
+                .get("kind")
+                .and_then(|k| k.as_str())
+                .map(|k| k == KIND)
+        })
+        .unwrap_or(false)
+}
+
+/// The file as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Document {
+    api_version: Option<String>,
+    kind: Option<String>,
+    namespace: Option<String>,
+    node_selector: Option<LabelSelector>,
+    pod_selector: Option<LabelSelector>,
+    unhealthy_duration: Option<String>,
+    power_management_delay: Option<String>,
+    retry: Option<RetryDocument>,
+    release: Option<ReleaseDocument>,
+    storm_guard: Option<StormDocument>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RetryDocument {
+    limit: Option<u32>,
+    backoff: Option<String>,
+    max_backoff: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ReleaseDocument {
+    out_of_service_taint: Option<bool>,
+    delete_pods: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct StormDocument {
+    max_unhealthy: Option<serde_yaml_ng::Value>,
+    storm_cooldown: Option<String>,
+    zone_fence_rate: Option<f64>,
+    secondary_zone_fence_rate: Option<f64>,
+    large_cluster_size_threshold: Option<usize>,
+    unhealthy_zone_threshold: Option<f64>,
+}
+
+/// A configuration problem, naming the file and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{origin}: {field}: {message}")]
+pub struct PolicyError {
+    pub origin: String,
+    pub field: String,
+    pub message: String,
+}
+
+/// Every problem of one file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+pub struct PolicyErrors(pub Vec<PolicyError>);
+
+/// Reads and validates a `ControllerConfiguration` file.
+pub fn load(path: &Path) -> Result<ControllerPolicy, PolicyErrors> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        PolicyErrors(vec![PolicyError {
+            origin: origin.clone(),
+            field: "(file)".to_string(),
+            message: format!("cannot read it: {error}"),
+        }])
+    })?;
+    parse(&text, &origin)
+}
+
+/// Parses and validates a `ControllerConfiguration` document; `origin` names it in errors.
+pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors> {
+    let error = |field: &str, message: String| PolicyError {
+        origin: origin.to_string(),
+        field: field.to_string(),
+        message,
+    };
+    let document: Document = if text.trim().is_empty() {
+        Document::default()
+    } else {
+        let deserializer = serde_yaml_ng::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            let message = e.into_inner().to_string();
+            // serde_yaml_ng often starts its message with the path already.
+            let message = message
+                .strip_prefix(&format!("{path}: "))
+                .map(str::to_string)
+                .unwrap_or(message);
+            PolicyErrors(vec![error(&path, message)])
+        })?
+    };
+    let mut errors = Vec::new();
+    let mut policy = ControllerPolicy::default();
+
+    if let Some(version) = &document.api_version
+        && version != API_VERSION
+    {
+        errors.push(error(
+            "apiVersion",
+            format!("{version:?} is not {API_VERSION:?}"),
+        ));
+    }
+    if let Some(kind) = &document.kind
+        && kind != KIND
+    {
+        errors.push(error("kind", format!("{kind:?} is not {KIND:?}")));
+    }
+    if let Some(namespace) = document.namespace {
+        if namespace.is_empty() {
+            errors.push(error("namespace", "must not be empty".to_string()));
+        }
+        policy.namespace = namespace;
+    }
+    let mut selector = |field: &str, value: Option<LabelSelector>| {
+        let value = value?;
+        match kube::core::Selector::try_from(value) {
+            Ok(selector) if selector.selects_all() => None,
+            Ok(selector) => Some(selector),
+            Err(problem) => {
+                errors.push(error(field, problem.to_string()));
+                None
+            }
+        }
+    };
+    policy.node_selector = selector("nodeSelector", document.node_selector);
+    policy.pod_selector = selector("podSelector", document.pod_selector);
+
+    let mut duration = |field: &str, text: Option<String>, target: &mut Duration, zero_ok: bool| {
+        let Some(text) = text else { return };
+        match GoDuration::parse(&text) {
+            Ok(value) if value.is_negative() => {
+                errors.push(error(field, format!("{text:?} must not be negative")))
+            }
+            Ok(value) if value.is_zero() && !zero_ok => {
+                errors.push(error(field, format!("{text:?} must be longer than zero")))
+            }
+            Ok(value) => *target = value.to_std(),
+            Err(problem) => errors.push(error(field, problem.to_string())),
+        }
+    };
+    duration(
+        "unhealthyDuration",
+        document.unhealthy_duration,
+        &mut policy.fence.unhealthy_duration,
+        true,
+    );
+    duration(
+        "powerManagementDelay",
+        document.power_management_delay,
+        &mut policy.fence.power_management_delay,
+        true,
+    );
+    let retry = document.retry.unwrap_or_default();
+    if let Some(limit) = retry.limit {
+        policy.fence.retry_limit = limit;
+    }
+    duration(
+        "retry.backoff",
+        retry.backoff,
+        &mut policy.fence.retry_backoff,
+        false,
+    );
+    duration(
+        "retry.maxBackoff",
+        retry.max_backoff,
+        &mut policy.fence.retry_backoff_max,
+        false,
+    );
+    let release = document.release.unwrap_or_default();
+    if let Some(taint) = release.out_of_service_taint {
+        policy.fence.out_of_service_taint = taint;
+    }
+    if let Some(delete) = release.delete_pods {
+        policy.fence.delete_pods = delete;
+    }
+    let storm = document.storm_guard.unwrap_or_default();
+    duration(
+        "stormGuard.stormCooldown",
+        storm.storm_cooldown,
+        &mut policy.storm.storm_cooldown,
+        true,
+    );
+    if let Some(value) = storm.max_unhealthy {
+        let text = match &value {
+            serde_yaml_ng::Value::String(text) => Some(text.clone()),
+            serde_yaml_ng::Value::Number(number) => Some(number.to_string()),
+            _ => None,
+        };
+        match text.map(|text| CountOrPercent::parse(&text)) {
+            Some(Ok(parsed)) => policy.storm.max_unhealthy = parsed,
+            Some(Err(message)) => errors.push(error("stormGuard.maxUnhealthy", message)),
+            None => errors.push(error(
+                "stormGuard.maxUnhealthy",
+                "must be a node count or a percentage like 40%".to_string(),
+            )),
+        }
+    }
+    let mut rate = |field: &str, value: Option<f64>, target: &mut f64| {
+        let Some(value) = value else { return };
+        if value.is_finite() && value >= 0.0 {
+            *target = value;
+        } else {
+            errors.push(error(
+                field,
+                format!("{value} must be zero or more fences per second"),
+            ));
+        }
+    };
+    rate(
+        "stormGuard.zoneFenceRate",
+        storm.zone_fence_rate,
+        &mut policy.storm.zone_fence_rate,
+    );
+    rate(
+        "stormGuard.secondaryZoneFenceRate",
+        storm.secondary_zone_fence_rate,
+        &mut policy.storm.secondary_zone_fence_rate,
+    );
+    if let Some(size) = storm.large_cluster_size_threshold {
+        policy.storm.large_cluster_size_threshold = size;
+    }
+    if let Some(threshold) = storm.unhealthy_zone_threshold {
+        if threshold.is_finite() && threshold > 0.0 && threshold <= 1.0 {
+            policy.storm.unhealthy_zone_threshold = threshold;
+        } else {
+            errors.push(error(
+                "stormGuard.unhealthyZoneThreshold",
+                format!("{threshold} must be a share above 0 and at most 1"),
+            ));
+        }
+    }
+    if policy.fence.retry_backoff_max < policy.fence.retry_backoff {
+        errors.push(error(
+            "retry.maxBackoff",
+            "must not be shorter than retry.backoff".to_string(),
+        ));
+    }
+    if errors.is_empty() {
+        Ok(policy)
+    } else {
+        Err(PolicyErrors(errors))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_file_gives_the_documented_defaults() {
+        let policy = parse("", "empty.yaml").expect("valid");
+        assert_eq!(policy, ControllerPolicy::default());
+        assert_eq!(policy.fence.unhealthy_duration, Duration::from_secs(60));
+        assert_eq!(policy.storm.max_unhealthy, CountOrPercent::Percent(40.0));
+    }
+
+    #[test]
+    fn the_shipped_example_is_valid() {
+        let text = include_str!("../../config/controller.yaml");
+        parse(text, "config/controller.yaml").expect("the shipped file is valid");
+    }
+
+    #[test]
+    fn every_field_is_read() {
+        let policy = parse(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: fencing\n\
+             unhealthyDuration: 30s\npowerManagementDelay: 2m\n\
+             retry: {limit: 5, backoff: 10s, maxBackoff: 1m}\n\
+             release: {outOfServiceTaint: false, deletePods: true}\n\
+             nodeSelector: {matchLabels: {role: worker}}\n\
+             stormGuard: {maxUnhealthy: 2, stormCooldown: 1m, zoneFenceRate: 1, secondaryZoneFenceRate: 0.5, largeClusterSizeThreshold: 10, unhealthyZoneThreshold: 0.7}\n",
+            "full.yaml",
+        )
+        .expect("valid");
+        assert_eq!(policy.namespace, "fencing");
+        assert_eq!(policy.fence.unhealthy_duration, Duration::from_secs(30));
+        assert_eq!(
+            policy.fence.power_management_delay,
+            Duration::from_secs(120)
+        );
+        assert_eq!(policy.fence.retry_limit, 5);
+        assert_eq!(policy.fence.backoff(1), Duration::from_secs(10));
+        assert_eq!(policy.fence.backoff(3), Duration::from_secs(40));
+        assert_eq!(policy.fence.backoff(9), Duration::from_secs(60));
+        assert!(!policy.fence.out_of_service_taint);
+        assert!(policy.fence.delete_pods);
+        assert!(policy.node_selector.is_some());
+        assert_eq!(policy.storm.max_unhealthy, CountOrPercent::Count(2));
+        assert_eq!(policy.storm.large_cluster_size_threshold, 10);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_field_and_all_are_reported() {
+        let errors = parse(
+            "unhealthyDuration: 10 minutes\nstormGuard: {maxUnhealthy: 140%, zoneFenceRate: -1}\n",
+            "bad.yaml",
+        )
+        .expect_err("invalid");
+        let text = errors.to_string();
+        assert!(text.contains("bad.yaml: unhealthyDuration:"), "{text}");
+        assert!(
+            text.contains("bad.yaml: stormGuard.maxUnhealthy: \"140%\" must be between"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bad.yaml: stormGuard.zoneFenceRate:"),
+            "{text}"
+        );
+        assert_eq!(errors.0.len(), 3);
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused_with_its_path() {
+        let errors = parse("stormGuard:\n  maxUnhealty: 2\n", "typo.yaml").expect_err("invalid");
+        let text = errors.to_string();
+        assert!(
+            text.contains("typo.yaml: stormGuard.maxUnhealty: "),
+            "{text}"
+        );
+        assert!(text.contains("expected one of `maxUnhealthy`"), "{text}");
+        assert!(text.contains("maxUnhealty"), "{text}");
+    }
+
+    #[test]
+    fn percentages_round_down() {
+        assert_eq!(CountOrPercent::Percent(40.0).allowed(5), 2);
+        assert_eq!(CountOrPercent::Percent(40.0).allowed(3), 1);
+        assert_eq!(CountOrPercent::Percent(40.0).allowed(2), 0);
+        assert_eq!(CountOrPercent::Percent(100.0).allowed(7), 7);
+        assert_eq!(CountOrPercent::Count(3).allowed(2), 3);
+    }
+}

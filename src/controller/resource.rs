@@ -1,0 +1,373 @@
+//! The NodeFence custom resource, `fencing.nodekeeper.io/v1alpha1`: one per node, named
+//! after the node. Its status is the controller's whole memory: the step and phase, every
+//! agent execution started (written before the agent starts), retries, the confirmation
+//! that makes releasing the node's pods safe, and why a fence is paused. A controller that
+//! restarts at any instant reads it back and continues where the last one stopped.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use kube::core::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::fencing::{FenceAction, PowerState, Step};
+
+/// The API group of nodekeeper's fencing resources.
+pub const GROUP: &str = "fencing.nodekeeper.io";
+/// The field manager of every write the controller makes.
+pub const FIELD_MANAGER: &str = "nodekeeper-controller";
+/// At most this many executions are kept in a status; the oldest finished ones of earlier
+/// steps go first, so a status stays far below the API server's object size limit.
+pub const MAX_EXECUTIONS: usize = 64;
+
+/// Fence one node: isolate it, power-manage it, and recover it when it comes back.
+// The kube derive takes one `printcolumn(...)` per column, which clippy reads as the same
+// attribute repeated.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[kube(
+    group = "fencing.nodekeeper.io",
+    version = "v1alpha1",
+    kind = "NodeFence",
+    plural = "nodefences",
+    singular = "nodefence",
+    shortname = "nf",
+    category = "nodekeeper",
+    status = "NodeFenceStatus",
+    derive = "PartialEq",
+    doc = "A fence of one node (named after it) through ClusterLabs fence agents, driven by the node-fencing ConfigMaps. Created by nodekeeper controller for a lost node, or by an operator with spec.force to fence a node by hand.",
+    printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName"),
+    printcolumn(name = "Step", type_ = "string", json_path = ".status.step"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Last Result",
+        type_ = "string",
+        json_path = ".status.lastResult"
+    ),
+    printcolumn(
+        name = "Paused",
+        type_ = "string",
+        json_path = ".status.pause.reason",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Retries",
+        type_ = "integer",
+        json_path = ".status.retries",
+        priority = "1"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFenceSpec {
+    /// The node to fence; by convention also the resource's name.
+    pub node_name: String,
+    /// Fence even though the node has not been unhealthy for `unhealthyDuration`, and
+    /// whether or not it runs pods that need fencing. Every other rule still holds: the
+    /// exclusion label, the storm guard, the zone rate limit, a confirmed fence before any
+    /// pod is released.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force: bool,
+}
+
+/// The three steps of the original design.
+#[derive(
+    Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+pub enum FenceStep {
+    Isolation,
+    PowerManagement,
+    Recovery,
+}
+
+impl From<Step> for FenceStep {
+    fn from(step: Step) -> FenceStep {
+        match step {
+            Step::Isolation => FenceStep::Isolation,
+            Step::PowerManagement => FenceStep::PowerManagement,
+            Step::Recovery => FenceStep::Recovery,
+        }
+    }
+}
+
+impl From<FenceStep> for Step {
+    fn from(step: FenceStep) -> Step {
+        match step {
+            FenceStep::Isolation => Step::Isolation,
+            FenceStep::PowerManagement => Step::PowerManagement,
+            FenceStep::Recovery => Step::Recovery,
+        }
+    }
+}
+
+impl std::fmt::Display for FenceStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        Step::from(*self).fmt(f)
+    }
+}
+
+/// Where the current step stands.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, JsonSchema)]
+pub enum FencePhase {
+    /// Not started yet (waiting, paused, or about to start).
+    New,
+    /// Methods are being run.
+    Running,
+    /// One alternative succeeded.
+    Done,
+    /// Every alternative failed; retried after a backoff until the retry limit.
+    Error,
+}
+
+/// Whether an execution carried out the method's action or only asked the device for its
+/// power state (after an execution was interrupted, so that nothing is done twice).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ExecutionKind {
+    Act,
+    Verify,
+}
+
+/// How an execution ended.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ExecutionResult {
+    Succeeded,
+    Failed,
+    /// The deadline passed: a failure, never a success.
+    TimedOut,
+    /// The executor lost it (the controller restarted while it ran): whether the device
+    /// acted is unknown until a `Verify` asks it.
+    Interrupted,
+}
+
+/// A power state as `status` reported it.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, JsonSchema)]
+pub enum PowerSeen {
+    On,
+    Off,
+}
+
+impl From<PowerState> for PowerSeen {
+    fn from(state: PowerState) -> PowerSeen {
+        match state {
+            PowerState::On => PowerSeen::On,
+            PowerState::Off => PowerSeen::Off,
+        }
+    }
+}
+
+/// The action a method takes, as written in the status.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MethodAction {
+    Off,
+    On,
+    Reboot,
+    /// Only `status`: a `Verify` execution.
+    Status,
+}
+
+impl From<FenceAction> for MethodAction {
+    fn from(action: FenceAction) -> MethodAction {
+        match action {
+            FenceAction::Off => MethodAction::Off,
+            FenceAction::On => MethodAction::On,
+            FenceAction::Reboot => MethodAction::Reboot,
+        }
+    }
+}
+
+/// One run of one fence method's agent, recorded before the agent starts.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Execution {
+    /// Unique within the fence and deterministic: step, attempt, alternative, method,
+    /// kind. A Job executor names its Job from it and the NodeFence's uid.
+    pub name: String,
+    pub step: FenceStep,
+    /// 1-based: the first try of the step is attempt 1, each retry adds one.
+    pub attempt: u32,
+    /// 1-based alternative of the step (`|` in the configuration).
+    pub alternative: u32,
+    /// The method's name in the node's fence configuration.
+    pub method: String,
+    /// The fence agent it runs, e.g. `fence_ipmilan`.
+    pub agent: String,
+    pub kind: ExecutionKind,
+    pub action: MethodAction,
+    /// Recorded before the agent starts.
+    pub started_at: Time,
+    /// When the executor reported its end (or the controller found it lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<ExecutionResult>,
+    /// `status` reported the power off after the action: the proof a fence needs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub off_confirmed: bool,
+    /// The last power state `status` reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerSeen>,
+    /// One line for a person: why it failed, or what it saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl Execution {
+    pub fn is_finished(&self) -> bool {
+        self.result.is_some()
+    }
+}
+
+/// Why a fence is waiting instead of acting.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, JsonSchema)]
+pub enum PauseReason {
+    /// More nodes are unhealthy than `maxUnhealthy` allows: maybe a partition or a
+    /// control-plane failure, not dead nodes.
+    StormGuard,
+    /// A storm ended recently; fencing resumes after `stormCooldown`.
+    StormCooldown,
+    /// The zone's fence rate (the node lifecycle controller's semantics) is used up, or is
+    /// zero because the zone or every zone is disrupted.
+    ZoneRateLimit,
+    /// The node has no usable fence configuration.
+    NoConfiguration,
+    /// The node carries the exclusion label.
+    Excluded,
+    /// Waiting for the node to be unhealthy for `unhealthyDuration`.
+    WaitingForUnhealthyDuration,
+    /// Waiting `powerManagementDelay` after isolation for the node to come back by itself.
+    WaitingForPowerManagementDelay,
+    /// Waiting for the retry backoff.
+    RetryBackoff,
+    /// The node object is gone.
+    NodeGone,
+    /// The resource's name is not its `spec.nodeName`: one fence per node is guaranteed
+    /// by naming, so a fence named otherwise is never acted on.
+    NameMismatch,
+}
+
+/// A fence that is waiting, with the reason and when it may go on (if known).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Pause {
+    pub reason: PauseReason,
+    /// What holds the fence back, for a person.
+    pub message: String,
+    /// Paused for this reason since then.
+    pub since: Time,
+    /// When the pause ends by itself, if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
+}
+
+/// Everything the controller knows about a fence.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFenceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<FenceStep>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<FencePhase>,
+    /// When the current step entered its current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_since: Option<Time>,
+    /// Retries of the current step so far (the attempt is `retries + 1`).
+    #[serde(default)]
+    pub retries: u32,
+    /// When the first method of the fence started; the zone rate limit counts these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// The node's zone when the fence started, for the zone rate limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// When a step's winning alternative proved the node off or its storage isolated;
+    /// the node's pods may be released only once this is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmed_at: Option<Time>,
+    /// The step and methods whose results are that proof.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmed_by: Option<String>,
+    /// When the out-of-service taint was first asked for; only a taint recorded here is
+    /// ever removed by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_service_at: Option<Time>,
+    /// When the controller first deleted the node's pods (the optional cluster fence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_deleted_at: Option<Time>,
+    /// Recovery finished and the taints were asked to go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered_at: Option<Time>,
+    /// Why the fence is waiting, if it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause: Option<Pause>,
+    /// The last execution's outcome in a few words, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_result: Option<String>,
+    #[serde(default)]
+    pub executions: Vec<Execution>,
+    /// `Paused`, `Confirmed` and `Failed`, with the usual meaning of status and reason.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// The CustomResourceDefinition as YAML, generated from these types.
+pub fn crd_yaml() -> Result<String, serde_yaml_ng::Error> {
+    let crd = NodeFence::crd();
+    serde_yaml_ng::to_string(&crd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_crd_is_cluster_scoped_with_a_status_subresource_and_printer_columns() {
+        let crd = NodeFence::crd();
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.group, GROUP);
+        let version = &crd.spec.versions[0];
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+        let columns: Vec<&str> = version
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|column| column.name.as_str())
+            .collect();
+        assert_eq!(
+            columns,
+            [
+                "Node",
+                "Step",
+                "Phase",
+                "Age",
+                "Last Result",
+                "Paused",
+                "Retries"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_status_round_trips_through_json_with_the_documented_field_names() {
+        let status = NodeFenceStatus {
+            step: Some(FenceStep::PowerManagement),
+            phase: Some(FencePhase::Running),
+            ..NodeFenceStatus::default()
+        };
+        let json = serde_json::to_value(&status).expect("serializable");
+        assert_eq!(json["step"], "PowerManagement");
+        assert_eq!(json["phase"], "Running");
+        let back: NodeFenceStatus = serde_json::from_value(json).expect("deserializable");
+        assert_eq!(back, status);
+    }
+}

@@ -1,0 +1,990 @@
+//! The fence state machine, driven through a simulated world: a node whose health we
+//! set, fence devices that really change state (a storage port and a power supply), an
+//! executor that runs one method at a time and can be lost with the controller, and the
+//! storm guard's word. Scenario tests walk the documented flows; property tests throw
+//! arbitrary sequences of health changes, agent failures, storms and controller restarts
+//! at it and check the safety rules on every decision, against the devices' real state.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use nodekeeper::controller::decide::{
+    Action, Decision, ExecutionReport, Outcome, ReportedState, TaintChange, decide,
+};
+use nodekeeper::controller::facts::{
+    MethodOutline, NodeFacts, NodeHealth, NodeTaints, PlanOutline, Readiness,
+};
+use nodekeeper::controller::policy::FencePolicy;
+use nodekeeper::controller::resource::{
+    ExecutionKind, ExecutionResult, FencePhase, FenceStep, NodeFence, NodeFenceSpec, PauseReason,
+    PowerSeen,
+};
+use nodekeeper::controller::storm::{Guard, GuardBlock};
+use nodekeeper::fencing::{FenceAction, Step};
+use proptest::prelude::*;
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + seconds).expect("in range")
+}
+
+fn method(name: &str, action: FenceAction) -> MethodOutline {
+    MethodOutline {
+        name: name.to_string(),
+        agent: if name.starts_with("scsi") {
+            "fence_scsi"
+        } else {
+            "fence_ipmilan"
+        }
+        .to_string(),
+        action,
+        must_succeed: true,
+    }
+}
+
+/// Isolation cuts the storage port, power management powers off, recovery re-enables
+/// the port: the original design's example.
+fn full_plan() -> PlanOutline {
+    let mut plan = PlanOutline::default();
+    plan.steps.insert(
+        Step::Isolation,
+        vec![vec![method("scsi", FenceAction::Off)]],
+    );
+    plan.steps.insert(
+        Step::PowerManagement,
+        vec![
+            vec![method("ipmi", FenceAction::Off)],
+            vec![method("ipmi-backup", FenceAction::Off)],
+        ],
+    );
+    plan.steps.insert(
+        Step::Recovery,
+        vec![vec![method("scsi-on", FenceAction::On)]],
+    );
+    plan
+}
+
+/// What an agent run does to its device and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Works,
+    /// Exits non-zero; the device is untouched.
+    Fails,
+    /// Hits the deadline; whether the device acted is the bool.
+    TimesOut(bool),
+    /// Reports success but `status` never sees the device change (unconfirmed).
+    Unconfirmed,
+}
+
+/// The devices: `true` means on (power on, storage port enabled).
+#[derive(Debug, Clone)]
+struct Devices {
+    storage_on: bool,
+    power_on: bool,
+}
+
+impl Devices {
+    fn fenced(&self) -> bool {
+        !self.storage_on || !self.power_on
+    }
+
+    fn device_of(&mut self, method: &str) -> &mut bool {
+        if method.starts_with("scsi") {
+            &mut self.storage_on
+        } else {
+            &mut self.power_on
+        }
+    }
+}
+
+struct Running {
+    name: String,
+    method: String,
+    kind: ExecutionKind,
+    fate: Fate,
+}
+
+struct World {
+    fence: Option<NodeFence>,
+    facts: NodeFacts,
+    plan: PlanOutline,
+    devices: Devices,
+    running: Option<Running>,
+    finished: Vec<ExecutionReport>,
+    now: Timestamp,
+    policy: FencePolicy,
+    guard: Guard,
+    fates: Vec<Fate>,
+    /// Every decision, in order.
+    log: Vec<Decision>,
+    restarts: usize,
+    power_offs: usize,
+}
+
+impl World {
+    fn new(plan: PlanOutline, force: bool) -> World {
+        let fence = NodeFence {
+            metadata: ObjectMeta {
+                name: Some("worker-1".to_string()),
+                generation: Some(1),
+                ..ObjectMeta::default()
+            },
+            spec: NodeFenceSpec {
+                node_name: "worker-1".to_string(),
+                force,
+            },
+            status: None,
+        };
+        World {
+            fence: Some(fence),
+            facts: NodeFacts {
+                exists: true,
+                health: NodeHealth {
+                    readiness: Readiness::Unknown,
+                    since: Some(at(0)),
+                },
+                zone: String::new(),
+                excluded: false,
+                runs_pods_needing_fencing: true,
+                pods_to_release: 1,
+                taints: NodeTaints::default(),
+                plan: Ok(plan.clone()),
+            },
+            plan,
+            devices: Devices {
+                storage_on: true,
+                power_on: true,
+            },
+            running: None,
+            finished: Vec::new(),
+            now: at(0),
+            policy: FencePolicy::default(),
+            guard: Guard::open(),
+            fates: Vec::new(),
+            log: Vec::new(),
+            restarts: 0,
+            power_offs: 0,
+        }
+    }
+
+    fn status(&self) -> &nodekeeper::controller::NodeFenceStatus {
+        self.fence
+            .as_ref()
+            .and_then(|f| f.status.as_ref())
+            .expect("the fence has a status")
+    }
+
+    fn set_ready(&mut self, ready: bool) {
+        // A powered-off node cannot report Ready.
+        let ready = ready && self.devices.power_on;
+        let readiness = if ready {
+            Readiness::Ready
+        } else {
+            Readiness::Unknown
+        };
+        if self.facts.health.readiness != readiness {
+            self.facts.health = NodeHealth {
+                readiness,
+                since: Some(self.now),
+            };
+        }
+    }
+
+    fn advance(&mut self, seconds: u64) {
+        self.now += Duration::from_secs(seconds);
+        // A running execution ends once time has passed.
+        if let Some(running) = self.running.take() {
+            let outcome = self.run_to_end(&running);
+            self.finished.push(ExecutionReport {
+                name: running.name,
+                state: ReportedState::Finished(outcome),
+            });
+        }
+        if !self.devices.power_on {
+            self.set_ready(false);
+        }
+    }
+
+    /// The controller dies: whatever ran is lost; its agent may or may not have acted.
+    fn restart(&mut self, acted: bool) {
+        self.restarts += 1;
+        if let Some(running) = self.running.take()
+            && acted
+            && running.kind == ExecutionKind::Act
+        {
+            self.apply(&running.method);
+        }
+        self.finished.clear();
+    }
+
+    fn target_of(&self, method: &str) -> FenceAction {
+        self.plan
+            .steps
+            .values()
+            .flatten()
+            .flatten()
+            .find(|m| m.name == method)
+            .map(|m| m.action)
+            .expect("a planned method")
+    }
+
+    fn apply(&mut self, method: &str) {
+        let on = self.target_of(method) == FenceAction::On;
+        let device = self.devices.device_of(method);
+        if *device && !on && !method.starts_with("scsi") {
+            self.power_offs += 1;
+        }
+        *device = on;
+    }
+
+    fn run_to_end(&mut self, running: &Running) -> Outcome {
+        let finished_at = self.now;
+        let power_seen = |devices: &mut Devices, method: &str| {
+            if *devices.device_of(method) {
+                PowerSeen::On
+            } else {
+                PowerSeen::Off
+            }
+        };
+        match (running.kind, running.fate) {
+            (ExecutionKind::Verify, Fate::Fails) => Outcome {
+                succeeded: false,
+                timed_out: false,
+                off_confirmed: false,
+                power: None,
+                detail: Some("status failed".into()),
+                finished_at,
+            },
+            (ExecutionKind::Verify, _) => {
+                let power = power_seen(&mut self.devices, &running.method);
+                Outcome {
+                    succeeded: true,
+                    timed_out: false,
+                    off_confirmed: false,
+                    power: Some(power),
+                    detail: None,
+                    finished_at,
+                }
+            }
+            (ExecutionKind::Act, Fate::Works) => {
+                self.apply(&running.method);
+                let power = power_seen(&mut self.devices, &running.method);
+                Outcome {
+                    succeeded: true,
+                    timed_out: false,
+                    off_confirmed: power == PowerSeen::Off,
+                    power: Some(power),
+                    detail: None,
+                    finished_at,
+                }
+            }
+            (ExecutionKind::Act, Fate::Fails) => Outcome {
+                succeeded: false,
+                timed_out: false,
+                off_confirmed: false,
+                power: None,
+                detail: Some("exit 1".into()),
+                finished_at,
+            },
+            (ExecutionKind::Act, Fate::TimesOut(acted)) => {
+                if acted {
+                    self.apply(&running.method);
+                }
+                Outcome {
+                    succeeded: false,
+                    timed_out: true,
+                    off_confirmed: false,
+                    power: None,
+                    detail: Some("deadline".into()),
+                    finished_at,
+                }
+            }
+            (ExecutionKind::Act, Fate::Unconfirmed) => Outcome {
+                succeeded: true,
+                timed_out: false,
+                off_confirmed: false,
+                power: Some(power_seen(&mut self.devices, &running.method)),
+                detail: None,
+                finished_at,
+            },
+        }
+    }
+
+    /// What the executor knows about the status's unfinished executions.
+    fn reports(&self) -> Vec<ExecutionReport> {
+        let Some(status) = self.fence.as_ref().and_then(|f| f.status.as_ref()) else {
+            return Vec::new();
+        };
+        status
+            .executions
+            .iter()
+            .filter(|e| e.result.is_none())
+            .map(|e| {
+                if let Some(report) = self.finished.iter().find(|r| r.name == e.name) {
+                    report.clone()
+                } else if self.running.as_ref().is_some_and(|r| r.name == e.name) {
+                    ExecutionReport {
+                        name: e.name.clone(),
+                        state: ReportedState::Running,
+                    }
+                } else {
+                    ExecutionReport {
+                        name: e.name.clone(),
+                        state: ReportedState::Lost,
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// One reconcile: decide, check the safety rules, persist, act.
+    fn reconcile(&mut self) -> Option<&Decision> {
+        let fence = self.fence.clone()?;
+        let before = fence.status.clone().unwrap_or_default();
+        let decision = decide(
+            &fence,
+            &self.facts,
+            &self.reports(),
+            &self.guard,
+            &self.policy,
+            self.now,
+        );
+        self.check(&before, &decision);
+        let mut fence = fence;
+        fence.status = Some(decision.status.clone());
+        self.fence = Some(fence);
+        self.finished.clear();
+        for action in &decision.actions {
+            match action {
+                Action::Start(request) => {
+                    let fate = if self.fates.is_empty() {
+                        Fate::Works
+                    } else {
+                        self.fates.remove(0)
+                    };
+                    self.running = Some(Running {
+                        name: request.name.clone(),
+                        method: request.method.clone(),
+                        kind: request.kind,
+                        fate,
+                    });
+                }
+                Action::Taint(TaintChange::AddRemediation) => self.facts.taints.remediation = true,
+                Action::Taint(TaintChange::RemoveRemediation) => {
+                    self.facts.taints.remediation = false
+                }
+                Action::Taint(TaintChange::AddOutOfService) => {
+                    self.facts.taints.out_of_service = true
+                }
+                Action::Taint(TaintChange::RemoveOutOfService) => {
+                    self.facts.taints.out_of_service = false
+                }
+                Action::DeletePods => self.facts.pods_to_release = 0,
+                Action::DeleteFence => self.fence = None,
+            }
+        }
+        self.log.push(decision);
+        self.log.last()
+    }
+
+    /// The safety rules, checked on every decision against the world's real state.
+    fn check(&self, before: &nodekeeper::controller::NodeFenceStatus, decision: &Decision) {
+        let starts: Vec<_> = decision
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Start(request) => Some(request),
+                _ => None,
+            })
+            .collect();
+        // (b) at most one execution in flight for the node.
+        assert!(starts.len() <= 1, "two starts in one decision: {starts:?}");
+        if !starts.is_empty() {
+            assert!(
+                self.running.is_none(),
+                "started {:?} while {} still runs",
+                starts[0].name,
+                self.running.as_ref().map(|r| r.name.as_str()).unwrap_or("")
+            );
+        }
+        let unfinished = decision
+            .status
+            .executions
+            .iter()
+            .filter(|e| e.result.is_none())
+            .count();
+        assert!(unfinished <= 1, "{unfinished} unfinished executions");
+        // (a) nothing released before the node is really fenced.
+        let releases = decision.actions.iter().any(|a| {
+            matches!(
+                a,
+                Action::Taint(TaintChange::AddOutOfService) | Action::DeletePods
+            )
+        });
+        if releases {
+            assert!(
+                self.devices.fenced(),
+                "pods released while the node's storage and power are both on: {decision:#?}"
+            );
+            assert!(decision.status.confirmed_at.is_some());
+        }
+        for request in &starts {
+            let power_step = request.step != Step::Recovery;
+            // (c) the storm guard holds back every power action, the zone rate every new fence.
+            if power_step && request.kind == ExecutionKind::Act {
+                assert!(
+                    self.guard.storm.is_none(),
+                    "a power action started during a storm"
+                );
+                if before.started_at.is_none() {
+                    assert!(
+                        self.guard.zone.is_none(),
+                        "a fence started against the zone rate"
+                    );
+                }
+            }
+            // (e) an action is repeated within an attempt only after `status` showed the
+            // earlier one did not take effect.
+            if request.kind == ExecutionKind::Act {
+                let earlier: Vec<_> = decision
+                    .status
+                    .executions
+                    .iter()
+                    .filter(|e| {
+                        e.name != request.name
+                            && Step::from(e.step) == request.step
+                            && e.attempt == request.attempt
+                            && e.alternative == request.alternative
+                            && e.method == request.method
+                    })
+                    .collect();
+                if let Some(last) = earlier.last() {
+                    let target = if self.target_of(&request.method) == FenceAction::On {
+                        PowerSeen::On
+                    } else {
+                        PowerSeen::Off
+                    };
+                    assert!(
+                        last.kind == ExecutionKind::Verify
+                            && last.result == Some(ExecutionResult::Succeeded)
+                            && last.power != Some(target),
+                        "{} repeated without a status showing it had not happened: {earlier:#?}",
+                        request.name
+                    );
+                }
+            }
+        }
+        // (d) retries stay within the limit.
+        assert!(decision.status.retries <= self.policy.retry_limit);
+    }
+
+    /// Reconciles and lets time pass until the fence settles or `limit` rounds pass.
+    fn run(&mut self, rounds: usize, seconds: u64) {
+        for _ in 0..rounds {
+            if self.reconcile().is_none() {
+                return;
+            }
+            self.advance(seconds);
+        }
+    }
+
+    fn phase(&self) -> (Option<FenceStep>, Option<FencePhase>) {
+        let status = self.status();
+        (status.step, status.phase)
+    }
+
+    fn events(&self) -> Vec<&'static str> {
+        self.log
+            .iter()
+            .flat_map(|d| d.events.iter().map(|e| e.reason))
+            .collect()
+    }
+
+    fn started(&self) -> Vec<String> {
+        self.log
+            .iter()
+            .flat_map(|d| d.actions.iter())
+            .filter_map(|a| match a {
+                Action::Start(r) => Some(r.name.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn a_lost_node_is_isolated_released_powered_off_and_recovered_when_it_returns() {
+    let mut world = World::new(full_plan(), false);
+    world.now = at(30);
+    let decision = world.reconcile().expect("a decision").clone();
+    assert!(decision.actions.is_empty(), "{:?}", decision.actions);
+    let pause = decision.status.pause.expect("waiting");
+    assert_eq!(pause.reason, PauseReason::WaitingForUnhealthyDuration);
+    // The reconciler is told to look again exactly when the wait ends.
+    assert_eq!(decision.requeue_after, Duration::from_secs(30));
+
+    world.now = at(60);
+    let decision = world.reconcile().expect("a decision").clone();
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::Isolation), Some(FencePhase::Running))
+    );
+    assert!(
+        decision
+            .actions
+            .contains(&Action::Taint(TaintChange::AddRemediation))
+    );
+    assert!(
+        !decision
+            .actions
+            .contains(&Action::Taint(TaintChange::AddOutOfService)),
+        "nothing is released before the fence is confirmed"
+    );
+    assert_eq!(world.started(), ["isolation-t1-a1-scsi-act1"]);
+
+    world.advance(2);
+    let decision = world.reconcile().expect("a decision").clone();
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::Isolation), Some(FencePhase::Done))
+    );
+    assert!(
+        decision
+            .actions
+            .contains(&Action::Taint(TaintChange::AddOutOfService))
+    );
+    assert!(world.status().confirmed_at.is_some());
+    assert_eq!(
+        world.status().pause.as_ref().map(|p| p.reason),
+        Some(PauseReason::WaitingForPowerManagementDelay)
+    );
+
+    world.advance(60);
+    world.reconcile();
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::PowerManagement), Some(FencePhase::Running))
+    );
+    world.advance(2);
+    world.reconcile();
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::PowerManagement), Some(FencePhase::Done))
+    );
+    assert!(!world.devices.power_on);
+    assert_eq!(world.power_offs, 1);
+
+    // Someone repairs the node and powers it on; it reports Ready.
+    world.devices.power_on = true;
+    world.advance(120);
+    world.set_ready(true);
+    world.run(10, 2);
+    assert!(world.fence.is_none(), "the fence ends after recovery");
+    assert!(
+        world.devices.storage_on,
+        "recovery re-enabled the storage port"
+    );
+    assert_eq!(
+        world.facts.taints,
+        NodeTaints::default(),
+        "our taints are gone"
+    );
+    let events = world.events();
+    for reason in [
+        "FenceStarted",
+        "FenceConfirmed",
+        "OutOfServiceTaintAdded",
+        "RecoveryStarted",
+        "Recovered",
+    ] {
+        assert!(events.contains(&reason), "{reason} missing from {events:?}");
+    }
+}
+
+#[test]
+fn a_controller_killed_during_the_power_off_asks_the_device_instead_of_powering_off_again() {
+    let mut plan = full_plan();
+    plan.steps.remove(&Step::Isolation);
+    let mut world = World::new(plan, false);
+    world.now = at(61);
+    world.reconcile();
+    assert_eq!(world.started(), ["power-management-t1-a1-ipmi-act1"]);
+    // The controller dies after the agent powered the node off, before it could record it.
+    world.restart(true);
+    world.advance(5);
+    let decision = world.reconcile().expect("a decision").clone();
+    assert_eq!(
+        decision.status.executions[0].result,
+        Some(ExecutionResult::Interrupted)
+    );
+    assert_eq!(
+        world.started(),
+        [
+            "power-management-t1-a1-ipmi-act1",
+            "power-management-t1-a1-ipmi-verify1"
+        ]
+    );
+    world.advance(1);
+    let decision = world.reconcile().expect("a decision").clone();
+    assert!(
+        decision
+            .actions
+            .contains(&Action::Taint(TaintChange::AddOutOfService))
+    );
+    assert_eq!(world.power_offs, 1, "exactly one power-off");
+    assert_eq!(world.started().len(), 2);
+}
+
+#[test]
+fn a_controller_killed_before_the_agent_acted_powers_off_once_after_asking() {
+    let mut plan = full_plan();
+    plan.steps.remove(&Step::Isolation);
+    let mut world = World::new(plan, false);
+    world.now = at(61);
+    world.reconcile();
+    world.restart(false);
+    world.advance(5);
+    world.run(4, 1);
+    assert_eq!(
+        world.started(),
+        [
+            "power-management-t1-a1-ipmi-act1",
+            "power-management-t1-a1-ipmi-verify1",
+            "power-management-t1-a1-ipmi-act2"
+        ]
+    );
+    assert_eq!(world.power_offs, 1);
+    assert!(world.status().confirmed_at.is_some());
+}
+
+#[test]
+fn a_storm_pauses_the_fence_says_why_and_it_resumes_when_the_storm_is_over() {
+    let mut world = World::new(full_plan(), false);
+    world.now = at(61);
+    world.guard.storm = Some(GuardBlock {
+        reason: PauseReason::StormGuard,
+        message: "3 of 5 watched nodes are unhealthy".to_string(),
+        until: None,
+    });
+    let decision = world.reconcile().expect("a decision").clone();
+    assert!(decision.actions.is_empty(), "{:?}", decision.actions);
+    let pause = decision.status.pause.clone().expect("paused");
+    assert_eq!(pause.reason, PauseReason::StormGuard);
+    let paused = decision
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Paused")
+        .expect("a Paused condition");
+    assert_eq!(
+        (paused.status.as_str(), paused.reason.as_str()),
+        ("True", "StormGuard")
+    );
+    assert!(
+        decision
+            .events
+            .iter()
+            .any(|e| e.reason == "FencePaused" && e.warning && e.message.contains("3 of 5"))
+    );
+    // The same pause again is not a new event.
+    world.advance(10);
+    let again = world.reconcile().expect("a decision").clone();
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    assert_eq!(again.status.pause.expect("still paused").since, pause.since);
+
+    world.guard = Guard::open();
+    world.advance(10);
+    world.reconcile();
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::Isolation), Some(FencePhase::Running))
+    );
+    assert!(world.status().pause.is_none());
+}
+
+#[test]
+fn a_storm_arriving_mid_fence_holds_the_power_step_back() {
+    let mut world = World::new(full_plan(), false);
+    world.now = at(61);
+    world.run(2, 1);
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::Isolation), Some(FencePhase::Done))
+    );
+    world.guard.storm = Some(GuardBlock {
+        reason: PauseReason::StormGuard,
+        message: "storm".to_string(),
+        until: None,
+    });
+    world.advance(600);
+    world.run(5, 60);
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::PowerManagement), Some(FencePhase::New))
+    );
+    assert!(world.devices.power_on, "no power action during a storm");
+}
+
+#[test]
+fn the_zone_rate_holds_back_only_the_start_of_a_fence() {
+    let mut world = World::new(full_plan(), false);
+    world.now = at(61);
+    world.guard.zone = Some(GuardBlock {
+        reason: PauseReason::ZoneRateLimit,
+        message: "zone busy".to_string(),
+        until: Some(at(70)),
+    });
+    let decision = world.reconcile().expect("a decision").clone();
+    assert!(decision.actions.is_empty());
+    assert_eq!(decision.requeue_after, Duration::from_secs(9));
+    world.guard.zone = None;
+    world.advance(9);
+    world.reconcile();
+    // Later steps of a started fence are not rate-limited.
+    world.guard.zone = Some(GuardBlock {
+        reason: PauseReason::ZoneRateLimit,
+        message: "zone busy".to_string(),
+        until: None,
+    });
+    world.run(3, 61);
+    assert!(!world.devices.power_on);
+}
+
+#[test]
+fn an_unconfirmed_success_never_releases_pods() {
+    let mut plan = full_plan();
+    plan.steps.remove(&Step::Isolation);
+    let mut world = World::new(plan, false);
+    world.now = at(61);
+    world.fates = vec![Fate::Unconfirmed, Fate::Unconfirmed];
+    world.run(6, 1);
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::PowerManagement), Some(FencePhase::Done))
+    );
+    assert!(world.status().confirmed_at.is_none());
+    assert!(!world.facts.taints.out_of_service);
+    assert_eq!(world.facts.pods_to_release, 1);
+}
+
+#[test]
+fn failures_are_retried_with_backoff_then_the_fence_stays_failed() {
+    let mut plan = full_plan();
+    plan.steps.remove(&Step::Isolation);
+    let mut world = World::new(plan, false);
+    world.now = at(61);
+    world.fates = vec![Fate::Fails; 100];
+    world.run(200, 10);
+    let status = world.status().clone();
+    assert_eq!(status.phase, Some(FencePhase::Error));
+    assert_eq!(status.retries, world.policy.retry_limit);
+    let failed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Failed")
+        .expect("a Failed condition");
+    assert_eq!(failed.status, "True");
+    // Two alternatives per attempt, one retry limit: a bounded number of agent runs.
+    let limit = 2 * (world.policy.retry_limit as usize + 1);
+    assert_eq!(world.started().len(), limit);
+    let events = world.events();
+    assert_eq!(events.iter().filter(|e| **e == "FenceFailed").count(), 1);
+    assert_eq!(
+        events.iter().filter(|e| **e == "RetryScheduled").count(),
+        world.policy.retry_limit as usize
+    );
+    // Retries honour the backoff: 30 s, 60 s, 120 s between attempts.
+    let starts: Vec<Timestamp> = status
+        .executions
+        .iter()
+        .filter(|e| e.alternative == 1)
+        .map(|e| e.started_at.0)
+        .collect();
+    let gaps: Vec<i64> = starts
+        .windows(2)
+        .map(|w| w[1].as_second() - w[0].as_second())
+        .collect();
+    assert!(gaps[0] >= 30 && gaps[1] >= 60 && gaps[2] >= 120, "{gaps:?}");
+}
+
+#[test]
+fn a_node_ready_again_before_anything_ran_cancels_the_fence() {
+    let mut world = World::new(full_plan(), false);
+    world.now = at(30);
+    world.reconcile();
+    world.set_ready(true);
+    world.advance(1);
+    let decision = world.reconcile().expect("a decision").clone();
+    assert!(decision.actions.contains(&Action::DeleteFence));
+    assert!(world.started().is_empty());
+}
+
+#[test]
+fn a_forced_fence_runs_on_a_ready_node_without_waiting() {
+    let mut world = World::new(full_plan(), true);
+    world.set_ready(true);
+    world.now = at(1);
+    world.reconcile();
+    assert_eq!(world.started(), ["isolation-t1-a1-scsi-act1"]);
+}
+
+#[test]
+fn a_forced_fence_still_honours_the_exclusion_label_and_the_storm_guard() {
+    let mut world = World::new(full_plan(), true);
+    world.facts.excluded = true;
+    let decision = world.reconcile().expect("a decision").clone();
+    assert_eq!(
+        decision.status.pause.map(|p| p.reason),
+        Some(PauseReason::Excluded)
+    );
+    let mut world = World::new(full_plan(), true);
+    world.guard.storm = Some(GuardBlock {
+        reason: PauseReason::StormGuard,
+        message: "storm".to_string(),
+        until: None,
+    });
+    world.reconcile();
+    assert!(world.started().is_empty());
+}
+
+#[test]
+fn a_fence_not_named_after_its_node_never_acts() {
+    let mut world = World::new(full_plan(), true);
+    if let Some(fence) = world.fence.as_mut() {
+        fence.metadata.name = Some("someone-else".to_string());
+    }
+    world.now = at(100);
+    let decision = world.reconcile().expect("a decision").clone();
+    assert!(decision.actions.is_empty());
+    assert_eq!(
+        decision.status.pause.map(|p| p.reason),
+        Some(PauseReason::NameMismatch)
+    );
+}
+
+#[test]
+fn a_node_without_a_usable_configuration_is_paused_with_the_reason() {
+    let mut world = World::new(full_plan(), false);
+    world.facts.plan = Err("fence-config-worker-1 not found in namespace fencing".to_string());
+    world.now = at(100);
+    let decision = world.reconcile().expect("a decision").clone();
+    let pause = decision.status.pause.expect("paused");
+    assert_eq!(pause.reason, PauseReason::NoConfiguration);
+    assert!(pause.message.contains("fence-config-worker-1"));
+}
+
+#[test]
+fn the_optional_cluster_fence_deletes_pods_only_after_confirmation() {
+    let mut world = World::new(full_plan(), false);
+    world.policy.delete_pods = true;
+    world.now = at(61);
+    let first = world.reconcile().expect("a decision").clone();
+    assert!(!first.actions.contains(&Action::DeletePods));
+    world.advance(1);
+    let second = world.reconcile().expect("a decision").clone();
+    assert!(second.actions.contains(&Action::DeletePods));
+    assert_eq!(world.facts.pods_to_release, 0);
+}
+
+/// Something that can happen between two reconciles.
+#[derive(Debug, Clone)]
+enum Happening {
+    Time(u64),
+    Ready(bool),
+    Storm(bool),
+    ZoneBlocked(bool),
+    Restart { agent_acted: bool },
+    NextAgent(Fate),
+    ConfigGone(bool),
+}
+
+fn happening() -> impl Strategy<Value = Happening> {
+    prop_oneof![
+        4 => (1u64..200).prop_map(Happening::Time),
+        1 => any::<bool>().prop_map(Happening::Ready),
+        1 => any::<bool>().prop_map(Happening::Storm),
+        1 => any::<bool>().prop_map(Happening::ZoneBlocked),
+        1 => any::<bool>().prop_map(|agent_acted| Happening::Restart { agent_acted }),
+        2 => prop_oneof![
+            Just(Fate::Works),
+            Just(Fate::Fails),
+            any::<bool>().prop_map(Fate::TimesOut),
+            Just(Fate::Unconfirmed),
+        ]
+        .prop_map(Happening::NextAgent),
+        1 => any::<bool>().prop_map(Happening::ConfigGone),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// For any sequence of health changes, agent results, storms and restarts: nothing is
+    /// released before a real fence, one execution at a time, the guard holds, repeats
+    /// happen only after `status` showed nothing happened, retries stay bounded (all
+    /// checked in `World::check` on every decision), and the fence always settles.
+    #[test]
+    fn the_safety_rules_hold_under_any_interleaving(
+        happenings in proptest::collection::vec(happening(), 1..60),
+        force in any::<bool>(),
+        isolation in any::<bool>(),
+    ) {
+        let mut plan = full_plan();
+        if !isolation {
+            plan.steps.remove(&Step::Isolation);
+        }
+        let mut world = World::new(plan.clone(), force);
+        for happening in happenings {
+            match happening {
+                Happening::Time(seconds) => world.advance(seconds),
+                Happening::Ready(ready) => world.set_ready(ready),
+                Happening::Storm(on) => {
+                    world.guard.storm = on.then(|| GuardBlock {
+                        reason: PauseReason::StormGuard,
+                        message: "storm".to_string(),
+                        until: None,
+                    })
+                }
+                Happening::ZoneBlocked(on) => {
+                    world.guard.zone = on.then(|| GuardBlock {
+                        reason: PauseReason::ZoneRateLimit,
+                        message: "zone".to_string(),
+                        until: None,
+                    })
+                }
+                Happening::Restart { agent_acted } => world.restart(agent_acted),
+                Happening::NextAgent(fate) => world.fates.push(fate),
+                Happening::ConfigGone(gone) => {
+                    world.facts.plan = if gone {
+                        Err("gone".to_string())
+                    } else {
+                        Ok(plan.clone())
+                    }
+                }
+            }
+            if world.reconcile().is_none() {
+                break;
+            }
+        }
+        // Calm world, working agents: the fence settles within a bounded number of rounds
+        // (no endless loop), with nothing left running.
+        world.guard = Guard::open();
+        world.facts.plan = Ok(plan.clone());
+        world.fates.clear();
+        let executions_before = world.started().len();
+        world.run(400, 60);
+        if let Some(fence) = &world.fence {
+            let status = fence.status.clone().unwrap_or_default();
+            prop_assert!(status.executions.iter().all(|e| e.result.is_some()));
+            let last = world.log.last().expect("decisions");
+            prop_assert!(
+                !last.actions.iter().any(|a| matches!(a, Action::Start(_))),
+                "still starting executions after 400 rounds: {:?}", status
+            );
+        }
+        // Bounded work: steps × attempts × alternatives × (acts + verifies) per restart.
+        let bound = 3 * (world.policy.retry_limit as usize + 1) * 2 * 5 * (world.restarts + 1);
+        prop_assert!(world.started().len() <= bound + executions_before,
+            "{} executions", world.started().len());
+    }
+}
