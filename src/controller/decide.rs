@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use crate::fencing::Step;
 
-use super::facts::NodeFacts;
+use super::facts::{MethodOutline, NodeFacts};
 use super::policy::FencePolicy;
 use super::progress::{Progress, progress};
 use super::resource::{
@@ -172,7 +172,7 @@ struct Machine<'a> {
     pause: Option<(PauseReason, String, Option<Timestamp>)>,
 }
 
-impl Machine<'_> {
+impl<'a> Machine<'a> {
     fn in_flight(&self) -> bool {
         self.status.executions.iter().any(|e| !e.is_finished())
     }
@@ -264,11 +264,12 @@ impl Machine<'_> {
         }
         for execution in finished {
             let result = execution.result.unwrap_or(ExecutionResult::Failed);
-            let what = match execution.kind {
-                ExecutionKind::Act => execution.action_text(),
-                ExecutionKind::Verify => "status".to_string(),
-            };
-            let mut line = format!("{} {what}: {result:?}", execution.method);
+            // A Verify execution's action is `status`.
+            let mut line = format!(
+                "{} {}: {result:?}",
+                execution.method,
+                execution.action.name()
+            );
             if let Some(power) = execution.power {
                 line.push_str(&format!(", power {power:?}"));
             }
@@ -466,16 +467,24 @@ impl Machine<'_> {
         true
     }
 
+    /// The current step and its configured alternatives, borrowed from the facts; without
+    /// a usable configuration the fence pauses and there are none.
+    fn step_alternatives(&mut self) -> Option<(FenceStep, &'a [Vec<MethodOutline>])> {
+        let step = self.status.step.unwrap_or(FenceStep::Isolation);
+        let facts: &'a NodeFacts = self.facts;
+        match &facts.plan {
+            Ok(plan) => Some((step, plan.alternatives(step.into()))),
+            Err(reason) => {
+                self.pause(PauseReason::NoConfiguration, reason.clone(), None);
+                None
+            }
+        }
+    }
+
     /// Phase New of any step: the guard, the backoff, then the first method.
     fn start_step(&mut self) -> bool {
-        let step = self.status.step.unwrap_or(FenceStep::Isolation);
-        let alternatives = match &self.facts.plan {
-            Ok(plan) => plan.alternatives(step.into()).to_vec(),
-            Err(reason) => {
-                let reason = reason.clone();
-                self.pause(PauseReason::NoConfiguration, reason, None);
-                return false;
-            }
+        let Some((step, alternatives)) = self.step_alternatives() else {
+            return false;
         };
         if alternatives.is_empty() {
             // Nothing configured for this step: it is trivially done (an unconfigured
@@ -520,14 +529,8 @@ impl Machine<'_> {
 
     /// Phase Running with nothing in flight: the next method, or the step's end.
     fn continue_step(&mut self) -> bool {
-        let step = self.status.step.unwrap_or(FenceStep::Isolation);
-        let alternatives = match &self.facts.plan {
-            Ok(plan) => plan.alternatives(step.into()).to_vec(),
-            Err(reason) => {
-                let reason = reason.clone();
-                self.pause(PauseReason::NoConfiguration, reason, None);
-                return false;
-            }
+        let Some((step, alternatives)) = self.step_alternatives() else {
+            return false;
         };
         let attempt = self.attempt();
         let runs: Vec<&Execution> = self
@@ -536,7 +539,7 @@ impl Machine<'_> {
             .iter()
             .filter(|e| e.step == step && e.attempt == attempt)
             .collect();
-        match progress(&alternatives, &runs) {
+        match progress(alternatives, &runs) {
             Progress::Next {
                 alternative,
                 method,
@@ -851,18 +854,6 @@ fn reason_is_warning(reason: PauseReason) -> bool {
             | PauseReason::NoConfiguration
             | PauseReason::NameMismatch
     )
-}
-
-impl Execution {
-    fn action_text(&self) -> String {
-        match self.action {
-            MethodAction::Off => "off",
-            MethodAction::On => "on",
-            MethodAction::Reboot => "reboot",
-            MethodAction::Status => "status",
-        }
-        .to_string()
-    }
 }
 
 /// Sets a condition, keeping its `lastTransitionTime` while its status stays the same.

@@ -170,6 +170,18 @@ pub enum MethodAction {
     Status,
 }
 
+impl MethodAction {
+    /// The action as the agents spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MethodAction::Off => "off",
+            MethodAction::On => "on",
+            MethodAction::Reboot => "reboot",
+            MethodAction::Status => "status",
+        }
+    }
+}
+
 impl From<FenceAction> for MethodAction {
     fn from(action: FenceAction) -> MethodAction {
         match action {
