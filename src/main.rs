@@ -38,6 +38,9 @@ enum Command {
     Fence(cli::fence::Args),
     /// Print the NodeFence CustomResourceDefinition (YAML) for `kubectl apply -f -`.
     Crd(cli::crd::Args),
+    /// Run the fence controller: fence lost nodes through fence agents, then release
+    /// their pods.
+    Controller(cli::controller::Args),
     /// Run only the graceful-shutdown manager in standalone mode (workload cgroups).
     #[command(hide = true)]
     ShutdownManager(cli::shutdown_manager::Args),
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::FenceConfig(args) => cli::fence_config::run(args),
         Command::Fence(args) => cli::fence::run(args),
         Command::Crd(args) => cli::crd::run(args),
+        Command::Controller(args) => cli::controller::run(args),
         Command::ShutdownManager(args) => cli::shutdown_manager::run(args),
     };
     match result {

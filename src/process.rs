@@ -16,8 +16,27 @@ pub enum Waited {
     TimedOut,
 }
 
-/// Makes `command` start in a new process group of its own, killed if the handle drops.
+/// Makes `command` start in a new process group of its own, killed if the handle drops
+/// and killed by the kernel if this process dies (SIGKILL included): a fence agent must
+/// not go on acting for a controller that is gone, while the next one asks the device
+/// what happened. (The kernel ties that to the spawning thread; the tokio worker threads
+/// that spawn live as long as the runtime.)
 pub fn in_own_group(command: &mut Command) -> &mut Command {
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // async-signal-safe functions (prctl, getppid, _exit); it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the prctl took effect: nobody waits for us.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
     command.process_group(0).kill_on_drop(true)
 }
 
@@ -47,5 +66,50 @@ pub fn kill_group(group: i32) {
             nix::unistd::Pid::from_raw(group),
             nix::sys::signal::Signal::SIGKILL,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `pid` still runs (a zombie no longer runs anything).
+    fn runs(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            // The state follows the parenthesised command name.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+    }
+
+    #[test]
+    fn a_child_is_killed_when_what_started_it_is_gone() {
+        // The kernel's parent-death signal follows the spawning thread, so a thread that
+        // ends stands in for a controller that was SIGKILLed.
+        let pid = std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let mut command = Command::new("sleep");
+                command.arg("60");
+                let child = in_own_group(&mut command).spawn().expect("spawn sleep");
+                let pid = child.id().expect("pid");
+                // Not dropped: kill_on_drop must not be what ends it.
+                std::mem::forget(child);
+                pid
+            })
+        })
+        .join()
+        .expect("thread");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while runs(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sleep {pid} outlived the thread that started it"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod check_config;
+pub mod controller;
 pub mod crd;
 pub mod fence;
 pub mod fence_config;

@@ -5,10 +5,17 @@
 //! reads the cluster, calls `decide`, writes the status and only then acts.
 
 pub mod decide;
+pub mod executor;
 pub mod facts;
+pub mod lease;
+pub mod metrics;
+pub mod nodes;
+pub mod observe;
 pub mod policy;
 pub mod progress;
+pub mod reconciler;
 pub mod resource;
+pub mod run;
 pub mod storm;
 
 pub use decide::{

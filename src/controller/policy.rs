@@ -146,6 +146,78 @@ impl Default for StormPolicy {
     }
 }
 
+/// How the controller runs fence agents (the local-process executor).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentsPolicy {
+    /// Where the agents are installed; never looked up on `PATH`.
+    pub directory: std::path::PathBuf,
+    /// The deadline of one agent call; an agent still running then is killed.
+    pub call_timeout: Duration,
+    /// How long `status` may take to confirm an `off` or `on` the agent reported done.
+    pub verify_timeout: Duration,
+    /// Agent options passed although they name a file or program (fence_dummy's
+    /// `status_file` on a test rig); ConfigMaps cannot allow them themselves.
+    pub allowed_options: Vec<String>,
+}
+
+impl Default for AgentsPolicy {
+    fn default() -> AgentsPolicy {
+        let runner = crate::fencing::RunnerSettings::default();
+        AgentsPolicy {
+            directory: runner.agents_dir,
+            call_timeout: runner.call_timeout,
+            verify_timeout: runner.verify_timeout,
+            allowed_options: Vec::new(),
+        }
+    }
+}
+
+impl AgentsPolicy {
+    pub fn runner_settings(&self) -> crate::fencing::RunnerSettings {
+        crate::fencing::RunnerSettings {
+            agents_dir: self.directory.clone(),
+            call_timeout: self.call_timeout,
+            verify_timeout: self.verify_timeout,
+            ..crate::fencing::RunnerSettings::default()
+        }
+    }
+
+    pub fn resolve_policy(&self) -> crate::fencing::config::ResolvePolicy {
+        crate::fencing::config::ResolvePolicy {
+            allowed_options: self
+                .allowed_options
+                .iter()
+                .map(|option| option.replace('-', "_"))
+                .collect(),
+        }
+    }
+}
+
+/// The `coordination.k8s.io` Lease that lets exactly one replica act.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LeaderElectionPolicy {
+    /// The Lease's name, in the controller's `namespace`.
+    pub lease_name: String,
+    /// A leader that has not renewed for this long is replaced.
+    pub lease_duration: Duration,
+    /// How often the leader renews; it stops acting when a renewal has not succeeded
+    /// within `renewDeadline`, well before another replica may take over.
+    pub renew_interval: Duration,
+    pub renew_deadline: Duration,
+}
+
+impl Default for LeaderElectionPolicy {
+    fn default() -> LeaderElectionPolicy {
+        // client-go's leader election defaults: 15 s lease, 10 s renew deadline, 2 s retry.
+        LeaderElectionPolicy {
+            lease_name: "nodekeeper-controller".to_string(),
+            lease_duration: Duration::from_secs(15),
+            renew_interval: Duration::from_secs(2),
+            renew_deadline: Duration::from_secs(10),
+        }
+    }
+}
+
 /// The whole configuration, resolved.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ControllerPolicy {
@@ -160,6 +232,8 @@ pub struct ControllerPolicy {
     pub pod_selector: Option<kube::core::Selector>,
     pub fence: FencePolicy,
     pub storm: StormPolicy,
+    pub agents: AgentsPolicy,
+    pub leader_election: LeaderElectionPolicy,
 }
 
 impl Default for ControllerPolicy {
@@ -170,6 +244,8 @@ impl Default for ControllerPolicy {
             pod_selector: None,
             fence: FencePolicy::default(),
             storm: StormPolicy::default(),
+            agents: AgentsPolicy::default(),
+            leader_election: LeaderElectionPolicy::default(),
         }
     }
 }
@@ -208,6 +284,18 @@ impl ControllerPolicy {
                 "largeClusterSizeThreshold": self.storm.large_cluster_size_threshold,
                 "unhealthyZoneThreshold": self.storm.unhealthy_zone_threshold,
             },
+            "agents": {
+                "directory": self.agents.directory.display().to_string(),
+                "callTimeout": go(self.agents.call_timeout),
+                "verifyTimeout": go(self.agents.verify_timeout),
+                "allowedOptions": self.agents.allowed_options,
+            },
+            "leaderElection": {
+                "leaseName": self.leader_election.lease_name,
+                "leaseDuration": go(self.leader_election.lease_duration),
+                "renewInterval": go(self.leader_election.renew_interval),
+                "renewDeadline": go(self.leader_election.renew_deadline),
+            },
         })
     }
 }
@@ -239,6 +327,26 @@ struct Document {
     retry: Option<RetryDocument>,
     release: Option<ReleaseDocument>,
     storm_guard: Option<StormDocument>,
+    agents: Option<AgentsDocument>,
+    leader_election: Option<LeaderElectionDocument>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AgentsDocument {
+    directory: Option<std::path::PathBuf>,
+    call_timeout: Option<String>,
+    verify_timeout: Option<String>,
+    allowed_options: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct LeaderElectionDocument {
+    lease_name: Option<String>,
+    lease_duration: Option<String>,
+    renew_interval: Option<String>,
+    renew_deadline: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -352,26 +460,42 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
     policy.node_selector = selector("nodeSelector", document.node_selector);
     policy.pod_selector = selector("podSelector", document.pod_selector);
 
-    let mut duration = |field: &str, text: Option<String>, target: &mut Duration, zero_ok: bool| {
+    fn duration(
+        errors: &mut Vec<PolicyError>,
+        origin: &str,
+        field: &str,
+        text: Option<String>,
+        target: &mut Duration,
+        zero_ok: bool,
+    ) {
+        let error = |message: String| PolicyError {
+            origin: origin.to_string(),
+            field: field.to_string(),
+            message,
+        };
         let Some(text) = text else { return };
         match GoDuration::parse(&text) {
             Ok(value) if value.is_negative() => {
-                errors.push(error(field, format!("{text:?} must not be negative")))
+                errors.push(error(format!("{text:?} must not be negative")))
             }
             Ok(value) if value.is_zero() && !zero_ok => {
-                errors.push(error(field, format!("{text:?} must be longer than zero")))
+                errors.push(error(format!("{text:?} must be longer than zero")))
             }
             Ok(value) => *target = value.to_std(),
-            Err(problem) => errors.push(error(field, problem.to_string())),
+            Err(problem) => errors.push(error(problem.to_string())),
         }
-    };
+    }
     duration(
+        &mut errors,
+        origin,
         "unhealthyDuration",
         document.unhealthy_duration,
         &mut policy.fence.unhealthy_duration,
         true,
     );
     duration(
+        &mut errors,
+        origin,
         "powerManagementDelay",
         document.power_management_delay,
         &mut policy.fence.power_management_delay,
@@ -382,12 +506,16 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
         policy.fence.retry_limit = limit;
     }
     duration(
+        &mut errors,
+        origin,
         "retry.backoff",
         retry.backoff,
         &mut policy.fence.retry_backoff,
         false,
     );
     duration(
+        &mut errors,
+        origin,
         "retry.maxBackoff",
         retry.max_backoff,
         &mut policy.fence.retry_backoff_max,
@@ -402,6 +530,8 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
     }
     let storm = document.storm_guard.unwrap_or_default();
     duration(
+        &mut errors,
+        origin,
         "stormGuard.stormCooldown",
         storm.storm_cooldown,
         &mut policy.storm.storm_cooldown,
@@ -455,6 +585,81 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
                 format!("{threshold} must be a share above 0 and at most 1"),
             ));
         }
+    }
+    let agents = document.agents.unwrap_or_default();
+    if let Some(directory) = agents.directory {
+        if !directory.is_absolute() {
+            errors.push(error(
+                "agents.directory",
+                format!("{} must be an absolute path", directory.display()),
+            ));
+        }
+        policy.agents.directory = directory;
+    }
+    duration(
+        &mut errors,
+        origin,
+        "agents.callTimeout",
+        agents.call_timeout,
+        &mut policy.agents.call_timeout,
+        false,
+    );
+    duration(
+        &mut errors,
+        origin,
+        "agents.verifyTimeout",
+        agents.verify_timeout,
+        &mut policy.agents.verify_timeout,
+        false,
+    );
+    if let Some(options) = agents.allowed_options {
+        policy.agents.allowed_options = options;
+    }
+    let election = document.leader_election.unwrap_or_default();
+    if let Some(name) = election.lease_name {
+        if name.is_empty() {
+            errors.push(error(
+                "leaderElection.leaseName",
+                "must not be empty".to_string(),
+            ));
+        }
+        policy.leader_election.lease_name = name;
+    }
+    duration(
+        &mut errors,
+        origin,
+        "leaderElection.leaseDuration",
+        election.lease_duration,
+        &mut policy.leader_election.lease_duration,
+        false,
+    );
+    duration(
+        &mut errors,
+        origin,
+        "leaderElection.renewInterval",
+        election.renew_interval,
+        &mut policy.leader_election.renew_interval,
+        false,
+    );
+    duration(
+        &mut errors,
+        origin,
+        "leaderElection.renewDeadline",
+        election.renew_deadline,
+        &mut policy.leader_election.renew_deadline,
+        false,
+    );
+    let election = &policy.leader_election;
+    if election.renew_deadline >= election.lease_duration {
+        errors.push(error(
+            "leaderElection.renewDeadline",
+            "must be shorter than leaderElection.leaseDuration, so a leader stops acting before another may take over".to_string(),
+        ));
+    } else if election.renew_interval >= election.renew_deadline {
+        errors.push(error(
+            "leaderElection.renewInterval",
+            "must be shorter than leaderElection.renewDeadline".to_string(),
+        ));
     }
     if policy.fence.retry_backoff_max < policy.fence.retry_backoff {
         errors.push(error(
@@ -546,6 +751,44 @@ mod tests {
         );
         assert!(text.contains("expected one of `maxUnhealthy`"), "{text}");
         assert!(text.contains("maxUnhealty"), "{text}");
+    }
+
+    #[test]
+    fn agents_and_leader_election_are_read_and_checked() {
+        let policy = parse(
+            "agents: {directory: /opt/fence, callTimeout: 20s, verifyTimeout: 5s, allowedOptions: [status-file]}\n\
+             leaderElection: {leaseName: fencer, leaseDuration: 30s, renewInterval: 5s, renewDeadline: 20s}\n",
+            "agents.yaml",
+        )
+        .expect("valid");
+        assert_eq!(policy.agents.directory, std::path::Path::new("/opt/fence"));
+        assert_eq!(policy.agents.call_timeout, Duration::from_secs(20));
+        assert!(
+            policy
+                .agents
+                .resolve_policy()
+                .allowed_options
+                .contains("status_file")
+        );
+        assert_eq!(policy.leader_election.lease_name, "fencer");
+        assert_eq!(
+            policy.leader_election.renew_deadline,
+            Duration::from_secs(20)
+        );
+        let errors = parse(
+            "agents: {directory: fence}\nleaderElection: {leaseDuration: 10s, renewDeadline: 10s}\n",
+            "bad.yaml",
+        )
+        .expect_err("invalid");
+        let text = errors.to_string();
+        assert!(
+            text.contains("bad.yaml: agents.directory: fence must be an absolute path"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bad.yaml: leaderElection.renewDeadline: must be shorter"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -20,14 +20,22 @@ pub struct Health {
     last_tick_unix_ms: AtomicU64,
     /// A loop that has not ticked for this long is reported unhealthy.
     stall_after: Duration,
+    /// What `/readyz` says before the first tick.
+    waiting_for: &'static str,
 }
 
 impl Health {
     pub fn new(stall_after: Duration) -> Self {
+        Self::waiting_for(stall_after, "no signal collection has completed yet\n")
+    }
+
+    /// A health whose `/readyz` answers `waiting_for` until the first tick.
+    pub fn waiting_for(stall_after: Duration, waiting_for: &'static str) -> Self {
         Health {
             ready: AtomicBool::new(false),
             last_tick_unix_ms: AtomicU64::new(now_unix_ms()),
             stall_after,
+            waiting_for,
         }
     }
 
@@ -55,9 +63,21 @@ fn now_unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Anything that renders an OpenMetrics exposition: the agent's metrics and the
+/// controller's are served by the same server.
+pub trait Exposition: Send + Sync {
+    fn encode(&self) -> String;
+}
+
+impl Exposition for Metrics {
+    fn encode(&self) -> String {
+        Metrics::encode(self)
+    }
+}
+
 #[derive(Clone)]
 struct AppState {
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Exposition>,
     health: Arc<Health>,
 }
 
@@ -75,7 +95,7 @@ async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     if state.health.is_live() {
         (StatusCode::OK, "ok\n")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "agent loop stalled\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "loop stalled\n")
     }
 }
 
@@ -83,10 +103,7 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     if state.health.is_ready() {
         (StatusCode::OK, "ready\n")
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no signal collection has completed yet\n",
-        )
+        (StatusCode::SERVICE_UNAVAILABLE, state.health.waiting_for)
     }
 }
 
@@ -94,7 +111,7 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 /// with port 0) through `bound` before serving.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Exposition>,
     health: Arc<Health>,
     bound: tokio::sync::oneshot::Sender<SocketAddr>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,

@@ -2,7 +2,7 @@
 
 mod http;
 
-pub use http::{Health, serve};
+pub use http::{Exposition, Health, serve};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -155,6 +155,13 @@ impl FakeApiServer {
             .collect()
     }
 
+    /// All stored objects of a registered custom resource, as JSON.
+    pub fn custom_objects(&self, group: &str, version: &str, plural: &str) -> Vec<Value> {
+        let resource_type = self.resource_type(group, version, plural);
+        let store = self.shared().store.lock().unwrap();
+        store.list(&resource_type, None)
+    }
+
     /// Ends a graceful deletion as the kubelet would once containers are gone: the object is
     /// removed and watchers see DELETED. Returns false if there was no such object.
     pub fn finalize<K: Kind>(&self, namespace: &str, name: &str) -> bool {

@@ -193,6 +193,16 @@ impl Default for Registry {
                 &["status.phase"],
             ),
             builtin(
+                "",
+                "v1",
+                "PersistentVolumeClaim",
+                "persistentvolumeclaims",
+                true,
+                true,
+                through::<core::v1::PersistentVolumeClaim>,
+                &[],
+            ),
+            builtin(
                 "events.k8s.io",
                 "v1",
                 "Event",

@@ -1,0 +1,101 @@
+//! `nodekeeper controller`: runs the fence controller against the cluster.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::agent::{LogFormat, init_logging};
+
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  nodekeeper controller --config config/controller.yaml\n  nodekeeper controller --config /etc/nodekeeper/controller.yaml --kubeconfig ~/.kube/config --metrics-addr 0.0.0.0:9848\n\nLog verbosity follows RUST_LOG (default: info)."
+)]
+pub struct Args {
+    /// The ControllerConfiguration (see config/controller.yaml); without one, every
+    /// default applies.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Kubeconfig for the Kubernetes API (default: KUBECONFIG, then the in-cluster
+    /// service account).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9848")]
+    pub metrics_addr: String,
+    #[arg(long, value_enum, default_value_t)]
+    pub log_format: LogFormat,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    init_logging(args.log_format);
+    let policy = match &args.config {
+        Some(path) => nodekeeper::controller::policy::load(path)?,
+        None => nodekeeper::controller::ControllerPolicy::default(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let Some(config) =
+            nodekeeper::kubernetes::client_config(args.kubeconfig.as_deref()).await?
+        else {
+            anyhow::bail!(
+                "no cluster to run against: give --kubeconfig, set KUBECONFIG, or run in a pod"
+            );
+        };
+        let client = nodekeeper::kubernetes::build_client(config)?;
+        let metrics = Arc::new(nodekeeper::controller::metrics::ControllerMetrics::new());
+        let health = Arc::new(nodekeeper::metrics::Health::waiting_for(
+            // The controller has no periodic loop to stall; liveness is the process.
+            Duration::from_secs(365 * 24 * 3600),
+            "waiting for the leader Lease and the first node list\n",
+        ));
+        let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
+            .await
+            .with_context(|| format!("listening on {} for metrics", args.metrics_addr))?;
+        let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let server = tokio::spawn(nodekeeper::metrics::serve(
+            listener,
+            metrics.clone(),
+            health.clone(),
+            bound_tx,
+            async move {
+                let mut stop_rx = stop_rx;
+                let _ = stop_rx.wait_for(|stop| *stop).await;
+            },
+        ));
+        if let Ok(address) = bound_rx.await {
+            tracing::info!(%address, "serving /metrics, /healthz and /readyz");
+        }
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("watching for SIGTERM")?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+            tracing::info!("stopping");
+        };
+        let result = nodekeeper::controller::run::run(
+            client,
+            policy,
+            nodekeeper::controller::run::identity(),
+            metrics,
+            health,
+            nodekeeper::controller::executor::system_clock(),
+            shutdown,
+        )
+        .await;
+        let _ = stop_tx.send(true);
+        let _ = server.await;
+        result?;
+        Ok(ExitCode::SUCCESS)
+    })
+}

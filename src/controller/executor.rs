@@ -1,0 +1,219 @@
+//! Executors carry out the executions `decide` asks for. The port is [`Executor`]: start
+//! an execution already recorded in the status, and say how a recorded one stands. The
+//! [`LocalExecutor`] runs the agents as child processes of the controller through the
+//! fencing toolkit's runner (credentials on standard input only, a deadline per call,
+//! `status` confirming every `off`).
+//!
+//! An executor's memory is the controller process's: after a restart it knows nothing,
+//! and an execution it does not know is reported [`ReportedState::Lost`], which the
+//! state machine answers with a `status` call, never with a repeated action.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::fencing::{Exit, FencePlan, FenceRunner, MethodPlan, PowerState};
+
+use super::decide::{ExecutionRequest, Outcome, ReportedState};
+use super::resource::ExecutionKind;
+
+/// The clock every controller part reads; injected so tests can move it.
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// The wall clock.
+pub fn system_clock() -> Clock {
+    Arc::new(Timestamp::now)
+}
+
+/// Which fence an execution belongs to: its resource's uid (so a deleted and recreated
+/// NodeFence never inherits an old execution) and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FenceId {
+    pub uid: String,
+    pub name: String,
+}
+
+/// Carries out executions and reports on them.
+pub trait Executor: Send + Sync {
+    /// Starts `request`, one method of `plan`. Returns at once; the end is reported by
+    /// [`Executor::report`] and announced through the executor's wake-up channel.
+    fn start(&self, fence: &FenceId, request: &ExecutionRequest, plan: Arc<FencePlan>);
+    /// How the execution `name` of `fence` stands.
+    fn report(&self, fence: &FenceId, name: &str) -> ReportedState;
+    /// The outcome is safely recorded in the status: the executor may drop it.
+    fn forget(&self, fence: &FenceId, name: &str);
+    /// Executions running now, for metrics and shutdown.
+    fn running(&self) -> usize;
+}
+
+type Key = (String, String);
+
+/// Runs fence agents as child processes of the controller.
+pub struct LocalExecutor {
+    runner: Arc<FenceRunner>,
+    clock: Clock,
+    executions: Arc<Mutex<HashMap<Key, ReportedState>>>,
+    /// Told the fence's name when one of its executions ends, so it is reconciled at once.
+    finished: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
+impl LocalExecutor {
+    pub fn new(
+        runner: Arc<FenceRunner>,
+        clock: Clock,
+        finished: tokio::sync::mpsc::UnboundedSender<String>,
+    ) -> LocalExecutor {
+        LocalExecutor {
+            runner,
+            clock,
+            executions: Arc::new(Mutex::new(HashMap::new())),
+            finished,
+        }
+    }
+
+    /// Kills every agent still running (the controller is stopping or lost its Lease).
+    pub fn kill_running(&self) {
+        self.runner.kill_running();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, ReportedState>> {
+        self.executions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn key(fence: &FenceId, name: &str) -> Key {
+    (fence.uid.clone(), name.to_string())
+}
+
+/// The method of `plan` a request names.
+fn find_method<'a>(plan: &'a FencePlan, request: &ExecutionRequest) -> Option<&'a MethodPlan> {
+    let step = plan.step(request.step)?;
+    let alternative = step
+        .alternatives
+        .get(request.alternative.checked_sub(1)? as usize)?;
+    alternative
+        .methods
+        .iter()
+        .find(|method| method.name == request.method)
+}
+
+impl Executor for LocalExecutor {
+    fn start(&self, fence: &FenceId, request: &ExecutionRequest, plan: Arc<FencePlan>) {
+        let key = key(fence, &request.name);
+        {
+            let mut executions = self.lock();
+            if executions.contains_key(&key) {
+                // Already started by this process: never twice.
+                return;
+            }
+            executions.insert(key.clone(), ReportedState::Running);
+        }
+        let runner = self.runner.clone();
+        let clock = self.clock.clone();
+        let executions = self.executions.clone();
+        let finished = self.finished.clone();
+        let request = request.clone();
+        let fence_name = fence.name.clone();
+        tokio::spawn(async move {
+            let outcome = match find_method(&plan, &request) {
+                None => Outcome {
+                    succeeded: false,
+                    timed_out: false,
+                    off_confirmed: false,
+                    power: None,
+                    detail: Some(format!(
+                        "method {} is not in alternative {} of the {} step of the node's configuration any more",
+                        request.method, request.alternative, request.step
+                    )),
+                    finished_at: clock(),
+                },
+                Some(method) => run(&runner, method, request.kind, &clock).await,
+            };
+            tracing::info!(
+                fence = %fence_name,
+                execution = %request.name,
+                succeeded = outcome.succeeded,
+                off_confirmed = outcome.off_confirmed,
+                detail = outcome.detail.as_deref().unwrap_or(""),
+                "execution finished"
+            );
+            executions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key, ReportedState::Finished(outcome));
+            // The receiver is gone only when the controller stops; the outcome is kept
+            // for the next reconcile either way.
+            let _ = finished.send(fence_name);
+        });
+    }
+
+    fn report(&self, fence: &FenceId, name: &str) -> ReportedState {
+        self.lock()
+            .get(&key(fence, name))
+            .cloned()
+            .unwrap_or(ReportedState::Lost)
+    }
+
+    fn forget(&self, fence: &FenceId, name: &str) {
+        let key = key(fence, name);
+        let mut executions = self.lock();
+        if matches!(executions.get(&key), Some(ReportedState::Finished(_))) {
+            executions.remove(&key);
+        }
+    }
+
+    fn running(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|state| matches!(state, ReportedState::Running))
+            .count()
+    }
+}
+
+/// One execution: the method's action confirmed by `status` (`Act`), or `status` alone
+/// (`Verify`: what did an interrupted action do?).
+async fn run(
+    runner: &FenceRunner,
+    method: &MethodPlan,
+    kind: ExecutionKind,
+    clock: &Clock,
+) -> Outcome {
+    match kind {
+        ExecutionKind::Act => {
+            let result = runner.execute(method).await;
+            let timed_out = !result.succeeded
+                && result
+                    .calls
+                    .iter()
+                    .any(|call| matches!(call.exit, Exit::TimedOut { .. }));
+            Outcome {
+                succeeded: result.succeeded,
+                timed_out,
+                off_confirmed: result.off_confirmed,
+                power: result.power.map(Into::into),
+                detail: result.detail,
+                finished_at: clock(),
+            }
+        }
+        ExecutionKind::Verify => {
+            let call = runner
+                .call(&method.agent, "status", &method.parameters)
+                .await;
+            let power = call.power.filter(|_| call.succeeded());
+            Outcome {
+                succeeded: power.is_some(),
+                timed_out: matches!(call.exit, Exit::TimedOut { .. }),
+                off_confirmed: power == Some(PowerState::Off),
+                power: power.map(Into::into),
+                detail: Some(match power {
+                    Some(power) => format!("status reports {power}"),
+                    None => format!("status could not tell ({})", call.summary()),
+                }),
+                finished_at: clock(),
+            }
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The controller's Prometheus metrics, all `nodekeeper_*`: fences and executions by
+//! outcome, the three latencies an operator cares about (NotReady to fence start, start
+//! to confirmation, NotReady to pods released), paused fences by reason, the storm
+//! guard's state and whether this replica leads.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::metrics::Exposition;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExecutionLabels {
+    pub step: String,
+    pub method: String,
+    pub agent: String,
+    /// `Succeeded`, `Failed`, `TimedOut` or `Interrupted`.
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    pub step: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: String,
+}
+
+pub struct ControllerMetrics {
+    registry: Registry,
+    pub fences_started: Counter,
+    pub fences_confirmed: Family<StepLabels, Counter>,
+    pub fences_failed: Family<StepLabels, Counter>,
+    pub fences_recovered: Counter,
+    pub executions: Family<ExecutionLabels, Counter>,
+    pub fence_start_delay: Histogram,
+    pub fence_confirm_duration: Histogram,
+    pub pods_release_delay: Histogram,
+    pub fences_paused: Family<ReasonLabels, Gauge>,
+    pub fences: Gauge,
+    pub storm_guard: Family<StateLabels, Gauge>,
+    pub watched_nodes: Gauge,
+    pub unhealthy_nodes: Gauge,
+    pub leader: Gauge,
+    pub reconcile_errors: Counter,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Seconds from a quarter second to about 17 minutes.
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.25, 2.0, 13)
+}
+
+impl ControllerMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("nodekeeper");
+        let fences_started = Counter::default();
+        registry.register(
+            "fences_started",
+            "Fences whose first agent execution started",
+            fences_started.clone(),
+        );
+        let fences_confirmed = Family::<StepLabels, Counter>::default();
+        registry.register(
+            "fences_confirmed",
+            "Fences proven (power off or storage isolation confirmed by status), by the step that proved them",
+            fences_confirmed.clone(),
+        );
+        let fences_failed = Family::<StepLabels, Counter>::default();
+        registry.register(
+            "fences_failed",
+            "Fences that used up their retries and stay failed, by step",
+            fences_failed.clone(),
+        );
+        let fences_recovered = Counter::default();
+        registry.register(
+            "fences_recovered",
+            "Fenced nodes that came back and were recovered",
+            fences_recovered.clone(),
+        );
+        let executions = Family::<ExecutionLabels, Counter>::default();
+        registry.register(
+            "fence_executions",
+            "Fence agent executions by step, method, agent and result",
+            executions.clone(),
+        );
+        let fence_start_delay = Histogram::new(latency_buckets());
+        registry.register(
+            "fence_start_delay_seconds",
+            "From the node's Ready condition turning False or Unknown to the fence's first agent starting",
+            fence_start_delay.clone(),
+        );
+        let fence_confirm_duration = Histogram::new(latency_buckets());
+        registry.register(
+            "fence_confirm_duration_seconds",
+            "From a fence's first agent starting to the fence being confirmed",
+            fence_confirm_duration.clone(),
+        );
+        let pods_release_delay = Histogram::new(latency_buckets());
+        registry.register(
+            "fence_pods_release_delay_seconds",
+            "From the node's Ready condition turning False or Unknown to its pods being released (out-of-service taint or deletion asked for)",
+            pods_release_delay.clone(),
+        );
+        let fences_paused = Family::<ReasonLabels, Gauge>::default();
+        registry.register(
+            "fences_paused",
+            "NodeFences paused now, by reason (StormGuard, ZoneRateLimit, NoConfiguration, ...)",
+            fences_paused.clone(),
+        );
+        let fences = Gauge::default();
+        registry.register("fences", "NodeFences that exist now", fences.clone());
+        let storm_guard = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "storm_guard_state",
+            "1 for the storm guard's current state (calm, storm, cooldown), 0 for the others",
+            storm_guard.clone(),
+        );
+        let watched_nodes = Gauge::default();
+        registry.register(
+            "controller_watched_nodes",
+            "Nodes the controller watches (its nodeSelector)",
+            watched_nodes.clone(),
+        );
+        let unhealthy_nodes = Gauge::default();
+        registry.register(
+            "controller_unhealthy_nodes",
+            "Watched nodes whose Ready condition is not True",
+            unhealthy_nodes.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "controller_leader",
+            "1 while this replica holds the leader Lease and acts",
+            leader.clone(),
+        );
+        let reconcile_errors = Counter::default();
+        registry.register(
+            "controller_reconcile_errors",
+            "Reconciles that failed and were retried",
+            reconcile_errors.clone(),
+        );
+        ControllerMetrics {
+            registry,
+            fences_started,
+            fences_confirmed,
+            fences_failed,
+            fences_recovered,
+            executions,
+            fence_start_delay,
+            fence_confirm_duration,
+            pods_release_delay,
+            fences_paused,
+            fences,
+            storm_guard,
+            watched_nodes,
+            unhealthy_nodes,
+            leader,
+            reconcile_errors,
+        }
+    }
+
+    /// Sets the storm guard's state gauges: the current one to 1, the others to 0.
+    pub fn set_storm_state(&self, current: &str) {
+        for state in ["calm", "storm", "cooldown"] {
+            self.storm_guard
+                .get_or_create(&StateLabels {
+                    state: state.to_string(),
+                })
+                .set(i64::from(state == current));
+        }
+    }
+}
+
+impl Exposition for ControllerMetrics {
+    fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

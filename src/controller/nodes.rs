@@ -1,0 +1,302 @@
+//! The node watch: keeps the node store the storm guard and the reconciles read, creates
+//! a NodeFence for a node that has been unhealthy for `unhealthyDuration` and runs pods
+//! that need fencing, and wakes the fences a node change concerns.
+//!
+//! A fence is created at the moment the node becomes due, not on the next periodic
+//! sweep: each unhealthy node's due time is kept and the watch sleeps until the earliest.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use kube::runtime::reflector::{self, ObjectRef, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::facts::Readiness;
+use super::observe;
+use super::reconciler::Context;
+use super::resource::{FIELD_MANAGER, NodeFence, NodeFenceSpec};
+
+/// How soon a due node whose pods need no fencing (or whose check failed) is looked at
+/// again.
+const RECHECK: Duration = Duration::from_secs(15);
+
+/// When `node` becomes due for a fence, if it can become due at all: selected, not
+/// excluded, not Ready. Counted from the Ready condition's last transition; without one,
+/// from `now` (a missing time only delays).
+pub fn fence_due(
+    node: &Node,
+    selector: Option<&kube::core::Selector>,
+    unhealthy_duration: Duration,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    if !observe::is_selected(node, selector) || observe::is_excluded(node) {
+        return None;
+    }
+    let health = observe::node_health(node);
+    if health.is_ready() {
+        return None;
+    }
+    let since = health.since.filter(|since| *since <= now).unwrap_or(now);
+    Some(since + unhealthy_duration)
+}
+
+/// Drops what the controller never reads, so 5,000 nodes stay small in memory: managed
+/// fields, annotations, the image list, volumes, capacity and node info.
+pub fn strip(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    node.metadata.annotations = None;
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_attached = None;
+        status.volumes_in_use = None;
+        status.node_info = None;
+        status.capacity = None;
+        status.allocatable = None;
+        status.addresses = None;
+        status.daemon_endpoints = None;
+        status.config = None;
+    }
+}
+
+/// Runs the node watch until the stream ends (never, unless the client is dropped).
+/// `wake` takes the names of fences to reconcile now.
+pub async fn watch_nodes(
+    ctx: Arc<Context>,
+    writer: Writer<Node>,
+    wake: tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default())
+            .modify(strip)
+            .default_backoff(),
+    );
+    let mut stream = std::pin::pin!(stream);
+    let mut readiness: HashMap<String, Readiness> = HashMap::new();
+    let mut due: HashMap<String, Timestamp> = HashMap::new();
+    loop {
+        let now = (ctx.clock)();
+        let next = due.values().min().copied();
+        let sleep = next.map_or(Duration::from_secs(3600), |at| {
+            Duration::try_from(at.duration_since(now)).unwrap_or(Duration::ZERO)
+        });
+        tokio::select! {
+            event = stream.next() => {
+                let Some(event) = event else { return };
+                match event {
+                    Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                        observe_node(&ctx, &node, &mut readiness, &mut due, &wake);
+                    }
+                    Ok(watcher::Event::Delete(node)) => {
+                        let name = node.metadata.name.clone().unwrap_or_default();
+                        readiness.remove(&name);
+                        due.remove(&name);
+                        let _ = wake.send(name);
+                    }
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+                    Err(error) => tracing::warn!(%error, "node watch failed; it is restarted with backoff"),
+                }
+            }
+            _ = tokio::time::sleep(sleep) => {
+                let now = (ctx.clock)();
+                let ready: Vec<String> = due
+                    .iter()
+                    .filter(|(_, at)| **at <= now)
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                for name in ready {
+                    due.remove(&name);
+                    if let Some(again) = create_if_needed(&ctx, &name, now).await {
+                        due.insert(name, again);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn observe_node(
+    ctx: &Context,
+    node: &Node,
+    readiness: &mut HashMap<String, Readiness>,
+    due: &mut HashMap<String, Timestamp>,
+    wake: &tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let now = (ctx.clock)();
+    let current = observe::node_health(node).readiness;
+    let changed = readiness.insert(name.clone(), current) != Some(current);
+    if changed {
+        // A node's readiness moves the storm guard, which every fence obeys.
+        for fence in ctx.fences.state() {
+            let _ = wake.send(fence.metadata.name.clone().unwrap_or_default());
+        }
+    } else if ctx.fences.get(&ObjectRef::new(&name)).is_some() {
+        let _ = wake.send(name.clone());
+    }
+    let has_fence = ctx.fences.get(&ObjectRef::new(&name)).is_some();
+    match fence_due(
+        node,
+        ctx.policy.node_selector.as_ref(),
+        ctx.policy.fence.unhealthy_duration,
+        now,
+    ) {
+        Some(at) if !has_fence => {
+            // Keep an earlier due time: a node without a transition time must not have
+            // its wait restarted by every update.
+            due.entry(name).or_insert(at);
+        }
+        _ => {
+            due.remove(&name);
+        }
+    }
+}
+
+/// Creates the node's NodeFence if it still needs one; returns when to look again if it
+/// does not (yet).
+async fn create_if_needed(ctx: &Context, name: &str, now: Timestamp) -> Option<Timestamp> {
+    if ctx.fences.get(&ObjectRef::new(name)).is_some() {
+        return None;
+    }
+    let node = ctx.nodes.get(&ObjectRef::new(name))?;
+    let due = fence_due(
+        &node,
+        ctx.policy.node_selector.as_ref(),
+        ctx.policy.fence.unhealthy_duration,
+        now,
+    )?;
+    if due > now {
+        return Some(due);
+    }
+    match super::reconciler::node_needs_fencing(ctx, name).await {
+        Ok(true) => {}
+        Ok(false) => return Some(now + RECHECK),
+        Err(error) => {
+            tracing::warn!(node = %name, %error, "cannot tell whether the node needs fencing");
+            return Some(now + RECHECK);
+        }
+    }
+    let fence = NodeFence::new(
+        name,
+        NodeFenceSpec {
+            node_name: name.to_string(),
+            force: false,
+        },
+    );
+    let api: Api<NodeFence> = Api::all(ctx.client.clone());
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    };
+    match api.create(&params, &fence).await {
+        Ok(_) => {
+            tracing::warn!(node = %name, "node lost: NodeFence created");
+            None
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => None,
+        Err(error) => {
+            tracing::warn!(node = %name, %error, "could not create the NodeFence");
+            Some(now + Duration::from_secs(5))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(yaml: &str) -> Node {
+        serde_yaml_ng::from_str(yaml).expect("node")
+    }
+
+    fn at(text: &str) -> Timestamp {
+        text.parse().expect("time")
+    }
+
+    #[test]
+    fn a_node_is_due_unhealthy_duration_after_its_ready_condition_turned() {
+        let lost = node(
+            "metadata: {name: a}\nstatus: {conditions: [{type: Ready, status: Unknown, lastTransitionTime: '2026-11-24T01:00:00Z'}]}\n",
+        );
+        assert_eq!(
+            fence_due(
+                &lost,
+                None,
+                Duration::from_secs(60),
+                at("2026-11-24T01:00:10Z")
+            ),
+            Some(at("2026-11-24T01:01:00Z"))
+        );
+        let ready = node("status: {conditions: [{type: Ready, status: 'True'}]}\n");
+        assert_eq!(
+            fence_due(
+                &ready,
+                None,
+                Duration::from_secs(60),
+                at("2026-11-24T01:00:10Z")
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn excluded_or_unselected_nodes_are_never_due() {
+        let excluded = node(
+            "metadata: {labels: {fencing.nodekeeper.io/exclude: 'true'}}\nstatus: {conditions: [{type: Ready, status: 'False'}]}\n",
+        );
+        assert_eq!(
+            fence_due(&excluded, None, Duration::ZERO, at("2026-11-24T01:00:00Z")),
+            None
+        );
+        let worker = node(
+            "metadata: {labels: {role: db}}\nstatus: {conditions: [{type: Ready, status: 'False'}]}\n",
+        );
+        let selector = kube::core::Selector::from_iter([("role", "worker")]);
+        assert_eq!(
+            fence_due(
+                &worker,
+                Some(&selector),
+                Duration::ZERO,
+                at("2026-11-24T01:00:00Z")
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn a_future_or_missing_transition_counts_from_now() {
+        let skewed = node(
+            "status: {conditions: [{type: Ready, status: 'False', lastTransitionTime: '2026-11-24T02:00:00Z'}]}\n",
+        );
+        assert_eq!(
+            fence_due(
+                &skewed,
+                None,
+                Duration::from_secs(60),
+                at("2026-11-24T01:00:00Z")
+            ),
+            Some(at("2026-11-24T01:01:00Z"))
+        );
+    }
+
+    #[test]
+    fn stripping_keeps_what_the_controller_reads() {
+        let mut n = node(
+            "metadata:\n  name: a\n  labels: {topology.kubernetes.io/zone: z}\n  annotations: {big: x}\n\
+             spec: {taints: [{key: k, effect: NoSchedule}]}\n\
+             status:\n  conditions: [{type: Ready, status: 'True'}]\n  images: [{names: [a], sizeBytes: 1}]\n",
+        );
+        strip(&mut n);
+        assert!(n.metadata.annotations.is_none());
+        assert!(n.status.as_ref().and_then(|s| s.images.as_ref()).is_none());
+        assert_eq!(observe::node_zone(&n), ":\0:z");
+        assert!(observe::node_health(&n).is_ready());
+        assert_eq!(observe::node_taint_list(&n).len(), 1);
+    }
+}

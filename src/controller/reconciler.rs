@@ -1,0 +1,671 @@
+//! The reconciler, in kube-rs `controller-rs` form: a [`Context`] shared by every
+//! reconcile, [`reconcile`] for one NodeFence, and [`error_policy`] for a failed one.
+//!
+//! One reconcile reads the facts (the NodeFence fresh from the API server, its Node from
+//! the node store, the node's pods and claims, its fence configuration), asks the pure
+//! [`decide`] what comes next, writes the new status guarded by the object's
+//! resourceVersion, and only once that write succeeded starts executions, changes
+//! taints, deletes pods and publishes Events. A write that loses a race (409) does
+//! nothing else: the next reconcile decides again on the newer object. That ordering is
+//! what makes a restart at any instant safe: an execution is in the status before its
+//! agent starts, and a taint or deletion is asked for again by the next reconcile if the
+//! controller died before making it (they are level-based).
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+
+use crate::fencing::{FencePlan, FenceRunner};
+use crate::kubernetes::fencing::load_fence_objects;
+
+use super::decide::{Action, Decision, ExecutionReport, FenceEvent, TaintChange, decide};
+use super::executor::{Clock, Executor, FenceId};
+use super::facts::{NodeFacts, NodeHealth, PlanOutline, Readiness, pod_needs_fencing};
+use super::metrics::{ControllerMetrics, ExecutionLabels, ReasonLabels, StepLabels};
+use super::observe;
+use super::policy::{
+    ControllerPolicy, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, REMEDIATION_TAINT,
+};
+use super::resource::{FIELD_MANAGER, NodeFence, NodeFenceStatus};
+use super::storm::{Assessment, Guard, StormMemory, StormState, assess};
+
+/// Everything a reconcile needs, shared by all of them.
+pub struct Context {
+    pub client: kube::Client,
+    pub policy: ControllerPolicy,
+    pub runner: Arc<FenceRunner>,
+    pub executor: Arc<dyn Executor>,
+    /// Every watched node (see `nodes.rs`), stripped of what the controller never reads.
+    pub nodes: Store<Node>,
+    /// Every NodeFence, as the controller's watch last saw it.
+    pub fences: Store<NodeFence>,
+    /// The storm guard's memory; rebuilt from the fences' statuses on first use after a
+    /// start, so a restart never ends a cooldown early.
+    pub storm: Mutex<Option<StormMemory>>,
+    pub metrics: Arc<ControllerMetrics>,
+    pub clock: Clock,
+    /// Names this replica in the Events it publishes.
+    pub identity: String,
+    /// Fence starts, so concurrent reconciles keep to the zone rates.
+    pub starts: StartGate,
+}
+
+/// Reconciles run concurrently, and two fences of one zone must not both see the zone's
+/// rate unused: a reconcile that may start a new fence holds `lock` from reading the
+/// zone's starts to writing its own, and `recent` keeps the starts this replica wrote
+/// until the fence watch shows them.
+#[derive(Default)]
+pub struct StartGate {
+    lock: tokio::sync::Mutex<()>,
+    recent: Mutex<Vec<(String, Timestamp)>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("NodeFence {fence}: {doing}: {source}")]
+    Kube {
+        fence: String,
+        doing: String,
+        source: kube::Error,
+    },
+    #[error(
+        "NodeFence {fence}: {doing}: the object changed since it was read; deciding again on the new one"
+    )]
+    Conflict { fence: String, doing: String },
+}
+
+fn kube_error(fence: &str, doing: impl Into<String>) -> impl FnOnce(kube::Error) -> ReconcileError {
+    let fence = fence.to_string();
+    let doing = doing.into();
+    move |source| match &source {
+        kube::Error::Api(status) if status.code == 409 => ReconcileError::Conflict { fence, doing },
+        _ => ReconcileError::Kube {
+            fence,
+            doing,
+            source,
+        },
+    }
+}
+
+/// A failed reconcile is tried again: at once after a lost race, else after a pause
+/// that keeps a failing API server from being hammered.
+pub fn error_policy(_fence: Arc<NodeFence>, error: &ReconcileError, ctx: Arc<Context>) -> Requeue {
+    match error {
+        ReconcileError::Conflict { .. } => {
+            tracing::debug!(%error, "reconcile lost a race");
+            Requeue::requeue(Duration::from_millis(100))
+        }
+        ReconcileError::Kube { .. } => {
+            ctx.metrics.reconcile_errors.inc();
+            tracing::warn!(%error, "reconcile failed; retrying in 5s");
+            Requeue::requeue(Duration::from_secs(5))
+        }
+    }
+}
+
+impl Context {
+    /// The watched nodes as the storm guard counts them, and the guard's verdict over
+    /// them; the memory is kept for the next evaluation.
+    pub fn assess(&self, now: Timestamp) -> Assessment {
+        let selector = self.policy.node_selector.as_ref();
+        let views: Vec<_> = self
+            .nodes
+            .state()
+            .iter()
+            .filter(|node| observe::is_selected(node, selector))
+            .map(|node| observe::node_view(node))
+            .collect();
+        let mut memory = self.storm.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = memory.unwrap_or_else(|| {
+            let fences = self.fences.state();
+            observe::storm_memory_from(fences.iter().map(|fence| fence.as_ref()))
+        });
+        let assessment = assess(&views, current, &self.policy.storm, now);
+        *memory = Some(assessment.memory);
+        drop(memory);
+        self.metrics.watched_nodes.set(views.len() as i64);
+        self.metrics.unhealthy_nodes.set(
+            views
+                .iter()
+                .filter(|view| view.readiness != Readiness::Ready)
+                .count() as i64,
+        );
+        self.metrics.set_storm_state(match assessment.storm {
+            StormState::Calm => "calm",
+            StormState::Storm { .. } => "storm",
+            StormState::Cooldown { .. } => "cooldown",
+        });
+        assessment
+    }
+
+    /// The guard's word on a fence in `zone`.
+    fn guard(&self, zone: &str, now: Timestamp) -> Guard {
+        let assessment = self.assess(now);
+        let fences = self.fences.state();
+        let mut starts = observe::starts_in_zone(fences.iter().map(|fence| fence.as_ref()), zone);
+        let mut recent = self
+            .starts
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Starts older than a day no longer bound any rate worth configuring.
+        recent.retain(|(_, at)| now.duration_since(*at).as_secs() < 86_400);
+        starts.extend(recent.iter().filter(|(z, _)| z == zone).map(|(_, at)| *at));
+        Guard::for_node(&assessment, zone, &starts, now)
+    }
+
+    /// Paused-fence gauges over every fence the watch knows.
+    fn update_fence_gauges(&self) {
+        let fences = self.fences.state();
+        self.metrics.fences.set(fences.len() as i64);
+        self.metrics.fences_paused.clear();
+        for fence in fences.iter() {
+            if let Some(pause) = fence.status.as_ref().and_then(|s| s.pause.as_ref()) {
+                self.metrics
+                    .fences_paused
+                    .get_or_create(&ReasonLabels {
+                        reason: format!("{:?}", pause.reason),
+                    })
+                    .inc();
+            }
+        }
+    }
+}
+
+/// Reads the node's fence configuration and checks it against the installed agents.
+async fn load_plan(ctx: &Context, node: &str) -> Result<FencePlan, String> {
+    let objects = load_fence_objects(&ctx.client, &ctx.policy.namespace, node)
+        .await
+        .map_err(|error| error.to_string())?;
+    let mut plan =
+        crate::fencing::config::resolve_with(&objects, node, &ctx.policy.agents.resolve_policy())
+            .map_err(|errors| errors.to_string())?;
+    let check = crate::fencing::check_agents(&mut plan, &ctx.runner).await;
+    let mut problems = check.problems();
+    problems.extend(check.not_installed.iter().map(|agent| {
+        format!(
+            "fence agent {agent} is not installed in {}",
+            ctx.policy.agents.directory.display()
+        )
+    }));
+    if problems.is_empty() {
+        Ok(plan)
+    } else {
+        Err(format!(
+            "the fence configuration of node {node} cannot be used: {}",
+            problems.join("; ")
+        ))
+    }
+}
+
+/// The node's pods and whether any of them needs fencing.
+async fn node_pods(
+    ctx: &Context,
+    fence: &str,
+    node: &str,
+) -> Result<(usize, bool), ReconcileError> {
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    let list = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map_err(kube_error(
+            fence,
+            format!("listing the pods of node {node}"),
+        ))?;
+    let mut single_node_claims = BTreeSet::new();
+    for (namespace, claim) in list.items.iter().flat_map(observe::claims) {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+        let found = claims.get_opt(&claim).await.map_err(kube_error(
+            fence,
+            format!("reading PersistentVolumeClaim {namespace}/{claim}"),
+        ))?;
+        if found.as_ref().is_some_and(observe::is_single_node_claim) {
+            single_node_claims.insert((namespace, claim));
+        }
+    }
+    let selector = ctx.policy.pod_selector.as_ref();
+    let needs_fencing = list
+        .items
+        .iter()
+        .any(|pod| pod_needs_fencing(&observe::pod_facts(pod, &single_node_claims), selector));
+    let releasable = list
+        .items
+        .iter()
+        .filter(|pod| observe::is_releasable(pod))
+        .count();
+    Ok((releasable, needs_fencing))
+}
+
+/// Everything `decide` needs about the fence's node, and the full plan for the executor.
+async fn gather(
+    ctx: &Context,
+    fence: &str,
+    node_name: &str,
+    now: Timestamp,
+) -> Result<(NodeFacts, Option<Arc<FencePlan>>, Guard), ReconcileError> {
+    let Some(node) = ctx.nodes.get(&ObjectRef::new(node_name)) else {
+        let facts = NodeFacts {
+            exists: false,
+            health: NodeHealth {
+                readiness: Readiness::Unknown,
+                since: None,
+            },
+            zone: String::new(),
+            excluded: false,
+            runs_pods_needing_fencing: false,
+            pods_to_release: 0,
+            taints: Default::default(),
+            plan: Err(format!("node {node_name} does not exist")),
+        };
+        return Ok((facts, None, Guard::default()));
+    };
+    let (pods_to_release, runs_pods_needing_fencing) = node_pods(ctx, fence, node_name).await?;
+    let plan = load_plan(ctx, node_name).await;
+    let outline = plan
+        .as_ref()
+        .map(PlanOutline::from_plan)
+        .map_err(Clone::clone);
+    let zone = observe::node_zone(&node);
+    let facts = NodeFacts {
+        exists: true,
+        health: observe::node_health(&node),
+        zone: zone.clone(),
+        excluded: observe::is_excluded(&node),
+        runs_pods_needing_fencing,
+        pods_to_release,
+        taints: observe::node_taints(&node),
+        plan: outline,
+    };
+    let guard = ctx.guard(&zone, now);
+    Ok((facts, plan.ok().map(Arc::new), guard))
+}
+
+/// Reconciles one NodeFence.
+pub async fn reconcile(
+    fence: Arc<NodeFence>,
+    ctx: Arc<Context>,
+) -> Result<Requeue, ReconcileError> {
+    let name = fence.name_any();
+    let api: Api<NodeFence> = Api::all(ctx.client.clone());
+    // The watch may not have delivered our own last write yet; decide on the stored
+    // object, so a decision is never made twice from the same status.
+    let Some(fence) = api
+        .get_opt(&name)
+        .await
+        .map_err(kube_error(&name, "reading it"))?
+    else {
+        return Ok(Requeue::await_change());
+    };
+    // A fence not started yet may start now: count the zone's starts and write ours under
+    // one lock (see [`StartGate`]).
+    let starting = fence
+        .status
+        .as_ref()
+        .is_none_or(|status| status.started_at.is_none());
+    let _start_guard = if starting {
+        Some(ctx.starts.lock.lock().await)
+    } else {
+        None
+    };
+    let now = (ctx.clock)();
+    let node_name = fence.spec.node_name.clone();
+    let (facts, plan, guard) = gather(&ctx, &name, &node_name, now).await?;
+    let id = FenceId {
+        uid: fence.uid().unwrap_or_default(),
+        name: name.clone(),
+    };
+    let reports: Vec<ExecutionReport> = fence
+        .status
+        .iter()
+        .flat_map(|status| status.executions.iter())
+        .filter(|execution| !execution.is_finished())
+        .map(|execution| ExecutionReport {
+            name: execution.name.clone(),
+            state: ctx.executor.report(&id, &execution.name),
+        })
+        .collect();
+    let decision = decide(&fence, &facts, &reports, &guard, &ctx.policy.fence, now);
+    let before = fence.status.clone().unwrap_or_default();
+    let written = if fence.status.as_ref() != Some(&decision.status) {
+        let mut updated = fence.clone();
+        updated.status = Some(decision.status.clone());
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PostParams::default()
+        };
+        api.replace_status(&name, &params, &updated)
+            .await
+            .map_err(kube_error(&name, "writing its status"))?
+    } else {
+        fence
+    };
+    if starting && let Some(started) = &decision.status.started_at {
+        ctx.starts
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((facts.zone.clone(), started.0));
+    }
+    drop(_start_guard);
+    // The outcomes are in the status now; the executor need not keep them.
+    for execution in decision
+        .status
+        .executions
+        .iter()
+        .filter(|e| e.is_finished())
+    {
+        ctx.executor.forget(&id, &execution.name);
+    }
+    record_metrics(&ctx.metrics, &before, &decision.status, &facts.health);
+    log_decision(&name, &node_name, &decision);
+    carry_out(&ctx, &written, &id, &node_name, &decision, plan, now).await?;
+    publish_events(&ctx, &written, &node_name, &decision.events).await;
+    ctx.update_fence_gauges();
+    Ok(Requeue::requeue(decision.requeue_after))
+}
+
+fn log_decision(fence: &str, node: &str, decision: &Decision) {
+    for event in &decision.events {
+        if event.warning {
+            tracing::warn!(%fence, %node, step = ?decision.status.step, reason = event.reason, "{}", event.message);
+        } else {
+            tracing::info!(%fence, %node, step = ?decision.status.step, reason = event.reason, "{}", event.message);
+        }
+    }
+}
+
+/// The actions of a decision whose status is written.
+async fn carry_out(
+    ctx: &Context,
+    fence: &NodeFence,
+    id: &FenceId,
+    node: &str,
+    decision: &Decision,
+    plan: Option<Arc<FencePlan>>,
+    now: Timestamp,
+) -> Result<(), ReconcileError> {
+    let name = &id.name;
+    let mut taint_changes = Vec::new();
+    for action in &decision.actions {
+        match action {
+            Action::Start(request) => match &plan {
+                Some(plan) => {
+                    tracing::info!(fence = %name, %node, execution = %request.name, method = %request.method, "starting execution");
+                    ctx.executor.start(id, request, plan.clone());
+                }
+                None => tracing::error!(
+                    fence = %name,
+                    execution = %request.name,
+                    "no fence configuration to start the execution with; it will be reported lost and verified"
+                ),
+            },
+            Action::Taint(change) => taint_changes.push(*change),
+            Action::DeletePods => delete_pods(ctx, name, node).await?,
+            Action::DeleteFence => {
+                let api: Api<NodeFence> = Api::all(ctx.client.clone());
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: fence.uid(),
+                        resource_version: fence.resource_version(),
+                    }),
+                    ..DeleteParams::default()
+                };
+                match api.delete(name, &params).await {
+                    Ok(_) => tracing::info!(fence = %name, %node, "NodeFence deleted"),
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(error) => return Err(kube_error(name, "deleting it")(error)),
+                }
+            }
+        }
+    }
+    if !taint_changes.is_empty() {
+        change_taints(ctx, name, node, &taint_changes, now).await?;
+    }
+    Ok(())
+}
+
+/// Applies taint changes to the node's current taints, guarded by its resourceVersion.
+async fn change_taints(
+    ctx: &Context,
+    fence: &str,
+    node: &str,
+    changes: &[TaintChange],
+    now: Timestamp,
+) -> Result<(), ReconcileError> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let current = nodes
+        .get(node)
+        .await
+        .map_err(kube_error(fence, format!("reading node {node}")))?;
+    let mut taints: Vec<Taint> = observe::node_taint_list(&current).to_vec();
+    for change in changes {
+        match change {
+            TaintChange::AddRemediation => {
+                if !taints.iter().any(|t| t.key == REMEDIATION_TAINT) {
+                    taints.push(Taint {
+                        key: REMEDIATION_TAINT.to_string(),
+                        effect: "NoSchedule".to_string(),
+                        time_added: Some(Time(now)),
+                        value: None,
+                    });
+                }
+            }
+            TaintChange::RemoveRemediation => taints.retain(|t| t.key != REMEDIATION_TAINT),
+            TaintChange::AddOutOfService => {
+                if !taints.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT) {
+                    taints.push(Taint {
+                        key: OUT_OF_SERVICE_TAINT.to_string(),
+                        value: Some(OUT_OF_SERVICE_VALUE.to_string()),
+                        effect: "NoExecute".to_string(),
+                        time_added: Some(Time(now)),
+                    });
+                }
+            }
+            TaintChange::RemoveOutOfService => taints.retain(|t| t.key != OUT_OF_SERVICE_TAINT),
+        }
+    }
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": current.resource_version()},
+        "spec": {"taints": taints},
+    });
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube_error(
+            fence,
+            format!("changing the taints of node {node}"),
+        ))?;
+    tracing::info!(%fence, %node, ?changes, "taints changed");
+    Ok(())
+}
+
+/// The cluster fence: force-deletes the node's pods (grace period 0), each guarded by its
+/// uid so a pod of the same name created elsewhere meanwhile is never touched.
+async fn delete_pods(ctx: &Context, fence: &str, node: &str) -> Result<(), ReconcileError> {
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    let list = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map_err(kube_error(
+            fence,
+            format!("listing the pods of node {node}"),
+        ))?;
+    for pod in list.items.iter().filter(|pod| observe::is_releasable(pod)) {
+        let namespace = pod.namespace().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: pod.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let pod_name = pod.name_any();
+        match api.delete(&pod_name, &params).await {
+            Ok(_) => {
+                tracing::info!(%fence, %node, pod = %format!("{namespace}/{pod_name}"), "pod force-deleted")
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+            Err(error) => {
+                return Err(kube_error(
+                    fence,
+                    format!("deleting pod {namespace}/{pod_name}"),
+                )(error));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Counts what changed between two statuses.
+fn record_metrics(
+    metrics: &ControllerMetrics,
+    before: &NodeFenceStatus,
+    after: &NodeFenceStatus,
+    health: &NodeHealth,
+) {
+    let seconds = |from: Timestamp, to: Timestamp| {
+        Duration::try_from(to.duration_since(from))
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    for execution in after.executions.iter().filter(|e| e.is_finished()) {
+        let was_finished = before
+            .executions
+            .iter()
+            .any(|old| old.name == execution.name && old.is_finished());
+        if !was_finished {
+            metrics
+                .executions
+                .get_or_create(&ExecutionLabels {
+                    step: format!("{:?}", execution.step),
+                    method: execution.method.clone(),
+                    agent: execution.agent.clone(),
+                    result: execution
+                        .result
+                        .map(|r| format!("{r:?}"))
+                        .unwrap_or_default(),
+                })
+                .inc();
+        }
+    }
+    if before.started_at.is_none()
+        && let Some(started) = &after.started_at
+    {
+        metrics.fences_started.inc();
+        if let Some(since) = health.since {
+            metrics.fence_start_delay.observe(seconds(since, started.0));
+        }
+    }
+    if before.confirmed_at.is_none()
+        && let Some(confirmed) = &after.confirmed_at
+    {
+        metrics
+            .fences_confirmed
+            .get_or_create(&StepLabels {
+                step: after.step.map(|s| format!("{s:?}")).unwrap_or_default(),
+            })
+            .inc();
+        if let Some(started) = &after.started_at {
+            metrics
+                .fence_confirm_duration
+                .observe(seconds(started.0, confirmed.0));
+        }
+    }
+    let released = |status: &NodeFenceStatus| {
+        status
+            .out_of_service_at
+            .as_ref()
+            .or(status.pods_deleted_at.as_ref())
+            .map(|time| time.0)
+    };
+    if released(before).is_none()
+        && let (Some(at), Some(since)) = (released(after), health.since)
+    {
+        metrics.pods_release_delay.observe(seconds(since, at));
+    }
+    let failed = |status: &NodeFenceStatus| {
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Failed" && c.status == "True")
+    };
+    if !failed(before) && failed(after) {
+        metrics
+            .fences_failed
+            .get_or_create(&StepLabels {
+                step: after.step.map(|s| format!("{s:?}")).unwrap_or_default(),
+            })
+            .inc();
+    }
+    if before.recovered_at.is_none() && after.recovered_at.is_some() {
+        metrics.fences_recovered.inc();
+    }
+}
+
+static EVENT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Publishes the decision's Events on the NodeFence and its Node. An Event that cannot
+/// be written is logged and dropped: the transition itself is in the status.
+async fn publish_events(ctx: &Context, fence: &NodeFence, node: &str, events: &[FenceEvent]) {
+    if events.is_empty() {
+        return;
+    }
+    let fence_ref = fence.object_ref(&());
+    let node_ref = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some("Node".to_string()),
+        name: Some(node.to_string()),
+        // The kubelet and the node lifecycle controller name a Node's Events by its name
+        // as uid; kubectl describe node finds them that way.
+        uid: Some(node.to_string()),
+        ..Default::default()
+    };
+    let api: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(ctx.client.clone(), "default");
+    for event in events {
+        for regarding in [&fence_ref, &node_ref] {
+            let now = (ctx.clock)();
+            let object = regarding.name.clone().unwrap_or_default();
+            // Unique per process even within one clock tick (a fence and its node share
+            // a name).
+            let sequence = EVENT_SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let body = k8s_openapi::api::events::v1::Event {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(format!("{object}.{:x}.{sequence}", now.as_nanosecond())),
+                    namespace: Some("default".to_string()),
+                    ..Default::default()
+                },
+                event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                    now,
+                )),
+                action: Some("Fence".to_string()),
+                reason: Some(event.reason.to_string()),
+                note: Some(event.message.clone()),
+                type_: Some(if event.warning { "Warning" } else { "Normal" }.to_string()),
+                regarding: Some(regarding.clone()),
+                reporting_controller: Some("fencing.nodekeeper.io/controller".to_string()),
+                reporting_instance: Some(ctx.identity.clone()),
+                ..Default::default()
+            };
+            if let Err(error) = api.create(&PostParams::default(), &body).await {
+                tracing::warn!(fence = %fence.name_any(), reason = event.reason, %error, "could not publish an Event");
+            }
+        }
+    }
+}
+
+/// Whether `node` runs a pod that needs fencing, for the node watch's "create a fence"
+/// rule.
+pub async fn node_needs_fencing(ctx: &Context, node: &str) -> Result<bool, ReconcileError> {
+    Ok(node_pods(ctx, node, node).await?.1)
+}

@@ -1,0 +1,141 @@
+//! Wires the controller together: the leader Lease first, then the node watch, the
+//! NodeFence controller (kube-runtime's `Controller` around [`reconcile`]), the local
+//! executor and the metrics. Only the leader watches and acts; a replica that loses the
+//! Lease kills the agents it started and stops, so two replicas never act together (the
+//! executions it leaves are verified by the next leader, never repeated blind).
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{Controller, watcher};
+
+use crate::fencing::FenceRunner;
+use crate::metrics::Health;
+
+use super::executor::{Clock, LocalExecutor};
+use super::lease::LeaderElector;
+use super::metrics::ControllerMetrics;
+use super::nodes::watch_nodes;
+use super::policy::ControllerPolicy;
+use super::reconciler::{Context, StartGate, error_policy, reconcile};
+use super::resource::NodeFence;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("stopped acting: {0}")]
+    LostLease(String),
+    #[error("the node watch ended")]
+    NodeWatchEnded,
+}
+
+/// Runs the controller until `shutdown` resolves (then `Ok`) or leadership is lost.
+pub async fn run(
+    client: kube::Client,
+    policy: ControllerPolicy,
+    identity: String,
+    metrics: Arc<ControllerMetrics>,
+    health: Arc<Health>,
+    clock: Clock,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut elector = LeaderElector::new(
+        client.clone(),
+        &policy.namespace,
+        policy.leader_election.clone(),
+        identity.clone(),
+    );
+    tracing::info!(%identity, lease = %policy.leader_election.lease_name, namespace = %policy.namespace, "waiting for the leader Lease");
+    tokio::select! {
+        _ = elector.acquire() => {}
+        _ = &mut shutdown => return Ok(()),
+    }
+    metrics.leader.set(1);
+
+    let runner = Arc::new(FenceRunner::new(policy.agents.runner_settings()));
+    let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let executor = Arc::new(LocalExecutor::new(
+        runner.clone(),
+        clock.clone(),
+        wake_tx.clone(),
+    ));
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let fence_api: Api<NodeFence> = Api::all(client.clone());
+    let wakes = futures::stream::unfold(wake_rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|name| (ObjectRef::<NodeFence>::new(&name), rx))
+    });
+    let controller = Controller::new(fence_api, watcher::Config::default()).reconcile_on(wakes);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        policy,
+        runner,
+        executor: executor.clone(),
+        nodes: nodes.clone(),
+        fences: controller.store(),
+        storm: Mutex::new(None),
+        metrics: metrics.clone(),
+        clock,
+        identity,
+        starts: StartGate::default(),
+    });
+    let node_watch = watch_nodes(ctx.clone(), node_writer, wake_tx);
+    let mut node_watch = std::pin::pin!(node_watch);
+    // Decide nothing before every node is known: the storm guard counts them all.
+    tokio::select! {
+        _ = nodes.wait_until_ready() => {}
+        _ = &mut node_watch => return Err(RunError::NodeWatchEnded),
+        _ = &mut shutdown => { elector.release().await; return Ok(()) }
+    }
+    health.tick();
+    tracing::info!(
+        nodes = nodes.state().len(),
+        "node list synced; reconciling NodeFences"
+    );
+    let fences = controller
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "controller event");
+            }
+        });
+    let outcome = tokio::select! {
+        _ = fences => Ok(()),
+        _ = &mut node_watch => Err(RunError::NodeWatchEnded),
+        reason = elector.hold() => Err(RunError::LostLease(reason)),
+        _ = &mut shutdown => Ok(()),
+    };
+    metrics.leader.set(0);
+    // Whatever runs now was recorded before it started; the next leader asks the device
+    // with `status` what it did instead of running it again.
+    executor.kill_running();
+    if outcome.is_ok() {
+        elector.release().await;
+    }
+    outcome
+}
+
+/// This replica's name in the Lease and in Events: the pod name when it runs in one
+/// (`POD_NAME`), else the host name, with a random suffix so two processes on one host
+/// never share it.
+pub fn identity() -> String {
+    let base = std::env::var("POD_NAME")
+        .ok()
+        .filter(|name| !name.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|name| name.trim().to_string())
+        })
+        .unwrap_or_else(|| "nodekeeper-controller".to_string());
+    let suffix = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .ok()
+        .map(|uuid| uuid.chars().take(8).collect::<String>())
+        .unwrap_or_else(|| std::process::id().to_string());
+    format!("{base}_{suffix}")
+}

@@ -1,0 +1,781 @@
+//! `nodekeeper controller` end to end: the real binary as its own process against the
+//! test API server, fencing through real ClusterLabs fence agents (`fence_ipmilan`
+//! against OpenIPMI's `ipmi_sim`; `fence_dummy` standing in for a storage fabric, since
+//! no SCSI device can be made here). What an operator would see is asserted: the
+//! NodeFence and its status, the emulator's power, the taints, the pod, the Events and
+//! the metrics.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use support::apiserver::{CustomResource, FakeApiServer};
+use support::fence_emulators::{IpmiSim, LOOPBACK};
+use support::real;
+
+const NAMESPACE: &str = "fencing";
+
+fn crd() -> CustomResource {
+    CustomResource {
+        group: "fencing.nodekeeper.io".into(),
+        version: "v1alpha1".into(),
+        kind: "NodeFence".into(),
+        plural: "nodefences".into(),
+        namespaced: false,
+        has_status: true,
+    }
+}
+
+fn node(name: &str, ready: &str, since: Timestamp) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {},
+        "status": {"conditions": [{
+            "type": "Ready", "status": ready, "reason": "test",
+            "lastTransitionTime": since.to_string(),
+            "lastHeartbeatTime": since.to_string(),
+        }]}
+    }))
+    .expect("node")
+}
+
+/// A StatefulSet pod with a ReadWriteOnce volume on `node`, and its claim.
+fn seed_database(server: &FakeApiServer, node: &str, name: &str) {
+    let claim = format!("data-{name}");
+    let pvc: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": claim, "namespace": "shop"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        "status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"]}
+    }))
+    .expect("pvc");
+    server.seed(&pvc);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "shop", "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+            "uid": "6b1e2f0a-0000-4000-8000-000000000001", "controller": true
+        }]},
+        "spec": {"nodeName": node, "containers": [{"name": "db", "image": "postgres"}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]},
+        "status": {"phase": "Running"}
+    }))
+    .expect("pod");
+    server.seed(&pod);
+}
+
+fn config_map(name: &str, key: &str, properties: &str) -> k8s_openapi::api::core::v1::ConfigMap {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "data": {key: properties}
+    }))
+    .expect("config map")
+}
+
+/// The original design's ConfigMaps for `node`: isolation by a storage fabric port
+/// (fence_dummy keeping its state in `fabric`), power management by IPMI, and recovery
+/// switching both back on. The BMC password comes from a labelled Secret.
+fn seed_fence_config(server: &FakeApiServer, node: &str, bmc_port: u16, fabric: &Path) {
+    server.seed(&config_map(
+        &format!("fence-config-{node}"),
+        "config.properties",
+        &format!(
+            "node_name={node}\nisolation=fabric-off\npower_management=ipmi-off\nrecovery=fabric-on ipmi-on"
+        ),
+    ));
+    for (method, action) in [("fabric-off", "off"), ("fabric-on", "on")] {
+        server.seed(&config_map(
+            &format!("fence-method-{method}-{node}"),
+            "method.properties",
+            &format!(
+                "agent_name=fence_dummy\nstatus_file={}\naction={action}",
+                fabric.display()
+            ),
+        ));
+    }
+    for (method, action) in [("ipmi-off", "off"), ("ipmi-on", "on")] {
+        server.seed(&config_map(
+            &format!("fence-method-{method}-{node}"),
+            "method.properties",
+            &format!("template=fence-method-template-ipmi\nipport={bmc_port}\naction={action}"),
+        ));
+    }
+    server.seed(&config_map(
+        "fence-method-template-ipmi",
+        "template.properties",
+        &format!(
+            "agent_name=fence_ipmilan\nip={LOOPBACK}\nusername={}\npassword_secret=bmc/password\npower_wait=0\npower_timeout=5",
+            IpmiSim::USER
+        ),
+    ));
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "bmc", "namespace": NAMESPACE,
+                     "labels": {"fencing.nodekeeper.io/credentials": "true"}},
+        "data": {"password": base64(IpmiSim::PASSWORD.as_bytes())}
+    }))
+    .expect("secret");
+    server.seed(&secret);
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The controller's configuration for a test: short waits, fast leader election, the
+/// cluster fence on (nothing in the test API server plays the pod garbage collector
+/// that acts on the out-of-service taint).
+fn controller_config(dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("controller.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: {NAMESPACE}\n\
+             unhealthyDuration: 2s\npowerManagementDelay: 1s\n\
+             retry: {{limit: 1, backoff: 1s, maxBackoff: 2s}}\n\
+             release: {{outOfServiceTaint: true, deletePods: true}}\n\
+             agents: {{callTimeout: 20s, verifyTimeout: 10s, allowedOptions: [status_file]}}\n\
+             leaderElection: {{leaseDuration: 4s, renewInterval: 500ms, renewDeadline: 3s}}\n{extra}"
+        ),
+    )
+    .expect("write config");
+    path
+}
+
+/// The controller process; killed (by its PID) when dropped.
+struct ControllerProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl ControllerProcess {
+    fn start(dir: &Path, server: &FakeApiServer, config: &Path) -> ControllerProcess {
+        let kubeconfig = dir.join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let number = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = dir.join(format!("controller-{number}.log"));
+        let stderr = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+            .args(["controller", "--config"])
+            .arg(config)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .env("RUST_LOG", "info,kube=warn")
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start nodekeeper controller");
+        ControllerProcess { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The metrics text, from the address the controller logged.
+    fn metrics(&self) -> String {
+        let log = self.log();
+        let Some(address) = log
+            .lines()
+            .find(|line| line.contains("serving /metrics"))
+            .and_then(|line| line.split("address=").nth(1))
+            .map(|rest| rest.split_whitespace().next().unwrap_or("").to_string())
+        else {
+            panic!("the controller did not log its metrics address:\n{log}");
+        };
+        http_get(&address, "/metrics")
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_get(address: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("connect to metrics");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    response
+}
+
+fn fence_of(server: &FakeApiServer, node: &str) -> Option<Value> {
+    server
+        .custom_objects("fencing.nodekeeper.io", "v1alpha1", "nodefences")
+        .into_iter()
+        .find(|fence| fence.pointer("/metadata/name").and_then(Value::as_str) == Some(node))
+}
+
+fn taint_keys(server: &FakeApiServer, node: &str) -> Vec<String> {
+    server
+        .object::<Node>("", node)
+        .and_then(|node| node.spec)
+        .and_then(|spec| spec.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|taint| taint.key)
+        .collect()
+}
+
+fn reasons(server: &FakeApiServer, name: &str, kind: &str) -> Vec<String> {
+    server
+        .objects::<Event>()
+        .into_iter()
+        .filter(|event| {
+            event
+                .regarding
+                .as_ref()
+                .is_some_and(|r| r.name.as_deref() == Some(name) && r.kind.as_deref() == Some(kind))
+        })
+        .filter_map(|event| event.reason)
+        .collect()
+}
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// Fails with the controller's log when `check` does not hold within [`LIMIT`].
+async fn wait_for<T>(
+    controller: &ControllerProcess,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        if let Some(found) = check() {
+            return found;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "timed out waiting for {what}; controller log:\n{}",
+                controller.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_node_is_isolated_powered_off_released_and_recovered() {
+    require!(
+        "fence-agents",
+        real::program("fence_ipmilan", "fence-agents")
+    );
+    require!("fence-agents", real::program("fence_dummy", "fence-agents"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let fabric = dir.path().join("fabric.port");
+    std::fs::write(&fabric, "on").expect("fabric port");
+
+    let server = FakeApiServer::start().await;
+    server.register(crd());
+    let since = Timestamp::now();
+    for name in ["worker-1", "worker-2", "worker-3"] {
+        server.seed(&node(name, "True", since));
+    }
+    seed_database(&server, "worker-2", "db-0");
+    seed_fence_config(&server, "worker-2", bmc.port(), &fabric);
+    let config = controller_config(dir.path(), "");
+    let controller = ControllerProcess::start(dir.path(), &server, &config);
+    wait_for(&controller, "the node list to sync", || {
+        controller.log().contains("node list synced").then_some(())
+    })
+    .await;
+    assert!(
+        fence_of(&server, "worker-2").is_none(),
+        "nothing is fenced while every node is Ready"
+    );
+
+    // worker-2 stops reporting: the node lifecycle controller marks it Unknown.
+    let lost_at = Timestamp::now();
+    server.seed(&node("worker-2", "Unknown", lost_at));
+
+    let released = wait_for(&controller, "the pod to be released", || {
+        server
+            .object::<Pod>("shop", "db-0")
+            .is_none()
+            .then(Timestamp::now)
+    })
+    .await;
+    let fence = fence_of(&server, "worker-2").expect("the NodeFence exists");
+    let confirmed_by = fence
+        .pointer("/status/confirmedBy")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        confirmed_by.starts_with("isolation step"),
+        "the storage isolation is the proof that released the pod: {fence:#}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        "off",
+        "the fabric port is really disabled"
+    );
+    let taints = taint_keys(&server, "worker-2");
+    assert!(
+        taints.contains(&"node.kubernetes.io/out-of-service".to_string())
+            && taints.contains(&"fencing.nodekeeper.io/remediation".to_string()),
+        "{taints:?}"
+    );
+    let out_of_service = server
+        .object::<Node>("", "worker-2")
+        .and_then(|n| n.spec?.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|t| t.key == "node.kubernetes.io/out-of-service")
+        .expect("taint");
+    assert_eq!(out_of_service.value.as_deref(), Some("nodeshutdown"));
+    assert_eq!(out_of_service.effect, "NoExecute");
+    assert!(out_of_service.time_added.is_some());
+
+    // After powerManagementDelay the power step switches the BMC off, confirmed.
+    wait_for(&controller, "the power-management step to be done", || {
+        let fence = fence_of(&server, "worker-2")?;
+        let status = fence.get("status")?;
+        (status["step"] == "PowerManagement" && status["phase"] == "Done").then_some(())
+    })
+    .await;
+    assert!(!bmc.power_is_on(), "the emulated machine is off");
+    let chassis = bmc.chassis_log();
+    assert_eq!(
+        chassis.matches("set power 0").count(),
+        1,
+        "exactly one power-off: {chassis}"
+    );
+    let loss_to_release = released.duration_since(lost_at);
+    eprintln!(
+        "power loss to pod released: {:.1}s (unhealthyDuration 2s)",
+        loss_to_release.as_secs_f64()
+    );
+
+    let fence_events = reasons(&server, "worker-2", "NodeFence");
+    for reason in ["FenceStarted", "StepSucceeded", "FenceConfirmed"] {
+        assert!(
+            fence_events.iter().any(|r| r == reason),
+            "{reason} in {fence_events:?}"
+        );
+    }
+    let node_events = reasons(&server, "worker-2", "Node");
+    assert!(
+        node_events.iter().any(|r| r == "FenceConfirmed"),
+        "{node_events:?}"
+    );
+
+    let metrics = controller.metrics();
+    for line in [
+        "nodekeeper_fences_started_total 1",
+        "nodekeeper_fences_confirmed_total{step=\"Isolation\"} 1",
+        "nodekeeper_controller_leader 1",
+        "nodekeeper_storm_guard_state{state=\"calm\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(
+        metrics.contains("nodekeeper_fence_executions_total{step=\"PowerManagement\",method=\"ipmi-off\",agent=\"fence_ipmilan\",result=\"Succeeded\"} 1"),
+        "{metrics}"
+    );
+
+    // An operator powers the machine back on; the kubelet reports Ready again.
+    bmc.set_power(true);
+    server.seed(&node("worker-2", "True", Timestamp::now()));
+    wait_for(
+        &controller,
+        "recovery to finish and the NodeFence to go",
+        || fence_of(&server, "worker-2").is_none().then_some(()),
+    )
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        "on",
+        "recovery re-enabled the fabric port"
+    );
+    assert!(bmc.power_is_on());
+    assert!(
+        taint_keys(&server, "worker-2").is_empty(),
+        "our taints are gone"
+    );
+    assert_eq!(bmc.chassis_log().matches("set power 0").count(), 1);
+    let log = controller.log();
+    assert!(
+        !log.contains(IpmiSim::PASSWORD),
+        "the BMC password never shows in the log"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_of_five_nodes_lost_is_a_storm_and_nothing_is_powered_off() {
+    require!(
+        "fence-agents",
+        real::program("fence_ipmilan", "fence-agents")
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let fabric = dir.path().join("fabric.port");
+    std::fs::write(&fabric, "on").expect("fabric port");
+
+    let server = FakeApiServer::start().await;
+    server.register(crd());
+    let since = Timestamp::now();
+    let names = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
+    for name in names {
+        server.seed(&node(name, "True", since));
+    }
+    for (index, name) in names[..3].iter().enumerate() {
+        seed_database(&server, name, &format!("db-{index}"));
+        seed_fence_config(&server, name, bmc.port(), &fabric);
+    }
+    let config = controller_config(dir.path(), "");
+    let controller = ControllerProcess::start(dir.path(), &server, &config);
+    wait_for(&controller, "the node list to sync", || {
+        controller.log().contains("node list synced").then_some(())
+    })
+    .await;
+
+    // A partition: three of five nodes go silent at once (40% allows two).
+    let lost_at = Timestamp::now();
+    for name in &names[..3] {
+        server.seed(&node(name, "Unknown", lost_at));
+    }
+    for name in &names[..3] {
+        wait_for(&controller, "a NodeFence paused by the storm guard", || {
+            let fence = fence_of(&server, name)?;
+            (fence.pointer("/status/pause/reason")? == "StormGuard").then_some(())
+        })
+        .await;
+    }
+    // Give the controller time to do something it must not.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for name in &names[..3] {
+        let fence = fence_of(&server, name).expect("fence");
+        let status = &fence["status"];
+        assert_eq!(status["pause"]["reason"], "StormGuard", "{fence:#}");
+        assert!(
+            status["pause"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("3 of 5 watched nodes are unhealthy")),
+            "{fence:#}"
+        );
+        assert!(
+            status
+                .get("executions")
+                .is_none_or(|e| e.as_array().is_none_or(Vec::is_empty)),
+            "no agent ran: {fence:#}"
+        );
+        let events = reasons(&server, name, "NodeFence");
+        assert!(events.iter().any(|r| r == "FencePaused"), "{events:?}");
+    }
+    assert!(
+        !bmc.chassis_log().contains("set power"),
+        "no power action reached the BMC"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        "on"
+    );
+    for index in 0..3 {
+        assert!(
+            server
+                .object::<Pod>("shop", &format!("db-{index}"))
+                .is_some()
+        );
+    }
+    for name in &names[..3] {
+        assert!(
+            taint_keys(&server, name)
+                .iter()
+                .all(|t| t != "node.kubernetes.io/out-of-service")
+        );
+    }
+    let metrics = controller.metrics();
+    for line in [
+        "nodekeeper_storm_guard_state{state=\"storm\"} 1",
+        "nodekeeper_fences_paused{reason=\"StormGuard\"} 3",
+        "nodekeeper_controller_unhealthy_nodes 3",
+        "nodekeeper_controller_watched_nodes 5",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+}
+
+/// The cluster of the first test, with the controller not yet started.
+async fn one_lost_database_node(dir: &Path) -> Option<(FakeApiServer, IpmiSim, PathBuf)> {
+    let bmc = match IpmiSim::start(dir) {
+        Ok(bmc) => {
+            real::record("ipmi_sim");
+            bmc
+        }
+        Err(reason) => {
+            real::unavailable("ipmi_sim", &reason);
+            return None;
+        }
+    };
+    let fabric = dir.join("fabric.port");
+    std::fs::write(&fabric, "on").expect("fabric port");
+    let server = FakeApiServer::start().await;
+    server.register(crd());
+    let since = Timestamp::now();
+    for name in ["worker-1", "worker-2", "worker-3"] {
+        server.seed(&node(name, "True", since));
+    }
+    seed_database(&server, "worker-2", "db-0");
+    seed_fence_config(&server, "worker-2", bmc.port(), &fabric);
+    Some((server, bmc, fabric))
+}
+
+fn executions(fence: &Value) -> Vec<Value> {
+    fence
+        .pointer("/status/executions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_during_the_power_off_never_powers_off_twice() {
+    require!(
+        "fence-agents",
+        real::program("fence_ipmilan", "fence-agents")
+    );
+    require!("fence-agents", real::program("fence_dummy", "fence-agents"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let Some((server, bmc, _fabric)) = one_lost_database_node(dir.path()).await else {
+        return;
+    };
+    let config = controller_config(dir.path(), "");
+    let mut first = ControllerProcess::start(dir.path(), &server, &config);
+    wait_for(&first, "the node list to sync", || {
+        first.log().contains("node list synced").then_some(())
+    })
+    .await;
+    server.seed(&node("worker-2", "Unknown", Timestamp::now()));
+    // The power-off is recorded before its agent starts: kill the controller (SIGKILL,
+    // the process, not a task) the moment it is.
+    wait_for(&first, "the power-off to be recorded as running", || {
+        let fence = fence_of(&server, "worker-2")?;
+        executions(&fence)
+            .iter()
+            .any(|e| e["method"] == "ipmi-off" && e["kind"] == "Act" && e.get("result").is_none())
+            .then_some(())
+    })
+    .await;
+    first.child.kill().expect("SIGKILL the controller");
+    let _ = first.child.wait();
+
+    // The Lease the dead controller held must run out (4 s) before the next one acts.
+    let second = ControllerProcess::start(dir.path(), &server, &config);
+    wait_for(&second, "the power-management step to be done", || {
+        let fence = fence_of(&server, "worker-2")?;
+        let status = fence.get("status")?;
+        (status["step"] == "PowerManagement" && status["phase"] == "Done").then_some(())
+    })
+    .await;
+    let fence = fence_of(&server, "worker-2").expect("fence");
+    let power: Vec<Value> = executions(&fence)
+        .into_iter()
+        .filter(|e| e["step"] == "PowerManagement")
+        .collect();
+    assert_eq!(power[0]["result"], "Interrupted", "{fence:#}");
+    assert_eq!(
+        power[1]["kind"], "Verify",
+        "the restarted controller asked the BMC instead of acting again: {fence:#}"
+    );
+    // Two honest outcomes, depending on whether the killed controller got its agent
+    // started: the BMC already reports off (the verify confirms the fence), or it never
+    // got the command (the verify shows on, and only then is the action done again).
+    if power[1]["power"] == "Off" {
+        assert_eq!(power.len(), 2, "{fence:#}");
+    } else {
+        assert_eq!(power[1]["power"], "On", "{fence:#}");
+        assert_eq!(power[2]["kind"], "Act", "{fence:#}");
+        assert_eq!(power[2]["result"], "Succeeded", "{fence:#}");
+        assert_eq!(power.len(), 3, "{fence:#}");
+    }
+    assert!(fence.pointer("/status/confirmedAt").is_some());
+    assert!(!bmc.power_is_on());
+    let chassis = bmc.chassis_log();
+    assert_eq!(
+        chassis.matches("set power 0").count(),
+        1,
+        "exactly one power-off reached the BMC: {chassis}"
+    );
+    assert!(
+        second.log().contains("taking over the leader Lease"),
+        "{}",
+        second.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_controllers_exactly_one_acts() {
+    require!(
+        "fence-agents",
+        real::program("fence_ipmilan", "fence-agents")
+    );
+    require!("fence-agents", real::program("fence_dummy", "fence-agents"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let Some((server, bmc, _fabric)) = one_lost_database_node(dir.path()).await else {
+        return;
+    };
+    let config = controller_config(dir.path(), "");
+    let replicas = [
+        ControllerProcess::start(dir.path(), &server, &config),
+        ControllerProcess::start(dir.path(), &server, &config),
+    ];
+    let leader = wait_for(&replicas[0], "one replica to lead", || {
+        replicas
+            .iter()
+            .position(|replica| replica.log().contains("node list synced"))
+    })
+    .await;
+    server.seed(&node("worker-2", "Unknown", Timestamp::now()));
+    wait_for(
+        &replicas[leader],
+        "the power-management step to be done",
+        || {
+            let fence = fence_of(&server, "worker-2")?;
+            let status = fence.get("status")?;
+            (status["step"] == "PowerManagement" && status["phase"] == "Done").then_some(())
+        },
+    )
+    .await;
+    let follower = &replicas[1 - leader];
+    let log = follower.log();
+    assert!(log.contains("waiting for the leader Lease"), "{log}");
+    assert!(
+        !log.contains("node list synced") && !log.contains("starting execution"),
+        "the follower never acts:\n{log}"
+    );
+    assert!(replicas[leader].log().contains("starting execution"));
+    assert_eq!(bmc.chassis_log().matches("set power 0").count(), 1);
+    let lease = server
+        .object::<k8s_openapi::api::coordination::v1::Lease>(NAMESPACE, "nodekeeper-controller")
+        .expect("the leader Lease");
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    assert!(
+        replicas[leader].log().contains(&holder),
+        "the Lease names the replica that acts ({holder})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_lost_at_once_in_one_zone_start_at_the_zone_rate() {
+    require!("fence-agents", real::program("fence_dummy", "fence-agents"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fabric = dir.path().join("fabric.port");
+    std::fs::write(&fabric, "on").expect("fabric port");
+    let server = FakeApiServer::start().await;
+    server.register(crd());
+    let since = Timestamp::now();
+    let names = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
+    for name in names {
+        server.seed(&node(name, "True", since));
+    }
+    // Isolation only: the zone rate holds back the first step of a new fence, whichever.
+    for (index, name) in names[..2].iter().enumerate() {
+        seed_database(&server, name, &format!("db-{index}"));
+        server.seed(&config_map(
+            &format!("fence-config-{name}"),
+            "config.properties",
+            &format!("node_name={name}\nisolation=fabric-off"),
+        ));
+        server.seed(&config_map(
+            &format!("fence-method-fabric-off-{name}"),
+            "method.properties",
+            &format!("agent_name=fence_dummy\nstatus_file={}", fabric.display()),
+        ));
+    }
+    // Both nodes were lost a while ago and their NodeFences exist (a previous controller
+    // created them): the new one reconciles both at once, as after a restart.
+    let lost_at = Timestamp::now() - Duration::from_secs(10);
+    for name in &names[..2] {
+        server.seed(&node(name, "Unknown", lost_at));
+        server.seed_custom(
+            "fencing.nodekeeper.io",
+            "v1alpha1",
+            "nodefences",
+            json!({"apiVersion": "fencing.nodekeeper.io/v1alpha1", "kind": "NodeFence",
+                   "metadata": {"name": name}, "spec": {"nodeName": name}}),
+        );
+    }
+    // One fence per 30 s in a zone; two of five nodes unhealthy is within maxUnhealthy.
+    let config = controller_config(dir.path(), "stormGuard: {zoneFenceRate: 0.0333}\n");
+    // Slow requests make the two reconciles overlap, as on a busy API server.
+    server.set_latency(Duration::from_millis(30));
+    let controller = ControllerProcess::start(dir.path(), &server, &config);
+    let (started, held) = wait_for(&controller, "one fence started, one held back", || {
+        let fences: Vec<Value> = names[..2]
+            .iter()
+            .filter_map(|name| fence_of(&server, name))
+            .collect();
+        let started: Vec<&Value> = fences
+            .iter()
+            .filter(|f| f.pointer("/status/startedAt").is_some())
+            .collect();
+        let held: Vec<&Value> = fences
+            .iter()
+            .filter(|f| {
+                f.pointer("/status/pause/reason")
+                    .is_some_and(|r| r == "ZoneRateLimit")
+            })
+            .collect();
+        assert!(
+            started.len() < 2,
+            "both fences started at once, beyond the zone's rate:\n{}",
+            controller.log()
+        );
+        (started.len() == 1 && held.len() == 1).then(|| (started[0].clone(), held[0].clone()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held_name = held["metadata"]["name"].as_str().expect("name").to_string();
+    let held_now = fence_of(&server, &held_name).expect("fence");
+    assert!(
+        held_now.pointer("/status/startedAt").is_none(),
+        "the second fence waits for the zone's rate: {held_now:#}"
+    );
+    let message = held_now
+        .pointer("/status/pause/message")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    assert!(message.contains("the next may start at"), "{message}");
+    assert!(
+        started.pointer("/status/executions/0").is_some(),
+        "the first fence runs: {started:#}"
+    );
+}
