@@ -16,4 +16,5 @@ pub mod pods;
 pub mod process;
 pub mod shutdown;
 pub mod signals;
+pub mod text;
 pub mod trace;

@@ -155,7 +155,7 @@ fn controller_config(dir: &Path, extra: &str) -> PathBuf {
              unhealthyDuration: 2s\npowerManagementDelay: 1s\n\
              retry: {{limit: 1, backoff: 1s, maxBackoff: 2s}}\n\
              release: {{outOfServiceTaint: true, deletePods: true}}\n\
-             agents: {{callTimeout: 20s, verifyTimeout: 10s, allowedOptions: [status_file]}}\n\
+             agents: {{callTimeout: 5s, verifyTimeout: 5s, allowedOptions: [status_file]}}\n\
              leaderElection: {{leaseDuration: 4s, renewInterval: 500ms, renewDeadline: 3s}}\n{extra}"
         ),
     )
@@ -528,6 +528,51 @@ async fn three_of_five_nodes_lost_is_a_storm_and_nothing_is_powered_off() {
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
+
+    // An operator asks what is going on.
+    let table = controller_status(dir.path(), &config, "table").await;
+    assert!(
+        table.starts_with("Storm guard: STORM: 3 of 5 watched nodes unhealthy, at most 2 may be"),
+        "{table}"
+    );
+    for name in &names[..3] {
+        let row = table
+            .lines()
+            .find(|line| line.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{table}"));
+        assert!(
+            row.contains("Unknown") && row.contains("StormGuard"),
+            "{row}"
+        );
+    }
+    let json: Value =
+        serde_json::from_str(&controller_status(dir.path(), &config, "json").await).expect("json");
+    assert_eq!(json["storm"]["Storm"]["unhealthy"], 3, "{json:#}");
+    assert_eq!(json["nodes"].as_array().map(Vec::len), Some(5), "{json:#}");
+    assert_eq!(
+        json["nodes"][0]["fence"]["paused"], "StormGuard",
+        "{json:#}"
+    );
+}
+
+/// `nodekeeper controller status` against the test API server.
+async fn controller_status(dir: &Path, config: &Path, output: &str) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["controller", "status", "--output", output, "--config"])
+        .arg(config)
+        .arg("--kubeconfig")
+        .arg(dir.join("kubeconfig"))
+        .env_remove("KUBECONFIG")
+        .output()
+        .await
+        .expect("run controller status");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "controller status failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }
 
 /// The cluster of the first test, with the controller not yet started.
@@ -778,4 +823,140 @@ async fn two_nodes_lost_at_once_in_one_zone_start_at_the_zone_rate() {
         started.pointer("/status/executions/0").is_some(),
         "the first fence runs: {started:#}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_cooldown_survives_a_restart_even_with_no_fence_left() {
+    require!(
+        "fence-agents",
+        real::program("fence_ipmilan", "fence-agents")
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let fabric = dir.path().join("fabric.port");
+    std::fs::write(&fabric, "on").expect("fabric port");
+    let server = FakeApiServer::start().await;
+    server.register(crd());
+    let names = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
+    for name in names {
+        server.seed(&node(name, "True", Timestamp::now()));
+    }
+    for (index, name) in names[..3].iter().enumerate() {
+        seed_database(&server, name, &format!("db-{index}"));
+        seed_fence_config(&server, name, bmc.port(), &fabric);
+    }
+    let config = controller_config(dir.path(), "stormGuard: {stormCooldown: 2m}\n");
+    let mut first = ControllerProcess::start(dir.path(), &server, &config);
+    wait_for(&first, "the node list to sync", || {
+        first.log().contains("node list synced").then_some(())
+    })
+    .await;
+    // A storm: three of five lost, then back. Their fences are cancelled and deleted, so
+    // no NodeFence is left to say that a cooldown runs.
+    for name in &names[..3] {
+        server.seed(&node(name, "Unknown", Timestamp::now()));
+    }
+    wait_for(&first, "the storm guard to hold the fences", || {
+        names[..3]
+            .iter()
+            .all(|name| {
+                fence_of(&server, name)
+                    .and_then(|f| f.pointer("/status/pause/reason").cloned())
+                    .is_some_and(|r| r == "StormGuard")
+            })
+            .then_some(())
+    })
+    .await;
+    for name in &names[..3] {
+        server.seed(&node(name, "True", Timestamp::now()));
+    }
+    wait_for(
+        &first,
+        "the cooldown to be in the Lease and no fence left",
+        || {
+            let lease = server.object::<k8s_openapi::api::coordination::v1::Lease>(
+                NAMESPACE,
+                "nodekeeper-controller",
+            )?;
+            let memory = lease
+                .metadata
+                .annotations?
+                .get("fencing.nodekeeper.io/storm-guard")?
+                .clone();
+            let none_left = names[..3]
+                .iter()
+                .all(|name| fence_of(&server, name).is_none());
+            (memory.contains("cooldownUntil") && none_left).then_some(())
+        },
+    )
+    .await;
+    first.child.kill().expect("SIGKILL the controller");
+    let _ = first.child.wait();
+
+    // A new controller; then one node is lost, well within maxUnhealthy.
+    let second = ControllerProcess::start(dir.path(), &server, &config);
+    wait_for(&second, "the node list to sync", || {
+        second.log().contains("node list synced").then_some(())
+    })
+    .await;
+    server.seed(&node("worker-1", "Unknown", Timestamp::now()));
+    let fence = wait_for(&second, "the new fence to be held by the cooldown", || {
+        let fence = fence_of(&server, "worker-1")?;
+        (fence.pointer("/status/pause/reason")? == "StormCooldown").then_some(fence)
+    })
+    .await;
+    assert!(fence.pointer("/status/startedAt").is_none(), "{fence:#}");
+    assert!(!bmc.chassis_log().contains("set power"));
+    assert_eq!(
+        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        "on"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_nodefence_is_created_again_while_its_node_stays_lost() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = FakeApiServer::start().await;
+    server.register(crd());
+    for name in ["worker-1", "worker-2", "worker-3"] {
+        server.seed(&node(name, "True", Timestamp::now()));
+    }
+    // No fence configuration: the NodeFence says so and waits.
+    seed_database(&server, "worker-2", "db-0");
+    let config = controller_config(dir.path(), "");
+    let controller = ControllerProcess::start(dir.path(), &server, &config);
+    wait_for(&controller, "the node list to sync", || {
+        controller.log().contains("node list synced").then_some(())
+    })
+    .await;
+    server.seed(&node("worker-2", "Unknown", Timestamp::now()));
+    let first = wait_for(
+        &controller,
+        "a NodeFence waiting for a configuration",
+        || {
+            let fence = fence_of(&server, "worker-2")?;
+            (fence.pointer("/status/pause/reason")? == "NoConfiguration").then_some(fence)
+        },
+    )
+    .await;
+    let message = first
+        .pointer("/status/pause/message")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    assert!(
+        message.contains("worker-2"),
+        "the pause names the node: {message}"
+    );
+
+    // The operator deletes it to start over (say, after adding the ConfigMaps).
+    let api: kube::Api<nodekeeper::controller::NodeFence> = kube::Api::all(server.client());
+    api.delete("worker-2", &Default::default())
+        .await
+        .expect("delete the NodeFence");
+    let uid = |fence: &Value| fence.pointer("/metadata/uid").cloned();
+    wait_for(&controller, "the NodeFence to be created again", || {
+        let fence = fence_of(&server, "worker-2")?;
+        (uid(&fence) != uid(&first)).then_some(())
+    })
+    .await;
 }

@@ -1,4 +1,5 @@
-//! `nodekeeper controller`: runs the fence controller against the cluster.
+//! `nodekeeper controller`: runs the fence controller against the cluster;
+//! `nodekeeper controller status` shows what it sees.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,9 +12,12 @@ use super::agent::{LogFormat, init_logging};
 
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Examples:\n  nodekeeper controller --config config/controller.yaml\n  nodekeeper controller --config /etc/nodekeeper/controller.yaml --kubeconfig ~/.kube/config --metrics-addr 0.0.0.0:9848\n\nLog verbosity follows RUST_LOG (default: info)."
+    after_help = "Examples:\n  nodekeeper controller --config config/controller.yaml\n  nodekeeper controller --config /etc/nodekeeper/controller.yaml --kubeconfig ~/.kube/config --metrics-addr 0.0.0.0:9848\n  nodekeeper controller status --config /etc/nodekeeper/controller.yaml\n\nLog verbosity follows RUST_LOG (default: info).",
+    args_conflicts_with_subcommands = true
 )]
 pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// The ControllerConfiguration (see config/controller.yaml); without one, every
     /// default applies.
     #[arg(long, value_name = "FILE")]
@@ -29,12 +33,69 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    init_logging(args.log_format);
-    let policy = match &args.config {
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Every watched node's health and fence, and the storm guard's verdict, read from the
+    /// cluster (the controller need not run).
+    Status(StatusArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// The ControllerConfiguration the controller runs with (its node selector and storm
+    /// guard settings); without one, the defaults.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: super::OutputFormat,
+}
+
+fn load_policy(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<nodekeeper::controller::ControllerPolicy> {
+    Ok(match path {
         Some(path) => nodekeeper::controller::policy::load(path)?,
         None => nodekeeper::controller::ControllerPolicy::default(),
+    })
+}
+
+async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let Some(config) = nodekeeper::kubernetes::client_config(kubeconfig).await? else {
+        anyhow::bail!("no cluster to talk to: give --kubeconfig, set KUBECONFIG, or run in a pod");
     };
+    Ok(nodekeeper::kubernetes::build_client(config)?)
+}
+
+fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    use nodekeeper::controller::status;
+    let policy = load_policy(args.config.as_deref())?;
+    super::block_on(async move {
+        let client = client(args.kubeconfig.as_deref()).await?;
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+        let fences: kube::Api<nodekeeper::controller::NodeFence> = kube::Api::all(client);
+        let params = kube::api::ListParams::default();
+        let nodes = nodes.list(&params).await.context("listing the nodes")?;
+        let fences = fences.list(&params).await.context(
+            "listing the NodeFences (is the CRD installed? nodekeeper crd | kubectl apply -f -)",
+        )?;
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let report = status::build(&nodes.items, &fences.items, &policy, now);
+        match args.output {
+            super::OutputFormat::Table => print!("{}", status::render(&report, now)),
+            super::OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(Command::Status(status_args)) = args.command {
+        return status(status_args);
+    }
+    init_logging(args.log_format);
+    let policy = load_policy(args.config.as_deref())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -27,11 +27,12 @@ pub fn system_clock() -> Clock {
 }
 
 /// Which fence an execution belongs to: its resource's uid (so a deleted and recreated
-/// NodeFence never inherits an old execution) and name.
+/// NodeFence never inherits an old execution), its name and its node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct FenceId {
     pub uid: String,
     pub name: String,
+    pub node: String,
 }
 
 /// Carries out executions and reports on them.
@@ -47,6 +48,9 @@ pub trait Executor: Send + Sync {
     fn running(&self) -> usize;
 }
 
+/// Finished outcomes nobody collected (their fence was deleted) are dropped after this.
+const UNCOLLECTED: std::time::Duration = std::time::Duration::from_secs(3600);
+
 type Key = (String, String);
 
 /// Runs fence agents as child processes of the controller.
@@ -54,6 +58,11 @@ pub struct LocalExecutor {
     runner: Arc<FenceRunner>,
     clock: Clock,
     executions: Arc<Mutex<HashMap<Key, ReportedState>>>,
+    /// One lock per node: a NodeFence deleted and applied again while its agent still
+    /// runs must not start a second one for the same node before the first ends.
+    nodes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The tasks running executions, to stop them all at once.
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     /// Told the fence's name when one of its executions ends, so it is reconciled at once.
     finished: tokio::sync::mpsc::UnboundedSender<String>,
 }
@@ -68,13 +77,33 @@ impl LocalExecutor {
             runner,
             clock,
             executions: Arc::new(Mutex::new(HashMap::new())),
+            nodes: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(Vec::new()),
             finished,
         }
     }
 
-    /// Kills every agent still running (the controller is stopping or lost its Lease).
-    pub fn kill_running(&self) {
+    /// Stops every execution (the controller is stopping or lost its Lease): the tasks
+    /// first, so none starts another agent (a reboot's `on`, another `status`), then the
+    /// agents still running, with their process groups.
+    pub fn stop(&self) {
+        for task in self
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            task.abort();
+        }
         self.runner.kill_running();
+    }
+
+    fn node_lock(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        // Locks nobody holds or waits for are dropped, so the map stays as small as the
+        // set of nodes being fenced.
+        nodes.retain(|_, lock| Arc::strong_count(lock) > 1);
+        nodes.entry(node.to_string()).or_default().clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, ReportedState>> {
@@ -109,15 +138,24 @@ impl Executor for LocalExecutor {
                 // Already started by this process: never twice.
                 return;
             }
+            let now = (self.clock)();
+            executions.retain(|_, state| match state {
+                ReportedState::Finished(outcome) => {
+                    now.duration_since(outcome.finished_at).as_secs() < UNCOLLECTED.as_secs() as i64
+                }
+                _ => true,
+            });
             executions.insert(key.clone(), ReportedState::Running);
         }
+        let node_lock = self.node_lock(&fence.node);
         let runner = self.runner.clone();
         let clock = self.clock.clone();
         let executions = self.executions.clone();
         let finished = self.finished.clone();
         let request = request.clone();
         let fence_name = fence.name.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
+            let _one_per_node = node_lock.lock().await;
             let outcome = match find_method(&plan, &request) {
                 None => Outcome {
                     succeeded: false,
@@ -148,6 +186,9 @@ impl Executor for LocalExecutor {
             // for the next reconcile either way.
             let _ = finished.send(fence_name);
         });
+        let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        tasks.retain(|task| !task.is_finished());
+        tasks.push(task.abort_handle());
     }
 
     fn report(&self, fence: &FenceId, name: &str) -> ReportedState {

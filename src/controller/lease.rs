@@ -6,6 +6,7 @@
 //! could not renew within `renewDeadline` (shorter than the lease duration) stops acting
 //! before anyone may take over.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -15,6 +16,63 @@ use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::policy::LeaderElectionPolicy;
 use super::resource::FIELD_MANAGER;
+use super::storm::StormMemory;
+
+/// The Lease annotation that carries the storm guard's memory across a restart or a
+/// failover: a cooldown must not end early because the leader changed.
+pub const STORM_ANNOTATION: &str = "fencing.nodekeeper.io/storm-guard";
+
+/// Whether this replica may act now: it renewed the Lease less than `renewDeadline` ago,
+/// counted from when the renewal was sent. Shared with every reconcile, which checks it
+/// before each write.
+#[derive(Debug)]
+pub struct Leadership {
+    renewed: Mutex<Option<Instant>>,
+    deadline: Duration,
+    /// The storm guard's memory as the reconciles last left it, written into the Lease
+    /// with each renewal.
+    pub storm: Mutex<Option<StormMemory>>,
+}
+
+impl Leadership {
+    pub fn new(deadline: Duration) -> Leadership {
+        Leadership {
+            renewed: Mutex::new(None),
+            deadline,
+            storm: Mutex::new(None),
+        }
+    }
+
+    pub fn is_leading(&self) -> bool {
+        self.renewed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|at| at.elapsed() < self.deadline)
+    }
+
+    fn renewed_at(&self, sent: Instant) {
+        *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) = Some(sent);
+    }
+
+    fn last_renewed(&self) -> Option<Instant> {
+        *self.renewed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn resign(&self) {
+        *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    fn storm_text(&self) -> Option<String> {
+        let memory = (*self.storm.lock().unwrap_or_else(PoisonError::into_inner))?;
+        serde_json::to_string(&memory).ok()
+    }
+}
+
+/// The storm memory a Lease carries, if it carries a readable one.
+pub fn storm_memory_of(lease: &Lease) -> Option<StormMemory> {
+    let text = lease.metadata.annotations.as_ref()?.get(STORM_ANNOTATION)?;
+    serde_json::from_str(text).ok()
+}
 
 /// What to do with the Lease as it stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +121,9 @@ pub struct LeaderElector {
     identity: String,
     /// The Lease's resourceVersion when we last saw it change, and when that was.
     observed: Option<(String, Instant)>,
+    leadership: Arc<Leadership>,
+    /// The storm memory the Lease carried when we took it.
+    inherited_storm: Option<StormMemory>,
 }
 
 impl LeaderElector {
@@ -74,10 +135,21 @@ impl LeaderElector {
     ) -> LeaderElector {
         LeaderElector {
             api: Api::namespaced(client, namespace),
+            leadership: Arc::new(Leadership::new(policy.renew_deadline)),
             policy,
             identity,
             observed: None,
+            inherited_storm: None,
         }
+    }
+
+    pub fn leadership(&self) -> Arc<Leadership> {
+        self.leadership.clone()
+    }
+
+    /// The storm guard's memory the previous leader left in the Lease.
+    pub fn inherited_storm(&self) -> Option<StormMemory> {
+        self.inherited_storm
     }
 
     pub fn identity(&self) -> &str {
@@ -88,7 +160,11 @@ impl LeaderElector {
         let transitions = previous.and_then(|p| p.lease_transitions).unwrap_or(0);
         LeaseSpec {
             holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(self.policy.lease_duration.as_secs().max(1) as i32),
+            // Rounded up: a Lease must never claim less time than the leader keeps it.
+            lease_duration_seconds: Some(
+                i32::try_from(self.policy.lease_duration.as_secs_f64().ceil().max(1.0) as u64)
+                    .unwrap_or(i32::MAX),
+            ),
             acquire_time: if take {
                 Some(MicroTime(now))
             } else {
@@ -131,6 +207,10 @@ impl LeaderElector {
             unchanged_for,
             self.policy.lease_duration,
         );
+        if step != LeaseStep::Renew {
+            self.inherited_storm = current.as_ref().and_then(storm_memory_of);
+        }
+        let storm = self.leadership.storm_text();
         let now = Timestamp::now();
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.to_string()),
@@ -142,6 +222,8 @@ impl LeaderElector {
                 let lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
+                        annotations: storm
+                            .map(|text| [(STORM_ANNOTATION.to_string(), text)].into()),
                         ..ObjectMeta::default()
                     },
                     spec: Some(self.spec(now, None, true)),
@@ -161,6 +243,13 @@ impl LeaderElector {
                     );
                 }
                 lease.spec = Some(self.spec(now, lease.spec.as_ref(), take));
+                if let Some(text) = storm {
+                    lease
+                        .metadata
+                        .annotations
+                        .get_or_insert_with(Default::default)
+                        .insert(STORM_ANNOTATION.to_string(), text);
+                }
                 // The object carries the resourceVersion we read: a concurrent writer
                 // makes this fail with 409 instead of both believing they lead.
                 self.api.replace(&name, &params, &lease).await
@@ -179,10 +268,25 @@ impl LeaderElector {
         }
     }
 
+    /// One round, bounded: a request the API server never answers must not keep a
+    /// leader believing it leads. The renewal counts from when it was sent.
+    async fn round(&mut self, limit: Duration) -> Result<bool, String> {
+        let sent = Instant::now();
+        match tokio::time::timeout(limit, self.try_acquire_or_renew()).await {
+            Ok(Ok(true)) => {
+                self.leadership.renewed_at(sent);
+                Ok(true)
+            }
+            Ok(Ok(false)) => Ok(false),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err(format!("no answer within {:.1}s", limit.as_secs_f64())),
+        }
+    }
+
     /// Waits until this replica leads.
     pub async fn acquire(&mut self) {
         loop {
-            match self.try_acquire_or_renew().await {
+            match self.round(self.policy.renew_deadline).await {
                 Ok(true) => {
                     tracing::info!(identity = %self.identity, lease = %self.policy.lease_name, "leading");
                     return;
@@ -195,17 +299,27 @@ impl LeaderElector {
     }
 
     /// Renews while we lead; returns (with the reason) once we no longer may act: another
-    /// replica holds the Lease, or no renewal succeeded within `renewDeadline`.
+    /// replica holds the Lease, or no renewal succeeded within `renewDeadline` (each
+    /// round is cut off at that deadline, so a hung request cannot stretch it).
     pub async fn hold(&mut self) -> String {
-        let mut last_renewed = Instant::now();
+        let mut last_renewed = self.leadership.last_renewed().unwrap_or_else(Instant::now);
         loop {
             tokio::time::sleep(self.policy.renew_interval).await;
-            match self.try_acquire_or_renew().await {
-                Ok(true) => last_renewed = Instant::now(),
-                Ok(false) => return "another replica holds the leader Lease".to_string(),
+            let left = self
+                .policy
+                .renew_deadline
+                .saturating_sub(last_renewed.elapsed());
+            let sent = Instant::now();
+            match self.round(left.max(Duration::from_millis(1))).await {
+                Ok(true) => last_renewed = sent,
+                Ok(false) => {
+                    self.leadership.resign();
+                    return "another replica holds the leader Lease".to_string();
+                }
                 Err(error) => {
                     tracing::warn!(%error, "renewing the leader Lease failed");
                     if last_renewed.elapsed() >= self.policy.renew_deadline {
+                        self.leadership.resign();
                         return format!(
                             "the leader Lease could not be renewed for {}s ({error})",
                             self.policy.renew_deadline.as_secs()
@@ -218,6 +332,7 @@ impl LeaderElector {
 
     /// Gives the Lease up (on a clean stop), so another replica takes over at once.
     pub async fn release(&mut self) {
+        self.leadership.resign();
         let name = self.policy.lease_name.clone();
         let Ok(Some(mut lease)) = self.api.get_opt(&name).await else {
             return;
@@ -233,6 +348,13 @@ impl LeaderElector {
         if let Some(spec) = lease.spec.as_mut() {
             spec.holder_identity = None;
             spec.lease_duration_seconds = Some(1);
+        }
+        if let Some(text) = self.leadership.storm_text() {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(STORM_ANNOTATION.to_string(), text);
         }
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.to_string()),

@@ -16,6 +16,7 @@ pub mod progress;
 pub mod reconciler;
 pub mod resource;
 pub mod run;
+pub mod status;
 pub mod storm;
 
 pub use decide::{

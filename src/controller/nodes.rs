@@ -5,7 +5,7 @@
 //! A fence is created at the moment the node becomes due, not on the next periodic
 //! sweep: each unhealthy node's due time is kept and the watch sleeps until the earliest.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
+use tokio::task::JoinSet;
 
 use super::facts::Readiness;
 use super::observe;
@@ -63,6 +64,10 @@ pub fn strip(node: &mut Node) {
     }
 }
 
+/// How often every node without a fence is looked at again: a NodeFence deleted by an
+/// operator (to start over) or cancelled while its node stays lost is created anew.
+const SWEEP: Duration = Duration::from_secs(15);
+
 /// Runs the node watch until the stream ends (never, unless the client is dropped).
 /// `wake` takes the names of fences to reconcile now.
 pub async fn watch_nodes(
@@ -80,6 +85,12 @@ pub async fn watch_nodes(
     let mut stream = std::pin::pin!(stream);
     let mut readiness: HashMap<String, Readiness> = HashMap::new();
     let mut due: HashMap<String, Timestamp> = HashMap::new();
+    // Creations run beside the watch, so the node store stays current while they list
+    // pods: the storm guard must never count stale readiness.
+    let mut creating: JoinSet<(String, Option<Timestamp>)> = JoinSet::new();
+    let mut in_progress: HashSet<String> = HashSet::new();
+    let mut sweep = tokio::time::interval(SWEEP);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let now = (ctx.clock)();
         let next = due.values().min().copied();
@@ -90,17 +101,54 @@ pub async fn watch_nodes(
             event = stream.next() => {
                 let Some(event) = event else { return };
                 match event {
-                    Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
-                        observe_node(&ctx, &node, &mut readiness, &mut due, &wake);
+                    Ok(watcher::Event::Apply(node)) => {
+                        observe_node(&ctx, &node, &mut readiness, &mut due, &wake, true);
+                    }
+                    Ok(watcher::Event::InitApply(node)) => {
+                        // The store is swapped in at InitDone; a storm judged on half a
+                        // list would be wrong both ways.
+                        observe_node(&ctx, &node, &mut readiness, &mut due, &wake, false);
                     }
                     Ok(watcher::Event::Delete(node)) => {
                         let name = node.metadata.name.clone().unwrap_or_default();
                         readiness.remove(&name);
                         due.remove(&name);
                         let _ = wake.send(name);
+                        ctx.assess((ctx.clock)());
                     }
-                    Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+                    Ok(watcher::Event::InitDone) => {
+                        ctx.assess((ctx.clock)());
+                    }
+                    Ok(watcher::Event::Init) => {}
                     Err(error) => tracing::warn!(%error, "node watch failed; it is restarted with backoff"),
+                }
+            }
+            Some(finished) = creating.join_next(), if !creating.is_empty() => {
+                if let Ok((name, again)) = finished {
+                    in_progress.remove(&name);
+                    if let Some(at) = again {
+                        due.entry(name).or_insert(at);
+                    }
+                }
+            }
+            _ = sweep.tick() => {
+                let now = (ctx.clock)();
+                for node in ctx.nodes.state() {
+                    let name = node.metadata.name.clone().unwrap_or_default();
+                    if due.contains_key(&name)
+                        || in_progress.contains(&name)
+                        || ctx.fences.get(&ObjectRef::new(&name)).is_some()
+                    {
+                        continue;
+                    }
+                    if let Some(at) = fence_due(
+                        &node,
+                        ctx.policy.node_selector.as_ref(),
+                        ctx.policy.fence.unhealthy_duration,
+                        now,
+                    ) {
+                        due.insert(name, at);
+                    }
                 }
             }
             _ = tokio::time::sleep(sleep) => {
@@ -112,8 +160,12 @@ pub async fn watch_nodes(
                     .collect();
                 for name in ready {
                     due.remove(&name);
-                    if let Some(again) = create_if_needed(&ctx, &name, now).await {
-                        due.insert(name, again);
+                    if in_progress.insert(name.clone()) {
+                        let ctx = ctx.clone();
+                        creating.spawn(async move {
+                            let again = create_if_needed(&ctx, &name, now).await;
+                            (name, again)
+                        });
                     }
                 }
             }
@@ -127,13 +179,16 @@ fn observe_node(
     readiness: &mut HashMap<String, Readiness>,
     due: &mut HashMap<String, Timestamp>,
     wake: &tokio::sync::mpsc::UnboundedSender<String>,
+    synced: bool,
 ) {
     let name = node.metadata.name.clone().unwrap_or_default();
     let now = (ctx.clock)();
     let current = observe::node_health(node).readiness;
     let changed = readiness.insert(name.clone(), current) != Some(current);
-    if changed {
-        // A node's readiness moves the storm guard, which every fence obeys.
+    if changed && synced {
+        // A node's readiness moves the storm guard, which every fence obeys: evaluate it
+        // now (a storm is remembered even if no fence exists yet) and wake them all.
+        ctx.assess(now);
         for fence in ctx.fences.state() {
             let _ = wake.send(fence.metadata.name.clone().unwrap_or_default());
         }

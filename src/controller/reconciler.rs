@@ -26,9 +26,12 @@ use kube::{Resource, ResourceExt};
 use crate::fencing::{FencePlan, FenceRunner};
 use crate::kubernetes::fencing::load_fence_objects;
 
-use super::decide::{Action, Decision, ExecutionReport, FenceEvent, TaintChange, decide};
+use super::decide::{
+    Action, Decision, ExecutionReport, FenceEvent, ReportedState, TaintChange, decide,
+};
 use super::executor::{Clock, Executor, FenceId};
 use super::facts::{NodeFacts, NodeHealth, PlanOutline, Readiness, pod_needs_fencing};
+use super::lease::Leadership;
 use super::metrics::{ControllerMetrics, ExecutionLabels, ReasonLabels, StepLabels};
 use super::observe;
 use super::policy::{
@@ -47,9 +50,16 @@ pub struct Context {
     pub nodes: Store<Node>,
     /// Every NodeFence, as the controller's watch last saw it.
     pub fences: Store<NodeFence>,
-    /// The storm guard's memory; rebuilt from the fences' statuses on first use after a
-    /// start, so a restart never ends a cooldown early.
-    pub storm: Mutex<Option<StormMemory>>,
+    /// Whether this replica may act, and the storm guard's memory, which the Lease
+    /// carries across restarts and failovers.
+    pub leadership: Arc<Leadership>,
+    /// The storm memory the previous leader left in the Lease; merged on first use with
+    /// what the fences' statuses tell, so a restart never ends a cooldown early.
+    pub inherited_storm: Option<StormMemory>,
+    /// When this replica became leader. An execution it does not know may still have an
+    /// agent (or an agent's child) of the previous leader acting until one agent call's
+    /// deadline after that; it is verified only then.
+    pub leader_since: std::time::Instant,
     pub metrics: Arc<ControllerMetrics>,
     pub clock: Clock,
     /// Names this replica in the Events it publishes.
@@ -80,6 +90,12 @@ pub enum ReconcileError {
         "NodeFence {fence}: {doing}: the object changed since it was read; deciding again on the new one"
     )]
     Conflict { fence: String, doing: String },
+    #[error("NodeFence {fence}: not acted on: this replica's hold on the leader Lease lapsed")]
+    NotLeading { fence: String },
+    #[error(
+        "NodeFence {fence}: the decision failed on its status ({message}); nothing was done, it is tried again later"
+    )]
+    Undecidable { fence: String, message: String },
 }
 
 fn kube_error(fence: &str, doing: impl Into<String>) -> impl FnOnce(kube::Error) -> ReconcileError {
@@ -103,10 +119,16 @@ pub fn error_policy(_fence: Arc<NodeFence>, error: &ReconcileError, ctx: Arc<Con
             tracing::debug!(%error, "reconcile lost a race");
             Requeue::requeue(Duration::from_millis(100))
         }
+        ReconcileError::NotLeading { .. } => Requeue::requeue(Duration::from_secs(1)),
         ReconcileError::Kube { .. } => {
             ctx.metrics.reconcile_errors.inc();
             tracing::warn!(%error, "reconcile failed; retrying in 5s");
             Requeue::requeue(Duration::from_secs(5))
+        }
+        ReconcileError::Undecidable { .. } => {
+            ctx.metrics.reconcile_errors.inc();
+            tracing::error!(%error);
+            Requeue::requeue(Duration::from_secs(60))
         }
     }
 }
@@ -123,10 +145,15 @@ impl Context {
             .filter(|node| observe::is_selected(node, selector))
             .map(|node| observe::node_view(node))
             .collect();
-        let mut memory = self.storm.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut memory = self
+            .leadership
+            .storm
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let current = memory.unwrap_or_else(|| {
             let fences = self.fences.state();
-            observe::storm_memory_from(fences.iter().map(|fence| fence.as_ref()))
+            let rebuilt = observe::storm_memory_from(fences.iter().map(|fence| fence.as_ref()));
+            rebuilt.merge(self.inherited_storm.unwrap_or_default())
         });
         let assessment = assess(&views, current, &self.policy.storm, now);
         *memory = Some(assessment.memory);
@@ -249,8 +276,7 @@ async fn gather(
     ctx: &Context,
     fence: &str,
     node_name: &str,
-    now: Timestamp,
-) -> Result<(NodeFacts, Option<Arc<FencePlan>>, Guard), ReconcileError> {
+) -> Result<(NodeFacts, Option<Arc<FencePlan>>), ReconcileError> {
     let Some(node) = ctx.nodes.get(&ObjectRef::new(node_name)) else {
         let facts = NodeFacts {
             exists: false,
@@ -265,7 +291,7 @@ async fn gather(
             taints: Default::default(),
             plan: Err(format!("node {node_name} does not exist")),
         };
-        return Ok((facts, None, Guard::default()));
+        return Ok((facts, None));
     };
     let (pods_to_release, runs_pods_needing_fencing) = node_pods(ctx, fence, node_name).await?;
     let plan = load_plan(ctx, node_name).await;
@@ -273,19 +299,17 @@ async fn gather(
         .as_ref()
         .map(PlanOutline::from_plan)
         .map_err(Clone::clone);
-    let zone = observe::node_zone(&node);
     let facts = NodeFacts {
         exists: true,
         health: observe::node_health(&node),
-        zone: zone.clone(),
+        zone: observe::node_zone(&node),
         excluded: observe::is_excluded(&node),
         runs_pods_needing_fencing,
         pods_to_release,
         taints: observe::node_taints(&node),
         plan: outline,
     };
-    let guard = ctx.guard(&zone, now);
-    Ok((facts, plan.ok().map(Arc::new), guard))
+    Ok((facts, plan.ok().map(Arc::new)))
 }
 
 /// Reconciles one NodeFence.
@@ -304,8 +328,10 @@ pub async fn reconcile(
     else {
         return Ok(Requeue::await_change());
     };
+    let node_name = fence.spec.node_name.clone();
+    let (facts, plan) = gather(&ctx, &name, &node_name).await?;
     // A fence not started yet may start now: count the zone's starts and write ours under
-    // one lock (see [`StartGate`]).
+    // one lock (see [`StartGate`]); the slow reads above stay outside it.
     let starting = fence
         .status
         .as_ref()
@@ -316,23 +342,55 @@ pub async fn reconcile(
         None
     };
     let now = (ctx.clock)();
-    let node_name = fence.spec.node_name.clone();
-    let (facts, plan, guard) = gather(&ctx, &name, &node_name, now).await?;
+    let guard = if facts.exists {
+        ctx.guard(&facts.zone, now)
+    } else {
+        Guard::default()
+    };
     let id = FenceId {
         uid: fence.uid().unwrap_or_default(),
         name: name.clone(),
+        node: node_name.clone(),
     };
     let reports: Vec<ExecutionReport> = fence
         .status
         .iter()
         .flat_map(|status| status.executions.iter())
         .filter(|execution| !execution.is_finished())
-        .map(|execution| ExecutionReport {
-            name: execution.name.clone(),
-            state: ctx.executor.report(&id, &execution.name),
+        .map(|execution| {
+            let state = match ctx.executor.report(&id, &execution.name) {
+                // Not ours: the previous leader's agent, or a child it left, may still be
+                // acting. It is asked about only once one agent call's deadline has
+                // passed since we took over.
+                ReportedState::Lost
+                    if ctx.leader_since.elapsed() < ctx.policy.agents.call_timeout =>
+                {
+                    ReportedState::Running
+                }
+                state => state,
+            };
+            ExecutionReport {
+                name: execution.name.clone(),
+                state,
+            }
         })
         .collect();
-    let decision = decide(&fence, &facts, &reports, &guard, &ctx.policy.fence, now);
+    // decide is pure, but its arithmetic on timestamps a person may have edited into the
+    // status can overflow; that must cost this fence a retry, not the daemon.
+    let decision = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        decide(&fence, &facts, &reports, &guard, &ctx.policy.fence, now)
+    }))
+    .map_err(|panic| ReconcileError::Undecidable {
+        fence: name.clone(),
+        message: panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic".to_string()),
+    })?;
+    if !ctx.leadership.is_leading() {
+        return Err(ReconcileError::NotLeading { fence: name });
+    }
     let before = fence.status.clone().unwrap_or_default();
     let written = if fence.status.as_ref() != Some(&decision.status) {
         let mut updated = fence.clone();
@@ -366,8 +424,13 @@ pub async fn reconcile(
     }
     record_metrics(&ctx.metrics, &before, &decision.status, &facts.health);
     log_decision(&name, &node_name, &decision);
-    carry_out(&ctx, &written, &id, &node_name, &decision, plan, now).await?;
+    // The transitions are in the status: say so before acting, so an action that fails
+    // below cannot lose their Events.
     publish_events(&ctx, &written, &node_name, &decision.events).await;
+    if !ctx.leadership.is_leading() {
+        return Err(ReconcileError::NotLeading { fence: name });
+    }
+    carry_out(&ctx, &written, &id, &node_name, &decision, plan, now).await?;
     ctx.update_fence_gauges();
     Ok(Requeue::requeue(decision.requeue_after))
 }
@@ -393,10 +456,9 @@ async fn carry_out(
     now: Timestamp,
 ) -> Result<(), ReconcileError> {
     let name = &id.name;
-    let mut taint_changes = Vec::new();
     for action in &decision.actions {
-        match action {
-            Action::Start(request) => match &plan {
+        if let Action::Start(request) = action {
+            match &plan {
                 Some(plan) => {
                     tracing::info!(fence = %name, %node, execution = %request.name, method = %request.method, "starting execution");
                     ctx.executor.start(id, request, plan.clone());
@@ -406,28 +468,37 @@ async fn carry_out(
                     execution = %request.name,
                     "no fence configuration to start the execution with; it will be reported lost and verified"
                 ),
-            },
-            Action::Taint(change) => taint_changes.push(*change),
-            Action::DeletePods => delete_pods(ctx, name, node).await?,
-            Action::DeleteFence => {
-                let api: Api<NodeFence> = Api::all(ctx.client.clone());
-                let params = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: fence.uid(),
-                        resource_version: fence.resource_version(),
-                    }),
-                    ..DeleteParams::default()
-                };
-                match api.delete(name, &params).await {
-                    Ok(_) => tracing::info!(fence = %name, %node, "NodeFence deleted"),
-                    Err(kube::Error::Api(status)) if status.code == 404 => {}
-                    Err(error) => return Err(kube_error(name, "deleting it")(error)),
-                }
             }
         }
     }
+    let taint_changes: Vec<TaintChange> = decision
+        .actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Taint(change) => Some(*change),
+            _ => None,
+        })
+        .collect();
     if !taint_changes.is_empty() {
         change_taints(ctx, name, node, &taint_changes, now).await?;
+    }
+    if decision.actions.contains(&Action::DeletePods) {
+        delete_pods(ctx, name, node).await?;
+    }
+    if decision.actions.contains(&Action::DeleteFence) {
+        let api: Api<NodeFence> = Api::all(ctx.client.clone());
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: fence.uid(),
+                resource_version: fence.resource_version(),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(name, &params).await {
+            Ok(_) => tracing::info!(fence = %name, %node, "NodeFence deleted"),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(kube_error(name, "deleting it")(error)),
+        }
     }
     Ok(())
 }

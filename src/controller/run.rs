@@ -5,7 +5,7 @@
 //! executions it leaves are verified by the next leader, never repeated blind).
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -78,42 +78,57 @@ pub async fn run(
         executor: executor.clone(),
         nodes: nodes.clone(),
         fences: controller.store(),
-        storm: Mutex::new(None),
+        leadership: elector.leadership(),
+        inherited_storm: elector.inherited_storm(),
+        leader_since: std::time::Instant::now(),
         metrics: metrics.clone(),
         clock,
         identity,
         starts: StartGate::default(),
     });
-    let node_watch = watch_nodes(ctx.clone(), node_writer, wake_tx);
-    let mut node_watch = std::pin::pin!(node_watch);
-    // Decide nothing before every node is known: the storm guard counts them all.
-    tokio::select! {
-        _ = nodes.wait_until_ready() => {}
-        _ = &mut node_watch => return Err(RunError::NodeWatchEnded),
-        _ = &mut shutdown => { elector.release().await; return Ok(()) }
-    }
-    health.tick();
-    tracing::info!(
-        nodes = nodes.state().len(),
-        "node list synced; reconciling NodeFences"
-    );
-    let fences = controller
-        .run(reconcile, error_policy, ctx.clone())
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "controller event");
+    let outcome = {
+        // The Lease is renewed from the moment it is held, also while the nodes are
+        // still being listed.
+        let lost = elector.hold();
+        let mut lost = std::pin::pin!(lost);
+        let node_watch = watch_nodes(ctx.clone(), node_writer, wake_tx);
+        let mut node_watch = std::pin::pin!(node_watch);
+        // Decide nothing before every node is known: the storm guard counts them all.
+        let synced = tokio::select! {
+            _ = nodes.wait_until_ready() => Ok(true),
+            _ = &mut node_watch => Err(RunError::NodeWatchEnded),
+            reason = &mut lost => Err(RunError::LostLease(reason)),
+            _ = &mut shutdown => Ok(false),
+        };
+        match synced {
+            Ok(true) => {
+                health.tick();
+                tracing::info!(
+                    nodes = nodes.state().len(),
+                    "node list synced; reconciling NodeFences"
+                );
+                let fences = controller
+                    .run(reconcile, error_policy, ctx.clone())
+                    .for_each(|result| async move {
+                        if let Err(error) = result {
+                            tracing::debug!(%error, "controller event");
+                        }
+                    });
+                tokio::select! {
+                    _ = fences => Ok(()),
+                    _ = &mut node_watch => Err(RunError::NodeWatchEnded),
+                    reason = &mut lost => Err(RunError::LostLease(reason)),
+                    _ = &mut shutdown => Ok(()),
+                }
             }
-        });
-    let outcome = tokio::select! {
-        _ = fences => Ok(()),
-        _ = &mut node_watch => Err(RunError::NodeWatchEnded),
-        reason = elector.hold() => Err(RunError::LostLease(reason)),
-        _ = &mut shutdown => Ok(()),
+            Ok(false) => Ok(()),
+            Err(error) => Err(error),
+        }
     };
     metrics.leader.set(0);
     // Whatever runs now was recorded before it started; the next leader asks the device
     // with `status` what it did instead of running it again.
-    executor.kill_running();
+    executor.stop();
     if outcome.is_ok() {
         elector.release().await;
     }

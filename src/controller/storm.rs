@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::facts::Readiness;
 use super::policy::StormPolicy;
@@ -32,7 +32,8 @@ pub struct NodeView {
 }
 
 /// What the guard remembers between evaluations.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct StormMemory {
     /// A storm was under way at the last evaluation.
     pub storm_active: bool,
@@ -86,6 +87,19 @@ pub struct GuardBlock {
     pub message: String,
     /// When the block ends by itself, if known.
     pub until: Option<Timestamp>,
+}
+
+impl StormMemory {
+    /// Both memories at once: a storm either saw, the later cooldown.
+    pub fn merge(self, other: StormMemory) -> StormMemory {
+        StormMemory {
+            storm_active: self.storm_active || other.storm_active,
+            cooldown_until: match (self.cooldown_until, other.cooldown_until) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
+        }
+    }
 }
 
 /// Evaluates the guard over every watched node.

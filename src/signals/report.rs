@@ -168,7 +168,7 @@ pub fn render_table(
             thresholds,
         ]);
     }
-    let mut out = aligned(&signal_table);
+    let mut out = crate::text::aligned(&signal_table);
 
     out.push('\n');
     if pressure.is_empty() {
@@ -192,7 +192,7 @@ pub fn render_table(
                 format!("{:.3}s", reading.total_microseconds as f64 / 1e6),
             ]);
         }
-        out.push_str(&aligned(&table));
+        out.push_str(&crate::text::aligned(&table));
     }
 
     out.push_str("\nNotification support:\n");
@@ -263,34 +263,6 @@ pub fn render_json(
         },
         "problems": problems,
     })
-}
-
-fn aligned(table: &[Vec<String>]) -> String {
-    let columns = table.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            table
-                .iter()
-                .filter_map(|row| row.get(c))
-                .map(|cell| cell.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for row in table {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            if c + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                let _ = write!(line, "{cell:<width$}  ", width = widths[c]);
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 /// Bytes in the largest binary unit that keeps the number at least 1 (`812Mi`, `22.4Gi`);

@@ -128,3 +128,26 @@ pub fn program(name: &str, package: &str) -> Result<(), String> {
         ))
     }
 }
+
+// Some test binaries include this file alone, without the kubectl test.
+#[allow(dead_code)]
+/// Where `scripts/test` unpacks Debian's kubectl (package kubernetes-client); another
+/// kubectl package may own `/usr/bin/kubectl`, so it is not installed there.
+pub const KUBECTL_DEFAULT: &str = "/var/cache/nodekeeper-test/kubernetes-client/usr/bin/kubectl";
+
+/// Debian's kubectl: `NODEKEEPER_KUBECTL`, else where `scripts/test` unpacks it.
+#[allow(dead_code)]
+pub fn debian_kubectl() -> Result<std::path::PathBuf, String> {
+    let path = std::env::var_os("NODEKEEPER_KUBECTL")
+        .filter(|value| !value.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(KUBECTL_DEFAULT));
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => Ok(path),
+        _ => Err(format!(
+            "Debian's kubectl is not at {} (scripts/test unpacks package kubernetes-client there; or set NODEKEEPER_KUBECTL)",
+            path.display()
+        )),
+    }
+}

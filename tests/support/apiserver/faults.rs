@@ -100,6 +100,8 @@ pub struct RecordedRequest {
     /// The raw query string, percent-encoded as sent.
     pub query: String,
     pub content_type: Option<String>,
+    /// The `Accept` header; empty when the client sent none.
+    pub accept: String,
     /// The `User-Agent` header; empty when the client sent none.
     pub user_agent: String,
     pub body: String,

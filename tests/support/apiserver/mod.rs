@@ -10,6 +10,7 @@ mod selectors;
 mod server;
 mod status;
 mod store;
+mod tables;
 mod verbs;
 mod watch;
 

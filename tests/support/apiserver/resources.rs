@@ -4,6 +4,9 @@
 //! field layout.
 
 use k8s_openapi::api::{batch, coordination, core, events};
+use k8s_openapi::apiextensions_apiserver;
+
+use super::tables::PrinterColumn;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -23,6 +26,10 @@ pub struct ResourceType {
     normalizer: Option<Normalizer>,
     /// Field selector labels beyond `metadata.name` and `metadata.namespace`.
     pub field_labels: &'static [&'static str],
+    /// Short names for discovery (`kubectl get nf`), from a CRD.
+    pub short_names: Vec<String>,
+    /// The `additionalPrinterColumns` of a CRD, for the Table form.
+    pub columns: Vec<PrinterColumn>,
 }
 
 /// A custom resource definition, reduced to what routing and storage need.
@@ -37,6 +44,31 @@ pub struct CustomResource {
 }
 
 impl ResourceType {
+    #[allow(clippy::too_many_arguments)]
+    pub fn custom(
+        group: &str,
+        version: &str,
+        kind: &str,
+        plural: &str,
+        namespaced: bool,
+        has_status: bool,
+        short_names: Vec<String>,
+        columns: Vec<PrinterColumn>,
+    ) -> ResourceType {
+        ResourceType {
+            group: group.to_string(),
+            version: version.to_string(),
+            kind: kind.to_string(),
+            plural: plural.to_string(),
+            namespaced,
+            has_status,
+            normalizer: None,
+            field_labels: &[],
+            short_names,
+            columns,
+        }
+    }
+
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
             self.version.clone()
@@ -47,6 +79,11 @@ impl ResourceType {
 
     pub fn singular(&self) -> String {
         self.kind.to_lowercase()
+    }
+
+    /// A custom resource (no built-in type to decode it into): the server prints it.
+    pub fn normalizer_is_none(&self) -> bool {
+        self.normalizer.is_none()
     }
 
     pub fn normalize(&self, object: Value) -> Result<Value, String> {
@@ -121,6 +158,8 @@ fn builtin(
         has_status,
         normalizer: Some(normalizer),
         field_labels,
+        short_names: Vec::new(),
+        columns: Vec::new(),
     }
 }
 
@@ -203,6 +242,18 @@ impl Default for Registry {
                 &[],
             ),
             builtin(
+                "apiextensions.k8s.io",
+                "v1",
+                "CustomResourceDefinition",
+                "customresourcedefinitions",
+                false,
+                true,
+                through::<
+                    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+                >,
+                &[],
+            ),
+            builtin(
                 "events.k8s.io",
                 "v1",
                 "Event",
@@ -239,18 +290,25 @@ impl Default for Registry {
 
 impl Registry {
     pub fn register(&mut self, custom: CustomResource) {
-        self.types
-            .retain(|known| !(known.group == custom.group && known.plural == custom.plural));
-        self.types.push(ResourceType {
-            group: custom.group,
-            version: custom.version,
-            kind: custom.kind,
-            plural: custom.plural,
-            namespaced: custom.namespaced,
-            has_status: custom.has_status,
-            normalizer: None,
-            field_labels: &[],
-        });
+        self.register_types(vec![ResourceType::custom(
+            &custom.group,
+            &custom.version,
+            &custom.kind,
+            &custom.plural,
+            custom.namespaced,
+            custom.has_status,
+            Vec::new(),
+            Vec::new(),
+        )]);
+    }
+
+    /// Registers a CRD's versions, replacing what was known of its resource.
+    pub fn register_types(&mut self, types: Vec<ResourceType>) {
+        for custom in &types {
+            self.types
+                .retain(|known| !(known.group == custom.group && known.plural == custom.plural));
+        }
+        self.types.extend(types);
     }
 
     pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceType> {

@@ -20,6 +20,7 @@ use super::resources::ResourceType;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::server::{Body, Shared, full_body};
 use super::status::ApiError;
+use super::tables;
 use super::verbs::{self, Deleted, PatchBody};
 use super::watch;
 
@@ -137,6 +138,12 @@ pub async fn handle(
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .map(str::to_string);
+    let accept = parts
+        .headers
+        .get(header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
     let user_agent = parts
         .headers
         .get(header::USER_AGENT)
@@ -161,6 +168,7 @@ pub async fn handle(
                 method: &parts.method,
                 path: &path,
                 params: &params,
+                accept: &accept,
                 content_type: content_type.as_deref().unwrap_or_default(),
                 user_agent: &user_agent,
                 body: &body,
@@ -174,6 +182,7 @@ pub async fn handle(
             path,
             query,
             content_type,
+            accept,
             user_agent,
             body: String::from_utf8_lossy(&body).into_owned(),
             status: response.status().as_u16(),
@@ -186,6 +195,8 @@ struct Call<'a> {
     method: &'a Method,
     path: &'a str,
     params: &'a [(String, String)],
+    /// The `Accept` header: `as=Table` asks for the kubectl table form.
+    accept: &'a str,
     content_type: &'a str,
     user_agent: &'a str,
     body: &'a [u8],
@@ -275,7 +286,20 @@ fn route(shared: &Arc<Shared>, call: &Call) -> Result<Response<Body>, ApiError> 
                 &namespace,
                 &name,
             ))
-            .map(|object| json_response(200, object))
+            .map(|object| {
+                if tables::wants_table(call.accept) && resource_type.normalizer_is_none() {
+                    json_response(
+                        200,
+                        &tables::table(
+                            &resource_type,
+                            std::slice::from_ref(object),
+                            store.revision(),
+                        ),
+                    )
+                } else {
+                    json_response(200, object)
+                }
+            })
             .ok_or_else(|| ApiError::not_found(&resource_type.group, &resource_type.plural, &name)),
         (Method::GET, false) => {
             let labels = LabelSelector::parse(call.param("labelSelector").unwrap_or_default())
@@ -309,6 +333,13 @@ fn route(shared: &Arc<Shared>, call: &Call) -> Result<Response<Body>, ApiError> 
                 .into_iter()
                 .filter(|object| labels.matches(object) && fields.matches(object))
                 .collect();
+            // Custom resources are printed by the server, from their CRD's columns.
+            if tables::wants_table(call.accept) && resource_type.normalizer_is_none() {
+                return Ok(json_response(
+                    200,
+                    &tables::table(&resource_type, &items, store.revision()),
+                ));
+            }
             Ok(json_response(
                 200,
                 &json!({
@@ -319,14 +350,16 @@ fn route(shared: &Arc<Shared>, call: &Call) -> Result<Response<Body>, ApiError> 
                 }),
             ))
         }
-        (Method::POST, false) => Ok(json_response(
-            201,
-            &verbs::create(&mut store, &request, call.json_body()?)?,
-        )),
-        (Method::PUT, true) => Ok(json_response(
-            200,
-            &verbs::update(&mut store, &request, call.json_body()?)?,
-        )),
+        (Method::POST, false) => {
+            let created = verbs::create(&mut store, &request, call.json_body()?)?;
+            define_if_crd(shared, &resource_type, &created);
+            Ok(json_response(201, &created))
+        }
+        (Method::PUT, true) => {
+            let updated = verbs::update(&mut store, &request, call.json_body()?)?;
+            define_if_crd(shared, &resource_type, &updated);
+            Ok(json_response(200, &updated))
+        }
         (Method::PATCH, true) => {
             let body = patch_body(call)?;
             let existed = store
@@ -462,6 +495,17 @@ fn delete_options(call: &Call) -> Result<DeleteOptions, ApiError> {
     Ok(options)
 }
 
+/// A created or updated CustomResourceDefinition makes its resource servable at once (the
+/// real server takes a moment to establish it; clients retry discovery).
+fn define_if_crd(shared: &Arc<Shared>, resource_type: &ResourceType, object: &Value) {
+    if resource_type.group == "apiextensions.k8s.io"
+        && resource_type.plural == "customresourcedefinitions"
+        && let Ok(mut registry) = shared.registry.lock()
+    {
+        registry.register_types(tables::types_of_crd(object));
+    }
+}
+
 fn api_resources(types: &[ResourceType], group: &str, version: &str) -> APIResourceList {
     let mut resources = Vec::new();
     for known in types
@@ -484,6 +528,7 @@ fn api_resources(types: &[ResourceType], group: &str, version: &str) -> APIResou
             namespaced: known.namespaced,
             kind: known.kind.clone(),
             verbs: verbs.iter().map(|verb| verb.to_string()).collect(),
+            short_names: (!known.short_names.is_empty()).then(|| known.short_names.clone()),
             ..APIResource::default()
         });
         if known.has_status {
