@@ -33,6 +33,24 @@ fn crd() -> CustomResource {
     }
 }
 
+/// A test API server serving NodeFences, with `names` as Ready nodes.
+async fn ready_cluster(names: &[&str]) -> FakeApiServer {
+    let server = FakeApiServer::start().await;
+    server.register(crd());
+    let since = Timestamp::now();
+    for name in names {
+        server.seed(&node(name, "True", since));
+    }
+    server
+}
+
+/// The storage fabric port `fence_dummy` switches, enabled.
+fn enabled_fabric(dir: &Path) -> PathBuf {
+    let fabric = dir.join("fabric.port");
+    std::fs::write(&fabric, "on").expect("fabric port");
+    fabric
+}
+
 fn node(name: &str, ready: &str, since: Timestamp) -> Node {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
@@ -197,6 +215,24 @@ impl ControllerProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until `node`'s fence finished its power-management step.
+    async fn powered_off(&self, server: &FakeApiServer, node: &str) {
+        wait_for(self, "the power-management step to be done", || {
+            let fence = fence_of(server, node)?;
+            let status = fence.get("status")?;
+            (status["step"] == "PowerManagement" && status["phase"] == "Done").then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until this controller leads and has listed every node.
+    async fn synced(&self) {
+        wait_for(self, "the node list to sync", || {
+            self.log().contains("node list synced").then_some(())
+        })
+        .await;
+    }
+
     /// The metrics text, from the address the controller logged.
     fn metrics(&self) -> String {
         let log = self.log();
@@ -296,23 +332,14 @@ async fn a_lost_node_is_isolated_powered_off_released_and_recovered() {
     require!("fence-agents", real::program("fence_dummy", "fence-agents"));
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
-    let fabric = dir.path().join("fabric.port");
-    std::fs::write(&fabric, "on").expect("fabric port");
+    let fabric = enabled_fabric(dir.path());
 
-    let server = FakeApiServer::start().await;
-    server.register(crd());
-    let since = Timestamp::now();
-    for name in ["worker-1", "worker-2", "worker-3"] {
-        server.seed(&node(name, "True", since));
-    }
+    let server = ready_cluster(&["worker-1", "worker-2", "worker-3"]).await;
     seed_database(&server, "worker-2", "db-0");
     seed_fence_config(&server, "worker-2", bmc.port(), &fabric);
     let config = controller_config(dir.path(), "");
     let controller = ControllerProcess::start(dir.path(), &server, &config);
-    wait_for(&controller, "the node list to sync", || {
-        controller.log().contains("node list synced").then_some(())
-    })
-    .await;
+    controller.synced().await;
     assert!(
         fence_of(&server, "worker-2").is_none(),
         "nothing is fenced while every node is Ready"
@@ -362,12 +389,7 @@ async fn a_lost_node_is_isolated_powered_off_released_and_recovered() {
     assert!(out_of_service.time_added.is_some());
 
     // After powerManagementDelay the power step switches the BMC off, confirmed.
-    wait_for(&controller, "the power-management step to be done", || {
-        let fence = fence_of(&server, "worker-2")?;
-        let status = fence.get("status")?;
-        (status["step"] == "PowerManagement" && status["phase"] == "Done").then_some(())
-    })
-    .await;
+    controller.powered_off(&server, "worker-2").await;
     assert!(!bmc.power_is_on(), "the emulated machine is off");
     let chassis = bmc.chassis_log();
     assert_eq!(
@@ -443,26 +465,11 @@ async fn three_of_five_nodes_lost_is_a_storm_and_nothing_is_powered_off() {
     );
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
-    let fabric = dir.path().join("fabric.port");
-    std::fs::write(&fabric, "on").expect("fabric port");
-
-    let server = FakeApiServer::start().await;
-    server.register(crd());
-    let since = Timestamp::now();
-    let names = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
-    for name in names {
-        server.seed(&node(name, "True", since));
-    }
-    for (index, name) in names[..3].iter().enumerate() {
-        seed_database(&server, name, &format!("db-{index}"));
-        seed_fence_config(&server, name, bmc.port(), &fabric);
-    }
+    let names = FIVE_NODES;
+    let (server, fabric) = three_databases_of_five(dir.path(), &bmc).await;
     let config = controller_config(dir.path(), "");
     let controller = ControllerProcess::start(dir.path(), &server, &config);
-    wait_for(&controller, "the node list to sync", || {
-        controller.log().contains("node list synced").then_some(())
-    })
-    .await;
+    controller.synced().await;
 
     // A partition: three of five nodes go silent at once (40% allows two).
     let lost_at = Timestamp::now();
@@ -575,29 +582,28 @@ async fn controller_status(dir: &Path, config: &Path, output: &str) -> String {
     stdout
 }
 
-/// The cluster of the first test, with the controller not yet started.
-async fn one_lost_database_node(dir: &Path) -> Option<(FakeApiServer, IpmiSim, PathBuf)> {
-    let bmc = match IpmiSim::start(dir) {
-        Ok(bmc) => {
-            real::record("ipmi_sim");
-            bmc
-        }
-        Err(reason) => {
-            real::unavailable("ipmi_sim", &reason);
-            return None;
-        }
-    };
-    let fabric = dir.join("fabric.port");
-    std::fs::write(&fabric, "on").expect("fabric port");
-    let server = FakeApiServer::start().await;
-    server.register(crd());
-    let since = Timestamp::now();
-    for name in ["worker-1", "worker-2", "worker-3"] {
-        server.seed(&node(name, "True", since));
-    }
+/// The cluster of the first test, with the controller not yet started: three Ready
+/// nodes, a database on worker-2 and its fence configuration; returns the fabric port.
+async fn one_database_node(dir: &Path, bmc: &IpmiSim) -> (FakeApiServer, PathBuf) {
+    let fabric = enabled_fabric(dir);
+    let server = ready_cluster(&["worker-1", "worker-2", "worker-3"]).await;
     seed_database(&server, "worker-2", "db-0");
     seed_fence_config(&server, "worker-2", bmc.port(), &fabric);
-    Some((server, bmc, fabric))
+    (server, fabric)
+}
+
+const FIVE_NODES: [&str; 5] = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
+
+/// Five Ready nodes, the first three each running a database with a fence configuration;
+/// returns the fabric port they share.
+async fn three_databases_of_five(dir: &Path, bmc: &IpmiSim) -> (FakeApiServer, PathBuf) {
+    let fabric = enabled_fabric(dir);
+    let server = ready_cluster(&FIVE_NODES).await;
+    for (index, name) in FIVE_NODES[..3].iter().enumerate() {
+        seed_database(&server, name, &format!("db-{index}"));
+        seed_fence_config(&server, name, bmc.port(), &fabric);
+    }
+    (server, fabric)
 }
 
 fn executions(fence: &Value) -> Vec<Value> {
@@ -616,15 +622,11 @@ async fn a_controller_killed_during_the_power_off_never_powers_off_twice() {
     );
     require!("fence-agents", real::program("fence_dummy", "fence-agents"));
     let dir = tempfile::tempdir().expect("temp dir");
-    let Some((server, bmc, _fabric)) = one_lost_database_node(dir.path()).await else {
-        return;
-    };
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let (server, _fabric) = one_database_node(dir.path(), &bmc).await;
     let config = controller_config(dir.path(), "");
     let mut first = ControllerProcess::start(dir.path(), &server, &config);
-    wait_for(&first, "the node list to sync", || {
-        first.log().contains("node list synced").then_some(())
-    })
-    .await;
+    first.synced().await;
     server.seed(&node("worker-2", "Unknown", Timestamp::now()));
     // The power-off is recorded before its agent starts: kill the controller (SIGKILL,
     // the process, not a task) the moment it is.
@@ -641,12 +643,7 @@ async fn a_controller_killed_during_the_power_off_never_powers_off_twice() {
 
     // The Lease the dead controller held must run out (4 s) before the next one acts.
     let second = ControllerProcess::start(dir.path(), &server, &config);
-    wait_for(&second, "the power-management step to be done", || {
-        let fence = fence_of(&server, "worker-2")?;
-        let status = fence.get("status")?;
-        (status["step"] == "PowerManagement" && status["phase"] == "Done").then_some(())
-    })
-    .await;
+    second.powered_off(&server, "worker-2").await;
     let fence = fence_of(&server, "worker-2").expect("fence");
     let power: Vec<Value> = executions(&fence)
         .into_iter()
@@ -691,9 +688,8 @@ async fn of_two_controllers_exactly_one_acts() {
     );
     require!("fence-agents", real::program("fence_dummy", "fence-agents"));
     let dir = tempfile::tempdir().expect("temp dir");
-    let Some((server, bmc, _fabric)) = one_lost_database_node(dir.path()).await else {
-        return;
-    };
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let (server, _fabric) = one_database_node(dir.path(), &bmc).await;
     let config = controller_config(dir.path(), "");
     let replicas = [
         ControllerProcess::start(dir.path(), &server, &config),
@@ -706,16 +702,7 @@ async fn of_two_controllers_exactly_one_acts() {
     })
     .await;
     server.seed(&node("worker-2", "Unknown", Timestamp::now()));
-    wait_for(
-        &replicas[leader],
-        "the power-management step to be done",
-        || {
-            let fence = fence_of(&server, "worker-2")?;
-            let status = fence.get("status")?;
-            (status["step"] == "PowerManagement" && status["phase"] == "Done").then_some(())
-        },
-    )
-    .await;
+    replicas[leader].powered_off(&server, "worker-2").await;
     let follower = &replicas[1 - leader];
     let log = follower.log();
     assert!(log.contains("waiting for the leader Lease"), "{log}");
@@ -742,15 +729,9 @@ async fn of_two_controllers_exactly_one_acts() {
 async fn two_nodes_lost_at_once_in_one_zone_start_at_the_zone_rate() {
     require!("fence-agents", real::program("fence_dummy", "fence-agents"));
     let dir = tempfile::tempdir().expect("temp dir");
-    let fabric = dir.path().join("fabric.port");
-    std::fs::write(&fabric, "on").expect("fabric port");
-    let server = FakeApiServer::start().await;
-    server.register(crd());
-    let since = Timestamp::now();
+    let fabric = enabled_fabric(dir.path());
     let names = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
-    for name in names {
-        server.seed(&node(name, "True", since));
-    }
+    let server = ready_cluster(&names).await;
     // Isolation only: the zone rate holds back the first step of a new fence, whichever.
     for (index, name) in names[..2].iter().enumerate() {
         seed_database(&server, name, &format!("db-{index}"));
@@ -833,24 +814,11 @@ async fn a_storm_cooldown_survives_a_restart_even_with_no_fence_left() {
     );
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
-    let fabric = dir.path().join("fabric.port");
-    std::fs::write(&fabric, "on").expect("fabric port");
-    let server = FakeApiServer::start().await;
-    server.register(crd());
-    let names = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
-    for name in names {
-        server.seed(&node(name, "True", Timestamp::now()));
-    }
-    for (index, name) in names[..3].iter().enumerate() {
-        seed_database(&server, name, &format!("db-{index}"));
-        seed_fence_config(&server, name, bmc.port(), &fabric);
-    }
+    let names = FIVE_NODES;
+    let (server, fabric) = three_databases_of_five(dir.path(), &bmc).await;
     let config = controller_config(dir.path(), "stormGuard: {stormCooldown: 2m}\n");
     let mut first = ControllerProcess::start(dir.path(), &server, &config);
-    wait_for(&first, "the node list to sync", || {
-        first.log().contains("node list synced").then_some(())
-    })
-    .await;
+    first.synced().await;
     // A storm: three of five lost, then back. Their fences are cancelled and deleted, so
     // no NodeFence is left to say that a cooldown runs.
     for name in &names[..3] {
@@ -895,10 +863,7 @@ async fn a_storm_cooldown_survives_a_restart_even_with_no_fence_left() {
 
     // A new controller; then one node is lost, well within maxUnhealthy.
     let second = ControllerProcess::start(dir.path(), &server, &config);
-    wait_for(&second, "the node list to sync", || {
-        second.log().contains("node list synced").then_some(())
-    })
-    .await;
+    second.synced().await;
     server.seed(&node("worker-1", "Unknown", Timestamp::now()));
     let fence = wait_for(&second, "the new fence to be held by the cooldown", || {
         let fence = fence_of(&server, "worker-1")?;
@@ -916,19 +881,12 @@ async fn a_storm_cooldown_survives_a_restart_even_with_no_fence_left() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_nodefence_is_created_again_while_its_node_stays_lost() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let server = FakeApiServer::start().await;
-    server.register(crd());
-    for name in ["worker-1", "worker-2", "worker-3"] {
-        server.seed(&node(name, "True", Timestamp::now()));
-    }
+    let server = ready_cluster(&["worker-1", "worker-2", "worker-3"]).await;
     // No fence configuration: the NodeFence says so and waits.
     seed_database(&server, "worker-2", "db-0");
     let config = controller_config(dir.path(), "");
     let controller = ControllerProcess::start(dir.path(), &server, &config);
-    wait_for(&controller, "the node list to sync", || {
-        controller.log().contains("node list synced").then_some(())
-    })
-    .await;
+    controller.synced().await;
     server.seed(&node("worker-2", "Unknown", Timestamp::now()));
     let first = wait_for(
         &controller,

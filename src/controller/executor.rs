@@ -44,8 +44,6 @@ pub trait Executor: Send + Sync {
     fn report(&self, fence: &FenceId, name: &str) -> ReportedState;
     /// The outcome is safely recorded in the status: the executor may drop it.
     fn forget(&self, fence: &FenceId, name: &str);
-    /// Executions running now, for metrics and shutdown.
-    fn running(&self) -> usize;
 }
 
 /// Finished outcomes nobody collected (their fence was deleted) are dropped after this.
@@ -204,13 +202,6 @@ impl Executor for LocalExecutor {
         if matches!(executions.get(&key), Some(ReportedState::Finished(_))) {
             executions.remove(&key);
         }
-    }
-
-    fn running(&self) -> usize {
-        self.lock()
-            .values()
-            .filter(|state| matches!(state, ReportedState::Running))
-            .count()
     }
 }
 

@@ -152,10 +152,6 @@ impl LeaderElector {
         self.inherited_storm
     }
 
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
     fn spec(&self, now: Timestamp, previous: Option<&LeaseSpec>, take: bool) -> LeaseSpec {
         let transitions = previous.and_then(|p| p.lease_transitions).unwrap_or(0);
         LeaseSpec {
@@ -181,7 +177,7 @@ impl LeaderElector {
     }
 
     /// One round: acquire, renew or wait. `Ok(true)` while we lead.
-    pub async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
+    async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
         let name = self.policy.lease_name.clone();
         let current = self.api.get_opt(&name).await?;
         let unchanged_for = match (&current, &self.observed) {

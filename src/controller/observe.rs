@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Taint};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::kubernetes::convert::CONFIG_MIRROR_ANNOTATION;
+
 use super::facts::{NodeHealth, NodeTaints, PodFacts, Readiness, zone_key};
 use super::policy::{
     EXCLUSION_LABEL, MEDIK8S_EXCLUSION_LABEL, OUT_OF_SERVICE_TAINT, REMEDIATION_TAINT,
@@ -17,8 +19,6 @@ use super::storm::{NodeView, StormMemory};
 
 /// The node lifecycle controller leaves nodes with this label out of the zone states.
 pub const EXCLUDE_DISRUPTION_LABEL: &str = "node.kubernetes.io/exclude-disruption";
-/// The annotation the kubelet puts on a mirror pod (the API copy of a static pod).
-const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// The node's Ready condition as health.
 pub fn node_health(node: &Node) -> NodeHealth {
@@ -134,11 +134,7 @@ pub fn pod_facts(pod: &Pod, single_node_claims: &BTreeSet<(String, String)>) -> 
         .status
         .as_ref()
         .and_then(|status| status.phase.as_deref());
-    let mirror = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|annotations| annotations.contains_key(MIRROR_POD_ANNOTATION));
+    let mirror = is_mirror(pod);
     PodFacts {
         labels: pod.metadata.labels.clone().unwrap_or_default(),
         node_bound: mirror || controller_kinds.iter().any(|kind| kind == "DaemonSet"),
@@ -154,12 +150,15 @@ pub fn pod_facts(pod: &Pod, single_node_claims: &BTreeSet<(String, String)>) -> 
 /// kubelet owns and recreates. (The out-of-service taint's garbage collector deletes the
 /// same set; DaemonSet pods go too and come back with the node.)
 pub fn is_releasable(pod: &Pod) -> bool {
-    let mirror = pod
-        .metadata
+    !is_mirror(pod)
+}
+
+/// The API copy of a static pod, which the kubelet owns.
+fn is_mirror(pod: &Pod) -> bool {
+    pod.metadata
         .annotations
         .as_ref()
-        .is_some_and(|annotations| annotations.contains_key(MIRROR_POD_ANNOTATION));
-    !mirror
+        .is_some_and(|annotations| annotations.contains_key(CONFIG_MIRROR_ANNOTATION))
 }
 
 /// The storm guard's memory as the fences' statuses tell it, for a controller that just

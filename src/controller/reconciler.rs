@@ -233,22 +233,31 @@ async fn load_plan(ctx: &Context, node: &str) -> Result<FencePlan, String> {
     }
 }
 
+/// Every pod bound to `node`.
+async fn list_node_pods(
+    ctx: &Context,
+    fence: &str,
+    node: &str,
+) -> Result<Vec<Pod>, ReconcileError> {
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    pods.list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map(|list| list.items)
+        .map_err(kube_error(
+            fence,
+            format!("listing the pods of node {node}"),
+        ))
+}
+
 /// The node's pods and whether any of them needs fencing.
 async fn node_pods(
     ctx: &Context,
     fence: &str,
     node: &str,
 ) -> Result<(usize, bool), ReconcileError> {
-    let pods: Api<Pod> = Api::all(ctx.client.clone());
-    let list = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await
-        .map_err(kube_error(
-            fence,
-            format!("listing the pods of node {node}"),
-        ))?;
+    let pods = list_node_pods(ctx, fence, node).await?;
     let mut single_node_claims = BTreeSet::new();
-    for (namespace, claim) in list.items.iter().flat_map(observe::claims) {
+    for (namespace, claim) in pods.iter().flat_map(observe::claims) {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
         let found = claims.get_opt(&claim).await.map_err(kube_error(
             fence,
@@ -259,12 +268,10 @@ async fn node_pods(
         }
     }
     let selector = ctx.policy.pod_selector.as_ref();
-    let needs_fencing = list
-        .items
+    let needs_fencing = pods
         .iter()
         .any(|pod| pod_needs_fencing(&observe::pod_facts(pod, &single_node_claims), selector));
-    let releasable = list
-        .items
+    let releasable = pods
         .iter()
         .filter(|pod| observe::is_releasable(pod))
         .count();
@@ -561,15 +568,8 @@ async fn change_taints(
 /// The cluster fence: force-deletes the node's pods (grace period 0), each guarded by its
 /// uid so a pod of the same name created elsewhere meanwhile is never touched.
 async fn delete_pods(ctx: &Context, fence: &str, node: &str) -> Result<(), ReconcileError> {
-    let pods: Api<Pod> = Api::all(ctx.client.clone());
-    let list = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await
-        .map_err(kube_error(
-            fence,
-            format!("listing the pods of node {node}"),
-        ))?;
-    for pod in list.items.iter().filter(|pod| observe::is_releasable(pod)) {
+    let pods = list_node_pods(ctx, fence, node).await?;
+    for pod in pods.iter().filter(|pod| observe::is_releasable(pod)) {
         let namespace = pod.namespace().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
         let params = DeleteParams {

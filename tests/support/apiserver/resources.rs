@@ -150,16 +150,18 @@ fn builtin(
     field_labels: &'static [&'static str],
 ) -> ResourceType {
     ResourceType {
-        group: group.to_string(),
-        version: version.to_string(),
-        kind: kind.to_string(),
-        plural: plural.to_string(),
-        namespaced,
-        has_status,
         normalizer: Some(normalizer),
         field_labels,
-        short_names: Vec::new(),
-        columns: Vec::new(),
+        ..ResourceType::custom(
+            group,
+            version,
+            kind,
+            plural,
+            namespaced,
+            has_status,
+            Vec::new(),
+            Vec::new(),
+        )
     }
 }
 
