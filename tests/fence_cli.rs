@@ -590,3 +590,131 @@ async fn the_configuration_is_read_from_the_cluster_with_secrets_fetched_by_name
         Some("cluster-s3cret")
     );
 }
+
+/// The execution document the controller writes into a Job (its wire format, version
+/// 1): switch plug 3 off, the password read from Secret `bmc`, key `password`.
+fn job_execution(state: &Path, version: u32) -> String {
+    serde_json::json!({
+        "version": version,
+        "node": "n1",
+        "method": "outlet-off",
+        "configMap": "fence-method-outlet-off-n1",
+        "agent": "fence_switch",
+        "action": "off",
+        "mode": "act",
+        "parameters": [
+            {"name": "state_dir", "written": "state_dir", "configMap": "fence-method-outlet-off-n1",
+             "key": "method.properties", "value": state.display().to_string()},
+            {"name": "plug", "written": "plug", "configMap": "fence-method-outlet-off-n1",
+             "key": "method.properties", "value": "3"},
+            {"name": "password", "written": "password_secret", "configMap": "fence-method-outlet-off-n1",
+             "key": "method.properties", "secret": {"secret": "bmc", "key": "password"}}
+        ],
+        "callTimeoutSeconds": 10,
+        "verifyTimeoutSeconds": 5
+    })
+    .to_string()
+}
+
+#[test]
+fn the_job_wrapper_gives_the_agent_the_mounted_credential_on_stdin_and_reports_the_confirmed_off() {
+    let agents = tempfile::tempdir().expect("agents dir");
+    let state = install_switch(agents.path());
+    // The switch also records the password it was given, so the test can see it arrived.
+    let spy = agents.path().join("fence_switch");
+    let script = std::fs::read_to_string(&spy).expect("switch");
+    std::fs::write(
+        &spy,
+        script.replacen(
+            "power_file=",
+            "printf '%s' \"$password\" > \"$state_dir/password\"\nprintf '%s\\n' \"$0\" \"$@\" >> \"$state_dir/argv\"\necho \"login with $password\"\npower_file=",
+            1,
+        ),
+    )
+    .expect("spy");
+    let password = "Tr0ub4dor&3";
+    let pod = tempfile::tempdir().expect("pod dir");
+    let secrets = pod.path().join("secrets");
+    std::fs::create_dir_all(secrets.join("bmc")).expect("volume");
+    std::fs::write(secrets.join("bmc/password"), password).expect("key file");
+    let result_file = pod.path().join("termination-log");
+    let execute = |document: &str| {
+        fence_manifests::nodekeeper(
+            &[
+                "fence",
+                "execute",
+                "--execution",
+                document,
+                "--secrets-dir",
+                &secrets.display().to_string(),
+                "--result-file",
+                &result_file.display().to_string(),
+                "--agents-dir",
+                &agents.path().display().to_string(),
+            ],
+            "warn",
+        )
+    };
+
+    let output = execute(&job_execution(&state, 1));
+    let stdout = text(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        text(&output.stderr)
+    );
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&result_file).expect("result"))
+            .expect("json");
+    assert_eq!(result["succeeded"], true, "{result}");
+    assert_eq!(result["offConfirmed"], true, "{result}");
+    assert_eq!(result["power"], "OFF", "{result}");
+    assert_eq!(result["version"], 1);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(stdout.trim()).expect("stdout is the result"),
+        result
+    );
+    assert_eq!(
+        std::fs::read_to_string(state.join("power"))
+            .expect("power")
+            .trim(),
+        "off"
+    );
+    assert_eq!(
+        std::fs::read_to_string(state.join("password")).expect("the agent ran"),
+        password,
+        "the credential reached the agent"
+    );
+    let argv = std::fs::read_to_string(state.join("argv")).expect("argv");
+    assert!(
+        argv.lines().all(|line| line.ends_with("fence_switch")),
+        "{argv}"
+    );
+    let all = stdout + &text(&output.stderr);
+    assert!(!all.contains(password), "{all}");
+
+    // A key missing from the volume: named, with no value, and nothing runs.
+    std::fs::remove_file(secrets.join("bmc/password")).expect("remove key");
+    std::fs::write(state.join("power"), "on\n").expect("power on");
+    let output = execute(&job_execution(&state, 1));
+    assert_eq!(output.status.code(), Some(1));
+    let result = std::fs::read_to_string(&result_file).expect("result");
+    assert!(
+        result.contains("method outlet-off: cannot read parameter password_secret from")
+            && result.contains("bmc/password"),
+        "{result}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(state.join("power"))
+            .expect("power")
+            .trim(),
+        "on"
+    );
+
+    // A document from another release is refused by its version.
+    let output = execute(&job_execution(&state, 2));
+    assert_eq!(output.status.code(), Some(1));
+    let result = std::fs::read_to_string(&result_file).expect("result");
+    assert!(result.contains("has version 2"), "{result}");
+}

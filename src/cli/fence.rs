@@ -15,6 +15,28 @@ pub struct Args {
 pub enum Command {
     /// Carry out one fence step for one node by hand (prints the plan unless --yes).
     Run(RunArgs),
+    /// Run one execution the fence controller hands a Kubernetes Job (the Job executor's
+    /// container command); credentials are read from the mounted Secret volume.
+    Execute(ExecuteArgs),
+}
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "The Job executor's wrapper: the controller writes this command into each Job it creates. It reads the credentials the execution document names from the Secret volume, gives the agent every option on its standard input, confirms every off and on with status, and writes the outcome (JSON) to the result file, which Kubernetes reports as the container's termination message, and to standard output.\n\nExit status: 0 when the execution succeeded; 1 otherwise (the result file says why)."
+)]
+pub struct ExecuteArgs {
+    /// The execution document (JSON) the controller wrote into the Job.
+    #[arg(long, value_name = "JSON")]
+    pub execution: String,
+    /// Where the Secret volumes are mounted: one directory per Secret, one file per key.
+    #[arg(long, value_name = "DIR", default_value = "/run/nodekeeper/secrets")]
+    pub secrets_dir: std::path::PathBuf,
+    /// Where the outcome is written (the container's terminationMessagePath).
+    #[arg(long, value_name = "FILE", default_value = "/dev/termination-log")]
+    pub result_file: std::path::PathBuf,
+    /// Where the fence agents are installed in this image.
+    #[arg(long, value_name = "DIR", default_value = fencing::runner::DEFAULT_AGENTS_DIR)]
+    pub agents_dir: std::path::PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -46,8 +68,79 @@ fn parse_step(text: &str) -> Result<Step, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let Command::Run(args) = args.command;
-    super::block_on(run_fence_step(args))
+    match args.command {
+        Command::Run(args) => super::block_on(run_fence_step(args)),
+        Command::Execute(args) => super::block_on(execute_for_job(args)),
+    }
+}
+
+/// The Job executor's wrapper. Every way it ends writes a result, so the controller
+/// always learns why: a document it cannot read, a missing Secret key, an agent whose
+/// metadata refuses the method, SIGTERM at the Job's deadline.
+async fn execute_for_job(args: ExecuteArgs) -> anyhow::Result<ExitCode> {
+    use fencing::ExecutionResult;
+    use fencing::job::{JobExecution, encode_result};
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("watching for SIGTERM")?;
+    let prepared = async {
+        let execution = JobExecution::parse(&args.execution).map_err(|e| e.to_string())?;
+        let mut method = execution
+            .method_plan(&args.secrets_dir)
+            .map_err(|e| format!("node {}, method {}: {e}", execution.node, execution.method))?;
+        let runner = FenceRunner::new(fencing::RunnerSettings {
+            agents_dir: args.agents_dir.clone(),
+            call_timeout: std::time::Duration::from_secs(execution.call_timeout_seconds),
+            verify_timeout: std::time::Duration::from_secs(execution.verify_timeout_seconds),
+            ..fencing::RunnerSettings::default()
+        });
+        let metadata = runner
+            .metadata(&method.agent)
+            .await
+            .map_err(|e| e.to_string())?;
+        let problems = fencing::metadata::check_method(&mut method, &metadata, &execution.node);
+        if !problems.is_empty() {
+            let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            return Err(problems.join("; "));
+        }
+        Ok((execution, method, runner))
+    };
+    let result = match prepared.await {
+        Err(reason) => ExecutionResult::failed(reason),
+        Ok((execution, method, runner)) => {
+            announce(&execution);
+            tokio::select! {
+                result = fencing::execute(&runner, &method, execution.mode) => result,
+                _ = terminate.recv() => {
+                    runner.kill_running();
+                    ExecutionResult::failed(
+                        "terminated (the Job's deadline passed or it was deleted): the running agent was killed; the outcome is unknown",
+                    )
+                }
+            }
+        }
+    };
+    let text = encode_result(&result);
+    println!("{text}");
+    if let Err(error) = std::fs::write(&args.result_file, &text) {
+        eprintln!(
+            "warning: cannot write the result to {}: {error}",
+            args.result_file.display()
+        );
+    }
+    Ok(if result.succeeded {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// One line in the Job's log saying what runs, with no parameter values.
+fn announce(execution: &fencing::job::JobExecution) {
+    eprintln!(
+        "node {}: method {} ({} {}, {:?})",
+        execution.node, execution.method, execution.agent, execution.action, execution.mode
+    );
 }
 
 async fn run_fence_step(args: RunArgs) -> anyhow::Result<ExitCode> {

@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::fencing::{Exit, FencePlan, FenceRunner, MethodPlan, PowerState};
+use crate::fencing::{
+    AgentCheck, ExecutionMode, ExecutionResult, FencePlan, FenceRunner, MethodPlan, execute,
+};
 
 use super::decide::{ExecutionRequest, Outcome, ReportedState};
 use super::resource::ExecutionKind;
@@ -44,6 +46,14 @@ pub trait Executor: Send + Sync {
     fn report(&self, fence: &FenceId, name: &str) -> ReportedState;
     /// The outcome is safely recorded in the status: the executor may drop it.
     fn forget(&self, fence: &FenceId, name: &str);
+    /// This replica stops acting (shutdown or a lost Lease).
+    fn stop(&self);
+    /// Resolves once reports can be trusted (what the executor watches is listed).
+    fn ready(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
+    /// Why `plan` cannot run with this executor, beyond `check`'s own problems.
+    fn plan_problems(&self, plan: &FencePlan, check: &AgentCheck) -> Vec<String>;
 }
 
 /// Finished outcomes nobody collected (their fence was deleted) are dropped after this.
@@ -81,21 +91,6 @@ impl LocalExecutor {
         }
     }
 
-    /// Stops every execution (the controller is stopping or lost its Lease): the tasks
-    /// first, so none starts another agent (a reboot's `on`, another `status`), then the
-    /// agents still running, with their process groups.
-    pub fn stop(&self) {
-        for task in self
-            .tasks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-        {
-            task.abort();
-        }
-        self.runner.kill_running();
-    }
-
     fn node_lock(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
         // Locks nobody holds or waits for are dropped, so the map stays as small as the
@@ -115,16 +110,29 @@ fn key(fence: &FenceId, name: &str) -> Key {
     (fence.uid.clone(), name.to_string())
 }
 
-/// The method of `plan` a request names.
-fn find_method<'a>(plan: &'a FencePlan, request: &ExecutionRequest) -> Option<&'a MethodPlan> {
-    let step = plan.step(request.step)?;
-    let alternative = step
-        .alternatives
-        .get(request.alternative.checked_sub(1)? as usize)?;
+/// The method of `plan` a request names, or the failed result of a request whose method
+/// the configuration no longer has.
+pub fn find_method<'a>(
+    plan: &'a FencePlan,
+    request: &ExecutionRequest,
+) -> Result<&'a MethodPlan, ExecutionResult> {
+    let alternative = plan.step(request.step).and_then(|step| {
+        step.alternatives
+            .get(request.alternative.checked_sub(1)? as usize)
+    });
     alternative
-        .methods
-        .iter()
-        .find(|method| method.name == request.method)
+        .and_then(|alternative| {
+            alternative
+                .methods
+                .iter()
+                .find(|method| method.name == request.method)
+        })
+        .ok_or_else(|| {
+            ExecutionResult::failed(format!(
+                "method {} is not in alternative {} of the {} step of the node's configuration any more",
+                request.method, request.alternative, request.step
+            ))
+        })
 }
 
 impl Executor for LocalExecutor {
@@ -154,20 +162,11 @@ impl Executor for LocalExecutor {
         let fence_name = fence.name.clone();
         let task = tokio::spawn(async move {
             let _one_per_node = node_lock.lock().await;
-            let outcome = match find_method(&plan, &request) {
-                None => Outcome {
-                    succeeded: false,
-                    timed_out: false,
-                    off_confirmed: false,
-                    power: None,
-                    detail: Some(format!(
-                        "method {} is not in alternative {} of the {} step of the node's configuration any more",
-                        request.method, request.alternative, request.step
-                    )),
-                    finished_at: clock(),
-                },
-                Some(method) => run(&runner, method, request.kind, &clock).await,
+            let result = match find_method(&plan, &request) {
+                Ok(method) => execute(&runner, method, mode(request.kind)).await,
+                Err(missing) => missing,
             };
+            let outcome = outcome(result, clock());
             tracing::info!(
                 fence = %fence_name,
                 execution = %request.name,
@@ -203,49 +202,53 @@ impl Executor for LocalExecutor {
             executions.remove(&key);
         }
     }
+
+    /// Stops every execution: the tasks first, so none starts another agent (a reboot's
+    /// `on`, another `status`), then the agents still running, with their process
+    /// groups.
+    fn stop(&self) {
+        for task in self
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            task.abort();
+        }
+        self.runner.kill_running();
+    }
+
+    /// The agents run here, so each must be installed here.
+    fn plan_problems(&self, _plan: &FencePlan, check: &AgentCheck) -> Vec<String> {
+        check
+            .not_installed
+            .iter()
+            .map(|agent| {
+                format!(
+                    "fence agent {agent} is not installed in {}",
+                    self.runner.settings().agents_dir.display()
+                )
+            })
+            .collect()
+    }
 }
 
-/// One execution: the method's action confirmed by `status` (`Act`), or `status` alone
-/// (`Verify`: what did an interrupted action do?).
-async fn run(
-    runner: &FenceRunner,
-    method: &MethodPlan,
-    kind: ExecutionKind,
-    clock: &Clock,
-) -> Outcome {
+/// The outcome the state machine reads, from an execution's result.
+pub fn outcome(result: ExecutionResult, finished_at: Timestamp) -> Outcome {
+    Outcome {
+        succeeded: result.succeeded,
+        timed_out: result.timed_out,
+        off_confirmed: result.off_confirmed,
+        power: result.power.map(Into::into),
+        detail: result.detail,
+        finished_at,
+    }
+}
+
+/// The fencing toolkit's name for what an execution does.
+pub fn mode(kind: ExecutionKind) -> ExecutionMode {
     match kind {
-        ExecutionKind::Act => {
-            let result = runner.execute(method).await;
-            let timed_out = !result.succeeded
-                && result
-                    .calls
-                    .iter()
-                    .any(|call| matches!(call.exit, Exit::TimedOut { .. }));
-            Outcome {
-                succeeded: result.succeeded,
-                timed_out,
-                off_confirmed: result.off_confirmed,
-                power: result.power.map(Into::into),
-                detail: result.detail,
-                finished_at: clock(),
-            }
-        }
-        ExecutionKind::Verify => {
-            let call = runner
-                .call(&method.agent, "status", &method.parameters)
-                .await;
-            let power = call.power.filter(|_| call.succeeded());
-            Outcome {
-                succeeded: power.is_some(),
-                timed_out: matches!(call.exit, Exit::TimedOut { .. }),
-                off_confirmed: power == Some(PowerState::Off),
-                power: power.map(Into::into),
-                detail: Some(match power {
-                    Some(power) => format!("status reports {power}"),
-                    None => format!("status could not tell ({})", call.summary()),
-                }),
-                finished_at: clock(),
-            }
-        }
+        ExecutionKind::Act => ExecutionMode::Act,
+        ExecutionKind::Verify => ExecutionMode::Verify,
     }
 }

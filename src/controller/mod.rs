@@ -7,6 +7,8 @@
 pub mod decide;
 pub mod executor;
 pub mod facts;
+pub mod job_executor;
+pub mod jobs;
 pub mod lease;
 pub mod metrics;
 pub mod nodes;

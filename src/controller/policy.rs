@@ -193,6 +193,62 @@ impl AgentsPolicy {
     }
 }
 
+/// Where fence agents run.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ExecutorPolicy {
+    /// As child processes of the controller (its image or host has the agents).
+    #[default]
+    Local,
+    /// One Kubernetes Job per execution, as the original node-fencing design ran them.
+    Job(Box<JobPolicy>),
+}
+
+/// How the Job executor builds its Jobs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobPolicy {
+    /// An image with nodekeeper and the fence agents (in `agents.directory`).
+    pub image: String,
+    pub image_pull_policy: Option<String>,
+    /// nodekeeper's path in the image; `fence execute ...` follows.
+    pub command: Vec<String>,
+    /// The Jobs need no API access: their token is not mounted.
+    pub service_account_name: Option<String>,
+    pub priority_class_name: Option<String>,
+    #[serde(skip)]
+    pub node_selector: std::collections::BTreeMap<String, String>,
+    #[serde(skip)]
+    pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+    /// Where the Secret volumes are mounted in the container.
+    pub secrets_path: std::path::PathBuf,
+    /// Where the wrapper writes its result: the container's terminationMessagePath.
+    pub result_path: std::path::PathBuf,
+    /// How long a Job may wait to be scheduled and pulled before its deadline counts
+    /// only the agent calls; a Job that never runs fails at this plus its agents' budget.
+    pub start_timeout: Duration,
+    /// Finished Jobs are deleted this long after they end (their pod's log shows the
+    /// agent's redacted output until then).
+    pub ttl_after_finished: Duration,
+}
+
+impl Default for JobPolicy {
+    fn default() -> JobPolicy {
+        JobPolicy {
+            image: String::new(),
+            image_pull_policy: None,
+            command: vec!["nodekeeper".to_string()],
+            service_account_name: None,
+            priority_class_name: None,
+            node_selector: Default::default(),
+            tolerations: Vec::new(),
+            secrets_path: "/run/nodekeeper/secrets".into(),
+            result_path: "/dev/termination-log".into(),
+            start_timeout: Duration::from_secs(120),
+            ttl_after_finished: Duration::from_secs(3600),
+        }
+    }
+}
+
 /// The `coordination.k8s.io` Lease that lets exactly one replica act.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LeaderElectionPolicy {
@@ -233,6 +289,7 @@ pub struct ControllerPolicy {
     pub fence: FencePolicy,
     pub storm: StormPolicy,
     pub agents: AgentsPolicy,
+    pub executor: ExecutorPolicy,
     pub leader_election: LeaderElectionPolicy,
 }
 
@@ -245,6 +302,7 @@ impl Default for ControllerPolicy {
             fence: FencePolicy::default(),
             storm: StormPolicy::default(),
             agents: AgentsPolicy::default(),
+            executor: ExecutorPolicy::default(),
             leader_election: LeaderElectionPolicy::default(),
         }
     }
@@ -290,6 +348,25 @@ impl ControllerPolicy {
                 "verifyTimeout": go(self.agents.verify_timeout),
                 "allowedOptions": self.agents.allowed_options,
             },
+            "executor": match &self.executor {
+                ExecutorPolicy::Local => serde_json::json!({"type": "local"}),
+                ExecutorPolicy::Job(job) => serde_json::json!({
+                    "type": "job",
+                    "job": {
+                        "image": job.image,
+                        "imagePullPolicy": job.image_pull_policy,
+                        "command": job.command,
+                        "serviceAccountName": job.service_account_name,
+                        "priorityClassName": job.priority_class_name,
+                        "nodeSelector": job.node_selector,
+                        "tolerations": job.tolerations,
+                        "secretsPath": job.secrets_path.display().to_string(),
+                        "resultPath": job.result_path.display().to_string(),
+                        "startTimeout": go(job.start_timeout),
+                        "ttlAfterFinished": go(job.ttl_after_finished),
+                    },
+                }),
+            },
             "leaderElection": {
                 "leaseName": self.leader_election.lease_name,
                 "leaseDuration": go(self.leader_election.lease_duration),
@@ -328,7 +405,32 @@ struct Document {
     release: Option<ReleaseDocument>,
     storm_guard: Option<StormDocument>,
     agents: Option<AgentsDocument>,
+    executor: Option<ExecutorDocument>,
     leader_election: Option<LeaderElectionDocument>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ExecutorDocument {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    job: Option<JobDocument>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct JobDocument {
+    image: Option<String>,
+    image_pull_policy: Option<String>,
+    command: Option<Vec<String>>,
+    service_account_name: Option<String>,
+    priority_class_name: Option<String>,
+    node_selector: Option<std::collections::BTreeMap<String, String>>,
+    tolerations: Option<Vec<k8s_openapi::api::core::v1::Toleration>>,
+    secrets_path: Option<std::path::PathBuf>,
+    result_path: Option<std::path::PathBuf>,
+    start_timeout: Option<String>,
+    ttl_after_finished: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -615,6 +717,86 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
     if let Some(options) = agents.allowed_options {
         policy.agents.allowed_options = options;
     }
+    let executor = document.executor.unwrap_or_default();
+    match executor.kind.as_deref().unwrap_or("local") {
+        "local" => {}
+        "job" => {
+            let job = executor.job.unwrap_or_default();
+            let mut policy_job = JobPolicy::default();
+            match job.image {
+                Some(image) if !image.trim().is_empty() => policy_job.image = image,
+                _ => errors.push(error(
+                    "executor.job.image",
+                    "is required with executor.type job: an image with nodekeeper and the fence agents".to_string(),
+                )),
+            }
+            if let Some(pull) = job.image_pull_policy {
+                if !["Always", "IfNotPresent", "Never"].contains(&pull.as_str()) {
+                    errors.push(error(
+                        "executor.job.imagePullPolicy",
+                        format!("{pull:?} is not Always, IfNotPresent or Never"),
+                    ));
+                }
+                policy_job.image_pull_policy = Some(pull);
+            }
+            if let Some(command) = job.command {
+                if command.is_empty() || command.iter().any(|part| part.is_empty()) {
+                    errors.push(error(
+                        "executor.job.command",
+                        "must name nodekeeper's path in the image, like [/usr/bin/nodekeeper]"
+                            .to_string(),
+                    ));
+                }
+                policy_job.command = command;
+            }
+            policy_job.service_account_name = job.service_account_name.filter(|s| !s.is_empty());
+            policy_job.priority_class_name = job.priority_class_name.filter(|s| !s.is_empty());
+            policy_job.node_selector = job.node_selector.unwrap_or_default();
+            policy_job.tolerations = job.tolerations.unwrap_or_default();
+            for (field, path, target) in [
+                (
+                    "executor.job.secretsPath",
+                    job.secrets_path,
+                    &mut policy_job.secrets_path,
+                ),
+                (
+                    "executor.job.resultPath",
+                    job.result_path,
+                    &mut policy_job.result_path,
+                ),
+            ] {
+                let Some(path) = path else { continue };
+                if !path.is_absolute() || path.parent().is_none() {
+                    errors.push(error(
+                        field,
+                        format!("{} must be an absolute path below /", path.display()),
+                    ));
+                }
+                *target = path;
+            }
+            duration(
+                &mut errors,
+                origin,
+                "executor.job.startTimeout",
+                job.start_timeout,
+                &mut policy_job.start_timeout,
+                false,
+            );
+            duration(
+                &mut errors,
+                origin,
+                "executor.job.ttlAfterFinished",
+                job.ttl_after_finished,
+                &mut policy_job.ttl_after_finished,
+                true,
+            );
+            policy.executor = ExecutorPolicy::Job(Box::new(policy_job));
+        }
+        other => errors.push(error(
+            "executor.type",
+            format!("{other:?} is neither local nor job"),
+        )),
+    }
     let election = document.leader_election.unwrap_or_default();
     if let Some(name) = election.lease_name {
         if name.is_empty() {
@@ -788,6 +970,62 @@ mod tests {
         assert!(
             text.contains("bad.yaml: leaderElection.renewDeadline: must be shorter"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn the_job_executor_is_read_and_checked() {
+        let policy = parse(
+            "executor:\n  type: job\n  job:\n    image: registry.example/nodekeeper:0.1\n    command: [/usr/bin/nodekeeper]\n    \
+             nodeSelector: {node-role.kubernetes.io/control-plane: \"\"}\n    \
+             tolerations: [{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}]\n    \
+             startTimeout: 30s\n    ttlAfterFinished: 10m\n",
+            "jobs.yaml",
+        )
+        .expect("valid");
+        let ExecutorPolicy::Job(job) = &policy.executor else {
+            panic!("not the Job executor: {:?}", policy.executor);
+        };
+        assert_eq!(job.image, "registry.example/nodekeeper:0.1");
+        assert_eq!(job.command, ["/usr/bin/nodekeeper"]);
+        assert_eq!(job.tolerations.len(), 1);
+        assert_eq!(job.node_selector.len(), 1);
+        assert_eq!(job.start_timeout, Duration::from_secs(30));
+        assert_eq!(job.ttl_after_finished, Duration::from_secs(600));
+        assert_eq!(
+            job.result_path,
+            std::path::Path::new("/dev/termination-log")
+        );
+        assert_eq!(
+            policy.effective_document()["executor"]["job"]["startTimeout"],
+            "30s"
+        );
+
+        let errors = parse(
+            "executor: {type: job, job: {imagePullPolicy: Sometimes, secretsPath: secrets, command: []}}\n",
+            "bad.yaml",
+        )
+        .expect_err("invalid");
+        let text = errors.to_string();
+        assert!(
+            text.contains("bad.yaml: executor.job.image: is required"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bad.yaml: executor.job.imagePullPolicy: \"Sometimes\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("bad.yaml: executor.job.secretsPath: secrets must be"),
+            "{text}"
+        );
+        assert!(text.contains("bad.yaml: executor.job.command:"), "{text}");
+        let errors = parse("executor: {type: pod}\n", "bad.yaml").expect_err("invalid");
+        assert!(
+            errors
+                .to_string()
+                .contains("executor.type: \"pod\" is neither"),
+            "{errors}"
         );
     }
 

@@ -217,12 +217,7 @@ async fn load_plan(ctx: &Context, node: &str) -> Result<FencePlan, String> {
             .map_err(|errors| errors.to_string())?;
     let check = crate::fencing::check_agents(&mut plan, &ctx.runner).await;
     let mut problems = check.problems();
-    problems.extend(check.not_installed.iter().map(|agent| {
-        format!(
-            "fence agent {agent} is not installed in {}",
-            ctx.policy.agents.directory.display()
-        )
-    }));
+    problems.extend(ctx.executor.plan_problems(&plan, &check));
     if problems.is_empty() {
         Ok(plan)
     } else {

@@ -1,6 +1,6 @@
 //! Wires the controller together: the leader Lease first, then the node watch, the
-//! NodeFence controller (kube-runtime's `Controller` around [`reconcile`]), the local
-//! executor and the metrics. Only the leader watches and acts; a replica that loses the
+//! NodeFence controller (kube-runtime's `Controller` around [`reconcile`]), the
+//! executor (local processes or Kubernetes Jobs) and the metrics. Only the leader watches and acts; a replica that loses the
 //! Lease kills the agents it started and stops, so two replicas never act together (the
 //! executions it leaves are verified by the next leader, never repeated blind).
 
@@ -16,11 +16,12 @@ use kube::runtime::{Controller, watcher};
 use crate::fencing::FenceRunner;
 use crate::metrics::Health;
 
-use super::executor::{Clock, LocalExecutor};
+use super::executor::{Clock, Executor, LocalExecutor};
+use super::job_executor::JobExecutor;
 use super::lease::LeaderElector;
 use super::metrics::ControllerMetrics;
 use super::nodes::watch_nodes;
-use super::policy::ControllerPolicy;
+use super::policy::{ControllerPolicy, ExecutorPolicy};
 use super::reconciler::{Context, StartGate, error_policy, reconcile};
 use super::resource::NodeFence;
 
@@ -58,11 +59,21 @@ pub async fn run(
 
     let runner = Arc::new(FenceRunner::new(policy.agents.runner_settings()));
     let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let executor = Arc::new(LocalExecutor::new(
-        runner.clone(),
-        clock.clone(),
-        wake_tx.clone(),
-    ));
+    let executor: Arc<dyn Executor> = match &policy.executor {
+        ExecutorPolicy::Local => Arc::new(LocalExecutor::new(
+            runner.clone(),
+            clock.clone(),
+            wake_tx.clone(),
+        )),
+        ExecutorPolicy::Job(job) => JobExecutor::start(
+            client.clone(),
+            &policy.namespace,
+            job.as_ref().clone(),
+            policy.agents.clone(),
+            clock.clone(),
+            wake_tx.clone(),
+        ),
+    };
     let (nodes, node_writer) = reflector::store::<Node>();
     let fence_api: Api<NodeFence> = Api::all(client.clone());
     let wakes = futures::stream::unfold(wake_rx, |mut rx| async move {
@@ -93,9 +104,11 @@ pub async fn run(
         let mut lost = std::pin::pin!(lost);
         let node_watch = watch_nodes(ctx.clone(), node_writer, wake_tx);
         let mut node_watch = std::pin::pin!(node_watch);
-        // Decide nothing before every node is known: the storm guard counts them all.
+        // Decide nothing before every node is known (the storm guard counts them all)
+        // and the executor knows what runs (a Job in the cluster is adopted, never
+        // taken for lost).
         let synced = tokio::select! {
-            _ = nodes.wait_until_ready() => Ok(true),
+            _ = async { let _ = nodes.wait_until_ready().await; executor.ready().await } => Ok(true),
             _ = &mut node_watch => Err(RunError::NodeWatchEnded),
             reason = &mut lost => Err(RunError::LostLease(reason)),
             _ = &mut shutdown => Ok(false),

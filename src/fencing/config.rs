@@ -111,7 +111,7 @@ impl FromStr for Step {
 }
 
 /// The action a fence method takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FenceAction {
     Off,
@@ -180,7 +180,7 @@ impl fmt::Display for Layer {
 }
 
 /// A `<secret>/<key>` reference.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 pub struct SecretRef {
     pub secret: String,
     pub key: String,

@@ -1,13 +1,17 @@
 //! The fencing toolkit: the original node-fencing design's ConfigMaps resolved into a plan
 //! per node (`config.rs`, over the objects in `objects.rs`), each method checked against
 //! its agent's own metadata (`metadata.rs`), ClusterLabs fence agents run safely
-//! (`runner.rs`), and one step carried out with its alternatives (`step.rs`).
+//! (`runner.rs`), one step carried out with its alternatives (`step.rs`), one execution
+//! as the controller runs it (`execution.rs`), and the documents a Kubernetes Job
+//! receives and returns (`job.rs`).
 //!
 //! Resolution and the alternatives rule are pure; the runner is the only part that starts
 //! processes. Credentials travel as [`SecretValue`]s, which print as `***`, and reach an
 //! agent only on its standard input.
 
 pub mod config;
+pub mod execution;
+pub mod job;
 pub mod metadata;
 pub mod objects;
 pub mod properties;
@@ -20,6 +24,7 @@ pub use config::{
     ConfigErrors, ConfigWarning, FenceAction, FenceConfigError, FencePlan, MethodPlan, Step,
     StepPlan, resolve,
 };
+pub use execution::{ExecutionMode, ExecutionResult, execute};
 pub use objects::{FenceObjects, ObjectOrigin, ObjectsError};
 pub use runner::{
     AgentCall, Exit, FenceRunner, MethodResult, PowerState, ProbeResult, RunnerError,

@@ -79,7 +79,7 @@ impl Default for RunnerSettings {
 }
 
 /// The power state a `status` call reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum PowerState {
     On,

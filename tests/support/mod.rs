@@ -2,8 +2,10 @@
 pub mod allocator;
 pub mod apiserver;
 pub mod cgroups;
+pub mod controller;
 pub mod debian;
 pub mod fake_fence_agents;
 pub mod fence_emulators;
 pub mod fence_manifests;
+pub mod job_runner;
 pub mod real;

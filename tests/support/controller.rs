@@ -1,0 +1,342 @@
+//! The fence controller's end-to-end rig, shared by the controller's test binaries: a
+//! test API server serving NodeFences with Ready nodes, StatefulSet pods with their
+//! claims, the original design's fence ConfigMaps (isolation by a `fence_dummy` "fabric
+//! port", power by `fence_ipmilan` against `ipmi_sim`), the controller's configuration,
+//! and the controller binary as a process of its own.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::apiserver::{CustomResource, FakeApiServer};
+use super::fence_emulators::{IpmiSim, LOOPBACK};
+
+pub const NAMESPACE: &str = "fencing";
+
+pub fn crd() -> CustomResource {
+    CustomResource {
+        group: "fencing.nodekeeper.io".into(),
+        version: "v1alpha1".into(),
+        kind: "NodeFence".into(),
+        plural: "nodefences".into(),
+        namespaced: false,
+        has_status: true,
+    }
+}
+
+/// A test API server serving NodeFences, with `names` as Ready nodes.
+pub async fn ready_cluster(names: &[&str]) -> FakeApiServer {
+    let server = FakeApiServer::start().await;
+    server.register(crd());
+    let since = Timestamp::now();
+    for name in names {
+        server.seed(&node(name, "True", since));
+    }
+    server
+}
+
+/// The storage fabric port `fence_dummy` switches, enabled.
+pub fn enabled_fabric(dir: &Path) -> PathBuf {
+    let fabric = dir.join("fabric.port");
+    std::fs::write(&fabric, "on").expect("fabric port");
+    fabric
+}
+
+pub fn node(name: &str, ready: &str, since: Timestamp) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {},
+        "status": {"conditions": [{
+            "type": "Ready", "status": ready, "reason": "test",
+            "lastTransitionTime": since.to_string(),
+            "lastHeartbeatTime": since.to_string(),
+        }]}
+    }))
+    .expect("node")
+}
+
+/// A StatefulSet pod with a ReadWriteOnce volume on `node`, and its claim.
+pub fn seed_database(server: &FakeApiServer, node: &str, name: &str) {
+    let claim = format!("data-{name}");
+    let pvc: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": claim, "namespace": "shop"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        "status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"]}
+    }))
+    .expect("pvc");
+    server.seed(&pvc);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "shop", "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+            "uid": "6b1e2f0a-0000-4000-8000-000000000001", "controller": true
+        }]},
+        "spec": {"nodeName": node, "containers": [{"name": "db", "image": "postgres"}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]},
+        "status": {"phase": "Running"}
+    }))
+    .expect("pod");
+    server.seed(&pod);
+}
+
+pub fn config_map(
+    name: &str,
+    key: &str,
+    properties: &str,
+) -> k8s_openapi::api::core::v1::ConfigMap {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "data": {key: properties}
+    }))
+    .expect("config map")
+}
+
+/// The original design's ConfigMaps for `node`: isolation by a storage fabric port
+/// (fence_dummy keeping its state in `fabric`), power management by IPMI, and recovery
+/// switching both back on. The BMC password comes from a labelled Secret.
+pub fn seed_fence_config(server: &FakeApiServer, node: &str, bmc_port: u16, fabric: &Path) {
+    server.seed(&config_map(
+        &format!("fence-config-{node}"),
+        "config.properties",
+        &format!(
+            "node_name={node}\nisolation=fabric-off\npower_management=ipmi-off\nrecovery=fabric-on ipmi-on"
+        ),
+    ));
+    for (method, action) in [("fabric-off", "off"), ("fabric-on", "on")] {
+        server.seed(&config_map(
+            &format!("fence-method-{method}-{node}"),
+            "method.properties",
+            &format!(
+                "agent_name=fence_dummy\nstatus_file={}\naction={action}",
+                fabric.display()
+            ),
+        ));
+    }
+    for (method, action) in [("ipmi-off", "off"), ("ipmi-on", "on")] {
+        server.seed(&config_map(
+            &format!("fence-method-{method}-{node}"),
+            "method.properties",
+            &format!("template=fence-method-template-ipmi\nipport={bmc_port}\naction={action}"),
+        ));
+    }
+    server.seed(&config_map(
+        "fence-method-template-ipmi",
+        "template.properties",
+        &format!(
+            "agent_name=fence_ipmilan\nip={LOOPBACK}\nusername={}\npassword_secret=bmc/password\npower_wait=0\npower_timeout=5",
+            IpmiSim::USER
+        ),
+    ));
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "bmc", "namespace": NAMESPACE,
+                     "labels": {"fencing.nodekeeper.io/credentials": "true"}},
+        "data": {"password": base64(IpmiSim::PASSWORD.as_bytes())}
+    }))
+    .expect("secret");
+    server.seed(&secret);
+}
+
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The controller's configuration for a test: short waits, fast leader election, the
+/// cluster fence on (nothing in the test API server plays the pod garbage collector
+/// that acts on the out-of-service taint).
+pub fn controller_config(dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("controller.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: {NAMESPACE}\n\
+             unhealthyDuration: 2s\npowerManagementDelay: 1s\n\
+             retry: {{limit: 1, backoff: 1s, maxBackoff: 2s}}\n\
+             release: {{outOfServiceTaint: true, deletePods: true}}\n\
+             agents: {{callTimeout: 5s, verifyTimeout: 5s, allowedOptions: [status_file]}}\n\
+             leaderElection: {{leaseDuration: 4s, renewInterval: 500ms, renewDeadline: 3s}}\n{extra}"
+        ),
+    )
+    .expect("write config");
+    path
+}
+
+/// The controller process; killed (by its PID) when dropped.
+pub struct ControllerProcess {
+    pub child: Child,
+    log: PathBuf,
+}
+
+impl ControllerProcess {
+    pub fn start(dir: &Path, server: &FakeApiServer, config: &Path) -> ControllerProcess {
+        let kubeconfig = dir.join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let number = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = dir.join(format!("controller-{number}.log"));
+        let stderr = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+            .args(["controller", "--config"])
+            .arg(config)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .env("RUST_LOG", "info,kube=warn")
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start nodekeeper controller");
+        ControllerProcess { child, log }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `node`'s fence finished its power-management step.
+    pub async fn powered_off(&self, server: &FakeApiServer, node: &str) {
+        wait_for(self, "the power-management step to be done", || {
+            let fence = fence_of(server, node)?;
+            let status = fence.get("status")?;
+            (status["step"] == "PowerManagement" && status["phase"] == "Done").then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until this controller leads and has listed every node.
+    pub async fn synced(&self) {
+        wait_for(self, "the node list to sync", || {
+            self.log().contains("node list synced").then_some(())
+        })
+        .await;
+    }
+
+    /// The metrics text, from the address the controller logged.
+    pub fn metrics(&self) -> String {
+        let log = self.log();
+        let Some(address) = log
+            .lines()
+            .find(|line| line.contains("serving /metrics"))
+            .and_then(|line| line.split("address=").nth(1))
+            .map(|rest| rest.split_whitespace().next().unwrap_or("").to_string())
+        else {
+            panic!("the controller did not log its metrics address:\n{log}");
+        };
+        http_get(&address, "/metrics")
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn http_get(address: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("connect to metrics");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    response
+}
+
+pub fn fence_of(server: &FakeApiServer, node: &str) -> Option<Value> {
+    server
+        .custom_objects("fencing.nodekeeper.io", "v1alpha1", "nodefences")
+        .into_iter()
+        .find(|fence| fence.pointer("/metadata/name").and_then(Value::as_str) == Some(node))
+}
+
+pub fn taint_keys(server: &FakeApiServer, node: &str) -> Vec<String> {
+    server
+        .object::<Node>("", node)
+        .and_then(|node| node.spec)
+        .and_then(|spec| spec.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|taint| taint.key)
+        .collect()
+}
+
+pub fn reasons(server: &FakeApiServer, name: &str, kind: &str) -> Vec<String> {
+    server
+        .objects::<Event>()
+        .into_iter()
+        .filter(|event| {
+            event
+                .regarding
+                .as_ref()
+                .is_some_and(|r| r.name.as_deref() == Some(name) && r.kind.as_deref() == Some(kind))
+        })
+        .filter_map(|event| event.reason)
+        .collect()
+}
+
+pub const LIMIT: Duration = Duration::from_secs(90);
+
+/// Fails with the controller's log when `check` does not hold within [`LIMIT`].
+pub async fn wait_for<T>(
+    controller: &ControllerProcess,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        if let Some(found) = check() {
+            return found;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "timed out waiting for {what}; controller log:\n{}",
+                controller.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The cluster of the first test, with the controller not yet started: three Ready
+/// nodes, a database on worker-2 and its fence configuration; returns the fabric port.
+pub async fn one_database_node(dir: &Path, bmc: &IpmiSim) -> (FakeApiServer, PathBuf) {
+    let fabric = enabled_fabric(dir);
+    let server = ready_cluster(&["worker-1", "worker-2", "worker-3"]).await;
+    seed_database(&server, "worker-2", "db-0");
+    seed_fence_config(&server, "worker-2", bmc.port(), &fabric);
+    (server, fabric)
+}
+
+pub fn executions(fence: &Value) -> Vec<Value> {
+    fence
+        .pointer("/status/executions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
