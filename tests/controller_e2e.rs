@@ -21,11 +21,7 @@ use support::real;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_node_is_isolated_powered_off_released_and_recovered() {
-    require!(
-        "fence-agents",
-        real::program("fence_ipmilan", "fence-agents")
-    );
-    require!("fence-agents", real::program("fence_dummy", "fence-agents"));
+    require!("fence-agents", fence_agents());
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let fabric = enabled_fabric(dir.path());
@@ -127,24 +123,9 @@ async fn a_lost_node_is_isolated_powered_off_released_and_recovered() {
     );
 
     // An operator powers the machine back on; the kubelet reports Ready again.
-    bmc.set_power(true);
-    server.seed(&node("worker-2", "True", Timestamp::now()));
-    wait_for(
-        &controller,
-        "recovery to finish and the NodeFence to go",
-        || fence_of(&server, "worker-2").is_none().then_some(()),
-    )
-    .await;
-    assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
-        "on",
-        "recovery re-enabled the fabric port"
-    );
-    assert!(bmc.power_is_on());
-    assert!(
-        taint_keys(&server, "worker-2").is_empty(),
-        "our taints are gone"
-    );
+    controller
+        .recovered(&server, &bmc, &fabric, "worker-2")
+        .await;
     assert_eq!(bmc.chassis_log().matches("set power 0").count(), 1);
     let log = controller.log();
     assert!(
@@ -294,16 +275,12 @@ async fn three_databases_of_five(dir: &Path, bmc: &IpmiSim) -> (FakeApiServer, P
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_killed_during_the_power_off_never_powers_off_twice() {
-    require!(
-        "fence-agents",
-        real::program("fence_ipmilan", "fence-agents")
-    );
-    require!("fence-agents", real::program("fence_dummy", "fence-agents"));
+    require!("fence-agents", fence_agents());
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let (server, _fabric) = one_database_node(dir.path(), &bmc).await;
     let config = controller_config(dir.path(), "");
-    let mut first = ControllerProcess::start(dir.path(), &server, &config);
+    let first = ControllerProcess::start(dir.path(), &server, &config);
     first.synced().await;
     server.seed(&node("worker-2", "Unknown", Timestamp::now()));
     // The power-off is recorded before its agent starts: kill the controller (SIGKILL,
@@ -316,17 +293,13 @@ async fn a_controller_killed_during_the_power_off_never_powers_off_twice() {
             .then_some(())
     })
     .await;
-    first.child.kill().expect("SIGKILL the controller");
-    let _ = first.child.wait();
+    first.kill();
 
     // The Lease the dead controller held must run out (4 s) before the next one acts.
     let second = ControllerProcess::start(dir.path(), &server, &config);
     second.powered_off(&server, "worker-2").await;
     let fence = fence_of(&server, "worker-2").expect("fence");
-    let power: Vec<Value> = executions(&fence)
-        .into_iter()
-        .filter(|e| e["step"] == "PowerManagement")
-        .collect();
+    let power = step_executions(&fence, "PowerManagement");
     assert_eq!(power[0]["result"], "Interrupted", "{fence:#}");
     assert_eq!(
         power[1]["kind"], "Verify",
@@ -360,11 +333,7 @@ async fn a_controller_killed_during_the_power_off_never_powers_off_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_two_controllers_exactly_one_acts() {
-    require!(
-        "fence-agents",
-        real::program("fence_ipmilan", "fence-agents")
-    );
-    require!("fence-agents", real::program("fence_dummy", "fence-agents"));
+    require!("fence-agents", fence_agents());
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let (server, _fabric) = one_database_node(dir.path(), &bmc).await;
@@ -495,7 +464,7 @@ async fn a_storm_cooldown_survives_a_restart_even_with_no_fence_left() {
     let names = FIVE_NODES;
     let (server, fabric) = three_databases_of_five(dir.path(), &bmc).await;
     let config = controller_config(dir.path(), "stormGuard: {stormCooldown: 2m}\n");
-    let mut first = ControllerProcess::start(dir.path(), &server, &config);
+    let first = ControllerProcess::start(dir.path(), &server, &config);
     first.synced().await;
     // A storm: three of five lost, then back. Their fences are cancelled and deleted, so
     // no NodeFence is left to say that a cooldown runs.
@@ -536,8 +505,7 @@ async fn a_storm_cooldown_survives_a_restart_even_with_no_fence_left() {
         },
     )
     .await;
-    first.child.kill().expect("SIGKILL the controller");
-    let _ = first.child.wait();
+    first.kill();
 
     // A new controller; then one node is lost, well within maxUnhealthy.
     let second = ControllerProcess::start(dir.path(), &server, &config);

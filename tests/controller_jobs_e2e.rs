@@ -23,7 +23,6 @@ use support::apiserver::FakeApiServer;
 use support::controller::*;
 use support::fence_emulators::IpmiSim;
 use support::job_runner::JobRunner;
-use support::real;
 
 /// The controller's configuration with the Job executor: the wrapper is this build's
 /// nodekeeper, and the Secret volumes and the termination message live in the runner's
@@ -67,11 +66,7 @@ fn jobs(server: &FakeApiServer) -> Vec<Job> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_node_is_fenced_through_one_job_per_execution_with_no_credential_in_sight() {
-    require!(
-        "fence-agents",
-        real::program("fence_ipmilan", "fence-agents")
-    );
-    require!("fence-agents", real::program("fence_dummy", "fence-agents"));
+    require!("fence-agents", fence_agents());
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let (server, fabric) = one_database_node(dir.path(), &bmc).await;
@@ -141,19 +136,9 @@ async fn a_lost_node_is_fenced_through_one_job_per_execution_with_no_credential_
     assert_eq!(bmc.chassis_log().matches("set power 0").count(), 1);
 
     // The machine is back: recovery runs as Jobs too, and the fence ends.
-    bmc.set_power(true);
-    server.seed(&node("worker-2", "True", Timestamp::now()));
-    wait_for(
-        &controller,
-        "recovery to finish and the NodeFence to go",
-        || fence_of(&server, "worker-2").is_none().then_some(()),
-    )
-    .await;
-    assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
-        "on"
-    );
-    assert!(taint_keys(&server, "worker-2").is_empty());
+    controller
+        .recovered(&server, &bmc, &fabric, "worker-2")
+        .await;
     assert!(
         jobs(&server).len() > recorded.len(),
         "the recovery ran as Jobs"
@@ -163,11 +148,7 @@ async fn a_lost_node_is_fenced_through_one_job_per_execution_with_no_credential_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_controller_adopts_its_job_instead_of_starting_another() {
-    require!(
-        "fence-agents",
-        real::program("fence_ipmilan", "fence-agents")
-    );
-    require!("fence-agents", real::program("fence_dummy", "fence-agents"));
+    require!("fence-agents", fence_agents());
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let (server, _fabric) = one_database_node(dir.path(), &bmc).await;
@@ -176,7 +157,7 @@ async fn a_restarted_controller_adopts_its_job_instead_of_starting_another() {
     // controller dies (SIGKILL, the process).
     jobs_run.hold("power-management");
     let config = job_config(dir.path());
-    let mut first = ControllerProcess::start(dir.path(), &server, &config);
+    let first = ControllerProcess::start(dir.path(), &server, &config);
     first.synced().await;
     server.seed(&node("worker-2", "Unknown", Timestamp::now()));
     let power_job = wait_for(&first, "the power-off Job to be created", || {
@@ -191,8 +172,7 @@ async fn a_restarted_controller_adopts_its_job_instead_of_starting_another() {
             .then_some(name)
     })
     .await;
-    first.child.kill().expect("SIGKILL the controller");
-    let _ = first.child.wait();
+    first.kill();
 
     let second = ControllerProcess::start(dir.path(), &server, &config);
     second.synced().await;
@@ -202,10 +182,7 @@ async fn a_restarted_controller_adopts_its_job_instead_of_starting_another() {
     second.powered_off(&server, "worker-2").await;
 
     let fence = fence_of(&server, "worker-2").expect("fence");
-    let power: Vec<Value> = executions(&fence)
-        .into_iter()
-        .filter(|e| e["step"] == "PowerManagement")
-        .collect();
+    let power = step_executions(&fence, "PowerManagement");
     assert_eq!(
         power.len(),
         1,

@@ -16,6 +16,13 @@ use serde_json::{Value, json};
 use super::apiserver::{CustomResource, FakeApiServer};
 use super::fence_emulators::{IpmiSim, LOOPBACK};
 
+/// The agents the rig fences with: `fence_ipmilan` for the BMC, `fence_dummy` for the
+/// storage fabric.
+pub fn fence_agents() -> Result<(), String> {
+    super::real::program("fence_ipmilan", "fence-agents")?;
+    super::real::program("fence_dummy", "fence-agents")
+}
+
 pub const NAMESPACE: &str = "fencing";
 
 pub fn crd() -> CustomResource {
@@ -183,7 +190,7 @@ pub fn controller_config(dir: &Path, extra: &str) -> PathBuf {
 
 /// The controller process; killed (by its PID) when dropped.
 pub struct ControllerProcess {
-    pub child: Child,
+    child: Child,
     log: PathBuf,
 }
 
@@ -223,6 +230,37 @@ impl ControllerProcess {
             (status["step"] == "PowerManagement" && status["phase"] == "Done").then_some(())
         })
         .await;
+    }
+
+    /// An operator powers `node`'s machine back on and the kubelet reports Ready again:
+    /// waits until recovery ran and the NodeFence is gone, and checks that recovery
+    /// re-enabled the fabric port and that our taints are gone.
+    pub async fn recovered(
+        &self,
+        server: &FakeApiServer,
+        bmc: &IpmiSim,
+        fabric: &Path,
+        node: &str,
+    ) {
+        bmc.set_power(true);
+        server.seed(&self::node(node, "True", Timestamp::now()));
+        wait_for(self, "recovery to finish and the NodeFence to go", || {
+            fence_of(server, node).is_none().then_some(())
+        })
+        .await;
+        assert_eq!(
+            std::fs::read_to_string(fabric).expect("fabric").trim(),
+            "on",
+            "recovery re-enabled the fabric port"
+        );
+        assert!(bmc.power_is_on());
+        assert!(taint_keys(server, node).is_empty(), "our taints are gone");
+    }
+
+    /// Kills the process outright (SIGKILL), as an OOM kill or a lost machine would.
+    pub fn kill(mut self) {
+        self.child.kill().expect("SIGKILL the controller");
+        let _ = self.child.wait();
     }
 
     /// Waits until this controller leads and has listed every node.
@@ -331,6 +369,14 @@ pub async fn one_database_node(dir: &Path, bmc: &IpmiSim) -> (FakeApiServer, Pat
     seed_database(&server, "worker-2", "db-0");
     seed_fence_config(&server, "worker-2", bmc.port(), &fabric);
     (server, fabric)
+}
+
+/// The executions of one step (`"PowerManagement"`), in order.
+pub fn step_executions(fence: &Value, step: &str) -> Vec<Value> {
+    executions(fence)
+        .into_iter()
+        .filter(|execution| execution["step"] == step)
+        .collect()
 }
 
 pub fn executions(fence: &Value) -> Vec<Value> {
