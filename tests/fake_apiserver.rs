@@ -295,6 +295,92 @@ async fn expired_resource_version_is_gone() {
 }
 
 #[tokio::test]
+async fn lists_are_paged_with_limit_and_continue() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    for name in ["e", "b", "a", "d", "c"] {
+        api.create(&PostParams::default(), &config_map(name))
+            .await
+            .unwrap();
+    }
+    let names = |list: &kube::api::ObjectList<ConfigMap>| {
+        list.items
+            .iter()
+            .filter_map(|cm| cm.metadata.name.clone())
+            .collect::<Vec<_>>()
+    };
+    let first = api.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(names(&first), ["a", "b"]);
+    assert_eq!(first.metadata.remaining_item_count, Some(3));
+    let token = first.metadata.continue_.clone().expect("a continue token");
+    let second = api
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(names(&second), ["c", "d"]);
+    assert_eq!(second.metadata.remaining_item_count, Some(1));
+    assert_eq!(
+        second.metadata.resource_version, first.metadata.resource_version,
+        "every page reports the first page's version"
+    );
+    let token = second.metadata.continue_.clone().expect("a continue token");
+    let last = api
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(names(&last), ["e"]);
+    assert!(last.metadata.continue_.is_none_or(|t| t.is_empty()));
+    assert_eq!(last.metadata.remaining_item_count, None);
+
+    // A selector hides the remaining count, as on the real server.
+    let selected = api
+        .list(&ListParams::default().limit(1).fields("metadata.name!=a"))
+        .await
+        .unwrap();
+    assert_eq!(names(&selected), ["b"]);
+    assert_eq!(selected.metadata.remaining_item_count, None);
+
+    // A token this server did not issue is refused; an expired one is 410, which makes a
+    // client start its list again.
+    let bad = ListParams::default().limit(2).continue_token("not-a-token");
+    assert_eq!(
+        api_error(api.list(&bad).await.unwrap_err()),
+        (400, "BadRequest".into())
+    );
+    let token = first.metadata.continue_.clone().unwrap();
+    api.create(&PostParams::default(), &config_map("f"))
+        .await
+        .unwrap();
+    server.compact_history();
+    let expired = ListParams::default().limit(2).continue_token(&token);
+    assert_eq!(
+        api_error(api.list(&expired).await.unwrap_err()),
+        (410, "Expired".into())
+    );
+
+    // kube-rs watchers list in pages: a reflector with pages of 2 holds all six.
+    let (reader, writer) = reflector::store();
+    let stream = reflector(
+        writer,
+        watcher(api.clone(), watcher::Config::default().page_size(2)),
+    )
+    .default_backoff()
+    .applied_objects();
+    let driver = tokio::spawn(stream.for_each(|_| async {}));
+    support::apiserver::eventually(PATIENCE, "all six in the reflector", || {
+        (reader.state().len() == 6).then_some(())
+    })
+    .await;
+    let continued = server
+        .requests()
+        .iter()
+        .filter(|r| !r.is_watch() && r.query.contains("limit=2") && r.query.contains("continue="))
+        .count();
+    assert!(continued >= 2, "the watcher followed the continue tokens");
+    driver.abort();
+}
+
+#[tokio::test]
 async fn reflector_relists_after_410_and_survives_dropped_watches() {
     let server = FakeApiServer::start().await;
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());

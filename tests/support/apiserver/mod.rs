@@ -3,6 +3,7 @@
 
 mod apply;
 mod faults;
+mod paging;
 mod patch;
 mod resources;
 mod routes;

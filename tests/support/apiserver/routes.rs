@@ -16,6 +16,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::faults::RecordedRequest;
+use super::paging;
 use super::resources::ResourceType;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::server::{Body, Shared, full_body};
@@ -328,25 +329,40 @@ fn route(shared: &Arc<Shared>, call: &Call) -> Result<Response<Body>, ApiError> 
                 return watch::start(shared, &mut store, resource_type.clone(), options);
             }
             check_list_version(&store, call)?;
+            let filtered = call.param("labelSelector").is_some_and(|s| !s.is_empty())
+                || call.param("fieldSelector").is_some_and(|s| !s.is_empty());
             let items: Vec<Value> = store
                 .list(&resource_type, scope)
                 .into_iter()
                 .filter(|object| labels.matches(object) && fields.matches(object))
                 .collect();
+            let paging = paging::Paging {
+                limit: call.param("limit"),
+                continue_token: call.param("continue"),
+                resource_version: call.param("resourceVersion"),
+                filtered,
+            };
+            let page = paging::page(items, &paging, store.revision(), store.oldest_resumable())?;
+            let mut metadata = json!({"resourceVersion": page.revision.to_string()});
+            if let Some(token) = &page.continue_token {
+                metadata["continue"] = json!(token);
+            }
+            if let Some(remaining) = page.remaining {
+                metadata["remainingItemCount"] = json!(remaining);
+            }
             // Custom resources are printed by the server, from their CRD's columns.
             if tables::wants_table(call.accept) && resource_type.normalizer_is_none() {
-                return Ok(json_response(
-                    200,
-                    &tables::table(&resource_type, &items, store.revision()),
-                ));
+                let mut table = tables::table(&resource_type, &page.items, page.revision);
+                table["metadata"] = metadata;
+                return Ok(json_response(200, &table));
             }
             Ok(json_response(
                 200,
                 &json!({
                     "apiVersion": resource_type.api_version(),
                     "kind": format!("{}List", resource_type.kind),
-                    "metadata": {"resourceVersion": store.revision().to_string()},
-                    "items": items,
+                    "metadata": metadata,
+                    "items": page.items,
                 }),
             ))
         }
