@@ -207,4 +207,5 @@ async fn a_restarted_controller_adopts_its_job_instead_of_starting_another() {
         "exactly one power-off reached the BMC"
     );
     assert!(!bmc.power_is_on());
+    assert!(jobs_run.problems().is_empty(), "{:?}", jobs_run.problems());
 }

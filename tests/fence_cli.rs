@@ -712,6 +712,25 @@ fn the_job_wrapper_gives_the_agent_the_mounted_credential_on_stdin_and_reports_t
         "on"
     );
 
+    // A pod started after the execution's start deadline runs nothing.
+    std::fs::write(secrets.join("bmc/password"), password).expect("key file");
+    let mut late: serde_json::Value =
+        serde_json::from_str(&job_execution(&state, 1)).expect("json");
+    late["startDeadline"] = "2026-01-01T00:00:00Z".into();
+    let output = execute(&late.to_string());
+    assert_eq!(output.status.code(), Some(1));
+    let result = std::fs::read_to_string(&result_file).expect("result");
+    assert!(
+        result.contains("not started: the execution had to start by"),
+        "{result}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(state.join("power"))
+            .expect("power")
+            .trim(),
+        "on"
+    );
+
     // A document from another release is refused by its version.
     let output = execute(&job_execution(&state, 2));
     assert_eq!(output.status.code(), Some(1));

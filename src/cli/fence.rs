@@ -1,6 +1,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
+use k8s_openapi::jiff;
 use nodekeeper::fencing::{self, FenceRunner, Step, report, run_step};
 
 use super::{FenceSourceArgs, OutputFormat};
@@ -83,17 +84,27 @@ async fn execute_for_job(args: ExecuteArgs) -> anyhow::Result<ExitCode> {
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("watching for SIGTERM")?;
-    let prepared = async {
-        let execution = JobExecution::parse(&args.execution).map_err(|e| e.to_string())?;
+    let parsed = JobExecution::parse(&args.execution);
+    let runner = FenceRunner::new(fencing::RunnerSettings {
+        agents_dir: args.agents_dir.clone(),
+        call_timeout: parsed
+            .as_ref()
+            .map_or(std::time::Duration::from_secs(60), |e| {
+                std::time::Duration::from_secs(e.call_timeout_seconds)
+            }),
+        verify_timeout: parsed
+            .as_ref()
+            .map_or(std::time::Duration::from_secs(30), |e| {
+                std::time::Duration::from_secs(e.verify_timeout_seconds)
+            }),
+        ..fencing::RunnerSettings::default()
+    });
+    let run = async {
+        let execution = parsed.map_err(|e| e.to_string())?;
+        execution.check_start(jiff::Timestamp::now())?;
         let mut method = execution
             .method_plan(&args.secrets_dir)
             .map_err(|e| format!("node {}, method {}: {e}", execution.node, execution.method))?;
-        let runner = FenceRunner::new(fencing::RunnerSettings {
-            agents_dir: args.agents_dir.clone(),
-            call_timeout: std::time::Duration::from_secs(execution.call_timeout_seconds),
-            verify_timeout: std::time::Duration::from_secs(execution.verify_timeout_seconds),
-            ..fencing::RunnerSettings::default()
-        });
         let metadata = runner
             .metadata(&method.agent)
             .await
@@ -103,22 +114,22 @@ async fn execute_for_job(args: ExecuteArgs) -> anyhow::Result<ExitCode> {
             let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
             return Err(problems.join("; "));
         }
-        Ok((execution, method, runner))
+        announce(&execution);
+        Ok(fencing::execute(&runner, &method, execution.mode).await)
     };
-    let result = match prepared.await {
-        Err(reason) => ExecutionResult::failed(reason),
-        Ok((execution, method, runner)) => {
-            announce(&execution);
-            tokio::select! {
-                result = fencing::execute(&runner, &method, execution.mode) => result,
-                _ = terminate.recv() => {
-                    runner.kill_running();
-                    ExecutionResult::failed(
-                        "terminated (the Job's deadline passed or it was deleted): the running agent was killed; the outcome is unknown",
-                    )
-                }
-            }
+    // SIGTERM (the Job's deadline, or its deletion) wins over anything about to start.
+    let result = tokio::select! {
+        biased;
+        _ = terminate.recv() => {
+            runner.kill_running();
+            ExecutionResult::failed(
+                "terminated (the Job's deadline passed or it was deleted): the running agent, if any, was killed; the outcome is unknown",
+            )
         }
+        outcome = run => match outcome {
+            Ok(result) => result,
+            Err(reason) => ExecutionResult::failed(reason),
+        },
     };
     let text = encode_result(&result);
     println!("{text}");

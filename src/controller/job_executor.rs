@@ -19,6 +19,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -32,17 +33,16 @@ use super::decide::{ExecutionRequest, Outcome, ReportedState};
 use super::executor::{Clock, Executor, FenceId, find_method, mode};
 use super::jobs::{
     FENCE_ANNOTATION, FENCE_UID_LABEL, JobInput, MANAGED_BY, MANAGED_BY_LABEL, NODE_ANNOTATION,
-    belongs_to, build_job, job_name, job_state, not_started,
+    belongs_to, build_job, job_name, job_state, not_started, pod_may_act,
 };
 use super::policy::{AgentsPolicy, JobPolicy};
 use super::resource::FIELD_MANAGER;
 
 type Key = (String, String);
 
-/// How long a Job this process created may be missing from the Job watch before it is
-/// taken as gone (deleted by someone) and reported lost, which the state machine answers
-/// with a `status` check.
-const WATCH_LAG: Duration = Duration::from_secs(30);
+/// Added to every "ends by" time the controller compares with its own clock, for a
+/// node's clock that runs a little ahead or behind.
+const CLOCK_MARGIN: Duration = Duration::from_secs(30);
 
 /// How long creating a Job is retried against a failing API server before the
 /// execution counts as failed (it never started, so a retry is safe).
@@ -53,13 +53,15 @@ struct Queued {
     fence: FenceId,
     job: Job,
     since: Timestamp,
+    ends_by: Option<Timestamp>,
 }
 
-/// A Job this process created.
+/// A Job this process created (or found already created).
 struct Created {
-    at: Timestamp,
     node: String,
     job: String,
+    /// When any agent of it has certainly ended.
+    ends_by: Option<Timestamp>,
 }
 
 #[derive(Default)]
@@ -115,12 +117,14 @@ impl JobExecutor {
         let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
         let config = watcher::Config::default().labels(&selector);
         let job_watch = watch(
+            "Job",
             Api::<Job>::namespaced(client.clone(), namespace),
             config.clone(),
             job_writer,
             finished.clone(),
         );
         let pod_watch = watch(
+            "Job pod",
             Api::<Pod>::namespaced(client, namespace),
             config,
             pod_writer,
@@ -161,12 +165,6 @@ impl JobExecutor {
         self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Ends an agent's Job no sooner than this after its deadline: the wrapper's own
-    /// call deadlines have ended any agent by then.
-    fn settle(&self) -> Duration {
-        self.agents.call_timeout + self.agents.verify_timeout
-    }
-
     fn job(&self, name: &str) -> Option<Arc<Job>> {
         self.jobs.get(&ObjectRef::new(name).within(&self.namespace))
     }
@@ -178,30 +176,45 @@ impl JobExecutor {
         self.pods
             .state()
             .into_iter()
-            .filter(|pod| pod.owner_references().iter().any(|owner| owner.uid == uid))
+            // Only the pods the Job controller made for it: its controller reference.
+            .filter(|pod| {
+                pod.owner_references()
+                    .iter()
+                    .any(|owner| owner.uid == uid && owner.controller == Some(true))
+            })
             .collect()
     }
 
     fn state_of(&self, job: &Job, now: Timestamp) -> ReportedState {
         let pods = self.pods_of(job);
         let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
-        job_state(job, &pods, now, self.settle())
+        job_state(job, &pods, now, CLOCK_MARGIN)
     }
 
-    /// Whether a Job for `node` may still run an agent, or this process created one the
-    /// watch has not shown yet.
+    /// Whether an agent for `node` may still run: a Job of it not over, a pod of ours
+    /// for it still running (also one whose Job was deleted), or a Job this process
+    /// created that the watch does not show yet.
     fn node_busy(&self, node: &str, now: Timestamp) -> bool {
-        let running = self.jobs.state().into_iter().any(|job| {
-            job.annotations()
-                .get(NODE_ANNOTATION)
+        let for_node = |meta: &ObjectMeta| {
+            meta.annotations
+                .as_ref()
+                .and_then(|annotations| annotations.get(NODE_ANNOTATION))
                 .is_some_and(|n| n == node)
-                && self.state_of(&job, now) == ReportedState::Running
+        };
+        let job_running = self.jobs.state().into_iter().any(|job| {
+            for_node(&job.metadata) && self.state_of(&job, now) == ReportedState::Running
         });
-        running
+        let pod_running = self
+            .pods
+            .state()
+            .into_iter()
+            .any(|pod| for_node(&pod.metadata) && pod_may_act(&pod, now, CLOCK_MARGIN));
+        job_running
+            || pod_running
             || self.lock().created.values().any(|created| {
                 created.node == node
                     && self.job(&created.job).is_none()
-                    && now.duration_since(created.at).as_secs() < WATCH_LAG.as_secs() as i64
+                    && !over(created.ends_by, now)
             })
     }
 
@@ -250,11 +263,19 @@ impl JobExecutor {
                 ..PostParams::default()
             };
             let name = job.name_any();
-            let created = match api.create(&params, &job).await {
-                Ok(_) => Ok(()),
+            let created = if self.job(&name).is_some() {
                 // Ours from before a restart, or from the previous leader: adopted.
-                Err(kube::Error::Api(status)) if status.reason == "AlreadyExists" => Ok(()),
-                Err(error) => Err(error.to_string()),
+                Ok(())
+            } else {
+                match api.create(&params, &job).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(status)) if status.reason == "AlreadyExists" => Ok(()),
+                    // A request that failed on its way back may have created it.
+                    Err(error) => match api.get_opt(&name).await {
+                        Ok(Some(_)) => Ok(()),
+                        _ => Err(error.to_string()),
+                    },
+                }
             };
             let mut pending = self.lock();
             let Some(index) = pending.queued.iter().position(|q| q.key == key) else {
@@ -262,13 +283,13 @@ impl JobExecutor {
             };
             match created {
                 Ok(()) => {
-                    pending.queued.remove(index);
+                    let queued = pending.queued.remove(index);
                     pending.created.insert(
                         key,
                         Created {
-                            at: now,
                             node: fence.node.clone(),
                             job: name.clone(),
+                            ends_by: queued.ends_by,
                         },
                     );
                     started_nodes.push(fence.node.clone());
@@ -299,6 +320,12 @@ impl JobExecutor {
     }
 }
 
+/// Whether `end` (plus the clock margin) has passed; an unknown end never passes.
+fn over(end: Option<Timestamp>, now: Timestamp) -> bool {
+    end.and_then(|end| end.checked_add(CLOCK_MARGIN).ok())
+        .is_some_and(|end| now > end)
+}
+
 impl Pending {
     fn contains(&self, key: &Key) -> bool {
         self.created.contains_key(key)
@@ -309,6 +336,7 @@ impl Pending {
 
 /// Watches `api` into a store and wakes the fence of every object that changes.
 async fn watch<K>(
+    what: &'static str,
     api: Api<K>,
     config: watcher::Config,
     writer: reflector::store::Writer<K>,
@@ -329,7 +357,8 @@ async fn watch<K>(
                     let _ = wake.send(fence.clone());
                 }
             }
-            Err(error) => tracing::warn!(%error, "Job watch"),
+            // A 403 here means the controller's Role lacks list/watch on this kind.
+            Err(error) => tracing::warn!(%error, "the {what} watch failed; retrying"),
         }
     }
 }
@@ -349,6 +378,7 @@ impl Executor for JobExecutor {
                 return self.fail(key, fence, detail);
             }
         };
+        let now = (self.clock)();
         let execution = match JobExecution::new(
             &fence.node,
             method,
@@ -356,10 +386,9 @@ impl Executor for JobExecutor {
             self.agents.call_timeout,
             self.agents.verify_timeout,
         ) {
-            Ok(execution) => execution,
+            Ok(execution) => execution.starting_by(now + self.policy.start_timeout),
             Err(error) => return self.fail(key, fence, error.to_string()),
         };
-        let now = (self.clock)();
         let avoid = self.failed_nodes(fence, now);
         let job = build_job(&JobInput {
             policy: &self.policy,
@@ -375,6 +404,7 @@ impl Executor for JobExecutor {
             fence: fence.clone(),
             job,
             since: now,
+            ends_by: execution.ends_by(),
         });
         self.dispatch.notify_one();
     }
@@ -403,12 +433,10 @@ impl Executor for JobExecutor {
             return ReportedState::Running;
         }
         match pending.created.get(&key) {
-            Some(created)
-                if now.duration_since(created.at).as_secs() < WATCH_LAG.as_secs() as i64 =>
-            {
-                ReportedState::Running
-            }
-            // Deleted before its result was read: the state machine asks the device.
+            // Not in the watch yet, or deleted before its result was read: running until
+            // no agent of it can be, then lost, which the state machine answers by
+            // asking the device.
+            Some(created) if !over(created.ends_by, now) => ReportedState::Running,
             _ => ReportedState::Lost,
         }
     }
@@ -418,6 +446,7 @@ impl Executor for JobExecutor {
         let mut pending = self.lock();
         pending.failed.remove(&key);
         pending.created.remove(&key);
+        pending.queued.retain(|queued| queued.key != key);
     }
 
     fn stop(&self) {

@@ -37,6 +37,8 @@ pub const FENCE_UID_LABEL: &str = "fencing.nodekeeper.io/fence-uid";
 pub const FENCE_ANNOTATION: &str = "fencing.nodekeeper.io/fence";
 pub const NODE_ANNOTATION: &str = "fencing.nodekeeper.io/node";
 pub const EXECUTION_ANNOTATION: &str = "fencing.nodekeeper.io/execution";
+/// When every agent of the Job has certainly ended (RFC 3339), on the Job and its pods.
+pub const ENDS_BY_ANNOTATION: &str = "fencing.nodekeeper.io/ends-by";
 /// The container's name in every fence Job.
 pub const CONTAINER: &str = "fence-agent";
 
@@ -106,11 +108,14 @@ pub fn build_job(input: &JobInput<'_>) -> Job {
         ),
         (FENCE_UID_LABEL.to_string(), input.fence.uid.clone()),
     ]);
-    let annotations = BTreeMap::from([
+    let mut annotations = BTreeMap::from([
         (FENCE_ANNOTATION.to_string(), input.fence.name.clone()),
         (NODE_ANNOTATION.to_string(), input.fence.node.clone()),
         (EXECUTION_ANNOTATION.to_string(), input.request.name.clone()),
     ]);
+    if let Some(end) = input.execution.ends_by() {
+        annotations.insert(ENDS_BY_ANNOTATION.to_string(), end.to_string());
+    }
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
     for (index, (secret, keys)) in input.execution.secrets().into_iter().enumerate() {
@@ -216,7 +221,9 @@ pub fn build_job(input: &JobInput<'_>) -> Job {
             // Job, after its backoff; never by the Job controller behind its back.
             backoff_limit: Some(0),
             active_deadline_seconds: Some(deadline.as_secs().max(1) as i64),
-            ttl_seconds_after_finished: Some(policy.ttl_after_finished.as_secs() as i32),
+            ttl_seconds_after_finished: Some(
+                i32::try_from(policy.ttl_after_finished.as_secs()).unwrap_or(i32::MAX),
+            ),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels),
@@ -269,16 +276,20 @@ struct Ended<'a> {
     at: Option<Timestamp>,
 }
 
-/// The Job's terminal condition (`Complete` or `Failed`), if it has one.
+/// The Job's end: `Complete` or `Failed`, or since Kubernetes 1.31 the
+/// `SuccessCriteriaMet` or `FailureTarget` the Job controller sets first, while it waits
+/// for the pods to stop (a pod on an unreachable node may never be seen to stop).
 fn terminal(job: &Job) -> Option<Ended<'_>> {
-    job.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
+    let conditions = job.status.as_ref()?.conditions.as_ref()?;
+    ["Complete", "Failed", "SuccessCriteriaMet", "FailureTarget"]
         .iter()
-        .find(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        .find_map(|kind| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == *kind && c.status == "True")
+        })
         .map(|c| Ended {
-            complete: c.type_ == "Complete",
+            complete: c.type_ == "Complete" || c.type_ == "SuccessCriteriaMet",
             reason: c.reason.as_deref(),
             message: c.message.as_deref(),
             at: c.last_transition_time.as_ref().map(|t| t.0),
@@ -291,61 +302,99 @@ pub fn pod_may_run(pod: &Pod) -> bool {
     !matches!(phase, Some("Succeeded") | Some("Failed"))
 }
 
-/// Whether the Job may still be running an agent: not ended, or ended with a pod still
-/// going (a Job past its deadline is Failed while its pod is still being stopped).
-pub fn job_may_run(job: &Job, pods: &[&Pod]) -> bool {
-    terminal(job).is_none() || pods.iter().any(|pod| pod_may_run(pod))
+/// When every agent of the Job (or of a pod of it) has certainly ended: the
+/// `fencing.nodekeeper.io/ends-by` annotation the controller wrote (the wrapper starts
+/// nothing after the start deadline, and each call has its own deadline), else the
+/// Job's creation plus its `activeDeadlineSeconds`.
+pub fn ends_by(meta: &ObjectMeta, active_deadline: Option<i64>) -> Option<Timestamp> {
+    let annotated = meta
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(ENDS_BY_ANNOTATION))
+        .and_then(|text| text.parse::<Timestamp>().ok());
+    annotated.or_else(|| {
+        let created = meta.creation_timestamp.as_ref()?.0;
+        let seconds = u64::try_from(active_deadline?).ok()?;
+        created.checked_add(Duration::from_secs(seconds)).ok()
+    })
 }
 
-/// How an execution's Job stands. `pods` are the Job's pods. A Job ended while a pod of
-/// it is still stopping counts as running until `settle` after its end (the wrapper's
-/// own deadlines have ended any agent by then), so no next action for the node starts
-/// beside an agent still acting.
-pub fn job_state(job: &Job, pods: &[&Pod], now: Timestamp, settle: Duration) -> ReportedState {
-    let Some(Ended {
-        complete,
-        reason,
-        message,
-        at,
-    }) = terminal(job)
-    else {
-        return ReportedState::Running;
-    };
-    let ended = at.unwrap_or(now);
-    let settled = now.duration_since(ended).as_secs() >= settle.as_secs() as i64;
-    if pods.iter().any(|pod| pod_may_run(pod)) && !settled {
+/// Whether `now` is past `end` plus `margin` (for clocks that disagree a little).
+fn past(end: Option<Timestamp>, now: Timestamp, margin: Duration) -> bool {
+    end.and_then(|end| end.checked_add(margin).ok())
+        .is_some_and(|end| now > end)
+}
+
+/// Whether a pod of ours (its Job gone or not) may still run an agent.
+pub fn pod_may_act(pod: &Pod, now: Timestamp, margin: Duration) -> bool {
+    pod_may_run(pod) && !past(ends_by(&pod.metadata, None), now, margin)
+}
+
+/// How an execution's Job stands. `pods` are the Job's pods.
+///
+/// - Running while the Job has not ended, or has ended with a pod that may still run
+///   its agent (a Job past its deadline fails while its pod is still being stopped), so
+///   no next action for the node starts beside an agent still acting.
+/// - Past the Job's `ends-by` time (plus `margin`) it is over whatever the Job and its
+///   pods still say: no agent of it can be running, and a Job stuck on an unreachable
+///   node must not hold its node's fence forever. It then counts as timed out, unless
+///   the agent's result is there.
+pub fn job_state(job: &Job, pods: &[&Pod], now: Timestamp, margin: Duration) -> ReportedState {
+    let name = job.metadata.name.as_deref().unwrap_or("");
+    let over = past(
+        ends_by(
+            &job.metadata,
+            job.spec.as_ref().and_then(|s| s.active_deadline_seconds),
+        ),
+        now,
+        margin,
+    );
+    let ended = terminal(job);
+    let pod_running = pods.iter().any(|pod| pod_may_run(pod));
+    if !over && (ended.is_none() || pod_running) {
         return ReportedState::Running;
     }
-    let name = job.metadata.name.as_deref().unwrap_or("");
-    let message_of = |pod: &&Pod| {
-        pod.status
-            .as_ref()?
-            .container_statuses
-            .as_ref()?
-            .iter()
-            .find(|status| status.name == CONTAINER)?
-            .state
-            .as_ref()?
-            .terminated
-            .as_ref()?
-            .message
-            .clone()
-            .filter(|message| !message.trim().is_empty())
+    let messages: Vec<String> = pods
+        .iter()
+        .filter_map(|pod| termination_message(pod))
+        .collect();
+    let (complete, reason, message, at) = match &ended {
+        Some(ended) => (ended.complete, ended.reason, ended.message, ended.at),
+        None => (false, Some("NotEndedInTime"), None, None),
     };
-    let written = pods.iter().find_map(message_of);
-    let deadline = reason == Some("DeadlineExceeded");
-    let result = match written.as_deref().map(decode_result) {
-        Some(Ok(result)) => result,
-        Some(Err(problem)) => ExecutionResult::failed(format!("Job {name}: {problem}")),
-        None if complete => ExecutionResult::failed(format!(
+    let deadline = reason == Some("DeadlineExceeded") || ended.is_none();
+    let result = match messages.as_slice() {
+        [written] => match decode_result(written) {
+            Ok(result) => result,
+            Err(problem) => ExecutionResult::failed(format!("Job {name}: {problem}")),
+        },
+        [_, _, ..] => ExecutionResult::failed(format!(
+            "Job {name}: {} pods reported a result, where one runs; none is trusted",
+            messages.len()
+        )),
+        [] if complete => ExecutionResult::failed(format!(
             "Job {name} completed but left no result; the outcome is unknown"
         )),
-        None => ExecutionResult {
+        [] if ended.is_none() => ExecutionResult {
+            timed_out: true,
+            ..ExecutionResult::failed(format!(
+                "Job {name} did not end by its deadline{}; its agent has certainly stopped, the outcome is unknown",
+                waiting_reason(pods).map(|r| format!(" ({r})")).unwrap_or_default()
+            ))
+        },
+        [] => ExecutionResult {
             timed_out: deadline,
             ..ExecutionResult::failed(format!(
-                "Job {name} failed ({}{}) before its agent reported",
+                "Job {name} failed ({}{}) before its agent reported{}",
                 reason.unwrap_or("no reason given"),
-                message.map(|m| format!(": {m}")).unwrap_or_default()
+                message.map(|m| format!(": {m}")).unwrap_or_default(),
+                waiting_reason(pods)
+                    .map(|r| format!("; its pod was {r}"))
+                    .unwrap_or_else(|| if pods.is_empty() {
+                        "; no pod was created (the Job's Events say why: a PodSecurity or quota refusal, a missing ServiceAccount)".to_string()
+                    } else {
+                        String::new()
+                    })
             ))
         },
     };
@@ -353,7 +402,40 @@ pub fn job_state(job: &Job, pods: &[&Pod], now: Timestamp, settle: Duration) -> 
         timed_out: result.timed_out || (deadline && !result.succeeded),
         ..result
     };
-    ReportedState::Finished(outcome(result, ended))
+    ReportedState::Finished(outcome(result, at.unwrap_or(now)))
+}
+
+fn container_state(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerState> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|status| status.name == CONTAINER)?
+        .state
+        .as_ref()
+}
+
+/// The result the wrapper wrote, as the kubelet reported it.
+fn termination_message(pod: &Pod) -> Option<String> {
+    container_state(pod)?
+        .terminated
+        .as_ref()?
+        .message
+        .clone()
+        .filter(|message| !message.trim().is_empty())
+}
+
+/// Why a pod's container never ran: `waiting: ImagePullBackOff: ...`.
+fn waiting_reason(pods: &[&Pod]) -> Option<String> {
+    pods.iter().find_map(|pod| {
+        let waiting = container_state(pod)?.waiting.as_ref()?;
+        let reason = waiting.reason.clone()?;
+        Some(match &waiting.message {
+            Some(message) => format!("waiting: {reason}: {message}"),
+            None => format!("waiting: {reason}"),
+        })
+    })
 }
 
 /// An execution whose Job could not even be made.
@@ -433,6 +515,9 @@ mod tests {
             Duration::from_secs(30),
         )
         .expect("document")
+        // Agents end by 3:00 + 60 s metadata + 60 s off + status until 30 s (up to 60 s
+        // more) + 10 s = 03:03:40.
+        .starting_by(AT.parse().expect("time"))
     }
 
     fn job(avoid: &[String]) -> Job {
@@ -577,10 +662,7 @@ mod tests {
     #[test]
     fn a_completed_job_reports_the_result_its_agent_wrote() {
         let mut job = job(&[]);
-        assert_eq!(
-            job_state(&job, &[], at(0), Duration::from_secs(60)),
-            ReportedState::Running
-        );
+        assert_eq!(job_state(&job, &[], at(0), MARGIN), ReportedState::Running);
         finished(&mut job, "Complete", "CompletionsReached", AT);
         let message = crate::fencing::job::encode_result(&ExecutionResult {
             succeeded: true,
@@ -590,9 +672,7 @@ mod tests {
             detail: None,
         });
         let done = pod("Succeeded", Some(&message));
-        let ReportedState::Finished(outcome) =
-            job_state(&job, &[&done], at(1), Duration::from_secs(60))
-        else {
+        let ReportedState::Finished(outcome) = job_state(&job, &[&done], at(1), MARGIN) else {
             panic!("not finished");
         };
         assert!(outcome.succeeded && outcome.off_confirmed);
@@ -606,16 +686,106 @@ mod tests {
         let stopping = pod("Running", None);
         // Its agent may still act: the node's next action waits.
         assert_eq!(
-            job_state(&job, &[&stopping], at(5), Duration::from_secs(60)),
+            job_state(&job, &[&stopping], at(5), MARGIN),
             ReportedState::Running
         );
-        let ReportedState::Finished(outcome) =
-            job_state(&job, &[&stopping], at(61), Duration::from_secs(60))
-        else {
-            panic!("not finished after the settle time");
+        let stopped = pod("Failed", None);
+        let ReportedState::Finished(outcome) = job_state(&job, &[&stopped], at(6), MARGIN) else {
+            panic!("not finished once its pod stopped");
         };
         assert!(outcome.timed_out && !outcome.succeeded && !outcome.off_confirmed);
         assert!(outcome.detail.expect("detail").contains("DeadlineExceeded"));
+        // A pod never seen to stop (its node is unreachable) holds the execution only
+        // until no agent of it can run: 03:03:40 plus the margin.
+        assert_eq!(
+            job_state(&job, &[&stopping], at(220 + 30), MARGIN),
+            ReportedState::Running
+        );
+        let ReportedState::Finished(outcome) = job_state(&job, &[&stopping], at(220 + 31), MARGIN)
+        else {
+            panic!("not finished after its ends-by time");
+        };
+        assert!(outcome.timed_out && !outcome.succeeded);
+    }
+
+    const MARGIN: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn the_first_end_condition_of_newer_clusters_ends_the_job() {
+        for (condition, succeeded) in [("FailureTarget", false), ("SuccessCriteriaMet", true)] {
+            let mut job = job(&[]);
+            finished(&mut job, condition, "X", AT);
+            let message = crate::fencing::job::encode_result(&ExecutionResult {
+                succeeded,
+                ..ExecutionResult::failed("status reports OFF")
+            });
+            let done = pod(
+                if succeeded { "Succeeded" } else { "Failed" },
+                Some(&message),
+            );
+            let ReportedState::Finished(outcome) = job_state(&job, &[&done], at(1), MARGIN) else {
+                panic!("{condition} did not end the Job");
+            };
+            assert_eq!(outcome.succeeded, succeeded);
+        }
+    }
+
+    #[test]
+    fn a_job_that_never_ends_is_over_when_no_agent_of_it_can_run() {
+        let job = job(&[]);
+        let pending: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": "Pending", "containerStatuses": [{
+                "name": CONTAINER, "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}]}
+        }))
+        .expect("pod");
+        assert_eq!(
+            job_state(&job, &[&pending], at(200), MARGIN),
+            ReportedState::Running
+        );
+        let ReportedState::Finished(outcome) = job_state(&job, &[&pending], at(300), MARGIN) else {
+            panic!("still running past its end");
+        };
+        assert!(outcome.timed_out && !outcome.succeeded);
+        let detail = outcome.detail.expect("detail");
+        assert!(
+            detail.contains("ImagePullBackOff: no such image"),
+            "{detail}"
+        );
+    }
+
+    #[test]
+    fn two_pods_reporting_results_are_not_trusted() {
+        let mut job = job(&[]);
+        finished(&mut job, "Complete", "CompletionsReached", AT);
+        let message = crate::fencing::job::encode_result(&ExecutionResult {
+            succeeded: true,
+            timed_out: false,
+            off_confirmed: true,
+            power: Some(PowerState::Off),
+            detail: None,
+        });
+        let (one, two) = (
+            pod("Succeeded", Some(&message)),
+            pod("Succeeded", Some(&message)),
+        );
+        let ReportedState::Finished(outcome) = job_state(&job, &[&one, &two], at(1), MARGIN) else {
+            panic!("not finished");
+        };
+        assert!(!outcome.off_confirmed, "{outcome:?}");
+    }
+
+    #[test]
+    fn a_failed_job_without_a_pod_says_where_to_look() {
+        let mut job = job(&[]);
+        finished(&mut job, "Failed", "BackoffLimitExceeded", AT);
+        let ReportedState::Finished(outcome) = job_state(&job, &[], at(1), MARGIN) else {
+            panic!("not finished");
+        };
+        let detail = outcome.detail.expect("detail");
+        assert!(detail.contains("no pod was created"), "{detail}");
+        assert!(!outcome.timed_out);
     }
 
     #[test]
@@ -624,9 +794,7 @@ mod tests {
         finished(&mut job, "Complete", "CompletionsReached", AT);
         for written in [None, Some("Error: exec format error")] {
             let done = pod("Succeeded", written);
-            let ReportedState::Finished(outcome) =
-                job_state(&job, &[&done], at(1), Duration::from_secs(60))
-            else {
+            let ReportedState::Finished(outcome) = job_state(&job, &[&done], at(1), MARGIN) else {
                 panic!("not finished");
             };
             assert!(!outcome.succeeded && !outcome.off_confirmed, "{outcome:?}");

@@ -790,6 +790,14 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
                 &mut policy_job.ttl_after_finished,
                 true,
             );
+            if policy_job.ttl_after_finished < Duration::from_secs(300) {
+                errors.push(error(
+                    "executor.job.ttlAfterFinished",
+                    "must be at least 5m: a Job deleted before the controller (or the next \
+                     leader) has read its result leaves the outcome unknown"
+                        .to_string(),
+                ));
+            }
             policy.executor = ExecutorPolicy::Job(Box::new(policy_job));
         }
         other => errors.push(error(
@@ -1002,7 +1010,7 @@ mod tests {
         );
 
         let errors = parse(
-            "executor: {type: job, job: {imagePullPolicy: Sometimes, secretsPath: secrets, command: []}}\n",
+            "executor: {type: job, job: {imagePullPolicy: Sometimes, secretsPath: secrets, command: [], ttlAfterFinished: 0s}}\n",
             "bad.yaml",
         )
         .expect_err("invalid");
@@ -1020,6 +1028,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("bad.yaml: executor.job.command:"), "{text}");
+        assert!(
+            text.contains("bad.yaml: executor.job.ttlAfterFinished: must be at least 5m"),
+            "{text}"
+        );
         let errors = parse("executor: {type: pod}\n", "bad.yaml").expect_err("invalid");
         assert!(
             errors

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::jiff;
 use serde::{Deserialize, Serialize};
 
 use super::config::{FenceAction, Layer, MethodPlan, Parameter, ParameterValue, SecretRef, Source};
@@ -45,6 +46,12 @@ pub struct JobExecution {
     pub call_timeout_seconds: u64,
     /// How long `status` may take to confirm an `off` or `on`, in seconds.
     pub verify_timeout_seconds: u64,
+    /// No agent is started after this time (RFC 3339): a pod that was scheduled late,
+    /// or whose node lost the API server and never heard the Job was given up, runs
+    /// nothing. With the calls' own deadlines this bounds when any agent of the Job can
+    /// still run: [`JobExecution::ends_by`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_deadline: Option<String>,
 }
 
 /// One agent parameter: its value, or where the Secret volume holds it.
@@ -139,7 +146,41 @@ impl JobExecution {
             parameters,
             call_timeout_seconds: call_timeout.as_secs().max(1),
             verify_timeout_seconds: verify_timeout.as_secs(),
+            start_deadline: None,
         })
+    }
+
+    /// The same execution, to be started by `deadline` or not at all.
+    pub fn starting_by(self, deadline: jiff::Timestamp) -> JobExecution {
+        JobExecution {
+            start_deadline: Some(deadline.to_string()),
+            ..self
+        }
+    }
+
+    /// The start deadline, if the document has a readable one.
+    pub fn start_deadline(&self) -> Option<jiff::Timestamp> {
+        self.start_deadline.as_deref()?.parse().ok()
+    }
+
+    /// When every agent this execution may start has ended: the start deadline plus the
+    /// budget, plus a little for the process itself.
+    pub fn ends_by(&self) -> Option<jiff::Timestamp> {
+        let end = self.start_deadline()? + self.budget() + Duration::from_secs(10);
+        Some(end)
+    }
+
+    /// Refuses to start past the start deadline (`now` from the wrapper's clock).
+    pub fn check_start(&self, now: jiff::Timestamp) -> Result<(), String> {
+        match (&self.start_deadline, self.start_deadline()) {
+            (None, _) => Ok(()),
+            (Some(text), None) => Err(format!("the start deadline {text:?} is not a time")),
+            (Some(_), Some(deadline)) if now > deadline => Err(format!(
+                "not started: the execution had to start by {deadline} and it is {now}; \
+                 the pod was scheduled or started too late, so nothing was run"
+            )),
+            (Some(_), Some(_)) => Ok(()),
+        }
     }
 
     /// Reads a document, refusing other versions with a message that says so.
@@ -438,6 +479,42 @@ mod tests {
             JobExecution::parse("{\"version\": 1, \"node\": 3}"),
             Err(JobFormatError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn nothing_starts_after_the_start_deadline() {
+        let at: jiff::Timestamp = "2026-11-24T03:00:00Z".parse().expect("time");
+        let document = document().starting_by(at);
+        assert!(document.check_start(at).is_ok());
+        let late = document
+            .check_start(at + Duration::from_secs(1))
+            .expect_err("too late");
+        assert!(
+            late.contains("had to start by 2026-11-24T03:00:00Z"),
+            "{late}"
+        );
+        // off 60 s, then status until 30 s (the last one up to 60 s), metadata 60 s.
+        assert_eq!(
+            document.ends_by(),
+            Some(at + Duration::from_secs(60 + 60 * 2 + 30 + 10))
+        );
+        let text = serde_json::to_string(&document).expect("serializes");
+        assert_eq!(JobExecution::parse(&text).expect("parses"), document);
+        let mut garbled = document;
+        garbled.start_deadline = Some("soon".into());
+        assert!(garbled.check_start(at).is_err());
+        assert!(
+            JobExecution::new(
+                "n",
+                &ipmi(from_secret()),
+                ExecutionMode::Verify,
+                Duration::from_secs(1),
+                Duration::from_secs(1)
+            )
+            .expect("document")
+            .check_start(at)
+            .is_ok()
+        );
     }
 
     #[test]

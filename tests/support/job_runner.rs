@@ -62,6 +62,8 @@ struct Running {
 
 struct Tracked {
     pod: String,
+    /// The node the Job fences (its `fencing.nodekeeper.io/node` annotation).
+    node: Option<String>,
     spec: serde_json::Value,
     started: Option<Timestamp>,
     running: Option<Running>,
@@ -246,6 +248,20 @@ impl Loop {
     /// The Job controller's part: the start time and the pod.
     async fn admit(&mut self, job: &Job) {
         let name = job.name_any();
+        // The fence controller runs one execution at a time per node: a Job for a node
+        // whose previous Job has not ended is a bug it must never show.
+        let node_of = |annotations: &std::collections::BTreeMap<String, String>| {
+            annotations.get("fencing.nodekeeper.io/node").cloned()
+        };
+        if let Some(node) = node_of(job.annotations()) {
+            for (other, tracked) in &self.tracked {
+                if !tracked.done && tracked.node.as_deref() == Some(node.as_str()) {
+                    self.problem(format!(
+                        "Job {name} for node {node} was created while Job {other} for the same node had not ended"
+                    ));
+                }
+            }
+        }
         let Some(template) = job.spec.as_ref().map(|spec| spec.template.clone()) else {
             return;
         };
@@ -293,6 +309,7 @@ impl Loop {
             name,
             Tracked {
                 pod: pod_name,
+                node: job.annotations().get("fencing.nodekeeper.io/node").cloned(),
                 spec,
                 started: None,
                 running: None,
@@ -560,6 +577,17 @@ impl Loop {
                     "containerStatuses": [container_status(container, state)]}})),
             )
             .await;
+        if let Some(reason) = job_failure {
+            // Kubernetes 1.31+: the Job controller marks the failure as its target first
+            // and adds Failed once the pod has stopped.
+            let target = json!({"status": {"conditions": [{
+                "type": "FailureTarget", "status": "True", "reason": reason,
+                "lastTransitionTime": now, "lastProbeTime": now}]}});
+            let _ = self
+                .jobs
+                .patch_status(job, &PatchParams::default(), &Patch::Merge(target))
+                .await;
+        }
         let (condition, reason) = match job_failure {
             Some(reason) => ("Failed", reason),
             None if succeeded => ("Complete", "CompletionsReached"),

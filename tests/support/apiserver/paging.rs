@@ -54,7 +54,7 @@ fn encode(revision: u64, start: &str) -> String {
 }
 
 fn decode(token: &str) -> Option<(u64, String)> {
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..token.len())
