@@ -143,23 +143,10 @@ async fn three_of_five_nodes_lost_is_a_storm_and_nothing_is_powered_off() {
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let names = FIVE_NODES;
-    let (server, fabric) = three_databases_of_five(dir.path(), &bmc).await;
-    let config = controller_config(dir.path(), "");
-    let controller = ControllerProcess::start(dir.path(), &server, &config);
-    controller.synced().await;
+    let (server, fabric, config, controller) = five_nodes_under_control(dir.path(), &bmc, "").await;
 
     // A partition: three of five nodes go silent at once (40% allows two).
-    let lost_at = Timestamp::now();
-    for name in &names[..3] {
-        server.seed(&node(name, "Unknown", lost_at));
-    }
-    for name in &names[..3] {
-        wait_for(&controller, "a NodeFence paused by the storm guard", || {
-            let fence = fence_of(&server, name)?;
-            (fence.pointer("/status/pause/reason")? == "StormGuard").then_some(())
-        })
-        .await;
-    }
+    storm_of_three(&controller, &server).await;
     // Give the controller time to do something it must not.
     tokio::time::sleep(Duration::from_secs(3)).await;
     for name in &names[..3] {
@@ -257,6 +244,36 @@ async fn controller_status(dir: &Path, config: &Path, output: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// [`three_databases_of_five`] with a controller (its configuration plus `extra`) that
+/// leads and has listed the nodes.
+async fn five_nodes_under_control(
+    dir: &Path,
+    bmc: &IpmiSim,
+    extra: &str,
+) -> (FakeApiServer, PathBuf, PathBuf, ControllerProcess) {
+    let (server, fabric) = three_databases_of_five(dir, bmc).await;
+    let config = controller_config(dir, extra);
+    let controller = ControllerProcess::start(dir, &server, &config);
+    controller.synced().await;
+    (server, fabric, config, controller)
+}
+
+/// The first three of [`FIVE_NODES`] go silent at once; waits until each has a NodeFence
+/// the storm guard holds.
+async fn storm_of_three(controller: &ControllerProcess, server: &FakeApiServer) {
+    let lost_at = Timestamp::now();
+    for name in &FIVE_NODES[..3] {
+        server.seed(&node(name, "Unknown", lost_at));
+    }
+    for name in &FIVE_NODES[..3] {
+        wait_for(controller, "a NodeFence paused by the storm guard", || {
+            let fence = fence_of(server, name)?;
+            (fence.pointer("/status/pause/reason")? == "StormGuard").then_some(())
+        })
+        .await;
+    }
 }
 
 const FIVE_NODES: [&str; 5] = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
@@ -462,26 +479,11 @@ async fn a_storm_cooldown_survives_a_restart_even_with_no_fence_left() {
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let names = FIVE_NODES;
-    let (server, fabric) = three_databases_of_five(dir.path(), &bmc).await;
-    let config = controller_config(dir.path(), "stormGuard: {stormCooldown: 2m}\n");
-    let first = ControllerProcess::start(dir.path(), &server, &config);
-    first.synced().await;
+    let (server, fabric, config, first) =
+        five_nodes_under_control(dir.path(), &bmc, "stormGuard: {stormCooldown: 2m}\n").await;
     // A storm: three of five lost, then back. Their fences are cancelled and deleted, so
     // no NodeFence is left to say that a cooldown runs.
-    for name in &names[..3] {
-        server.seed(&node(name, "Unknown", Timestamp::now()));
-    }
-    wait_for(&first, "the storm guard to hold the fences", || {
-        names[..3]
-            .iter()
-            .all(|name| {
-                fence_of(&server, name)
-                    .and_then(|f| f.pointer("/status/pause/reason").cloned())
-                    .is_some_and(|r| r == "StormGuard")
-            })
-            .then_some(())
-    })
-    .await;
+    storm_of_three(&first, &server).await;
     for name in &names[..3] {
         server.seed(&node(name, "True", Timestamp::now()));
     }

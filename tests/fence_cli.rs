@@ -694,46 +694,43 @@ fn the_job_wrapper_gives_the_agent_the_mounted_credential_on_stdin_and_reports_t
     let all = stdout + &text(&output.stderr);
     assert!(!all.contains(password), "{all}");
 
+    // Refused executions exit 1 with the reason in the result file, and switch nothing.
+    let refused = |document: &str| {
+        let output = execute(document);
+        assert_eq!(output.status.code(), Some(1));
+        std::fs::read_to_string(&result_file).expect("result")
+    };
+    let power = || {
+        std::fs::read_to_string(state.join("power"))
+            .expect("power")
+            .trim()
+            .to_string()
+    };
+
     // A key missing from the volume: named, with no value, and nothing runs.
     std::fs::remove_file(secrets.join("bmc/password")).expect("remove key");
     std::fs::write(state.join("power"), "on\n").expect("power on");
-    let output = execute(&job_execution(&state, 1));
-    assert_eq!(output.status.code(), Some(1));
-    let result = std::fs::read_to_string(&result_file).expect("result");
+    let result = refused(&job_execution(&state, 1));
     assert!(
         result.contains("method outlet-off: cannot read parameter password_secret from")
             && result.contains("bmc/password"),
         "{result}"
     );
-    assert_eq!(
-        std::fs::read_to_string(state.join("power"))
-            .expect("power")
-            .trim(),
-        "on"
-    );
+    assert_eq!(power(), "on");
 
     // A pod started after the execution's start deadline runs nothing.
     std::fs::write(secrets.join("bmc/password"), password).expect("key file");
     let mut late: serde_json::Value =
         serde_json::from_str(&job_execution(&state, 1)).expect("json");
     late["startDeadline"] = "2026-01-01T00:00:00Z".into();
-    let output = execute(&late.to_string());
-    assert_eq!(output.status.code(), Some(1));
-    let result = std::fs::read_to_string(&result_file).expect("result");
+    let result = refused(&late.to_string());
     assert!(
         result.contains("not started: the execution had to start by"),
         "{result}"
     );
-    assert_eq!(
-        std::fs::read_to_string(state.join("power"))
-            .expect("power")
-            .trim(),
-        "on"
-    );
+    assert_eq!(power(), "on");
 
     // A document from another release is refused by its version.
-    let output = execute(&job_execution(&state, 2));
-    assert_eq!(output.status.code(), Some(1));
-    let result = std::fs::read_to_string(&result_file).expect("result");
+    let result = refused(&job_execution(&state, 2));
     assert!(result.contains("has version 2"), "{result}");
 }

@@ -85,19 +85,13 @@ async fn execute_for_job(args: ExecuteArgs) -> anyhow::Result<ExitCode> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("watching for SIGTERM")?;
     let parsed = JobExecution::parse(&args.execution);
-    let runner = FenceRunner::new(fencing::RunnerSettings {
-        agents_dir: args.agents_dir.clone(),
-        call_timeout: parsed
-            .as_ref()
-            .map_or(std::time::Duration::from_secs(60), |e| {
-                std::time::Duration::from_secs(e.call_timeout_seconds)
-            }),
-        verify_timeout: parsed
-            .as_ref()
-            .map_or(std::time::Duration::from_secs(30), |e| {
-                std::time::Duration::from_secs(e.verify_timeout_seconds)
-            }),
-        ..fencing::RunnerSettings::default()
+    // A document that cannot be read still gets a runner, for the uniform ending below.
+    let runner = FenceRunner::new(match &parsed {
+        Ok(execution) => execution.runner_settings(&args.agents_dir),
+        Err(_) => fencing::RunnerSettings {
+            agents_dir: args.agents_dir.clone(),
+            ..fencing::RunnerSettings::default()
+        },
     });
     let run = async {
         let execution = parsed.map_err(|e| e.to_string())?;

@@ -375,29 +375,25 @@ pub fn job_state(job: &Job, pods: &[&Pod], now: Timestamp, margin: Duration) -> 
         [] if complete => ExecutionResult::failed(format!(
             "Job {name} completed but left no result; the outcome is unknown"
         )),
-        [] if ended.is_none() => ExecutionResult {
-            timed_out: true,
-            ..ExecutionResult::failed(format!(
-                "Job {name} did not end by its deadline{}; its agent has certainly stopped, the outcome is unknown",
-                waiting_reason(pods).map(|r| format!(" ({r})")).unwrap_or_default()
-            ))
-        },
-        [] => ExecutionResult {
-            timed_out: deadline,
-            ..ExecutionResult::failed(format!(
-                "Job {name} failed ({}{}) before its agent reported{}",
-                reason.unwrap_or("no reason given"),
-                message.map(|m| format!(": {m}")).unwrap_or_default(),
-                waiting_reason(pods)
-                    .map(|r| format!("; its pod was {r}"))
-                    .unwrap_or_else(|| if pods.is_empty() {
-                        "; no pod was created (the Job's Events say why: a PodSecurity or quota refusal, a missing ServiceAccount)".to_string()
-                    } else {
-                        String::new()
-                    })
-            ))
-        },
+        [] if ended.is_none() => ExecutionResult::failed(format!(
+            "Job {name} did not end by its deadline{}; its agent has certainly stopped, the outcome is unknown",
+            waiting_reason(pods).map(|r| format!(" ({r})")).unwrap_or_default()
+        )),
+        [] => ExecutionResult::failed(format!(
+            "Job {name} failed ({}{}) before its agent reported{}",
+            reason.unwrap_or("no reason given"),
+            message.map(|m| format!(": {m}")).unwrap_or_default(),
+            waiting_reason(pods)
+                .map(|r| format!("; its pod was {r}"))
+                .unwrap_or_else(|| if pods.is_empty() {
+                    "; no pod was created (the Job's Events say why: a PodSecurity or quota refusal, a missing ServiceAccount)".to_string()
+                } else {
+                    String::new()
+                })
+        )),
     };
+    // A Job past its deadline, or not ended by its ends-by time, timed out unless its
+    // agent's own result says it succeeded.
     let result = ExecutionResult {
         timed_out: result.timed_out || (deadline && !result.succeeded),
         ..result
@@ -655,6 +651,17 @@ mod tests {
 
     const AT: &str = "2026-11-24T03:00:00Z";
 
+    /// The termination message of an agent that switched the power off, confirmed.
+    fn confirmed_off() -> String {
+        crate::fencing::job::encode_result(&ExecutionResult {
+            succeeded: true,
+            timed_out: false,
+            off_confirmed: true,
+            power: Some(PowerState::Off),
+            detail: None,
+        })
+    }
+
     fn at(seconds: i64) -> Timestamp {
         AT.parse::<Timestamp>().expect("time") + std::time::Duration::from_secs(seconds as u64)
     }
@@ -664,13 +671,7 @@ mod tests {
         let mut job = job(&[]);
         assert_eq!(job_state(&job, &[], at(0), MARGIN), ReportedState::Running);
         finished(&mut job, "Complete", "CompletionsReached", AT);
-        let message = crate::fencing::job::encode_result(&ExecutionResult {
-            succeeded: true,
-            timed_out: false,
-            off_confirmed: true,
-            power: Some(PowerState::Off),
-            detail: None,
-        });
+        let message = confirmed_off();
         let done = pod("Succeeded", Some(&message));
         let ReportedState::Finished(outcome) = job_state(&job, &[&done], at(1), MARGIN) else {
             panic!("not finished");
@@ -759,13 +760,7 @@ mod tests {
     fn two_pods_reporting_results_are_not_trusted() {
         let mut job = job(&[]);
         finished(&mut job, "Complete", "CompletionsReached", AT);
-        let message = crate::fencing::job::encode_result(&ExecutionResult {
-            succeeded: true,
-            timed_out: false,
-            off_confirmed: true,
-            power: Some(PowerState::Off),
-            detail: None,
-        });
+        let message = confirmed_off();
         let (one, two) = (
             pod("Succeeded", Some(&message)),
             pod("Succeeded", Some(&message)),

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{FenceAction, Layer, MethodPlan, Parameter, ParameterValue, SecretRef, Source};
 use super::execution::{ExecutionMode, ExecutionResult};
+use super::runner::RunnerSettings;
 use super::secret::SecretValue;
 
 /// The version of the execution document and of the result; a wrapper refuses others.
@@ -155,6 +156,16 @@ impl JobExecution {
         JobExecution {
             start_deadline: Some(deadline.to_string()),
             ..self
+        }
+    }
+
+    /// How the wrapper's runner calls agents for this execution.
+    pub fn runner_settings(&self, agents_dir: &Path) -> RunnerSettings {
+        RunnerSettings {
+            agents_dir: agents_dir.to_path_buf(),
+            call_timeout: Duration::from_secs(self.call_timeout_seconds),
+            verify_timeout: Duration::from_secs(self.verify_timeout_seconds),
+            ..RunnerSettings::default()
         }
     }
 

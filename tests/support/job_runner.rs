@@ -250,12 +250,10 @@ impl Loop {
         let name = job.name_any();
         // The fence controller runs one execution at a time per node: a Job for a node
         // whose previous Job has not ended is a bug it must never show.
-        let node_of = |annotations: &std::collections::BTreeMap<String, String>| {
-            annotations.get("fencing.nodekeeper.io/node").cloned()
-        };
-        if let Some(node) = node_of(job.annotations()) {
+        let fenced_node = job.annotations().get("fencing.nodekeeper.io/node").cloned();
+        if let Some(node) = &fenced_node {
             for (other, tracked) in &self.tracked {
-                if !tracked.done && tracked.node.as_deref() == Some(node.as_str()) {
+                if !tracked.done && tracked.node.as_ref() == Some(node) {
                     self.problem(format!(
                         "Job {name} for node {node} was created while Job {other} for the same node had not ended"
                     ));
@@ -309,7 +307,7 @@ impl Loop {
             name,
             Tracked {
                 pod: pod_name,
-                node: job.annotations().get("fencing.nodekeeper.io/node").cloned(),
+                node: fenced_node,
                 spec,
                 started: None,
                 running: None,
