@@ -566,3 +566,71 @@ async fn a_deleted_nodefence_is_created_again_while_its_node_stays_lost() {
     })
     .await;
 }
+
+/// The storm guard counts the nodes the API server has, also after a watch outage: nodes
+/// deleted while the controller could not see them leave its count when the node list is
+/// read again, and the guard judges the cluster that is left. Two unhealthy of five is
+/// within 40%; two of the three that remain is a storm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_deleted_during_a_watch_outage_leave_the_storm_guards_count() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = ready_cluster(&FIVE_NODES).await;
+    let lost_at = Timestamp::now();
+    for name in &FIVE_NODES[3..] {
+        server.seed(&node(name, "Unknown", lost_at));
+    }
+    let controller =
+        ControllerProcess::start(dir.path(), &server, &controller_config(dir.path(), ""));
+    controller.synced().await;
+    let metrics_show = |lines: &'static [&'static str]| {
+        let controller = &controller;
+        move || {
+            let metrics = controller.metrics();
+            lines
+                .iter()
+                .all(|line| metrics.contains(line))
+                .then_some(())
+        }
+    };
+    wait_for(
+        &controller,
+        "five watched nodes, two unhealthy, no storm",
+        metrics_show(&[
+            "nodekeeper_controller_watched_nodes 5",
+            "nodekeeper_controller_unhealthy_nodes 2",
+            "nodekeeper_storm_guard_state{state=\"calm\"} 1",
+        ]),
+    )
+    .await;
+
+    // The API server is away; two Ready nodes are deleted and the history the watch would
+    // resume from is compacted, so the controller must read the node list anew.
+    server.go_down().await;
+    for name in &FIVE_NODES[..2] {
+        assert!(server.finalize::<Node>("", name), "{name} deleted");
+    }
+    server.compact_history();
+    server.come_back().await;
+
+    wait_for(
+        &controller,
+        "three watched nodes, two unhealthy: a storm",
+        metrics_show(&[
+            "nodekeeper_controller_watched_nodes 3",
+            "nodekeeper_controller_unhealthy_nodes 2",
+            "nodekeeper_storm_guard_state{state=\"storm\"} 1",
+        ]),
+    )
+    .await;
+    let node_lists = server
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.method == "GET" && r.path == "/api/v1/nodes" && !r.query.contains("watch=true")
+        })
+        .count();
+    assert!(
+        node_lists >= 2,
+        "the node list was read again after the outage"
+    );
+}

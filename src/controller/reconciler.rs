@@ -38,7 +38,7 @@ use super::policy::{
     ControllerPolicy, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, REMEDIATION_TAINT,
 };
 use super::resource::{FIELD_MANAGER, NodeFence, NodeFenceStatus};
-use super::storm::{Assessment, Guard, StormMemory, StormState, assess};
+use super::storm::{Assessment, Guard, StormMemory, StormState, WatchedNodes, assess};
 
 /// Everything a reconcile needs, shared by all of them.
 pub struct Context {
@@ -48,6 +48,8 @@ pub struct Context {
     pub executor: Arc<dyn Executor>,
     /// Every watched node (see `nodes.rs`), stripped of what the controller never reads.
     pub nodes: Store<Node>,
+    /// The selected nodes as the storm guard counts them, kept by the node watch.
+    pub watched: Mutex<WatchedNodes>,
     /// Every NodeFence, as the controller's watch last saw it.
     pub fences: Store<NodeFence>,
     /// Whether this replica may act, and the storm guard's memory, which the Lease
@@ -137,14 +139,8 @@ impl Context {
     /// The watched nodes as the storm guard counts them, and the guard's verdict over
     /// them; the memory is kept for the next evaluation.
     pub fn assess(&self, now: Timestamp) -> Assessment {
-        let selector = self.policy.node_selector.as_ref();
-        let views: Vec<_> = self
-            .nodes
-            .state()
-            .iter()
-            .filter(|node| observe::is_selected(node, selector))
-            .map(|node| observe::node_view(node))
-            .collect();
+        let watched = self.watched.lock().unwrap_or_else(PoisonError::into_inner);
+        let views = watched.views();
         let mut memory = self
             .leadership
             .storm
@@ -155,7 +151,7 @@ impl Context {
             let rebuilt = observe::storm_memory_from(fences.iter().map(|fence| fence.as_ref()));
             rebuilt.merge(self.inherited_storm.unwrap_or_default())
         });
-        let assessment = assess(&views, current, &self.policy.storm, now);
+        let assessment = assess(views, current, &self.policy.storm, now);
         *memory = Some(assessment.memory);
         drop(memory);
         self.metrics.watched_nodes.set(views.len() as i64);

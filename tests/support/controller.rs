@@ -218,6 +218,10 @@ impl ControllerProcess {
         ControllerProcess { child, log }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -1,0 +1,729 @@
+//! The fence controller against a simulated cluster, as a real process of its own talking
+//! to the test API server (tests/support/apiserver) over loopback.
+//!
+//! 1. **Scale.** 500 and 5,000 nodes as a kubelet reports them (conditions, capacity,
+//!    addresses, node info and a list of images), one node Lease each in
+//!    `kube-node-lease` and four pods each. Measured on the controller process: resident
+//!    memory, CPU to start and list the nodes, and CPU per node event for the two kinds of
+//!    node event a cluster sends: a status report (new heartbeat times, with a Lease
+//!    renewal beside it) and a readiness change (which moves the storm guard).
+//!    Baseline, in the same run and fed the same events: a bare kube-rs reflector over
+//!    Nodes in a process of its own (this binary re-executed), the least any controller
+//!    caching nodes with kube-rs pays.
+//! 2. **Start latency.** From the moment a node's `unhealthyDuration` has elapsed (its
+//!    Ready condition's `lastTransitionTime`, a whole second, plus the duration) to the
+//!    fence agent's process starting, repeated. The agent is the real `fence_dummy` behind
+//!    a bash wrapper that stamps `$EPOCHREALTIME` first. Baseline: the same wrapper spawned
+//!    directly by this process, the least any launcher pays to start it.
+//!
+//! Run: cargo bench --bench controller_scale
+//! Environment: NK_SCALE_SIZES (default "500,5000"), NK_SCALE_EVENTS (status reports per
+//! size, default 10000), NK_SCALE_FLIPS (readiness changes per size, default 2000),
+//! NK_LATENCY_SAMPLES (default 20). Needs fence-agents for the latency part and fails
+//! without it.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde_json::json;
+
+use support::apiserver::FakeApiServer;
+use support::controller::{ControllerProcess, config_map, crd, enabled_fabric, fence_of};
+
+/// Set in the re-executed child that plays the bare reflector: the API server's URL.
+const BARE_WATCHER: &str = "NK_BENCH_BARE_NODE_WATCHER";
+const ZONES: usize = 10;
+const PODS_PER_NODE: usize = 4;
+const IMAGES_PER_NODE: usize = 25;
+/// Writes go to the server in batches with a pause between, so its watch fan-out (a
+/// bounded broadcast) never drops a watcher into a relist, which would be measured.
+const BATCH: usize = 100;
+const PAUSE: Duration = Duration::from_millis(10);
+
+fn main() {
+    if let Ok(url) = std::env::var(BARE_WATCHER) {
+        bare_watcher(&url);
+        return;
+    }
+    if std::env::args().any(|arg| arg == "--list") {
+        // `cargo bench -- --list` and test discovery: nothing to list.
+        return;
+    }
+    let sizes: Vec<usize> = env_or("NK_SCALE_SIZES", "500,5000")
+        .split(',')
+        .map(|size| {
+            size.trim()
+                .parse()
+                .expect("NK_SCALE_SIZES: comma-separated counts")
+        })
+        .collect();
+    let reports: usize = env_or("NK_SCALE_EVENTS", "10000")
+        .parse()
+        .expect("NK_SCALE_EVENTS");
+    let flips: usize = env_or("NK_SCALE_FLIPS", "2000")
+        .parse()
+        .expect("NK_SCALE_FLIPS");
+    let samples: usize = env_or("NK_LATENCY_SAMPLES", "20")
+        .parse()
+        .expect("NK_LATENCY_SAMPLES");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        let mut results = Vec::new();
+        for size in &sizes {
+            results.push(scale(*size, reports, flips).await);
+        }
+        print_scale(&results);
+        if samples > 0 {
+            start_latency(samples).await;
+        }
+    });
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+// ---------------------------------------------------------------------------------------
+// Measuring another process
+// ---------------------------------------------------------------------------------------
+
+/// CPU time of a process in nanoseconds: the sum of its threads' run time from
+/// `/proc/<pid>/task/*/schedstat` (exact, unlike the 10 ms ticks of `stat`). A thread that
+/// ends takes its time with it, so the thread set is returned too and a window over which
+/// it shrank falls back to `stat`.
+fn cpu(pid: u32) -> (u64, BTreeSet<u32>) {
+    let mut total = 0;
+    let mut threads = BTreeSet::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process is alive");
+    for task in tasks.flatten() {
+        let Ok(tid) = task.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(text) = std::fs::read_to_string(task.path().join("schedstat"))
+            && let Some(ns) = text
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+        {
+            total += ns;
+            threads.insert(tid);
+        }
+    }
+    (total, threads)
+}
+
+/// utime + stime of the whole process (ended threads included), in nanoseconds.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process is alive");
+    // The command name may hold spaces; the fields after it are fixed.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+    // /proc reports these in USER_HZ, which is 100 on every Linux.
+    ticks * 10_000_000
+}
+
+/// A CPU reading of one process at one moment.
+struct CpuMark {
+    exact: u64,
+    threads: BTreeSet<u32>,
+    ticks: u64,
+}
+
+impl CpuMark {
+    fn take(pid: u32) -> CpuMark {
+        let (exact, threads) = cpu(pid);
+        CpuMark {
+            exact,
+            threads,
+            ticks: cpu_ticks(pid),
+        }
+    }
+
+    /// Nanoseconds of CPU from `self` to `later`.
+    fn until(&self, later: &CpuMark) -> u64 {
+        if self.threads.is_subset(&later.threads) {
+            later.exact.saturating_sub(self.exact)
+        } else {
+            later.ticks.saturating_sub(self.ticks)
+        }
+    }
+}
+
+/// Resident and peak resident memory in KiB, from `/proc/<pid>/status`.
+fn memory(pid: u32) -> (u64, u64) {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the process is alive");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Waits until every process in `pids` has used under 2 ms of CPU over 500 ms: the events
+/// sent are all handled. Fails after two minutes.
+async fn quiet(pids: &[u32]) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last: Vec<u64> = pids.iter().map(|pid| cpu(*pid).0).collect();
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now: Vec<u64> = pids.iter().map(|pid| cpu(*pid).0).collect();
+        if now
+            .iter()
+            .zip(&last)
+            .all(|(now, last)| now.saturating_sub(*last) < 2_000_000)
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the processes never went quiet");
+        last = now;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The simulated cluster
+// ---------------------------------------------------------------------------------------
+
+fn node_name(index: usize) -> String {
+    format!("node-{index:05}")
+}
+
+/// A node as a kubelet reports it: about 6 KiB of JSON, most of it the image list.
+fn node(index: usize, ready: bool, transition: Timestamp, heartbeat: Timestamp) -> Node {
+    let name = node_name(index);
+    let zone = index % ZONES;
+    let condition = |kind: &str, status: &str, reason: &str| {
+        json!({"type": kind, "status": status, "reason": reason, "message": format!("kubelet reports {reason}"),
+               "lastHeartbeatTime": heartbeat.to_string(), "lastTransitionTime": transition.to_string()})
+    };
+    let images: Vec<_> = (0..IMAGES_PER_NODE)
+        .map(|image| {
+            json!({"names": [format!("registry.example/team-{image}/service@sha256:{:064x}", image * 7919 + 1),
+                             format!("registry.example/team-{image}/service:v1.{image}.0")],
+                   "sizeBytes": 50_000_000 + image * 1_000_003})
+        })
+        .collect();
+    let resources = json!({"cpu": "16", "memory": "65843340Ki", "pods": "110", "ephemeral-storage": "203056560Ki",
+                           "hugepages-1Gi": "0", "hugepages-2Mi": "0"});
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": "m6i.4xlarge",
+                "topology.kubernetes.io/region": "region-1",
+                "topology.kubernetes.io/zone": format!("region-1{}", (b'a' + zone as u8) as char),
+            },
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                "csi.volume.kubernetes.io/nodeid": format!("{{\"ebs.csi.aws.com\":\"i-{index:017x}\"}}"),
+            },
+        },
+        "spec": {"podCIDR": format!("10.{}.{}.0/24", index / 256, index % 256), "providerID": format!("aws:///zone/i-{index:017x}")},
+        "status": {
+            "capacity": resources, "allocatable": resources,
+            "conditions": [
+                condition("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+                condition("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID"),
+                if ready { condition("Ready", "True", "KubeletReady") } else { condition("Ready", "False", "KubeletNotReady") },
+            ],
+            "addresses": [{"type": "InternalIP", "address": format!("10.0.{}.{}", index / 256, index % 256)},
+                          {"type": "Hostname", "address": name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"machineID": format!("{index:032x}"), "systemUUID": format!("ec2{index:029x}"),
+                         "bootID": format!("{index:032x}"), "kernelVersion": "6.1.0-27-cloud-amd64",
+                         "osImage": "Debian GNU/Linux 12 (bookworm)", "containerRuntimeVersion": "containerd://1.7.22",
+                         "kubeletVersion": "v1.31.2", "kubeProxyVersion": "v1.31.2",
+                         "operatingSystem": "linux", "architecture": "amd64"},
+            "images": images,
+        }
+    }))
+    .expect("node")
+}
+
+fn lease(index: usize, renewed: Timestamp) -> Lease {
+    serde_json::from_value(json!({
+        "metadata": {"name": node_name(index), "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": node_name(index), "leaseDurationSeconds": 40,
+                 "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}
+    }))
+    .expect("lease")
+}
+
+/// A Deployment's pod: nothing the controller would fence for.
+fn pod(node_index: usize, number: usize) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("web-{node_index:05}-{number}"), "namespace": "shop",
+                     "labels": {"app": "web"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8f",
+                                          "uid": "6b1e2f0a-0000-4000-8000-000000000002", "controller": true}]},
+        "spec": {"nodeName": node_name(node_index),
+                 "containers": [{"name": "web", "image": "registry.example/web:v1",
+                                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]},
+        "status": {"phase": "Running", "podIP": format!("10.{}.{}.{}", node_index / 256, node_index % 256, number + 2)}
+    }))
+    .expect("pod")
+}
+
+async fn simulated_cluster(size: usize) -> FakeApiServer {
+    let server = FakeApiServer::start().await;
+    server.register(crd());
+    let since = Timestamp::now() - Duration::from_secs(3600);
+    for index in 0..size {
+        server.seed(&node(index, true, since, Timestamp::now()));
+        server.seed(&lease(index, Timestamp::now()));
+        for number in 0..PODS_PER_NODE {
+            server.seed(&pod(index, number));
+        }
+    }
+    server
+}
+
+/// Makes `count` writes (`write(0)`, `write(1)`, ...), pausing after each batch.
+async fn send<F: FnMut(usize)>(count: usize, mut write: F) {
+    for index in 0..count {
+        write(index);
+        if index % BATCH == BATCH - 1 {
+            tokio::time::sleep(PAUSE).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The bare reflector (baseline)
+// ---------------------------------------------------------------------------------------
+
+/// The baseline process: a kube-rs reflector over every Node, nothing else. Prints
+/// `synced` once its store holds the first list.
+fn bare_watcher(url: &str) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        let uri: http::Uri = url.parse().expect("URL");
+        let client = kube::Client::try_from(kube::Config::new(uri)).expect("client");
+        let (reader, writer) = reflector::store::<Node>();
+        let stream = reflector::reflector(
+            writer,
+            watcher(kube::Api::<Node>::all(client), watcher::Config::default()).default_backoff(),
+        );
+        let mut stream = std::pin::pin!(stream);
+        let mut announced = false;
+        while let Some(event) = stream.next().await {
+            if matches!(event, Ok(watcher::Event::InitDone)) && !announced {
+                announced = true;
+                let mut out = std::io::stdout();
+                let _ = writeln!(out, "synced {}", reader.state().len());
+                let _ = out.flush();
+            }
+        }
+    });
+}
+
+struct BareWatcher {
+    child: Child,
+}
+
+impl BareWatcher {
+    fn start(server: &FakeApiServer) -> BareWatcher {
+        let mut child = Command::new(std::env::current_exe().expect("this bench"))
+            .env(BARE_WATCHER, server.url())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the bare node watcher");
+        let stdout = child.stdout.take().expect("piped");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the bare watcher's first line");
+        assert!(line.starts_with("synced"), "the bare watcher said {line:?}");
+        BareWatcher { child }
+    }
+}
+
+impl Drop for BareWatcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Scale
+// ---------------------------------------------------------------------------------------
+
+struct ProcessFigures {
+    rss_kib: u64,
+    peak_kib: u64,
+    report_ns: f64,
+    flip_ns: f64,
+}
+
+struct ScaleResult {
+    size: usize,
+    controller_start_ms: f64,
+    controller: ProcessFigures,
+    bare: ProcessFigures,
+}
+
+async fn scale(size: usize, reports: usize, flips: usize) -> ScaleResult {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = simulated_cluster(size).await;
+    let config = dir.path().join("controller.yaml");
+    std::fs::write(
+        &config,
+        // Long enough that no node becomes due during the run: this measures watching.
+        "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: fencing\n\
+         unhealthyDuration: 10m\n",
+    )
+    .expect("config");
+    let controller = ControllerProcess::start(dir.path(), &server, &config);
+    controller.synced().await;
+    let controller_pid = controller.pid();
+    let start_cpu = CpuMark::take(controller_pid).ticks;
+    let bare = BareWatcher::start(&server);
+    let bare_pid = bare.child.id();
+    let pids = [controller_pid, bare_pid];
+    quiet(&pids).await;
+
+    // Status reports: every node in turn gets new heartbeat times and its Lease renewed.
+    let before = [CpuMark::take(controller_pid), CpuMark::take(bare_pid)];
+    let since = Timestamp::now() - Duration::from_secs(3600);
+    send(reports, |event| {
+        let index = event % size;
+        server.seed(&node(index, true, since, Timestamp::now()));
+        server.seed(&lease(index, Timestamp::now()));
+    })
+    .await;
+    quiet(&pids).await;
+    let after_reports = [CpuMark::take(controller_pid), CpuMark::take(bare_pid)];
+
+    // Readiness changes: a node goes NotReady and comes back, one at a time.
+    send(flips, |event| {
+        let index = (event / 2) % size;
+        let ready = event % 2 == 1;
+        server.seed(&node(index, ready, Timestamp::now(), Timestamp::now()));
+    })
+    .await;
+    quiet(&pids).await;
+    let after_flips = [CpuMark::take(controller_pid), CpuMark::take(bare_pid)];
+
+    let metrics = controller.metrics();
+    assert!(
+        metrics.contains(&format!("nodekeeper_controller_watched_nodes {size}"))
+            && metrics.contains("nodekeeper_controller_unhealthy_nodes 0"),
+        "the controller saw every node and every return to Ready:\n{metrics}"
+    );
+    let lists = server
+        .requests()
+        .iter()
+        .filter(|request| {
+            request.path == "/api/v1/nodes"
+                && !request.query.contains("watch=true")
+                && !request.query.contains("continue=")
+        })
+        .count();
+    assert_eq!(
+        lists, 2,
+        "each process listed the nodes once: no watch fell into a relist"
+    );
+
+    let figures = |which: usize, pid: u32| {
+        let (rss_kib, peak_kib) = memory(pid);
+        ProcessFigures {
+            rss_kib,
+            peak_kib,
+            report_ns: before[which].until(&after_reports[which]) as f64 / reports as f64,
+            flip_ns: after_reports[which].until(&after_flips[which]) as f64 / flips as f64,
+        }
+    };
+    ScaleResult {
+        size,
+        controller_start_ms: start_cpu as f64 / 1e6,
+        controller: figures(0, controller_pid),
+        bare: figures(1, bare_pid),
+    }
+}
+
+fn print_scale(results: &[ScaleResult]) {
+    println!("\ncontroller at scale (CPU per event; memory after the run)");
+    println!(
+        "{:>6}  {:<22} {:>10} {:>10} {:>14} {:>14} {:>12}",
+        "nodes", "process", "RSS MiB", "peak MiB", "µs/status rpt", "µs/readiness", "start ms"
+    );
+    for result in results {
+        for (name, figures, start) in [
+            (
+                "nodekeeper controller",
+                &result.controller,
+                format!("{:.0}", result.controller_start_ms),
+            ),
+            ("bare node reflector", &result.bare, "-".to_string()),
+        ] {
+            println!(
+                "{:>6}  {:<22} {:>10.1} {:>10.1} {:>14.1} {:>14.1} {:>12}",
+                result.size,
+                name,
+                figures.rss_kib as f64 / 1024.0,
+                figures.peak_kib as f64 / 1024.0,
+                figures.report_ns / 1000.0,
+                figures.flip_ns / 1000.0,
+                start
+            );
+        }
+        println!(
+            "{:>6}  ratio controller/bare: RSS {:.2}x, status report {:.2}x, readiness change {:.2}x",
+            result.size,
+            result.controller.rss_kib as f64 / result.bare.rss_kib as f64,
+            result.controller.report_ns / result.bare.report_ns,
+            result.controller.flip_ns / result.bare.flip_ns,
+        );
+    }
+    if let (Some(small), Some(large)) = (results.first(), results.last())
+        && large.size > small.size
+    {
+        let growth = |large: f64, small: f64| large / small;
+        println!(
+            "growth {}→{} nodes (controller): RSS {:.2}x, status report {:.2}x, readiness change {:.2}x, start {:.2}x",
+            small.size,
+            large.size,
+            growth(
+                large.controller.rss_kib as f64,
+                small.controller.rss_kib as f64
+            ),
+            growth(large.controller.report_ns, small.controller.report_ns),
+            growth(large.controller.flip_ns, small.controller.flip_ns),
+            growth(large.controller_start_ms, small.controller_start_ms),
+        );
+        println!(
+            "controller memory per added node: {:.1} KiB",
+            (large.controller.rss_kib as f64 - small.controller.rss_kib as f64)
+                / (large.size - small.size) as f64
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Start latency
+// ---------------------------------------------------------------------------------------
+
+/// A `fence_dummy` that stamps the time it started (bash's `$EPOCHREALTIME`, no fork)
+/// and the action it was given, then hands its standard input to the real agent.
+fn stamping_agent(dir: &Path, stamps: &Path) -> PathBuf {
+    let agents = dir.join("agents");
+    std::fs::create_dir_all(&agents).expect("agents dir");
+    let path = agents.join("fence_dummy");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/bash\nstarted=$EPOCHREALTIME\ninput=$(cat)\n\
+             action=$(printf '%s\\n' \"$input\" | sed -n 's/^action=//p' | tail -n 1)\n\
+             echo \"$started ${{action:-${{2:-none}}}}\" >> {stamps}\n\
+             printf '%s\\n' \"$input\" | exec /usr/sbin/fence_dummy \"$@\"\n",
+            stamps = stamps.display()
+        ),
+    )
+    .expect("write the stamping agent");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    agents
+}
+
+/// Stamps (seconds since the epoch) of agent starts with `action`.
+fn stamps(file: &Path, action: &str) -> Vec<f64> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let (stamp, what) = line.split_once(' ')?;
+            (what == action).then(|| stamp.parse().ok()).flatten()
+        })
+        .collect()
+}
+
+fn seconds(at: Timestamp) -> f64 {
+    at.as_nanosecond() as f64 / 1e9
+}
+
+async fn start_latency(samples: usize) {
+    if let Err(missing) = support::real::program("fence_dummy", "fence-agents")
+        .and_then(|()| support::real::program("bash", "bash"))
+    {
+        panic!("the start-latency benchmark needs its real agent: {missing}");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let stamp_file = dir.path().join("stamps");
+    let agents = stamping_agent(dir.path(), &stamp_file);
+    let fabric = enabled_fabric(dir.path());
+
+    // Baseline: the wrapper spawned directly, from just before spawn to its stamp.
+    let mut direct = Vec::new();
+    for _ in 0..samples {
+        let before = seconds(Timestamp::now());
+        let mut child = Command::new(agents.join("fence_dummy"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the stamping agent");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(format!("action=monitor\nstatus_file={}\n", fabric.display()).as_bytes())
+            .expect("options");
+        child.wait().expect("agent");
+        let stamp = *stamps(&stamp_file, "monitor").last().expect("a stamp");
+        direct.push((stamp - before) * 1000.0);
+    }
+
+    let server = FakeApiServer::start().await;
+    server.register(crd());
+    let long_ago = Timestamp::now() - Duration::from_secs(3600);
+    for index in 0..3 {
+        server.seed(&node(index, true, long_ago, Timestamp::now()));
+    }
+    let lost = node_name(1);
+    server.seed(&config_map(
+        &format!("fence-config-{lost}"),
+        "config.properties",
+        &format!("node_name={lost}\nisolation=fabric-off\nrecovery=fabric-on"),
+    ));
+    for (method, action) in [("fabric-off", "off"), ("fabric-on", "on")] {
+        server.seed(&config_map(
+            &format!("fence-method-{method}-{lost}"),
+            "method.properties",
+            &format!(
+                "agent_name=fence_dummy\nstatus_file={}\naction={action}",
+                fabric.display()
+            ),
+        ));
+    }
+    let config = dir.path().join("controller.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: fencing\n\
+             unhealthyDuration: 2s\npowerManagementDelay: 10m\n\
+             release: {{outOfServiceTaint: true, deletePods: true}}\n\
+             # One node is fenced every few seconds: the zone rate must not gate a sample.\n\
+             stormGuard: {{zoneFenceRate: 10, stormCooldown: 0s}}\n\
+             agents: {{directory: {agents}, callTimeout: 10s, verifyTimeout: 10s, allowedOptions: [status_file]}}\n",
+            agents = agents.display()
+        ),
+    )
+    .expect("config");
+    let controller = ControllerProcess::start(dir.path(), &server, &config);
+    controller.synced().await;
+
+    let mut measured = Vec::new();
+    for sample in 0..samples {
+        // The kubelet's condition times have whole seconds; the node is due exactly 2 s on.
+        // The previous sample's fence deleted the database pod; its StatefulSet made it anew.
+        support::controller::seed_database(&server, &lost, "db-0");
+        let lost_at = Timestamp::from_second(Timestamp::now().as_second()).expect("now");
+        let due = seconds(lost_at) + 2.0;
+        let seen = stamps(&stamp_file, "off").len();
+        server.seed(&node(1, false, lost_at, Timestamp::now()));
+        let started =
+            support::controller::wait_for(&controller, "the isolation agent to start", || {
+                stamps(&stamp_file, "off").get(seen).copied()
+            })
+            .await;
+        measured.push((started - due) * 1000.0);
+        // Wait for the isolation to be confirmed, then bring the node back and let recovery
+        // finish, so every sample starts from a cluster without a fence.
+        support::controller::wait_for(&controller, "the isolation to be confirmed", || {
+            let fence = fence_of(&server, &lost)?;
+            (*fence.pointer("/status/phase")? == "Done").then_some(())
+        })
+        .await;
+        server.seed(&node(1, true, Timestamp::now(), Timestamp::now()));
+        support::controller::wait_for(&controller, "recovery to finish", || {
+            fence_of(&server, &lost).is_none().then_some(())
+        })
+        .await;
+        eprintln!("sample {sample}: {:.1} ms", measured[sample]);
+    }
+    let metrics = controller.metrics();
+    let delay_sum = metric(&metrics, "nodekeeper_fence_start_delay_seconds_sum");
+    let delay_count = metric(&metrics, "nodekeeper_fence_start_delay_seconds_count");
+
+    println!("\nunhealthyDuration elapsed → fence agent started ({samples} samples, ms)");
+    println!(
+        "{:<34} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "case", "min", "median", "p90", "max", "mean"
+    );
+    for (name, values) in [
+        ("direct spawn (baseline)", &direct),
+        ("nodekeeper controller", &measured),
+    ] {
+        let summary = Summary::of(values);
+        println!(
+            "{:<34} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
+            name, summary.min, summary.median, summary.p90, summary.max, summary.mean
+        );
+    }
+    println!(
+        "ratio of medians controller/direct: {:.1}x; the controller's own \
+         nodekeeper_fence_start_delay_seconds mean: {:.3} s over {delay_count} fences (unhealthyDuration 2 s)",
+        Summary::of(&measured).median / Summary::of(&direct).median,
+        delay_sum / delay_count.max(1.0),
+    );
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+struct Summary {
+    min: f64,
+    median: f64,
+    p90: f64,
+    max: f64,
+    mean: f64,
+}
+
+impl Summary {
+    fn of(values: &[f64]) -> Summary {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let at = |share: f64| sorted[((sorted.len() - 1) as f64 * share).round() as usize];
+        Summary {
+            min: sorted[0],
+            median: at(0.5),
+            p90: at(0.9),
+            max: sorted[sorted.len() - 1],
+            mean: sorted.iter().sum::<f64>() / sorted.len() as f64,
+        }
+    }
+}
