@@ -78,11 +78,7 @@ fn main() {
     let samples: usize = env_or("NK_LATENCY_SAMPLES", "20")
         .parse()
         .expect("NK_LATENCY_SAMPLES");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = runtime();
     runtime.block_on(async {
         let mut results = Vec::new();
         for size in &sizes {
@@ -93,6 +89,15 @@ fn main() {
             start_latency(samples).await;
         }
     });
+}
+
+/// Two workers, as the controller's own runtime has.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 fn env_or(name: &str, default: &str) -> String {
@@ -321,11 +326,7 @@ async fn send<F: FnMut(usize)>(count: usize, mut write: F) {
 /// The baseline process: a kube-rs reflector over every Node, nothing else. Prints
 /// `synced` once its store holds the first list.
 fn bare_watcher(url: &str) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = runtime();
     runtime.block_on(async {
         let uri: http::Uri = url.parse().expect("URL");
         let client = kube::Client::try_from(kube::Config::new(uri)).expect("client");
