@@ -8,8 +8,10 @@
 //!    node event a cluster sends: a status report (new heartbeat times, with a Lease
 //!    renewal beside it) and a readiness change (which moves the storm guard).
 //!    Baseline, in the same run and fed the same events: a bare kube-rs reflector over
-//!    Nodes in a process of its own (this binary re-executed), the least any controller
-//!    caching nodes with kube-rs pays.
+//!    Nodes, stripping them as the controller does, in a process of its own (this binary
+//!    re-executed): the least any controller caching nodes with kube-rs pays. Each phase
+//!    ends with a sentinel node both processes must show, and each process's idle CPU
+//!    (measured first) is subtracted.
 //! 2. **Start latency.** From the moment a node's `unhealthyDuration` has elapsed (its
 //!    Ready condition's `lastTransitionTime`, a whole second, plus the duration) to the
 //!    fence agent's process starting, repeated. The agent is the real `fence_dummy` behind
@@ -51,6 +53,12 @@ const IMAGES_PER_NODE: usize = 25;
 /// bounded broadcast) never drops a watcher into a relist, which would be measured.
 const BATCH: usize = 100;
 const PAUSE: Duration = Duration::from_millis(10);
+/// A node added at the end of each phase: once both processes show it, they have handled
+/// every event before it (one watch delivers events in order).
+const SENTINEL: &str = "sentinel-";
+/// How long each process's idle CPU is measured before the events: the controller's
+/// period, its 15 s sweep of the nodes without a fence, so the window holds one sweep.
+const IDLE_WINDOW: Duration = Duration::from_secs(15);
 
 fn main() {
     if let Ok(url) = std::env::var(BARE_WATCHER) {
@@ -150,6 +158,15 @@ struct CpuMark {
     exact: u64,
     threads: BTreeSet<u32>,
     ticks: u64,
+    at: Instant,
+}
+
+/// CPU used over a window, with how it was read.
+#[derive(Clone, Copy)]
+struct CpuUse {
+    ns: f64,
+    /// False when a thread ended within the window, so the 10 ms ticks were used.
+    exact: bool,
 }
 
 impl CpuMark {
@@ -159,15 +176,23 @@ impl CpuMark {
             exact,
             threads,
             ticks: cpu_ticks(pid),
+            at: Instant::now(),
         }
     }
 
-    /// Nanoseconds of CPU from `self` to `later`.
-    fn until(&self, later: &CpuMark) -> u64 {
-        if self.threads.is_subset(&later.threads) {
+    /// CPU from `self` to `later`, less what the process uses idle over that time
+    /// (`idle_ns_per_s`: Lease renewals, the 15 s sweep), so only the events' cost is left.
+    fn until(&self, later: &CpuMark, idle_ns_per_s: f64) -> CpuUse {
+        let exact = self.threads.is_subset(&later.threads);
+        let used = if exact {
             later.exact.saturating_sub(self.exact)
         } else {
             later.ticks.saturating_sub(self.ticks)
+        };
+        let idle = idle_ns_per_s * later.at.duration_since(self.at).as_secs_f64();
+        CpuUse {
+            ns: (used as f64 - idle).max(0.0),
+            exact,
         }
     }
 }
@@ -323,8 +348,9 @@ async fn send<F: FnMut(usize)>(count: usize, mut write: F) {
 // The bare reflector (baseline)
 // ---------------------------------------------------------------------------------------
 
-/// The baseline process: a kube-rs reflector over every Node, nothing else. Prints
-/// `synced` once its store holds the first list.
+/// The baseline process: a kube-rs reflector over every Node, stripping them as the
+/// controller does, nothing else. Prints `synced` once its store holds the first list and
+/// `saw <name>` for each sentinel node.
 fn bare_watcher(url: &str) {
     let runtime = runtime();
     runtime.block_on(async {
@@ -333,23 +359,39 @@ fn bare_watcher(url: &str) {
         let (reader, writer) = reflector::store::<Node>();
         let stream = reflector::reflector(
             writer,
-            watcher(kube::Api::<Node>::all(client), watcher::Config::default()).default_backoff(),
+            watcher(kube::Api::<Node>::all(client), watcher::Config::default())
+                .modify(nodekeeper::controller::nodes::strip)
+                .default_backoff(),
         );
         let mut stream = std::pin::pin!(stream);
         let mut announced = false;
+        let mut out = std::io::stdout();
         while let Some(event) = stream.next().await {
-            if matches!(event, Ok(watcher::Event::InitDone)) && !announced {
-                announced = true;
-                let mut out = std::io::stdout();
-                let _ = writeln!(out, "synced {}", reader.state().len());
-                let _ = out.flush();
+            match event {
+                Ok(watcher::Event::InitDone) if !announced => {
+                    announced = true;
+                    let _ = writeln!(out, "synced {}", reader.state().len());
+                }
+                Ok(watcher::Event::Apply(node))
+                    if node
+                        .metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(SENTINEL)) =>
+                {
+                    let _ = writeln!(out, "saw {}", node.metadata.name.unwrap_or_default());
+                }
+                _ => continue,
             }
+            let _ = out.flush();
         }
     });
 }
 
 struct BareWatcher {
     child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
 }
 
 impl BareWatcher {
@@ -361,12 +403,33 @@ impl BareWatcher {
             .spawn()
             .expect("start the bare node watcher");
         let stdout = child.stdout.take().expect("piped");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let first = lines
+            .recv_timeout(Duration::from_secs(120))
             .expect("the bare watcher's first line");
-        assert!(line.starts_with("synced"), "the bare watcher said {line:?}");
-        BareWatcher { child }
+        assert!(
+            first.starts_with("synced"),
+            "the bare watcher said {first:?}"
+        );
+        BareWatcher {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    fn saw(&mut self, sentinel: &str) -> bool {
+        self.seen.extend(self.lines.try_iter());
+        self.seen
+            .iter()
+            .any(|line| line == &format!("saw {sentinel}"))
     }
 }
 
@@ -384,8 +447,11 @@ impl Drop for BareWatcher {
 struct ProcessFigures {
     rss_kib: u64,
     peak_kib: u64,
-    report_ns: f64,
-    flip_ns: f64,
+    /// CPU with no events, in µs per second.
+    idle_us_per_s: f64,
+    /// CPU per status report and per readiness change.
+    report: CpuUse,
+    flip: CpuUse,
 }
 
 struct ScaleResult {
@@ -395,7 +461,7 @@ struct ScaleResult {
     bare: ProcessFigures,
 }
 
-async fn scale(size: usize, reports: usize, flips: usize) -> ScaleResult {
+async fn scale(size: usize, size_reports: usize, flips_sent: usize) -> ScaleResult {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = simulated_cluster(size).await;
     let config = dir.path().join("controller.yaml");
@@ -409,39 +475,45 @@ async fn scale(size: usize, reports: usize, flips: usize) -> ScaleResult {
     let controller = ControllerProcess::start(dir.path(), &server, &config);
     controller.synced().await;
     let controller_pid = controller.pid();
+    // utime + stime: threads that ran only during the start (and ended) count too.
     let start_cpu = CpuMark::take(controller_pid).ticks;
-    let bare = BareWatcher::start(&server);
+    let mut bare = BareWatcher::start(&server);
     let bare_pid = bare.child.id();
     let pids = [controller_pid, bare_pid];
     quiet(&pids).await;
 
+    // What each process uses with no events, subtracted from every window below.
+    let idle_from = [CpuMark::take(controller_pid), CpuMark::take(bare_pid)];
+    tokio::time::sleep(IDLE_WINDOW).await;
+    let idle_to = [CpuMark::take(controller_pid), CpuMark::take(bare_pid)];
+    let idle: Vec<f64> = (0..2)
+        .map(|which| idle_from[which].until(&idle_to[which], 0.0).ns / IDLE_WINDOW.as_secs_f64())
+        .collect();
+
     // Status reports: every node in turn gets new heartbeat times and its Lease renewed.
     let before = [CpuMark::take(controller_pid), CpuMark::take(bare_pid)];
     let since = Timestamp::now() - Duration::from_secs(3600);
-    send(reports, |event| {
+    send(size_reports, |event| {
         let index = event % size;
         server.seed(&node(index, true, since, Timestamp::now()));
         server.seed(&lease(index, Timestamp::now()));
     })
     .await;
-    quiet(&pids).await;
-    let after_reports = [CpuMark::take(controller_pid), CpuMark::take(bare_pid)];
+    let after_reports = phase_end(&server, &controller, &mut bare, size, 1).await;
 
     // Readiness changes: a node goes NotReady and comes back, one at a time.
-    send(flips, |event| {
+    send(flips_sent, |event| {
         let index = (event / 2) % size;
         let ready = event % 2 == 1;
         server.seed(&node(index, ready, Timestamp::now(), Timestamp::now()));
     })
     .await;
-    quiet(&pids).await;
-    let after_flips = [CpuMark::take(controller_pid), CpuMark::take(bare_pid)];
+    let after_flips = phase_end(&server, &controller, &mut bare, size, 2).await;
 
     let metrics = controller.metrics();
     assert!(
-        metrics.contains(&format!("nodekeeper_controller_watched_nodes {size}"))
-            && metrics.contains("nodekeeper_controller_unhealthy_nodes 0"),
-        "the controller saw every node and every return to Ready:\n{metrics}"
+        metrics.contains("nodekeeper_controller_unhealthy_nodes 0"),
+        "the controller saw every return to Ready:\n{metrics}"
     );
     let lists = server
         .requests()
@@ -459,11 +531,21 @@ async fn scale(size: usize, reports: usize, flips: usize) -> ScaleResult {
 
     let figures = |which: usize, pid: u32| {
         let (rss_kib, peak_kib) = memory(pid);
+        // Each phase's sentinel is one more event.
+        let reports = before[which].until(&after_reports[which], idle[which]);
+        let flips = after_reports[which].until(&after_flips[which], idle[which]);
         ProcessFigures {
             rss_kib,
             peak_kib,
-            report_ns: before[which].until(&after_reports[which]) as f64 / reports as f64,
-            flip_ns: after_reports[which].until(&after_flips[which]) as f64 / flips as f64,
+            idle_us_per_s: idle[which] / 1000.0,
+            report: CpuUse {
+                ns: reports.ns / (size_reports + 1) as f64,
+                ..reports
+            },
+            flip: CpuUse {
+                ns: flips.ns / (flips_sent + 1) as f64,
+                ..flips
+            },
         }
     };
     ScaleResult {
@@ -474,11 +556,54 @@ async fn scale(size: usize, reports: usize, flips: usize) -> ScaleResult {
     }
 }
 
+/// Ends a phase: adds sentinel node `number` and waits until the controller counts it
+/// and the bare reflector has seen it, and both are quiet; returns their CPU readings.
+async fn phase_end(
+    server: &FakeApiServer,
+    controller: &ControllerProcess,
+    bare: &mut BareWatcher,
+    size: usize,
+    number: usize,
+) -> [CpuMark; 2] {
+    let sentinel = format!("{SENTINEL}{number}");
+    let mut node = node(size + number, true, Timestamp::now(), Timestamp::now());
+    node.metadata.name = Some(sentinel.clone());
+    server.seed(&node);
+    let counted = format!("nodekeeper_controller_watched_nodes {}", size + number);
+    let pids = [controller.pid(), bare.child.id()];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        quiet(&pids).await;
+        let marks = [CpuMark::take(pids[0]), CpuMark::take(pids[1])];
+        // The scrape comes after the readings: its cost falls into the next window.
+        if bare.saw(&sentinel) && controller.metrics().contains(&counted) {
+            return marks;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{sentinel} never reached both processes"
+        );
+    }
+}
+
+/// A per-event CPU figure in µs; `*` marks one read from 10 ms ticks because a thread
+/// ended within its window.
+fn per_event(cpu: CpuUse) -> String {
+    format!("{:.1}{}", cpu.ns / 1000.0, if cpu.exact { "" } else { "*" })
+}
+
 fn print_scale(results: &[ScaleResult]) {
-    println!("\ncontroller at scale (CPU per event; memory after the run)");
+    println!("\ncontroller at scale (CPU per event, less idle; memory after the run)");
     println!(
-        "{:>6}  {:<22} {:>10} {:>10} {:>14} {:>14} {:>12}",
-        "nodes", "process", "RSS MiB", "peak MiB", "µs/status rpt", "µs/readiness", "start ms"
+        "{:>6}  {:<22} {:>8} {:>9} {:>14} {:>13} {:>10} {:>9}",
+        "nodes",
+        "process",
+        "RSS MiB",
+        "peak MiB",
+        "µs/status rpt",
+        "µs/readiness",
+        "idle µs/s",
+        "start ms"
     );
     for result in results {
         for (name, figures, start) in [
@@ -490,13 +615,14 @@ fn print_scale(results: &[ScaleResult]) {
             ("bare node reflector", &result.bare, "-".to_string()),
         ] {
             println!(
-                "{:>6}  {:<22} {:>10.1} {:>10.1} {:>14.1} {:>14.1} {:>12}",
+                "{:>6}  {:<22} {:>8.1} {:>9.1} {:>14} {:>13} {:>10.0} {:>9}",
                 result.size,
                 name,
                 figures.rss_kib as f64 / 1024.0,
                 figures.peak_kib as f64 / 1024.0,
-                figures.report_ns / 1000.0,
-                figures.flip_ns / 1000.0,
+                per_event(figures.report),
+                per_event(figures.flip),
+                figures.idle_us_per_s,
                 start
             );
         }
@@ -504,8 +630,8 @@ fn print_scale(results: &[ScaleResult]) {
             "{:>6}  ratio controller/bare: RSS {:.2}x, status report {:.2}x, readiness change {:.2}x",
             result.size,
             result.controller.rss_kib as f64 / result.bare.rss_kib as f64,
-            result.controller.report_ns / result.bare.report_ns,
-            result.controller.flip_ns / result.bare.flip_ns,
+            result.controller.report.ns / result.bare.report.ns,
+            result.controller.flip.ns / result.bare.flip.ns,
         );
     }
     if let (Some(small), Some(large)) = (results.first(), results.last())
@@ -520,14 +646,15 @@ fn print_scale(results: &[ScaleResult]) {
                 large.controller.rss_kib as f64,
                 small.controller.rss_kib as f64
             ),
-            growth(large.controller.report_ns, small.controller.report_ns),
-            growth(large.controller.flip_ns, small.controller.flip_ns),
+            growth(large.controller.report.ns, small.controller.report.ns),
+            growth(large.controller.flip.ns, small.controller.flip.ns),
             growth(large.controller_start_ms, small.controller_start_ms),
         );
+        let added = (large.size - small.size) as f64;
         println!(
-            "controller memory per added node: {:.1} KiB",
-            (large.controller.rss_kib as f64 - small.controller.rss_kib as f64)
-                / (large.size - small.size) as f64
+            "memory per added node: controller {:.1} KiB, bare reflector {:.1} KiB",
+            (large.controller.rss_kib as f64 - small.controller.rss_kib as f64) / added,
+            (large.bare.rss_kib as f64 - small.bare.rss_kib as f64) / added,
         );
     }
 }

@@ -20,6 +20,7 @@ pub mod resource;
 pub mod run;
 pub mod status;
 pub mod storm;
+pub mod views;
 
 pub use decide::{
     Action, Decision, ExecutionReport, ExecutionRequest, FenceEvent, Outcome, ReportedState,

@@ -6,7 +6,7 @@
 //! sweep: each unhealthy node's due time is kept and the watch sleeps until the earliest.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -21,7 +21,6 @@ use super::facts::Readiness;
 use super::observe;
 use super::reconciler::Context;
 use super::resource::{FIELD_MANAGER, NodeFence, NodeFenceSpec};
-use super::storm::WatchedNodes;
 
 /// How soon a due node whose pods need no fencing (or whose check failed) is looked at
 /// again.
@@ -90,8 +89,6 @@ pub async fn watch_nodes(
     // pods: the storm guard must never count stale readiness.
     let mut creating: JoinSet<(String, Option<Timestamp>)> = JoinSet::new();
     let mut in_progress: HashSet<String> = HashSet::new();
-    // The guard's views of a relist, swapped in whole at its end as the store is.
-    let mut relisted: Option<WatchedNodes> = None;
     let mut sweep = tokio::time::interval(SWEEP);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -103,31 +100,29 @@ pub async fn watch_nodes(
         tokio::select! {
             event = stream.next() => {
                 let Some(event) = event else { return };
+                if let Ok(event) = &event {
+                    ctx.guard_views().apply(event, ctx.policy.node_selector.as_ref());
+                }
                 match event {
                     Ok(watcher::Event::Apply(node)) => {
-                        keep_view(&ctx, &mut ctx.watched.lock().unwrap_or_else(PoisonError::into_inner), &node);
                         observe_node(&ctx, &node, &mut readiness, &mut due, &wake, true);
                     }
                     Ok(watcher::Event::InitApply(node)) => {
                         // The store is swapped in at InitDone; a storm judged on half a
                         // list would be wrong both ways.
-                        keep_view(&ctx, relisted.get_or_insert_default(), &node);
                         observe_node(&ctx, &node, &mut readiness, &mut due, &wake, false);
                     }
                     Ok(watcher::Event::Delete(node)) => {
                         let name = node.metadata.name.clone().unwrap_or_default();
-                        ctx.watched.lock().unwrap_or_else(PoisonError::into_inner).remove(&name);
                         readiness.remove(&name);
                         due.remove(&name);
                         let _ = wake.send(name);
                         ctx.assess((ctx.clock)());
                     }
                     Ok(watcher::Event::InitDone) => {
-                        *ctx.watched.lock().unwrap_or_else(PoisonError::into_inner) =
-                            relisted.take().unwrap_or_default();
                         ctx.assess((ctx.clock)());
                     }
-                    Ok(watcher::Event::Init) => relisted = Some(WatchedNodes::default()),
+                    Ok(watcher::Event::Init) => {}
                     Err(error) => tracing::warn!(%error, "node watch failed; it is restarted with backoff"),
                 }
             }
@@ -178,16 +173,6 @@ pub async fn watch_nodes(
                 }
             }
         }
-    }
-}
-
-/// Keeps the guard's view of `node` in `watched`: a node the selector no longer selects
-/// leaves it.
-fn keep_view(ctx: &Context, watched: &mut WatchedNodes, node: &Node) {
-    if observe::is_selected(node, ctx.policy.node_selector.as_ref()) {
-        watched.upsert(observe::node_view(node));
-    } else if let Some(name) = node.metadata.name.as_deref() {
-        watched.remove(name);
     }
 }
 

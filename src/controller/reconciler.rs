@@ -38,7 +38,8 @@ use super::policy::{
     ControllerPolicy, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, REMEDIATION_TAINT,
 };
 use super::resource::{FIELD_MANAGER, NodeFence, NodeFenceStatus};
-use super::storm::{Assessment, Guard, StormMemory, StormState, WatchedNodes, assess};
+use super::storm::{Assessment, Guard, StormMemory, StormState, assess};
+use super::views::GuardViews;
 
 /// Everything a reconcile needs, shared by all of them.
 pub struct Context {
@@ -48,8 +49,8 @@ pub struct Context {
     pub executor: Arc<dyn Executor>,
     /// Every watched node (see `nodes.rs`), stripped of what the controller never reads.
     pub nodes: Store<Node>,
-    /// The selected nodes as the storm guard counts them, kept by the node watch.
-    pub watched: Mutex<WatchedNodes>,
+    /// The storm guard's view of the selected nodes, kept by the node watch.
+    pub guard_views: Mutex<GuardViews>,
     /// Every NodeFence, as the controller's watch last saw it.
     pub fences: Store<NodeFence>,
     /// Whether this replica may act, and the storm guard's memory, which the Lease
@@ -139,8 +140,8 @@ impl Context {
     /// The watched nodes as the storm guard counts them, and the guard's verdict over
     /// them; the memory is kept for the next evaluation.
     pub fn assess(&self, now: Timestamp) -> Assessment {
-        let watched = self.watched.lock().unwrap_or_else(PoisonError::into_inner);
-        let views = watched.views();
+        let guard_views = self.guard_views();
+        let views = guard_views.views();
         let mut memory = self
             .leadership
             .storm
@@ -167,6 +168,14 @@ impl Context {
             StormState::Cooldown { .. } => "cooldown",
         });
         assessment
+    }
+
+    /// The storm guard's view of the selected nodes. Held by `assess` before the storm
+    /// memory; nothing takes the two the other way round.
+    pub fn guard_views(&self) -> std::sync::MutexGuard<'_, GuardViews> {
+        self.guard_views
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The guard's word on a fence in `zone`.

@@ -88,7 +88,7 @@ pub async fn run(
         runner,
         executor: executor.clone(),
         nodes: nodes.clone(),
-        watched: Default::default(),
+        guard_views: Default::default(),
         fences: controller.store(),
         leadership: elector.leadership(),
         inherited_storm: elector.inherited_storm(),
