@@ -23,6 +23,18 @@ fn nodekeeper(args: &[&str]) -> Output {
 }
 
 /// `nodekeeper args --from dir --agents-dir agents` with `RUST_LOG=level`.
+/// The standard output of a run that must exit 0; both outputs are shown if it did not.
+fn stdout_of_success(output: &Output) -> String {
+    let stdout = text(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        text(&output.stderr)
+    );
+    stdout
+}
+
 fn from_files(args: &[&str], dir: &Path, agents: &Path, level: &str) -> Output {
     let dir = dir.display().to_string();
     let agents = agents.display().to_string();
@@ -105,13 +117,7 @@ fn check_as_json_for_programs() {
         agents.path(),
         "warn",
     );
-    let stdout = text(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{stdout}{}",
-        text(&output.stderr)
-    );
+    let stdout = stdout_of_success(&output);
     let json: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
     assert_eq!(json["valid"], true);
     assert_eq!(json["notInstalled"], serde_json::json!(["fence_nowhere"]));
@@ -239,13 +245,7 @@ fn fence_run_without_yes_only_says_what_it_would_do() {
     require!("fence-agents", real::program("fence_dummy", "fence-agents"));
     let (agents, dir, state) = alternatives_setup();
     let output = run_alternatives(&agents, &dir, "power-management", false);
-    let stdout = text(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{stdout}{}",
-        text(&output.stderr)
-    );
+    let stdout = stdout_of_success(&output);
     assert!(
         stdout.contains("alternative 1 (tried first):\n    method dummy-off: fence_dummy off"),
         "{stdout}"
@@ -413,13 +413,7 @@ fn the_probe_reports_power_without_changing_it() {
         agents.path(),
         "warn",
     );
-    let stdout = text(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{stdout}{}",
-        text(&output.stderr)
-    );
+    let stdout = stdout_of_success(&output);
     assert!(
         stdout.contains("Probe (status only; power was not changed):"),
         "{stdout}"
@@ -657,13 +651,7 @@ fn the_job_wrapper_gives_the_agent_the_mounted_credential_on_stdin_and_reports_t
     };
 
     let output = execute(&job_execution(&state, 1));
-    let stdout = text(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{stdout}{}",
-        text(&output.stderr)
-    );
+    let stdout = stdout_of_success(&output);
     let result: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&result_file).expect("result"))
             .expect("json");
