@@ -5,9 +5,15 @@
 //!
 //! Run: cargo bench --bench agent_footprint   (NK_FOOTPRINT_SECONDS sets the window, default 30)
 
+#[allow(dead_code)]
+#[path = "../tests/support/process_usage.rs"]
+mod process_usage;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use process_usage::{cpu_time, status_kib};
 
 const PODS: usize = 110;
 
@@ -85,25 +91,6 @@ fn config(root: &Path, interval: &str) -> PathBuf {
     path
 }
 
-/// utime + stime of a process, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-}
-
-fn status_kib(pid: u32, key: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
 struct Measurement {
     rss_mib: f64,
     peak_rss_mib: f64,
@@ -121,13 +108,13 @@ fn measure(config: &Path, window: Duration) -> Measurement {
         .unwrap();
     let pid = child.id();
     std::thread::sleep(Duration::from_secs(3));
-    let (cpu_start, wall_start) = (cpu_seconds(pid), Instant::now());
+    let (cpu_start, wall_start) = (cpu_time(pid).as_secs_f64(), Instant::now());
     std::thread::sleep(window);
-    let cpu = cpu_seconds(pid) - cpu_start;
+    let cpu = cpu_time(pid).as_secs_f64() - cpu_start;
     let wall = wall_start.elapsed().as_secs_f64();
     let measurement = Measurement {
-        rss_mib: status_kib(pid, "VmRSS:") / 1024.0,
-        peak_rss_mib: status_kib(pid, "VmHWM:") / 1024.0,
+        rss_mib: status_kib(pid, "VmRSS:") as f64 / 1024.0,
+        peak_rss_mib: status_kib(pid, "VmHWM:") as f64 / 1024.0,
         cpu_percent_of_one_core: 100.0 * cpu / wall,
     };
     let _ = child.kill();

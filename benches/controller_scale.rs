@@ -43,6 +43,7 @@ use serde_json::json;
 
 use support::apiserver::FakeApiServer;
 use support::controller::{ControllerProcess, config_map, crd, enabled_fabric, fence_of};
+use support::process_usage;
 
 /// Set in the re-executed child that plays the bare reflector: the API server's URL.
 const BARE_WATCHER: &str = "NK_BENCH_BARE_NODE_WATCHER";
@@ -141,18 +142,6 @@ fn cpu(pid: u32) -> (u64, BTreeSet<u32>) {
     (total, threads)
 }
 
-/// utime + stime of the whole process (ended threads included), in nanoseconds.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process is alive");
-    // The command name may hold spaces; the fields after it are fixed.
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 =
-        fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
-    // /proc reports these in USER_HZ, which is 100 on every Linux.
-    ticks * 10_000_000
-}
-
 /// A CPU reading of one process at one moment.
 struct CpuMark {
     exact: u64,
@@ -175,7 +164,8 @@ impl CpuMark {
         CpuMark {
             exact,
             threads,
-            ticks: cpu_ticks(pid),
+            // utime + stime: ended threads included, in 10 ms ticks.
+            ticks: process_usage::cpu_time(pid).as_nanos() as u64,
             at: Instant::now(),
         }
     }
@@ -197,19 +187,12 @@ impl CpuMark {
     }
 }
 
-/// Resident and peak resident memory in KiB, from `/proc/<pid>/status`.
+/// Resident and peak resident memory in KiB.
 fn memory(pid: u32) -> (u64, u64) {
-    let status =
-        std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the process is alive");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|kib| kib.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    (
+        process_usage::status_kib(pid, "VmRSS:"),
+        process_usage::status_kib(pid, "VmHWM:"),
+    )
 }
 
 /// Waits until every process in `pids` has used under 2 ms of CPU over 500 ms: the events

@@ -8,4 +8,5 @@ pub mod fake_fence_agents;
 pub mod fence_emulators;
 pub mod fence_manifests;
 pub mod job_runner;
+pub mod process_usage;
 pub mod real;
