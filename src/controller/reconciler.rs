@@ -141,7 +141,6 @@ impl Context {
     /// them; the memory is kept for the next evaluation.
     pub fn assess(&self, now: Timestamp) -> Assessment {
         let guard_views = self.guard_views();
-        let views = guard_views.views();
         let mut memory = self
             .leadership
             .storm
@@ -152,16 +151,14 @@ impl Context {
             let rebuilt = observe::storm_memory_from(fences.iter().map(|fence| fence.as_ref()));
             rebuilt.merge(self.inherited_storm.unwrap_or_default())
         });
-        let assessment = assess(views, current, &self.policy.storm, now);
+        let assessment = assess(guard_views.views(), current, &self.policy.storm, now);
         *memory = Some(assessment.memory);
         drop(memory);
-        self.metrics.watched_nodes.set(views.len() as i64);
-        self.metrics.unhealthy_nodes.set(
-            views
-                .iter()
-                .filter(|view| view.readiness != Readiness::Ready)
-                .count() as i64,
-        );
+        drop(guard_views);
+        self.metrics.watched_nodes.set(assessment.watched as i64);
+        self.metrics
+            .unhealthy_nodes
+            .set(assessment.unhealthy as i64);
         self.metrics.set_storm_state(match assessment.storm {
             StormState::Calm => "calm",
             StormState::Storm { .. } => "storm",

@@ -113,6 +113,9 @@ pub struct ZoneView {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Assessment {
     pub storm: StormState,
+    /// The nodes counted, and how many of them are not Ready.
+    pub watched: usize,
+    pub unhealthy: usize,
     pub zones: BTreeMap<String, ZoneView>,
     /// To be kept for the next evaluation.
     pub memory: StormMemory,
@@ -178,6 +181,8 @@ pub fn assess(
     };
     Assessment {
         storm,
+        watched: total,
+        unhealthy,
         zones: zones(nodes, policy),
         memory,
     }
@@ -567,6 +572,14 @@ mod tests {
                 allowed: 0
             }
         );
+        // The counts come with every verdict, calm included (the metrics read them).
+        let lenient = StormPolicy {
+            max_unhealthy: CountOrPercent::Count(5),
+            ..StormPolicy::default()
+        };
+        let calm = assess(watched.views(), StormMemory::default(), &lenient, at(0));
+        assert_eq!(calm.storm, StormState::Calm);
+        assert_eq!((calm.watched, calm.unhealthy), (2, 2));
     }
 
     proptest::proptest! {
