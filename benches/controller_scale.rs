@@ -452,7 +452,7 @@ async fn scale(size: usize, size_reports: usize, flips_sent: usize) -> ScaleResu
         &config,
         // Long enough that no node becomes due during the run: this measures watching.
         "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: fencing\n\
-         unhealthyDuration: 10m\n",
+         unhealthyDuration: 10m\nreports: {address: \"127.0.0.1:0\"}\n",
     )
     .expect("config");
     let controller = ControllerProcess::start(dir.path(), &server, &config);
@@ -742,7 +742,7 @@ async fn start_latency(samples: usize) {
         &config,
         format!(
             "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: fencing\n\
-             unhealthyDuration: 2s\npowerManagementDelay: 10m\n\
+             unhealthyDuration: 2s\npowerManagementDelay: 10m\nreports: {{address: \"127.0.0.1:0\"}}\n\
              release: {{outOfServiceTaint: true, deletePods: true}}\n\
              # One node is fenced every few seconds: the zone rate must not gate a sample.\n\
              stormGuard: {{zoneFenceRate: 10, stormCooldown: 0s}}\n\

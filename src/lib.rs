@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod notify;
 pub mod pods;
 pub mod process;
+pub mod report;
 pub mod shutdown;
 pub mod signals;
 pub mod text;

@@ -5,7 +5,11 @@ mod support;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::authentication::v1::{
+    BoundObjectReference, TokenRequest, TokenRequestSpec, TokenReview, TokenReviewSpec,
+    TokenReviewStatus,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ServiceAccount};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PostParams, Preconditions, WatchEvent, WatchParams,
@@ -13,7 +17,7 @@ use kube::api::{
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::{Value, json};
 
-use support::apiserver::{CustomResource, FakeApiServer, RequestMatcher};
+use support::apiserver::{CustomResource, FakeApiServer, RbacAccess, RequestMatcher};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -876,4 +880,614 @@ async fn custom_resources_discovery_and_kubeconfig() {
         fences.get("f1").await.unwrap().data["spec"]["node"],
         "node-a"
     );
+}
+
+// ---- service accounts: TokenRequest and TokenReview ----
+
+const CONTROLLER_AUDIENCE: &str = "nodekeeper-controller";
+
+fn api_failure(error: kube::Error) -> (u16, String, String) {
+    match error {
+        kube::Error::Api(status) => (status.code, status.reason.clone(), status.message.clone()),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+fn agent_pod(name: &str, service_account: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"serviceAccountName": service_account, "nodeName": node,
+                 "containers": [{"name": "agent", "image": "nodekeeper"}]},
+    }))
+    .unwrap()
+}
+
+/// A ServiceAccount `agent`, a Node `node-a` and a pod `agent-1` running as `agent` on it.
+async fn agent_fixture(server: &FakeApiServer) -> (ServiceAccount, Node, Pod) {
+    let client = server.client();
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "agent"}})).unwrap();
+    let account = Api::<ServiceAccount>::default_namespaced(client.clone())
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "node-a"}})).unwrap();
+    let node = Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+    let pod = Api::<Pod>::default_namespaced(client)
+        .create(
+            &PostParams::default(),
+            &agent_pod("agent-1", "agent", "node-a"),
+        )
+        .await
+        .unwrap();
+    (account, node, pod)
+}
+
+fn token_request(audiences: &[&str], bound: Option<(&str, &str, Option<&str>)>) -> TokenRequest {
+    TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: audiences
+                .iter()
+                .map(|audience| audience.to_string())
+                .collect(),
+            bound_object_ref: bound.map(|(kind, name, uid)| BoundObjectReference {
+                api_version: Some("v1".to_string()),
+                kind: Some(kind.to_string()),
+                name: Some(name.to_string()),
+                uid: uid.map(str::to_string),
+            }),
+            expiration_seconds: None,
+        },
+        ..TokenRequest::default()
+    }
+}
+
+/// A token for `agent` bound to `pod` (uid included), for the controller's audience.
+async fn pod_token(server: &FakeApiServer, pod: &Pod) -> String {
+    let accounts: Api<ServiceAccount> = Api::default_namespaced(server.client());
+    let request = token_request(
+        &[CONTROLLER_AUDIENCE],
+        Some((
+            "Pod",
+            pod.metadata.name.as_deref().unwrap(),
+            pod.metadata.uid.as_deref(),
+        )),
+    );
+    accounts
+        .create_token_request("agent", &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token
+}
+
+async fn review(server: &FakeApiServer, token: &str, audiences: &[&str]) -> TokenReviewStatus {
+    let review = TokenReview {
+        spec: TokenReviewSpec {
+            token: Some(token.to_string()),
+            audiences: Some(
+                audiences
+                    .iter()
+                    .map(|audience| audience.to_string())
+                    .collect(),
+            ),
+        },
+        ..TokenReview::default()
+    };
+    Api::<TokenReview>::all(server.client())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+}
+
+fn extra(status: &TokenReviewStatus, key: &str) -> Option<String> {
+    let values = status.user.as_ref()?.extra.as_ref()?.get(key)?;
+    assert_eq!(values.len(), 1, "{key}: {values:?}");
+    values.first().cloned()
+}
+
+fn rejection(status: &TokenReviewStatus) -> String {
+    assert_ne!(status.authenticated, Some(true), "{status:?}");
+    status.error.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn pod_bound_tokens_are_issued_and_reviewed_like_a_real_cluster() {
+    let server = FakeApiServer::start().await;
+    let (account, node, pod) = agent_fixture(&server).await;
+    let accounts: Api<ServiceAccount> = Api::default_namespaced(server.client());
+    let request = token_request(
+        &[CONTROLLER_AUDIENCE],
+        Some(("Pod", "agent-1", pod.metadata.uid.as_deref())),
+    );
+    let issued = accounts
+        .create_token_request("agent", &PostParams::default(), &request)
+        .await
+        .unwrap();
+    assert_eq!(issued.metadata.name.as_deref(), Some("agent"));
+    assert_eq!(issued.spec.expiration_seconds, Some(3600));
+    assert_eq!(issued.spec.audiences, [CONTROLLER_AUDIENCE]);
+    let status = issued.status.unwrap();
+    let lifetime = status
+        .expiration_timestamp
+        .0
+        .duration_since(k8s_openapi::jiff::Timestamp::now());
+    assert!((3590..=3600).contains(&lifetime.as_secs()), "{lifetime:?}");
+    let token = status.token;
+    let segments: Vec<&str> = token.split('.').collect();
+    assert_eq!(segments.len(), 3, "{token}");
+    assert!(segments.iter().all(|segment| {
+        !segment.is_empty()
+            && segment
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
+    }));
+    assert!(segments[0].starts_with("eyJ"), "a JSON header: {token}");
+    assert_ne!(pod_token(&server, &pod).await, token, "tokens are random");
+
+    let facts = server.issued_tokens();
+    let fact = facts.iter().find(|fact| fact.token == token).unwrap();
+    assert_eq!(
+        fact.service_account.uid,
+        account.metadata.uid.clone().unwrap()
+    );
+    assert_eq!(fact.pod.as_ref().unwrap().name, "agent-1");
+    let node_fact = fact.node.as_ref().unwrap();
+    assert_eq!(node_fact.name, "node-a");
+    assert_eq!(node_fact.uid, node.metadata.uid.clone());
+
+    let accepted = review(&server, &token, &[CONTROLLER_AUDIENCE, "other"]).await;
+    assert_eq!(accepted.authenticated, Some(true), "{accepted:?}");
+    assert_eq!(accepted.error, None);
+    assert_eq!(
+        accepted.audiences.as_deref(),
+        Some(&[CONTROLLER_AUDIENCE.to_string()][..])
+    );
+    let user = accepted.user.clone().unwrap();
+    assert_eq!(
+        user.username.as_deref(),
+        Some("system:serviceaccount:default:agent")
+    );
+    assert_eq!(user.uid, account.metadata.uid);
+    assert_eq!(
+        user.groups.unwrap(),
+        [
+            "system:serviceaccounts",
+            "system:serviceaccounts:default",
+            "system:authenticated"
+        ]
+    );
+    assert_eq!(
+        extra(&accepted, "authentication.kubernetes.io/pod-name").as_deref(),
+        Some("agent-1")
+    );
+    assert_eq!(
+        extra(&accepted, "authentication.kubernetes.io/pod-uid"),
+        pod.metadata.uid
+    );
+    assert_eq!(
+        extra(&accepted, "authentication.kubernetes.io/node-name").as_deref(),
+        Some("node-a")
+    );
+    assert_eq!(
+        extra(&accepted, "authentication.kubernetes.io/node-uid"),
+        node.metadata.uid
+    );
+    assert_eq!(
+        extra(&accepted, "authentication.kubernetes.io/credential-id"),
+        Some(format!("JTI={}", fact.credential_id))
+    );
+
+    let wrong_audience = review(&server, &token, &["someone-else"]).await;
+    assert_eq!(
+        wrong_audience.authenticated, None,
+        "false is omitted, as Go's omitempty does"
+    );
+    assert_eq!(
+        rejection(&wrong_audience),
+        r#"token audiences ["nodekeeper-controller"] is invalid for the target audiences ["someone-else"]"#
+    );
+    assert_eq!(wrong_audience.user.unwrap().username, None);
+    let server_audience = review(&server, &token, &[]).await;
+    assert_eq!(
+        rejection(&server_audience),
+        r#"token audiences ["nodekeeper-controller"] is invalid for the target audiences ["https://kubernetes.default.svc.cluster.local"]"#
+    );
+
+    let unknown = review(&server, "not-a-token", &[CONTROLLER_AUDIENCE]).await;
+    assert_eq!(rejection(&unknown), "invalid bearer token");
+    let mut forged = token.clone();
+    let last = forged.pop().unwrap();
+    forged.push(if last == 'A' { 'B' } else { 'A' });
+    let forged = review(&server, &forged, &[CONTROLLER_AUDIENCE]).await;
+    assert_eq!(rejection(&forged), "invalid bearer token");
+
+    let accesses = server.rbac_accesses();
+    for (verb, group, resource) in [
+        ("create", "", "serviceaccounts/token"),
+        ("create", "authentication.k8s.io", "tokenreviews"),
+    ] {
+        assert!(
+            accesses.contains(&RbacAccess {
+                verb: verb.to_string(),
+                group: group.to_string(),
+                resource: resource.to_string(),
+            }),
+            "{accesses:?}"
+        );
+    }
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|request| request.method == "POST"
+                && request.path == "/api/v1/namespaces/default/serviceaccounts/agent/token"
+                && request.status == 201)
+    );
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|request| request.method == "POST"
+                && request.path == "/apis/authentication.k8s.io/v1/tokenreviews"
+                && request.status == 201)
+    );
+}
+
+#[tokio::test]
+async fn service_accounts_and_token_apis_are_discoverable() {
+    let server = FakeApiServer::start().await;
+    let client = server.client();
+    let core = client.list_core_api_resources("v1").await.unwrap();
+    let accounts = core
+        .resources
+        .iter()
+        .find(|resource| resource.name == "serviceaccounts")
+        .unwrap();
+    assert!(accounts.namespaced);
+    assert_eq!(accounts.kind, "ServiceAccount");
+    let token = core
+        .resources
+        .iter()
+        .find(|resource| resource.name == "serviceaccounts/token")
+        .unwrap();
+    assert_eq!(token.kind, "TokenRequest");
+    assert_eq!(token.group.as_deref(), Some("authentication.k8s.io"));
+    assert_eq!(token.verbs, ["create"]);
+
+    let authentication = client
+        .list_api_group_resources("authentication.k8s.io/v1")
+        .await
+        .unwrap();
+    let reviews = authentication
+        .resources
+        .iter()
+        .find(|resource| resource.name == "tokenreviews")
+        .unwrap();
+    assert!(!reviews.namespaced);
+    assert_eq!(reviews.kind, "TokenReview");
+    assert_eq!(reviews.verbs, ["create"]);
+    let groups = client.list_api_groups().await.unwrap();
+    assert!(
+        groups
+            .groups
+            .iter()
+            .any(|group| group.name == "authentication.k8s.io")
+    );
+
+    // Create-only: a list is refused as the real server refuses it.
+    let list = Api::<TokenReview>::all(client)
+        .list(&ListParams::default())
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(list), (405, "MethodNotAllowed".to_string()));
+}
+
+#[tokio::test]
+async fn deleted_or_replaced_pods_and_service_accounts_invalidate_tokens() {
+    let server = FakeApiServer::start().await;
+    let (_, _, pod) = agent_fixture(&server).await;
+    let pods: Api<Pod> = Api::default_namespaced(server.client());
+    let token = pod_token(&server, &pod).await;
+
+    // A graceful deletion still running: the pod is there, its token still works.
+    pods.delete("agent-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let terminating = review(&server, &token, &[CONTROLLER_AUDIENCE]).await;
+    assert_eq!(terminating.authenticated, Some(true), "{terminating:?}");
+    assert!(server.finalize::<Pod>("default", "agent-1"));
+    let deleted = review(&server, &token, &[CONTROLLER_AUDIENCE]).await;
+    assert_eq!(
+        rejection(&deleted),
+        "service account token has been invalidated"
+    );
+
+    let replacement = pods
+        .create(
+            &PostParams::default(),
+            &agent_pod("agent-1", "agent", "node-a"),
+        )
+        .await
+        .unwrap();
+    let replaced = review(&server, &token, &[CONTROLLER_AUDIENCE]).await;
+    assert_eq!(
+        rejection(&replaced),
+        format!(
+            "pod UID ({}) does not match service account pod ref claim ({})",
+            replacement.metadata.uid.clone().unwrap(),
+            pod.metadata.uid.clone().unwrap()
+        )
+    );
+
+    let token = pod_token(&server, &replacement).await;
+    let accounts: Api<ServiceAccount> = Api::default_namespaced(server.client());
+    let old_account = accounts
+        .delete("agent", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
+    let orphaned = review(&server, &token, &[CONTROLLER_AUDIENCE]).await;
+    assert_eq!(rejection(&orphaned), r#"serviceaccounts "agent" not found"#);
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "agent"}})).unwrap();
+    let new_account = accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    let recreated = review(&server, &token, &[CONTROLLER_AUDIENCE]).await;
+    assert_eq!(
+        rejection(&recreated),
+        format!(
+            "service account UID ({}) does not match claim ({})",
+            new_account.metadata.uid.unwrap(),
+            old_account.metadata.uid.unwrap()
+        )
+    );
+}
+
+#[tokio::test]
+async fn node_info_knob_node_bound_tokens_and_expiry() {
+    let server = FakeApiServer::start().await;
+    let (_, node, pod) = agent_fixture(&server).await;
+
+    server.set_token_node_info(false);
+    let without_node = pod_token(&server, &pod).await;
+    let status = review(&server, &without_node, &[CONTROLLER_AUDIENCE]).await;
+    assert_eq!(status.authenticated, Some(true), "{status:?}");
+    assert_eq!(
+        extra(&status, "authentication.kubernetes.io/pod-name").as_deref(),
+        Some("agent-1")
+    );
+    assert_eq!(
+        extra(&status, "authentication.kubernetes.io/node-name"),
+        None
+    );
+    assert_eq!(
+        extra(&status, "authentication.kubernetes.io/node-uid"),
+        None
+    );
+    server.set_token_node_info(true);
+
+    // The pod's node has no Node object: its name is still claimed, without a uid.
+    let pods: Api<Pod> = Api::default_namespaced(server.client());
+    let elsewhere = pods
+        .create(
+            &PostParams::default(),
+            &agent_pod("agent-2", "agent", "node-gone"),
+        )
+        .await
+        .unwrap();
+    let status = review(
+        &server,
+        &pod_token(&server, &elsewhere).await,
+        &[CONTROLLER_AUDIENCE],
+    )
+    .await;
+    assert_eq!(
+        extra(&status, "authentication.kubernetes.io/node-name").as_deref(),
+        Some("node-gone")
+    );
+    assert_eq!(
+        extra(&status, "authentication.kubernetes.io/node-uid"),
+        None
+    );
+
+    // Bound to the Node itself: node extras, no pod extras; deleting the Node invalidates it.
+    let accounts: Api<ServiceAccount> = Api::default_namespaced(server.client());
+    let node_token = accounts
+        .create_token_request(
+            "agent",
+            &PostParams::default(),
+            &token_request(&[CONTROLLER_AUDIENCE], Some(("Node", "node-a", None))),
+        )
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let status = review(&server, &node_token, &[CONTROLLER_AUDIENCE]).await;
+    assert_eq!(status.authenticated, Some(true), "{status:?}");
+    assert_eq!(
+        extra(&status, "authentication.kubernetes.io/node-uid"),
+        node.metadata.uid
+    );
+    assert_eq!(
+        extra(&status, "authentication.kubernetes.io/pod-name"),
+        None
+    );
+
+    // No audiences: the server's own, which a review without audiences accepts.
+    let unbound = accounts
+        .create_token_request("agent", &PostParams::default(), &token_request(&[], None))
+        .await
+        .unwrap();
+    assert_eq!(unbound.spec.audiences, [support::apiserver::API_AUDIENCE]);
+    let unbound = unbound.status.unwrap().token;
+    let status = review(&server, &unbound, &[]).await;
+    assert_eq!(status.authenticated, Some(true), "{status:?}");
+    assert_eq!(
+        extra(&status, "authentication.kubernetes.io/pod-name"),
+        None
+    );
+    assert!(extra(&status, "authentication.kubernetes.io/credential-id").is_some());
+
+    let pod_bound = pod_token(&server, &pod).await;
+    server.expire_tokens();
+    for token in [&pod_bound, &node_token] {
+        let expired = review(&server, token, &[CONTROLLER_AUDIENCE]).await;
+        assert_eq!(rejection(&expired), "service account token has expired");
+    }
+    let fresh = pod_token(&server, &pod).await;
+    let status = review(&server, &fresh, &[CONTROLLER_AUDIENCE]).await;
+    assert_eq!(
+        status.authenticated,
+        Some(true),
+        "tokens issued later are fresh: {status:?}"
+    );
+
+    Api::<Node>::all(server.client())
+        .delete("node-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let node_token = accounts
+        .create_token_request(
+            "agent",
+            &PostParams::default(),
+            &token_request(&[CONTROLLER_AUDIENCE], Some(("Node", "node-a", None))),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        api_failure(node_token),
+        (
+            404,
+            "NotFound".to_string(),
+            r#"nodes "node-a" not found"#.to_string()
+        )
+    );
+}
+
+#[tokio::test]
+async fn token_requests_are_refused_as_the_real_server_refuses_them() {
+    let server = FakeApiServer::start().await;
+    let (_, _, pod) = agent_fixture(&server).await;
+    let accounts: Api<ServiceAccount> = Api::default_namespaced(server.client());
+    let refuse = |request: TokenRequest, account: &'static str| {
+        let accounts = accounts.clone();
+        async move {
+            api_failure(
+                accounts
+                    .create_token_request(account, &PostParams::default(), &request)
+                    .await
+                    .unwrap_err(),
+            )
+        }
+    };
+
+    assert_eq!(
+        refuse(token_request(&[CONTROLLER_AUDIENCE], None), "ghost").await,
+        (
+            404,
+            "NotFound".to_string(),
+            r#"serviceaccounts "ghost" not found"#.to_string()
+        )
+    );
+
+    let mut short = token_request(&[CONTROLLER_AUDIENCE], None);
+    short.spec.expiration_seconds = Some(60);
+    assert_eq!(
+        refuse(short, "agent").await,
+        (
+            422,
+            "Invalid".to_string(),
+            r#"TokenRequest.authentication.k8s.io "" is invalid: spec.expirationSeconds: Invalid value: 60: may not specify a duration less than 10 minutes"#
+                .to_string()
+        )
+    );
+
+    assert_eq!(
+        refuse(
+            token_request(&[CONTROLLER_AUDIENCE], Some(("Pod", "missing", None))),
+            "agent"
+        )
+        .await,
+        (
+            404,
+            "NotFound".to_string(),
+            r#"pods "missing" not found"#.to_string()
+        )
+    );
+
+    let (code, reason, message) = refuse(
+        token_request(
+            &[CONTROLLER_AUDIENCE],
+            Some(("Pod", "agent-1", Some("stale-uid"))),
+        ),
+        "agent",
+    )
+    .await;
+    assert_eq!((code, reason.as_str()), (409, "Conflict"));
+    assert_eq!(
+        message,
+        r#"Operation cannot be fulfilled on Pod "agent-1": the UID in the bound object reference (stale-uid) does not match the UID in record. The object might have been deleted and then recreated"#
+    );
+
+    let other: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "other"}})).unwrap();
+    accounts
+        .create(&PostParams::default(), &other)
+        .await
+        .unwrap();
+    assert_eq!(
+        refuse(
+            token_request(&[CONTROLLER_AUDIENCE], Some(("Pod", "agent-1", pod.metadata.uid.as_deref()))),
+            "other"
+        )
+        .await,
+        (
+            400,
+            "BadRequest".to_string(),
+            r#"cannot bind token for serviceaccount "other" to pod running with different serviceaccount name."#
+                .to_string()
+        )
+    );
+
+    assert_eq!(
+        refuse(
+            token_request(
+                &[CONTROLLER_AUDIENCE],
+                Some(("ConfigMap", "settings", None))
+            ),
+            "agent"
+        )
+        .await,
+        (
+            400,
+            "BadRequest".to_string(),
+            "cannot bind token to object of type /v1, Kind=ConfigMap".to_string()
+        )
+    );
+
+    let empty = TokenReview::default();
+    let error = Api::<TokenReview>::all(server.client())
+        .create(&PostParams::default(), &empty)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        api_failure(error),
+        (
+            400,
+            "BadRequest".to_string(),
+            "token is required for TokenReview in authentication".to_string()
+        )
+    );
+    assert!(server.issued_tokens().is_empty());
 }

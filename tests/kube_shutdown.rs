@@ -126,6 +126,7 @@ impl Cluster {
             Some(runtime.shutdown_hooks()),
             None,
             Arc::new(Metrics::new()),
+            None,
             stop_rx,
         );
         assert!(tasks.is_some(), "graceful shutdown is configured");

@@ -58,6 +58,8 @@ pub struct Agent {
     pod_source: Option<Box<dyn PodSource>>,
     observers: Vec<Box<dyn CycleObserver>>,
     notifiers: Option<Notifiers>,
+    /// Whether the API server answers, when the agent uses one (for its reports).
+    api_reachability: Option<crate::report::ApiReachability>,
 }
 
 impl Agent {
@@ -85,6 +87,7 @@ impl Agent {
             recorder: None,
             pod_source: None,
             observers: Vec::new(),
+            api_reachability: None,
             notifiers: None,
         }
         .with_standalone_evictor()
@@ -146,6 +149,15 @@ impl Agent {
 
     pub fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
+    }
+
+    /// Where the API connection posts whether the API server answers.
+    pub fn set_api_reachability(&mut self, reachability: crate::report::ApiReachability) {
+        self.api_reachability = Some(reachability);
+    }
+
+    pub fn api_reachability(&self) -> Option<crate::report::ApiReachability> {
+        self.api_reachability.clone()
     }
 
     /// The cgroup reader the agent measures with, when the host has a cgroup tree.

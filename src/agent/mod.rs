@@ -5,6 +5,7 @@
 mod cycle;
 mod hooks;
 mod record;
+mod report;
 mod shutdown;
 
 pub use cycle::{Agent, CycleReport};
@@ -103,11 +104,18 @@ pub async fn run(
 
     let mut agent = Agent::new(config, metrics.clone());
     customize(&mut agent);
+    let reporting = report::start(
+        &agent.config().clone(),
+        &mut agent,
+        metrics.clone(),
+        stop_tx.subscribe(),
+    );
     let shutdown_manager = shutdown::start(
         agent.config(),
         kube_shutdown,
         agent.cgroup_reader(),
         metrics.clone(),
+        reporting.as_ref().map(|(board, _)| board.clone()),
         stop_tx.subscribe(),
     );
     let support = agent.announce();
@@ -128,6 +136,11 @@ pub async fn run(
         // The manager finishes a running drain phase bookkeeping and releases the lock.
         let _ = manager.await;
         publisher.abort();
+    }
+    if let Some((_, tasks)) = reporting {
+        for task in tasks {
+            task.abort();
+        }
     }
     match server.await {
         Ok(Err(error)) => tracing::warn!(%error, "metrics server ended with an error"),

@@ -31,6 +31,7 @@ pub fn start(
     kube: Option<ShutdownHooks>,
     reader: Option<&CgroupReader>,
     metrics: Arc<Metrics>,
+    board: Option<Arc<crate::report::ReportBoard>>,
     stop: watch::Receiver<bool>,
 ) -> Option<(JoinHandle<()>, JoinHandle<()>)> {
     let phases = phases_from_config(&config.shutdown);
@@ -47,7 +48,7 @@ pub fn start(
             return None;
         }
     };
-    let mut options = ManagerOptions::new(phases, boot_id);
+    let mut options = ManagerOptions::new(phases, boot_id.clone());
     options.state_path = config.shutdown_state_file.clone();
     options.logind_dropin_path = config.logind_drop_in_path.clone();
     if let Some(address) = &config.dbus_address {
@@ -104,7 +105,12 @@ pub fn start(
             (manager, None)
         }
     };
-    let publisher = tokio::spawn(publish_status(status_rx, metrics, node_status));
+    let publisher = tokio::spawn(publish_status(
+        status_rx,
+        metrics,
+        node_status,
+        board.map(|board| (board, boot_id)),
+    ));
     Some((manager, publisher))
 }
 
@@ -153,11 +159,15 @@ async fn publish_status(
     mut status: watch::Receiver<ManagerStatus>,
     metrics: Arc<Metrics>,
     mut node_status: Option<NodeShutdownPublisher>,
+    board: Option<(Arc<crate::report::ReportBoard>, String)>,
 ) {
     let mut was_shutting_down = false;
     loop {
         {
             let current = status.borrow_and_update();
+            if let Some((board, boot_id)) = &board {
+                board.set_shutdown(super::report::shutdown_report(&current, boot_id));
+            }
             if let Some(node_status) = node_status.as_mut() {
                 node_status.observe(&current);
             }

@@ -69,9 +69,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         metrics_address: args.metrics_addr.clone(),
         ..args.eviction.overrides()
     };
-    let loaded = config::load_with_warnings(args.config.as_deref(), &overrides)?;
+    let mut loaded = config::load_with_warnings(args.config.as_deref(), &overrides)?;
     for warning in &loaded.warnings {
         tracing::warn!("{warning}");
+    }
+    if loaded.config.report.is_some() && loaded.config.node_name.is_none() {
+        // Reports name their node; found the way the API connection finds it.
+        let node = nodekeeper::kubernetes::node_name(&loaded.config)
+            .context("report: which node is this")?;
+        loaded.config.node_name = Some(node);
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

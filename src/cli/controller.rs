@@ -48,6 +48,10 @@ pub struct StatusArgs {
     pub config: Option<PathBuf>,
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    /// The controller's metrics address (e.g. http://127.0.0.1:9848 through `kubectl
+    /// port-forward`), to show each node's latest agent report from its `/reports`.
+    #[arg(long, value_name = "URL")]
+    pub controller_url: Option<String>,
     #[arg(long, value_enum, default_value = "table")]
     pub output: super::OutputFormat,
 }
@@ -80,8 +84,18 @@ fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         let fences = fences.list(&params).await.context(
             "listing the NodeFences (is the CRD installed? nodekeeper crd | kubectl apply -f -)",
         )?;
+        let reports = match &args.controller_url {
+            Some(url) => Some(nodekeeper::report::sender::fetch_views(url).await?),
+            None => None,
+        };
         let now = k8s_openapi::jiff::Timestamp::now();
-        let report = status::build(&nodes.items, &fences.items, &policy, now);
+        let report = status::build(
+            &nodes.items,
+            &fences.items,
+            reports.as_deref(),
+            &policy,
+            now,
+        );
         match args.output {
             super::OutputFormat::Table => print!("{}", status::render(&report, now)),
             super::OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -116,20 +130,46 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Duration::from_secs(365 * 24 * 3600),
             "waiting for the leader Lease and the first node list\n",
         ));
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut stop_rx = stop_rx.clone();
+            async move {
+                let _ = stop_rx.wait_for(|stop| *stop).await;
+            }
+        };
+        // Reports are taken from the start, also on a replica that does not lead: the
+        // Service sends them to the ready (leading) replica, and a replica that takes
+        // over knows the agents within one report interval either way.
+        let mut extra_routes = axum::Router::new();
+        let mut report_tasks = Vec::new();
+        if policy.reports.enabled {
+            use nodekeeper::report::server;
+            let hub = Arc::new(nodekeeper::report::ReportHub::new(
+                client.clone(),
+                &policy.namespace,
+                policy.reports.clone(),
+                metrics.reports.clone(),
+            ));
+            let address = &policy.reports.address;
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("reports.address {address}: cannot listen"))?;
+            tracing::info!(address = %listener.local_addr()?, "serving agent reports on POST /v1/reports");
+            report_tasks.push(tokio::spawn(server::serve(listener, hub.clone(), stopped())));
+            report_tasks.push(tokio::spawn(server::publish_census(hub.clone(), stopped())));
+            extra_routes = server::views_route(hub);
+        }
         let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
             .await
             .with_context(|| format!("listening on {} for metrics", args.metrics_addr))?;
         let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let server = tokio::spawn(nodekeeper::metrics::serve(
+        let server = tokio::spawn(nodekeeper::metrics::serve_with(
             listener,
             metrics.clone(),
             health.clone(),
+            extra_routes,
             bound_tx,
-            async move {
-                let mut stop_rx = stop_rx;
-                let _ = stop_rx.wait_for(|stop| *stop).await;
-            },
+            stopped(),
         ));
         if let Ok(address) = bound_rx.await {
             tracing::info!(%address, "serving /metrics, /healthz and /readyz");
@@ -156,6 +196,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .await;
         let _ = stop_tx.send(true);
         let _ = server.await;
+        for task in report_tasks {
+            let _ = task.await;
+        }
         result?;
         Ok(ExitCode::SUCCESS)
     })

@@ -138,6 +138,25 @@ pub struct AgentDocument {
     pub workloads: Option<RawWorkloads>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<RawKubernetes>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<RawReport>,
+}
+
+/// Where and how the agent reports to the fence controller (the `report:` section).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawReport {
+    /// The controller's report endpoint, e.g.
+    /// `http://nodekeeper-controller.nodekeeper-system.svc:9849`.
+    #[serde(rename = "controllerURL", skip_serializing_if = "Option::is_none")]
+    pub controller_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// The bearer token, read again for every report (projected tokens rotate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
 }
 
 /// How the agent talks to the cluster and finds pods' cgroups and files on the node.
@@ -300,7 +319,8 @@ impl AgentDocument {
             dbus_address,
             node_reclaim,
             workloads,
-            kubernetes
+            kubernetes,
+            report
         )
     }
 }

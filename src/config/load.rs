@@ -9,12 +9,13 @@ use serde::Deserialize;
 
 use super::documents::{
     AGENT_API_VERSION, AGENT_KIND, AgentDocument, KUBELET_API_VERSION, KUBELET_KIND,
-    KubeletDocument, Origins, RawKubernetes, RawNodeReclaim, RawWorkloads, ScalarMap, ScalarText,
+    KubeletDocument, Origins, RawKubernetes, RawNodeReclaim, RawReport, RawWorkloads, ScalarMap,
+    ScalarText,
 };
 use super::duration::GoDuration;
 use super::model::{
     AgentConfig, CgroupDriver, DEFAULT_LOGIND_DROP_IN_PATH, DEFAULT_SHUTDOWN_STATE_FILE,
-    EvictionConfig, HostPaths, KubernetesConfig, NodeReclaimConfig, ShutdownConfig,
+    EvictionConfig, HostPaths, KubernetesConfig, NodeReclaimConfig, ReportConfig, ShutdownConfig,
     ShutdownPhaseConfig, WorkloadPodConfig, WorkloadsConfig,
 };
 use super::quantity::Quantity;
@@ -433,6 +434,7 @@ fn build(
     let node_reclaim = build_node_reclaim(doc.node_reclaim.as_ref(), &simple_error)?;
     let workloads = build_workloads(doc.workloads.as_ref(), &simple_error)?;
     let kubernetes = build_kubernetes(doc.kubernetes.as_ref(), &simple_error)?;
+    let report = build_report(doc.report.as_ref(), &simple_error)?;
 
     let config = AgentConfig {
         eviction: EvictionConfig {
@@ -459,6 +461,7 @@ fn build(
         node_reclaim,
         workloads,
         kubernetes,
+        report,
     };
     let effective_document = effective_document(doc, &config);
     Ok(LoadedConfig {
@@ -569,6 +572,68 @@ fn build_workloads(
             .clone()
             .unwrap_or_else(|| "standalone".to_string()),
         pods,
+    }))
+}
+
+fn build_report(
+    raw: Option<&RawReport>,
+    simple_error: &dyn Fn(&'static str, String) -> ConfigError,
+) -> Result<Option<ReportConfig>, ConfigError> {
+    let Some(raw) = raw else { return Ok(None) };
+    let fail = |message: String| simple_error("report", message);
+    let Some(url) = raw.controller_url.as_deref().map(str::trim) else {
+        return Err(fail(
+            "controllerURL is required: the controller's report endpoint, like http://nodekeeper-controller.nodekeeper-system.svc:9849".to_string(),
+        ));
+    };
+    let url = url.trim_end_matches('/');
+    match url.parse::<http::Uri>() {
+        Ok(uri)
+            if uri.scheme_str() == Some("http")
+                && uri.host().is_some()
+                && uri
+                    .path_and_query()
+                    .is_none_or(|p| p.as_str() == "/" || p.as_str().is_empty()) => {}
+        Ok(uri) if uri.scheme_str() == Some("https") => {
+            return Err(fail(format!(
+                "controllerURL: {url:?}: https is not supported yet; use http inside the cluster network"
+            )));
+        }
+        _ => {
+            return Err(fail(format!(
+                "controllerURL: {url:?} is not an address like http://host:9849 (scheme http, a host, no path)"
+            )));
+        }
+    }
+    let duration = |field: &str, text: &Option<String>, default: GoDuration, least_ms: i64| {
+        let Some(text) = text else { return Ok(default) };
+        let value = GoDuration::parse(text).map_err(|e| fail(format!("{field}: {e}")))?;
+        if value.nanos() < least_ms * 1_000_000 {
+            return Err(fail(format!(
+                "{field}: {text:?} must be at least {least_ms}ms"
+            )));
+        }
+        Ok(value)
+    };
+    let interval = duration("interval", &raw.interval, GoDuration::from_secs(2), 100)?;
+    let timeout = duration("timeout", &raw.timeout, GoDuration::from_secs(5), 100)?;
+    let token_file = match raw.token_file.as_deref() {
+        Some("") => None,
+        Some(path) if !path.starts_with('/') => {
+            return Err(fail(format!(
+                "tokenFile: {path:?} must be an absolute path"
+            )));
+        }
+        Some(path) => Some(PathBuf::from(path)),
+        None => Some(PathBuf::from(
+            crate::config::model::DEFAULT_REPORT_TOKEN_FILE,
+        )),
+    };
+    Ok(Some(ReportConfig {
+        controller_url: url.to_string(),
+        interval,
+        timeout,
+        token_file,
     }))
 }
 
@@ -766,5 +831,17 @@ fn effective_document(mut doc: AgentDocument, config: &AgentConfig) -> AgentDocu
     doc.dry_run = Some(config.dry_run);
     doc.shutdown_state_file = path(&config.shutdown_state_file);
     doc.logind_drop_in_path = path(&config.logind_drop_in_path);
+    doc.report = config.report.as_ref().map(|report| RawReport {
+        controller_url: Some(report.controller_url.clone()),
+        interval: Some(report.interval.to_string()),
+        timeout: Some(report.timeout.to_string()),
+        token_file: Some(
+            report
+                .token_file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        ),
+    });
     doc
 }

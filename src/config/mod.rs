@@ -16,8 +16,8 @@ pub use load::{
 };
 pub use model::{
     AgentConfig, CgroupDriver, EvictionConfig, HostPaths, KubernetesConfig, NodeReclaimConfig,
-    ShutdownConfig, ShutdownPhaseConfig, Threshold, ThresholdValue, WorkloadPodConfig,
-    WorkloadsConfig,
+    ReportConfig, ShutdownConfig, ShutdownPhaseConfig, Threshold, ThresholdValue,
+    WorkloadPodConfig, WorkloadsConfig,
 };
 pub use quantity::Quantity;
 pub use thresholds::FilesystemLayout;

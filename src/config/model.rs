@@ -198,7 +198,23 @@ pub struct AgentConfig {
     /// Standalone mode's workload cgroups; `None` means no pods are known locally.
     pub workloads: Option<WorkloadsConfig>,
     pub kubernetes: KubernetesConfig,
+    /// Reports to the fence controller; `None`: the agent does not report.
+    pub report: Option<ReportConfig>,
 }
+
+/// Where and how often the agent reports to the fence controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportConfig {
+    /// `http://host:port` of the controller's report endpoint.
+    pub controller_url: String,
+    pub interval: GoDuration,
+    /// One report's deadline.
+    pub timeout: GoDuration,
+    pub token_file: Option<PathBuf>,
+}
+
+/// The projected ServiceAccount token a DaemonSet mounts for the controller's audience.
+pub const DEFAULT_REPORT_TOKEN_FILE: &str = "/var/run/secrets/nodekeeper/token";
 
 /// The kubelet's cgroup driver, which decides how pod cgroups are named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,6 +324,7 @@ impl Default for AgentConfig {
             node_reclaim: NodeReclaimConfig::default(),
             workloads: None,
             kubernetes: KubernetesConfig::default(),
+            report: None,
         }
     }
 }

@@ -53,6 +53,8 @@ pub struct ControllerMetrics {
     pub unhealthy_nodes: Gauge,
     pub leader: Gauge,
     pub reconcile_errors: Counter,
+    /// The report endpoint's metrics.
+    pub reports: std::sync::Arc<crate::report::ReportMetrics>,
 }
 
 impl Default for ControllerMetrics {
@@ -155,8 +157,10 @@ impl ControllerMetrics {
             "Reconciles that failed and were retried",
             reconcile_errors.clone(),
         );
+        let reports = std::sync::Arc::new(crate::report::ReportMetrics::register(&mut registry));
         ControllerMetrics {
             registry,
+            reports,
             fences_started,
             fences_confirmed,
             fences_failed,

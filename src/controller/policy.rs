@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::{Deserialize, Serialize};
 
 use crate::config::GoDuration;
+use crate::report::ReportsPolicy;
 
 pub const API_VERSION: &str = "nodekeeper.io/v1alpha1";
 pub const KIND: &str = "ControllerConfiguration";
@@ -291,6 +292,8 @@ pub struct ControllerPolicy {
     pub agents: AgentsPolicy,
     pub executor: ExecutorPolicy,
     pub leader_election: LeaderElectionPolicy,
+    /// The endpoint agents send their reports to.
+    pub reports: ReportsPolicy,
 }
 
 impl Default for ControllerPolicy {
@@ -304,6 +307,7 @@ impl Default for ControllerPolicy {
             agents: AgentsPolicy::default(),
             executor: ExecutorPolicy::default(),
             leader_election: LeaderElectionPolicy::default(),
+            reports: ReportsPolicy::default(),
         }
     }
 }
@@ -373,6 +377,18 @@ impl ControllerPolicy {
                 "renewInterval": go(self.leader_election.renew_interval),
                 "renewDeadline": go(self.leader_election.renew_deadline),
             },
+            "reports": {
+                "enabled": self.reports.enabled,
+                "address": self.reports.address,
+                "interval": go(self.reports.interval),
+                "audience": self.reports.auth.audience,
+                "serviceAccounts": self.reports.auth.service_accounts,
+                "nodeTokensSecret": self.reports.auth.node_tokens_secret,
+                "maxBodyBytes": self.reports.max_body_bytes,
+                "requestTimeout": go(self.reports.request_timeout),
+                "maxConnections": self.reports.max_connections,
+                "maxInFlight": self.reports.max_in_flight,
+            },
         })
     }
 }
@@ -407,6 +423,22 @@ struct Document {
     agents: Option<AgentsDocument>,
     executor: Option<ExecutorDocument>,
     leader_election: Option<LeaderElectionDocument>,
+    reports: Option<ReportsDocument>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ReportsDocument {
+    enabled: Option<bool>,
+    address: Option<String>,
+    interval: Option<String>,
+    audience: Option<String>,
+    service_accounts: Option<Vec<String>>,
+    node_tokens_secret: Option<String>,
+    max_body_bytes: Option<usize>,
+    request_timeout: Option<String>,
+    max_connections: Option<usize>,
+    max_in_flight: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -851,6 +883,79 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
             "must be shorter than leaderElection.renewDeadline".to_string(),
         ));
     }
+    let reports = document.reports.unwrap_or_default();
+    if let Some(enabled) = reports.enabled {
+        policy.reports.enabled = enabled;
+    }
+    if let Some(address) = reports.address {
+        if address.parse::<std::net::SocketAddr>().is_err() {
+            errors.push(error(
+                "reports.address",
+                format!("{address:?} is not an address and port like 0.0.0.0:9849"),
+            ));
+        }
+        policy.reports.address = address;
+    }
+    duration(
+        &mut errors,
+        origin,
+        "reports.interval",
+        reports.interval,
+        &mut policy.reports.interval,
+        false,
+    );
+    duration(
+        &mut errors,
+        origin,
+        "reports.requestTimeout",
+        reports.request_timeout,
+        &mut policy.reports.request_timeout,
+        false,
+    );
+    if let Some(audience) = reports.audience {
+        if audience.trim().is_empty() {
+            errors.push(error("reports.audience", "must not be empty".to_string()));
+        }
+        policy.reports.auth.audience = audience;
+    }
+    if let Some(accounts) = reports.service_accounts {
+        for account in &accounts {
+            if crate::report::auth::service_account_username(account).is_none() {
+                errors.push(error(
+                    "reports.serviceAccounts",
+                    format!("{account:?} is not namespace/name"),
+                ));
+            }
+        }
+        policy.reports.auth.service_accounts = accounts;
+    }
+    policy.reports.auth.node_tokens_secret = reports.node_tokens_secret.filter(|s| !s.is_empty());
+    for (field, value, target, least) in [
+        (
+            "reports.maxBodyBytes",
+            reports.max_body_bytes,
+            &mut policy.reports.max_body_bytes,
+            4096,
+        ),
+        (
+            "reports.maxConnections",
+            reports.max_connections,
+            &mut policy.reports.max_connections,
+            1,
+        ),
+        (
+            "reports.maxInFlight",
+            reports.max_in_flight,
+            &mut policy.reports.max_in_flight,
+            1,
+        ),
+    ] {
+        let Some(value) = value else { continue };
+        if value < least {
+            errors.push(error(field, format!("{value} must be at least {least}")));
+        }
+        *target = value;
+    }
     if policy.fence.retry_backoff_max < policy.fence.retry_backoff {
         errors.push(error(
             "retry.maxBackoff",
@@ -979,6 +1084,47 @@ mod tests {
             text.contains("bad.yaml: leaderElection.renewDeadline: must be shorter"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_report_endpoint_is_read_and_checked() {
+        let policy = parse(
+            "reports: {address: \"127.0.0.1:7000\", interval: 5s, audience: fencing, \
+             serviceAccounts: [ops/agent], nodeTokensSecret: node-tokens, maxBodyBytes: 8192, \
+             requestTimeout: 2s, maxConnections: 100, maxInFlight: 10}\n",
+            "reports.yaml",
+        )
+        .expect("valid");
+        let reports = &policy.reports;
+        assert_eq!(reports.address, "127.0.0.1:7000");
+        assert_eq!(reports.interval, Duration::from_secs(5));
+        assert_eq!(reports.fresh_within(), Duration::from_secs(15));
+        assert_eq!(reports.auth.audience, "fencing");
+        assert_eq!(reports.auth.service_accounts, ["ops/agent"]);
+        assert_eq!(
+            reports.auth.node_tokens_secret.as_deref(),
+            Some("node-tokens")
+        );
+        assert_eq!(reports.max_body_bytes, 8192);
+        assert_eq!(reports.max_in_flight, 10);
+        assert_eq!(policy.effective_document()["reports"]["interval"], "5s");
+
+        let errors = parse(
+            "reports: {address: nowhere, interval: 0s, audience: \"\", serviceAccounts: [agent], maxBodyBytes: 10, maxInFlight: 0}\n",
+            "bad.yaml",
+        )
+        .expect_err("invalid");
+        let text = errors.to_string();
+        for expected in [
+            "bad.yaml: reports.address: \"nowhere\" is not an address",
+            "bad.yaml: reports.interval: \"0s\" must be longer than zero",
+            "bad.yaml: reports.audience: must not be empty",
+            "bad.yaml: reports.serviceAccounts: \"agent\" is not namespace/name",
+            "bad.yaml: reports.maxBodyBytes: 10 must be at least 4096",
+            "bad.yaml: reports.maxInFlight: 0 must be at least 1",
+        ] {
+            assert!(text.contains(expected), "{expected}\n{text}");
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::observe;
 use super::policy::ControllerPolicy;
 use super::resource::NodeFence;
 use super::storm::{StormState, ZoneView, assess, zone_name};
+use crate::report::AgentView;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -24,6 +25,8 @@ pub struct ControllerStatus {
     pub unhealthy_nodes: usize,
     pub zones: Vec<ZoneStatus>,
     pub nodes: Vec<NodeStatus>,
+    /// Whether the controller's agent reports were read (`--controller-url`).
+    pub agent_reports_read: bool,
     /// NodeFences whose node is not among the watched nodes (deleted, or outside the
     /// node selector), so nothing an operator should know about is hidden.
     pub other_fences: Vec<FenceStatus>,
@@ -47,6 +50,33 @@ pub struct NodeStatus {
     pub since: Option<Timestamp>,
     pub excluded: bool,
     pub fence: Option<FenceStatus>,
+    /// The node's latest agent report, when the controller was asked and has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentStatus>,
+}
+
+/// What a node's agent last reported, in brief.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    pub summary: String,
+    pub age_seconds: f64,
+    /// Reported within three report intervals.
+    pub fresh: bool,
+    pub boot_id: String,
+    pub agent_version: String,
+}
+
+impl AgentStatus {
+    fn of(view: &AgentView) -> AgentStatus {
+        AgentStatus {
+            summary: view.summary(),
+            age_seconds: view.age_seconds,
+            fresh: view.fresh,
+            boot_id: view.report.boot_id.clone(),
+            agent_version: view.report.agent_version.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -78,10 +108,12 @@ fn fence_status(fence: &NodeFence) -> FenceStatus {
     }
 }
 
-/// The status of every watched node and fence at `now`.
+/// The status of every watched node and fence at `now`, with the agents' latest reports
+/// when the controller was asked for them.
 pub fn build(
     nodes: &[Node],
     fences: &[NodeFence],
+    reports: Option<&[AgentView]>,
     policy: &ControllerPolicy,
     now: Timestamp,
 ) -> ControllerStatus {
@@ -106,7 +138,11 @@ pub fn build(
         .map(|node| {
             let name = node.metadata.name.clone().unwrap_or_default();
             let health = observe::node_health(node);
+            let agent = reports
+                .and_then(|reports| reports.iter().find(|view| view.report.node == name))
+                .map(AgentStatus::of);
             NodeStatus {
+                agent,
                 fence: fence_of(&name),
                 zone: zone_name(&observe::node_zone(node)),
                 readiness: health.readiness,
@@ -139,6 +175,7 @@ pub fn build(
             })
             .collect(),
         nodes: node_statuses,
+        agent_reports_read: reports.is_some(),
         other_fences,
     }
 }
@@ -176,7 +213,20 @@ pub fn render(status: &ControllerStatus, now: Timestamp) -> String {
             format!("cooldown after a storm: no fence acts until {until}")
         }
     };
-    let _ = writeln!(out, "Storm guard: {storm}\n");
+    let _ = writeln!(out, "Storm guard: {storm}");
+    if status.agent_reports_read {
+        let fresh = status
+            .nodes
+            .iter()
+            .filter(|node| node.agent.as_ref().is_some_and(|agent| agent.fresh))
+            .count();
+        let _ = writeln!(
+            out,
+            "Agent reports: {fresh} of {} watched nodes reporting",
+            status.nodes.len()
+        );
+    }
+    out.push('\n');
     let mut zones = vec![vec![
         "ZONE".to_string(),
         "STATE".to_string(),
@@ -208,6 +258,18 @@ pub fn render(status: &ControllerStatus, now: Timestamp) -> String {
         .map(String::from)
         .to_vec(),
     ];
+    if status.agent_reports_read {
+        rows[0].push("AGENT".to_string());
+    }
+    let agent_cell = |agent: Option<&AgentStatus>| match agent {
+        None => "no report".to_string(),
+        Some(agent) if agent.fresh => agent.summary.clone(),
+        Some(agent) => format!(
+            "silent {}s (last: {})",
+            agent.age_seconds.round(),
+            agent.summary
+        ),
+    };
     let dash = || "-".to_string();
     let fence_cells = |fence: Option<&FenceStatus>| match fence {
         None => vec![dash(), dash(), dash(), dash()],
@@ -237,11 +299,17 @@ pub fn render(status: &ControllerStatus, now: Timestamp) -> String {
             ago(node.since, now),
         ];
         row.extend(fence_cells(node.fence.as_ref()));
+        if status.agent_reports_read {
+            row.push(agent_cell(node.agent.as_ref()));
+        }
         rows.push(row);
     }
     for fence in &status.other_fences {
         let mut row = vec![fence.node.clone(), "(not watched)".to_string(), dash()];
         row.extend(fence_cells(Some(fence)));
+        if status.agent_reports_read {
+            row.push(dash());
+        }
         rows.push(row);
     }
     out.push_str(&crate::text::aligned(&rows));
@@ -297,7 +365,7 @@ mod tests {
             paused_fence("gone", PauseReason::NodeGone),
         ];
         let now: Timestamp = "2026-11-24T01:01:00Z".parse().expect("time");
-        let status = build(&nodes, &fences, &ControllerPolicy::default(), now);
+        let status = build(&nodes, &fences, None, &ControllerPolicy::default(), now);
         assert_eq!(
             status.storm,
             StormState::Storm {
@@ -337,5 +405,56 @@ mod tests {
             "{row_a}"
         );
         assert!(text.contains("(not watched)"), "{text}");
+        assert!(
+            !text.contains("AGENT"),
+            "reports were not asked for: {text}"
+        );
+    }
+
+    #[test]
+    fn agent_reports_are_shown_per_node_when_read() {
+        let nodes = [node("a", "True"), node("b", "True"), node("c", "Unknown")];
+        let view = |name: &str, fresh: bool, age_seconds: f64| {
+            let mut report = crate::report::protocol::sample();
+            report.node = name.to_string();
+            AgentView {
+                received_at: "2026-11-24T01:00:55Z".parse().expect("time"),
+                age_seconds,
+                fresh,
+                credential: "serviceAccount".to_string(),
+                report,
+            }
+        };
+        let reports = [view("a", true, 1.2), view("c", false, 41.0)];
+        let now: Timestamp = "2026-11-24T01:01:00Z".parse().expect("time");
+        let status = build(
+            &nodes,
+            &[],
+            Some(&reports),
+            &ControllerPolicy::default(),
+            now,
+        );
+        assert_eq!(
+            status.nodes[0].agent.as_ref().map(|a| a.summary.as_str()),
+            Some("MemoryPressure")
+        );
+        assert!(status.nodes[1].agent.is_none());
+        let text = render(&status, now);
+        assert!(
+            text.contains("Agent reports: 1 of 3 watched nodes reporting"),
+            "{text}"
+        );
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(row("a").ends_with("MemoryPressure"), "{text}");
+        assert!(row("b").ends_with("no report"), "{text}");
+        assert!(
+            row("c").ends_with("silent 41s (last: MemoryPressure)"),
+            "{text}"
+        );
     }
 }

@@ -151,8 +151,9 @@ impl KubeRuntime {
         retry: RetryPolicy,
     ) -> Self {
         let settings = &config.kubernetes;
-        let (store, reflector_task) = start_pod_reflector(client.clone(), &node_name);
         let outbox = OutboxHandle::new(settings.outbox_size);
+        let (store, reflector_task) =
+            start_pod_reflector(client.clone(), &node_name, outbox.reachability.clone());
         if config.dry_run {
             // Reads (the pod watch) go on; writes are only logged and counted.
             outbox.set_dry_run(true);
@@ -234,6 +235,7 @@ impl KubeRuntime {
     /// conditions and events after every cycle.
     pub fn install(self, agent: &mut Agent) {
         self.outbox.set_metrics(agent.metrics());
+        agent.set_api_reachability(self.outbox.reachability.clone());
         agent.set_evictor(Box::new(KubeEvictor::new(
             self.outbox.clone(),
             self.local_killer,

@@ -34,6 +34,7 @@ impl Drop for TaskGuard {
 pub fn start_pod_reflector(
     client: kube::Client,
     node_name: &str,
+    reachability: crate::report::ApiReachability,
 ) -> (Store<ApiPod>, JoinHandle<()>) {
     let api: Api<ApiPod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
@@ -43,6 +44,7 @@ pub fn start_pod_reflector(
         futures::pin_mut!(stream);
         let mut failing = false;
         while let Some(event) = stream.next().await {
+            reachability.saw(event.is_ok());
             match event {
                 Err(error) if !failing => {
                     failing = true;

@@ -24,6 +24,8 @@ pub struct OutboxHandle {
     /// Signalled whenever an attempt ends, for [`OutboxHandle::flush`].
     progress: Arc<Notify>,
     metrics: Arc<OnceLock<Arc<Metrics>>>,
+    /// Every attempt's outcome says whether the API server answers.
+    pub reachability: crate::report::ApiReachability,
 }
 
 impl OutboxHandle {
@@ -33,6 +35,7 @@ impl OutboxHandle {
             wake: Arc::new([Notify::new(), Notify::new()]),
             progress: Arc::new(Notify::new()),
             metrics: Arc::new(OnceLock::new()),
+            reachability: Default::default(),
         }
     }
 
@@ -225,6 +228,10 @@ async fn run_lane<W: ActionWriter>(
         };
         handle.publish_pending(pending);
         handle.progress.notify_waiters();
+        // A refusal is an answer too; only a retry means no usable answer came.
+        handle
+            .reachability
+            .saw(!matches!(outcome, Outcome::Retry(_)));
         match outcome {
             Outcome::Done => {
                 tracing::debug!(action = kind, "API write done");

@@ -116,12 +116,25 @@ pub async fn serve(
     bound: tokio::sync::oneshot::Sender<SocketAddr>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with(listener, metrics, health, Router::new(), bound, shutdown).await
+}
+
+/// [`serve`] with more read-only routes beside the three (the controller's `/reports`).
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<dyn Exposition>,
+    health: Arc<Health>,
+    extra: Router,
+    bound: tokio::sync::oneshot::Sender<SocketAddr>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let _ = bound.send(listener.local_addr()?);
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(AppState { metrics, health });
+        .with_state(AppState { metrics, health })
+        .merge(extra);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

@@ -2,7 +2,7 @@
 
 mod http;
 
-pub use http::{Exposition, Health, serve};
+pub use http::{Exposition, Health, serve, serve_with};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -88,6 +88,15 @@ pub struct Metrics {
     pub graceful_shutdown_start_time: FloatGauge,
     pub graceful_shutdown_end_time: FloatGauge,
     pub graceful_shutdown_phase_duration: Family<PhaseLabels, FloatGauge>,
+    pub reports: Family<ReportResultLabels, Counter>,
+    pub report_last_accepted: FloatGauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReportResultLabels {
+    /// `accepted`, `refused` (the controller answered with an error) or `failed` (no
+    /// answer: unreachable, timed out).
+    pub result: String,
 }
 
 impl Default for Metrics {
@@ -220,6 +229,18 @@ impl Metrics {
                 version: env!("CARGO_PKG_VERSION").to_string(),
             }),
         );
+        let reports = Family::<ReportResultLabels, Counter>::default();
+        registry.register(
+            "agent_reports",
+            "Reports sent to the fence controller, by result: accepted, refused, failed",
+            reports.clone(),
+        );
+        let report_last_accepted = FloatGauge::default();
+        registry.register(
+            "agent_report_last_accepted_timestamp_seconds",
+            "When the fence controller last accepted a report (Unix time; 0 before the first)",
+            report_last_accepted.clone(),
+        );
         Metrics {
             registry,
             signal_available,
@@ -241,6 +262,8 @@ impl Metrics {
             graceful_shutdown_start_time,
             graceful_shutdown_end_time,
             graceful_shutdown_phase_duration,
+            reports,
+            report_last_accepted,
         }
     }
 

@@ -173,6 +173,13 @@ pub fn base64(bytes: &[u8]) -> String {
 /// that acts on the out-of-service taint).
 pub fn controller_config(dir: &Path, extra: &str) -> PathBuf {
     let path = dir.join("controller.yaml");
+    // Tests run side by side: the report endpoint takes a free port unless `extra`
+    // configures it.
+    let reports = if extra.contains("reports:") {
+        ""
+    } else {
+        "reports: {address: \"127.0.0.1:0\"}\n"
+    };
     std::fs::write(
         &path,
         format!(
@@ -181,7 +188,7 @@ pub fn controller_config(dir: &Path, extra: &str) -> PathBuf {
              retry: {{limit: 1, backoff: 1s, maxBackoff: 2s}}\n\
              release: {{outOfServiceTaint: true, deletePods: true}}\n\
              agents: {{callTimeout: 5s, verifyTimeout: 5s, allowedOptions: [status_file]}}\n\
-             leaderElection: {{leaseDuration: 4s, renewInterval: 500ms, renewDeadline: 3s}}\n{extra}"
+             leaderElection: {{leaseDuration: 4s, renewInterval: 500ms, renewDeadline: 3s}}\n{reports}{extra}"
         ),
     )
     .expect("write config");
@@ -275,18 +282,40 @@ impl ControllerProcess {
         .await;
     }
 
-    /// The metrics text, from the address the controller logged.
-    pub fn metrics(&self) -> String {
+    /// The address the controller logged on the line containing `marker`.
+    fn logged_address(&self, marker: &str) -> String {
         let log = self.log();
         let Some(address) = log
             .lines()
-            .find(|line| line.contains("serving /metrics"))
+            .find(|line| line.contains(marker))
             .and_then(|line| line.split("address=").nth(1))
             .map(|rest| rest.split_whitespace().next().unwrap_or("").to_string())
         else {
-            panic!("the controller did not log its metrics address:\n{log}");
+            panic!("the controller did not log the address of {marker:?}:\n{log}");
         };
-        http_get(&address, "/metrics")
+        address
+    }
+
+    /// The metrics text, from the address the controller logged.
+    pub fn metrics(&self) -> String {
+        http_get(&self.metrics_address(), "/metrics")
+    }
+
+    pub fn metrics_address(&self) -> String {
+        self.logged_address("serving /metrics")
+    }
+
+    /// Where the controller takes agent reports (`reports.address` as bound).
+    pub fn reports_address(&self) -> String {
+        self.logged_address("serving agent reports")
+    }
+
+    /// Every node's latest agent report, from `/reports` on the metrics address.
+    pub fn agent_views(&self) -> Value {
+        let response = http_get(&self.metrics_address(), "/reports");
+        let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+        serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("/reports is not JSON ({e}): {response}"))
     }
 }
 

@@ -1,4 +1,5 @@
 #![allow(dead_code)]
+pub mod agent_process;
 pub mod allocator;
 pub mod apiserver;
 pub mod cgroups;

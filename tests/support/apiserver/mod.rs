@@ -12,6 +12,7 @@ mod server;
 mod status;
 mod store;
 mod tables;
+mod tokens;
 mod verbs;
 mod watch;
 
@@ -25,6 +26,12 @@ use serde_json::Value;
 
 pub use faults::{RbacAccess, RecordedRequest, RequestMatcher};
 pub use resources::CustomResource;
+// Not every test binary names these; they are the fake's public API all the same.
+#[allow(unused_imports)]
+pub use tokens::{
+    API_AUDIENCE, EXTRA_CREDENTIAL_ID, EXTRA_NODE_NAME, EXTRA_NODE_UID, EXTRA_POD_NAME,
+    EXTRA_POD_UID, IssuedToken, NodeRef, ObjectRef,
+};
 
 use resources::ResourceType;
 use server::Listener;
@@ -191,6 +198,26 @@ impl FakeApiServer {
     /// How often watches with `allowWatchBookmarks=true` get a BOOKMARK (default 1 s).
     pub fn set_bookmark_interval(&self, interval: Duration) {
         *self.shared().bookmark_interval.lock().unwrap() = interval;
+    }
+
+    // ---- service account tokens ----
+
+    /// Whether tokens issued from now on for a pod carry the pod's node (claims, and the
+    /// `node-name` / `node-uid` extras of a review). Default true, as since Kubernetes 1.30;
+    /// false behaves like an older cluster, where the reviewer must look the pod up itself.
+    pub fn set_token_node_info(&self, enabled: bool) {
+        self.shared().tokens.lock().unwrap().node_info = enabled;
+    }
+
+    /// Every token issued so far counts as expired from now on (reviews answer "service
+    /// account token has expired"); tokens issued later are fresh.
+    pub fn expire_tokens(&self) {
+        self.shared().tokens.lock().unwrap().expire_all();
+    }
+
+    /// The facts of every token issued so far, oldest first.
+    pub fn issued_tokens(&self) -> Vec<IssuedToken> {
+        self.shared().tokens.lock().unwrap().issued().to_vec()
     }
 
     // ---- fault injection ----

@@ -3,7 +3,7 @@
 //! write, so a shape the real server would reject fails here too and stored objects keep the real
 //! field layout.
 
-use k8s_openapi::api::{batch, coordination, core, events};
+use k8s_openapi::api::{authentication, batch, coordination, core, events};
 use k8s_openapi::apiextensions_apiserver;
 
 use super::tables::PrinterColumn;
@@ -30,7 +30,44 @@ pub struct ResourceType {
     pub short_names: Vec<String>,
     /// The `additionalPrinterColumns` of a CRD, for the Table form.
     pub columns: Vec<PrinterColumn>,
+    /// The verbs discovery lists and the router accepts.
+    pub verbs: &'static [&'static str],
+    /// Subresources beyond `status`, e.g. `serviceaccounts/token`.
+    pub subresources: &'static [Subresource],
+    /// False for kinds the server answers without storing them (TokenReview).
+    pub stored: bool,
 }
+
+/// Every verb of a stored kind.
+pub const ALL_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+/// A subresource with its own kind and verbs, as discovery lists it (`serviceaccounts/token`
+/// takes an `authentication.k8s.io/v1` TokenRequest).
+#[derive(Clone, Debug)]
+pub struct Subresource {
+    pub name: &'static str,
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub verbs: &'static [&'static str],
+}
+
+const SERVICE_ACCOUNT_SUBRESOURCES: &[Subresource] = &[Subresource {
+    name: "token",
+    group: "authentication.k8s.io",
+    version: "v1",
+    kind: "TokenRequest",
+    verbs: &["create"],
+}];
 
 /// A custom resource definition, reduced to what routing and storage need.
 #[derive(Clone, Debug)]
@@ -66,6 +103,9 @@ impl ResourceType {
             field_labels: &[],
             short_names,
             columns,
+            verbs: ALL_VERBS,
+            subresources: &[],
+            stored: true,
         }
     }
 
@@ -91,6 +131,12 @@ impl ResourceType {
             Some(normalize) => normalize(object),
             None => Ok(object),
         }
+    }
+
+    pub fn subresource(&self, name: &str) -> Option<&Subresource> {
+        self.subresources
+            .iter()
+            .find(|subresource| subresource.name == name)
     }
 
     pub fn supports_field_label(&self, label: &str) -> bool {
@@ -243,6 +289,34 @@ impl Default for Registry {
                 through::<core::v1::PersistentVolumeClaim>,
                 &[],
             ),
+            ResourceType {
+                subresources: SERVICE_ACCOUNT_SUBRESOURCES,
+                ..builtin(
+                    "",
+                    "v1",
+                    "ServiceAccount",
+                    "serviceaccounts",
+                    true,
+                    false,
+                    through::<core::v1::ServiceAccount>,
+                    &[],
+                )
+            },
+            // Answered, never stored: see tokens.rs.
+            ResourceType {
+                verbs: &["create"],
+                stored: false,
+                ..builtin(
+                    "authentication.k8s.io",
+                    "v1",
+                    "TokenReview",
+                    "tokenreviews",
+                    false,
+                    false,
+                    through::<authentication::v1::TokenReview>,
+                    &[],
+                )
+            },
             builtin(
                 "apiextensions.k8s.io",
                 "v1",

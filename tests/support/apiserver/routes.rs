@@ -22,6 +22,7 @@ use super::selectors::{FieldSelector, LabelSelector};
 use super::server::{Body, Shared, full_body};
 use super::status::ApiError;
 use super::tables;
+use super::tokens;
 use super::verbs::{self, Deleted, PatchBody};
 use super::watch;
 
@@ -256,19 +257,40 @@ fn route(shared: &Arc<Shared>, call: &Call) -> Result<Response<Body>, ApiError> 
     if !resource_type.namespaced && target.namespace.is_some() {
         return Err(ApiError::path_not_found(call.path));
     }
-    if target
-        .subresource
-        .as_deref()
-        .is_some_and(|subresource| subresource != "status" || !resource_type.has_status)
-    {
-        return Err(ApiError::path_not_found(call.path));
-    }
+    let allowed_verbs = match target.subresource.as_deref() {
+        None => resource_type.verbs,
+        Some("status") if resource_type.has_status => &["get", "patch", "update"][..],
+        Some(other) => match resource_type.subresource(other) {
+            Some(subresource) => subresource.verbs,
+            None => return Err(ApiError::path_not_found(call.path)),
+        },
+    };
     let namespace = target.namespace.clone().unwrap_or_default();
     if resource_type.namespaced
         && namespace.is_empty()
         && (target.name.is_some() || call.method != Method::GET)
     {
         return Err(ApiError::path_not_found(call.path));
+    }
+    if !allowed_verbs.contains(&verb_of(call, target.name.is_some())) {
+        return Err(ApiError::method_not_allowed(
+            "the server does not allow this method on the requested resource",
+        ));
+    }
+    if let Some(subresource) = target
+        .subresource
+        .as_deref()
+        .filter(|name| *name != "status")
+    {
+        return subresource_call(shared, call, &resource_type, &target, subresource);
+    }
+    if !resource_type.stored {
+        if target.name.is_some() {
+            return Err(ApiError::method_not_allowed(
+                "the server does not allow this method on the requested resource",
+            ));
+        }
+        return unstored_call(shared, call, &resource_type);
     }
     let manager = call.manager();
     let name = target.name.clone().unwrap_or_default();
@@ -444,6 +466,66 @@ fn route(shared: &Arc<Shared>, call: &Call) -> Result<Response<Body>, ApiError> 
     }
 }
 
+/// The verb RBAC and discovery name for a request.
+fn verb_of(call: &Call, named: bool) -> &'static str {
+    match (call.method.clone(), named) {
+        (Method::GET, true) => "get",
+        (Method::GET, false) if call.flag("watch") => "watch",
+        (Method::GET, false) => "list",
+        (Method::POST, _) => "create",
+        (Method::PUT, _) => "update",
+        (Method::PATCH, _) => "patch",
+        (Method::DELETE, true) => "delete",
+        (Method::DELETE, false) => "deletecollection",
+        _ => "",
+    }
+}
+
+/// A subresource other than `status`: so far `serviceaccounts/{name}/token` (TokenRequest).
+fn subresource_call(
+    shared: &Arc<Shared>,
+    call: &Call,
+    resource_type: &ResourceType,
+    target: &ResourcePath,
+    subresource: &str,
+) -> Result<Response<Body>, ApiError> {
+    let (Some(namespace), Some(name)) = (target.namespace.as_deref(), target.name.as_deref())
+    else {
+        return Err(ApiError::path_not_found(call.path));
+    };
+    match (
+        resource_type.group.as_str(),
+        resource_type.plural.as_str(),
+        subresource,
+    ) {
+        ("", "serviceaccounts", "token") => {
+            let store = shared.store.lock().map_err(|_| ApiError::injected(500))?;
+            let mut tokens = shared.tokens.lock().map_err(|_| ApiError::injected(500))?;
+            let issued =
+                tokens::request_token(&store, &mut tokens, namespace, name, call.json_body()?)?;
+            Ok(json_response(201, &issued))
+        }
+        _ => Err(ApiError::path_not_found(call.path)),
+    }
+}
+
+/// Kinds the server answers without storing: so far `authentication.k8s.io/v1` TokenReview.
+fn unstored_call(
+    shared: &Arc<Shared>,
+    call: &Call,
+    resource_type: &ResourceType,
+) -> Result<Response<Body>, ApiError> {
+    match (resource_type.group.as_str(), resource_type.plural.as_str()) {
+        ("authentication.k8s.io", "tokenreviews") => {
+            let store = shared.store.lock().map_err(|_| ApiError::injected(500))?;
+            let tokens = shared.tokens.lock().map_err(|_| ApiError::injected(500))?;
+            let review = tokens::review(&store, &tokens, call.json_body()?)?;
+            Ok(json_response(201, &review))
+        }
+        _ => Err(ApiError::path_not_found(call.path)),
+    }
+}
+
 /// A list at an exact or minimum version older than the retained history is `410 Gone`.
 fn check_list_version(store: &super::store::Store, call: &Call) -> Result<(), ApiError> {
     let Some(requested) = call
@@ -528,22 +610,12 @@ fn api_resources(types: &[ResourceType], group: &str, version: &str) -> APIResou
         .iter()
         .filter(|known| known.group == group && known.version == version)
     {
-        let verbs = [
-            "create",
-            "delete",
-            "deletecollection",
-            "get",
-            "list",
-            "patch",
-            "update",
-            "watch",
-        ];
         resources.push(APIResource {
             name: known.plural.clone(),
             singular_name: known.singular(),
             namespaced: known.namespaced,
             kind: known.kind.clone(),
-            verbs: verbs.iter().map(|verb| verb.to_string()).collect(),
+            verbs: known.verbs.iter().map(|verb| verb.to_string()).collect(),
             short_names: (!known.short_names.is_empty()).then(|| known.short_names.clone()),
             ..APIResource::default()
         });
@@ -554,6 +626,22 @@ fn api_resources(types: &[ResourceType], group: &str, version: &str) -> APIResou
                 namespaced: known.namespaced,
                 kind: known.kind.clone(),
                 verbs: ["get", "patch", "update"]
+                    .iter()
+                    .map(|verb| verb.to_string())
+                    .collect(),
+                ..APIResource::default()
+            });
+        }
+        for subresource in known.subresources {
+            resources.push(APIResource {
+                name: format!("{}/{}", known.plural, subresource.name),
+                singular_name: String::new(),
+                namespaced: known.namespaced,
+                group: Some(subresource.group.to_string()),
+                version: Some(subresource.version.to_string()),
+                kind: subresource.kind.to_string(),
+                verbs: subresource
+                    .verbs
                     .iter()
                     .map(|verb| verb.to_string())
                     .collect(),

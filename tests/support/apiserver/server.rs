@@ -16,6 +16,7 @@ use tokio::task::{AbortHandle, JoinHandle};
 use super::faults::{Faults, RecordedRequest};
 use super::resources::Registry;
 use super::store::Store;
+use super::tokens::Tokens;
 
 pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
@@ -35,6 +36,8 @@ pub struct Shared {
     pub faults: Mutex<Faults>,
     pub log: Mutex<Vec<RecordedRequest>>,
     pub bookmark_interval: Mutex<Duration>,
+    /// Service account tokens issued through `serviceaccounts/{name}/token`.
+    pub tokens: Mutex<Tokens>,
     /// Bumped to cut every open watch stream.
     pub drop_watches: tokio::sync::watch::Sender<u64>,
 }
@@ -66,6 +69,7 @@ impl Listener {
             faults: Mutex::new(Faults::default()),
             log: Mutex::new(Vec::new()),
             bookmark_interval: Mutex::new(Duration::from_secs(1)),
+            tokens: Mutex::new(Tokens::default()),
             drop_watches,
         });
         let listener = Self {

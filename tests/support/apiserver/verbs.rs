@@ -25,7 +25,7 @@ pub fn now() -> String {
 static UNIQUE: AtomicU64 = AtomicU64::new(0);
 
 /// SplitMix64 over a process-wide counter seeded by the clock: unique, well spread, no RNG crate.
-fn unique_bits() -> u64 {
+pub fn unique_bits() -> u64 {
     let seed = Timestamp::now().as_nanosecond() as u64;
     let mut value = seed.wrapping_add(
         UNIQUE

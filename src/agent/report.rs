@@ -1,0 +1,150 @@
+//! The agent's reports to the fence controller: the decision cycle's conditions and
+//! evictions, the shutdown manager's progress and the API connection's state go to the
+//! report board, and the sender reports them (see docs/protocol.md).
+
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{CycleObserver, CycleReport};
+use crate::config::AgentConfig;
+use crate::metrics::Metrics;
+use crate::report::protocol::{ApiServerState, EvictionReport, ShutdownPhase, ShutdownReport};
+use crate::report::sender::{SenderSettings, run_sender};
+use crate::report::{ApiReachability, ReportBoard};
+use crate::shutdown::manager::ManagerStatus;
+use crate::shutdown::state::ShutdownOutcome;
+
+/// Posts each cycle's conditions, and the pod it evicts, to the board.
+struct BoardObserver {
+    board: Arc<ReportBoard>,
+    dry_run: bool,
+}
+
+impl CycleObserver for BoardObserver {
+    fn observe(&mut self, report: &CycleReport) {
+        let decision = &report.decision;
+        self.board.set_conditions(
+            decision
+                .conditions
+                .iter()
+                .map(|condition| condition.as_str().to_string())
+                .collect(),
+        );
+        // With node-level reclaim first, the pods are evicted only if it did not help;
+        // the next cycle reports the eviction then.
+        if decision.reclaim_requested.is_none()
+            && let Some(order) = decision.evictions.first()
+        {
+            let signal = decision
+                .starved
+                .map(|starved| starved.signal.as_str())
+                .unwrap_or("ephemeral-storage limit");
+            self.board.set_last_eviction(EvictionReport {
+                pod: order.key(),
+                signal: signal.to_string(),
+                at: Timestamp::now(),
+                dry_run: self.dry_run,
+            });
+        }
+    }
+}
+
+/// The shutdown part of a report, from the manager's status. A record of an earlier
+/// boot says nothing about this one.
+pub fn shutdown_report(status: &ManagerStatus, boot_id: &str) -> ShutdownReport {
+    let millis = |ms: u64| Timestamp::from_millisecond(ms as i64).ok();
+    let mut report = ShutdownReport {
+        lock_held: status.lock_held,
+        ..ShutdownReport::default()
+    };
+    let Some(state) = status
+        .last_shutdown
+        .as_ref()
+        .filter(|state| state.boot_id == boot_id)
+    else {
+        return report;
+    };
+    report.state = match state.outcome {
+        ShutdownOutcome::InProgress => ShutdownPhase::InProgress,
+        ShutdownOutcome::Finished => ShutdownPhase::Finished,
+        ShutdownOutcome::Cancelled => ShutdownPhase::Cancelled,
+        ShutdownOutcome::AbandonedByReboot => return report,
+    };
+    report.started_at = millis(state.start_unix_ms);
+    report.finished_at = state.end_unix_ms.and_then(millis);
+    report.phases_total = state.phases.len() as u32;
+    report.phases_done = state.phases.iter().filter(|p| p.is_done()).count() as u32;
+    report.about_to_power_off = state.about_to_power_off;
+    report
+}
+
+/// Starts reporting when `report:` is configured: installs the cycle observer and
+/// returns the board (for the shutdown manager) and the tasks to stop with the agent.
+pub fn start(
+    config: &AgentConfig,
+    agent: &mut super::Agent,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) -> Option<(Arc<ReportBoard>, Vec<JoinHandle<()>>)> {
+    let report = config.report.as_ref()?;
+    let Some(node) = config.node_name.clone() else {
+        tracing::error!(
+            "report: no node name to report for (set nodeName or NODE_NAME); not reporting"
+        );
+        return None;
+    };
+    let boot_id = match crate::shutdown::manager::read_boot_id() {
+        Ok(id) => id,
+        Err(error) => {
+            tracing::error!(%error, "report: cannot read this boot's id; not reporting");
+            return None;
+        }
+    };
+    let board = Arc::new(ReportBoard::new());
+    agent.add_cycle_observer(Box::new(BoardObserver {
+        board: board.clone(),
+        dry_run: config.dry_run,
+    }));
+    let mut tasks = Vec::new();
+    if let Some(reachability) = agent.api_reachability() {
+        tasks.push(tokio::spawn(follow_api(reachability, board.clone())));
+    }
+    let settings = SenderSettings {
+        controller_url: report.controller_url.clone(),
+        node,
+        boot_id,
+        interval: report.interval.to_std(),
+        timeout: report.timeout.to_std(),
+        token_file: report.token_file.clone(),
+        dry_run: config.dry_run,
+    };
+    let stopped = async move {
+        let mut stop = stop;
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    tasks.push(tokio::spawn(run_sender(
+        settings,
+        board.clone(),
+        metrics,
+        stopped,
+    )));
+    Some((board, tasks))
+}
+
+async fn follow_api(reachability: ApiReachability, board: Arc<ReportBoard>) {
+    let mut changes = reachability.subscribe();
+    loop {
+        let state = if *changes.borrow_and_update() {
+            ApiServerState::Reachable
+        } else {
+            ApiServerState::Unreachable
+        };
+        board.set_api_server(state, Timestamp::now());
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,458 @@
+//! The controller's memory of its agents: the latest accepted report of every node, and
+//! the rules a report must pass to replace it. Pure: the caller passes the credential's
+//! node and its clocks. Nothing here is persisted; agents report every interval, so a
+//! restarted controller knows every live agent again within one interval.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+
+use super::protocol::{AgentReport, ApiServerState, RefusalReason, ShutdownPhase};
+
+/// How a report's sender proved which node it runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum Credential {
+    /// A projected ServiceAccount token, checked with a TokenReview; its bound pod runs
+    /// on the node.
+    #[serde(rename_all = "camelCase")]
+    ServiceAccount { username: String, pod: String },
+    /// The node's own token from the node-token Secret (agents run as systemd units).
+    NodeToken,
+}
+
+/// Who sent a report, once authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub node: String,
+    pub credential: Credential,
+}
+
+/// How many superseded boot IDs are remembered per node, so a report delayed from a boot
+/// the node has left cannot take the place of the current one.
+const EARLIER_BOOTS: usize = 4;
+
+/// The latest report of one node, and when it arrived.
+#[derive(Debug, Clone)]
+pub struct NodeReports {
+    pub latest: AgentReport,
+    /// The controller's monotonic clock at arrival: silence is measured with it.
+    pub received: Instant,
+    /// The controller's wall clock at arrival, for people.
+    pub received_at: Timestamp,
+    pub credential: Credential,
+    earlier_boots: VecDeque<String>,
+}
+
+/// What an accepted report changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Accepted {
+    /// The first report of this node since the controller started.
+    First,
+    /// The node booted again (or the agent's boot ID changed).
+    NewBoot { previous: String },
+    /// The next report of the same boot.
+    Next,
+}
+
+/// Why a report was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerRefusal {
+    #[error("the credential belongs to node {credential:?}, the report names node {reported:?}")]
+    OtherNode {
+        credential: String,
+        reported: String,
+    },
+    #[error("sequence {sequence} of boot {boot_id} was already received")]
+    Replayed { boot_id: String, sequence: u64 },
+    #[error(
+        "sequence {sequence} of boot {boot_id} is behind the last one received ({last}); reports only move forward within a boot"
+    )]
+    Backward {
+        boot_id: String,
+        sequence: u64,
+        last: u64,
+    },
+    #[error("boot {boot_id} is an earlier boot of node {node}; it has booted since")]
+    EarlierBoot { node: String, boot_id: String },
+}
+
+impl LedgerRefusal {
+    pub fn reason(&self) -> RefusalReason {
+        match self {
+            LedgerRefusal::OtherNode { .. } => RefusalReason::Forbidden,
+            _ => RefusalReason::Stale,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct ReportLedger {
+    nodes: HashMap<String, NodeReports>,
+}
+
+impl ReportLedger {
+    /// Records `report` from `identity` if it is news: the credential's node, and within
+    /// one boot a sequence above the last.
+    pub fn accept(
+        &mut self,
+        identity: &Identity,
+        report: AgentReport,
+        received: Instant,
+        received_at: Timestamp,
+    ) -> Result<Accepted, LedgerRefusal> {
+        if identity.node != report.node {
+            return Err(LedgerRefusal::OtherNode {
+                credential: identity.node.clone(),
+                reported: report.node,
+            });
+        }
+        let Some(entry) = self.nodes.get_mut(&report.node) else {
+            self.nodes.insert(
+                report.node.clone(),
+                NodeReports {
+                    latest: report,
+                    received,
+                    received_at,
+                    credential: identity.credential.clone(),
+                    earlier_boots: VecDeque::new(),
+                },
+            );
+            return Ok(Accepted::First);
+        };
+        let outcome = if entry.latest.boot_id == report.boot_id {
+            let last = entry.latest.sequence;
+            if report.sequence == last {
+                return Err(LedgerRefusal::Replayed {
+                    boot_id: report.boot_id,
+                    sequence: report.sequence,
+                });
+            }
+            if report.sequence < last {
+                return Err(LedgerRefusal::Backward {
+                    boot_id: report.boot_id,
+                    sequence: report.sequence,
+                    last,
+                });
+            }
+            Accepted::Next
+        } else {
+            if entry.earlier_boots.contains(&report.boot_id) {
+                return Err(LedgerRefusal::EarlierBoot {
+                    node: report.node,
+                    boot_id: report.boot_id,
+                });
+            }
+            let previous = entry.latest.boot_id.clone();
+            if entry.earlier_boots.len() == EARLIER_BOOTS {
+                entry.earlier_boots.pop_front();
+            }
+            entry.earlier_boots.push_back(previous.clone());
+            Accepted::NewBoot { previous }
+        };
+        entry.latest = report;
+        entry.received = received;
+        entry.received_at = received_at;
+        entry.credential = identity.credential.clone();
+        Ok(outcome)
+    }
+
+    pub fn get(&self, node: &str) -> Option<&NodeReports> {
+        self.nodes.get(node)
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &NodeReports)> {
+        self.nodes.iter()
+    }
+
+    /// Forgets nodes that left the cluster.
+    pub fn forget(&mut self, node: &str) {
+        self.nodes.remove(node);
+    }
+
+    /// Every node's latest report with its age, sorted by node, as `/reports` serves it.
+    pub fn views(&self, now: Instant, fresh_within: Duration) -> Vec<AgentView> {
+        let mut views: Vec<AgentView> = self
+            .nodes
+            .values()
+            .map(|entry| AgentView::of(entry, now, fresh_within))
+            .collect();
+        views.sort_by(|a, b| a.report.node.cmp(&b.report.node));
+        views
+    }
+
+    /// How many agents are in each state, for the metrics.
+    pub fn census(&self, now: Instant, fresh_within: Duration) -> Census {
+        let mut census = Census::default();
+        for entry in self.nodes.values() {
+            let age = now.saturating_duration_since(entry.received);
+            if age > fresh_within {
+                census.silent += 1;
+                continue;
+            }
+            census.reporting += 1;
+            let report = &entry.latest;
+            if !report.conditions.is_empty() {
+                census.under_pressure += 1;
+            }
+            match report.shutdown.state {
+                ShutdownPhase::InProgress => census.shutting_down += 1,
+                ShutdownPhase::Finished => census.shut_down += 1,
+                _ => {}
+            }
+            if report.api_server.state == ApiServerState::Unreachable {
+                census.api_unreachable += 1;
+            }
+        }
+        census
+    }
+}
+
+/// Agents by state; a silent agent counts only as silent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Census {
+    /// Reported within the freshness bound.
+    pub reporting: usize,
+    /// Known, but no report within the freshness bound.
+    pub silent: usize,
+    pub under_pressure: usize,
+    pub shutting_down: usize,
+    pub shut_down: usize,
+    pub api_unreachable: usize,
+}
+
+/// One node's latest report as people and `controller status` see it.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentView {
+    pub received_at: Timestamp,
+    /// Seconds since the report arrived, by the controller's monotonic clock.
+    pub age_seconds: f64,
+    /// Whether it arrived within the freshness bound (three report intervals).
+    pub fresh: bool,
+    /// `serviceAccount` or `nodeToken`.
+    pub credential: String,
+    pub report: AgentReport,
+}
+
+impl AgentView {
+    fn of(entry: &NodeReports, now: Instant, fresh_within: Duration) -> AgentView {
+        let age = now.saturating_duration_since(entry.received);
+        AgentView {
+            received_at: entry.received_at,
+            age_seconds: (age.as_millis() as f64) / 1000.0,
+            fresh: age <= fresh_within,
+            credential: match entry.credential {
+                Credential::ServiceAccount { .. } => "serviceAccount",
+                Credential::NodeToken => "nodeToken",
+            }
+            .to_string(),
+            report: entry.latest.clone(),
+        }
+    }
+
+    /// A few words on the node as its agent sees it: `ok`, or what stands out.
+    pub fn summary(&self) -> String {
+        let report = &self.report;
+        let mut parts = Vec::new();
+        match report.shutdown.state {
+            ShutdownPhase::InProgress => parts.push(format!(
+                "shutting down ({}/{} phases)",
+                report.shutdown.phases_done, report.shutdown.phases_total
+            )),
+            ShutdownPhase::Finished => parts.push("shut down".to_string()),
+            ShutdownPhase::Cancelled => parts.push("shutdown cancelled".to_string()),
+            ShutdownPhase::None | ShutdownPhase::Unknown => {}
+        }
+        if report.api_server.state == ApiServerState::Unreachable {
+            parts.push("API server unreachable".to_string());
+        }
+        parts.extend(report.conditions.iter().cloned());
+        if parts.is_empty() {
+            "ok".to_string()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::protocol::sample;
+    use proptest::prelude::*;
+
+    fn identity(node: &str) -> Identity {
+        Identity {
+            node: node.to_string(),
+            credential: Credential::NodeToken,
+        }
+    }
+
+    fn report(boot: &str, sequence: u64) -> AgentReport {
+        AgentReport {
+            boot_id: boot.to_string(),
+            sequence,
+            ..sample()
+        }
+    }
+
+    fn now() -> Timestamp {
+        "2026-11-24T05:00:00Z".parse().expect("timestamp")
+    }
+
+    #[test]
+    fn a_report_for_another_node_is_forbidden() {
+        let mut ledger = ReportLedger::default();
+        let refusal = ledger
+            .accept(&identity("worker-2"), report("b", 1), Instant::now(), now())
+            .expect_err("refused");
+        assert_eq!(refusal.reason(), RefusalReason::Forbidden);
+        assert!(ledger.is_empty(), "nothing recorded for either node");
+    }
+
+    #[test]
+    fn within_a_boot_only_a_higher_sequence_is_news() {
+        let mut ledger = ReportLedger::default();
+        let at = Instant::now();
+        let me = identity("worker-1");
+        assert_eq!(
+            ledger.accept(&me, report("b", 10), at, now()),
+            Ok(Accepted::First)
+        );
+        assert_eq!(
+            ledger.accept(&me, report("b", 10), at, now()),
+            Err(LedgerRefusal::Replayed {
+                boot_id: "b".to_string(),
+                sequence: 10
+            })
+        );
+        assert!(matches!(
+            ledger.accept(&me, report("b", 9), at, now()),
+            Err(LedgerRefusal::Backward { last: 10, .. })
+        ));
+        assert_eq!(
+            ledger.accept(&me, report("b", 11), at, now()),
+            Ok(Accepted::Next)
+        );
+        assert_eq!(ledger.get("worker-1").map(|e| e.latest.sequence), Some(11));
+    }
+
+    #[test]
+    fn a_new_boot_restarts_the_sequence_and_the_old_boot_cannot_return() {
+        let mut ledger = ReportLedger::default();
+        let at = Instant::now();
+        let me = identity("worker-1");
+        ledger
+            .accept(&me, report("first", 900), at, now())
+            .expect("first");
+        assert_eq!(
+            ledger.accept(&me, report("second", 3), at, now()),
+            Ok(Accepted::NewBoot {
+                previous: "first".to_string()
+            })
+        );
+        // A report of the first boot delayed in the network arrives late.
+        assert!(matches!(
+            ledger.accept(&me, report("first", 901), at, now()),
+            Err(LedgerRefusal::EarlierBoot { .. })
+        ));
+        assert_eq!(
+            ledger.get("worker-1").map(|e| e.latest.boot_id.as_str()),
+            Some("second")
+        );
+    }
+
+    #[test]
+    fn the_census_counts_fresh_agents_by_state_and_stale_ones_as_silent() {
+        let mut ledger = ReportLedger::default();
+        let start = Instant::now();
+        let mut busy = report("b", 1);
+        busy.shutdown.state = ShutdownPhase::InProgress;
+        busy.api_server.state = ApiServerState::Unreachable;
+        ledger
+            .accept(&identity("worker-1"), busy, start, now())
+            .expect("accepted");
+        let mut other = report("c", 1);
+        other.node = "worker-2".to_string();
+        other.conditions.clear();
+        ledger
+            .accept(
+                &identity("worker-2"),
+                other,
+                start + Duration::from_secs(10),
+                now(),
+            )
+            .expect("accepted");
+        let census = ledger.census(start + Duration::from_secs(12), Duration::from_secs(6));
+        assert_eq!(
+            census,
+            Census {
+                reporting: 1,
+                silent: 1,
+                ..Census::default()
+            }
+        );
+        let census = ledger.census(start + Duration::from_secs(1), Duration::from_secs(6));
+        assert_eq!(census.shutting_down, 1);
+        assert_eq!(census.api_unreachable, 1);
+        assert_eq!(census.under_pressure, 1);
+        let views = ledger.views(start + Duration::from_secs(12), Duration::from_secs(6));
+        assert_eq!(views.len(), 2);
+        assert_eq!(views[0].report.node, "worker-1");
+        assert!(!views[0].fresh && views[1].fresh);
+        assert_eq!(
+            views[0].summary(),
+            "shutting down (0/0 phases), API server unreachable, MemoryPressure"
+        );
+    }
+
+    proptest! {
+        /// Whatever order reports of a few boots arrive in, the sequence numbers the
+        /// ledger accepts for a boot strictly increase, and a boot once left is never
+        /// current again.
+        #[test]
+        fn accepted_sequences_only_grow_within_a_boot(
+            arrivals in proptest::collection::vec((0usize..3, 0u64..20), 1..60)
+        ) {
+            let boots = ["a", "b", "c"];
+            let mut ledger = ReportLedger::default();
+            let me = identity("worker-1");
+            let mut last: HashMap<&str, u64> = HashMap::new();
+            let mut left: Vec<&str> = Vec::new();
+            let mut current: Option<&str> = None;
+            for (boot, sequence) in arrivals {
+                let boot = boots[boot];
+                let result = ledger.accept(&me, report(boot, sequence), Instant::now(), now());
+                if result.is_ok() {
+                    prop_assert!(!left.contains(&boot), "boot {boot} came back");
+                    if current == Some(boot) {
+                        prop_assert!(sequence > last[boot]);
+                    }
+                    if let Some(previous) = current
+                        && previous != boot
+                    {
+                        left.push(previous);
+                    }
+                    current = Some(boot);
+                    last.insert(boot, sequence);
+                } else {
+                    let expected_refusal = current == Some(boot) && sequence <= last[boot]
+                        || left.contains(&boot);
+                    prop_assert!(expected_refusal, "refused {boot}/{sequence}: {result:?}");
+                }
+            }
+        }
+    }
+}

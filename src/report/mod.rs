@@ -1,0 +1,17 @@
+//! Agent-to-controller reports (see docs/protocol.md): the wire format, the
+//! controller's ledger of each node's latest report, how a report's sender is
+//! authenticated, the controller's endpoint, and the agent's sender.
+
+pub mod auth;
+pub mod board;
+pub mod ledger;
+pub mod protocol;
+pub mod reachability;
+pub mod sender;
+pub mod server;
+
+pub use board::{AgentFacts, ReportBoard};
+pub use ledger::{AgentView, Census, Credential, Identity, ReportLedger};
+pub use protocol::{AgentReport, decode_report};
+pub use reachability::ApiReachability;
+pub use server::{ReportHub, ReportMetrics, ReportsPolicy};

@@ -1,0 +1,606 @@
+//! The report protocol between a node's agent and the fence controller: what an agent
+//! says about its node, what the controller answers, and the decoder that refuses what it
+//! cannot understand. Plain data and pure functions; docs/protocol.md is the
+//! specification.
+//!
+//! Versioning: every body carries `version: "MAJOR.MINOR"`. A decoder accepts any minor
+//! version of the major it speaks (unknown fields and enum values are ignored or read as
+//! `unknown`), and refuses another major version by name, so an old controller never
+//! misreads a newer agent.
+
+use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// The major version this build speaks.
+pub const MAJOR: u32 = 1;
+/// The minor version this build writes.
+pub const MINOR: u32 = 0;
+/// The path reports are posted to.
+pub const REPORTS_PATH: &str = "/v1/reports";
+/// The largest report body the controller reads by default. A real report is about 1 KiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// `"1.0"`.
+pub fn version() -> String {
+    format!("{MAJOR}.{MINOR}")
+}
+
+/// One report: everything an agent knows about its node that the controller needs to
+/// tell a drained node from a dead or partitioned one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentReport {
+    /// `"MAJOR.MINOR"` of the protocol the body follows.
+    pub version: String,
+    /// The node this report is about; the credential must belong to it.
+    pub node: String,
+    /// `/proc/sys/kernel/random/boot_id`: a new boot starts a new sequence.
+    pub boot_id: String,
+    /// Grows with every report within one boot, also across agent restarts (it counts
+    /// milliseconds since boot), so a replayed or reordered report is recognised.
+    pub sequence: u64,
+    /// The agent's release, for operators.
+    pub agent_version: String,
+    /// The agent's wall clock when it sent the report (informational: the controller
+    /// times silence with its own clock).
+    pub sent_at: Timestamp,
+    /// Why this report was sent now.
+    #[serde(default)]
+    pub trigger: Trigger,
+    /// The agent runs in dry-run mode: it evicts and stops nothing, so a finished
+    /// shutdown does not mean its pods were stopped.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// The node conditions the agent holds true now, by their Kubernetes names
+    /// (`MemoryPressure`, `DiskPressure`, `PIDPressure`).
+    #[serde(default)]
+    pub conditions: Vec<String>,
+    #[serde(default)]
+    pub shutdown: ShutdownReport,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_eviction: Option<EvictionReport>,
+    #[serde(default)]
+    pub api_server: ApiServerReport,
+    #[serde(default)]
+    pub isolation: IsolationReport,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Trigger {
+    /// The agent just started (or its controller connection came back).
+    Start,
+    /// The periodic report.
+    #[default]
+    Interval,
+    /// Something in the report changed.
+    Change,
+    /// A value a newer minor version added.
+    #[serde(other)]
+    Unknown,
+}
+
+/// Graceful node shutdown as the agent runs it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShutdownReport {
+    pub state: ShutdownPhase,
+    /// Whether the agent holds its logind delay lock (a node that cannot drain on
+    /// shutdown shows `false`).
+    #[serde(default)]
+    pub lock_held: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Timestamp>,
+    #[serde(default)]
+    pub phases_total: u32,
+    #[serde(default)]
+    pub phases_done: u32,
+    /// Every phase finished and the lock was released: logind may power off now.
+    #[serde(default)]
+    pub about_to_power_off: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ShutdownPhase {
+    /// No shutdown in this boot.
+    #[default]
+    None,
+    InProgress,
+    /// Every phase ran; the node waits for logind to power off.
+    Finished,
+    /// logind cancelled the shutdown before the phases were done.
+    Cancelled,
+    #[serde(other)]
+    Unknown,
+}
+
+/// The last pod the agent evicted (or, in dry-run mode, would have).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EvictionReport {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The eviction signal that chose it, e.g. `memory.available`.
+    pub signal: String,
+    pub at: Timestamp,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// Whether the agent reaches the Kubernetes API server.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiServerReport {
+    pub state: ApiServerState,
+    /// When the state last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ApiServerState {
+    /// The agent runs standalone, without the API.
+    #[default]
+    NotConfigured,
+    Reachable,
+    Unreachable,
+    #[serde(other)]
+    Unknown,
+}
+
+/// The node's self-isolation (stopping the kubelet and every pod when it is cut off).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IsolationReport {
+    pub state: IsolationState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum IsolationState {
+    #[default]
+    None,
+    #[serde(other)]
+    Unknown,
+}
+
+/// The controller's answer to an accepted report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Acknowledgement {
+    pub version: String,
+    pub node: String,
+    pub sequence: u64,
+    /// How often the controller expects reports; an agent may adopt it.
+    pub report_interval_seconds: u64,
+    /// What the controller asks of the agent (none yet in 1.0; an agent ignores kinds
+    /// it does not know).
+    #[serde(default)]
+    pub instructions: Vec<serde_json::Value>,
+}
+
+/// The controller's answer to a refused request, with an HTTP status other than 200.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Refusal {
+    pub version: String,
+    pub reason: RefusalReason,
+    pub message: String,
+}
+
+/// Why a request was refused, one per HTTP status the controller uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RefusalReason {
+    /// 400: not JSON, a field of the wrong type, or a value out of range.
+    Malformed,
+    /// 400: a major version this controller does not speak.
+    UnsupportedVersion,
+    /// 401: no bearer token, or one the controller does not accept.
+    Unauthenticated,
+    /// 403: the credential belongs to another node (or to no node).
+    Forbidden,
+    /// 409: a sequence number not above the last one of the same boot, or a boot the
+    /// node has already left.
+    Stale,
+    /// 413: the body exceeds the limit.
+    TooLarge,
+    /// 408: the body did not arrive in time.
+    Timeout,
+    /// 429: too many reports being handled at once; retry after a pause.
+    Overloaded,
+    /// 503: the credential cannot be checked now (the API server is unreachable).
+    Unavailable,
+    /// 404 / 405 / 415.
+    NotFound,
+    /// A reason a newer controller added.
+    #[serde(other)]
+    Unknown,
+}
+
+impl RefusalReason {
+    pub fn http_status(self) -> u16 {
+        match self {
+            RefusalReason::Malformed | RefusalReason::UnsupportedVersion => 400,
+            RefusalReason::Unauthenticated => 401,
+            RefusalReason::Forbidden => 403,
+            RefusalReason::NotFound => 404,
+            RefusalReason::Timeout => 408,
+            RefusalReason::Stale => 409,
+            RefusalReason::TooLarge => 413,
+            RefusalReason::Overloaded => 429,
+            RefusalReason::Unavailable | RefusalReason::Unknown => 503,
+        }
+    }
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::Malformed => "malformed",
+            RefusalReason::UnsupportedVersion => "unsupported_version",
+            RefusalReason::Unauthenticated => "unauthenticated",
+            RefusalReason::Forbidden => "forbidden",
+            RefusalReason::Stale => "stale",
+            RefusalReason::TooLarge => "too_large",
+            RefusalReason::Timeout => "timeout",
+            RefusalReason::Overloaded => "overloaded",
+            RefusalReason::Unavailable => "unavailable",
+            RefusalReason::NotFound => "not_found",
+            RefusalReason::Unknown => "unknown",
+        }
+    }
+}
+
+impl Refusal {
+    pub fn new(reason: RefusalReason, message: impl Into<String>) -> Refusal {
+        Refusal {
+            version: version(),
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Why a body is not a report this build can read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("the body is not a JSON object: {0}")]
+    NotJson(String),
+    #[error("the report has no \"version\" field")]
+    MissingVersion,
+    #[error("version {0:?} is not of the form MAJOR.MINOR")]
+    BadVersion(String),
+    #[error(
+        "report version {found} is not supported: this controller speaks {MAJOR}.x (upgrade the controller before its agents)"
+    )]
+    UnsupportedVersion { found: String },
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+}
+
+impl DecodeError {
+    pub fn reason(&self) -> RefusalReason {
+        match self {
+            DecodeError::UnsupportedVersion { .. } => RefusalReason::UnsupportedVersion,
+            _ => RefusalReason::Malformed,
+        }
+    }
+}
+
+/// `"1.4"` into (1, 4).
+pub fn parse_version(text: &str) -> Option<(u32, u32)> {
+    let (major, minor) = text.split_once('.')?;
+    let digits = |part: &str| {
+        (!part.is_empty() && part.len() <= 9 && part.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| part.parse().ok())
+            .flatten()
+    };
+    Some((digits(major)?, digits(minor)?))
+}
+
+/// Checks a body's `version` before anything else, so a newer major version is refused
+/// by name rather than by whichever of its fields fails first.
+fn check_version(body: &[u8]) -> Result<(), DecodeError> {
+    #[derive(Deserialize)]
+    struct Envelope {
+        version: Option<serde_json::Value>,
+    }
+    let envelope: Envelope =
+        serde_json::from_slice(body).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+    let version = match envelope.version {
+        None | Some(serde_json::Value::Null) => return Err(DecodeError::MissingVersion),
+        Some(serde_json::Value::String(text)) => text,
+        Some(other) => return Err(DecodeError::BadVersion(other.to_string())),
+    };
+    match parse_version(&version) {
+        None => Err(DecodeError::BadVersion(version)),
+        Some((major, _)) if major != MAJOR => {
+            Err(DecodeError::UnsupportedVersion { found: version })
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Limits that keep one report small whatever the body size limit is.
+const MAX_NAME: usize = 253;
+const MAX_SHORT_TEXT: usize = 128;
+const MAX_CONDITIONS: usize = 16;
+
+/// Decodes and checks one report body.
+pub fn decode_report(body: &[u8]) -> Result<AgentReport, DecodeError> {
+    check_version(body)?;
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let report: AgentReport =
+        serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+            let field = error.path().to_string();
+            DecodeError::Invalid {
+                field,
+                message: error.into_inner().to_string(),
+            }
+        })?;
+    deserializer.end().map_err(|error| DecodeError::Invalid {
+        field: ".".to_string(),
+        message: error.to_string(),
+    })?;
+    validate(&report)?;
+    Ok(report)
+}
+
+fn validate(report: &AgentReport) -> Result<(), DecodeError> {
+    let invalid = |field: &str, message: String| DecodeError::Invalid {
+        field: field.to_string(),
+        message,
+    };
+    if !is_node_name(&report.node) {
+        return Err(invalid(
+            "node",
+            format!(
+                "{:?} is not a node name (lowercase letters, digits, '-' and '.', at most {MAX_NAME})",
+                truncate(&report.node)
+            ),
+        ));
+    }
+    if report.boot_id.is_empty() || report.boot_id.len() > MAX_SHORT_TEXT {
+        return Err(invalid(
+            "bootId",
+            format!("must hold 1 to {MAX_SHORT_TEXT} characters"),
+        ));
+    }
+    if report.agent_version.len() > MAX_SHORT_TEXT {
+        return Err(invalid(
+            "agentVersion",
+            format!("must hold at most {MAX_SHORT_TEXT} characters"),
+        ));
+    }
+    if report.conditions.len() > MAX_CONDITIONS {
+        return Err(invalid(
+            "conditions",
+            format!(
+                "holds {} entries; at most {MAX_CONDITIONS}",
+                report.conditions.len()
+            ),
+        ));
+    }
+    if let Some(long) = report
+        .conditions
+        .iter()
+        .find(|c| c.is_empty() || c.len() > MAX_SHORT_TEXT)
+    {
+        return Err(invalid(
+            "conditions",
+            format!("{:?} is not a condition type", truncate(long)),
+        ));
+    }
+    if let Some(eviction) = &report.last_eviction
+        && (eviction.pod.len() > 2 * MAX_NAME || eviction.signal.len() > MAX_SHORT_TEXT)
+    {
+        return Err(invalid(
+            "lastEviction",
+            "pod or signal is too long".to_string(),
+        ));
+    }
+    let shutdown = &report.shutdown;
+    if shutdown.phases_done > shutdown.phases_total {
+        return Err(invalid(
+            "shutdown.phasesDone",
+            format!(
+                "{} is more than phasesTotal {}",
+                shutdown.phases_done, shutdown.phases_total
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A DNS subdomain, as Kubernetes names nodes.
+pub fn is_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name
+            .split('.')
+            .all(|label| !label.is_empty() && !label.starts_with('-') && !label.ends_with('-'))
+}
+
+/// Untrusted text, shortened for an error message.
+fn truncate(text: &str) -> String {
+    text.chars().take(64).collect()
+}
+
+/// A plausible report, for tests here and in the other report modules.
+#[cfg(test)]
+pub(crate) fn sample() -> AgentReport {
+    AgentReport {
+        version: version(),
+        node: "worker-1".to_string(),
+        boot_id: "0b6e5c1e-7c44-4b8e-9d8e-2f5b1f0e2a11".to_string(),
+        sequence: 1234,
+        agent_version: "0.1.0".to_string(),
+        sent_at: "2026-11-24T05:00:00Z".parse().expect("timestamp"),
+        trigger: Trigger::Interval,
+        dry_run: false,
+        conditions: vec!["MemoryPressure".to_string()],
+        shutdown: ShutdownReport::default(),
+        last_eviction: None,
+        api_server: ApiServerReport {
+            state: ApiServerState::Reachable,
+            since: None,
+        },
+        isolation: IsolationReport::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(report: &AgentReport) -> Vec<u8> {
+        serde_json::to_vec(report).expect("encode")
+    }
+
+    #[test]
+    fn a_report_round_trips() {
+        let report = sample();
+        assert_eq!(decode_report(&encode(&report)), Ok(report));
+    }
+
+    #[test]
+    fn a_newer_minor_version_with_unknown_fields_and_values_is_read() {
+        let mut value = serde_json::to_value(sample()).expect("value");
+        value["version"] = "1.7".into();
+        value["futureField"] = serde_json::json!({"x": 1});
+        value["shutdown"]["state"] = "hibernating".into();
+        value["isolation"]["state"] = "fenced".into();
+        value["trigger"] = "reconnect".into();
+        let report = decode_report(&serde_json::to_vec(&value).expect("bytes")).expect("decoded");
+        assert_eq!(report.shutdown.state, ShutdownPhase::Unknown);
+        assert_eq!(report.isolation.state, IsolationState::Unknown);
+        assert_eq!(report.trigger, Trigger::Unknown);
+    }
+
+    #[test]
+    fn another_major_version_is_refused_by_name_before_its_fields() {
+        // Version 2 may change every field; the refusal must say "version", not
+        // complain about a field it renamed.
+        let body = br#"{"version":"2.0","nodeName":"worker-1"}"#;
+        let error = decode_report(body).expect_err("refused");
+        assert_eq!(
+            error,
+            DecodeError::UnsupportedVersion {
+                found: "2.0".to_string()
+            }
+        );
+        assert_eq!(error.reason(), RefusalReason::UnsupportedVersion);
+        assert!(error.to_string().contains("speaks 1.x"), "{error}");
+    }
+
+    #[test]
+    fn versions_that_are_not_major_dot_minor_are_refused() {
+        for (body, expected) in [
+            (&br#"{"node":"a"}"#[..], DecodeError::MissingVersion),
+            (
+                br#"{"version":1}"#,
+                DecodeError::BadVersion("1".to_string()),
+            ),
+            (
+                br#"{"version":"1"}"#,
+                DecodeError::BadVersion("1".to_string()),
+            ),
+            (
+                br#"{"version":"1.x"}"#,
+                DecodeError::BadVersion("1.x".to_string()),
+            ),
+            (
+                br#"{"version":"-1.0"}"#,
+                DecodeError::BadVersion("-1.0".to_string()),
+            ),
+        ] {
+            assert_eq!(decode_report(body), Err(expected));
+        }
+    }
+
+    #[test]
+    fn malformed_bodies_name_what_is_wrong() {
+        assert!(matches!(
+            decode_report(b"{\"version\":\"1.0\","),
+            Err(DecodeError::NotJson(_))
+        ));
+        assert!(matches!(
+            decode_report(b"[1,2]"),
+            Err(DecodeError::NotJson(_))
+        ));
+        assert!(matches!(decode_report(b""), Err(DecodeError::NotJson(_))));
+        let mut value = serde_json::to_value(sample()).expect("value");
+        value["sequence"] = (-5).into();
+        let error = decode_report(&serde_json::to_vec(&value).expect("bytes")).expect_err("bad");
+        assert!(
+            matches!(&error, DecodeError::Invalid { field, .. } if field == "sequence"),
+            "{error:?}"
+        );
+        let mut value = serde_json::to_value(sample()).expect("value");
+        value["shutdown"]["phasesTotal"] = "three".into();
+        let error = decode_report(&serde_json::to_vec(&value).expect("bytes")).expect_err("bad");
+        assert!(
+            matches!(&error, DecodeError::Invalid { field, .. } if field == "shutdown.phasesTotal"),
+            "{error:?}"
+        );
+    }
+
+    type Change = Box<dyn Fn(&mut AgentReport)>;
+
+    #[test]
+    fn values_out_of_range_are_refused() {
+        let cases: Vec<(&str, Change)> = vec![
+            ("node", Box::new(|r| r.node = "Worker_1".to_string())),
+            ("node", Box::new(|r| r.node = String::new())),
+            ("node", Box::new(|r| r.node = "a".repeat(254))),
+            ("bootId", Box::new(|r| r.boot_id = String::new())),
+            (
+                "conditions",
+                Box::new(|r| r.conditions = vec!["X".to_string(); 17]),
+            ),
+            (
+                "shutdown.phasesDone",
+                Box::new(|r| {
+                    r.shutdown.phases_total = 2;
+                    r.shutdown.phases_done = 3;
+                }),
+            ),
+        ];
+        for (expected_field, change) in cases {
+            let mut report = sample();
+            change(&mut report);
+            match decode_report(&encode(&report)) {
+                Err(DecodeError::Invalid { field, .. }) => assert_eq!(field, expected_field),
+                other => panic!("{expected_field}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn node_names_follow_kubernetes() {
+        for good in ["a", "worker-1", "ip-10-0-0-1.ec2.internal", "0"] {
+            assert!(is_node_name(good), "{good}");
+        }
+        for bad in ["", "-a", "a-", "a..b", "A", "a_b", "a b", ".a"] {
+            assert!(!is_node_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn refusal_reasons_map_to_http_statuses() {
+        assert_eq!(RefusalReason::Stale.http_status(), 409);
+        assert_eq!(RefusalReason::TooLarge.http_status(), 413);
+        assert_eq!(RefusalReason::Unauthenticated.http_status(), 401);
+        assert_eq!(RefusalReason::Forbidden.http_status(), 403);
+        let refusal: Refusal =
+            serde_json::from_str(r#"{"version":"1.3","reason":"SomethingNew","message":"m"}"#)
+                .expect("a newer reason is read");
+        assert_eq!(refusal.reason, RefusalReason::Unknown);
+    }
+}

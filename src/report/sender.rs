@@ -1,0 +1,316 @@
+//! The agent's side of the report protocol: a report every interval and at once on every
+//! change, best-effort. Nothing the agent decides waits on it: a controller that is down,
+//! slow or refusing costs a log line and a metric, and reports resume with backoff.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::jiff::Timestamp;
+
+use super::board::ReportBoard;
+use super::ledger::AgentView;
+use super::protocol::{self, Acknowledgement, AgentReport, REPORTS_PATH, Refusal, Trigger};
+use crate::metrics::{Metrics, ReportResultLabels};
+
+/// Where and how this agent reports.
+#[derive(Debug, Clone)]
+pub struct SenderSettings {
+    /// `http://host:port`, without a path.
+    pub controller_url: String,
+    pub node: String,
+    pub boot_id: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Read again for every report; `None` sends no credential.
+    pub token_file: Option<PathBuf>,
+    pub dry_run: bool,
+}
+
+/// The longest pause between attempts while the controller fails.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The largest answer read from the controller.
+const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
+
+/// Why one exchange with the controller failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("{0}")]
+    Url(String),
+    #[error("cannot read the token file {path}: {error}")]
+    Token { path: String, error: std::io::Error },
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("{0}")]
+    Transport(String),
+    #[error("the controller refused the report ({status}): {message}")]
+    Refused { status: u16, message: String },
+    #[error("the controller's answer is not understood: {0}")]
+    Answer(String),
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+fn http_client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(Duration::from_secs(3)));
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build(connector)
+}
+
+/// A sequence number that grows within a boot, also across agent restarts: milliseconds
+/// since boot (`CLOCK_BOOTTIME`), kept above the last one sent.
+fn next_sequence(last: u64) -> u64 {
+    let since_boot = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(|t| (t.tv_sec() as u64).saturating_mul(1000) + (t.tv_nsec() as u64) / 1_000_000)
+        .unwrap_or(0);
+    since_boot.max(last + 1)
+}
+
+/// The report of this moment.
+pub fn build_report(
+    settings: &SenderSettings,
+    board: &ReportBoard,
+    sequence: u64,
+    trigger: Trigger,
+    now: Timestamp,
+) -> AgentReport {
+    let facts = board.snapshot();
+    AgentReport {
+        version: protocol::version(),
+        node: settings.node.clone(),
+        boot_id: settings.boot_id.clone(),
+        sequence,
+        agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        sent_at: now,
+        trigger,
+        dry_run: settings.dry_run,
+        conditions: facts.conditions,
+        shutdown: facts.shutdown,
+        last_eviction: facts.last_eviction,
+        api_server: facts.api_server,
+        isolation: facts.isolation,
+    }
+}
+
+async fn exchange(
+    client: &HttpClient,
+    request: Request<Full<Bytes>>,
+    timeout: Duration,
+) -> Result<(StatusCode, Bytes), SendError> {
+    let answer = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|error| SendError::Transport(transport_error(&error)))?;
+        let status = response.status();
+        let body = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|error| SendError::Transport(error.to_string()))?
+            .to_bytes();
+        Ok((status, body))
+    };
+    tokio::time::timeout(timeout, answer)
+        .await
+        .map_err(|_| SendError::Timeout(timeout))?
+}
+
+/// The innermost cause, which says what went wrong ("Connection refused").
+fn transport_error(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
+}
+
+/// Sends one report and reads the acknowledgement.
+pub async fn send_report(
+    client: &HttpClient,
+    settings: &SenderSettings,
+    report: &AgentReport,
+) -> Result<Acknowledgement, SendError> {
+    let url = format!("{}{REPORTS_PATH}", settings.controller_url);
+    let body = serde_json::to_vec(report).map_err(|e| SendError::Answer(e.to_string()))?;
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(&url)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(
+            header::USER_AGENT,
+            concat!("nodekeeper-agent/", env!("CARGO_PKG_VERSION")),
+        );
+    if let Some(path) = &settings.token_file {
+        let token = std::fs::read_to_string(path).map_err(|error| SendError::Token {
+            path: path.display().to_string(),
+            error,
+        })?;
+        request = request.header(header::AUTHORIZATION, format!("Bearer {}", token.trim()));
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| SendError::Url(format!("{url}: {e}")))?;
+    let (status, body) = exchange(client, request, settings.timeout).await?;
+    if status != StatusCode::OK {
+        let message = serde_json::from_slice::<Refusal>(&body)
+            .map(|refusal| refusal.message)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body).chars().take(200).collect());
+        return Err(SendError::Refused {
+            status: status.as_u16(),
+            message,
+        });
+    }
+    serde_json::from_slice(&body).map_err(|e| SendError::Answer(e.to_string()))
+}
+
+/// The pause after `failures` failed attempts in a row.
+pub fn backoff(interval: Duration, failures: u32) -> Duration {
+    if failures == 0 {
+        return interval;
+    }
+    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
+    interval
+        .saturating_mul(factor)
+        .min(MAX_BACKOFF)
+        .max(interval)
+}
+
+/// Reports until `stop` resolves.
+pub async fn run_sender(
+    settings: SenderSettings,
+    board: Arc<ReportBoard>,
+    metrics: Arc<Metrics>,
+    stop: impl Future<Output = ()>,
+) {
+    let client = http_client();
+    let mut stop = std::pin::pin!(stop);
+    let mut sequence = 0;
+    let mut failures: u32 = 0;
+    let mut trigger = Trigger::Start;
+    tracing::info!(controller = %settings.controller_url, node = %settings.node, interval = ?settings.interval, "reporting to the fence controller");
+    loop {
+        sequence = next_sequence(sequence);
+        let report = build_report(&settings, &board, sequence, trigger, Timestamp::now());
+        let result = tokio::select! {
+            result = send_report(&client, &settings, &report) => result,
+            _ = &mut stop => return,
+        };
+        let label = match &result {
+            Ok(_) => "accepted",
+            Err(SendError::Refused { .. }) => "refused",
+            Err(_) => "failed",
+        };
+        metrics
+            .reports
+            .get_or_create(&ReportResultLabels {
+                result: label.to_string(),
+            })
+            .inc();
+        match result {
+            Ok(_) => {
+                if failures > 0 {
+                    tracing::info!(controller = %settings.controller_url, "reports reach the controller again");
+                }
+                failures = 0;
+                metrics
+                    .report_last_accepted
+                    .set(Timestamp::now().as_millisecond() as f64 / 1000.0);
+            }
+            Err(error) => {
+                failures = failures.saturating_add(1);
+                if failures == 1 {
+                    tracing::warn!(controller = %settings.controller_url, %error, "cannot report to the fence controller; the node stays protected locally, retrying with backoff");
+                } else {
+                    tracing::debug!(%error, failures, "report failed again");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff(settings.interval, failures)) => trigger = Trigger::Interval,
+            _ = board.changed() => trigger = Trigger::Change,
+            _ = &mut stop => return,
+        }
+    }
+}
+
+/// Every node's latest report from a controller's `/reports` (its metrics address).
+pub async fn fetch_views(base_url: &str) -> Result<Vec<AgentView>, SendError> {
+    let base = base_url.trim_end_matches('/');
+    let url = format!("{base}{}", super::server::VIEWS_PATH);
+    let request = Request::builder()
+        .method(Method::GET)
+        .uri(&url)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| SendError::Url(format!("{url}: {e}")))?;
+    let (status, body) = exchange(&http_client(), request, Duration::from_secs(10))
+        .await
+        .map_err(|error| SendError::Transport(format!("{url}: {error}")))?;
+    if status != StatusCode::OK {
+        return Err(SendError::Refused {
+            status: status.as_u16(),
+            message: format!("{url}: {}", String::from_utf8_lossy(&body)),
+        });
+    }
+    serde_json::from_slice(&body).map_err(|e| SendError::Answer(format!("{url}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_interval_up_to_a_ceiling() {
+        let interval = Duration::from_secs(2);
+        assert_eq!(backoff(interval, 0), interval);
+        assert_eq!(backoff(interval, 1), interval);
+        assert_eq!(backoff(interval, 2), Duration::from_secs(4));
+        assert_eq!(backoff(interval, 4), Duration::from_secs(16));
+        assert_eq!(backoff(interval, 40), MAX_BACKOFF);
+        // An interval above the ceiling is never shortened.
+        assert_eq!(backoff(Duration::from_secs(60), 3), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn sequences_grow_and_count_time_since_boot() {
+        let first = next_sequence(0);
+        assert!(first > 0, "milliseconds since boot");
+        let second = next_sequence(first);
+        assert!(second > first);
+        assert_eq!(next_sequence(u64::MAX / 2), u64::MAX / 2 + 1);
+    }
+
+    #[test]
+    fn a_report_carries_the_boards_facts() {
+        let board = ReportBoard::new();
+        board.set_conditions(vec!["DiskPressure".to_string()]);
+        let settings = SenderSettings {
+            controller_url: "http://127.0.0.1:1".to_string(),
+            node: "worker-1".to_string(),
+            boot_id: "b".to_string(),
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            token_file: None,
+            dry_run: true,
+        };
+        let now: Timestamp = "2026-11-24T05:00:00Z".parse().expect("time");
+        let report = build_report(&settings, &board, 7, Trigger::Change, now);
+        assert_eq!(report.conditions, ["DiskPressure"]);
+        assert_eq!(report.sequence, 7);
+        assert!(report.dry_run);
+        let decoded =
+            protocol::decode_report(&serde_json::to_vec(&report).expect("json")).expect("valid");
+        assert_eq!(decoded, report);
+    }
+}

@@ -1,0 +1,428 @@
+//! The controller's report endpoint: `POST /v1/reports` on its own listener. Every
+//! request is bounded (header and body deadlines, a body size limit, a cap on open
+//! connections and on reports handled at once, a lifetime per connection), so slow or
+//! flooding clients cost a bounded share and good agents keep being served.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use k8s_openapi::jiff::Timestamp;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::auth::{AuthPolicy, Authenticator, bearer_token};
+use super::ledger::{AgentView, Census, ReportLedger};
+use super::protocol::{self, Acknowledgement, REPORTS_PATH, Refusal, RefusalReason, decode_report};
+
+/// How the endpoint listens, and its limits.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ReportsPolicy {
+    /// Serve the endpoint at all.
+    pub enabled: bool,
+    pub address: String,
+    /// How often agents are expected to report; three intervals without one and an
+    /// agent counts as silent in the metrics.
+    pub interval: Duration,
+    pub auth: AuthPolicy,
+    pub max_body_bytes: usize,
+    /// The deadline for a request's headers, and then for its body.
+    pub request_timeout: Duration,
+    /// Open connections at most; further clients wait to be accepted.
+    pub max_connections: usize,
+    /// Report bodies read at once at most; further ones get 429.
+    pub max_in_flight: usize,
+    /// A connection is closed (gracefully) after this long, so no client holds one for
+    /// ever.
+    pub connection_lifetime: Duration,
+}
+
+impl Default for ReportsPolicy {
+    fn default() -> ReportsPolicy {
+        ReportsPolicy {
+            enabled: true,
+            address: "0.0.0.0:9849".to_string(),
+            interval: Duration::from_secs(2),
+            auth: AuthPolicy::default(),
+            max_body_bytes: protocol::DEFAULT_MAX_BODY_BYTES,
+            request_timeout: Duration::from_secs(5),
+            max_connections: 20_000,
+            max_in_flight: 512,
+            connection_lifetime: Duration::from_secs(600),
+        }
+    }
+}
+
+impl ReportsPolicy {
+    /// Reports older than this make an agent silent.
+    pub fn fresh_within(&self) -> Duration {
+        self.interval * 3
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    /// `accepted`, or a refusal reason.
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgentStateLabels {
+    state: String,
+}
+
+/// The endpoint's metrics, registered in the controller's registry.
+pub struct ReportMetrics {
+    reports: Family<ResultLabels, Counter>,
+    handling: Histogram,
+    agents: Family<AgentStateLabels, Gauge>,
+}
+
+impl ReportMetrics {
+    pub fn register(registry: &mut Registry) -> ReportMetrics {
+        let metrics = ReportMetrics {
+            reports: Family::default(),
+            handling: Histogram::new(exponential_buckets(0.0001, 4.0, 10)),
+            agents: Family::default(),
+        };
+        registry.register(
+            "controller_reports",
+            "Agent reports received, by result: accepted, or why refused",
+            metrics.reports.clone(),
+        );
+        registry.register(
+            "controller_report_handling_seconds",
+            "Time from a report's headers to the answer, authentication included",
+            metrics.handling.clone(),
+        );
+        registry.register(
+            "controller_agents",
+            "Agents by what their latest report says: reporting, silent (no report in three intervals), under_pressure, shutting_down, shut_down, api_unreachable",
+            metrics.agents.clone(),
+        );
+        metrics
+    }
+
+    fn count(&self, result: &str) {
+        self.reports
+            .get_or_create(&ResultLabels {
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    fn publish(&self, census: &Census) {
+        for (state, count) in [
+            ("reporting", census.reporting),
+            ("silent", census.silent),
+            ("under_pressure", census.under_pressure),
+            ("shutting_down", census.shutting_down),
+            ("shut_down", census.shut_down),
+            ("api_unreachable", census.api_unreachable),
+        ] {
+            self.agents
+                .get_or_create(&AgentStateLabels {
+                    state: state.to_string(),
+                })
+                .set(count as i64);
+        }
+    }
+}
+
+/// Everything the endpoint shares: the ledger, the authenticator, the limits.
+pub struct ReportHub {
+    ledger: Mutex<ReportLedger>,
+    auth: Authenticator,
+    policy: ReportsPolicy,
+    metrics: Arc<ReportMetrics>,
+    in_flight: tokio::sync::Semaphore,
+}
+
+type Answer = Response<Full<Bytes>>;
+
+fn json_answer<T: serde::Serialize>(status: StatusCode, body: &T) -> Answer {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn refusal(reason: RefusalReason, message: impl Into<String>) -> Answer {
+    let status =
+        StatusCode::from_u16(reason.http_status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let mut response = json_answer(status, &Refusal::new(reason, message));
+    if reason == RefusalReason::Overloaded || reason == RefusalReason::Unavailable {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+impl ReportHub {
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        policy: ReportsPolicy,
+        metrics: Arc<ReportMetrics>,
+    ) -> ReportHub {
+        ReportHub {
+            ledger: Mutex::new(ReportLedger::default()),
+            auth: Authenticator::new(client, namespace, policy.auth.clone()),
+            in_flight: tokio::sync::Semaphore::new(policy.max_in_flight.max(1)),
+            policy,
+            metrics,
+        }
+    }
+
+    pub fn policy(&self) -> &ReportsPolicy {
+        &self.policy
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, ReportLedger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every node's latest report, as `/reports` serves it.
+    pub fn views(&self) -> Vec<AgentView> {
+        self.ledger()
+            .views(Instant::now(), self.policy.fresh_within())
+    }
+
+    pub fn census(&self) -> Census {
+        self.ledger()
+            .census(Instant::now(), self.policy.fresh_within())
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, request: Request<Incoming>) -> Answer {
+        let started = Instant::now();
+        let answer = self.answer(request).await;
+        self.metrics
+            .handling
+            .observe(started.elapsed().as_secs_f64());
+        answer
+    }
+
+    async fn answer(&self, request: Request<Incoming>) -> Answer {
+        if request.uri().path() != REPORTS_PATH {
+            return refusal(
+                RefusalReason::NotFound,
+                format!("reports go to POST {REPORTS_PATH}"),
+            );
+        }
+        if request.method() != Method::POST {
+            let mut answer = refusal(
+                RefusalReason::NotFound,
+                format!("reports go to POST {REPORTS_PATH}"),
+            );
+            *answer.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+            return answer;
+        }
+        // The permit covers reading and decoding the body (what costs memory); it is
+        // given back before authentication, which known agents pass from the cache.
+        let Ok(permit) = self.in_flight.try_acquire() else {
+            return self.refuse(
+                RefusalReason::Overloaded,
+                "too many reports at once; retry shortly",
+            );
+        };
+        let (parts, body) = request.into_parts();
+        let limit = self.policy.max_body_bytes;
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > limit as u64) {
+            return self.refuse(
+                RefusalReason::TooLarge,
+                format!("the body exceeds {limit} bytes"),
+            );
+        }
+        let token = match bearer_token(
+            parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .and_then(|value| value.to_str().ok()),
+        ) {
+            Ok(token) => token.to_string(),
+            Err(failure) => return self.refuse(failure.reason(), failure.to_string()),
+        };
+        let body = match tokio::time::timeout(
+            self.policy.request_timeout,
+            Limited::new(body, limit).collect(),
+        )
+        .await
+        {
+            Err(_) => {
+                return self.refuse(
+                    RefusalReason::Timeout,
+                    format!(
+                        "the body did not arrive within {:?}",
+                        self.policy.request_timeout
+                    ),
+                );
+            }
+            Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+                return self.refuse(
+                    RefusalReason::TooLarge,
+                    format!("the body exceeds {limit} bytes"),
+                );
+            }
+            Ok(Err(error)) => {
+                return self.refuse(
+                    RefusalReason::Malformed,
+                    format!("reading the body: {error}"),
+                );
+            }
+            Ok(Ok(collected)) => collected.to_bytes(),
+        };
+        let report = match decode_report(&body) {
+            Ok(report) => report,
+            Err(error) => return self.refuse(error.reason(), error.to_string()),
+        };
+        drop(body);
+        drop(permit);
+        let identity = match self.auth.authenticate(&token, &report.node).await {
+            Ok(identity) => identity,
+            Err(failure) => {
+                tracing::debug!(node = %report.node, %failure, "report refused");
+                return self.refuse(failure.reason(), failure.to_string());
+            }
+        };
+        let node = report.node.clone();
+        let sequence = report.sequence;
+        let accepted = self
+            .ledger()
+            .accept(&identity, report, Instant::now(), Timestamp::now());
+        match accepted {
+            Ok(outcome) => {
+                self.metrics.count("accepted");
+                if let super::ledger::Accepted::NewBoot { previous } = &outcome {
+                    tracing::info!(%node, %previous, "the node's agent reports from a new boot");
+                } else if outcome == super::ledger::Accepted::First {
+                    tracing::debug!(%node, "first report from the node's agent");
+                }
+                json_answer(
+                    StatusCode::OK,
+                    &Acknowledgement {
+                        version: protocol::version(),
+                        node,
+                        sequence,
+                        report_interval_seconds: self.policy.interval.as_secs().max(1),
+                        instructions: Vec::new(),
+                    },
+                )
+            }
+            Err(refused) => {
+                tracing::debug!(%node, %refused, "report refused");
+                self.refuse(refused.reason(), refused.to_string())
+            }
+        }
+    }
+
+    fn refuse(&self, reason: RefusalReason, message: impl Into<String>) -> Answer {
+        self.metrics.count(reason.as_str());
+        refusal(reason, message)
+    }
+}
+
+/// Serves the endpoint on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    hub: Arc<ReportHub>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let policy = hub.policy().clone();
+    let connections = Arc::new(tokio::sync::Semaphore::new(policy.max_connections.max(1)));
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            _ = &mut shutdown => return,
+        };
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors, usually: pause instead of spinning.
+                    tracing::warn!(%error, "accepting a report connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let hub = hub.clone();
+        let service = hyper::service::service_fn(move |request| {
+            let hub = hub.clone();
+            async move { Ok::<_, std::convert::Infallible>(hub.handle(request).await) }
+        });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(policy.request_timeout)
+            .max_buf_size(policy.max_body_bytes.max(16 * 1024) + 16 * 1024)
+            .serve_connection(TokioIo::new(stream), service);
+        let lifetime = policy.connection_lifetime;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = tokio::time::sleep(lifetime) => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_secs(10), connection).await;
+                }
+            }
+        });
+    }
+}
+
+/// Publishes the agents' census every second until `stop` resolves.
+pub async fn publish_census(hub: Arc<ReportHub>, stop: impl Future<Output = ()>) {
+    let mut stop = std::pin::pin!(stop);
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => hub.metrics.publish(&hub.census()),
+            _ = &mut stop => return,
+        }
+    }
+}
+
+/// The path on the metrics listener where the latest reports are served as JSON.
+pub const VIEWS_PATH: &str = "/reports";
+
+/// `GET /reports` for the metrics listener: every node's latest report (what
+/// `nodekeeper controller status --controller-url` reads). Read-only, like `/metrics`.
+pub fn views_route(hub: Arc<ReportHub>) -> axum::Router {
+    axum::Router::new().route(
+        VIEWS_PATH,
+        axum::routing::get(move || {
+            let hub = hub.clone();
+            async move {
+                (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    serde_json::to_string(&hub.views()).unwrap_or_else(|_| "[]".to_string()),
+                )
+            }
+        }),
+    )
+}

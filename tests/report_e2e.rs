@@ -1,0 +1,691 @@
+//! Agent reports end to end: the real controller process takes reports on loopback,
+//! authenticates them with TokenReviews against the test API server (tokens issued by its
+//! TokenRequest API, as a kubelet gets them for a projected volume), and the real agent
+//! process reports to it. Every refusal a hostile or broken client can cause is checked
+//! on the wire, and good agents must keep being served meanwhile.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use support::agent_process::AgentProcess;
+use support::apiserver::FakeApiServer;
+use support::controller::*;
+
+const AGENTS_NAMESPACE: &str = "nodekeeper-system";
+const AGENT_ACCOUNT: &str = "nodekeeper-agent";
+const AUDIENCE: &str = "nodekeeper-controller";
+const BOOT: &str = "5d0c6f8e-1111-4222-8333-944455556666";
+
+/// A cluster with two Ready nodes, the agent ServiceAccount, an agent pod on each node
+/// and a web pod (another ServiceAccount) on worker-1.
+async fn cluster() -> FakeApiServer {
+    let server = ready_cluster(&["worker-1", "worker-2"]).await;
+    let client = server.client();
+    for (namespace, account) in [(AGENTS_NAMESPACE, AGENT_ACCOUNT), ("shop", "web")] {
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+        let account: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": account}})).expect("account");
+        accounts
+            .create(&PostParams::default(), &account)
+            .await
+            .expect("create the ServiceAccount");
+    }
+    for (namespace, name, account, node) in [
+        (AGENTS_NAMESPACE, "agent-w1", AGENT_ACCOUNT, "worker-1"),
+        (AGENTS_NAMESPACE, "agent-w2", AGENT_ACCOUNT, "worker-2"),
+        ("shop", "web-0", "web", "worker-1"),
+    ] {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"nodeName": node, "serviceAccountName": account,
+                     "containers": [{"name": "c", "image": "nodekeeper"}]}
+        }))
+        .expect("pod");
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("create the pod");
+    }
+    server
+}
+
+/// A token for `pod`, as the kubelet requests one for a projected volume.
+async fn token(
+    server: &FakeApiServer,
+    namespace: &str,
+    account: &str,
+    pod: &str,
+    audience: Option<&str>,
+) -> String {
+    let pods: Api<Pod> = Api::namespaced(server.client(), namespace);
+    let uid = pods
+        .get(pod)
+        .await
+        .expect("the pod")
+        .metadata
+        .uid
+        .expect("uid");
+    let accounts: Api<ServiceAccount> = Api::namespaced(server.client(), namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: audience.map(|a| vec![a.to_string()]).unwrap_or_default(),
+            expiration_seconds: Some(3600),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".to_string()),
+                kind: Some("Pod".to_string()),
+                name: Some(pod.to_string()),
+                uid: Some(uid),
+            }),
+        },
+        ..TokenRequest::default()
+    };
+    accounts
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .expect("a token from the TokenRequest API")
+        .status
+        .expect("status")
+        .token
+}
+
+fn report(node: &str, sequence: u64) -> Value {
+    json!({
+        "version": "1.0", "node": node, "bootId": BOOT, "sequence": sequence,
+        "agentVersion": "test", "sentAt": "2026-11-24T05:00:00Z", "trigger": "interval",
+        "conditions": ["MemoryPressure"],
+        "shutdown": {"state": "none", "lockHeld": true},
+        "apiServer": {"state": "reachable"}, "isolation": {"state": "none"}
+    })
+}
+
+/// One HTTP/1.1 exchange; the status and the JSON body.
+async fn post(address: &str, token: Option<&str>, body: &[u8]) -> (u16, Value) {
+    let mut head = format!(
+        "POST /v1/reports HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if let Some(token) = token {
+        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut request = head.into_bytes();
+    request.extend_from_slice(body);
+    exchange(address, &request).await
+}
+
+/// Writes `request` while reading the answer: a server that refuses a body it has not
+/// read answers and closes early, and the answer must still be read (a write into the
+/// closed connection fails, and is ignored).
+async fn exchange(address: &str, request: &[u8]) -> (u16, Value) {
+    let stream = TcpStream::connect(address).await.expect("connect");
+    let (mut reader, mut writer) = stream.into_split();
+    let request = request.to_vec();
+    // The write half stays open until the answer is read: closing it would end the
+    // request early.
+    let writing = tokio::spawn(async move {
+        let _ = writer.write_all(&request).await;
+        writer
+    });
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), reader.read_to_end(&mut answer))
+        .await
+        .expect("an answer within 20 s");
+    if let Err(error) = read {
+        // A reset after the answer (the server dropped unread body bytes) is fine.
+        assert!(!answer.is_empty(), "no answer: {error}");
+    }
+    drop(writing);
+    parse_answer(&answer)
+}
+
+fn parse_answer(answer: &[u8]) -> (u16, Value) {
+    let text = String::from_utf8_lossy(answer);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {text:?}"));
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+async fn post_report(address: &str, token: Option<&str>, report: &Value) -> (u16, Value) {
+    post(address, token, &serde_json::to_vec(report).expect("json")).await
+}
+
+fn assert_refused(answer: &(u16, Value), status: u16, reason: &str, message_part: &str) {
+    let (code, body) = answer;
+    assert_eq!(*code, status, "{body}");
+    assert_eq!(body["reason"], reason, "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(message_part),
+        "{message_part:?} not in {message:?}"
+    );
+}
+
+fn reports_config(dir: &Path, extra: &str) -> std::path::PathBuf {
+    controller_config(
+        dir,
+        &format!("reports: {{address: \"127.0.0.1:0\", interval: 1s{extra}}}\n"),
+    )
+}
+
+fn counter(metrics: &str, result: &str) -> u64 {
+    let prefix = format!("nodekeeper_controller_reports_total{{result=\"{result}\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_nodes_own_agent_may_report_for_it_and_only_forward() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = cluster().await;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "node-tokens", "namespace": NAMESPACE},
+        "data": {"worker-2": base64(b"worker-2-unit-token\n")}
+    }))
+    .expect("secret");
+    server.seed(&secret);
+    let config = reports_config(dir.path(), ", nodeTokensSecret: node-tokens");
+    let controller = ControllerProcess::start(dir.path(), &server, &config);
+    controller.synced().await;
+    let address = controller.reports_address();
+
+    let agent_w1 = token(
+        &server,
+        AGENTS_NAMESPACE,
+        AGENT_ACCOUNT,
+        "agent-w1",
+        Some(AUDIENCE),
+    )
+    .await;
+    let accepted = post_report(&address, Some(&agent_w1), &report("worker-1", 100)).await;
+    assert_eq!(accepted.0, 200, "{}", accepted.1);
+    assert_eq!(accepted.1["sequence"], 100);
+    assert_eq!(accepted.1["reportIntervalSeconds"], 1);
+
+    // Replayed, then behind: the same boot only moves forward.
+    let replayed = post_report(&address, Some(&agent_w1), &report("worker-1", 100)).await;
+    assert_refused(&replayed, 409, "Stale", "already received");
+    let behind = post_report(&address, Some(&agent_w1), &report("worker-1", 99)).await;
+    assert_refused(&behind, 409, "Stale", "behind the last one received (100)");
+
+    // worker-1's agent cannot speak for worker-2.
+    let other_node = post_report(&address, Some(&agent_w1), &report("worker-2", 5)).await;
+    assert_refused(&other_node, 403, "Forbidden", "not on \"worker-2\"");
+    // Another workload on worker-1 cannot speak for worker-1.
+    let web = token(&server, "shop", "web", "web-0", Some(AUDIENCE)).await;
+    let not_agent = post_report(&address, Some(&web), &report("worker-1", 101)).await;
+    assert_refused(
+        &not_agent,
+        403,
+        "Forbidden",
+        "system:serviceaccount:shop:web",
+    );
+    // A token for the API server's audience is not a report token.
+    let api_token = token(&server, AGENTS_NAMESPACE, AGENT_ACCOUNT, "agent-w1", None).await;
+    let wrong_audience = post_report(&address, Some(&api_token), &report("worker-1", 102)).await;
+    assert_refused(&wrong_audience, 401, "Unauthenticated", "not accepted");
+    let forged = post_report(
+        &address,
+        Some("eyJhbGciOi.eyJzdWIi.Zm9yZ2Vk"),
+        &report("worker-1", 103),
+    )
+    .await;
+    assert_refused(&forged, 401, "Unauthenticated", "not accepted");
+    let garbage = post_report(&address, Some("let me in"), &report("worker-1", 104)).await;
+    assert_refused(&garbage, 401, "Unauthenticated", "not accepted");
+    let anonymous = post_report(&address, None, &report("worker-1", 105)).await;
+    assert_refused(&anonymous, 401, "Unauthenticated", "no bearer token");
+    // The token of a pod that is gone is no longer good.
+    let agent_w2 = token(
+        &server,
+        AGENTS_NAMESPACE,
+        AGENT_ACCOUNT,
+        "agent-w2",
+        Some(AUDIENCE),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(server.client(), AGENTS_NAMESPACE);
+    pods.delete("agent-w2", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete agent-w2");
+    let gone = post_report(&address, Some(&agent_w2), &report("worker-2", 1)).await;
+    assert_refused(&gone, 401, "Unauthenticated", "not accepted");
+
+    // A node's own token from the node-token Secret (an agent run by systemd).
+    let unit = post_report(
+        &address,
+        Some("worker-2-unit-token"),
+        &report("worker-2", 7),
+    )
+    .await;
+    assert_eq!(unit.0, 200, "{}", unit.1);
+    let unit_elsewhere = post_report(
+        &address,
+        Some("worker-2-unit-token"),
+        &report("worker-1", 106),
+    )
+    .await;
+    assert_refused(
+        &unit_elsewhere,
+        401,
+        "Unauthenticated",
+        "neither this node's token",
+    );
+
+    // Bodies the controller cannot read.
+    let mut future = report("worker-1", 107);
+    future["version"] = json!("2.0");
+    future["nodeName"] = json!("worker-1");
+    let unsupported = post_report(&address, Some(&agent_w1), &future).await;
+    assert_refused(
+        &unsupported,
+        400,
+        "UnsupportedVersion",
+        "report version 2.0 is not supported",
+    );
+    let malformed = post(
+        &address,
+        Some(&agent_w1),
+        b"{\"version\": \"1.0\", \"node\": ",
+    )
+    .await;
+    assert_refused(&malformed, 400, "Malformed", "not a JSON object");
+    let mut wrong_type = report("worker-1", 108);
+    wrong_type["shutdown"]["phasesTotal"] = json!("three");
+    let typed = post_report(&address, Some(&agent_w1), &wrong_type).await;
+    assert_refused(&typed, 400, "Malformed", "shutdown.phasesTotal");
+    // A declared size over the limit is refused before the body is read.
+    let declared = format!(
+        "POST /v1/reports HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {agent_w1}\r\nContent-Length: 204800\r\n\r\n"
+    );
+    let too_large = exchange(&address, declared.as_bytes()).await;
+    assert_refused(&too_large, 413, "TooLarge", "exceeds 65536 bytes");
+    // Chunked, so the size is not declared: refused once the limit is passed.
+    let mut chunked = format!(
+        "POST /v1/reports HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {agent_w1}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    for _ in 0..20 {
+        chunked.extend_from_slice(format!("{:x}\r\n", 8192).as_bytes());
+        chunked.extend(std::iter::repeat_n(b' ', 8192));
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    assert_refused(
+        &exchange(&address, &chunked).await,
+        413,
+        "TooLarge",
+        "exceeds",
+    );
+    let (status, _) = exchange(
+        &address,
+        b"GET /v1/reports HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 405);
+
+    // The next report of the boot is taken, and a new boot starts again low.
+    let mut next = report("worker-1", 109);
+    next["conditions"] = json!(["MemoryPressure", "DiskPressure"]);
+    assert_eq!(post_report(&address, Some(&agent_w1), &next).await.0, 200);
+    let mut rebooted = report("worker-1", 3);
+    rebooted["bootId"] = json!("another-boot");
+    assert_eq!(
+        post_report(&address, Some(&agent_w1), &rebooted).await.0,
+        200
+    );
+    let mut late = report("worker-1", 110);
+    late["bootId"] = json!(BOOT);
+    assert_refused(
+        &post_report(&address, Some(&agent_w1), &late).await,
+        409,
+        "Stale",
+        "is an earlier boot",
+    );
+
+    // What the controller kept: the latest accepted report of each node.
+    let views = controller.agent_views();
+    let views = views.as_array().expect("a list");
+    assert_eq!(views.len(), 2, "{views:?}");
+    assert_eq!(views[0]["report"]["node"], "worker-1");
+    assert_eq!(views[0]["report"]["bootId"], "another-boot");
+    assert_eq!(views[0]["credential"], "serviceAccount");
+    assert_eq!(views[1]["report"]["sequence"], 7);
+    assert_eq!(views[1]["credential"], "nodeToken");
+    let metrics = controller.metrics();
+    assert_eq!(counter(&metrics, "accepted"), 4, "{metrics}");
+    assert_eq!(counter(&metrics, "stale"), 3, "{metrics}");
+    assert_eq!(counter(&metrics, "forbidden"), 2, "{metrics}");
+    assert_eq!(counter(&metrics, "unauthenticated"), 6, "{metrics}");
+    assert_eq!(counter(&metrics, "too_large"), 2, "{metrics}");
+    assert!(
+        !controller.log().contains(&agent_w1) && !controller.log().contains("worker-2-unit-token"),
+        "no token in the log"
+    );
+    assert!(
+        server
+            .rbac_accesses()
+            .iter()
+            .any(|access| format!("{access:?}").contains("tokenreviews")),
+        "the controller asked the API server"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_node_information_in_the_token_the_pod_says_where_it_runs() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = cluster().await;
+    // A cluster before Kubernetes 1.30: the TokenReview does not name the node.
+    server.set_token_node_info(false);
+    let controller = ControllerProcess::start(dir.path(), &server, &reports_config(dir.path(), ""));
+    controller.synced().await;
+    let address = controller.reports_address();
+    let agent_w1 = token(
+        &server,
+        AGENTS_NAMESPACE,
+        AGENT_ACCOUNT,
+        "agent-w1",
+        Some(AUDIENCE),
+    )
+    .await;
+    let accepted = post_report(&address, Some(&agent_w1), &report("worker-1", 1)).await;
+    assert_eq!(accepted.0, 200, "{}", accepted.1);
+    let elsewhere = post_report(&address, Some(&agent_w1), &report("worker-2", 2)).await;
+    assert_refused(&elsewhere, 403, "Forbidden", "runs on node \"worker-1\"");
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|request| request.method == "GET" && request.path.ends_with("/pods/agent-w1")),
+        "the controller read the token's pod"
+    );
+}
+
+/// Opens a connection that sends its headers one byte at a time, slower than any
+/// deadline allows.
+async fn slow_client(address: String) -> Duration {
+    let started = Instant::now();
+    let Ok(mut stream) = TcpStream::connect(&address).await else {
+        return started.elapsed();
+    };
+    for byte in b"POST /v1/reports HTTP/1.1\r\nHost: slow\r\nContent-Length: 100\r\n" {
+        if stream.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    // The server closed the connection (or we ran out of header).
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut rest)).await;
+    started.elapsed()
+}
+
+/// Sends complete headers and then never the body it declared.
+async fn stalled_body(address: String, token: String) -> (u16, Value) {
+    let mut stream = TcpStream::connect(&address).await.expect("connect");
+    let head = format!(
+        "POST /v1/reports HTTP/1.1\r\nHost: s\r\nAuthorization: Bearer {token}\r\nContent-Length: 1000\r\n\r\n{{"
+    );
+    stream.write_all(head.as_bytes()).await.expect("send");
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    // The answer comes while the connection is still open.
+    loop {
+        match tokio::time::timeout(Duration::from_secs(20), stream.read(&mut buffer)).await {
+            Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                answer.extend_from_slice(&buffer[..n]);
+                if answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.ends_with(b"}") {
+                    break;
+                }
+            }
+        }
+    }
+    parse_answer(&answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_flooding_clients_do_not_keep_good_agents_out() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = cluster().await;
+    let config = reports_config(dir.path(), ", requestTimeout: 1s, maxInFlight: 128");
+    let controller = ControllerProcess::start(dir.path(), &server, &config);
+    controller.synced().await;
+    let address = controller.reports_address();
+    let agent_w1 = token(
+        &server,
+        AGENTS_NAMESPACE,
+        AGENT_ACCOUNT,
+        "agent-w1",
+        Some(AUDIENCE),
+    )
+    .await;
+    // The agent is known before the attack starts (as every running agent is).
+    let known = post_report(&address, Some(&agent_w1), &report("worker-1", 1)).await;
+    assert_eq!(known.0, 200, "{}", known.1);
+
+    // 200 clients trickle their headers, 50 never send their body, and 300 requests
+    // with made-up tokens arrive at once.
+    let slow: Vec<_> = (0..200)
+        .map(|_| tokio::spawn(slow_client(address.clone())))
+        .collect();
+    let stalled: Vec<_> = (0..50)
+        .map(|_| tokio::spawn(stalled_body(address.clone(), agent_w1.clone())))
+        .collect();
+    let flood: Vec<_> = (0..300)
+        .map(|i| {
+            let address = address.clone();
+            tokio::spawn(async move {
+                let forged = format!("eyJhbGciOi.eyJmbG9vZCI{i}.c2ln");
+                post_report(&address, Some(&forged), &report("worker-1", 1))
+                    .await
+                    .0
+            })
+        })
+        .collect();
+
+    // Meanwhile worker-1's agent reports every 100 ms for 4 s: every report is taken,
+    // each within a second.
+    let mut slowest = Duration::ZERO;
+    for sequence in 2..=41u64 {
+        let started = Instant::now();
+        let answer = post_report(&address, Some(&agent_w1), &report("worker-1", sequence)).await;
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(answer.0, 200, "report {sequence}: {}", answer.1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("slowest good report under attack: {slowest:?}");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "slowest good report took {slowest:?}"
+    );
+
+    for task in flood {
+        let status = task.await.expect("flood client");
+        assert!(
+            status == 401 || status == 429,
+            "a forged token got {status}"
+        );
+    }
+    for task in stalled {
+        let (status, body) = task.await.expect("stalled client");
+        assert_eq!(status, 408, "{body}");
+        assert_eq!(body["reason"], "Timeout");
+    }
+    for task in slow {
+        let held = task.await.expect("slow client");
+        // Cut off by the header deadline (1 s), long before the ~25 s the trickle takes.
+        assert!(
+            held < Duration::from_secs(10),
+            "a slow client held on for {held:?}"
+        );
+    }
+    assert!(
+        std::path::Path::new(&format!("/proc/{}", controller.pid())).exists(),
+        "the controller is still running"
+    );
+    let accepted = post_report(&address, Some(&agent_w1), &report("worker-1", 42)).await;
+    assert_eq!(accepted.0, 200, "{}", accepted.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = cluster().await;
+    let config = reports_config(dir.path(), "");
+    let controller = ControllerProcess::start(dir.path(), &server, &config);
+    controller.synced().await;
+    let address = controller.reports_address();
+    let token_file = dir.path().join("token");
+    std::fs::write(
+        &token_file,
+        token(
+            &server,
+            AGENTS_NAMESPACE,
+            AGENT_ACCOUNT,
+            "agent-w1",
+            Some(AUDIENCE),
+        )
+        .await,
+    )
+    .expect("token file");
+    // A threshold this node always meets, so the agent holds MemoryPressure.
+    let agent_config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &agent_config,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: worker-1\n\
+             housekeepingInterval: 200ms\nevictionHard: {{memory.available: 64Ti}}\n\
+             shutdownGracePeriod: 0s\n\
+             report: {{controllerURL: \"http://{address}\", interval: 500ms, tokenFile: {}}}\n",
+            token_file.display()
+        ),
+    )
+    .expect("agent config");
+    let mut agent = AgentProcess::start(&[
+        "--dry-run".as_ref(),
+        "--metrics-addr".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--config".as_ref(),
+        agent_config.as_os_str(),
+    ]);
+    let reported = |controller: &ControllerProcess| {
+        let controller_views = controller.agent_views();
+        controller_views
+            .as_array()
+            .and_then(|views| views.first().cloned())
+            .filter(|view| view["report"]["conditions"] == json!(["MemoryPressure"]))
+    };
+    let view = wait_for(&controller, "the agent's report of MemoryPressure", || {
+        reported(&controller)
+    })
+    .await;
+    assert_eq!(view["report"]["node"], "worker-1");
+    assert_eq!(view["report"]["apiServer"]["state"], "notConfigured");
+    assert_eq!(view["report"]["dryRun"], true);
+    assert_eq!(
+        view["report"]["bootId"],
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .expect("boot id")
+            .trim()
+    );
+    let first_sequence = view["report"]["sequence"].as_u64().expect("sequence");
+
+    // The controller goes away: the agent keeps protecting its node.
+    drop(controller);
+    agent.wait_for_line(
+        "cannot report to the fence controller",
+        Duration::from_secs(10),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, _) = support::agent_process::http_get(&agent.address, "/healthz");
+    assert_eq!(status, 200, "the agent's loop keeps running");
+    let (_, metrics) = support::agent_process::http_get(&agent.address, "/metrics");
+    assert!(
+        metrics.contains("nodekeeper_agent_reports_total{result=\"failed\"}"),
+        "{metrics}"
+    );
+
+    // A new controller (stateless) knows the agent again within the backoff, and a
+    // restarted agent (same boot) continues the sequence.
+    let config = reports_config(dir.path(), "");
+    let controller = ControllerProcess::start(dir.path(), &server, &config);
+    controller.synced().await;
+    // The agent still posts to the old port; restart it against the new one.
+    agent.stop(Duration::from_secs(10));
+    let address = controller.reports_address();
+    let text = std::fs::read_to_string(&agent_config).expect("config");
+    let old = text
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("old address")
+        .to_string();
+    std::fs::write(&agent_config, text.replace(&old, &address)).expect("agent config");
+    let _agent = AgentProcess::start(&[
+        "--dry-run".as_ref(),
+        "--metrics-addr".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--config".as_ref(),
+        agent_config.as_os_str(),
+    ]);
+    let view = wait_for(&controller, "the restarted agent's report", || {
+        reported(&controller)
+    })
+    .await;
+    assert!(
+        view["report"]["sequence"].as_u64().expect("sequence") > first_sequence,
+        "the sequence grows across agent restarts within a boot"
+    );
+    let status = controller_status(dir.path(), &config, &controller.metrics_address()).await;
+    let row = status
+        .lines()
+        .find(|line| line.starts_with("worker-1 "))
+        .unwrap_or_else(|| panic!("no worker-1 row:\n{status}"));
+    assert!(row.ends_with("MemoryPressure"), "{status}");
+    assert!(
+        status.contains("Agent reports: 1 of 2 watched nodes reporting"),
+        "{status}"
+    );
+    let row = status
+        .lines()
+        .find(|line| line.starts_with("worker-2 "))
+        .expect("worker-2 row");
+    assert!(row.ends_with("no report"), "{status}");
+}
+
+async fn controller_status(dir: &Path, config: &Path, metrics_address: &str) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["controller", "status", "--config"])
+        .arg(config)
+        .arg("--kubeconfig")
+        .arg(dir.join("kubeconfig"))
+        .arg("--controller-url")
+        .arg(format!("http://{metrics_address}"))
+        .env_remove("KUBECONFIG")
+        .output()
+        .await
+        .expect("run controller status");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "controller status failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
