@@ -201,7 +201,7 @@ async fn three_of_five_nodes_lost_is_a_storm_and_nothing_is_powered_off() {
     }
 
     // An operator asks what is going on.
-    let table = controller_status(dir.path(), &config, "table").await;
+    let table = controller_status(dir.path(), &config, &["--output", "table"]).await;
     assert!(
         table.starts_with("Storm guard: STORM: 3 of 5 watched nodes unhealthy, at most 2 may be"),
         "{table}"
@@ -217,33 +217,14 @@ async fn three_of_five_nodes_lost_is_a_storm_and_nothing_is_powered_off() {
         );
     }
     let json: Value =
-        serde_json::from_str(&controller_status(dir.path(), &config, "json").await).expect("json");
+        serde_json::from_str(&controller_status(dir.path(), &config, &["--output", "json"]).await)
+            .expect("json");
     assert_eq!(json["storm"]["Storm"]["unhealthy"], 3, "{json:#}");
     assert_eq!(json["nodes"].as_array().map(Vec::len), Some(5), "{json:#}");
     assert_eq!(
         json["nodes"][0]["fence"]["paused"], "StormGuard",
         "{json:#}"
     );
-}
-
-/// `nodekeeper controller status` against the test API server.
-async fn controller_status(dir: &Path, config: &Path, output: &str) -> String {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["controller", "status", "--output", output, "--config"])
-        .arg(config)
-        .arg("--kubeconfig")
-        .arg(dir.join("kubeconfig"))
-        .env_remove("KUBECONFIG")
-        .output()
-        .await
-        .expect("run controller status");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "controller status failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// [`three_databases_of_five`] with a controller (its configuration plus `extra`) that

@@ -97,6 +97,25 @@ async fn token(
         .token
 }
 
+/// A report token for the agent pod `pod`, as its projected volume holds it.
+async fn agent_token(server: &FakeApiServer, pod: &str) -> String {
+    token(server, AGENTS_NAMESPACE, AGENT_ACCOUNT, pod, Some(AUDIENCE)).await
+}
+
+/// A controller taking reports (`reports_config` with `extra`) that leads and has listed
+/// the nodes, and the address it takes reports on.
+async fn reporting_controller(
+    dir: &Path,
+    server: &FakeApiServer,
+    extra: &str,
+) -> (ControllerProcess, std::path::PathBuf, String) {
+    let config = reports_config(dir, extra);
+    let controller = ControllerProcess::start(dir, server, &config);
+    controller.synced().await;
+    let address = controller.reports_address();
+    (controller, config, address)
+}
+
 fn report(node: &str, sequence: u64) -> Value {
     json!({
         "version": "1.0", "node": node, "bootId": BOOT, "sequence": sequence,
@@ -199,19 +218,10 @@ async fn only_a_nodes_own_agent_may_report_for_it_and_only_forward() {
     }))
     .expect("secret");
     server.seed(&secret);
-    let config = reports_config(dir.path(), ", nodeTokensSecret: node-tokens");
-    let controller = ControllerProcess::start(dir.path(), &server, &config);
-    controller.synced().await;
-    let address = controller.reports_address();
+    let (controller, _, address) =
+        reporting_controller(dir.path(), &server, ", nodeTokensSecret: node-tokens").await;
 
-    let agent_w1 = token(
-        &server,
-        AGENTS_NAMESPACE,
-        AGENT_ACCOUNT,
-        "agent-w1",
-        Some(AUDIENCE),
-    )
-    .await;
+    let agent_w1 = agent_token(&server, "agent-w1").await;
     let accepted = post_report(&address, Some(&agent_w1), &report("worker-1", 100)).await;
     assert_eq!(accepted.0, 200, "{}", accepted.1);
     assert_eq!(accepted.1["sequence"], 100);
@@ -251,14 +261,7 @@ async fn only_a_nodes_own_agent_may_report_for_it_and_only_forward() {
     let anonymous = post_report(&address, None, &report("worker-1", 105)).await;
     assert_refused(&anonymous, 401, "Unauthenticated", "no bearer token");
     // The token of a pod that is gone is no longer good.
-    let agent_w2 = token(
-        &server,
-        AGENTS_NAMESPACE,
-        AGENT_ACCOUNT,
-        "agent-w2",
-        Some(AUDIENCE),
-    )
-    .await;
+    let agent_w2 = agent_token(&server, "agent-w2").await;
     let pods: Api<Pod> = Api::namespaced(server.client(), AGENTS_NAMESPACE);
     pods.delete("agent-w2", &DeleteParams::default().grace_period(0))
         .await
@@ -392,17 +395,8 @@ async fn without_node_information_in_the_token_the_pod_says_where_it_runs() {
     let server = cluster().await;
     // A cluster before Kubernetes 1.30: the TokenReview does not name the node.
     server.set_token_node_info(false);
-    let controller = ControllerProcess::start(dir.path(), &server, &reports_config(dir.path(), ""));
-    controller.synced().await;
-    let address = controller.reports_address();
-    let agent_w1 = token(
-        &server,
-        AGENTS_NAMESPACE,
-        AGENT_ACCOUNT,
-        "agent-w1",
-        Some(AUDIENCE),
-    )
-    .await;
+    let (_controller, _, address) = reporting_controller(dir.path(), &server, "").await;
+    let agent_w1 = agent_token(&server, "agent-w1").await;
     let accepted = post_report(&address, Some(&agent_w1), &report("worker-1", 1)).await;
     assert_eq!(accepted.0, 200, "{}", accepted.1);
     let elsewhere = post_report(&address, Some(&agent_w1), &report("worker-2", 2)).await;
@@ -463,18 +457,13 @@ async fn stalled_body(address: String, token: String) -> (u16, Value) {
 async fn slow_and_flooding_clients_do_not_keep_good_agents_out() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = cluster().await;
-    let config = reports_config(dir.path(), ", requestTimeout: 1s, maxInFlight: 128");
-    let controller = ControllerProcess::start(dir.path(), &server, &config);
-    controller.synced().await;
-    let address = controller.reports_address();
-    let agent_w1 = token(
+    let (controller, _, address) = reporting_controller(
+        dir.path(),
         &server,
-        AGENTS_NAMESPACE,
-        AGENT_ACCOUNT,
-        "agent-w1",
-        Some(AUDIENCE),
+        ", requestTimeout: 1s, maxInFlight: 128",
     )
     .await;
+    let agent_w1 = agent_token(&server, "agent-w1").await;
     // The agent is known before the attack starts (as every running agent is).
     let known = post_report(&address, Some(&agent_w1), &report("worker-1", 1)).await;
     assert_eq!(known.0, 200, "{}", known.1);
@@ -547,23 +536,9 @@ async fn slow_and_flooding_clients_do_not_keep_good_agents_out() {
 async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = cluster().await;
-    let config = reports_config(dir.path(), "");
-    let controller = ControllerProcess::start(dir.path(), &server, &config);
-    controller.synced().await;
-    let address = controller.reports_address();
+    let (controller, _, address) = reporting_controller(dir.path(), &server, "").await;
     let token_file = dir.path().join("token");
-    std::fs::write(
-        &token_file,
-        token(
-            &server,
-            AGENTS_NAMESPACE,
-            AGENT_ACCOUNT,
-            "agent-w1",
-            Some(AUDIENCE),
-        )
-        .await,
-    )
-    .expect("token file");
+    std::fs::write(&token_file, agent_token(&server, "agent-w1").await).expect("token file");
     // A threshold this node always meets, so the agent holds MemoryPressure.
     let agent_config = dir.path().join("agent.yaml");
     std::fs::write(
@@ -623,12 +598,9 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
 
     // A new controller (stateless) knows the agent again within the backoff, and a
     // restarted agent (same boot) continues the sequence.
-    let config = reports_config(dir.path(), "");
-    let controller = ControllerProcess::start(dir.path(), &server, &config);
-    controller.synced().await;
+    let (controller, config, address) = reporting_controller(dir.path(), &server, "").await;
     // The agent still posts to the old port; restart it against the new one.
     agent.stop(Duration::from_secs(10));
-    let address = controller.reports_address();
     let text = std::fs::read_to_string(&agent_config).expect("config");
     let old = text
         .split("http://")
@@ -652,7 +624,8 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
         view["report"]["sequence"].as_u64().expect("sequence") > first_sequence,
         "the sequence grows across agent restarts within a boot"
     );
-    let status = controller_status(dir.path(), &config, &controller.metrics_address()).await;
+    let url = format!("http://{}", controller.metrics_address());
+    let status = controller_status(dir.path(), &config, &["--controller-url", &url]).await;
     let row = status
         .lines()
         .find(|line| line.starts_with("worker-1 "))
@@ -667,25 +640,4 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
         .find(|line| line.starts_with("worker-2 "))
         .expect("worker-2 row");
     assert!(row.ends_with("no report"), "{status}");
-}
-
-async fn controller_status(dir: &Path, config: &Path, metrics_address: &str) -> String {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["controller", "status", "--config"])
-        .arg(config)
-        .arg("--kubeconfig")
-        .arg(dir.join("kubeconfig"))
-        .arg("--controller-url")
-        .arg(format!("http://{metrics_address}"))
-        .env_remove("KUBECONFIG")
-        .output()
-        .await
-        .expect("run controller status");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "controller status failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }

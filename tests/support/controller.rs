@@ -419,3 +419,25 @@ pub fn executions(fence: &Value) -> Vec<Value> {
         .cloned()
         .unwrap_or_default()
 }
+
+/// `nodekeeper controller status ARGS` against the test API server, with the rig's
+/// kubeconfig; its standard output (the command must succeed).
+pub async fn controller_status(dir: &Path, config: &Path, args: &[&str]) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["controller", "status", "--config"])
+        .arg(config)
+        .arg("--kubeconfig")
+        .arg(dir.join("kubeconfig"))
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()
+        .await
+        .expect("run controller status");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "controller status failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
