@@ -577,3 +577,79 @@ fn quantity_display_round_trips_through_the_parser() {
         assert_eq!(Quantity::parse(&q.to_string()).unwrap(), q, "{text}");
     }
 }
+
+/// The agent's `report:` section: where it reports to the fence controller.
+#[test]
+fn the_report_section_is_read_with_defaults_and_checked() {
+    let agent = |body: &str| {
+        from_yaml_str(
+            &format!("{AGENT}{body}"),
+            "agent.yaml",
+            &Overrides::default(),
+        )
+        .map_err(|e| e.to_string())
+    };
+    let config =
+        agent("report: {controllerURL: \"http://controller.example:9849/\"}\n").expect("valid");
+    let report = config.report.expect("reporting on");
+    assert_eq!(report.controller_url, "http://controller.example:9849");
+    assert_eq!(report.interval, GoDuration::from_secs(2));
+    assert_eq!(report.timeout, GoDuration::from_secs(5));
+    assert_eq!(
+        report.token_file.as_deref(),
+        Some(std::path::Path::new("/var/run/secrets/nodekeeper/token")),
+        "the projected token a DaemonSet mounts"
+    );
+    let config = agent(
+        "report: {controllerURL: \"http://10.0.0.5:9849\", interval: 500ms, timeout: 1s, tokenFile: \"\"}\n",
+    )
+    .expect("valid");
+    let report = config.report.expect("reporting on");
+    assert_eq!(
+        report.interval.to_std(),
+        std::time::Duration::from_millis(500)
+    );
+    assert_eq!(
+        report.token_file, None,
+        "an empty tokenFile sends no credential"
+    );
+    assert!(agent("").expect("valid").report.is_none(), "off by default");
+
+    for (body, expected) in [
+        (
+            "report: {interval: 2s}\n",
+            "report: controllerURL is required",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\"}\n",
+            "https is not supported yet",
+        ),
+        (
+            "report: {controllerURL: \"http://c:9849/v1/reports\"}\n",
+            "is not an address like http://host:9849",
+        ),
+        (
+            "report: {controllerURL: \"c:9849\"}\n",
+            "is not an address like",
+        ),
+        (
+            "report: {controllerURL: \"http://c:9849\", interval: 10ms}\n",
+            "interval: \"10ms\" must be at least 100ms",
+        ),
+        (
+            "report: {controllerURL: \"http://c:9849\", interval: 5m}\n",
+            "interval: 5m0s is longer than 1m",
+        ),
+        (
+            "report: {controllerURL: \"http://c:9849\", tokenFile: token}\n",
+            "tokenFile: \"token\" must be an absolute path",
+        ),
+        (
+            "report: {controllerUrl: \"http://c:9849\"}\n",
+            "controllerUrl",
+        ),
+    ] {
+        let error = agent(body).expect_err(body);
+        assert!(error.contains(expected), "{body}: {error}");
+    }
+}

@@ -102,15 +102,21 @@ async fn agent_token(server: &FakeApiServer, pod: &str) -> String {
     token(server, AGENTS_NAMESPACE, AGENT_ACCOUNT, pod, Some(AUDIENCE)).await
 }
 
-/// A controller taking reports (`reports_config` with `extra`) that leads and has listed
-/// the nodes, and the address it takes reports on.
+/// A controller taking reports (`reports: {SETTINGS}`), logging at debug level so a token
+/// in any log line would be seen, that leads and has listed the nodes; and the address
+/// it takes reports on.
 async fn reporting_controller(
     dir: &Path,
     server: &FakeApiServer,
-    extra: &str,
+    settings: &str,
 ) -> (ControllerProcess, std::path::PathBuf, String) {
-    let config = reports_config(dir, extra);
-    let controller = ControllerProcess::start(dir, server, &config);
+    let config = reports_config(dir, settings);
+    let controller = ControllerProcess::start_logging(
+        dir,
+        server,
+        &config,
+        "debug,kube=info,hyper=info,tower=info",
+    );
     controller.synced().await;
     let address = controller.reports_address();
     (controller, config, address)
@@ -118,8 +124,9 @@ async fn reporting_controller(
 
 fn report(node: &str, sequence: u64) -> Value {
     json!({
-        "version": "1.0", "node": node, "bootId": BOOT, "sequence": sequence,
-        "agentVersion": "test", "sentAt": "2026-11-24T05:00:00Z", "trigger": "interval",
+        "version": "1.0", "node": node, "bootId": BOOT, "bootTime": "2026-11-20T08:00:00Z",
+        "sequence": sequence, "agentVersion": "test", "intervalMillis": 1000,
+        "sentAt": "2026-11-24T05:00:00Z", "trigger": "interval",
         "conditions": ["MemoryPressure"],
         "shutdown": {"state": "none", "lockHeld": true},
         "apiServer": {"state": "reachable"}, "isolation": {"state": "none"}
@@ -192,11 +199,12 @@ fn assert_refused(answer: &(u16, Value), status: u16, reason: &str, message_part
     );
 }
 
-fn reports_config(dir: &Path, extra: &str) -> std::path::PathBuf {
-    controller_config(
-        dir,
-        &format!("reports: {{address: \"127.0.0.1:0\", interval: 1s{extra}}}\n"),
-    )
+/// The report endpoint on a free loopback port.
+const ANY_PORT: &str = "address: \"127.0.0.1:0\"";
+
+/// The rig's controller configuration with `reports: {SETTINGS}`.
+fn reports_config(dir: &Path, settings: &str) -> std::path::PathBuf {
+    controller_config(dir, &format!("reports: {{{settings}}}\n"))
 }
 
 fn counter(metrics: &str, result: &str) -> u64 {
@@ -218,14 +226,17 @@ async fn only_a_nodes_own_agent_may_report_for_it_and_only_forward() {
     }))
     .expect("secret");
     server.seed(&secret);
-    let (controller, _, address) =
-        reporting_controller(dir.path(), &server, ", nodeTokensSecret: node-tokens").await;
+    let (controller, _, address) = reporting_controller(
+        dir.path(),
+        &server,
+        &format!("{ANY_PORT}, nodeTokensSecret: node-tokens"),
+    )
+    .await;
 
     let agent_w1 = agent_token(&server, "agent-w1").await;
     let accepted = post_report(&address, Some(&agent_w1), &report("worker-1", 100)).await;
     assert_eq!(accepted.0, 200, "{}", accepted.1);
     assert_eq!(accepted.1["sequence"], 100);
-    assert_eq!(accepted.1["reportIntervalSeconds"], 1);
 
     // Replayed, then behind: the same boot only moves forward.
     let replayed = post_report(&address, Some(&agent_w1), &report("worker-1", 100)).await;
@@ -348,6 +359,7 @@ async fn only_a_nodes_own_agent_may_report_for_it_and_only_forward() {
     assert_eq!(post_report(&address, Some(&agent_w1), &next).await.0, 200);
     let mut rebooted = report("worker-1", 3);
     rebooted["bootId"] = json!("another-boot");
+    rebooted["bootTime"] = json!("2026-11-24T04:00:00Z");
     assert_eq!(
         post_report(&address, Some(&agent_w1), &rebooted).await.0,
         200
@@ -358,7 +370,7 @@ async fn only_a_nodes_own_agent_may_report_for_it_and_only_forward() {
         &post_report(&address, Some(&agent_w1), &late).await,
         409,
         "Stale",
-        "is an earlier boot",
+        "not after the current boot",
     );
 
     // What the controller kept: the latest accepted report of each node.
@@ -395,7 +407,7 @@ async fn without_node_information_in_the_token_the_pod_says_where_it_runs() {
     let server = cluster().await;
     // A cluster before Kubernetes 1.30: the TokenReview does not name the node.
     server.set_token_node_info(false);
-    let (_controller, _, address) = reporting_controller(dir.path(), &server, "").await;
+    let (_controller, _, address) = reporting_controller(dir.path(), &server, ANY_PORT).await;
     let agent_w1 = agent_token(&server, "agent-w1").await;
     let accepted = post_report(&address, Some(&agent_w1), &report("worker-1", 1)).await;
     assert_eq!(accepted.0, 200, "{}", accepted.1);
@@ -411,12 +423,12 @@ async fn without_node_information_in_the_token_the_pod_says_where_it_runs() {
 }
 
 /// Opens a connection that sends its headers one byte at a time, slower than any
-/// deadline allows.
+/// deadline allows; how long the server let it hold the connection.
 async fn slow_client(address: String) -> Duration {
+    let mut stream = TcpStream::connect(&address)
+        .await
+        .expect("the slow client connects");
     let started = Instant::now();
-    let Ok(mut stream) = TcpStream::connect(&address).await else {
-        return started.elapsed();
-    };
     for byte in b"POST /v1/reports HTTP/1.1\r\nHost: slow\r\nContent-Length: 100\r\n" {
         if stream.write_all(&[*byte]).await.is_err() {
             break;
@@ -460,7 +472,7 @@ async fn slow_and_flooding_clients_do_not_keep_good_agents_out() {
     let (controller, _, address) = reporting_controller(
         dir.path(),
         &server,
-        ", requestTimeout: 1s, maxInFlight: 128",
+        &format!("{ANY_PORT}, requestTimeout: 1s, maxInFlight: 128"),
     )
     .await;
     let agent_w1 = agent_token(&server, "agent-w1").await;
@@ -536,7 +548,7 @@ async fn slow_and_flooding_clients_do_not_keep_good_agents_out() {
 async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = cluster().await;
-    let (controller, _, address) = reporting_controller(dir.path(), &server, "").await;
+    let (controller, _, address) = reporting_controller(dir.path(), &server, ANY_PORT).await;
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, agent_token(&server, "agent-w1").await).expect("token file");
     // A threshold this node always meets, so the agent holds MemoryPressure.
@@ -596,19 +608,23 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
         "{metrics}"
     );
 
-    // A new controller (stateless) knows the agent again within the backoff, and a
-    // restarted agent (same boot) continues the sequence.
-    let (controller, config, address) = reporting_controller(dir.path(), &server, "").await;
-    // The agent still posts to the old port; restart it against the new one.
+    // A new controller on the same address (stateless) hears the running agent again
+    // within its backoff, with no help.
+    let (controller, config, _) =
+        reporting_controller(dir.path(), &server, &format!("address: \"{address}\"")).await;
+    agent.wait_for_line(
+        "reports reach the controller again",
+        Duration::from_secs(40),
+    );
+    let view = wait_for(&controller, "the running agent's report", || {
+        reported(&controller)
+    })
+    .await;
+    let recovered_sequence = view["report"]["sequence"].as_u64().expect("sequence");
+    assert!(recovered_sequence > first_sequence);
+
+    // A restarted agent (same boot) continues the sequence.
     agent.stop(Duration::from_secs(10));
-    let text = std::fs::read_to_string(&agent_config).expect("config");
-    let old = text
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .expect("old address")
-        .to_string();
-    std::fs::write(&agent_config, text.replace(&old, &address)).expect("agent config");
     let _agent = AgentProcess::start(&[
         "--dry-run".as_ref(),
         "--metrics-addr".as_ref(),
@@ -616,14 +632,12 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
         "--config".as_ref(),
         agent_config.as_os_str(),
     ]);
-    let view = wait_for(&controller, "the restarted agent's report", || {
+    wait_for(&controller, "the restarted agent's report", || {
+        // The old agent has stopped: a later sequence is the new agent's.
         reported(&controller)
+            .filter(|view| view["report"]["sequence"].as_u64() > Some(recovered_sequence))
     })
     .await;
-    assert!(
-        view["report"]["sequence"].as_u64().expect("sequence") > first_sequence,
-        "the sequence grows across agent restarts within a boot"
-    );
     let url = format!("http://{}", controller.metrics_address());
     let status = controller_status(dir.path(), &config, &["--controller-url", &url]).await;
     let row = status
@@ -640,4 +654,68 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
         .find(|line| line.starts_with("worker-2 "))
         .expect("worker-2 row");
     assert!(row.ends_with("no report"), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_house_answers_429_and_refused_clients_do_not_keep_their_connection() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = cluster().await;
+    let (_controller, _, address) = reporting_controller(
+        dir.path(),
+        &server,
+        &format!("{ANY_PORT}, requestTimeout: 3s, maxInFlight: 2"),
+    )
+    .await;
+    let agent_w1 = agent_token(&server, "agent-w1").await;
+    // Two bodies that never come take both places.
+    let stalled: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(stalled_body(address.clone(), agent_w1.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let body = serde_json::to_vec(&report("worker-1", 1)).expect("json");
+    let head = format!(
+        "POST /v1/reports HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {agent_w1}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut request = head.into_bytes();
+    request.extend_from_slice(&body);
+    // No `Connection: close` from the client: the server closes it after refusing.
+    let mut stream = TcpStream::connect(&address).await.expect("connect");
+    stream.write_all(&request).await.expect("send");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the server closes the refused connection")
+        .expect("read");
+    let text = String::from_utf8_lossy(&answer).to_lowercase();
+    assert!(text.starts_with("http/1.1 429"), "{text}");
+    assert!(text.contains("retry-after: 1"), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+    assert!(text.contains("\"reason\":\"overloaded\""), "{text}");
+    for task in stalled {
+        assert_eq!(task.await.expect("stalled client").0, 408);
+    }
+    // Once the stalled bodies have timed out, the agent's report is taken, and its
+    // connection stays open for the next one.
+    let mut stream = TcpStream::connect(&address).await.expect("connect");
+    for sequence in [2, 3] {
+        let body = serde_json::to_vec(&report("worker-1", sequence)).expect("json");
+        let head = format!(
+            "POST /v1/reports HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {agent_w1}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.expect("send");
+        stream.write_all(&body).await.expect("send");
+        let mut buffer = vec![0u8; 4096];
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .expect("an answer")
+            .expect("read");
+        let text = String::from_utf8_lossy(&buffer[..read]).to_lowercase();
+        assert!(
+            text.starts_with("http/1.1 200"),
+            "report {sequence}: {text}"
+        );
+        assert!(!text.contains("connection: close"), "{text}");
+    }
 }

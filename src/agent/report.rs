@@ -103,6 +103,13 @@ pub fn start(
             return None;
         }
     };
+    let boot_time = match crate::report::sender::read_boot_time() {
+        Ok(time) => time,
+        Err(error) => {
+            tracing::error!(%error, "report: cannot read when this boot began; not reporting");
+            return None;
+        }
+    };
     let board = Arc::new(ReportBoard::new());
     agent.add_cycle_observer(Box::new(BoardObserver {
         board: board.clone(),
@@ -116,6 +123,7 @@ pub fn start(
         controller_url: report.controller_url.clone(),
         node,
         boot_id,
+        boot_time,
         interval: report.interval.to_std(),
         timeout: report.timeout.to_std(),
         token_file: report.token_file.clone(),
@@ -146,5 +154,98 @@ async fn follow_api(reachability: ApiReachability, board: Arc<ReportBoard>) {
         if changes.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shutdown::plan::{PlannedPhase, ShutdownPlan};
+    use crate::shutdown::state::{PhaseStatus, ShutdownState};
+
+    const BOOT: &str = "this-boot";
+
+    fn three_phases() -> ShutdownState {
+        let phase = |priority| PlannedPhase {
+            priority,
+            seconds: 10,
+            pods: Vec::new(),
+        };
+        let plan = ShutdownPlan {
+            total_seconds: 30,
+            phases: vec![phase(0), phase(1000), phase(2_000_000_000)],
+        };
+        ShutdownState::begin(&plan, BOOT, 1_763_900_000_000)
+    }
+
+    fn status(state: Option<ShutdownState>) -> ManagerStatus {
+        ManagerStatus {
+            lock_held: true,
+            last_shutdown: state,
+            ..ManagerStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_shutdown_in_progress_reports_its_phases() {
+        let mut state = three_phases();
+        state.start_phase(0, 1_763_900_001_000);
+        state.end_phase(0, PhaseStatus::Completed, Vec::new(), 1_763_900_004_000);
+        let report = shutdown_report(&status(Some(state)), BOOT);
+        assert_eq!(report.state, ShutdownPhase::InProgress);
+        assert_eq!((report.phases_done, report.phases_total), (1, 3));
+        assert!(report.lock_held);
+        assert_eq!(
+            report.started_at,
+            Some(Timestamp::from_millisecond(1_763_900_000_000).expect("time"))
+        );
+        assert_eq!(report.finished_at, None);
+        assert!(!report.about_to_power_off);
+    }
+
+    #[test]
+    fn a_finished_or_cancelled_shutdown_says_so() {
+        let mut state = three_phases();
+        for index in 0..3 {
+            state.end_phase(index, PhaseStatus::Skipped, Vec::new(), 1_763_900_001_000);
+        }
+        state.finish(1_763_900_002_000);
+        state.about_to_power_off = true;
+        let report = shutdown_report(&status(Some(state)), BOOT);
+        assert_eq!(report.state, ShutdownPhase::Finished);
+        assert_eq!(report.phases_done, 3);
+        assert!(report.about_to_power_off);
+        assert!(report.finished_at.is_some());
+
+        let mut state = three_phases();
+        state.cancel(1_763_900_002_000);
+        assert_eq!(
+            shutdown_report(&status(Some(state)), BOOT).state,
+            ShutdownPhase::Cancelled
+        );
+    }
+
+    #[test]
+    fn an_earlier_boots_record_says_nothing_about_this_one() {
+        // Finished before the reboot: in this boot, no shutdown has happened.
+        let mut state = three_phases();
+        state.finish(1_763_900_002_000);
+        let report = shutdown_report(&status(Some(state)), "the-next-boot");
+        assert_eq!(report.state, ShutdownPhase::None);
+        assert_eq!(report.phases_total, 0);
+        assert!(report.lock_held, "the lock is this boot's");
+        let mut abandoned = three_phases();
+        abandoned.abandon();
+        assert_eq!(
+            shutdown_report(&status(Some(abandoned)), BOOT).state,
+            ShutdownPhase::None
+        );
+        assert_eq!(
+            shutdown_report(&status(None), BOOT),
+            ShutdownReport {
+                lock_held: true,
+                ..ShutdownReport::default()
+            }
+        );
     }
 }

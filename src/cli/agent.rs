@@ -74,10 +74,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         tracing::warn!("{warning}");
     }
     if loaded.config.report.is_some() && loaded.config.node_name.is_none() {
-        // Reports name their node; found the way the API connection finds it.
-        let node = nodekeeper::kubernetes::node_name(&loaded.config)
-            .context("report: which node is this")?;
-        loaded.config.node_name = Some(node);
+        // Reports name their node, found the way the API connection finds it. Reporting
+        // is best-effort: without a name the agent protects its node all the same.
+        match nodekeeper::kubernetes::node_name(&loaded.config) {
+            Ok(node) => loaded.config.node_name = Some(node),
+            Err(error) => {
+                tracing::error!(%error, "report: cannot tell which node this is; not reporting")
+            }
+        }
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -104,12 +104,29 @@ fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Every agent keeps a connection open to the report endpoint, so the soft limit on open
+/// files (often 1024 under systemd) is raised to the hard one, as Go programs do.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "raised the open files limit"),
+            Err(error) => tracing::warn!(%error, soft, "cannot raise the open files limit"),
+        },
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "cannot read the open files limit"),
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(Command::Status(status_args)) = args.command {
         return status(status_args);
     }
     init_logging(args.log_format);
     let policy = load_policy(args.config.as_deref())?;
+    if policy.reports.enabled {
+        raise_open_files_limit();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -616,6 +616,11 @@ fn build_report(
         Ok(value)
     };
     let interval = duration("interval", &raw.interval, GoDuration::from_secs(2), 100)?;
+    if interval.nanos() > 60_000_000_000 {
+        return Err(fail(format!(
+            "interval: {interval} is longer than 1m; the controller would count the agent as silent"
+        )));
+    }
     let timeout = duration("timeout", &raw.timeout, GoDuration::from_secs(5), 100)?;
     let token_file = match raw.token_file.as_deref() {
         Some("") => None,

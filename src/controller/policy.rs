@@ -380,10 +380,10 @@ impl ControllerPolicy {
             "reports": {
                 "enabled": self.reports.enabled,
                 "address": self.reports.address,
-                "interval": go(self.reports.interval),
                 "audience": self.reports.auth.audience,
                 "serviceAccounts": self.reports.auth.service_accounts,
                 "nodeTokensSecret": self.reports.auth.node_tokens_secret,
+                "tokenCacheTTL": go(self.reports.auth.cache_ttl),
                 "maxBodyBytes": self.reports.max_body_bytes,
                 "requestTimeout": go(self.reports.request_timeout),
                 "maxConnections": self.reports.max_connections,
@@ -431,10 +431,11 @@ struct Document {
 struct ReportsDocument {
     enabled: Option<bool>,
     address: Option<String>,
-    interval: Option<String>,
     audience: Option<String>,
     service_accounts: Option<Vec<String>>,
     node_tokens_secret: Option<String>,
+    #[serde(rename = "tokenCacheTTL")]
+    token_cache_ttl: Option<String>,
     max_body_bytes: Option<usize>,
     request_timeout: Option<String>,
     max_connections: Option<usize>,
@@ -899,10 +900,10 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
     duration(
         &mut errors,
         origin,
-        "reports.interval",
-        reports.interval,
-        &mut policy.reports.interval,
-        false,
+        "reports.tokenCacheTTL",
+        reports.token_cache_ttl,
+        &mut policy.reports.auth.cache_ttl,
+        true,
     );
     duration(
         &mut errors,
@@ -1089,16 +1090,14 @@ mod tests {
     #[test]
     fn the_report_endpoint_is_read_and_checked() {
         let policy = parse(
-            "reports: {address: \"127.0.0.1:7000\", interval: 5s, audience: fencing, \
-             serviceAccounts: [ops/agent], nodeTokensSecret: node-tokens, maxBodyBytes: 8192, \
+            "reports: {address: \"127.0.0.1:7000\", audience: fencing, \
+             serviceAccounts: [ops/agent], nodeTokensSecret: node-tokens, tokenCacheTTL: 2m, maxBodyBytes: 8192, \
              requestTimeout: 2s, maxConnections: 100, maxInFlight: 10}\n",
             "reports.yaml",
         )
         .expect("valid");
         let reports = &policy.reports;
         assert_eq!(reports.address, "127.0.0.1:7000");
-        assert_eq!(reports.interval, Duration::from_secs(5));
-        assert_eq!(reports.fresh_within(), Duration::from_secs(15));
         assert_eq!(reports.auth.audience, "fencing");
         assert_eq!(reports.auth.service_accounts, ["ops/agent"]);
         assert_eq!(
@@ -1106,18 +1105,22 @@ mod tests {
             Some("node-tokens")
         );
         assert_eq!(reports.max_body_bytes, 8192);
+        assert_eq!(reports.auth.cache_ttl, Duration::from_secs(120));
         assert_eq!(reports.max_in_flight, 10);
-        assert_eq!(policy.effective_document()["reports"]["interval"], "5s");
+        assert_eq!(
+            policy.effective_document()["reports"]["tokenCacheTTL"],
+            "2m0s"
+        );
 
         let errors = parse(
-            "reports: {address: nowhere, interval: 0s, audience: \"\", serviceAccounts: [agent], maxBodyBytes: 10, maxInFlight: 0}\n",
+            "reports: {address: nowhere, requestTimeout: 0s, audience: \"\", serviceAccounts: [agent], maxBodyBytes: 10, maxInFlight: 0}\n",
             "bad.yaml",
         )
         .expect_err("invalid");
         let text = errors.to_string();
         for expected in [
             "bad.yaml: reports.address: \"nowhere\" is not an address",
-            "bad.yaml: reports.interval: \"0s\" must be longer than zero",
+            "bad.yaml: reports.requestTimeout: \"0s\" must be longer than zero",
             "bad.yaml: reports.audience: must not be empty",
             "bad.yaml: reports.serviceAccounts: \"agent\" is not namespace/name",
             "bad.yaml: reports.maxBodyBytes: 10 must be at least 4096",

@@ -218,18 +218,20 @@ fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-/// Transient failures are retried; the server's refusals are not.
+/// Transient failures are retried; the server's refusals are not. No answer at all (a
+/// transport error, or a gateway saying the API server is not there) is told apart, for
+/// the agent's reports on whether it reaches the API server.
 pub fn classify(error: kube::Error) -> Outcome {
     match error {
         kube::Error::Api(status) => {
             let text = format!("{} {}: {}", status.code, status.reason, status.message);
-            if matches!(status.code, 408 | 429 | 500..=599) {
-                Outcome::Retry(text)
-            } else {
-                Outcome::Rejected(text)
+            match status.code {
+                502..=504 => Outcome::Unreachable(text),
+                408 | 429 | 500..=599 => Outcome::Retry(text),
+                _ => Outcome::Rejected(text),
             }
         }
-        other => Outcome::Retry(other.to_string()),
+        other => Outcome::Unreachable(other.to_string()),
     }
 }
 

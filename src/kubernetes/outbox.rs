@@ -277,8 +277,12 @@ impl ApiAction {
 pub enum Outcome {
     /// Applied, or already true (a delete that meets 404 or a failed UID precondition).
     Done,
-    /// Transient failure (unreachable, 5xx, 429, timeout): keep it first in line.
+    /// Transient failure (5xx, 429, a conflict that kept coming back): keep it first in
+    /// line.
     Retry(String),
+    /// No answer from the API server (connection refused or reset, a timeout, a gateway
+    /// error): retried like [`Outcome::Retry`].
+    Unreachable(String),
     /// The server refused it for good (403, 422, …): drop it and report.
     Rejected(String),
 }
@@ -499,7 +503,7 @@ impl Outbox {
             return 0;
         };
         match outcome {
-            Outcome::Retry(_) => {
+            Outcome::Retry(_) | Outcome::Unreachable(_) => {
                 let entry = &mut queue.entries[index];
                 entry.attempts += 1;
                 entry.attempts

@@ -228,10 +228,10 @@ async fn run_lane<W: ActionWriter>(
         };
         handle.publish_pending(pending);
         handle.progress.notify_waiters();
-        // A refusal is an answer too; only a retry means no usable answer came.
+        // A refusal or a conflict is an answer too.
         handle
             .reachability
-            .saw(!matches!(outcome, Outcome::Retry(_)));
+            .saw(!matches!(outcome, Outcome::Unreachable(_)));
         match outcome {
             Outcome::Done => {
                 tracing::debug!(action = kind, "API write done");
@@ -241,7 +241,7 @@ async fn run_lane<W: ActionWriter>(
                 tracing::error!(action = kind, target = %action.target(), %reason, ?action, "API server refused a write; dropping it");
                 handle.count(kind, "rejected");
             }
-            Outcome::Retry(reason) => {
+            Outcome::Retry(reason) | Outcome::Unreachable(reason) => {
                 if attempts == 1 {
                     tracing::warn!(action = kind, target = %action.target(), lane = lane.as_str(), %reason, pending, "API write failed; queued for retry");
                 }
@@ -263,18 +263,47 @@ mod tests {
     struct Scripted {
         sent: Arc<Mutex<Vec<&'static str>>>,
         events_fail: Arc<AtomicBool>,
+        /// Every write finds no API server.
+        unreachable: Arc<AtomicBool>,
     }
 
     impl ActionWriter for Scripted {
         fn execute(&self, action: &ApiAction) -> impl Future<Output = Outcome> + Send {
             self.sent.lock().unwrap().push(action.kind());
-            let outcome = if action.kind() == "event" && self.events_fail.load(Ordering::SeqCst) {
+            let outcome = if self.unreachable.load(Ordering::SeqCst) {
+                Outcome::Unreachable("connection refused".to_string())
+            } else if action.kind() == "event" && self.events_fail.load(Ordering::SeqCst) {
                 Outcome::Retry("500 injected".to_string())
             } else {
                 Outcome::Done
             };
             async move { outcome }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_tell_whether_the_api_server_answers() {
+        let handle = OutboxHandle::new(10);
+        let writer = Scripted::default();
+        let mut reachable = handle.reachability.subscribe();
+        let sender = tokio::spawn(run_outbox(
+            handle.clone(),
+            writer.clone(),
+            RetryPolicy::default(),
+        ));
+        // A server that answers with errors is still reached.
+        writer.events_fail.store(true, Ordering::SeqCst);
+        handle.push(evicted_event());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(handle.reachability.is_reachable(), "a 500 is an answer");
+        writer.unreachable.store(true, Ordering::SeqCst);
+        reachable.changed().await.expect("a change");
+        assert!(!*reachable.borrow_and_update(), "no answer: unreachable");
+        writer.unreachable.store(false, Ordering::SeqCst);
+        writer.events_fail.store(false, Ordering::SeqCst);
+        reachable.changed().await.expect("a change");
+        assert!(*reachable.borrow(), "answered again");
+        sender.abort();
     }
 
     fn evicted_event() -> ApiAction {

@@ -38,7 +38,8 @@ pub struct AuthPolicy {
     /// A Secret in the controller's namespace holding one token per node (key: node
     /// name), for agents outside Kubernetes.
     pub node_tokens_secret: Option<String>,
-    /// How long a verdict on a token is reused.
+    /// How long an accepted token is trusted without a new review (never past the
+    /// token's own expiry). A refusal is remembered for at most 10 s.
     pub cache_ttl: Duration,
     /// TokenReviews in flight at most; more wait.
     pub max_reviews_in_flight: usize,
@@ -50,7 +51,9 @@ impl Default for AuthPolicy {
             audience: "nodekeeper-controller".to_string(),
             service_accounts: vec!["nodekeeper-system/nodekeeper-agent".to_string()],
             node_tokens_secret: None,
-            cache_ttl: Duration::from_secs(10),
+            // kube-apiserver caches webhook token verdicts for 2 min; a minute keeps
+            // TokenReviews at 5,000 agents near 80 per second.
+            cache_ttl: Duration::from_secs(60),
             max_reviews_in_flight: 16,
         }
     }
@@ -219,6 +222,55 @@ pub fn node_of_pod(token: &ReviewedToken, pod: Option<&Pod>) -> Result<String, A
         .ok_or_else(|| AuthFailure::NotAccepted(format!("its pod {pod_ref} is not on a node")))
 }
 
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The `exp` claim of a JWT, read without checking the signature: only used to stop
+/// trusting a token the API server has already vouched for once it expires.
+pub fn token_expiry(token: &str) -> Option<u64> {
+    let claims = token.split('.').nth(1)?;
+    let bytes = base64url_decode(claims)?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    claims.get("exp")?.as_u64()
+}
+
+/// RFC 4648 base64url, padding optional.
+fn base64url_decode(text: &str) -> Option<Vec<u8>> {
+    let value = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'-' => 62,
+            b'_' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let text = text.trim_end_matches('=').as_bytes();
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    for chunk in text.chunks(4) {
+        if chunk.len() == 1 {
+            return None;
+        }
+        let mut bits = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            bits |= value(*c)? << (18 - 6 * i);
+        }
+        out.push((bits >> 16) as u8);
+        if chunk.len() > 2 {
+            out.push((bits >> 8) as u8);
+        }
+        if chunk.len() > 3 {
+            out.push(bits as u8);
+        }
+    }
+    Some(out)
+}
+
 /// Compares in time independent of where the texts differ.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -234,19 +286,59 @@ struct Cached {
     verdict: Result<(String, Credential), AuthFailure>,
 }
 
-/// The most tokens remembered; beyond it, expired verdicts are dropped, then all.
+/// The cache key: a token's SHA-256, so no bearer token is kept in memory and a long
+/// one costs no more than a short one.
+type TokenDigest = [u8; 32];
+
+fn digest(token: &str) -> TokenDigest {
+    let mut key = [0u8; 32];
+    key.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
+    key
+}
+
+/// The most accepted tokens remembered (only real agents' tokens get here); beyond it,
+/// expired verdicts are dropped, then all.
 const CACHE_LIMIT: usize = 50_000;
+/// The most refused tokens remembered, kept apart so a flood of made-up tokens can never
+/// push good agents' verdicts out.
+const REFUSED_LIMIT: usize = 10_000;
+const REFUSED_TTL: Duration = Duration::from_secs(10);
 /// Unknown tokens waiting for a review at most; more are refused at once (429), so a
 /// flood of made-up tokens queues no deeper than this while known agents, whose
 /// verdicts are cached, pass straight through.
 const REVIEWS_WAITING: usize = 256;
 /// How long the node-token Secret is reused before it is read again.
 const NODE_TOKENS_TTL: Duration = Duration::from_secs(30);
+/// The deadline of one call to the API server (the kube client sets none).
+const API_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longer bearer tokens are refused unread; a projected token is about 1 KiB.
+pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 
-/// The node tokens, and when they were read.
+/// How long an accepted token is trusted: the cache period, shortened by up to a quarter
+/// (from the token's digest) so the tokens reviewed together after a restart come due
+/// apart, and never past the token's own expiry.
+pub fn trust_period(
+    cache_ttl: Duration,
+    expiry_unix: Option<u64>,
+    now_unix: u64,
+    spread: u8,
+) -> Duration {
+    let spread = cache_ttl.mul_f64(0.25 * f64::from(spread) / 255.0);
+    let period = cache_ttl.saturating_sub(spread);
+    match expiry_unix {
+        Some(expiry) => period.min(Duration::from_secs(expiry.saturating_sub(now_unix))),
+        None => period,
+    }
+}
+
+/// The node tokens, and when they were last read (or tried).
+#[derive(Default)]
 struct NodeTokens {
-    read: Instant,
-    tokens: HashMap<String, Vec<u8>>,
+    read: Option<Instant>,
+    /// Node name to the SHA-256 of its token.
+    tokens: HashMap<String, TokenDigest>,
+    /// Why the last read failed, while it did.
+    failure: Option<String>,
 }
 
 /// Checks credentials against the cluster.
@@ -254,11 +346,14 @@ pub struct Authenticator {
     client: kube::Client,
     namespace: String,
     policy: AuthPolicy,
-    cache: Mutex<HashMap<String, Cached>>,
+    cache: Mutex<HashMap<TokenDigest, Cached>>,
+    refused: Mutex<HashMap<TokenDigest, Cached>>,
     reviews: tokio::sync::Semaphore,
     /// Reviews running or waiting.
     review_queue: tokio::sync::Semaphore,
-    node_tokens: tokio::sync::Mutex<Option<NodeTokens>>,
+    node_tokens: Mutex<NodeTokens>,
+    /// Held by the one request that reads the Secret again; the others use what was read.
+    node_tokens_refresh: tokio::sync::Mutex<()>,
 }
 
 impl Authenticator {
@@ -273,7 +368,9 @@ impl Authenticator {
             ),
             policy,
             cache: Mutex::new(HashMap::new()),
-            node_tokens: tokio::sync::Mutex::new(None),
+            refused: Mutex::new(HashMap::new()),
+            node_tokens: Mutex::new(NodeTokens::default()),
+            node_tokens_refresh: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -283,20 +380,34 @@ impl Authenticator {
         token: &str,
         reported_node: &str,
     ) -> Result<Identity, AuthFailure> {
-        if self.policy.node_tokens_secret.is_some()
-            && self.node_token_matches(token, reported_node).await?
-        {
-            return Ok(Identity {
-                node: reported_node.to_string(),
-                credential: Credential::NodeToken,
-            });
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(AuthFailure::NotAccepted(format!(
+                "it is longer than {MAX_TOKEN_BYTES} bytes"
+            )));
+        }
+        let key = digest(token);
+        let mut node_tokens_unreadable = None;
+        if self.policy.node_tokens_secret.is_some() {
+            match self.node_token_matches(&key, reported_node).await {
+                Ok(true) => {
+                    return Ok(Identity {
+                        node: reported_node.to_string(),
+                        credential: Credential::NodeToken,
+                    });
+                }
+                Ok(false) => {}
+                // ServiceAccount tokens are still checked; only a node token cannot be.
+                Err(failure) => node_tokens_unreadable = Some(failure),
+            }
         }
         if !looks_like_jwt(token) {
-            return Err(AuthFailure::NotAccepted(
-                "it is neither this node's token nor a ServiceAccount token".to_string(),
-            ));
+            return Err(node_tokens_unreadable.unwrap_or_else(|| {
+                AuthFailure::NotAccepted(
+                    "it is neither this node's token nor a ServiceAccount token".to_string(),
+                )
+            }));
         }
-        let (node, credential) = match self.cached(token) {
+        let (node, credential) = match self.cached(&key) {
             Some(verdict) => verdict?,
             None => {
                 let verdict = self.review(token).await;
@@ -305,7 +416,7 @@ impl Authenticator {
                     verdict,
                     Err(AuthFailure::Unavailable(_) | AuthFailure::Overloaded)
                 ) {
-                    self.remember(token, verdict.clone());
+                    self.remember(key, token, verdict.clone());
                 }
                 verdict?
             }
@@ -324,27 +435,52 @@ impl Authenticator {
         Ok(Identity { node, credential })
     }
 
-    fn cached(&self, token: &str) -> Option<Result<(String, Credential), AuthFailure>> {
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache
-            .get(token)
-            .filter(|cached| cached.until > Instant::now())
-            .map(|cached| cached.verdict.clone())
-    }
-
-    fn remember(&self, token: &str, verdict: Result<(String, Credential), AuthFailure>) {
+    fn cached(&self, key: &TokenDigest) -> Option<Result<(String, Credential), AuthFailure>> {
         let now = Instant::now();
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= CACHE_LIMIT {
-            cache.retain(|_, cached| cached.until > now);
-            if cache.len() >= CACHE_LIMIT {
-                cache.clear();
+        for map in [&self.cache, &self.refused] {
+            let map = map.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(cached) = map.get(key).filter(|cached| cached.until > now) {
+                return Some(cached.verdict.clone());
             }
         }
-        cache.insert(
-            token.to_string(),
+        None
+    }
+
+    fn remember(
+        &self,
+        key: TokenDigest,
+        token: &str,
+        verdict: Result<(String, Credential), AuthFailure>,
+    ) {
+        let now = Instant::now();
+        let (map, limit, ttl) = match &verdict {
+            Ok(_) => (
+                &self.cache,
+                CACHE_LIMIT,
+                trust_period(
+                    self.policy.cache_ttl,
+                    token_expiry(token),
+                    unix_now(),
+                    key[0],
+                ),
+            ),
+            Err(_) => (
+                &self.refused,
+                REFUSED_LIMIT,
+                self.policy.cache_ttl.min(REFUSED_TTL),
+            ),
+        };
+        let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= limit {
+            map.retain(|_, cached| cached.until > now);
+            if map.len() >= limit {
+                map.clear();
+            }
+        }
+        map.insert(
+            key,
             Cached {
-                until: now + self.policy.cache_ttl,
+                until: now + ttl,
                 verdict,
             },
         );
@@ -367,21 +503,18 @@ impl Authenticator {
             ..TokenReview::default()
         };
         let reviews: Api<TokenReview> = Api::all(self.client.clone());
-        let answer = reviews
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|error| AuthFailure::Unavailable(format!("TokenReview failed: {error}")))?;
+        let answer = api_call(
+            "a TokenReview",
+            reviews.create(&PostParams::default(), &review),
+        )
+        .await?;
         let reviewed = judge_review(&answer.status.unwrap_or_default(), &self.policy)?;
         let node = match &reviewed.node {
             Some(node) => node.clone(),
             None => {
                 let pods: Api<Pod> = Api::namespaced(self.client.clone(), &reviewed.pod_namespace);
-                let pod = pods.get_opt(&reviewed.pod_name).await.map_err(|error| {
-                    AuthFailure::Unavailable(format!(
-                        "reading pod {}/{}: {error}",
-                        reviewed.pod_namespace, reviewed.pod_name
-                    ))
-                })?;
+                let pod =
+                    api_call("reading the token's pod", pods.get_opt(&reviewed.pod_name)).await?;
                 node_of_pod(&reviewed, pod.as_ref())?
             }
         };
@@ -394,53 +527,78 @@ impl Authenticator {
         ))
     }
 
-    /// Whether `token` is `node`'s token in the node-token Secret.
-    async fn node_token_matches(&self, token: &str, node: &str) -> Result<bool, AuthFailure> {
+    /// Whether `key` is the digest of `node`'s token in the node-token Secret. The Secret
+    /// is read again every 30 s by one request at a time, never under the lock the
+    /// others read through; a failed read keeps the tokens read before.
+    async fn node_token_matches(&self, key: &TokenDigest, node: &str) -> Result<bool, AuthFailure> {
         let Some(secret_name) = &self.policy.node_tokens_secret else {
             return Ok(false);
         };
-        let mut guard = self.node_tokens.lock().await;
-        let stale = guard
-            .as_ref()
-            .is_none_or(|tokens| tokens.read.elapsed() > NODE_TOKENS_TTL);
-        if stale {
+        let due = {
+            let tokens = self.node_tokens.lock().unwrap_or_else(|e| e.into_inner());
+            tokens
+                .read
+                .is_none_or(|read| read.elapsed() > NODE_TOKENS_TTL)
+        };
+        if due && let Ok(_refreshing) = self.node_tokens_refresh.try_lock() {
             let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-            match secrets.get_opt(secret_name).await {
+            let read = api_call(
+                "reading the node-token Secret",
+                secrets.get_opt(secret_name),
+            )
+            .await;
+            let mut tokens = self.node_tokens.lock().unwrap_or_else(|e| e.into_inner());
+            tokens.read = Some(Instant::now());
+            match read {
                 Ok(secret) => {
-                    let tokens = secret
+                    tokens.tokens = secret
                         .and_then(|secret| secret.data)
                         .unwrap_or_default()
                         .into_iter()
-                        .map(|(node, value)| {
-                            let token =
-                                String::from_utf8_lossy(&value.0).trim().as_bytes().to_vec();
-                            (node, token)
+                        .filter_map(|(node, value)| {
+                            let token = String::from_utf8_lossy(&value.0).trim().to_string();
+                            (!token.is_empty()).then(|| (node, digest(&token)))
                         })
-                        .filter(|(_, token)| !token.is_empty())
                         .collect();
-                    *guard = Some(NodeTokens {
-                        read: Instant::now(),
-                        tokens,
-                    });
+                    tokens.failure = None;
                 }
-                // Keep using what was read before; with nothing read yet, say so.
-                Err(error) if guard.is_none() => {
-                    return Err(AuthFailure::Unavailable(format!(
-                        "reading Secret {}/{secret_name}: {error}",
-                        self.namespace
-                    )));
+                Err(failure) => {
+                    tracing::warn!(
+                        secret = %format!("{}/{secret_name}", self.namespace),
+                        %failure,
+                        "cannot read the node-token Secret; using the tokens read before, if any"
+                    );
+                    tokens.failure = Some(failure.to_string());
                 }
-                Err(error) => tracing::warn!(
-                    %error,
-                    secret = %secret_name,
-                    "cannot read the node-token Secret again; using the tokens read before"
-                ),
             }
         }
-        Ok(guard
-            .as_ref()
-            .and_then(|tokens| tokens.tokens.get(node))
-            .is_some_and(|expected| constant_time_eq(expected, token.as_bytes())))
+        let tokens = self.node_tokens.lock().unwrap_or_else(|e| e.into_inner());
+        match tokens.tokens.get(node) {
+            Some(expected) => Ok(constant_time_eq(expected, key)),
+            None if tokens.failure.is_some() && tokens.tokens.is_empty() => Err(
+                AuthFailure::Unavailable("the node tokens cannot be read now".to_string()),
+            ),
+            None => Ok(false),
+        }
+    }
+}
+
+/// One API call with a deadline. What went wrong is logged here; the client is told only
+/// that the check cannot be made now (API errors name objects it has no business seeing).
+async fn api_call<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, AuthFailure> {
+    match tokio::time::timeout(API_CALL_TIMEOUT, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "{what} failed");
+            Err(AuthFailure::Unavailable(format!("{what} failed")))
+        }
+        Err(_) => {
+            tracing::warn!("{what} took longer than {API_CALL_TIMEOUT:?}");
+            Err(AuthFailure::Unavailable(format!("{what} timed out")))
+        }
     }
 }
 
@@ -564,6 +722,39 @@ mod tests {
         assert!(!looks_like_jwt("a.b"));
         assert!(!looks_like_jwt("a.b.c d"));
         assert!(!looks_like_jwt(&format!("{}.b.c", "a".repeat(20_000))));
+    }
+
+    #[test]
+    fn the_expiry_is_read_from_the_claims() {
+        // {"aud":["x"],"exp":1790000000,"sub":"s"}
+        let claims = "eyJhdWQiOlsieCJdLCJleHAiOjE3OTAwMDAwMDAsInN1YiI6InMifQ";
+        assert_eq!(
+            token_expiry(&format!("aGVhZA.{claims}.c2ln")),
+            Some(1_790_000_000)
+        );
+        assert_eq!(token_expiry("aGVhZA.bm90IGpzb24.c2ln"), None, "not JSON");
+        assert_eq!(token_expiry("aGVhZA.%%%.c2ln"), None, "not base64url");
+        assert_eq!(base64url_decode("aGk"), Some(b"hi".to_vec()));
+        assert_eq!(base64url_decode("aGk="), Some(b"hi".to_vec()));
+        assert_eq!(base64url_decode("a"), None);
+    }
+
+    #[test]
+    fn trust_ends_with_the_token_and_is_spread() {
+        let minute = Duration::from_secs(60);
+        assert_eq!(trust_period(minute, None, 1000, 0), minute);
+        assert_eq!(
+            trust_period(minute, None, 1000, 255),
+            Duration::from_secs(45),
+            "at most a quarter shorter"
+        );
+        assert_eq!(
+            trust_period(minute, Some(1020), 1000, 0),
+            Duration::from_secs(20),
+            "never past the token's expiry"
+        );
+        assert_eq!(trust_period(minute, Some(900), 1000, 0), Duration::ZERO);
+        assert_eq!(trust_period(Duration::ZERO, None, 1000, 9), Duration::ZERO);
     }
 
     #[test]

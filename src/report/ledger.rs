@@ -3,7 +3,7 @@
 //! node and its clocks. Nothing here is persisted; agents report every interval, so a
 //! restarted controller knows every live agent again within one interval.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
@@ -30,10 +30,6 @@ pub struct Identity {
     pub credential: Credential,
 }
 
-/// How many superseded boot IDs are remembered per node, so a report delayed from a boot
-/// the node has left cannot take the place of the current one.
-const EARLIER_BOOTS: usize = 4;
-
 /// The latest report of one node, and when it arrived.
 #[derive(Debug, Clone)]
 pub struct NodeReports {
@@ -43,7 +39,17 @@ pub struct NodeReports {
     /// The controller's wall clock at arrival, for people.
     pub received_at: Timestamp,
     pub credential: Credential,
-    earlier_boots: VecDeque<String>,
+}
+
+impl NodeReports {
+    /// Reports are due every interval the agent announced; three missed and it is silent.
+    pub fn fresh_within(&self) -> Duration {
+        Duration::from_millis(self.latest.interval_millis.saturating_mul(3))
+    }
+
+    pub fn is_fresh(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.received) <= self.fresh_within()
+    }
 }
 
 /// What an accepted report changed.
@@ -75,8 +81,15 @@ pub enum LedgerRefusal {
         sequence: u64,
         last: u64,
     },
-    #[error("boot {boot_id} is an earlier boot of node {node}; it has booted since")]
-    EarlierBoot { node: String, boot_id: String },
+    #[error(
+        "boot {boot_id} of node {node} began at {boot_time}, not after the current boot ({current_time}); a node only moves to later boots"
+    )]
+    EarlierBoot {
+        node: String,
+        boot_id: String,
+        boot_time: Timestamp,
+        current_time: Timestamp,
+    },
 }
 
 impl LedgerRefusal {
@@ -117,7 +130,6 @@ impl ReportLedger {
                     received,
                     received_at,
                     credential: identity.credential.clone(),
-                    earlier_boots: VecDeque::new(),
                 },
             );
             return Ok(Accepted::First);
@@ -139,18 +151,20 @@ impl ReportLedger {
             }
             Accepted::Next
         } else {
-            if entry.earlier_boots.contains(&report.boot_id) {
+            // The live boot is always the latest one, so a report of an older boot,
+            // replayed or delayed, never takes its place (also not after a controller
+            // restart emptied the ledger: the live agent's next report wins).
+            if report.boot_time <= entry.latest.boot_time {
                 return Err(LedgerRefusal::EarlierBoot {
                     node: report.node,
                     boot_id: report.boot_id,
+                    boot_time: report.boot_time,
+                    current_time: entry.latest.boot_time,
                 });
             }
-            let previous = entry.latest.boot_id.clone();
-            if entry.earlier_boots.len() == EARLIER_BOOTS {
-                entry.earlier_boots.pop_front();
+            Accepted::NewBoot {
+                previous: entry.latest.boot_id.clone(),
             }
-            entry.earlier_boots.push_back(previous.clone());
-            Accepted::NewBoot { previous }
         };
         entry.latest = report;
         entry.received = received;
@@ -175,28 +189,31 @@ impl ReportLedger {
         self.nodes.iter()
     }
 
-    /// Forgets nodes that left the cluster.
-    pub fn forget(&mut self, node: &str) {
-        self.nodes.remove(node);
+    /// Forgets nodes whose agents have been silent for longer than `after` (nodes that
+    /// left the cluster, agents removed), so the ledger does not grow for ever.
+    pub fn forget_silent(&mut self, now: Instant, after: Duration) -> usize {
+        let before = self.nodes.len();
+        self.nodes
+            .retain(|_, entry| now.saturating_duration_since(entry.received) <= after);
+        before - self.nodes.len()
     }
 
     /// Every node's latest report with its age, sorted by node, as `/reports` serves it.
-    pub fn views(&self, now: Instant, fresh_within: Duration) -> Vec<AgentView> {
+    pub fn views(&self, now: Instant) -> Vec<AgentView> {
         let mut views: Vec<AgentView> = self
             .nodes
             .values()
-            .map(|entry| AgentView::of(entry, now, fresh_within))
+            .map(|entry| AgentView::of(entry, now))
             .collect();
         views.sort_by(|a, b| a.report.node.cmp(&b.report.node));
         views
     }
 
     /// How many agents are in each state, for the metrics.
-    pub fn census(&self, now: Instant, fresh_within: Duration) -> Census {
+    pub fn census(&self, now: Instant) -> Census {
         let mut census = Census::default();
         for entry in self.nodes.values() {
-            let age = now.saturating_duration_since(entry.received);
-            if age > fresh_within {
+            if !entry.is_fresh(now) {
                 census.silent += 1;
                 continue;
             }
@@ -239,7 +256,7 @@ pub struct AgentView {
     pub received_at: Timestamp,
     /// Seconds since the report arrived, by the controller's monotonic clock.
     pub age_seconds: f64,
-    /// Whether it arrived within the freshness bound (three report intervals).
+    /// Whether it arrived within three of the agent's report intervals.
     pub fresh: bool,
     /// `serviceAccount` or `nodeToken`.
     pub credential: String,
@@ -247,12 +264,12 @@ pub struct AgentView {
 }
 
 impl AgentView {
-    fn of(entry: &NodeReports, now: Instant, fresh_within: Duration) -> AgentView {
+    fn of(entry: &NodeReports, now: Instant) -> AgentView {
         let age = now.saturating_duration_since(entry.received);
         AgentView {
             received_at: entry.received_at,
             age_seconds: (age.as_millis() as f64) / 1000.0,
-            fresh: age <= fresh_within,
+            fresh: entry.is_fresh(now),
             credential: match entry.credential {
                 Credential::ServiceAccount { .. } => "serviceAccount",
                 Credential::NodeToken => "nodeToken",
@@ -300,9 +317,15 @@ mod tests {
         }
     }
 
+    /// A report of boot `boot`; boots named later in the alphabet began later.
     fn report(boot: &str, sequence: u64) -> AgentReport {
+        let offset = i64::from(boot.bytes().next().unwrap_or(b'a') - b'a');
         AgentReport {
             boot_id: boot.to_string(),
+            boot_time: sample()
+                .boot_time
+                .checked_add(k8s_openapi::jiff::SignedDuration::from_hours(offset))
+                .expect("time"),
             sequence,
             ..sample()
         }
@@ -395,7 +418,8 @@ mod tests {
                 now(),
             )
             .expect("accepted");
-        let census = ledger.census(start + Duration::from_secs(12), Duration::from_secs(6));
+        // Both agents report every 2 s: silent after 6 s.
+        let census = ledger.census(start + Duration::from_secs(12));
         assert_eq!(
             census,
             Census {
@@ -404,11 +428,11 @@ mod tests {
                 ..Census::default()
             }
         );
-        let census = ledger.census(start + Duration::from_secs(1), Duration::from_secs(6));
+        let census = ledger.census(start + Duration::from_secs(1));
         assert_eq!(census.shutting_down, 1);
         assert_eq!(census.api_unreachable, 1);
         assert_eq!(census.under_pressure, 1);
-        let views = ledger.views(start + Duration::from_secs(12), Duration::from_secs(6));
+        let views = ledger.views(start + Duration::from_secs(12));
         assert_eq!(views.len(), 2);
         assert_eq!(views[0].report.node, "worker-1");
         assert!(!views[0].fresh && views[1].fresh);
@@ -416,6 +440,11 @@ mod tests {
             views[0].summary(),
             "shutting down (0/0 phases), API server unreachable, MemoryPressure"
         );
+        assert_eq!(
+            ledger.forget_silent(start + Duration::from_secs(12), Duration::from_secs(5)),
+            1
+        );
+        assert_eq!(ledger.len(), 1, "the agent silent for 12 s is forgotten");
     }
 
     proptest! {
@@ -426,6 +455,7 @@ mod tests {
         fn accepted_sequences_only_grow_within_a_boot(
             arrivals in proptest::collection::vec((0usize..3, 0u64..20), 1..60)
         ) {
+            // Boot times follow the names: a, then b, then c.
             let boots = ["a", "b", "c"];
             let mut ledger = ReportLedger::default();
             let me = identity("worker-1");
@@ -437,6 +467,9 @@ mod tests {
                 let result = ledger.accept(&me, report(boot, sequence), Instant::now(), now());
                 if result.is_ok() {
                     prop_assert!(!left.contains(&boot), "boot {boot} came back");
+                    if let Some(previous) = current {
+                        prop_assert!(boot >= previous, "went back from {previous} to {boot}");
+                    }
                     if current == Some(boot) {
                         prop_assert!(sequence > last[boot]);
                     }
@@ -449,7 +482,7 @@ mod tests {
                     last.insert(boot, sequence);
                 } else {
                     let expected_refusal = current == Some(boot) && sequence <= last[boot]
-                        || left.contains(&boot);
+                        || current.is_some_and(|current| boot < current);
                     prop_assert!(expected_refusal, "refused {boot}/{sequence}: {result:?}");
                 }
             }

@@ -36,11 +36,18 @@ pub struct AgentReport {
     pub node: String,
     /// `/proc/sys/kernel/random/boot_id`: a new boot starts a new sequence.
     pub boot_id: String,
+    /// When this boot began (`btime` in `/proc/stat`). A report of another boot replaces
+    /// the node's current one only when its boot began later, so an old report replayed
+    /// or delayed can never push the live boot aside.
+    pub boot_time: Timestamp,
     /// Grows with every report within one boot, also across agent restarts (it counts
     /// milliseconds since boot), so a replayed or reordered report is recognised.
     pub sequence: u64,
     /// The agent's release, for operators.
     pub agent_version: String,
+    /// How often this agent reports; three intervals without a report and the node's
+    /// agent counts as silent.
+    pub interval_millis: u64,
     /// The agent's wall clock when it sent the report (informational: the controller
     /// times silence with its own clock).
     pub sent_at: Timestamp,
@@ -175,8 +182,6 @@ pub struct Acknowledgement {
     pub version: String,
     pub node: String,
     pub sequence: u64,
-    /// How often the controller expects reports; an agent may adopt it.
-    pub report_interval_seconds: u64,
     /// What the controller asks of the agent (none yet in 1.0; an agent ignores kinds
     /// it does not know).
     #[serde(default)]
@@ -328,6 +333,15 @@ fn check_version(body: &[u8]) -> Result<(), DecodeError> {
 const MAX_NAME: usize = 253;
 const MAX_SHORT_TEXT: usize = 128;
 const MAX_CONDITIONS: usize = 16;
+/// The shortest and longest report intervals an agent may announce.
+pub const MIN_INTERVAL_MILLIS: u64 = 100;
+pub const MAX_INTERVAL_MILLIS: u64 = 60_000;
+
+/// Text an agent sends that people will read (in `controller status`): printable ASCII
+/// only, so no report can carry terminal control sequences.
+fn is_plain_text(text: &str) -> bool {
+    text.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+}
 
 /// Decodes and checks one report body.
 pub fn decode_report(body: &[u8]) -> Result<AgentReport, DecodeError> {
@@ -363,16 +377,28 @@ fn validate(report: &AgentReport) -> Result<(), DecodeError> {
             ),
         ));
     }
-    if report.boot_id.is_empty() || report.boot_id.len() > MAX_SHORT_TEXT {
+    if report.boot_id.is_empty()
+        || report.boot_id.len() > MAX_SHORT_TEXT
+        || !is_plain_text(&report.boot_id)
+    {
         return Err(invalid(
             "bootId",
-            format!("must hold 1 to {MAX_SHORT_TEXT} characters"),
+            format!("must hold 1 to {MAX_SHORT_TEXT} printable characters"),
         ));
     }
-    if report.agent_version.len() > MAX_SHORT_TEXT {
+    if report.agent_version.len() > MAX_SHORT_TEXT || !is_plain_text(&report.agent_version) {
         return Err(invalid(
             "agentVersion",
-            format!("must hold at most {MAX_SHORT_TEXT} characters"),
+            format!("must hold at most {MAX_SHORT_TEXT} printable characters"),
+        ));
+    }
+    if !(MIN_INTERVAL_MILLIS..=MAX_INTERVAL_MILLIS).contains(&report.interval_millis) {
+        return Err(invalid(
+            "intervalMillis",
+            format!(
+                "{} is not between {MIN_INTERVAL_MILLIS} and {MAX_INTERVAL_MILLIS}",
+                report.interval_millis
+            ),
         ));
     }
     if report.conditions.len() > MAX_CONDITIONS {
@@ -384,22 +410,24 @@ fn validate(report: &AgentReport) -> Result<(), DecodeError> {
             ),
         ));
     }
-    if let Some(long) = report
-        .conditions
-        .iter()
-        .find(|c| c.is_empty() || c.len() > MAX_SHORT_TEXT)
-    {
+    // Condition types are words (MemoryPressure); anything else is refused.
+    if let Some(long) = report.conditions.iter().find(|c| {
+        c.is_empty() || c.len() > MAX_SHORT_TEXT || !c.bytes().all(|b| b.is_ascii_alphabetic())
+    }) {
         return Err(invalid(
             "conditions",
             format!("{:?} is not a condition type", truncate(long)),
         ));
     }
     if let Some(eviction) = &report.last_eviction
-        && (eviction.pod.len() > 2 * MAX_NAME || eviction.signal.len() > MAX_SHORT_TEXT)
+        && (eviction.pod.len() > 2 * MAX_NAME
+            || eviction.signal.len() > MAX_SHORT_TEXT
+            || !is_plain_text(&eviction.pod)
+            || !is_plain_text(&eviction.signal))
     {
         return Err(invalid(
             "lastEviction",
-            "pod or signal is too long".to_string(),
+            "pod or signal is too long or not printable text".to_string(),
         ));
     }
     let shutdown = &report.shutdown;
@@ -439,8 +467,10 @@ pub(crate) fn sample() -> AgentReport {
         version: version(),
         node: "worker-1".to_string(),
         boot_id: "0b6e5c1e-7c44-4b8e-9d8e-2f5b1f0e2a11".to_string(),
+        boot_time: "2026-11-20T08:00:00Z".parse().expect("timestamp"),
         sequence: 1234,
         agent_version: "0.1.0".to_string(),
+        interval_millis: 2000,
         sent_at: "2026-11-24T05:00:00Z".parse().expect("timestamp"),
         trigger: Trigger::Interval,
         dry_run: false,
@@ -560,6 +590,20 @@ mod tests {
             ("node", Box::new(|r| r.node = String::new())),
             ("node", Box::new(|r| r.node = "a".repeat(254))),
             ("bootId", Box::new(|r| r.boot_id = String::new())),
+            ("bootId", Box::new(|r| r.boot_id = "a\u{1b}[2J".to_string())),
+            (
+                "conditions",
+                Box::new(|r| r.conditions = vec!["\u{1b}]0;owned\u{7}".to_string()]),
+            ),
+            (
+                "conditions",
+                Box::new(|r| r.conditions = vec!["Memory Pressure".to_string()]),
+            ),
+            ("intervalMillis", Box::new(|r| r.interval_millis = 0)),
+            (
+                "intervalMillis",
+                Box::new(|r| r.interval_millis = 3_600_000),
+            ),
             (
                 "conditions",
                 Box::new(|r| r.conditions = vec!["X".to_string(); 17]),

@@ -27,6 +27,8 @@ pub struct SenderSettings {
     pub controller_url: String,
     pub node: String,
     pub boot_id: String,
+    /// When this boot began.
+    pub boot_time: Timestamp,
     pub interval: Duration,
     pub timeout: Duration,
     /// Read again for every report; `None` sends no credential.
@@ -56,6 +58,21 @@ pub enum SendError {
     Answer(String),
 }
 
+impl SendError {
+    /// What kind of failure this is, for telling a new problem from the same one again:
+    /// a refusal by its status, anything else by its variant.
+    fn kind(&self) -> String {
+        match self {
+            SendError::Refused { status, .. } => format!("refused {status}"),
+            SendError::Url(_) => "url".to_string(),
+            SendError::Token { .. } => "token".to_string(),
+            SendError::Timeout(_) => "timeout".to_string(),
+            SendError::Transport(_) => "transport".to_string(),
+            SendError::Answer(_) => "answer".to_string(),
+        }
+    }
+}
+
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 fn http_client() -> HttpClient {
@@ -76,6 +93,27 @@ fn next_sequence(last: u64) -> u64 {
     since_boot.max(last + 1)
 }
 
+/// When this boot began: `btime` (seconds since the epoch) in `/proc/stat`.
+pub fn read_boot_time() -> std::io::Result<Timestamp> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    parse_boot_time(&stat).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "/proc/stat has no btime line",
+        )
+    })
+}
+
+fn parse_boot_time(stat: &str) -> Option<Timestamp> {
+    let seconds = stat
+        .lines()
+        .find_map(|line| line.strip_prefix("btime "))?
+        .trim()
+        .parse::<i64>()
+        .ok()?;
+    Timestamp::from_second(seconds).ok()
+}
+
 /// The report of this moment.
 pub fn build_report(
     settings: &SenderSettings,
@@ -89,8 +127,11 @@ pub fn build_report(
         version: protocol::version(),
         node: settings.node.clone(),
         boot_id: settings.boot_id.clone(),
+        boot_time: settings.boot_time,
         sequence,
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        interval_millis: (settings.interval.as_millis() as u64)
+            .clamp(protocol::MIN_INTERVAL_MILLIS, protocol::MAX_INTERVAL_MILLIS),
         sent_at: now,
         trigger,
         dry_run: settings.dry_run,
@@ -198,6 +239,8 @@ pub async fn run_sender(
     let mut stop = std::pin::pin!(stop);
     let mut sequence = 0;
     let mut failures: u32 = 0;
+    // The last failure's kind, so a new kind of failure is logged as a warning again.
+    let mut last_failure = String::new();
     let mut trigger = Trigger::Start;
     tracing::info!(controller = %settings.controller_url, node = %settings.node, interval = ?settings.interval, "reporting to the fence controller");
     loop {
@@ -224,14 +267,17 @@ pub async fn run_sender(
                     tracing::info!(controller = %settings.controller_url, "reports reach the controller again");
                 }
                 failures = 0;
+                last_failure.clear();
                 metrics
                     .report_last_accepted
                     .set(Timestamp::now().as_millisecond() as f64 / 1000.0);
             }
             Err(error) => {
                 failures = failures.saturating_add(1);
-                if failures == 1 {
+                let kind = error.kind();
+                if kind != last_failure {
                     tracing::warn!(controller = %settings.controller_url, %error, "cannot report to the fence controller; the node stays protected locally, retrying with backoff");
+                    last_failure = kind;
                 } else {
                     tracing::debug!(%error, failures, "report failed again");
                 }
@@ -271,6 +317,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_boot_time_is_btime() {
+        let stat = "cpu  1 2 3\nintr 5\nbtime 1763600000\nprocesses 42\n";
+        assert_eq!(
+            parse_boot_time(stat),
+            Some(Timestamp::from_second(1_763_600_000).expect("time"))
+        );
+        assert_eq!(parse_boot_time("cpu 1\n"), None);
+        assert!(
+            read_boot_time().is_ok(),
+            "this machine's /proc/stat has btime"
+        );
+    }
+
+    #[test]
     fn backoff_doubles_from_the_interval_up_to_a_ceiling() {
         let interval = Duration::from_secs(2);
         assert_eq!(backoff(interval, 0), interval);
@@ -299,6 +359,7 @@ mod tests {
             controller_url: "http://127.0.0.1:1".to_string(),
             node: "worker-1".to_string(),
             boot_id: "b".to_string(),
+            boot_time: "2026-11-20T08:00:00Z".parse().expect("time"),
             interval: Duration::from_secs(2),
             timeout: Duration::from_secs(1),
             token_file: None,

@@ -29,9 +29,6 @@ pub struct ReportsPolicy {
     /// Serve the endpoint at all.
     pub enabled: bool,
     pub address: String,
-    /// How often agents are expected to report; three intervals without one and an
-    /// agent counts as silent in the metrics.
-    pub interval: Duration,
     pub auth: AuthPolicy,
     pub max_body_bytes: usize,
     /// The deadline for a request's headers, and then for its body.
@@ -50,23 +47,21 @@ impl Default for ReportsPolicy {
         ReportsPolicy {
             enabled: true,
             address: "0.0.0.0:9849".to_string(),
-            interval: Duration::from_secs(2),
             auth: AuthPolicy::default(),
             max_body_bytes: protocol::DEFAULT_MAX_BODY_BYTES,
             request_timeout: Duration::from_secs(5),
-            max_connections: 20_000,
+            max_connections: 10_000,
             max_in_flight: 512,
             connection_lifetime: Duration::from_secs(600),
         }
     }
 }
 
-impl ReportsPolicy {
-    /// Reports older than this make an agent silent.
-    pub fn fresh_within(&self) -> Duration {
-        self.interval * 3
-    }
-}
+/// Agents silent this long are forgotten (their nodes were removed, most likely).
+const FORGET_AFTER: Duration = Duration::from_secs(3600);
+/// The most header bytes a client may send; a real report's headers are about 1.5 KiB.
+/// With the connection cap it bounds what slow clients can make the controller hold.
+const MAX_HEADER_BYTES: usize = 16 * 1024;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
@@ -168,6 +163,11 @@ fn refusal(reason: RefusalReason, message: impl Into<String>) -> Answer {
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
+    // A client that is refused does not keep its connection: only agents whose reports
+    // are taken hold one open, so unknown clients cannot sit on the connection slots.
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
 
@@ -197,13 +197,11 @@ impl ReportHub {
 
     /// Every node's latest report, as `/reports` serves it.
     pub fn views(&self) -> Vec<AgentView> {
-        self.ledger()
-            .views(Instant::now(), self.policy.fresh_within())
+        self.ledger().views(Instant::now())
     }
 
     pub fn census(&self) -> Census {
-        self.ledger()
-            .census(Instant::now(), self.policy.fresh_within())
+        self.ledger().census(Instant::now())
     }
 
     /// Answers one request.
@@ -322,7 +320,6 @@ impl ReportHub {
                         version: protocol::version(),
                         node,
                         sequence,
-                        report_interval_seconds: self.policy.interval.as_secs().max(1),
                         instructions: Vec::new(),
                     },
                 )
@@ -378,7 +375,7 @@ pub async fn serve(
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(policy.request_timeout)
-            .max_buf_size(policy.max_body_bytes.max(16 * 1024) + 16 * 1024)
+            .max_buf_size(MAX_HEADER_BYTES)
             .serve_connection(TokioIo::new(stream), service);
         let lifetime = policy.connection_lifetime;
         tokio::spawn(async move {
@@ -395,13 +392,20 @@ pub async fn serve(
     }
 }
 
-/// Publishes the agents' census every second until `stop` resolves.
+/// Publishes the agents' census every second, and forgets agents silent for an hour,
+/// until `stop` resolves.
 pub async fn publish_census(hub: Arc<ReportHub>, stop: impl Future<Output = ()>) {
     let mut stop = std::pin::pin!(stop);
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
-            _ = ticker.tick() => hub.metrics.publish(&hub.census()),
+            _ = ticker.tick() => {
+                let forgotten = hub.ledger().forget_silent(Instant::now(), FORGET_AFTER);
+                if forgotten > 0 {
+                    tracing::info!(forgotten, "forgot agents silent for an hour");
+                }
+                hub.metrics.publish(&hub.census());
+            }
             _ = &mut stop => return,
         }
     }

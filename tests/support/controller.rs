@@ -203,6 +203,16 @@ pub struct ControllerProcess {
 
 impl ControllerProcess {
     pub fn start(dir: &Path, server: &FakeApiServer, config: &Path) -> ControllerProcess {
+        ControllerProcess::start_logging(dir, server, config, "info,kube=warn")
+    }
+
+    /// [`ControllerProcess::start`] with `RUST_LOG` set to `filter`.
+    pub fn start_logging(
+        dir: &Path,
+        server: &FakeApiServer,
+        config: &Path,
+        filter: &str,
+    ) -> ControllerProcess {
         let kubeconfig = dir.join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -215,7 +225,7 @@ impl ControllerProcess {
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(["--metrics-addr", "127.0.0.1:0"])
-            .env("RUST_LOG", "info,kube=warn")
+            .env("RUST_LOG", filter)
             .env_remove("KUBECONFIG")
             .env_remove("KUBERNETES_SERVICE_HOST")
             .stdout(Stdio::null())
