@@ -83,6 +83,8 @@ fn raise_open_files_limit() {
 /// One process under load, and what it cost.
 struct Measured {
     name: &'static str,
+    /// Before the agents connect.
+    idle_kib: u64,
     cpu: Duration,
     rss_kib: u64,
     peak_kib: u64,
@@ -148,13 +150,22 @@ async fn run(agents: usize, window: Duration) {
         &controller.reports_address(),
         &tokens,
         window,
+        &|| controller.log(),
     )
     .await;
     let reviews_in_window = reviews(&server) - reviews_before;
     drop(controller);
 
     let mut bare = BareServer::start();
-    let measured_bare = measure("bare HTTP/1", bare.pid(), &bare.address, &tokens, window).await;
+    let measured_bare = measure(
+        "bare HTTP/1",
+        bare.pid(),
+        &bare.address,
+        &tokens,
+        window,
+        &|| String::new(),
+    )
+    .await;
     bare.stop();
 
     report(&[measured_controller, measured_bare], window);
@@ -203,7 +214,9 @@ async fn measure(
     address: &str,
     tokens: &Arc<Vec<(String, String)>>,
     window: Duration,
+    log: &dyn Fn() -> String,
 ) -> Measured {
+    let idle_kib = process_usage::status_kib(pid, "VmRSS:");
     let start = tokio::time::Instant::now() + Duration::from_secs(1);
     let window_start = start + WARM_UP;
     let end = window_start + window;
@@ -218,11 +231,19 @@ async fn measure(
     let cpu_before = process_usage::cpu_time(pid);
     tokio::time::sleep_until(end).await;
     let cpu = process_usage::cpu_time(pid).saturating_sub(cpu_before);
-    let rss_kib = process_usage::status_kib(pid, "VmRSS");
-    let peak_kib = process_usage::status_kib(pid, "VmHWM");
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let running = state
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().next())
+        .is_some_and(|state| state != "Z" && state != "X");
+    assert!(running, "{name} ended under the load; its log:\n{}", log());
+    let rss_kib = process_usage::status_kib(pid, "VmRSS:");
+    let peak_kib = process_usage::status_kib(pid, "VmHWM:");
     let load = load.await.expect("the load generator");
     Measured {
         name,
+        idle_kib,
         cpu,
         rss_kib,
         peak_kib,
@@ -382,15 +403,15 @@ fn percentile(sorted: &[u32], share: f64) -> f64 {
 
 fn report(results: &[Measured], window: Duration) {
     println!(
-        "\n| process | reports/s | accepted | refused | failed | CPU (cores) | CPU per report | RSS | peak RSS | p50 | p99 | max |"
+        "\n| process | reports/s | accepted | refused | failed | CPU (cores) | CPU per report | RSS before | RSS | peak RSS | p50 | p99 | max |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for measured in results {
         let mut latencies = measured.load.latencies.clone();
         latencies.sort_unstable();
         let reports = latencies.len().max(1);
         println!(
-            "| {} | {:.0} | {} | {} | {} | {:.3} | {:.1} µs | {:.1} MiB | {:.1} MiB | {:.2} ms | {:.2} ms | {:.2} ms |",
+            "| {} | {:.0} | {} | {} | {} | {:.3} | {:.1} µs | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.2} ms | {:.2} ms | {:.2} ms |",
             measured.name,
             latencies.len() as f64 / window.as_secs_f64(),
             measured.load.accepted,
@@ -398,6 +419,7 @@ fn report(results: &[Measured], window: Duration) {
             measured.load.failed,
             measured.cpu.as_secs_f64() / window.as_secs_f64(),
             measured.cpu.as_secs_f64() * 1e6 / reports as f64,
+            measured.idle_kib as f64 / 1024.0,
             measured.rss_kib as f64 / 1024.0,
             measured.peak_kib as f64 / 1024.0,
             percentile(&latencies, 0.5),

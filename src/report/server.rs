@@ -207,7 +207,11 @@ impl ReportHub {
     /// Answers one request.
     pub async fn handle(&self, request: Request<Incoming>) -> Answer {
         let started = Instant::now();
-        let answer = self.answer(request).await;
+        // Boxed: hyper keeps room for one request's future in every connection for as
+        // long as it is open, and answering one (reading the body, a TokenReview through
+        // the kube client) takes kilobytes; 5,000 agents between reports would hold that
+        // room for nothing. A box per report costs far less.
+        let answer = Box::pin(self.answer(request)).await;
         self.metrics
             .handling
             .observe(started.elapsed().as_secs_f64());
@@ -294,7 +298,8 @@ impl ReportHub {
         };
         drop(body);
         drop(permit);
-        let identity = match self.auth.authenticate(&token, &report.node).await {
+        // Boxed too: only a token not in the cache needs the large TokenReview future.
+        let identity = match Box::pin(self.auth.authenticate(&token, &report.node)).await {
             Ok(identity) => identity,
             Err(failure) => {
                 tracing::debug!(node = %report.node, %failure, "report refused");
