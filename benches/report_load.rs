@@ -66,12 +66,16 @@ fn main() {
             .expect("NK_REPORT_WINDOW_SECONDS: seconds"),
     );
     raise_open_files_limit();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    runtime().block_on(run(agents, window));
+}
+
+/// Both roles (the load and the bare server) run on two worker threads.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .expect("runtime");
-    runtime.block_on(run(agents, window));
+        .expect("runtime")
 }
 
 fn raise_open_files_limit() {
@@ -479,12 +483,7 @@ impl Drop for BareServer {
 /// Reads each body and answers a fixed acknowledgement; prints its address first.
 fn bare_server() {
     raise_open_files_limit();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
+    runtime().block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
