@@ -79,9 +79,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn raise_open_files_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("the open files limit");
-    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("raise the open files limit");
+    nodekeeper::process::raise_open_files_limit().expect("raise the open files limit");
 }
 
 /// One process under load, and what it cost.

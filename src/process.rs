@@ -1,7 +1,7 @@
 //! Child processes that must not outlive their deadline: each runs in its own process
 //! group, and past the deadline the whole group is killed, so a shell's or an agent's
 //! children (ipmitool, snmpget) cannot linger. Used by the node-reclaim commands and the
-//! fence-agent runner.
+//! fence-agent runner. Also this process's own limit on open files.
 
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -67,6 +67,18 @@ pub fn kill_group(group: i32) {
             nix::sys::signal::Signal::SIGKILL,
         );
     }
+}
+
+/// Raises this process's soft limit on open files to its hard limit, as Go programs do:
+/// a server with thousands of clients (the controller's report endpoint) needs more than
+/// the soft limit systemd gives (1024). Returns the limit before and after.
+pub fn raise_open_files_limit() -> nix::Result<(u64, u64)> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok((soft, hard))
 }
 
 #[cfg(test)]

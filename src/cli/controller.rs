@@ -104,17 +104,12 @@ fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Every agent keeps a connection open to the report endpoint, so the soft limit on open
-/// files (often 1024 under systemd) is raised to the hard one, as Go programs do.
+/// Every agent keeps a connection open to the report endpoint.
 fn raise_open_files_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => tracing::debug!(from = soft, to = hard, "raised the open files limit"),
-            Err(error) => tracing::warn!(%error, soft, "cannot raise the open files limit"),
-        },
+    match nodekeeper::process::raise_open_files_limit() {
+        Ok((from, to)) if from < to => tracing::debug!(from, to, "raised the open files limit"),
         Ok(_) => {}
-        Err(error) => tracing::warn!(%error, "cannot read the open files limit"),
+        Err(error) => tracing::warn!(%error, "cannot raise the open files limit"),
     }
 }
 

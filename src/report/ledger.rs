@@ -185,10 +185,6 @@ impl ReportLedger {
         self.nodes.is_empty()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &NodeReports)> {
-        self.nodes.iter()
-    }
-
     /// Forgets nodes whose agents have been silent for longer than `after` (nodes that
     /// left the cluster, agents removed), so the ledger does not grow for ever.
     pub fn forget_silent(&mut self, now: Instant, after: Duration) -> usize {
