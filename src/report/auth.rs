@@ -240,35 +240,10 @@ pub fn token_expiry(token: &str) -> Option<u64> {
 
 /// RFC 4648 base64url, padding optional.
 fn base64url_decode(text: &str) -> Option<Vec<u8>> {
-    let value = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'-' => 62,
-            b'_' => 63,
-            _ => return None,
-        } as u32)
-    };
-    let text = text.trim_end_matches('=').as_bytes();
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    for chunk in text.chunks(4) {
-        if chunk.len() == 1 {
-            return None;
-        }
-        let mut bits = 0u32;
-        for (i, c) in chunk.iter().enumerate() {
-            bits |= value(*c)? << (18 - 6 * i);
-        }
-        out.push((bits >> 16) as u8);
-        if chunk.len() > 2 {
-            out.push((bits >> 8) as u8);
-        }
-        if chunk.len() > 3 {
-            out.push(bits as u8);
-        }
-    }
-    Some(out)
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(text.trim_end_matches('='))
+        .ok()
 }
 
 /// Compares in time independent of where the texts differ.

@@ -155,19 +155,8 @@ fn random_uuid() -> String {
 
 /// Unpadded base64url (RFC 4648 §5), as JWTs use.
 fn base64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut encoded = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let bits = (u32::from(chunk[0]) << 16)
-            | (u32::from(chunk.get(1).copied().unwrap_or(0)) << 8)
-            | u32::from(chunk.get(2).copied().unwrap_or(0));
-        let symbols = chunk.len() + 1;
-        for index in 0..symbols {
-            let sextet = (bits >> (18 - 6 * index)) & 0x3f;
-            encoded.push(char::from(ALPHABET[sextet as usize]));
-        }
-    }
-    encoded
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
 /// Go's `%q` of a `[]string`: `["a" "b"]`.
