@@ -25,14 +25,13 @@ use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use nodekeeper::report::protocol::{self, AgentReport};
 use serde_json::json;
 
-use support::apiserver::FakeApiServer;
+use support::apiserver::{FakeApiServer, projected_token};
 use support::controller::{ControllerProcess, crd, node};
 use support::process_usage;
 
@@ -122,11 +121,14 @@ async fn run(agents: usize, window: Duration) {
         server.seed(&pod);
     }
     let started = Instant::now();
+    let client = server.client();
     let tokens: Vec<(String, String)> = futures::stream::iter(names.iter().cloned())
         .map(|name| {
-            let accounts = accounts.clone();
+            let client = client.clone();
             async move {
-                let token = request_token(&accounts, &name).await;
+                let pod = format!("agent-{name}");
+                let token =
+                    projected_token(&client, NAMESPACE, ACCOUNT, &pod, Some(AUDIENCE)).await;
                 (name, token)
             }
         })
@@ -183,29 +185,6 @@ fn reviews(server: &FakeApiServer) -> usize {
         .iter()
         .filter(|request| request.path.ends_with("/tokenreviews"))
         .count()
-}
-
-async fn request_token(accounts: &Api<ServiceAccount>, node: &str) -> String {
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![AUDIENCE.to_string()],
-            expiration_seconds: Some(3600),
-            bound_object_ref: Some(BoundObjectReference {
-                api_version: Some("v1".to_string()),
-                kind: Some("Pod".to_string()),
-                name: Some(format!("agent-{node}")),
-                uid: None,
-            }),
-        },
-        ..TokenRequest::default()
-    };
-    accounts
-        .create_token_request(ACCOUNT, &PostParams::default(), &request)
-        .await
-        .expect("a token")
-        .status
-        .expect("status")
-        .token
 }
 
 /// The load against `address` for the warm-up and the window, with the process's CPU and

@@ -17,7 +17,9 @@ use kube::api::{
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::{Value, json};
 
-use support::apiserver::{CustomResource, FakeApiServer, RbacAccess, RequestMatcher};
+use support::apiserver::{
+    CustomResource, FakeApiServer, RbacAccess, RequestMatcher, projected_token,
+};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -947,22 +949,15 @@ fn token_request(audiences: &[&str], bound: Option<(&str, &str, Option<&str>)>) 
 
 /// A token for `agent` bound to `pod` (uid included), for the controller's audience.
 async fn pod_token(server: &FakeApiServer, pod: &Pod) -> String {
-    let accounts: Api<ServiceAccount> = Api::default_namespaced(server.client());
-    let request = token_request(
-        &[CONTROLLER_AUDIENCE],
-        Some((
-            "Pod",
-            pod.metadata.name.as_deref().unwrap(),
-            pod.metadata.uid.as_deref(),
-        )),
-    );
-    accounts
-        .create_token_request("agent", &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
+    let name = pod.metadata.name.as_deref().unwrap();
+    projected_token(
+        &server.client(),
+        "default",
+        "agent",
+        name,
+        Some(CONTROLLER_AUDIENCE),
+    )
+    .await
 }
 
 async fn review(server: &FakeApiServer, token: &str, audiences: &[&str]) -> TokenReviewStatus {

@@ -9,7 +9,6 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
@@ -17,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use support::agent_process::AgentProcess;
-use support::apiserver::FakeApiServer;
+use support::apiserver::{FakeApiServer, projected_token};
 use support::controller::*;
 
 const AGENTS_NAMESPACE: &str = "nodekeeper-system";
@@ -58,48 +57,16 @@ async fn cluster() -> FakeApiServer {
     server
 }
 
-/// A token for `pod`, as the kubelet requests one for a projected volume.
-async fn token(
-    server: &FakeApiServer,
-    namespace: &str,
-    account: &str,
-    pod: &str,
-    audience: Option<&str>,
-) -> String {
-    let pods: Api<Pod> = Api::namespaced(server.client(), namespace);
-    let uid = pods
-        .get(pod)
-        .await
-        .expect("the pod")
-        .metadata
-        .uid
-        .expect("uid");
-    let accounts: Api<ServiceAccount> = Api::namespaced(server.client(), namespace);
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: audience.map(|a| vec![a.to_string()]).unwrap_or_default(),
-            expiration_seconds: Some(3600),
-            bound_object_ref: Some(BoundObjectReference {
-                api_version: Some("v1".to_string()),
-                kind: Some("Pod".to_string()),
-                name: Some(pod.to_string()),
-                uid: Some(uid),
-            }),
-        },
-        ..TokenRequest::default()
-    };
-    accounts
-        .create_token_request(account, &PostParams::default(), &request)
-        .await
-        .expect("a token from the TokenRequest API")
-        .status
-        .expect("status")
-        .token
-}
-
 /// A report token for the agent pod `pod`, as its projected volume holds it.
 async fn agent_token(server: &FakeApiServer, pod: &str) -> String {
-    token(server, AGENTS_NAMESPACE, AGENT_ACCOUNT, pod, Some(AUDIENCE)).await
+    projected_token(
+        &server.client(),
+        AGENTS_NAMESPACE,
+        AGENT_ACCOUNT,
+        pod,
+        Some(AUDIENCE),
+    )
+    .await
 }
 
 /// A controller taking reports (`reports: {SETTINGS}`), logging at debug level so a token
@@ -248,7 +215,7 @@ async fn only_a_nodes_own_agent_may_report_for_it_and_only_forward() {
     let other_node = post_report(&address, Some(&agent_w1), &report("worker-2", 5)).await;
     assert_refused(&other_node, 403, "Forbidden", "not on \"worker-2\"");
     // Another workload on worker-1 cannot speak for worker-1.
-    let web = token(&server, "shop", "web", "web-0", Some(AUDIENCE)).await;
+    let web = projected_token(&server.client(), "shop", "web", "web-0", Some(AUDIENCE)).await;
     let not_agent = post_report(&address, Some(&web), &report("worker-1", 101)).await;
     assert_refused(
         &not_agent,
@@ -257,7 +224,14 @@ async fn only_a_nodes_own_agent_may_report_for_it_and_only_forward() {
         "system:serviceaccount:shop:web",
     );
     // A token for the API server's audience is not a report token.
-    let api_token = token(&server, AGENTS_NAMESPACE, AGENT_ACCOUNT, "agent-w1", None).await;
+    let api_token = projected_token(
+        &server.client(),
+        AGENTS_NAMESPACE,
+        AGENT_ACCOUNT,
+        "agent-w1",
+        None,
+    )
+    .await;
     let wrong_audience = post_report(&address, Some(&api_token), &report("worker-1", 102)).await;
     assert_refused(&wrong_audience, 401, "Unauthenticated", "not accepted");
     let forged = post_report(

@@ -360,3 +360,49 @@ pub async fn eventually<T>(limit: Duration, what: &str, mut check: impl FnMut() 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A token for `account` bound to the pod `pod` (its uid included) and valid an hour, as
+/// the kubelet requests one for a projected volume, through the TokenRequest API of any
+/// server (this fake or a real one). `audience` `None` means the API server's own.
+pub async fn projected_token(
+    client: &kube::Client,
+    namespace: &str,
+    account: &str,
+    pod: &str,
+    audience: Option<&str>,
+) -> String {
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    use kube::api::{Api, PostParams};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let uid = pods
+        .get(pod)
+        .await
+        .expect("the token's pod")
+        .metadata
+        .uid
+        .expect("the pod's uid");
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: audience.map(|a| vec![a.to_string()]).unwrap_or_default(),
+            expiration_seconds: Some(3600),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".to_string()),
+                kind: Some("Pod".to_string()),
+                name: Some(pod.to_string()),
+                uid: Some(uid),
+            }),
+        },
+        ..TokenRequest::default()
+    };
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    accounts
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .expect("a token from the TokenRequest API")
+        .status
+        .expect("the TokenRequest's status")
+        .token
+}
