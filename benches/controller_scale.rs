@@ -42,7 +42,9 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
 
 use support::apiserver::FakeApiServer;
-use support::controller::{ControllerProcess, config_map, crd, enabled_fabric, fence_of};
+use support::controller::{
+    ControllerProcess, config_map, crd, enabled_fabric, fence_of, write_controller_config,
+};
 use support::process_usage;
 
 /// Set in the re-executed child that plays the bare reflector: the API server's URL.
@@ -447,14 +449,8 @@ struct ScaleResult {
 async fn scale(size: usize, size_reports: usize, flips_sent: usize) -> ScaleResult {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = simulated_cluster(size).await;
-    let config = dir.path().join("controller.yaml");
-    std::fs::write(
-        &config,
-        // Long enough that no node becomes due during the run: this measures watching.
-        "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: fencing\n\
-         unhealthyDuration: 10m\nreports: {address: \"127.0.0.1:0\"}\n",
-    )
-    .expect("config");
+    // Long enough that no node becomes due during the run: this measures watching.
+    let config = write_controller_config(dir.path(), "unhealthyDuration: 10m\n");
     let controller = ControllerProcess::start(dir.path(), &server, &config);
     controller.synced().await;
     let controller_pid = controller.pid();
@@ -737,20 +733,17 @@ async fn start_latency(samples: usize) {
             ),
         ));
     }
-    let config = dir.path().join("controller.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: fencing\n\
-             unhealthyDuration: 2s\npowerManagementDelay: 10m\nreports: {{address: \"127.0.0.1:0\"}}\n\
+    let config = write_controller_config(
+        dir.path(),
+        &format!(
+            "unhealthyDuration: 2s\npowerManagementDelay: 10m\n\
              release: {{outOfServiceTaint: true, deletePods: true}}\n\
              # One node is fenced every few seconds: the zone rate must not gate a sample.\n\
              stormGuard: {{zoneFenceRate: 10, stormCooldown: 0s}}\n\
              agents: {{directory: {agents}, callTimeout: 10s, verifyTimeout: 10s, allowedOptions: [status_file]}}\n",
             agents = agents.display()
         ),
-    )
-    .expect("config");
+    );
     let controller = ControllerProcess::start(dir.path(), &server, &config);
     controller.synced().await;
 

@@ -32,7 +32,7 @@ use nodekeeper::report::protocol::{self, AgentReport};
 use serde_json::json;
 
 use support::apiserver::{FakeApiServer, projected_token};
-use support::controller::{ControllerProcess, crd, node};
+use support::controller::{ControllerProcess, crd, node, write_controller_config};
 use support::process_usage;
 
 /// Set in the re-executed child that plays the bare server.
@@ -138,13 +138,7 @@ async fn run(agents: usize, window: Duration) {
     println!("  {agents} tokens issued in {:.1?}", started.elapsed());
     let tokens = Arc::new(tokens);
 
-    let config = dir.path().join("controller.yaml");
-    std::fs::write(
-        &config,
-        "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: fencing\n\
-         unhealthyDuration: 10m\nreports: {address: \"127.0.0.1:0\"}\n",
-    )
-    .expect("config");
+    let config = write_controller_config(dir.path(), "unhealthyDuration: 10m\n");
     let controller = ControllerProcess::start(dir.path(), &server, &config);
     controller.synced().await;
     let reviews_before = reviews(&server);

@@ -152,14 +152,12 @@ pub fn base64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// The controller's configuration for a test: short waits, fast leader election, the
-/// cluster fence on (nothing in the test API server plays the pod garbage collector
-/// that acts on the out-of-service taint).
-pub fn controller_config(dir: &Path, extra: &str) -> PathBuf {
+/// `dir/controller.yaml`: a `ControllerConfiguration` for [`NAMESPACE`] with `settings`.
+/// Tests and benchmarks run side by side, so the report endpoint takes a free port unless
+/// `settings` configures it.
+pub fn write_controller_config(dir: &Path, settings: &str) -> PathBuf {
     let path = dir.join("controller.yaml");
-    // Tests run side by side: the report endpoint takes a free port unless `extra`
-    // configures it.
-    let reports = if extra.contains("reports:") {
+    let reports = if settings.contains("reports:") {
         ""
     } else {
         "reports: {address: \"127.0.0.1:0\"}\n"
@@ -167,16 +165,27 @@ pub fn controller_config(dir: &Path, extra: &str) -> PathBuf {
     std::fs::write(
         &path,
         format!(
-            "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: {NAMESPACE}\n\
-             unhealthyDuration: 2s\npowerManagementDelay: 1s\n\
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: {NAMESPACE}\n{reports}{settings}"
+        ),
+    )
+    .expect("write the controller's configuration");
+    path
+}
+
+/// The controller's configuration for a test: short waits, fast leader election, the
+/// cluster fence on (nothing in the test API server plays the pod garbage collector
+/// that acts on the out-of-service taint).
+pub fn controller_config(dir: &Path, extra: &str) -> PathBuf {
+    write_controller_config(
+        dir,
+        &format!(
+            "unhealthyDuration: 2s\npowerManagementDelay: 1s\n\
              retry: {{limit: 1, backoff: 1s, maxBackoff: 2s}}\n\
              release: {{outOfServiceTaint: true, deletePods: true}}\n\
              agents: {{callTimeout: 5s, verifyTimeout: 5s, allowedOptions: [status_file]}}\n\
-             leaderElection: {{leaseDuration: 4s, renewInterval: 500ms, renewDeadline: 3s}}\n{reports}{extra}"
+             leaderElection: {{leaseDuration: 4s, renewInterval: 500ms, renewDeadline: 3s}}\n{extra}"
         ),
     )
-    .expect("write config");
-    path
 }
 
 /// The controller process; killed (by its PID) when dropped.
