@@ -100,19 +100,28 @@ fn report(node: &str, sequence: u64) -> Value {
     })
 }
 
-/// One HTTP/1.1 exchange; the status and the JSON body.
-async fn post(address: &str, token: Option<&str>, body: &[u8]) -> (u16, Value) {
+/// A report request's bytes: `POST /v1/reports` with `body`, the bearer `token` if any,
+/// and `Connection: close` if `close`.
+fn report_request(token: Option<&str>, body: &[u8], close: bool) -> Vec<u8> {
     let mut head = format!(
-        "POST /v1/reports HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "POST /v1/reports HTTP/1.1\r\nHost: nodekeeper\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
         body.len()
     );
     if let Some(token) = token {
         head.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }
+    if close {
+        head.push_str("Connection: close\r\n");
+    }
     head.push_str("\r\n");
     let mut request = head.into_bytes();
     request.extend_from_slice(body);
-    exchange(address, &request).await
+    request
+}
+
+/// One HTTP/1.1 exchange; the status and the JSON body.
+async fn post(address: &str, token: Option<&str>, body: &[u8]) -> (u16, Value) {
+    exchange(address, &report_request(token, body, true)).await
 }
 
 /// Writes `request` while reading the answer: a server that refuses a body it has not
@@ -518,6 +527,25 @@ async fn slow_and_flooding_clients_do_not_keep_good_agents_out() {
     assert_eq!(accepted.0, 200, "{}", accepted.1);
 }
 
+/// The agent in dry-run mode with `config`, serving metrics on a free port.
+fn start_agent(config: &Path) -> AgentProcess {
+    AgentProcess::start(&[
+        "--dry-run".as_ref(),
+        "--metrics-addr".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+    ])
+}
+
+/// The `controller status` table row of `node`.
+fn status_row<'a>(status: &'a str, node: &str) -> &'a str {
+    status
+        .lines()
+        .find(|line| line.starts_with(&format!("{node} ")))
+        .unwrap_or_else(|| panic!("no {node} row:\n{status}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -538,13 +566,7 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
         ),
     )
     .expect("agent config");
-    let mut agent = AgentProcess::start(&[
-        "--dry-run".as_ref(),
-        "--metrics-addr".as_ref(),
-        "127.0.0.1:0".as_ref(),
-        "--config".as_ref(),
-        agent_config.as_os_str(),
-    ]);
+    let mut agent = start_agent(&agent_config);
     let reported = |controller: &ControllerProcess| {
         let controller_views = controller.agent_views();
         controller_views
@@ -599,13 +621,7 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
 
     // A restarted agent (same boot) continues the sequence.
     agent.stop(Duration::from_secs(10));
-    let _agent = AgentProcess::start(&[
-        "--dry-run".as_ref(),
-        "--metrics-addr".as_ref(),
-        "127.0.0.1:0".as_ref(),
-        "--config".as_ref(),
-        agent_config.as_os_str(),
-    ]);
+    let _agent = start_agent(&agent_config);
     wait_for(&controller, "the restarted agent's report", || {
         // The old agent has stopped: a later sequence is the new agent's.
         reported(&controller)
@@ -614,20 +630,18 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
     .await;
     let url = format!("http://{}", controller.metrics_address());
     let status = controller_status(dir.path(), &config, &["--controller-url", &url]).await;
-    let row = status
-        .lines()
-        .find(|line| line.starts_with("worker-1 "))
-        .unwrap_or_else(|| panic!("no worker-1 row:\n{status}"));
-    assert!(row.ends_with("MemoryPressure"), "{status}");
+    assert!(
+        status_row(&status, "worker-1").ends_with("MemoryPressure"),
+        "{status}"
+    );
     assert!(
         status.contains("Agent reports: 1 of 2 watched nodes reporting"),
         "{status}"
     );
-    let row = status
-        .lines()
-        .find(|line| line.starts_with("worker-2 "))
-        .expect("worker-2 row");
-    assert!(row.ends_with("no report"), "{status}");
+    assert!(
+        status_row(&status, "worker-2").ends_with("no report"),
+        "{status}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -647,15 +661,12 @@ async fn a_full_house_answers_429_and_refused_clients_do_not_keep_their_connecti
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let body = serde_json::to_vec(&report("worker-1", 1)).expect("json");
-    let head = format!(
-        "POST /v1/reports HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {agent_w1}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    let mut request = head.into_bytes();
-    request.extend_from_slice(&body);
     // No `Connection: close` from the client: the server closes it after refusing.
     let mut stream = TcpStream::connect(&address).await.expect("connect");
-    stream.write_all(&request).await.expect("send");
+    stream
+        .write_all(&report_request(Some(&agent_w1), &body, false))
+        .await
+        .expect("send");
     let mut answer = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
         .await
@@ -674,12 +685,10 @@ async fn a_full_house_answers_429_and_refused_clients_do_not_keep_their_connecti
     let mut stream = TcpStream::connect(&address).await.expect("connect");
     for sequence in [2, 3] {
         let body = serde_json::to_vec(&report("worker-1", sequence)).expect("json");
-        let head = format!(
-            "POST /v1/reports HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {agent_w1}\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        stream.write_all(head.as_bytes()).await.expect("send");
-        stream.write_all(&body).await.expect("send");
+        stream
+            .write_all(&report_request(Some(&agent_w1), &body, false))
+            .await
+            .expect("send");
         let mut buffer = vec![0u8; 4096];
         let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
             .await
