@@ -1058,26 +1058,19 @@ async fn pod_bound_tokens_are_issued_and_reviewed_like_a_real_cluster() {
             "system:authenticated"
         ]
     );
-    assert_eq!(
-        extra(&accepted, "authentication.kubernetes.io/pod-name").as_deref(),
-        Some("agent-1")
-    );
-    assert_eq!(
-        extra(&accepted, "authentication.kubernetes.io/pod-uid"),
-        pod.metadata.uid
-    );
-    assert_eq!(
-        extra(&accepted, "authentication.kubernetes.io/node-name").as_deref(),
-        Some("node-a")
-    );
-    assert_eq!(
-        extra(&accepted, "authentication.kubernetes.io/node-uid"),
-        node.metadata.uid
-    );
-    assert_eq!(
-        extra(&accepted, "authentication.kubernetes.io/credential-id"),
-        Some(format!("JTI={}", fact.credential_id))
-    );
+    for (key, expected) in [
+        ("pod-name", Some("agent-1".to_string())),
+        ("pod-uid", pod.metadata.uid.clone()),
+        ("node-name", Some("node-a".to_string())),
+        ("node-uid", node.metadata.uid.clone()),
+        ("credential-id", Some(format!("JTI={}", fact.credential_id))),
+    ] {
+        assert_eq!(
+            extra(&accepted, &format!("authentication.kubernetes.io/{key}")),
+            expected,
+            "{key}"
+        );
+    }
 
     let wrong_audience = review(&server, &token, &["someone-else"]).await;
     assert_eq!(

@@ -527,51 +527,33 @@ fn authenticate(
         ));
     }
     let invalidated = || "service account token has been invalidated".to_string();
-    if let Some(secret) = &issued.secret {
+    // The object a token is bound to must still be there, the same one (uid), and not
+    // deleted longer ago than the leeway.
+    let check_bound = |kind: &str, plural: &str, namespace: &str, name: &str, claimed: &str| {
         let object = store
-            .get(&core_key("secrets", namespace, &secret.name))
+            .get(&core_key(plural, namespace, name))
             .ok_or_else(invalidated)?;
         let uid = uid_of(object);
-        if uid != secret.uid {
+        if uid != claimed {
             return Err(format!(
-                "secret UID ({uid}) does not match service account secret ref claim ({})",
-                secret.uid
+                "{kind} UID ({uid}) does not match service account {kind} ref claim ({claimed})"
             ));
         }
         if deleted_before(object, deleted_limit) {
             return Err(invalidated());
         }
+        Ok(())
+    };
+    if let Some(secret) = &issued.secret {
+        check_bound("secret", "secrets", namespace, &secret.name, &secret.uid)?;
     }
     if let Some(pod) = &issued.pod {
-        let object = store
-            .get(&core_key("pods", namespace, &pod.name))
-            .ok_or_else(invalidated)?;
-        let uid = uid_of(object);
-        if uid != pod.uid {
-            return Err(format!(
-                "pod UID ({uid}) does not match service account pod ref claim ({})",
-                pod.uid
-            ));
-        }
-        if deleted_before(object, deleted_limit) {
-            return Err(invalidated());
-        }
+        check_bound("pod", "pods", namespace, &pod.name, &pod.uid)?;
     }
     // A pod-bound token just reports its node claims; a node-bound one checks the Node.
     if let (Some(node), None) = (&issued.node, &issued.pod) {
-        let object = store
-            .get(&core_key("nodes", "", &node.name))
-            .ok_or_else(invalidated)?;
-        let uid = uid_of(object);
         let claimed = node.uid.clone().unwrap_or_default();
-        if uid != claimed {
-            return Err(format!(
-                "node UID ({uid}) does not match service account node ref claim ({claimed})"
-            ));
-        }
-        if deleted_before(object, deleted_limit) {
-            return Err(invalidated());
-        }
+        check_bound("node", "nodes", "", &node.name, &claimed)?;
     }
 
     let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
