@@ -104,12 +104,7 @@ pub async fn run(
 
     let mut agent = Agent::new(config, metrics.clone());
     customize(&mut agent);
-    let reporting = report::start(
-        &agent.config().clone(),
-        &mut agent,
-        metrics.clone(),
-        stop_tx.subscribe(),
-    );
+    let reporting = report::start(&mut agent, stop_tx.subscribe());
     let shutdown_manager = shutdown::start(
         agent.config(),
         kube_shutdown,

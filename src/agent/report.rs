@@ -10,7 +10,6 @@ use tokio::task::JoinHandle;
 
 use super::{CycleObserver, CycleReport};
 use crate::config::AgentConfig;
-use crate::metrics::Metrics;
 use crate::report::protocol::{ApiServerState, EvictionReport, ShutdownPhase, ShutdownReport};
 use crate::report::sender::{SenderSettings, run_sender};
 use crate::report::{ApiReachability, ReportBoard};
@@ -84,11 +83,35 @@ pub fn shutdown_report(status: &ManagerStatus, boot_id: &str) -> ShutdownReport 
 /// Starts reporting when `report:` is configured: installs the cycle observer and
 /// returns the board (for the shutdown manager) and the tasks to stop with the agent.
 pub fn start(
-    config: &AgentConfig,
     agent: &mut super::Agent,
-    metrics: Arc<Metrics>,
     stop: watch::Receiver<bool>,
 ) -> Option<(Arc<ReportBoard>, Vec<JoinHandle<()>>)> {
+    let settings = sender_settings(agent.config())?;
+    let board = Arc::new(ReportBoard::new());
+    agent.add_cycle_observer(Box::new(BoardObserver {
+        board: board.clone(),
+        dry_run: settings.dry_run,
+    }));
+    let mut tasks = Vec::new();
+    if let Some(reachability) = agent.api_reachability() {
+        tasks.push(tokio::spawn(follow_api(reachability, board.clone())));
+    }
+    let stopped = async move {
+        let mut stop = stop;
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    tasks.push(tokio::spawn(run_sender(
+        settings,
+        board.clone(),
+        agent.metrics(),
+        stopped,
+    )));
+    Some((board, tasks))
+}
+
+/// The sender's settings from the configuration and this boot; `None` (logged) when
+/// reports are off or cannot name their node and boot.
+fn sender_settings(config: &AgentConfig) -> Option<SenderSettings> {
     let report = config.report.as_ref()?;
     let Some(node) = config.node_name.clone() else {
         tracing::error!(
@@ -110,16 +133,7 @@ pub fn start(
             return None;
         }
     };
-    let board = Arc::new(ReportBoard::new());
-    agent.add_cycle_observer(Box::new(BoardObserver {
-        board: board.clone(),
-        dry_run: config.dry_run,
-    }));
-    let mut tasks = Vec::new();
-    if let Some(reachability) = agent.api_reachability() {
-        tasks.push(tokio::spawn(follow_api(reachability, board.clone())));
-    }
-    let settings = SenderSettings {
+    Some(SenderSettings {
         controller_url: report.controller_url.clone(),
         node,
         boot_id,
@@ -128,18 +142,7 @@ pub fn start(
         timeout: report.timeout.to_std(),
         token_file: report.token_file.clone(),
         dry_run: config.dry_run,
-    };
-    let stopped = async move {
-        let mut stop = stop;
-        let _ = stop.wait_for(|stop| *stop).await;
-    };
-    tasks.push(tokio::spawn(run_sender(
-        settings,
-        board.clone(),
-        metrics,
-        stopped,
-    )));
-    Some((board, tasks))
+    })
 }
 
 async fn follow_api(reachability: ApiReachability, board: Arc<ReportBoard>) {
