@@ -634,7 +634,7 @@ fn the_report_section_is_read_with_defaults_and_checked() {
         ),
         (
             "report: {controllerURL: \"http://c:9849\", interval: 10ms}\n",
-            "interval: \"10ms\" must be at least 100ms",
+            "interval: 10ms must be at least 100ms",
         ),
         (
             "report: {controllerURL: \"http://c:9849\", interval: 5m}\n",

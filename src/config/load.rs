@@ -575,6 +575,21 @@ fn build_workloads(
     }))
 }
 
+/// A duration field of a section (`fail` names the section) that must be at least
+/// `least`.
+fn duration_at_least(
+    fail: &dyn Fn(String) -> ConfigError,
+    field: &str,
+    text: &str,
+    least: GoDuration,
+) -> Result<GoDuration, ConfigError> {
+    let value = GoDuration::parse(text).map_err(|e| fail(format!("{field}: {e}")))?;
+    if value.nanos() < least.nanos() {
+        return Err(fail(format!("{field}: {text} must be at least {least}")));
+    }
+    Ok(value)
+}
+
 fn build_report(
     raw: Option<&RawReport>,
     simple_error: &dyn Fn(&'static str, String) -> ConfigError,
@@ -605,23 +620,20 @@ fn build_report(
             )));
         }
     }
-    let duration = |field: &str, text: &Option<String>, default: GoDuration, least_ms: i64| {
-        let Some(text) = text else { return Ok(default) };
-        let value = GoDuration::parse(text).map_err(|e| fail(format!("{field}: {e}")))?;
-        if value.nanos() < least_ms * 1_000_000 {
-            return Err(fail(format!(
-                "{field}: {text:?} must be at least {least_ms}ms"
-            )));
-        }
-        Ok(value)
+    let least = GoDuration::from_nanos(100_000_000);
+    let interval = match &raw.interval {
+        Some(text) => duration_at_least(&fail, "interval", text, least)?,
+        None => GoDuration::from_secs(2),
     };
-    let interval = duration("interval", &raw.interval, GoDuration::from_secs(2), 100)?;
     if interval.nanos() > 60_000_000_000 {
         return Err(fail(format!(
             "interval: {interval} is longer than 1m; the controller would count the agent as silent"
         )));
     }
-    let timeout = duration("timeout", &raw.timeout, GoDuration::from_secs(5), 100)?;
+    let timeout = match &raw.timeout {
+        Some(text) => duration_at_least(&fail, "timeout", text, least)?,
+        None => GoDuration::from_secs(5),
+    };
     let token_file = match raw.token_file.as_deref() {
         Some("") => None,
         Some(path) if !path.starts_with('/') => {
@@ -704,14 +716,8 @@ fn build_kubernetes(
         config.disk_walk_max_entries = entries;
     }
     if let Some(text) = &raw.condition_heartbeat {
-        let heartbeat =
-            GoDuration::parse(text).map_err(|e| fail(format!("conditionHeartbeat: {e}")))?;
-        if heartbeat.nanos() < 1_000_000_000 {
-            return Err(fail(format!(
-                "conditionHeartbeat: {text} must be at least 1s"
-            )));
-        }
-        config.condition_heartbeat = heartbeat;
+        config.condition_heartbeat =
+            duration_at_least(&fail, "conditionHeartbeat", text, GoDuration::from_secs(1))?;
     }
     if let Some(size) = raw.outbox_size {
         if size == 0 {
