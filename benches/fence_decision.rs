@@ -3,9 +3,12 @@
 //! 5,000 nodes. The baselines, measured in the same run, are the least each must do: for
 //! the guard, one pass over the nodes counting the unhealthy ones; for `decide`, a copy of
 //! the status it read (it returns the next status).
+//!
+//! With agents reporting, every guard evaluation first asks which nodes are silent: a
+//! pass over the report ledger (`silent_scan`), measured against the guard itself.
 
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -14,10 +17,61 @@ use nodekeeper::controller::decide::{ExecutionReport, Outcome, ReportedState, de
 use nodekeeper::controller::facts::{
     MethodOutline, NodeFacts, NodeHealth, NodeTaints, PlanOutline, Readiness,
 };
+use nodekeeper::controller::liveness::Channels;
 use nodekeeper::controller::policy::{FencePolicy, StormPolicy};
 use nodekeeper::controller::resource::{NodeFence, NodeFenceSpec};
 use nodekeeper::controller::storm::{Guard, NodeView, StormMemory, assess};
 use nodekeeper::fencing::{FenceAction, Step};
+use nodekeeper::report::ledger::{Credential, Identity, ReportLedger};
+
+/// A ledger of `count` agents reporting every 2 s; every `overdue_every`-th has not been
+/// heard for 10 s (0: all fresh). `at` is the instant the scan runs at.
+fn ledger(count: usize, overdue_every: usize, at: Instant) -> ReportLedger {
+    let mut ledger = ReportLedger::default();
+    for i in 0..count {
+        let node = format!("node-{i}");
+        let report = nodekeeper::report::decode_report(
+            format!(
+                r#"{{"version":"1.0","node":"{node}","bootId":"5d0c6f8e-1111-4222-8333-944455556666","bootTime":"2026-11-20T08:00:00Z","sequence":1,"agentVersion":"bench","intervalMillis":2000,"sentAt":"2026-11-24T05:00:00Z","trigger":"interval","conditions":[],"shutdown":{{"state":"none","lockHeld":true}},"apiServer":{{"state":"reachable"}},"isolation":{{"state":"none"}}}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("a valid report");
+        let quiet = overdue_every > 0 && i % overdue_every == 0;
+        let received = if quiet {
+            at - Duration::from_secs(10)
+        } else {
+            at
+        };
+        let identity = Identity {
+            node,
+            credential: Credential::NodeToken,
+        };
+        ledger
+            .accept(&identity, report, received, now())
+            .expect("accepted");
+    }
+    ledger
+}
+
+/// What `Hearing::silent_nodes` does over the ledger: the overdue agents, each judged
+/// with its Lease (here: renewed 5 s ago).
+fn silent_scan(ledger: &ReportLedger, at: Instant) -> usize {
+    let silence = Duration::from_secs(20);
+    ledger
+        .overdue(at)
+        .into_iter()
+        .filter(|(_, heard)| {
+            Channels {
+                lease: now() - Duration::from_secs(5),
+                lease_fresh_within: Duration::from_secs(20),
+                report: now() - at.saturating_duration_since(heard.received),
+                reports_fresh_within: heard.fresh_within,
+            }
+            .counted_as_silent(silence, now())
+        })
+        .count()
+}
 
 const SIZES: [usize; 2] = [500, 5_000];
 
@@ -80,6 +134,19 @@ fn main() {
         group.bench_with_input(BenchmarkId::new("assess", size), &all, |b, all| {
             b.iter(|| black_box(assess(all, StormMemory::default(), &policy, now())))
         });
+        let at = Instant::now() + Duration::from_secs(60);
+        let fresh = ledger(size, 0, at);
+        group.bench_with_input(
+            BenchmarkId::new("silent_scan_all_fresh", size),
+            &fresh,
+            |b, ledger| b.iter(|| black_box(silent_scan(ledger, at))),
+        );
+        let tenth_overdue = ledger(size, 10, at);
+        group.bench_with_input(
+            BenchmarkId::new("silent_scan_tenth_overdue", size),
+            &tenth_overdue,
+            |b, ledger| b.iter(|| black_box(silent_scan(ledger, at))),
+        );
     }
     group.finish();
 
@@ -102,6 +169,7 @@ fn main() {
             readiness: Readiness::Unknown,
             since: Some(Timestamp::from_second(1_799_999_000).expect("in range")),
         },
+        liveness: nodekeeper::controller::liveness::Liveness::NoAgent,
         zone: "region:\0:zone-7".to_string(),
         excluded: false,
         runs_pods_needing_fencing: true,

@@ -15,6 +15,7 @@ use nodekeeper::controller::decide::{
 use nodekeeper::controller::facts::{
     MethodOutline, NodeFacts, NodeHealth, NodeTaints, PlanOutline, Readiness,
 };
+use nodekeeper::controller::liveness::{Channels, Evidence, Liveness};
 use nodekeeper::controller::policy::FencePolicy;
 use nodekeeper::controller::resource::{
     ExecutionKind, ExecutionResult, FencePhase, FenceStep, NodeFence, NodeFenceSpec, PauseReason,
@@ -119,6 +120,9 @@ struct World {
     log: Vec<Decision>,
     restarts: usize,
     power_offs: usize,
+    /// For a node with an agent: whether its kubelet renews the Lease and its agent
+    /// reports (only while the power is on); `None` for a node without one.
+    channels: Option<(bool, bool)>,
 }
 
 impl World {
@@ -143,6 +147,7 @@ impl World {
                     readiness: Readiness::Unknown,
                     since: Some(at(0)),
                 },
+                liveness: Liveness::NoAgent,
                 zone: String::new(),
                 excluded: false,
                 runs_pods_needing_fencing: true,
@@ -164,6 +169,7 @@ impl World {
             log: Vec::new(),
             restarts: 0,
             power_offs: 0,
+            channels: None,
         }
     }
 
@@ -190,8 +196,50 @@ impl World {
         }
     }
 
+    /// The node gets an agent (or loses it) and its channels speak or fall silent; what
+    /// speaks is heard now.
+    fn set_channels(&mut self, channels: Option<(bool, bool)>) {
+        self.channels = channels;
+        self.hear();
+    }
+
+    /// Hears whatever channel speaks at `now`; a node without power says nothing.
+    fn hear(&mut self) {
+        let Some((lease_speaks, reports_speak)) = self.channels else {
+            self.facts.liveness = Liveness::NoAgent;
+            return;
+        };
+        let long_ago = at(-10_000);
+        let (lease, report) = match self.facts.liveness {
+            Liveness::Heard(channels) => (channels.lease, channels.report),
+            _ => (long_ago, long_ago),
+        };
+        let power = self.devices.power_on;
+        self.facts.liveness = Liveness::Heard(Channels {
+            lease: if lease_speaks && power {
+                self.now
+            } else {
+                lease
+            },
+            lease_fresh_within: Duration::from_secs(20),
+            report: if reports_speak && power {
+                self.now
+            } else {
+                report
+            },
+            reports_fresh_within: Duration::from_secs(6),
+        });
+    }
+
+    /// The node is alive by one of its channels (whatever its Ready condition says).
+    fn heard_alive(&self) -> bool {
+        matches!(self.facts.liveness, Liveness::Heard(channels)
+            if self.now < channels.silent_at(self.policy.silence_timeout))
+    }
+
     fn advance(&mut self, seconds: u64) {
         self.now += Duration::from_secs(seconds);
+        self.hear();
         // A running execution ends once time has passed.
         if let Some(running) = self.running.take() {
             let outcome = self.run_to_end(&running);
@@ -443,6 +491,15 @@ impl World {
                     );
                 }
             }
+            // (f) a node heard alive is never acted on blind: a partition is not a dead node.
+            if power_step && request.kind == ExecutionKind::Act && !self.forced() {
+                assert!(
+                    !self.heard_alive(),
+                    "{} started against a node whose Lease or agent still speaks: {:?}",
+                    request.name,
+                    self.facts.liveness
+                );
+            }
             // (e) an action is repeated within an attempt only after `status` showed the
             // earlier one did not take effect.
             if request.kind == ExecutionKind::Act {
@@ -486,6 +543,10 @@ impl World {
             }
             self.advance(seconds);
         }
+    }
+
+    fn forced(&self) -> bool {
+        self.fence.as_ref().is_some_and(|f| f.spec.force)
     }
 
     fn phase(&self) -> (Option<FenceStep>, Option<FencePhase>) {
@@ -886,6 +947,121 @@ fn the_optional_cluster_fence_deletes_pods_only_after_confirmation() {
     assert_eq!(world.facts.pods_to_release, 0);
 }
 
+#[test]
+fn a_node_whose_lease_and_reports_fell_silent_is_fenced_while_it_still_reads_ready() {
+    let mut world = World::new(full_plan(), false);
+    world.policy.unhealthy_duration = Duration::from_secs(300);
+    world.set_ready(true);
+    world.set_channels(Some((true, true)));
+    world.advance(5);
+    let decision = world.reconcile().expect("a decision").clone();
+    assert!(
+        decision.actions.contains(&Action::DeleteFence),
+        "heard and Ready: a fence without force is cancelled"
+    );
+
+    let mut world = World::new(full_plan(), false);
+    world.policy.unhealthy_duration = Duration::from_secs(300);
+    world.set_ready(true);
+    world.set_channels(Some((true, true)));
+    // The node dies: both channels stop; the node lifecycle controller has not noticed.
+    world.set_channels(Some((false, false)));
+    world.advance(20);
+    let decision = world.reconcile().expect("a decision").clone();
+    assert!(
+        !decision.actions.contains(&Action::DeleteFence),
+        "a silent node is not healthy, though it reads Ready"
+    );
+    assert_eq!(world.started(), ["isolation-t1-a1-scsi-act1"]);
+    let lost = world
+        .status()
+        .lost
+        .clone()
+        .expect("the evidence is recorded");
+    assert_eq!(lost.evidence, Evidence::Silence);
+    assert_eq!(lost.since.0, at(0));
+    assert!(
+        world.events().contains(&"NodeSilent"),
+        "{:?}",
+        world.events()
+    );
+
+    // Still reading Ready (the node lifecycle controller lags), the fence goes on to
+    // the release and the power-off, and never takes that Ready for a recovery.
+    world.run(20, 5);
+    assert!(world.status().confirmed_at.is_some());
+    assert!(!world.devices.power_on, "powered off");
+    assert!(world.status().recovered_at.is_none());
+}
+
+#[test]
+fn a_partitioned_node_whose_agent_still_reports_is_never_powered_off() {
+    let mut world = World::new(full_plan(), false);
+    world.policy.unhealthy_duration = Duration::from_secs(60);
+    // Cut off from the API server: its Lease stops and it turns Unknown, but its agent
+    // keeps reporting to the controller.
+    world.set_channels(Some((false, true)));
+    world.run(30, 30);
+    assert!(world.started().is_empty(), "{:?}", world.started());
+    let pause = world.status().pause.clone().expect("paused");
+    assert_eq!(pause.reason, PauseReason::NodeAlive);
+    assert!(
+        pause.message.contains("cut off from the API server"),
+        "{}",
+        pause.message
+    );
+    // Its reports stop too: now it is silent, and fenced.
+    world.set_channels(Some((false, false)));
+    world.run(10, 5);
+    assert!(!world.started().is_empty());
+    assert_eq!(
+        world.status().lost.as_ref().map(|lost| lost.evidence),
+        Some(Evidence::Silence)
+    );
+}
+
+#[test]
+fn a_node_heard_again_mid_fence_gets_no_further_step() {
+    let mut world = World::new(full_plan(), false);
+    world.set_channels(Some((false, false)));
+    world.advance(20);
+    world.reconcile();
+    assert_eq!(world.started(), ["isolation-t1-a1-scsi-act1"]);
+    // The isolation finishes; then the agent is heard again, the Lease still silent.
+    world.advance(1);
+    world.set_channels(Some((false, true)));
+    world.run(20, 30);
+    let power_steps: Vec<_> = world
+        .started()
+        .into_iter()
+        .filter(|name| name.starts_with("powermanagement"))
+        .collect();
+    assert!(power_steps.is_empty(), "{power_steps:?}");
+    assert_eq!(
+        world.status().pause.as_ref().map(|pause| pause.reason),
+        Some(PauseReason::NodeAlive)
+    );
+    assert!(
+        world.status().confirmed_at.is_some(),
+        "what the isolation proved stays proven"
+    );
+}
+
+#[test]
+fn without_an_agent_the_ready_condition_rule_is_unchanged() {
+    let mut world = World::new(full_plan(), false);
+    world.now = at(59);
+    world.reconcile();
+    assert!(world.started().is_empty());
+    world.now = at(60);
+    world.reconcile();
+    assert_eq!(world.started(), ["isolation-t1-a1-scsi-act1"]);
+    assert_eq!(
+        world.status().lost.as_ref().map(|lost| lost.evidence),
+        Some(Evidence::NotReady)
+    );
+}
+
 /// Something that can happen between two reconciles.
 #[derive(Debug, Clone)]
 enum Happening {
@@ -893,9 +1069,13 @@ enum Happening {
     Ready(bool),
     Storm(bool),
     ZoneBlocked(bool),
-    Restart { agent_acted: bool },
+    Restart {
+        agent_acted: bool,
+    },
     NextAgent(Fate),
     ConfigGone(bool),
+    /// The node has an agent with these channels speaking (Lease, reports), or none.
+    Channels(Option<(bool, bool)>),
 }
 
 fn happening() -> impl Strategy<Value = Happening> {
@@ -913,6 +1093,7 @@ fn happening() -> impl Strategy<Value = Happening> {
         ]
         .prop_map(Happening::NextAgent),
         1 => any::<bool>().prop_map(Happening::ConfigGone),
+        2 => proptest::option::of((any::<bool>(), any::<bool>())).prop_map(Happening::Channels),
     ]
 }
 
@@ -954,6 +1135,7 @@ proptest! {
                 }
                 Happening::Restart { agent_acted } => world.restart(agent_acted),
                 Happening::NextAgent(fate) => world.fates.push(fate),
+                Happening::Channels(channels) => world.set_channels(channels),
                 Happening::ConfigGone(gone) => {
                     world.facts.plan = if gone {
                         Err("gone".to_string())

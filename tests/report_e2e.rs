@@ -527,17 +527,6 @@ async fn slow_and_flooding_clients_do_not_keep_good_agents_out() {
     assert_eq!(accepted.0, 200, "{}", accepted.1);
 }
 
-/// The agent in dry-run mode with `config`, serving metrics on a free port.
-fn start_agent(config: &Path) -> AgentProcess {
-    AgentProcess::start(&[
-        "--dry-run".as_ref(),
-        "--metrics-addr".as_ref(),
-        "127.0.0.1:0".as_ref(),
-        "--config".as_ref(),
-        config.as_os_str(),
-    ])
-}
-
 /// The `controller status` table row of `node`.
 fn status_row<'a>(status: &'a str, node: &str) -> &'a str {
     status
@@ -566,7 +555,7 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
         ),
     )
     .expect("agent config");
-    let mut agent = start_agent(&agent_config);
+    let mut agent = AgentProcess::dry_run(&agent_config);
     let reported = |controller: &ControllerProcess| {
         let controller_views = controller.agent_views();
         controller_views
@@ -621,7 +610,7 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
 
     // A restarted agent (same boot) continues the sequence.
     agent.stop(Duration::from_secs(10));
-    let _agent = start_agent(&agent_config);
+    let _agent = AgentProcess::dry_run(&agent_config);
     wait_for(&controller, "the restarted agent's report", || {
         // The old agent has stopped: a later sequence is the new agent's.
         reported(&controller)

@@ -154,6 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         // over knows the agents within one report interval either way.
         let mut extra_routes = axum::Router::new();
         let mut report_tasks = Vec::new();
+        let mut report_hub = None;
         if policy.reports.enabled {
             use nodekeeper::report::server;
             let hub = Arc::new(nodekeeper::report::ReportHub::new(
@@ -169,7 +170,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             tracing::info!(address = %listener.local_addr()?, "serving agent reports on POST /v1/reports");
             report_tasks.push(tokio::spawn(server::serve(listener, hub.clone(), stopped())));
             report_tasks.push(tokio::spawn(server::publish_census(hub.clone(), stopped())));
-            extra_routes = server::views_route(hub);
+            extra_routes = server::views_route(hub.clone());
+            report_hub = Some(hub);
         }
         let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
             .await
@@ -199,6 +201,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let result = nodekeeper::controller::run::run(
             client,
             policy,
+            report_hub,
             nodekeeper::controller::run::identity(),
             metrics,
             health,

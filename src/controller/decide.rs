@@ -8,6 +8,9 @@
 //!
 //! The rules, in the order they win:
 //! - an execution in flight is never joined by another one for the same node;
+//! - a node is lost by its Ready condition and `unhealthyDuration` when it has no agent,
+//!   by the silence of both its Lease and its agent's reports when it has one (see
+//!   `liveness.rs`); a node either channel shows alive gets no new step but recovery;
 //! - the storm guard holds back every power action (isolation and power management), the
 //!   zone rate every new fence; recovery is never held back;
 //! - the node's pods are released (out-of-service taint, optional deletion) only once a
@@ -25,11 +28,12 @@ use serde::Serialize;
 use crate::fencing::Step;
 
 use super::facts::{MethodOutline, NodeFacts};
+use super::liveness::{Evidence, NodeState, judge};
 use super::policy::FencePolicy;
 use super::progress::{Progress, progress};
 use super::resource::{
-    Execution, ExecutionKind, ExecutionResult, FencePhase, FenceStep, MAX_EXECUTIONS, MethodAction,
-    NodeFence, NodeFenceStatus, Pause, PauseReason, PowerSeen,
+    Execution, ExecutionKind, ExecutionResult, FencePhase, FenceStep, LostRecord, MAX_EXECUTIONS,
+    MethodAction, NodeFence, NodeFenceStatus, Pause, PauseReason, PowerSeen,
 };
 use super::storm::{Guard, GuardBlock};
 
@@ -123,6 +127,7 @@ pub fn decide(
     let mut machine = Machine {
         status: fence.status.clone().unwrap_or_default(),
         forced: fence.spec.force,
+        state: judge(&facts.health, &facts.liveness, policy, now),
         facts,
         guard,
         policy,
@@ -162,6 +167,8 @@ pub fn decide(
 struct Machine<'a> {
     status: NodeFenceStatus,
     forced: bool,
+    /// The node as judged from its Ready condition and its channels, at `now`.
+    state: NodeState,
     facts: &'a NodeFacts,
     guard: &'a Guard,
     policy: &'a FencePolicy,
@@ -316,7 +323,7 @@ impl<'a> Machine<'a> {
             return false;
         }
         let phase = self.status.phase.unwrap_or(FencePhase::New);
-        let ready = facts.health.is_ready();
+        let ready = self.state.is_healthy();
         let started = self.status.started_at.is_some();
         match (step, phase) {
             (FenceStep::Recovery, FencePhase::New) => self.start_step(),
@@ -327,8 +334,11 @@ impl<'a> Machine<'a> {
                     }
                     return self.end_fence(
                         "FenceCancelled",
-                        "the node is Ready again before anything was done".to_string(),
+                        format!("{} again before anything was done", self.healthy_now()),
                     );
+                }
+                if self.held() {
+                    return false;
                 }
                 self.start_step()
             }
@@ -418,11 +428,13 @@ impl<'a> Machine<'a> {
             }
         };
         if !self.forced {
-            if facts.health.is_ready() {
+            if self.state.is_healthy() {
                 return self.end_fence(
                     "FenceCancelled",
-                    "the node is Ready; only a fence with spec.force runs on a Ready node"
-                        .to_string(),
+                    format!(
+                        "{}; only a fence with spec.force runs on a healthy node",
+                        self.healthy_now()
+                    ),
                 );
             }
             if !facts.runs_pods_needing_fencing {
@@ -431,19 +443,53 @@ impl<'a> Machine<'a> {
                     "the node runs no pods that need fencing".to_string(),
                 );
             }
-            let unhealthy = facts.health.unhealthy_for(self.now).unwrap_or_default();
-            if unhealthy < self.policy.unhealthy_duration {
-                let at = self.now + (self.policy.unhealthy_duration - unhealthy);
-                self.pause(
-                    PauseReason::WaitingForUnhealthyDuration,
-                    format!(
-                        "the node has been unhealthy for {}s of the {}s required",
-                        unhealthy.as_secs(),
-                        self.policy.unhealthy_duration.as_secs()
-                    ),
-                    Some(at),
-                );
-                return false;
+            match self.state.clone() {
+                NodeState::Healthy => {}
+                NodeState::Held {
+                    reason,
+                    message,
+                    until,
+                } => {
+                    self.pause(reason, message, Some(until));
+                    return false;
+                }
+                NodeState::Lost {
+                    evidence,
+                    since,
+                    fence_at,
+                } => {
+                    if fence_at > self.now {
+                        let unhealthy =
+                            Duration::try_from(self.now.duration_since(since)).unwrap_or_default();
+                        self.pause(
+                            PauseReason::WaitingForUnhealthyDuration,
+                            format!(
+                                "the node has been unhealthy for {}s of the {}s required",
+                                unhealthy.as_secs(),
+                                self.policy.unhealthy_duration.as_secs()
+                            ),
+                            Some(fence_at),
+                        );
+                        return false;
+                    }
+                    self.status.lost = Some(LostRecord {
+                        evidence,
+                        since: Time(since),
+                    });
+                    if evidence == Evidence::Silence {
+                        let silent =
+                            Duration::try_from(self.now.duration_since(since)).unwrap_or_default();
+                        self.event(
+                            true,
+                            "NodeSilent",
+                            format!(
+                                "the node's Lease and its agent's reports have both been silent for {}s (silenceTimeout {}s): taken for dead without waiting for NotReady",
+                                silent.as_secs(),
+                                self.policy.silence_timeout.as_secs()
+                            ),
+                        );
+                    }
+                }
             }
         }
         let step = if plan.has(Step::Isolation) {
@@ -454,6 +500,51 @@ impl<'a> Machine<'a> {
         self.status.retries = 0;
         self.set_phase(step, FencePhase::New);
         true
+    }
+
+    /// Pauses the fence if the node is held (alive, or not known yet) and the fence is not
+    /// forced. What runs is left to finish and what is proven stays proven, but nothing
+    /// new is done to a node that is alive.
+    fn held(&mut self) -> bool {
+        if !self.is_held() {
+            return false;
+        }
+        self.pause_held();
+        true
+    }
+
+    /// The node is healthy and its Lease or agent says so itself (not the Ready
+    /// condition alone, which lags behind a node's death).
+    fn heard_healthy(&self) -> bool {
+        !self.forced
+            && self.state.is_healthy()
+            && matches!(self.facts.liveness, super::liveness::Liveness::Heard(_))
+    }
+
+    fn is_held(&self) -> bool {
+        !self.forced && matches!(self.state, NodeState::Held { .. })
+    }
+
+    fn pause_held(&mut self) {
+        if let NodeState::Held {
+            reason,
+            message,
+            until,
+        } = &self.state
+        {
+            let (reason, message, until) = (*reason, message.clone(), *until);
+            self.pause(reason, message, Some(until));
+        }
+    }
+
+    /// How a person is told the node is healthy.
+    fn healthy_now(&self) -> &'static str {
+        match self.facts.liveness {
+            super::liveness::Liveness::Heard(_) => {
+                "the node is Ready and heard from (its Lease or its agent's reports)"
+            }
+            _ => "the node is Ready",
+        }
     }
 
     fn enter_recovery(&mut self) -> bool {
@@ -545,12 +636,20 @@ impl<'a> Machine<'a> {
                 method,
                 kind,
             } => {
-                if step != FenceStep::Recovery
-                    && kind == ExecutionKind::Act
-                    && let Some(block) = &self.guard.storm
-                {
-                    self.block(block);
-                    return false;
+                if step != FenceStep::Recovery && kind == ExecutionKind::Act {
+                    if let Some(block) = &self.guard.storm {
+                        self.block(block);
+                        return false;
+                    }
+                    if self.is_held() {
+                        self.pause_held();
+                        return false;
+                    }
+                    if self.heard_healthy() && self.status.started_at.is_some() {
+                        // Its own channels say the node is back: no more power actions,
+                        // whatever this step still had to do.
+                        return self.enter_recovery();
+                    }
                 }
                 let count = runs
                     .iter()
@@ -726,7 +825,7 @@ impl<'a> Machine<'a> {
         if confirmed
             && self.policy.delete_pods
             && facts.pods_to_release > 0
-            && !facts.health.is_ready()
+            && !self.state.is_healthy()
         {
             self.actions.push(Action::DeletePods);
             if self.status.pods_deleted_at.is_none() {

@@ -1,9 +1,8 @@
 //! What the controller knows about a node and its pods, as plain data the decision
-//! functions read, and the rules that turn it into "this node should be fenced": the
-//! Ready condition's age, the pods that need fencing, the exclusion label.
+//! functions read, and the rules on which pods make a node worth fencing and on zone
+//! keys. Whether the node is lost is `liveness.rs`'s judgement over these facts.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
@@ -32,17 +31,6 @@ pub struct NodeHealth {
 impl NodeHealth {
     pub fn is_ready(&self) -> bool {
         self.readiness == Readiness::Ready
-    }
-
-    /// How long the node has been unhealthy at `now`, or `None` while it is Ready. A
-    /// missing or future transition time counts as "just now", so a clock skew between
-    /// the API server and us can only delay a fence, never hurry one.
-    pub fn unhealthy_for(&self, now: Timestamp) -> Option<Duration> {
-        if self.is_ready() {
-            return None;
-        }
-        let since = self.since.unwrap_or(now);
-        Some(Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO))
     }
 }
 
@@ -121,6 +109,8 @@ pub struct NodeFacts {
     /// `false` once the Node object is gone.
     pub exists: bool,
     pub health: NodeHealth,
+    /// What the controller heard from the node itself (its Lease, its agent's reports).
+    pub liveness: super::liveness::Liveness,
     /// The zone (`topology.kubernetes.io/region` and `zone`), as the node lifecycle
     /// controller keys it; empty when the node has neither label.
     pub zone: String,
@@ -187,38 +177,6 @@ pub fn zone_key(labels: &BTreeMap<String, String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn at(seconds: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + seconds).expect("in range")
-    }
-
-    #[test]
-    fn unhealthy_time_counts_from_the_ready_condition_transition() {
-        let health = NodeHealth {
-            readiness: Readiness::Unknown,
-            since: Some(at(0)),
-        };
-        assert_eq!(health.unhealthy_for(at(61)), Some(Duration::from_secs(61)));
-        let ready = NodeHealth {
-            readiness: Readiness::Ready,
-            since: Some(at(0)),
-        };
-        assert_eq!(ready.unhealthy_for(at(61)), None);
-    }
-
-    #[test]
-    fn a_transition_in_the_future_or_missing_counts_as_just_now() {
-        let skewed = NodeHealth {
-            readiness: Readiness::NotReady,
-            since: Some(at(100)),
-        };
-        assert_eq!(skewed.unhealthy_for(at(10)), Some(Duration::ZERO));
-        let missing = NodeHealth {
-            readiness: Readiness::NotReady,
-            since: None,
-        };
-        assert_eq!(missing.unhealthy_for(at(10)), Some(Duration::ZERO));
-    }
 
     #[test]
     fn statefulset_pods_and_single_node_volumes_need_fencing_by_default() {

@@ -51,6 +51,7 @@ pub struct ControllerMetrics {
     pub storm_guard: Family<StateLabels, Gauge>,
     pub watched_nodes: Gauge,
     pub unhealthy_nodes: Gauge,
+    pub silent_nodes: Gauge,
     pub leader: Gauge,
     pub reconcile_errors: Counter,
     /// The report endpoint's metrics.
@@ -104,7 +105,7 @@ impl ControllerMetrics {
         let fence_start_delay = Histogram::new(latency_buckets());
         registry.register(
             "fence_start_delay_seconds",
-            "From the node's Ready condition turning False or Unknown to the fence's first agent starting",
+            "From the node's trouble beginning (its Ready condition turning False or Unknown, or for a node with an agent its last sign of life) to the fence's first agent starting",
             fence_start_delay.clone(),
         );
         let fence_confirm_duration = Histogram::new(latency_buckets());
@@ -116,7 +117,7 @@ impl ControllerMetrics {
         let pods_release_delay = Histogram::new(latency_buckets());
         registry.register(
             "fence_pods_release_delay_seconds",
-            "From the node's Ready condition turning False or Unknown to its pods being released (out-of-service taint or deletion asked for)",
+            "From the node's trouble beginning (Ready turning False or Unknown, or its last sign of life) to its pods being released (out-of-service taint or deletion asked for)",
             pods_release_delay.clone(),
         );
         let fences_paused = Family::<ReasonLabels, Gauge>::default();
@@ -142,8 +143,14 @@ impl ControllerMetrics {
         let unhealthy_nodes = Gauge::default();
         registry.register(
             "controller_unhealthy_nodes",
-            "Watched nodes whose Ready condition is not True",
+            "Watched nodes the storm guard counts as unhealthy: Ready not True, or silent",
             unhealthy_nodes.clone(),
+        );
+        let silent_nodes = Gauge::default();
+        registry.register(
+            "controller_silent_nodes",
+            "Nodes with an agent whose Lease and reports are both silent (or falling silent with others), whatever their Ready condition",
+            silent_nodes.clone(),
         );
         let leader = Gauge::default();
         registry.register(
@@ -174,6 +181,7 @@ impl ControllerMetrics {
             storm_guard,
             watched_nodes,
             unhealthy_nodes,
+            silent_nodes,
             leader,
             reconcile_errors,
         }

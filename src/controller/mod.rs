@@ -7,9 +7,11 @@
 pub mod decide;
 pub mod executor;
 pub mod facts;
+pub mod hearing;
 pub mod job_executor;
 pub mod jobs;
 pub mod lease;
+pub mod liveness;
 pub mod metrics;
 pub mod nodes;
 pub mod observe;

@@ -1,11 +1,15 @@
 //! The node watch: keeps the node store the storm guard and the reconciles read, creates
-//! a NodeFence for a node that has been unhealthy for `unhealthyDuration` and runs pods
-//! that need fencing, and wakes the fences a node change concerns.
+//! a NodeFence for a node that is lost (see `liveness.rs`: its Ready condition for
+//! `unhealthyDuration`, or for a node with an agent both its Lease and its reports silent
+//! for `silenceTimeout`) and runs pods that need fencing, and wakes the fences a node
+//! change concerns.
 //!
 //! A fence is created at the moment the node becomes due, not on the next periodic
 //! sweep: each unhealthy node's due time is kept and the watch sleeps until the earliest.
+//! Silence comes without any event, so the watch also looks at the silent nodes every
+//! second: a change among them moves the storm guard, like a readiness change.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +22,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinSet;
 
 use super::facts::Readiness;
+use super::liveness::{Liveness, NodeState, judge};
 use super::observe;
+use super::policy::FencePolicy;
 use super::reconciler::Context;
 use super::resource::{FIELD_MANAGER, NodeFence, NodeFenceSpec};
 
@@ -26,24 +32,40 @@ use super::resource::{FIELD_MANAGER, NodeFence, NodeFenceSpec};
 /// again.
 const RECHECK: Duration = Duration::from_secs(15);
 
-/// When `node` becomes due for a fence, if it can become due at all: selected, not
-/// excluded, not Ready. Counted from the Ready condition's last transition; without one,
-/// from `now` (a missing time only delays).
+/// How often the silent nodes are looked at.
+const SILENCE_TICK: Duration = Duration::from_secs(1);
+
+/// When `node` is to be looked at for a fence, if it can become due at all: selected,
+/// not excluded, not healthy. A lost node is due when the rule that found it lost says
+/// (the Ready condition's transition plus `unhealthyDuration`, or the moment both its
+/// channels fell silent); a held one is judged again when its hold may end.
 pub fn fence_due(
     node: &Node,
     selector: Option<&kube::core::Selector>,
-    unhealthy_duration: Duration,
+    liveness: &Liveness,
+    policy: &FencePolicy,
     now: Timestamp,
 ) -> Option<Timestamp> {
     if !observe::is_selected(node, selector) || observe::is_excluded(node) {
         return None;
     }
-    let health = observe::node_health(node);
-    if health.is_ready() {
-        return None;
+    match judge(&observe::node_health(node), liveness, policy, now) {
+        NodeState::Healthy => None,
+        NodeState::Lost { fence_at, .. } => Some(fence_at),
+        NodeState::Held { until, .. } => Some(until),
     }
-    let since = health.since.filter(|since| *since <= now).unwrap_or(now);
-    Some(since + unhealthy_duration)
+}
+
+/// [`fence_due`] for a node of the store, with what the controller hears of it.
+fn due_in(ctx: &Context, node: &Node, now: Timestamp) -> Option<Timestamp> {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    fence_due(
+        node,
+        ctx.policy.node_selector.as_ref(),
+        &ctx.hearing.liveness(name, now),
+        &ctx.policy.fence,
+        now,
+    )
 }
 
 /// Drops what the controller never reads, so 5,000 nodes stay small in memory: managed
@@ -91,6 +113,11 @@ pub async fn watch_nodes(
     let mut in_progress: HashSet<String> = HashSet::new();
     let mut sweep = tokio::time::interval(SWEEP);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut silence_tick = tokio::time::interval(SILENCE_TICK);
+    silence_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut silent: BTreeSet<String> = BTreeSet::new();
+    // The guard is assessed only over a complete node list.
+    let mut listed = false;
     loop {
         let now = (ctx.clock)();
         let next = due.values().min().copied();
@@ -120,6 +147,7 @@ pub async fn watch_nodes(
                         ctx.assess((ctx.clock)());
                     }
                     Ok(watcher::Event::InitDone) => {
+                        listed = true;
                         ctx.assess((ctx.clock)());
                     }
                     Ok(watcher::Event::Init) => {}
@@ -144,13 +172,41 @@ pub async fn watch_nodes(
                     {
                         continue;
                     }
-                    if let Some(at) = fence_due(
-                        &node,
-                        ctx.policy.node_selector.as_ref(),
-                        ctx.policy.fence.unhealthy_duration,
-                        now,
-                    ) {
+                    if let Some(at) = due_in(&ctx, &node, now) {
                         due.insert(name, at);
+                    }
+                }
+            }
+            _ = silence_tick.tick(), if listed && ctx.hearing.enabled() => {
+                let now = (ctx.clock)();
+                let heard_silent: BTreeSet<String> =
+                    ctx.hearing.silent_nodes(now).into_iter().collect();
+                if heard_silent != silent {
+                    for name in heard_silent.difference(&silent) {
+                        tracing::warn!(node = %name, "the node's Lease and its agent's reports are both falling silent");
+                    }
+                    for name in silent.difference(&heard_silent) {
+                        tracing::info!(node = %name, "the node is heard again");
+                    }
+                    silent = heard_silent;
+                    // Silence moves the storm guard as readiness does.
+                    ctx.assess(now);
+                    for fence in ctx.fences.state() {
+                        let _ = wake.send(fence.metadata.name.clone().unwrap_or_default());
+                    }
+                }
+                // A silent node becomes due the moment its silence is long enough.
+                for name in &silent {
+                    if due.contains_key(name)
+                        || in_progress.contains(name)
+                        || ctx.fences.get(&ObjectRef::new(name)).is_some()
+                    {
+                        continue;
+                    }
+                    if let Some(node) = ctx.nodes.get(&ObjectRef::new(name))
+                        && let Some(at) = due_in(&ctx, &node, now)
+                    {
+                        due.insert(name.clone(), at);
                     }
                 }
             }
@@ -199,12 +255,7 @@ fn observe_node(
         let _ = wake.send(name.clone());
     }
     let has_fence = ctx.fences.get(&ObjectRef::new(&name)).is_some();
-    match fence_due(
-        node,
-        ctx.policy.node_selector.as_ref(),
-        ctx.policy.fence.unhealthy_duration,
-        now,
-    ) {
+    match due_in(ctx, node, now) {
         Some(at) if !has_fence => {
             // Keep an earlier due time: a node without a transition time must not have
             // its wait restarted by every update.
@@ -223,14 +274,22 @@ async fn create_if_needed(ctx: &Context, name: &str, now: Timestamp) -> Option<T
         return None;
     }
     let node = ctx.nodes.get(&ObjectRef::new(name))?;
-    let due = fence_due(
-        &node,
-        ctx.policy.node_selector.as_ref(),
-        ctx.policy.fence.unhealthy_duration,
+    if !observe::is_selected(&node, ctx.policy.node_selector.as_ref())
+        || observe::is_excluded(&node)
+    {
+        return None;
+    }
+    let liveness = ctx.hearing.liveness(name, now);
+    match judge(
+        &observe::node_health(&node),
+        &liveness,
+        &ctx.policy.fence,
         now,
-    )?;
-    if due > now {
-        return Some(due);
+    ) {
+        NodeState::Healthy => return None,
+        NodeState::Held { until, .. } => return Some(until),
+        NodeState::Lost { fence_at, .. } if fence_at > now => return Some(fence_at),
+        NodeState::Lost { .. } => {}
     }
     match super::reconciler::node_needs_fencing(ctx, name).await {
         Ok(true) => {}
@@ -277,6 +336,13 @@ mod tests {
         text.parse().expect("time")
     }
 
+    fn waiting(unhealthy: u64) -> FencePolicy {
+        FencePolicy {
+            unhealthy_duration: Duration::from_secs(unhealthy),
+            ..FencePolicy::default()
+        }
+    }
+
     #[test]
     fn a_node_is_due_unhealthy_duration_after_its_ready_condition_turned() {
         let lost = node(
@@ -286,7 +352,8 @@ mod tests {
             fence_due(
                 &lost,
                 None,
-                Duration::from_secs(60),
+                &Liveness::NoAgent,
+                &waiting(60),
                 at("2026-11-24T01:00:10Z")
             ),
             Some(at("2026-11-24T01:01:00Z"))
@@ -296,7 +363,8 @@ mod tests {
             fence_due(
                 &ready,
                 None,
-                Duration::from_secs(60),
+                &Liveness::NoAgent,
+                &waiting(60),
                 at("2026-11-24T01:00:10Z")
             ),
             None
@@ -309,7 +377,13 @@ mod tests {
             "metadata: {labels: {fencing.nodekeeper.io/exclude: 'true'}}\nstatus: {conditions: [{type: Ready, status: 'False'}]}\n",
         );
         assert_eq!(
-            fence_due(&excluded, None, Duration::ZERO, at("2026-11-24T01:00:00Z")),
+            fence_due(
+                &excluded,
+                None,
+                &Liveness::NoAgent,
+                &waiting(0),
+                at("2026-11-24T01:00:00Z")
+            ),
             None
         );
         let worker = node(
@@ -320,7 +394,8 @@ mod tests {
             fence_due(
                 &worker,
                 Some(&selector),
-                Duration::ZERO,
+                &Liveness::NoAgent,
+                &waiting(0),
                 at("2026-11-24T01:00:00Z")
             ),
             None
@@ -336,10 +411,47 @@ mod tests {
             fence_due(
                 &skewed,
                 None,
-                Duration::from_secs(60),
+                &Liveness::NoAgent,
+                &waiting(60),
                 at("2026-11-24T01:00:00Z")
             ),
             Some(at("2026-11-24T01:01:00Z"))
+        );
+    }
+
+    #[test]
+    fn a_ready_node_with_an_agent_is_due_when_both_channels_fell_silent() {
+        let ready = node(
+            "metadata: {name: a}\nstatus: {conditions: [{type: Ready, status: 'True', lastTransitionTime: '2026-11-24T00:00:00Z'}]}\n",
+        );
+        let channels = crate::controller::liveness::Channels {
+            lease: at("2026-11-24T01:00:00Z"),
+            lease_fresh_within: Duration::from_secs(20),
+            report: at("2026-11-24T01:00:01Z"),
+            reports_fresh_within: Duration::from_secs(6),
+        };
+        let policy = waiting(300);
+        // Heard a second ago: healthy, nothing due.
+        assert_eq!(
+            fence_due(
+                &ready,
+                None,
+                &Liveness::Heard(channels),
+                &policy,
+                at("2026-11-24T01:00:02Z")
+            ),
+            None
+        );
+        // Both silent for silenceTimeout (20 s): due then, not unhealthyDuration later.
+        assert_eq!(
+            fence_due(
+                &ready,
+                None,
+                &Liveness::Heard(channels),
+                &policy,
+                at("2026-11-24T01:00:30Z")
+            ),
+            Some(at("2026-11-24T01:00:21Z"))
         );
     }
 

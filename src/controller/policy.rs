@@ -71,11 +71,21 @@ impl std::fmt::Display for CountOrPercent {
     }
 }
 
+/// The shortest `silenceTimeout` taken: below it, a node would count as silent between
+/// two of its agent's reports (every 2 s by default) or two Lease renewals of a kubelet
+/// configured to renew often.
+pub const MIN_SILENCE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// When and how fences run, and what happens after one is confirmed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FencePolicy {
-    /// How long the Ready condition must be False or Unknown before a fence starts.
+    /// How long the Ready condition must be False or Unknown before a fence starts, for a
+    /// node without an agent.
     pub unhealthy_duration: Duration,
+    /// For a node with an agent: how long its Lease and its agent's reports must both be
+    /// silent before it is taken for lost. Zero turns silence detection off, and every
+    /// node is judged by its Ready condition.
+    pub silence_timeout: Duration,
     /// After a confirmed isolation, how long the node may come back by itself before the
     /// power step starts.
     pub power_management_delay: Duration,
@@ -95,6 +105,7 @@ impl Default for FencePolicy {
     fn default() -> FencePolicy {
         FencePolicy {
             unhealthy_duration: Duration::from_secs(60),
+            silence_timeout: Duration::from_secs(20),
             power_management_delay: Duration::from_secs(60),
             retry_limit: 3,
             retry_backoff: Duration::from_secs(30),
@@ -328,6 +339,7 @@ impl ControllerPolicy {
             "nodeSelector": selector(&self.node_selector),
             "podSelector": selector(&self.pod_selector),
             "unhealthyDuration": go(self.fence.unhealthy_duration),
+            "silenceTimeout": go(self.fence.silence_timeout),
             "powerManagementDelay": go(self.fence.power_management_delay),
             "retry": {
                 "limit": self.fence.retry_limit,
@@ -384,6 +396,7 @@ impl ControllerPolicy {
                 "serviceAccounts": self.reports.auth.service_accounts,
                 "nodeTokensSecret": self.reports.auth.node_tokens_secret,
                 "tokenCacheTTL": go(self.reports.auth.cache_ttl),
+                "reconnectGrace": go(self.reports.reconnect_grace),
                 "maxBodyBytes": self.reports.max_body_bytes,
                 "requestTimeout": go(self.reports.request_timeout),
                 "maxConnections": self.reports.max_connections,
@@ -416,6 +429,7 @@ struct Document {
     node_selector: Option<LabelSelector>,
     pod_selector: Option<LabelSelector>,
     unhealthy_duration: Option<String>,
+    silence_timeout: Option<String>,
     power_management_delay: Option<String>,
     retry: Option<RetryDocument>,
     release: Option<ReleaseDocument>,
@@ -436,6 +450,7 @@ struct ReportsDocument {
     node_tokens_secret: Option<String>,
     #[serde(rename = "tokenCacheTTL")]
     token_cache_ttl: Option<String>,
+    reconnect_grace: Option<String>,
     max_body_bytes: Option<usize>,
     request_timeout: Option<String>,
     max_connections: Option<usize>,
@@ -628,6 +643,26 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
         &mut policy.fence.unhealthy_duration,
         true,
     );
+    duration(
+        &mut errors,
+        origin,
+        "silenceTimeout",
+        document.silence_timeout,
+        &mut policy.fence.silence_timeout,
+        true,
+    );
+    if !policy.fence.silence_timeout.is_zero() && policy.fence.silence_timeout < MIN_SILENCE_TIMEOUT
+    {
+        errors.push(PolicyError {
+            origin: origin.to_string(),
+            field: "silenceTimeout".to_string(),
+            message: format!(
+                "{} is shorter than {}s: a node would be taken for dead between two reports; give 0s to turn silence detection off",
+                GoDuration::from(policy.fence.silence_timeout),
+                MIN_SILENCE_TIMEOUT.as_secs()
+            ),
+        });
+    }
     duration(
         &mut errors,
         origin,
@@ -908,6 +943,14 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
     duration(
         &mut errors,
         origin,
+        "reports.reconnectGrace",
+        reports.reconnect_grace,
+        &mut policy.reports.reconnect_grace,
+        true,
+    );
+    duration(
+        &mut errors,
+        origin,
         "reports.requestTimeout",
         reports.request_timeout,
         &mut policy.reports.request_timeout,
@@ -1015,6 +1058,41 @@ mod tests {
         assert!(policy.node_selector.is_some());
         assert_eq!(policy.storm.max_unhealthy, CountOrPercent::Count(2));
         assert_eq!(policy.storm.large_cluster_size_threshold, 10);
+    }
+
+    #[test]
+    fn silence_detection_is_read_can_be_turned_off_and_refuses_a_timeout_below_two_seconds() {
+        assert_eq!(
+            ControllerPolicy::default().fence.silence_timeout,
+            Duration::from_secs(20)
+        );
+        assert_eq!(
+            ControllerPolicy::default().reports.reconnect_grace,
+            Duration::from_secs(40)
+        );
+        let policy = parse(
+            "silenceTimeout: 45s\nreports: {reconnectGrace: 1m}\n",
+            "silence.yaml",
+        )
+        .expect("valid");
+        assert_eq!(policy.fence.silence_timeout, Duration::from_secs(45));
+        assert_eq!(policy.reports.reconnect_grace, Duration::from_secs(60));
+        let off = parse("silenceTimeout: 0s\n", "off.yaml").expect("valid");
+        assert!(off.fence.silence_timeout.is_zero());
+        let text = parse("silenceTimeout: 1500ms\n", "short.yaml")
+            .expect_err("too short")
+            .to_string();
+        assert!(
+            text.contains("short.yaml: silenceTimeout:") && text.contains("0s to turn"),
+            "{text}"
+        );
+        let text = parse("reports: {reconnectGrace: -1s}\n", "grace.yaml")
+            .expect_err("negative")
+            .to_string();
+        assert!(text.contains("reports.reconnectGrace"), "{text}");
+        let effective = policy.effective_document();
+        assert_eq!(effective["silenceTimeout"], "45s");
+        assert_eq!(effective["reports"]["reconnectGrace"], "1m0s");
     }
 
     #[test]

@@ -31,14 +31,16 @@ use super::decide::{
 };
 use super::executor::{Clock, Executor, FenceId};
 use super::facts::{NodeFacts, NodeHealth, PlanOutline, Readiness, pod_needs_fencing};
+use super::hearing::Hearing;
 use super::lease::Leadership;
+use super::liveness::Liveness;
 use super::metrics::{ControllerMetrics, ExecutionLabels, ReasonLabels, StepLabels};
 use super::observe;
 use super::policy::{
     ControllerPolicy, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, REMEDIATION_TAINT,
 };
 use super::resource::{FIELD_MANAGER, NodeFence, NodeFenceStatus};
-use super::storm::{Assessment, Guard, StormMemory, StormState, assess};
+use super::storm::{Assessment, Guard, StormMemory, StormState, assess_with_silent};
 use super::views::GuardViews;
 
 /// Everything a reconcile needs, shared by all of them.
@@ -51,6 +53,9 @@ pub struct Context {
     pub nodes: Store<Node>,
     /// The storm guard's view of the selected nodes, kept by the node watch.
     pub guard_views: Mutex<GuardViews>,
+    /// What the controller hears from the nodes besides their Ready conditions: Lease
+    /// renewals and agent reports.
+    pub hearing: Arc<Hearing>,
     /// Every NodeFence, as the controller's watch last saw it.
     pub fences: Store<NodeFence>,
     /// Whether this replica may act, and the storm guard's memory, which the Lease
@@ -151,10 +156,23 @@ impl Context {
             let rebuilt = observe::storm_memory_from(fences.iter().map(|fence| fence.as_ref()));
             rebuilt.merge(self.inherited_storm.unwrap_or_default())
         });
-        let assessment = assess(guard_views.views(), current, &self.policy.storm, now);
+        let silent_names = self.hearing.silent_nodes(now);
+        let silent: Vec<_> = silent_names
+            .iter()
+            .filter_map(|name| guard_views.view(name))
+            .collect();
+        let assessment = assess_with_silent(
+            guard_views.views(),
+            &silent,
+            current,
+            &self.policy.storm,
+            now,
+        );
+        let silent_count = silent.len();
         *memory = Some(assessment.memory);
         drop(memory);
         drop(guard_views);
+        self.metrics.silent_nodes.set(silent_count as i64);
         self.metrics.watched_nodes.set(assessment.watched as i64);
         self.metrics
             .unhealthy_nodes
@@ -288,6 +306,7 @@ async fn gather(
                 readiness: Readiness::Unknown,
                 since: None,
             },
+            liveness: Liveness::NoAgent,
             zone: String::new(),
             excluded: false,
             runs_pods_needing_fencing: false,
@@ -306,6 +325,7 @@ async fn gather(
     let facts = NodeFacts {
         exists: true,
         health: observe::node_health(&node),
+        liveness: ctx.hearing.liveness(node_name, (ctx.clock)()),
         zone: observe::node_zone(&node),
         excluded: observe::is_excluded(&node),
         runs_pods_needing_fencing,
@@ -601,6 +621,13 @@ fn record_metrics(
     after: &NodeFenceStatus,
     health: &NodeHealth,
 ) {
+    // Delays count from when the node's trouble began: the recorded evidence's start, or
+    // the Ready condition's transition.
+    let trouble_since = after
+        .lost
+        .as_ref()
+        .map(|lost| lost.since.0)
+        .or(health.since);
     let seconds = |from: Timestamp, to: Timestamp| {
         Duration::try_from(to.duration_since(from))
             .unwrap_or_default()
@@ -630,7 +657,7 @@ fn record_metrics(
         && let Some(started) = &after.started_at
     {
         metrics.fences_started.inc();
-        if let Some(since) = health.since {
+        if let Some(since) = trouble_since {
             metrics.fence_start_delay.observe(seconds(since, started.0));
         }
     }
@@ -657,7 +684,7 @@ fn record_metrics(
             .map(|time| time.0)
     };
     if released(before).is_none()
-        && let (Some(at), Some(since)) = (released(after), health.since)
+        && let (Some(at), Some(since)) = (released(after), trouble_since)
     {
         metrics.pods_release_delay.observe(seconds(since, at));
     }

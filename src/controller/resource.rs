@@ -251,6 +251,12 @@ pub enum PauseReason {
     Excluded,
     /// Waiting for the node to be unhealthy for `unhealthyDuration`.
     WaitingForUnhealthyDuration,
+    /// The node is not Ready, but its Lease or its agent's reports show it alive: a
+    /// partitioned node is never powered off blind.
+    NodeAlive,
+    /// The controller started leading too recently to know whether the not-Ready node's
+    /// agent still reports (`reports.reconnectGrace`).
+    WaitingForAgentReports,
     /// Waiting `powerManagementDelay` after isolation for the node to come back by itself.
     WaitingForPowerManagementDelay,
     /// Waiting for the retry backoff.
@@ -276,6 +282,17 @@ pub struct Pause {
     pub until: Option<Time>,
 }
 
+/// What made the controller take the node for lost, and since when it was in trouble.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LostRecord {
+    /// `NotReady` (the Ready condition for `unhealthyDuration`) or `Silence` (the node's
+    /// Lease and its agent's reports both silent for `silenceTimeout`).
+    pub evidence: crate::controller::liveness::Evidence,
+    /// When the Ready condition turned, or when the node was last heard.
+    pub since: Time,
+}
+
 /// Everything the controller knows about a fence.
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -296,6 +313,9 @@ pub struct NodeFenceStatus {
     /// The node's zone when the fence started, for the zone rate limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// Why the node was taken for lost when the fence began (not set for a forced fence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<LostRecord>,
     /// When a step's winning alternative proved the node off or its storage isolated;
     /// the node's pods may be released only once this is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]

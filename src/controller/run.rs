@@ -17,6 +17,7 @@ use crate::fencing::FenceRunner;
 use crate::metrics::Health;
 
 use super::executor::{Clock, Executor, LocalExecutor};
+use super::hearing::{Hearing, watch_node_leases};
 use super::job_executor::JobExecutor;
 use super::lease::LeaderElector;
 use super::metrics::ControllerMetrics;
@@ -34,9 +35,13 @@ pub enum RunError {
 }
 
 /// Runs the controller until `shutdown` resolves (then `Ok`) or leadership is lost.
+/// `reports` is the agent report endpoint, when the controller serves one: with it, a
+/// node with an agent is judged by its Lease and its reports (see `liveness.rs`).
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: kube::Client,
     policy: ControllerPolicy,
+    reports: Option<Arc<crate::report::ReportHub>>,
     identity: String,
     metrics: Arc<ControllerMetrics>,
     health: Arc<Health>,
@@ -82,7 +87,9 @@ pub async fn run(
             .map(|name| (ObjectRef::<NodeFence>::new(&name), rx))
     });
     let controller = Controller::new(fence_api, watcher::Config::default()).reconcile_on(wakes);
+    let hearing = Arc::new(Hearing::new(reports, &policy));
     let ctx = Arc::new(Context {
+        hearing: hearing.clone(),
         client: client.clone(),
         policy,
         runner,
@@ -98,6 +105,11 @@ pub async fn run(
         identity,
         starts: StartGate::default(),
     });
+    // The node Leases are one of the two channels silence is judged by; without silence
+    // detection nobody reads them.
+    let lease_watch_handle = hearing
+        .enabled()
+        .then(|| tokio::spawn(watch_node_leases(client.clone(), hearing.clone())));
     let outcome = {
         // The Lease is renewed from the moment it is held, also while the nodes are
         // still being listed.
@@ -105,6 +117,7 @@ pub async fn run(
         let mut lost = std::pin::pin!(lost);
         let node_watch = watch_nodes(ctx.clone(), node_writer, wake_tx);
         let mut node_watch = std::pin::pin!(node_watch);
+
         // Decide nothing before every node is known (the storm guard counts them all)
         // and the executor knows what runs (a Job in the cluster is adopted, never
         // taken for lost).
@@ -116,6 +129,7 @@ pub async fn run(
         };
         match synced {
             Ok(true) => {
+                hearing.begin();
                 health.tick();
                 tracing::info!(
                     nodes = nodes.state().len(),
@@ -139,6 +153,9 @@ pub async fn run(
             Err(error) => Err(error),
         }
     };
+    if let Some(lease_watch) = lease_watch_handle {
+        lease_watch.abort();
+    }
     metrics.leader.set(0);
     // Whatever runs now was recorded before it started; the next leader asks the device
     // with `status` what it did instead of running it again.

@@ -67,6 +67,11 @@ impl WatchedNodes {
     pub fn views(&self) -> &[NodeView] {
         &self.views
     }
+
+    /// Node `name`'s view.
+    pub fn get(&self, name: &str) -> Option<&NodeView> {
+        self.positions.get(name).map(|&at| &self.views[at])
+    }
 }
 
 /// What the guard remembers between evaluations.
@@ -143,18 +148,37 @@ impl StormMemory {
     }
 }
 
-/// Evaluates the guard over every watched node.
+/// Evaluates the guard over every watched node, by their Ready conditions alone.
 pub fn assess(
     nodes: &[NodeView],
     memory: StormMemory,
     policy: &StormPolicy,
     now: Timestamp,
 ) -> Assessment {
+    assess_with_silent(nodes, &[], memory, policy, now)
+}
+
+/// Evaluates the guard over every watched node; the nodes in `silent` (views from
+/// `nodes`, see `liveness.rs`) count as unhealthy even while they still read Ready,
+/// because the node lifecycle controller has not noticed yet.
+pub fn assess_with_silent(
+    nodes: &[NodeView],
+    silent: &[&NodeView],
+    memory: StormMemory,
+    policy: &StormPolicy,
+    now: Timestamp,
+) -> Assessment {
     let total = nodes.len();
+    let silent_but_ready: Vec<&NodeView> = silent
+        .iter()
+        .copied()
+        .filter(|node| node.readiness == Readiness::Ready)
+        .collect();
     let unhealthy = nodes
         .iter()
         .filter(|node| node.readiness != Readiness::Ready)
-        .count();
+        .count()
+        + silent_but_ready.len();
     let allowed = policy.max_unhealthy.allowed(total);
     let mut memory = memory;
     let storm = if unhealthy > allowed {
@@ -183,12 +207,16 @@ pub fn assess(
         storm,
         watched: total,
         unhealthy,
-        zones: zones(nodes, policy),
+        zones: zones(nodes, &silent_but_ready, policy),
         memory,
     }
 }
 
-fn zones(nodes: &[NodeView], policy: &StormPolicy) -> BTreeMap<String, ZoneView> {
+fn zones(
+    nodes: &[NodeView],
+    silent_but_ready: &[&NodeView],
+    policy: &StormPolicy,
+) -> BTreeMap<String, ZoneView> {
     // Keyed by borrowed names: one allocation per zone, not one per node.
     let mut counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for node in nodes.iter().filter(|node| !node.excluded_from_zone) {
@@ -196,6 +224,18 @@ fn zones(nodes: &[NodeView], policy: &StormPolicy) -> BTreeMap<String, ZoneView>
         if node.readiness == Readiness::Ready {
             entry.0 += 1;
         } else {
+            entry.1 += 1;
+        }
+    }
+    // A silent node still reading Ready was counted ready above; it is not.
+    for node in silent_but_ready
+        .iter()
+        .filter(|node| !node.excluded_from_zone)
+    {
+        if let Some(entry) = counts.get_mut(node.zone.as_str())
+            && entry.0 > 0
+        {
+            entry.0 -= 1;
             entry.1 += 1;
         }
     }
@@ -405,6 +445,32 @@ mod tests {
                 excluded_from_zone: false,
             })
             .collect()
+    }
+
+    #[test]
+    fn silent_nodes_that_still_read_ready_count_as_unhealthy_in_the_storm_and_the_zone() {
+        let policy = StormPolicy::default();
+        let all = nodes("a", 5, 0);
+        // Three nodes fell silent; the node lifecycle controller has not noticed.
+        let silent: Vec<&NodeView> = all.iter().take(3).collect();
+        let assessment = assess_with_silent(&all, &silent, StormMemory::default(), &policy, at(0));
+        assert_eq!(
+            assessment.storm,
+            StormState::Storm {
+                unhealthy: 3,
+                total: 5,
+                allowed: 2
+            }
+        );
+        assert_eq!(assessment.zones["a"].ready, 2);
+        assert_eq!(assessment.zones["a"].not_ready, 3);
+        // A silent node already NotReady is not counted twice.
+        let mixed = nodes("a", 3, 2);
+        let silent: Vec<&NodeView> = mixed.iter().skip(3).collect();
+        let assessment =
+            assess_with_silent(&mixed, &silent, StormMemory::default(), &policy, at(0));
+        assert_eq!(assessment.unhealthy, 2);
+        assert_eq!(assessment.zones["a"].not_ready, 2);
     }
 
     #[test]

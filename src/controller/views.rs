@@ -45,6 +45,11 @@ impl GuardViews {
     pub fn views(&self) -> &[NodeView] {
         self.live.views()
     }
+
+    /// Node `name`'s view, if it is selected.
+    pub fn view(&self, name: &str) -> Option<&NodeView> {
+        self.live.get(name)
+    }
 }
 
 /// A selected node's view is kept; a node the selector no longer selects leaves.

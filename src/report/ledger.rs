@@ -52,6 +52,23 @@ impl NodeReports {
     }
 }
 
+/// When an agent was last heard, as silence detection needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentHeard {
+    pub received: Instant,
+    /// Three of the agent's report intervals.
+    pub fresh_within: Duration,
+}
+
+impl AgentHeard {
+    fn of(entry: &NodeReports) -> AgentHeard {
+        AgentHeard {
+            received: entry.received,
+            fresh_within: entry.fresh_within(),
+        }
+    }
+}
+
 /// What an accepted report changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Accepted {
@@ -175,6 +192,23 @@ impl ReportLedger {
 
     pub fn get(&self, node: &str) -> Option<&NodeReports> {
         self.nodes.get(node)
+    }
+
+    /// When node `node`'s agent was last heard, if it has reported.
+    pub fn heard(&self, node: &str) -> Option<AgentHeard> {
+        self.nodes.get(node).map(AgentHeard::of)
+    }
+
+    /// The agents whose next report is overdue by half an interval: the only ones that
+    /// can be silent, so the controller looks at their Leases and no others.
+    pub fn overdue(&self, now: Instant) -> Vec<(String, AgentHeard)> {
+        self.nodes
+            .iter()
+            .filter(|(_, entry)| {
+                now.saturating_duration_since(entry.received) >= entry.fresh_within() / 2
+            })
+            .map(|(node, entry)| (node.clone(), AgentHeard::of(entry)))
+            .collect()
     }
 
     pub fn len(&self) -> usize {

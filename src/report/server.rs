@@ -40,6 +40,10 @@ pub struct ReportsPolicy {
     /// A connection is closed (gracefully) after this long, so no client holds one for
     /// ever.
     pub connection_lifetime: Duration,
+    /// After this replica starts leading, how long a node no agent has reported for yet
+    /// counts as "not known yet" rather than "has no agent": every running agent reaches a
+    /// new controller within its backoff (at most 30 s) plus one report timeout.
+    pub reconnect_grace: Duration,
 }
 
 impl Default for ReportsPolicy {
@@ -53,6 +57,7 @@ impl Default for ReportsPolicy {
             max_connections: 10_000,
             max_in_flight: 512,
             connection_lifetime: Duration::from_secs(600),
+            reconnect_grace: Duration::from_secs(40),
         }
     }
 }
@@ -202,6 +207,16 @@ impl ReportHub {
 
     pub fn census(&self) -> Census {
         self.ledger().census(Instant::now())
+    }
+
+    /// When node `node`'s agent was last heard, if it has reported.
+    pub fn heard(&self, node: &str) -> Option<super::ledger::AgentHeard> {
+        self.ledger().heard(node)
+    }
+
+    /// The agents whose next report is overdue by half an interval.
+    pub fn overdue(&self) -> Vec<(String, super::ledger::AgentHeard)> {
+        self.ledger().overdue(Instant::now())
     }
 
     /// Answers one request.

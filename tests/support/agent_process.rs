@@ -68,6 +68,19 @@ impl AgentProcess {
         agent
     }
 
+    /// The agent in dry-run mode with the configuration file `config`, serving metrics on
+    /// a free port.
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn dry_run(config: &std::path::Path) -> AgentProcess {
+        AgentProcess::start(&[
+            "--dry-run".as_ref(),
+            "--metrics-addr".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+        ])
+    }
+
     /// The first log line not read yet that contains `text`, with the time it was read.
     pub fn wait_for_line(&self, text: &str, within: Duration) -> (Instant, String) {
         let deadline = Instant::now() + within;

@@ -160,7 +160,10 @@ pub fn write_controller_config(dir: &Path, settings: &str) -> PathBuf {
     let reports = if settings.contains("reports:") {
         ""
     } else {
-        "reports: {address: \"127.0.0.1:0\"}\n"
+        // No agent reports in these tests: a node without reports is known to have no
+        // agent at once, not after the reconnect grace a restarted controller gives
+        // agents.
+        "reports: {address: \"127.0.0.1:0\", reconnectGrace: 0s}\n"
     };
     std::fs::write(
         &path,
@@ -174,18 +177,30 @@ pub fn write_controller_config(dir: &Path, settings: &str) -> PathBuf {
 
 /// The controller's configuration for a test: short waits, fast leader election, the
 /// cluster fence on (nothing in the test API server plays the pod garbage collector
-/// that acts on the out-of-service taint).
+/// that acts on the out-of-service taint). A top-level field `extra` sets replaces the
+/// rig's line for it.
 pub fn controller_config(dir: &Path, extra: &str) -> PathBuf {
-    write_controller_config(
-        dir,
-        &format!(
-            "unhealthyDuration: 2s\npowerManagementDelay: 1s\n\
-             retry: {{limit: 1, backoff: 1s, maxBackoff: 2s}}\n\
-             release: {{outOfServiceTaint: true, deletePods: true}}\n\
-             agents: {{callTimeout: 5s, verifyTimeout: 5s, allowedOptions: [status_file]}}\n\
-             leaderElection: {{leaseDuration: 4s, renewInterval: 500ms, renewDeadline: 3s}}\n{extra}"
-        ),
-    )
+    let rig = [
+        "unhealthyDuration: 2s",
+        "powerManagementDelay: 1s",
+        "retry: {limit: 1, backoff: 1s, maxBackoff: 2s}",
+        "release: {outOfServiceTaint: true, deletePods: true}",
+        "agents: {callTimeout: 5s, verifyTimeout: 5s, allowedOptions: [status_file]}",
+        "leaderElection: {leaseDuration: 4s, renewInterval: 500ms, renewDeadline: 3s}",
+    ];
+    let overridden = |line: &&str| {
+        let key = line.split(':').next().unwrap_or_default();
+        extra
+            .lines()
+            .any(|given| given.starts_with(&format!("{key}:")))
+    };
+    let mut settings: String = rig
+        .iter()
+        .filter(|line| !overridden(line))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    settings.push_str(extra);
+    write_controller_config(dir, &settings)
 }
 
 /// The controller process; killed (by its PID) when dropped.
@@ -269,6 +284,18 @@ impl ControllerProcess {
         );
         assert!(bmc.power_is_on());
         assert!(taint_keys(server, node).is_empty(), "our taints are gone");
+    }
+
+    /// The process has exited (it is a zombie nobody waited for yet); read from /proc,
+    /// so the child is not reaped behind `Child`'s back.
+    pub fn exited(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .ok()
+            .and_then(|stat| {
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.chars().next())
+            })
+            .is_none_or(|state| state == 'Z' || state == 'X')
     }
 
     /// Kills the process outright (SIGKILL), as an OOM kill or a lost machine would.
@@ -390,6 +417,12 @@ pub async fn wait_for<T>(
         if tokio::time::Instant::now() > deadline {
             panic!(
                 "timed out waiting for {what}; controller log:\n{}",
+                controller.log()
+            );
+        }
+        if controller.exited() {
+            panic!(
+                "the controller exited while waiting for {what}; its log:\n{}",
                 controller.log()
             );
         }

@@ -1,0 +1,445 @@
+//! Silence detection end to end: the real controller process, real agent processes
+//! reporting to it (each for its own node, with its node token), the nodes' kubelets
+//! played by a task renewing their Leases in `kube-node-lease` through the API, and
+//! fencing through `fence_ipmilan` against `ipmi_sim`. What is asserted is what an
+//! operator sees: when a NodeFence appears and why, the emulator's power, the pod, the
+//! storm guard's state.
+//!
+//! Nothing here ever marks a node NotReady unless the test is about a node that is, so a
+//! fence can only come from the silence of both channels.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use support::agent_process::AgentProcess;
+use support::apiserver::FakeApiServer;
+use support::controller::*;
+use support::fence_emulators::IpmiSim;
+
+const NODE_LEASES: &str = "kube-node-lease";
+/// Short enough for a test; every node is heard every half second on each channel.
+const SILENCE: Duration = Duration::from_secs(3);
+
+/// The kubelets of the test's nodes: each renews its node's Lease every half second
+/// (`leaseDurationSeconds: 2`, so two renewals fit in a second) until it is stopped.
+struct Kubelets {
+    renewing: Arc<Mutex<BTreeSet<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Kubelets {
+    async fn start(server: &FakeApiServer, nodes: &[&str]) -> Kubelets {
+        let leases: Api<Lease> = Api::namespaced(server.client(), NODE_LEASES);
+        for node in nodes {
+            let lease: Lease = serde_json::from_value(json!({
+                "metadata": {"name": node},
+                "spec": {"holderIdentity": node, "leaseDurationSeconds": 2,
+                         "renewTime": micro_time(Timestamp::now())}
+            }))
+            .expect("lease");
+            leases
+                .create(&PostParams::default(), &lease)
+                .await
+                .expect("create the node Lease");
+        }
+        let renewing: Arc<Mutex<BTreeSet<String>>> = Arc::new(Mutex::new(
+            nodes.iter().map(|node| node.to_string()).collect(),
+        ));
+        let names = renewing.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let now: Vec<String> = names.lock().expect("names").iter().cloned().collect();
+                for node in now {
+                    let patch = json!({"spec": {"renewTime": micro_time(Timestamp::now())}});
+                    let _ = leases
+                        .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await;
+                }
+            }
+        });
+        Kubelets { renewing, task }
+    }
+
+    /// The node's kubelet stops renewing (it died, or lost the API server).
+    fn stop(&self, node: &str) {
+        self.renewing.lock().expect("names").remove(node);
+    }
+}
+
+impl Drop for Kubelets {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn micro_time(at: Timestamp) -> String {
+    at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+fn token_of(node: &str) -> String {
+    format!("node-token-of-{node}-0123456789abcdef")
+}
+
+/// The node-token Secret the agents authenticate with, one token per node.
+fn seed_node_tokens(server: &FakeApiServer, nodes: &[&str]) {
+    let data: serde_json::Map<String, Value> = nodes
+        .iter()
+        .map(|node| (node.to_string(), json!(base64(token_of(node).as_bytes()))))
+        .collect();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "node-tokens", "namespace": NAMESPACE},
+        "data": data
+    }))
+    .expect("secret");
+    server.seed(&secret);
+}
+
+/// The real agent of `node`, in dry-run mode, reporting every half second to
+/// `reports` with its node token.
+fn start_agent(dir: &Path, node: &str, reports: &str) -> AgentProcess {
+    let token_file = dir.join(format!("token-{node}"));
+    std::fs::write(&token_file, token_of(node)).expect("token file");
+    let config = dir.join(format!("agent-{node}.yaml"));
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\n\
+             shutdownGracePeriod: 0s\n\
+             report: {{controllerURL: \"http://{reports}\", interval: 500ms, tokenFile: {}}}\n",
+            token_file.display()
+        ),
+    )
+    .expect("agent config");
+    AgentProcess::dry_run(&config)
+}
+
+/// The controller with silence detection (`silenceTimeout` 3 s), node-token reports on
+/// `reports_address`, and `settings`.
+fn start_controller(
+    dir: &Path,
+    server: &FakeApiServer,
+    reports_address: &str,
+    settings: &str,
+) -> ControllerProcess {
+    let config = controller_config(
+        dir,
+        &format!(
+            "silenceTimeout: {}s\n{settings}\
+             reports: {{address: \"{reports_address}\", nodeTokensSecret: node-tokens, reconnectGrace: 20s}}\n",
+            SILENCE.as_secs()
+        ),
+    );
+    ControllerProcess::start_logging(
+        dir,
+        server,
+        &config,
+        "debug,kube=info,hyper=info,tower=info",
+    )
+}
+
+/// Waits until the controller has a report from each of `nodes`.
+async fn all_heard(controller: &ControllerProcess, nodes: &[&str]) {
+    wait_for(controller, "every agent's first report", || {
+        let views = controller.agent_views();
+        let heard: BTreeSet<String> = views
+            .as_array()?
+            .iter()
+            .filter_map(|view| view["report"]["node"].as_str().map(str::to_string))
+            .collect();
+        nodes.iter().all(|node| heard.contains(*node)).then_some(())
+    })
+    .await;
+}
+
+fn gauge(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// A database (StatefulSet pod with a ReadWriteOnce claim) and a fence configuration
+/// (fabric port, then IPMI) for each of `nodes`.
+fn databases_on(server: &FakeApiServer, nodes: &[&str], bmc: &IpmiSim, fabric: &Path) {
+    for (index, node) in nodes.iter().enumerate() {
+        seed_database(server, node, &format!("db-{index}"));
+        seed_fence_config(server, node, bmc.port(), fabric);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_lease_and_agent_fall_silent_is_fenced_before_it_ever_reads_not_ready() {
+    require!("fence-agents", fence_agents());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let fabric = enabled_fabric(dir.path());
+    let nodes = ["worker-1", "worker-2", "worker-3"];
+    let server = ready_cluster(&nodes).await;
+    seed_node_tokens(&server, &nodes);
+    databases_on(&server, &["worker-2"], &bmc, &fabric);
+    let kubelets = Kubelets::start(&server, &nodes).await;
+    // unhealthyDuration is ten minutes: only silence can fence within this test.
+    let controller = start_controller(
+        dir.path(),
+        &server,
+        "127.0.0.1:0",
+        "unhealthyDuration: 10m\n",
+    );
+    controller.synced().await;
+    let reports = controller.reports_address();
+    let _agent_1 = start_agent(dir.path(), "worker-1", &reports);
+    let agent_2 = start_agent(dir.path(), "worker-2", &reports);
+    let _agent_3 = start_agent(dir.path(), "worker-3", &reports);
+    all_heard(&controller, &nodes).await;
+    tokio::time::sleep(SILENCE * 2).await;
+    assert!(
+        fence_of(&server, "worker-2").is_none(),
+        "nothing is fenced while every node is heard"
+    );
+
+    // worker-2 loses its power: its agent and its kubelet stop at the same instant.
+    let died = Instant::now();
+    drop(agent_2);
+    kubelets.stop("worker-2");
+
+    let fenced = wait_for(&controller, "worker-2's NodeFence", || {
+        fence_of(&server, "worker-2").map(|_| Instant::now())
+    })
+    .await;
+    let released = wait_for(&controller, "the pod to be released", || {
+        server
+            .object::<Pod>("shop", "db-0")
+            .is_none()
+            .then(Instant::now)
+    })
+    .await;
+    let node = server.object::<Node>("", "worker-2").expect("node");
+    let ready = node
+        .status
+        .and_then(|status| status.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|condition| condition.type_ == "Ready")
+        .map(|condition| condition.status);
+    assert_eq!(
+        ready.as_deref(),
+        Some("True"),
+        "the pod was released while the node still read Ready: silence, not NotReady, found it"
+    );
+    let fence = fence_of(&server, "worker-2").expect("the NodeFence");
+    assert_eq!(
+        fence.pointer("/status/lost/evidence"),
+        Some(&json!("Silence"))
+    );
+    let events = reasons(&server, "worker-2", "NodeFence");
+    assert!(events.iter().any(|r| r == "NodeSilent"), "{events:?}");
+    controller.powered_off(&server, "worker-2").await;
+    assert!(!bmc.power_is_on(), "the emulated machine is off");
+    assert_eq!(
+        bmc.chassis_log().matches("set power 0").count(),
+        1,
+        "exactly one power-off"
+    );
+    let to_fence = fenced.duration_since(died);
+    let to_release = released.duration_since(died);
+    eprintln!(
+        "agent and Lease silent to NodeFence: {:.1}s, to pod released: {:.1}s (silenceTimeout {}s)",
+        to_fence.as_secs_f64(),
+        to_release.as_secs_f64(),
+        SILENCE.as_secs()
+    );
+    // The controller last heard the node up to one report interval before it died.
+    assert!(
+        to_fence + Duration::from_millis(600) >= SILENCE,
+        "fenced {to_fence:?} after the node died, before silenceTimeout"
+    );
+    assert!(
+        to_release < SILENCE + Duration::from_secs(15),
+        "released {to_release:?} after the node died"
+    );
+    for healthy in ["worker-1", "worker-3"] {
+        assert!(
+            fence_of(&server, healthy).is_none(),
+            "{healthy} is heard and never fenced"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_heard_on_either_channel_is_never_fenced_not_even_by_a_restarted_controller() {
+    require!("fence-agents", fence_agents());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let fabric = enabled_fabric(dir.path());
+    let nodes = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
+    let server = ready_cluster(&nodes).await;
+    seed_node_tokens(&server, &nodes);
+    databases_on(&server, &["worker-2", "worker-3"], &bmc, &fabric);
+    let kubelets = Kubelets::start(&server, &nodes).await;
+    // Two seconds of NotReady would fence a node without an agent.
+    let settings = "unhealthyDuration: 2s\n";
+    let controller = start_controller(dir.path(), &server, "127.0.0.1:0", settings);
+    controller.synced().await;
+    let reports = controller.reports_address();
+    let agents: Vec<AgentProcess> = nodes
+        .iter()
+        .map(|node| start_agent(dir.path(), node, &reports))
+        .collect();
+    all_heard(&controller, &nodes).await;
+
+    // worker-2 is cut off from the API server: its Lease stops and the node lifecycle
+    // controller marks it Unknown, but its agent still reaches the controller.
+    kubelets.stop("worker-2");
+    server.seed(&node("worker-2", "Unknown", Timestamp::now()));
+    // worker-3's agent dies; its kubelet is fine.
+    let mut agents = agents;
+    drop(agents.remove(2));
+    tokio::time::sleep(SILENCE * 3).await;
+    for node in ["worker-2", "worker-3"] {
+        if let Some(fence) = fence_of(&server, node) {
+            assert!(
+                executions(&fence).is_empty(),
+                "{node} is alive on one channel and must not be acted on: {fence:#}"
+            );
+        }
+    }
+    assert_eq!(
+        gauge(&controller.metrics(), "nodekeeper_controller_silent_nodes"),
+        Some(0.0)
+    );
+
+    // The controller restarts. The partitioned node has been Unknown far longer than
+    // unhealthyDuration; the new controller must hear its agent before judging it.
+    controller.kill();
+    let controller = start_controller(dir.path(), &server, &reports, settings);
+    controller.synced().await;
+    // The agents were refused a connection meanwhile and back off; the partitioned
+    // node is held until its agent is heard again, never taken for agentless.
+    wait_for(
+        &controller,
+        "the partitioned node's agent to be heard again",
+        || {
+            let views = controller.agent_views();
+            views
+                .as_array()?
+                .iter()
+                .any(|view| view["report"]["node"] == "worker-2")
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(SILENCE * 2).await;
+    assert!(
+        !bmc.chassis_log().contains("set power 0"),
+        "nothing was powered off: {}",
+        bmc.chassis_log()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        "on",
+        "nothing was isolated"
+    );
+    if let Some(fence) = fence_of(&server, "worker-2") {
+        assert_eq!(
+            fence.pointer("/status/pause/reason"),
+            Some(&json!("NodeAlive")),
+            "{fence:#}"
+        );
+    }
+
+    // The partitioned node's agent stops too: both channels silent, it is fenced.
+    drop(agents.remove(1));
+    let fence = wait_for(&controller, "worker-2's fence to start", || {
+        fence_of(&server, "worker-2").filter(|fence| !executions(fence).is_empty())
+    })
+    .await;
+    assert_eq!(
+        fence.pointer("/status/lost/evidence"),
+        Some(&json!("Silence"))
+    );
+    assert!(
+        fence_of(&server, "worker-3").is_none_or(|fence| executions(&fence).is_empty()),
+        "worker-3's kubelet still renews its Lease"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_the_nodes_falling_silent_at_once_is_a_storm_and_nothing_is_powered_off() {
+    require!("fence-agents", fence_agents());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let fabric = enabled_fabric(dir.path());
+    let nodes = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
+    let cut_off = ["worker-1", "worker-2", "worker-3"];
+    let server = ready_cluster(&nodes).await;
+    seed_node_tokens(&server, &nodes);
+    databases_on(&server, &cut_off, &bmc, &fabric);
+    let kubelets = Kubelets::start(&server, &nodes).await;
+    let controller = start_controller(
+        dir.path(),
+        &server,
+        "127.0.0.1:0",
+        "unhealthyDuration: 10m\n",
+    );
+    controller.synced().await;
+    let reports = controller.reports_address();
+    let mut agents: Vec<AgentProcess> = nodes
+        .iter()
+        .map(|node| start_agent(dir.path(), node, &reports))
+        .collect();
+    all_heard(&controller, &nodes).await;
+
+    // A switch fails: three of five nodes go quiet on both channels at once. They were
+    // last heard at their own times within the last report and renewal intervals.
+    // The agents of the cut-off nodes are the first three; each node goes quiet a
+    // little after the previous one, as their last reports and renewals would differ.
+    for (node, agent) in cut_off.iter().zip(agents.drain(..cut_off.len())) {
+        kubelets.stop(node);
+        drop(agent);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let metrics = wait_for(&controller, "the storm guard to see the storm", || {
+        let metrics = controller.metrics();
+        (gauge(&metrics, "nodekeeper_storm_guard_state{state=\"storm\"}") == Some(1.0))
+            .then_some(metrics)
+    })
+    .await;
+    assert_eq!(
+        gauge(&metrics, "nodekeeper_controller_silent_nodes"),
+        Some(3.0),
+        "{metrics}"
+    );
+    // Long past silenceTimeout: the fences exist, held by the storm guard.
+    tokio::time::sleep(SILENCE * 3).await;
+    for node in cut_off {
+        let fence = wait_for(&controller, "the fence of a silent node", || {
+            fence_of(&server, node).filter(|fence| fence.pointer("/status/pause").is_some())
+        })
+        .await;
+        assert_eq!(
+            fence.pointer("/status/pause/reason"),
+            Some(&json!("StormGuard")),
+            "{fence:#}"
+        );
+        assert!(executions(&fence).is_empty(), "{fence:#}");
+    }
+    assert!(!bmc.chassis_log().contains("set power 0"));
+    assert_eq!(
+        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        "on"
+    );
+    for pod in ["db-0", "db-1", "db-2"] {
+        assert!(server.object::<Pod>("shop", pod).is_some(), "{pod} is kept");
+    }
+}
