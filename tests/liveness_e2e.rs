@@ -11,7 +11,7 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -178,30 +178,52 @@ fn databases_on(server: &FakeApiServer, nodes: &[&str], bmc: &IpmiSim, fabric: &
     }
 }
 
+/// The test's cluster: `nodes` Ready, their node tokens, their kubelets renewing their
+/// Leases, and a database with a fence configuration on each of `databases`; and the
+/// storage fabric port.
+async fn cluster_of(
+    dir: &Path,
+    bmc: &IpmiSim,
+    nodes: &[&str],
+    databases: &[&str],
+) -> (FakeApiServer, PathBuf, Kubelets) {
+    let fabric = enabled_fabric(dir);
+    let server = ready_cluster(nodes).await;
+    seed_node_tokens(&server, nodes);
+    databases_on(&server, databases, bmc, &fabric);
+    let kubelets = Kubelets::start(&server, nodes).await;
+    (server, fabric, kubelets)
+}
+
+/// The controller with `settings`, leading and synced, and the agent of each of `nodes`
+/// (in order), once the controller has heard them all; and where it takes reports.
+async fn controller_hearing(
+    dir: &Path,
+    server: &FakeApiServer,
+    settings: &str,
+    nodes: &[&str],
+) -> (ControllerProcess, String, Vec<AgentProcess>) {
+    let controller = start_controller(dir, server, "127.0.0.1:0", settings);
+    controller.synced().await;
+    let reports = controller.reports_address();
+    let agents = nodes
+        .iter()
+        .map(|node| start_agent(dir, node, &reports))
+        .collect();
+    all_heard(&controller, nodes).await;
+    (controller, reports, agents)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_lease_and_agent_fall_silent_is_fenced_before_it_ever_reads_not_ready() {
     require!("fence-agents", fence_agents());
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
-    let fabric = enabled_fabric(dir.path());
     let nodes = ["worker-1", "worker-2", "worker-3"];
-    let server = ready_cluster(&nodes).await;
-    seed_node_tokens(&server, &nodes);
-    databases_on(&server, &["worker-2"], &bmc, &fabric);
-    let kubelets = Kubelets::start(&server, &nodes).await;
+    let (server, fabric, kubelets) = cluster_of(dir.path(), &bmc, &nodes, &["worker-2"]).await;
     // unhealthyDuration is ten minutes: only silence can fence within this test.
-    let controller = start_controller(
-        dir.path(),
-        &server,
-        "127.0.0.1:0",
-        "unhealthyDuration: 10m\n",
-    );
-    controller.synced().await;
-    let reports = controller.reports_address();
-    let _agent_1 = start_agent(dir.path(), "worker-1", &reports);
-    let agent_2 = start_agent(dir.path(), "worker-2", &reports);
-    let _agent_3 = start_agent(dir.path(), "worker-3", &reports);
-    all_heard(&controller, &nodes).await;
+    let (controller, _, mut agents) =
+        controller_hearing(dir.path(), &server, "unhealthyDuration: 10m\n", &nodes).await;
     tokio::time::sleep(SILENCE * 2).await;
     assert!(
         fence_of(&server, "worker-2").is_none(),
@@ -210,7 +232,7 @@ async fn a_node_whose_lease_and_agent_fall_silent_is_fenced_before_it_ever_reads
 
     // worker-2 loses its power: its agent and its kubelet stop at the same instant.
     let died = Instant::now();
-    drop(agent_2);
+    drop(agents.remove(1));
     kubelets.stop("worker-2");
 
     let fenced = wait_for(&controller, "worker-2's NodeFence", || {
@@ -244,6 +266,11 @@ async fn a_node_whose_lease_and_agent_fall_silent_is_fenced_before_it_ever_reads
     );
     let events = reasons(&server, "worker-2", "NodeFence");
     assert!(events.iter().any(|r| r == "NodeSilent"), "{events:?}");
+    assert_eq!(
+        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        "off",
+        "the isolation that released the pod really disabled the fabric port"
+    );
     controller.powered_off(&server, "worker-2").await;
     assert!(!bmc.power_is_on(), "the emulated machine is off");
     assert_eq!(
@@ -281,29 +308,19 @@ async fn a_node_heard_on_either_channel_is_never_fenced_not_even_by_a_restarted_
     require!("fence-agents", fence_agents());
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
-    let fabric = enabled_fabric(dir.path());
     let nodes = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
-    let server = ready_cluster(&nodes).await;
-    seed_node_tokens(&server, &nodes);
-    databases_on(&server, &["worker-2", "worker-3"], &bmc, &fabric);
-    let kubelets = Kubelets::start(&server, &nodes).await;
+    let (server, fabric, kubelets) =
+        cluster_of(dir.path(), &bmc, &nodes, &["worker-2", "worker-3"]).await;
     // Two seconds of NotReady would fence a node without an agent.
     let settings = "unhealthyDuration: 2s\n";
-    let controller = start_controller(dir.path(), &server, "127.0.0.1:0", settings);
-    controller.synced().await;
-    let reports = controller.reports_address();
-    let agents: Vec<AgentProcess> = nodes
-        .iter()
-        .map(|node| start_agent(dir.path(), node, &reports))
-        .collect();
-    all_heard(&controller, &nodes).await;
+    let (controller, reports, mut agents) =
+        controller_hearing(dir.path(), &server, settings, &nodes).await;
 
     // worker-2 is cut off from the API server: its Lease stops and the node lifecycle
     // controller marks it Unknown, but its agent still reaches the controller.
     kubelets.stop("worker-2");
     server.seed(&node("worker-2", "Unknown", Timestamp::now()));
     // worker-3's agent dies; its kubelet is fine.
-    let mut agents = agents;
     drop(agents.remove(2));
     tokio::time::sleep(SILENCE * 3).await;
     for node in ["worker-2", "worker-3"] {
@@ -379,26 +396,11 @@ async fn half_the_nodes_falling_silent_at_once_is_a_storm_and_nothing_is_powered
     require!("fence-agents", fence_agents());
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
-    let fabric = enabled_fabric(dir.path());
     let nodes = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
     let cut_off = ["worker-1", "worker-2", "worker-3"];
-    let server = ready_cluster(&nodes).await;
-    seed_node_tokens(&server, &nodes);
-    databases_on(&server, &cut_off, &bmc, &fabric);
-    let kubelets = Kubelets::start(&server, &nodes).await;
-    let controller = start_controller(
-        dir.path(),
-        &server,
-        "127.0.0.1:0",
-        "unhealthyDuration: 10m\n",
-    );
-    controller.synced().await;
-    let reports = controller.reports_address();
-    let mut agents: Vec<AgentProcess> = nodes
-        .iter()
-        .map(|node| start_agent(dir.path(), node, &reports))
-        .collect();
-    all_heard(&controller, &nodes).await;
+    let (server, fabric, kubelets) = cluster_of(dir.path(), &bmc, &nodes, &cut_off).await;
+    let (controller, _, mut agents) =
+        controller_hearing(dir.path(), &server, "unhealthyDuration: 10m\n", &nodes).await;
 
     // A switch fails: three of five nodes go quiet on both channels at once. They were
     // last heard at their own times within the last report and renewal intervals.

@@ -430,17 +430,20 @@ mod tests {
         );
     }
 
-    /// Nodes last heard at their own times before a cut at `cut`.
-    fn cut_off_group(cut: i64, heard: &[(i64, i64)], renewal: u64, interval: u64) -> Vec<Channels> {
-        heard
-            .iter()
-            .map(|(lease_before, report_before)| Channels {
-                lease: at(cut - lease_before),
-                lease_fresh_within: Duration::from_secs(2 * renewal),
-                report: at(cut - report_before),
-                reports_fresh_within: Duration::from_secs(3 * interval),
-            })
-            .collect()
+    /// A node whose kubelet renews every `renewal` seconds and whose agent reports every
+    /// `interval` seconds, last heard at `lease` and `report`.
+    fn rhythm(lease: i64, renewal: u64, report: i64, interval: u64) -> Channels {
+        Channels {
+            lease: at(lease),
+            lease_fresh_within: Duration::from_secs(2 * renewal),
+            report: at(report),
+            reports_fresh_within: Duration::from_secs(3 * interval),
+        }
+    }
+
+    /// `phase` of `period` seconds before `at(0)`, in whole seconds.
+    fn within(phase: f64, period: u64) -> i64 {
+        -((phase * period as f64) as i64)
     }
 
     proptest! {
@@ -458,11 +461,10 @@ mod tests {
             let silence = Duration::from_secs(timeout);
             // Each node renewed its Lease within one renewal interval and reported
             // within one report interval before the cut.
-            let heard: Vec<(i64, i64)> = phases
+            let group: Vec<Channels> = phases
                 .iter()
-                .map(|(l, r)| ((l * renewal as f64) as i64, (r * interval as f64) as i64))
+                .map(|(l, r)| rhythm(within(*l, renewal), renewal, within(*r, interval), interval))
                 .collect();
-            let group = cut_off_group(0, &heard, renewal, interval);
             let first = group
                 .iter()
                 .map(|c| c.silent_at(silence))
@@ -489,12 +491,7 @@ mod tests {
             report_phase in 0.0f64..1.0,
         ) {
             let silence = Duration::from_secs(2 * renewal + extra);
-            let channels = Channels {
-                lease: at(-((lease_phase * renewal as f64) as i64)),
-                lease_fresh_within: Duration::from_secs(2 * renewal),
-                report: at(-((report_phase * interval as f64) as i64)),
-                reports_fresh_within: Duration::from_secs(3 * interval),
-            };
+            let channels = rhythm(within(lease_phase, renewal), renewal, within(report_phase, interval), interval);
             prop_assert!(!channels.counted_as_silent(silence, at(0)), "{channels:?}");
         }
 
@@ -509,12 +506,7 @@ mod tests {
             report_ago in 0i64..100_000,
         ) {
             let silence = Duration::from_secs(2 * renewal + extra);
-            let channels = Channels {
-                lease: at(-((lease_phase * renewal as f64) as i64)),
-                lease_fresh_within: Duration::from_secs(2 * renewal),
-                report: at(-report_ago),
-                reports_fresh_within: Duration::from_secs(3 * interval),
-            };
+            let channels = rhythm(within(lease_phase, renewal), renewal, -report_ago, interval);
             prop_assert!(!channels.counted_as_silent(silence, at(0)), "{channels:?}");
         }
 
