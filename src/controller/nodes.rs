@@ -431,28 +431,18 @@ mod tests {
             reports_fresh_within: Duration::from_secs(6),
         };
         let policy = waiting(300);
-        // Heard a second ago: healthy, nothing due.
-        assert_eq!(
-            fence_due(
-                &ready,
-                None,
-                &Liveness::Heard(channels),
-                &policy,
-                at("2026-11-24T01:00:02Z")
-            ),
-            None
-        );
-        // Both silent for silenceTimeout (20 s): due then, not unhealthyDuration later.
-        assert_eq!(
-            fence_due(
-                &ready,
-                None,
-                &Liveness::Heard(channels),
-                &policy,
-                at("2026-11-24T01:00:30Z")
-            ),
-            Some(at("2026-11-24T01:00:21Z"))
-        );
+        for (now, due) in [
+            // Heard a second ago: healthy, nothing due.
+            ("2026-11-24T01:00:02Z", None),
+            // Both silent for silenceTimeout (20 s): due then, not unhealthyDuration later.
+            ("2026-11-24T01:00:30Z", Some(at("2026-11-24T01:00:21Z"))),
+        ] {
+            assert_eq!(
+                fence_due(&ready, None, &Liveness::Heard(channels), &policy, at(now)),
+                due,
+                "at {now}"
+            );
+        }
     }
 
     #[test]
