@@ -218,15 +218,22 @@ fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-/// Transient failures are retried; the server's refusals are not. No answer at all (a
-/// transport error, or a gateway saying the API server is not there) is told apart, for
-/// the agent's reports on whether it reaches the API server.
+/// Whether the API server itself answered, even with a refusal or a 500: not a
+/// transport error, and not a gateway saying the API server is not there (502-504). The
+/// agent's reports say from this whether it reaches the API server.
+pub fn answered(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if !(502..=504).contains(&status.code))
+}
+
+/// Transient failures are retried; the server's refusals are not. No answer at all (see
+/// [`answered`]) is told apart.
 pub fn classify(error: kube::Error) -> Outcome {
+    let answered = answered(&error);
     match error {
         kube::Error::Api(status) => {
             let text = format!("{} {}: {}", status.code, status.reason, status.message);
             match status.code {
-                502..=504 => Outcome::Unreachable(text),
+                _ if !answered => Outcome::Unreachable(text),
                 408 | 429 | 500..=599 => Outcome::Retry(text),
                 _ => Outcome::Rejected(text),
             }

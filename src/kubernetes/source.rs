@@ -44,7 +44,7 @@ pub fn start_pod_reflector(
         futures::pin_mut!(stream);
         let mut failing = false;
         while let Some(event) = stream.next().await {
-            reachability.saw(event.is_ok());
+            reachability.saw(watch_answered(&event));
             match event {
                 Err(error) if !failing => {
                     failing = true;
@@ -119,5 +119,54 @@ impl PodSource for ApiPodSource {
         }
         pods.sort_by_key(Pod::key);
         pods
+    }
+}
+
+/// Whether a pod watch event shows the API server answering: every event does but a
+/// request that got no answer (as [`super::api::answered`] rules for writes). A `410
+/// Gone` that makes the watcher list again, or a refusal, is an answer.
+fn watch_answered<T>(event: &Result<T, watcher::Error>) -> bool {
+    match event {
+        Ok(_) => true,
+        Err(
+            watcher::Error::InitialListFailed(error)
+            | watcher::Error::WatchStartFailed(error)
+            | watcher::Error::WatchFailed(error),
+        ) => super::api::answered(error),
+        Err(watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(Status::failure("test", "Test").with_code(code)))
+    }
+
+    #[test]
+    fn a_watch_answered_by_the_api_server_counts_as_reaching_it_even_when_refused() {
+        let answered: [Result<(), watcher::Error>; 4] = [
+            Ok(()),
+            Err(watcher::Error::WatchError(Box::new(
+                Status::failure("too old", "Expired").with_code(410),
+            ))),
+            Err(watcher::Error::InitialListFailed(api(403))),
+            Err(watcher::Error::WatchFailed(api(500))),
+        ];
+        for event in &answered {
+            assert!(watch_answered(event), "{event:?}");
+        }
+        let unanswered: [Result<(), watcher::Error>; 2] = [
+            Err(watcher::Error::WatchStartFailed(api(503))),
+            Err(watcher::Error::InitialListFailed(
+                kube::Error::LinesCodecMaxLineLengthExceeded,
+            )),
+        ];
+        for event in &unanswered {
+            assert!(!watch_answered(event), "{event:?}");
+        }
     }
 }
