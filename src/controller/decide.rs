@@ -337,7 +337,8 @@ impl<'a> Machine<'a> {
                         format!("{} again before anything was done", self.healthy_now()),
                     );
                 }
-                if self.held() {
+                if self.is_held() {
+                    self.pause_held();
                     return false;
                 }
                 self.start_step()
@@ -443,52 +444,45 @@ impl<'a> Machine<'a> {
                     "the node runs no pods that need fencing".to_string(),
                 );
             }
-            match self.state.clone() {
-                NodeState::Healthy => {}
-                NodeState::Held {
-                    reason,
-                    message,
-                    until,
-                } => {
-                    self.pause(reason, message, Some(until));
+            if self.is_held() {
+                self.pause_held();
+                return false;
+            }
+            if let NodeState::Lost {
+                evidence,
+                since,
+                fence_at,
+            } = self.state
+            {
+                // How long the node has been in trouble.
+                let unhealthy =
+                    Duration::try_from(self.now.duration_since(since)).unwrap_or_default();
+                if fence_at > self.now {
+                    self.pause(
+                        PauseReason::WaitingForUnhealthyDuration,
+                        format!(
+                            "the node has been unhealthy for {}s of the {}s required",
+                            unhealthy.as_secs(),
+                            self.policy.unhealthy_duration.as_secs()
+                        ),
+                        Some(fence_at),
+                    );
                     return false;
                 }
-                NodeState::Lost {
+                self.status.lost = Some(LostRecord {
                     evidence,
-                    since,
-                    fence_at,
-                } => {
-                    if fence_at > self.now {
-                        let unhealthy =
-                            Duration::try_from(self.now.duration_since(since)).unwrap_or_default();
-                        self.pause(
-                            PauseReason::WaitingForUnhealthyDuration,
-                            format!(
-                                "the node has been unhealthy for {}s of the {}s required",
-                                unhealthy.as_secs(),
-                                self.policy.unhealthy_duration.as_secs()
-                            ),
-                            Some(fence_at),
-                        );
-                        return false;
-                    }
-                    self.status.lost = Some(LostRecord {
-                        evidence,
-                        since: Time(since),
-                    });
-                    if evidence == Evidence::Silence {
-                        let silent =
-                            Duration::try_from(self.now.duration_since(since)).unwrap_or_default();
-                        self.event(
-                            true,
-                            "NodeSilent",
-                            format!(
-                                "the node's Lease and its agent's reports have both been silent for {}s (silenceTimeout {}s): taken for dead without waiting for NotReady",
-                                silent.as_secs(),
-                                self.policy.silence_timeout.as_secs()
-                            ),
-                        );
-                    }
+                    since: Time(since),
+                });
+                if evidence == Evidence::Silence {
+                    self.event(
+                        true,
+                        "NodeSilent",
+                        format!(
+                            "the node's Lease and its agent's reports have both been silent for {}s (silenceTimeout {}s): taken for dead without waiting for NotReady",
+                            unhealthy.as_secs(),
+                            self.policy.silence_timeout.as_secs()
+                        ),
+                    );
                 }
             }
         }
@@ -502,17 +496,6 @@ impl<'a> Machine<'a> {
         true
     }
 
-    /// Pauses the fence if the node is held (alive, or not known yet) and the fence is not
-    /// forced. What runs is left to finish and what is proven stays proven, but nothing
-    /// new is done to a node that is alive.
-    fn held(&mut self) -> bool {
-        if !self.is_held() {
-            return false;
-        }
-        self.pause_held();
-        true
-    }
-
     /// The node is healthy and its Lease or agent says so itself (not the Ready
     /// condition alone, which lags behind a node's death).
     fn heard_healthy(&self) -> bool {
@@ -521,10 +504,14 @@ impl<'a> Machine<'a> {
             && matches!(self.facts.liveness, super::liveness::Liveness::Heard(_))
     }
 
+    /// The node is held (alive, or not known yet) and the fence is not forced: what runs
+    /// is left to finish and what is proven stays proven, but nothing new is done to a
+    /// node that is alive.
     fn is_held(&self) -> bool {
         !self.forced && matches!(self.state, NodeState::Held { .. })
     }
 
+    /// Pauses the fence with the hold's reason, message and end.
     fn pause_held(&mut self) {
         if let NodeState::Held {
             reason,

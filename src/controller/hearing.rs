@@ -111,9 +111,14 @@ impl Hearing {
         self.leases().retain(|name, _| names.contains(name));
     }
 
+    /// The report endpoint, while silence detection runs.
+    fn listening(&self) -> Option<&ReportHub> {
+        self.reports.as_deref().filter(|_| self.enabled())
+    }
+
     /// Node `node`'s liveness at `now` (the decision's clock).
     pub fn liveness(&self, node: &str, now: Timestamp) -> Liveness {
-        let Some(reports) = self.reports.as_ref().filter(|_| self.enabled()) else {
+        let Some(reports) = self.listening() else {
             return Liveness::NoAgent;
         };
         match reports.heard(node) {
@@ -165,7 +170,7 @@ impl Hearing {
     /// [`Channels::counted_as_silent`]). Only agents whose reports are overdue are
     /// looked at.
     pub fn silent_nodes(&self, now: Timestamp) -> Vec<String> {
-        let Some(reports) = self.reports.as_ref().filter(|_| self.enabled()) else {
+        let Some(reports) = self.listening() else {
             return Vec::new();
         };
         let instant = Instant::now();

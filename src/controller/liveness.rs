@@ -144,14 +144,6 @@ impl NodeState {
     pub fn is_healthy(&self) -> bool {
         matches!(self, NodeState::Healthy)
     }
-
-    /// When the node's trouble began, if it is in trouble.
-    pub fn unhealthy_since(&self) -> Option<Timestamp> {
-        match self {
-            NodeState::Lost { since, .. } => Some(*since),
-            _ => None,
-        }
-    }
 }
 
 /// Judges a node from its Ready condition and what its channels said.
@@ -244,13 +236,9 @@ mod tests {
         }
     }
 
+    /// A node with the default rhythms (renewals every 10 s, reports every 2 s).
     fn heard(lease: i64, report: i64) -> Liveness {
-        Liveness::Heard(Channels {
-            lease: at(lease),
-            lease_fresh_within: Duration::from_secs(20),
-            report: at(report),
-            reports_fresh_within: Duration::from_secs(6),
-        })
+        Liveness::Heard(rhythm(lease, 10, report, 2))
     }
 
     #[test]
@@ -384,12 +372,7 @@ mod tests {
 
     #[test]
     fn an_agent_reporting_less_often_than_the_timeout_is_given_three_intervals() {
-        let slow = Liveness::Heard(Channels {
-            lease: at(0),
-            lease_fresh_within: Duration::from_secs(20),
-            report: at(0),
-            reports_fresh_within: Duration::from_secs(90),
-        });
+        let slow = Liveness::Heard(rhythm(0, 10, 0, 30));
         let state = judge(&health(Readiness::Ready, 0), &slow, &policy(), at(60));
         assert_eq!(state, NodeState::Healthy);
         let state = judge(&health(Readiness::Ready, 0), &slow, &policy(), at(90));
@@ -399,12 +382,7 @@ mod tests {
     #[test]
     fn a_kubelet_renewing_less_often_than_the_timeout_is_given_two_renewals() {
         // leaseDurationSeconds 120: the kubelet renews every 30 s.
-        let slow = Liveness::Heard(Channels {
-            lease: at(0),
-            lease_fresh_within: Duration::from_secs(60),
-            report: at(-1_000),
-            reports_fresh_within: Duration::from_secs(6),
-        });
+        let slow = Liveness::Heard(rhythm(0, 30, -1_000, 2));
         let state = judge(&health(Readiness::Ready, 0), &slow, &policy(), at(59));
         assert_eq!(state, NodeState::Healthy);
         let state = judge(&health(Readiness::Ready, 0), &slow, &policy(), at(60));

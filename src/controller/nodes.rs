@@ -274,22 +274,10 @@ async fn create_if_needed(ctx: &Context, name: &str, now: Timestamp) -> Option<T
         return None;
     }
     let node = ctx.nodes.get(&ObjectRef::new(name))?;
-    if !observe::is_selected(&node, ctx.policy.node_selector.as_ref())
-        || observe::is_excluded(&node)
-    {
-        return None;
-    }
-    let liveness = ctx.hearing.liveness(name, now);
-    match judge(
-        &observe::node_health(&node),
-        &liveness,
-        &ctx.policy.fence,
-        now,
-    ) {
-        NodeState::Healthy => return None,
-        NodeState::Held { until, .. } => return Some(until),
-        NodeState::Lost { fence_at, .. } if fence_at > now => return Some(fence_at),
-        NodeState::Lost { .. } => {}
+    // A held node's hold always ends after now, so only a lost one gets past this.
+    let due = due_in(ctx, &node, now)?;
+    if due > now {
+        return Some(due);
     }
     match super::reconciler::node_needs_fencing(ctx, name).await {
         Ok(true) => {}

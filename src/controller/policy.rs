@@ -653,15 +653,14 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
     );
     if !policy.fence.silence_timeout.is_zero() && policy.fence.silence_timeout < MIN_SILENCE_TIMEOUT
     {
-        errors.push(PolicyError {
-            origin: origin.to_string(),
-            field: "silenceTimeout".to_string(),
-            message: format!(
+        errors.push(error(
+            "silenceTimeout",
+            format!(
                 "{} is shorter than {}s: a node would be taken for dead between two reports; give 0s to turn silence detection off",
                 GoDuration::from(policy.fence.silence_timeout),
                 MIN_SILENCE_TIMEOUT.as_secs()
             ),
-        });
+        ));
     }
     duration(
         &mut errors,

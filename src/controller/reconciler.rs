@@ -145,6 +145,9 @@ impl Context {
     /// The watched nodes as the storm guard counts them, and the guard's verdict over
     /// them; the memory is kept for the next evaluation.
     pub fn assess(&self, now: Timestamp) -> Assessment {
+        // The ledger scan runs before the views are locked, so the node watch is not kept
+        // waiting for it.
+        let silent_names = self.hearing.silent_nodes(now);
         let guard_views = self.guard_views();
         let mut memory = self
             .leadership
@@ -156,7 +159,6 @@ impl Context {
             let rebuilt = observe::storm_memory_from(fences.iter().map(|fence| fence.as_ref()));
             rebuilt.merge(self.inherited_storm.unwrap_or_default())
         });
-        let silent_names = self.hearing.silent_nodes(now);
         let silent: Vec<_> = silent_names
             .iter()
             .filter_map(|name| guard_views.view(name))

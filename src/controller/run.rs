@@ -117,7 +117,6 @@ pub async fn run(
         let mut lost = std::pin::pin!(lost);
         let node_watch = watch_nodes(ctx.clone(), node_writer, wake_tx);
         let mut node_watch = std::pin::pin!(node_watch);
-
         // Decide nothing before every node is known (the storm guard counts them all)
         // and the executor knows what runs (a Job in the cluster is adopted, never
         // taken for lost).

@@ -133,14 +133,18 @@ pub fn build(
             .find(|fence| fence.spec.node_name == name)
             .map(fence_status)
     };
+    // By node, so thousands of nodes are matched with their agents in one pass.
+    let agents: std::collections::HashMap<&str, &AgentView> = reports
+        .unwrap_or_default()
+        .iter()
+        .map(|view| (view.report.node.as_str(), view))
+        .collect();
     let mut node_statuses: Vec<NodeStatus> = watched
         .iter()
         .map(|node| {
             let name = node.metadata.name.clone().unwrap_or_default();
             let health = observe::node_health(node);
-            let agent = reports
-                .and_then(|reports| reports.iter().find(|view| view.report.node == name))
-                .map(AgentStatus::of);
+            let agent = agents.get(name.as_str()).map(|view| AgentStatus::of(view));
             NodeStatus {
                 agent,
                 fence: fence_of(&name),

@@ -118,7 +118,7 @@ pub struct ZoneView {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Assessment {
     pub storm: StormState,
-    /// The nodes counted, and how many of them are not Ready.
+    /// The nodes counted, and how many of them are unhealthy (not Ready, or silent).
     pub watched: usize,
     pub unhealthy: usize,
     pub zones: BTreeMap<String, ZoneView>,
