@@ -424,7 +424,11 @@ fn build(
             format!("{metrics_address:?} is not an address like 127.0.0.1:9847 or [::]:9847"),
         ));
     }
-    if let Some(name) = doc.node_name.as_deref().filter(|n| !valid_node_name(n)) {
+    if let Some(name) = doc
+        .node_name
+        .as_deref()
+        .filter(|n| !crate::report::protocol::is_node_name(n))
+    {
         return Err(simple_error(
             "nodeName",
             format!("{name:?} is not a valid Kubernetes node name (lowercase DNS subdomain)"),
@@ -620,12 +624,14 @@ fn build_report(
             )));
         }
     }
-    let least = GoDuration::from_nanos(100_000_000);
+    // The interval's bounds are the protocol's: the controller refuses any other.
+    let millis = |ms: u64| GoDuration::from_nanos(ms as i64 * 1_000_000);
+    let least = millis(crate::report::protocol::MIN_INTERVAL_MILLIS);
     let interval = match &raw.interval {
         Some(text) => duration_at_least(&fail, "interval", text, least)?,
         None => GoDuration::from_secs(2),
     };
-    if interval.nanos() > 60_000_000_000 {
+    if interval.nanos() > millis(crate::report::protocol::MAX_INTERVAL_MILLIS).nanos() {
         return Err(fail(format!(
             "interval: {interval} is longer than 1m; the controller would count the agent as silent"
         )));
@@ -728,19 +734,6 @@ fn build_kubernetes(
     config.taints = raw.taints.unwrap_or(config.taints);
     config.local_kill = raw.local_kill.unwrap_or(config.local_kill);
     Ok(config)
-}
-
-fn valid_node_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
 }
 
 fn build_shutdown(

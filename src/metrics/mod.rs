@@ -94,8 +94,9 @@ pub struct Metrics {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReportResultLabels {
-    /// `accepted`, `refused` (the controller answered with an error) or `failed` (no
-    /// answer: unreachable, timed out).
+    /// On the agent: `accepted`, `refused` (the controller answered with an error) or
+    /// `failed` (no answer: unreachable, timed out). On the controller: `accepted`, or
+    /// the refusal reason.
     pub result: String,
 }
 

@@ -111,14 +111,18 @@ pub fn bearer_token(header: Option<&str>) -> Result<&str, AuthFailure> {
 /// Whether a token has the shape of a JWT (three base64url parts), so garbage is refused
 /// without a TokenReview.
 pub fn looks_like_jwt(token: &str) -> bool {
-    let parts: Vec<&str> = token.split('.').collect();
+    let mut parts = token.split('.');
+    let (Some(header), Some(payload), Some(_signature), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
     token.len() <= 16 * 1024
-        && parts.len() == 3
-        && parts[..2].iter().all(|part| !part.is_empty())
-        && parts.iter().all(|part| {
-            part.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'=')
-        })
+        && !header.is_empty()
+        && !payload.is_empty()
+        && token
+            .bytes()
+            .all(|b| b == b'.' || b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'=')
 }
 
 /// `namespace/name` into the username the API server gives its tokens.
@@ -375,16 +379,19 @@ impl Authenticator {
                 Err(failure) => node_tokens_unreadable = Some(failure),
             }
         }
-        if !looks_like_jwt(token) {
-            return Err(node_tokens_unreadable.unwrap_or_else(|| {
-                AuthFailure::NotAccepted(
-                    "it is neither this node's token nor a ServiceAccount token".to_string(),
-                )
-            }));
-        }
         let (node, credential) = match self.cached(&key) {
             Some(verdict) => verdict?,
             None => {
+                // Only JWT-shaped tokens are ever reviewed, so only they are in the
+                // cache: the shape is checked on a miss alone.
+                if !looks_like_jwt(token) {
+                    return Err(node_tokens_unreadable.unwrap_or_else(|| {
+                        AuthFailure::NotAccepted(
+                            "it is neither this node's token nor a ServiceAccount token"
+                                .to_string(),
+                        )
+                    }));
+                }
                 let verdict = self.review(token).await;
                 // An unreachable or busy API server says nothing about the token.
                 if !matches!(

@@ -218,14 +218,7 @@ pub async fn send_report(
 
 /// The pause after `failures` failed attempts in a row.
 pub fn backoff(interval: Duration, failures: u32) -> Duration {
-    if failures == 0 {
-        return interval;
-    }
-    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
-    interval
-        .saturating_mul(factor)
-        .min(MAX_BACKOFF)
-        .max(interval)
+    crate::kubernetes::outbox::retry_delay(failures, interval, MAX_BACKOFF).max(interval)
 }
 
 /// Reports until `stop` resolves.

@@ -19,6 +19,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::metrics::ReportResultLabels;
+
 use super::auth::{AuthPolicy, Authenticator, bearer_token};
 use super::ledger::{AgentView, Census, ReportLedger};
 use super::protocol::{self, Acknowledgement, REPORTS_PATH, Refusal, RefusalReason, decode_report};
@@ -69,19 +71,14 @@ const FORGET_AFTER: Duration = Duration::from_secs(3600);
 const MAX_HEADER_BYTES: usize = 16 * 1024;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabels {
-    /// `accepted`, or a refusal reason.
-    result: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AgentStateLabels {
     state: String,
 }
 
 /// The endpoint's metrics, registered in the controller's registry.
 pub struct ReportMetrics {
-    reports: Family<ResultLabels, Counter>,
+    /// By `result`: `accepted`, or the refusal reason.
+    reports: Family<ReportResultLabels, Counter>,
     handling: Histogram,
     agents: Family<AgentStateLabels, Gauge>,
 }
@@ -113,7 +110,7 @@ impl ReportMetrics {
 
     fn count(&self, result: &str) {
         self.reports
-            .get_or_create(&ResultLabels {
+            .get_or_create(&ReportResultLabels {
                 result: result.to_string(),
             })
             .inc();
@@ -420,11 +417,15 @@ pub async fn publish_census(hub: Arc<ReportHub>, stop: impl Future<Output = ()>)
     loop {
         tokio::select! {
             _ = ticker.tick() => {
-                let forgotten = hub.ledger().forget_silent(Instant::now(), FORGET_AFTER);
+                let (forgotten, census) = {
+                    let mut ledger = hub.ledger();
+                    let now = Instant::now();
+                    (ledger.forget_silent(now, FORGET_AFTER), ledger.census(now))
+                };
                 if forgotten > 0 {
                     tracing::info!(forgotten, "forgot agents silent for an hour");
                 }
-                hub.metrics.publish(&hub.census());
+                hub.metrics.publish(&census);
             }
             _ = &mut stop => return,
         }
