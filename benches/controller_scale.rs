@@ -43,7 +43,8 @@ use serde_json::json;
 
 use support::apiserver::FakeApiServer;
 use support::controller::{
-    ControllerProcess, config_map, crd, enabled_fabric, fence_of, write_controller_config,
+    ControllerProcess, config_map, crd, enabled_fabric, fence_of, metric_value,
+    write_controller_config,
 };
 use support::process_usage;
 
@@ -777,8 +778,10 @@ async fn start_latency(samples: usize) {
         eprintln!("sample {sample}: {:.1} ms", measured[sample]);
     }
     let metrics = controller.metrics();
-    let delay_sum = metric(&metrics, "nodekeeper_fence_start_delay_seconds_sum");
-    let delay_count = metric(&metrics, "nodekeeper_fence_start_delay_seconds_count");
+    let delay_sum =
+        metric_value(&metrics, "nodekeeper_fence_start_delay_seconds_sum").unwrap_or(0.0);
+    let delay_count =
+        metric_value(&metrics, "nodekeeper_fence_start_delay_seconds_count").unwrap_or(0.0);
 
     println!("\nunhealthyDuration elapsed → fence agent started ({samples} samples, ms)");
     println!(
@@ -801,12 +804,6 @@ async fn start_latency(samples: usize) {
         Summary::of(&measured).median / Summary::of(&direct).median,
         delay_sum / delay_count.max(1.0),
     );
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 struct Summary {

@@ -206,13 +206,11 @@ async fn measure(
     let cpu_before = process_usage::cpu_time(pid);
     tokio::time::sleep_until(end).await;
     let cpu = process_usage::cpu_time(pid).saturating_sub(cpu_before);
-    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let running = state
-        .rsplit(')')
-        .next()
-        .and_then(|rest| rest.split_whitespace().next())
-        .is_some_and(|state| state != "Z" && state != "X");
-    assert!(running, "{name} ended under the load; its log:\n{}", log());
+    assert!(
+        !process_usage::exited(pid),
+        "{name} ended under the load; its log:\n{}",
+        log()
+    );
     let rss_kib = process_usage::status_kib(pid, "VmRSS:");
     let peak_kib = process_usage::status_kib(pid, "VmHWM:");
     let load = load.await.expect("the load generator");

@@ -37,10 +37,8 @@ fn running_pod(name: &str, node: &str, labels: Value) -> Pod {
 }
 
 fn api_error(error: kube::Error) -> (u16, String) {
-    match error {
-        kube::Error::Api(status) => (status.code, status.reason.clone()),
-        other => panic!("expected an API error, got {other:?}"),
-    }
+    let (code, reason, _message) = api_failure(error);
+    (code, reason)
 }
 
 #[tokio::test]

@@ -22,7 +22,6 @@ fn nodekeeper(args: &[&str]) -> Output {
     fence_manifests::nodekeeper(args, "warn")
 }
 
-/// `nodekeeper args --from dir --agents-dir agents` with `RUST_LOG=level`.
 /// The standard output of a run that must exit 0; both outputs are shown if it did not.
 fn stdout_of_success(output: &Output) -> String {
     let stdout = text(&output.stdout);
@@ -35,6 +34,7 @@ fn stdout_of_success(output: &Output) -> String {
     stdout
 }
 
+/// `nodekeeper args --from dir --agents-dir agents` with `RUST_LOG=level`.
 fn from_files(args: &[&str], dir: &Path, agents: &Path, level: &str) -> Output {
     let dir = dir.display().to_string();
     let agents = agents.display().to_string();

@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use support::agent_process::AgentProcess;
 use support::apiserver::FakeApiServer;
@@ -91,37 +91,16 @@ fn token_of(node: &str) -> String {
     format!("node-token-of-{node}-0123456789abcdef")
 }
 
-/// The node-token Secret the agents authenticate with, one token per node.
-fn seed_node_tokens(server: &FakeApiServer, nodes: &[&str]) {
-    let data: serde_json::Map<String, Value> = nodes
-        .iter()
-        .map(|node| (node.to_string(), json!(base64(token_of(node).as_bytes()))))
-        .collect();
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "node-tokens", "namespace": NAMESPACE},
-        "data": data
-    }))
-    .expect("secret");
-    server.seed(&secret);
-}
-
 /// The real agent of `node`, in dry-run mode, reporting every half second to
 /// `reports` with its node token.
 fn start_agent(dir: &Path, node: &str, reports: &str) -> AgentProcess {
-    let token_file = dir.join(format!("token-{node}"));
-    std::fs::write(&token_file, token_of(node)).expect("token file");
-    let config = dir.join(format!("agent-{node}.yaml"));
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\n\
-             shutdownGracePeriod: 0s\n\
-             report: {{controllerURL: \"http://{reports}\", interval: 500ms, tokenFile: {}}}\n",
-            token_file.display()
-        ),
-    )
-    .expect("agent config");
-    AgentProcess::dry_run(&config)
+    AgentProcess::dry_run(&AgentProcess::reporting_config(
+        dir,
+        node,
+        reports,
+        &token_of(node),
+        "",
+    ))
 }
 
 /// The controller with silence detection (`silenceTimeout` 3 s), node-token reports on
@@ -140,12 +119,7 @@ fn start_controller(
             SILENCE.as_secs()
         ),
     );
-    ControllerProcess::start_logging(
-        dir,
-        server,
-        &config,
-        "debug,kube=info,hyper=info,tower=info",
-    )
+    ControllerProcess::start_logging(dir, server, &config, DEBUG_LOG)
 }
 
 /// Waits until the controller has a report from each of `nodes`.
@@ -160,13 +134,6 @@ async fn all_heard(controller: &ControllerProcess, nodes: &[&str]) {
         nodes.iter().all(|node| heard.contains(*node)).then_some(())
     })
     .await;
-}
-
-fn gauge(metrics: &str, name: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("{name} ")))
-        .and_then(|value| value.trim().parse().ok())
 }
 
 /// A database (StatefulSet pod with a ReadWriteOnce claim) and a fence configuration
@@ -189,7 +156,8 @@ async fn cluster_of(
 ) -> (FakeApiServer, PathBuf, Kubelets) {
     let fabric = enabled_fabric(dir);
     let server = ready_cluster(nodes).await;
-    seed_node_tokens(&server, nodes);
+    let tokens: Vec<(&str, String)> = nodes.iter().map(|node| (*node, token_of(node))).collect();
+    seed_node_tokens(&server, &tokens);
     databases_on(&server, databases, bmc, &fabric);
     let kubelets = Kubelets::start(&server, nodes).await;
     (server, fabric, kubelets)
@@ -332,7 +300,7 @@ async fn a_node_heard_on_either_channel_is_never_fenced_not_even_by_a_restarted_
         }
     }
     assert_eq!(
-        gauge(&controller.metrics(), "nodekeeper_controller_silent_nodes"),
+        metric_value(&controller.metrics(), "nodekeeper_controller_silent_nodes"),
         Some(0.0)
     );
 
@@ -413,12 +381,12 @@ async fn half_the_nodes_falling_silent_at_once_is_a_storm_and_nothing_is_powered
     }
     let metrics = wait_for(&controller, "the storm guard to see the storm", || {
         let metrics = controller.metrics();
-        (gauge(&metrics, "nodekeeper_storm_guard_state{state=\"storm\"}") == Some(1.0))
+        (metric_value(&metrics, "nodekeeper_storm_guard_state{state=\"storm\"}") == Some(1.0))
             .then_some(metrics)
     })
     .await;
     assert_eq!(
-        gauge(&metrics, "nodekeeper_controller_silent_nodes"),
+        metric_value(&metrics, "nodekeeper_controller_silent_nodes"),
         Some(3.0),
         "{metrics}"
     );

@@ -9,7 +9,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -78,12 +78,7 @@ async fn reporting_controller(
     settings: &str,
 ) -> (ControllerProcess, std::path::PathBuf, String) {
     let config = reports_config(dir, settings);
-    let controller = ControllerProcess::start_logging(
-        dir,
-        server,
-        &config,
-        "debug,kube=info,hyper=info,tower=info",
-    );
+    let controller = ControllerProcess::start_logging(dir, server, &config, DEBUG_LOG);
     controller.synced().await;
     let address = controller.reports_address();
     (controller, config, address)
@@ -184,24 +179,18 @@ fn reports_config(dir: &Path, settings: &str) -> std::path::PathBuf {
 }
 
 fn counter(metrics: &str, result: &str) -> u64 {
-    let prefix = format!("nodekeeper_controller_reports_total{{result=\"{result}\"}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0)
+    metric_value(
+        metrics,
+        &format!("nodekeeper_controller_reports_total{{result=\"{result}\"}}"),
+    )
+    .map_or(0, |value| value as u64)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_nodes_own_agent_may_report_for_it_and_only_forward() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = cluster().await;
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "node-tokens", "namespace": NAMESPACE},
-        "data": {"worker-2": base64(b"worker-2-unit-token\n")}
-    }))
-    .expect("secret");
-    server.seed(&secret);
+    seed_node_tokens(&server, &[("worker-2", "worker-2-unit-token\n")]);
     let (controller, _, address) = reporting_controller(
         dir.path(),
         &server,
@@ -519,10 +508,7 @@ async fn slow_and_flooding_clients_do_not_keep_good_agents_out() {
             "a slow client held on for {held:?}"
         );
     }
-    assert!(
-        std::path::Path::new(&format!("/proc/{}", controller.pid())).exists(),
-        "the controller is still running"
-    );
+    assert!(!controller.exited(), "the controller is still running");
     let accepted = post_report(&address, Some(&agent_w1), &report("worker-1", 42)).await;
     assert_eq!(accepted.0, 200, "{}", accepted.1);
 }
@@ -540,21 +526,14 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
     let dir = tempfile::tempdir().expect("temp dir");
     let server = cluster().await;
     let (controller, _, address) = reporting_controller(dir.path(), &server, ANY_PORT).await;
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, agent_token(&server, "agent-w1").await).expect("token file");
     // A threshold this node always meets, so the agent holds MemoryPressure.
-    let agent_config = dir.path().join("agent.yaml");
-    std::fs::write(
-        &agent_config,
-        format!(
-            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: worker-1\n\
-             housekeepingInterval: 200ms\nevictionHard: {{memory.available: 64Ti}}\n\
-             shutdownGracePeriod: 0s\n\
-             report: {{controllerURL: \"http://{address}\", interval: 500ms, tokenFile: {}}}\n",
-            token_file.display()
-        ),
-    )
-    .expect("agent config");
+    let agent_config = AgentProcess::reporting_config(
+        dir.path(),
+        "worker-1",
+        &address,
+        &agent_token(&server, "agent-w1").await,
+        "housekeepingInterval: 200ms\nevictionHard: {memory.available: 64Ti}\n",
+    );
     let mut agent = AgentProcess::dry_run(&agent_config);
     let reported = |controller: &ControllerProcess| {
         let controller_views = controller.agent_views();

@@ -81,6 +81,34 @@ impl AgentProcess {
         ])
     }
 
+    /// Writes `dir/agent-NODE.yaml`, the configuration of node `node`'s agent reporting
+    /// every half second to the controller at `controller` (an address) with `token` (in
+    /// `dir/token-NODE`), no graceful shutdown, and the `extra` top-level lines; returns
+    /// its path, for [`AgentProcess::dry_run`].
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn reporting_config(
+        dir: &std::path::Path,
+        node: &str,
+        controller: &str,
+        token: &str,
+        extra: &str,
+    ) -> std::path::PathBuf {
+        let token_file = dir.join(format!("token-{node}"));
+        std::fs::write(&token_file, token).expect("token file");
+        let config = dir.join(format!("agent-{node}.yaml"));
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\n\
+                 shutdownGracePeriod: 0s\n{extra}\
+                 report: {{controllerURL: \"http://{controller}\", interval: 500ms, tokenFile: {}}}\n",
+                token_file.display()
+            ),
+        )
+        .expect("agent config");
+        config
+    }
+
     /// The first log line not read yet that contains `text`, with the time it was read.
     pub fn wait_for_line(&self, text: &str, within: Duration) -> (Instant, String) {
         let deadline = Instant::now() + within;

@@ -152,27 +152,41 @@ pub fn base64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// `dir/controller.yaml`: a `ControllerConfiguration` for [`NAMESPACE`] with `settings`.
-/// Tests and benchmarks run side by side, so the report endpoint takes a free port unless
-/// `settings` configures it.
-pub fn write_controller_config(dir: &Path, settings: &str) -> PathBuf {
-    let path = dir.join("controller.yaml");
-    let reports = if settings.contains("reports:") {
-        ""
-    } else {
-        // No agent reports in these tests: a node without reports is known to have no
-        // agent at once, not after the reconnect grace a restarted controller gives
-        // agents.
-        "reports: {address: \"127.0.0.1:0\", reconnectGrace: 0s}\n"
+/// The report endpoint of every test controller unless a test configures it: a free
+/// port, since tests and benchmarks run side by side; and no reconnect grace, since no
+/// agent reports in most tests and a node without reports is then known to have no agent
+/// at once, not after the grace a restarted controller gives agents.
+const REPORTS: &str = "reports: {address: \"127.0.0.1:0\", reconnectGrace: 0s}";
+
+/// `dir/controller.yaml`: a `ControllerConfiguration` for [`NAMESPACE`] with `settings`,
+/// after each of `defaults` (one top-level field per line) that `settings` does not set.
+fn write_config(dir: &Path, defaults: &[&str], settings: &str) -> PathBuf {
+    let set_in_settings = |line: &&str| {
+        let key = line.split(':').next().unwrap_or_default();
+        settings
+            .lines()
+            .any(|given| given.starts_with(&format!("{key}:")))
     };
+    let defaults: String = defaults
+        .iter()
+        .filter(|line| !set_in_settings(line))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let path = dir.join("controller.yaml");
     std::fs::write(
         &path,
         format!(
-            "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: {NAMESPACE}\n{reports}{settings}"
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: ControllerConfiguration\nnamespace: {NAMESPACE}\n{defaults}{settings}"
         ),
     )
     .expect("write the controller's configuration");
     path
+}
+
+/// `dir/controller.yaml` with `settings` and the test report endpoint ([`REPORTS`])
+/// unless `settings` configures one.
+pub fn write_controller_config(dir: &Path, settings: &str) -> PathBuf {
+    write_config(dir, &[REPORTS], settings)
 }
 
 /// The controller's configuration for a test: short waits, fast leader election, the
@@ -180,27 +194,47 @@ pub fn write_controller_config(dir: &Path, settings: &str) -> PathBuf {
 /// that acts on the out-of-service taint). A top-level field `extra` sets replaces the
 /// rig's line for it.
 pub fn controller_config(dir: &Path, extra: &str) -> PathBuf {
-    let rig = [
-        "unhealthyDuration: 2s",
-        "powerManagementDelay: 1s",
-        "retry: {limit: 1, backoff: 1s, maxBackoff: 2s}",
-        "release: {outOfServiceTaint: true, deletePods: true}",
-        "agents: {callTimeout: 5s, verifyTimeout: 5s, allowedOptions: [status_file]}",
-        "leaderElection: {leaseDuration: 4s, renewInterval: 500ms, renewDeadline: 3s}",
-    ];
-    let overridden = |line: &&str| {
-        let key = line.split(':').next().unwrap_or_default();
-        extra
-            .lines()
-            .any(|given| given.starts_with(&format!("{key}:")))
-    };
-    let mut settings: String = rig
+    write_config(
+        dir,
+        &[
+            "unhealthyDuration: 2s",
+            "powerManagementDelay: 1s",
+            "retry: {limit: 1, backoff: 1s, maxBackoff: 2s}",
+            "release: {outOfServiceTaint: true, deletePods: true}",
+            "agents: {callTimeout: 5s, verifyTimeout: 5s, allowedOptions: [status_file]}",
+            "leaderElection: {leaseDuration: 4s, renewInterval: 500ms, renewDeadline: 3s}",
+            REPORTS,
+        ],
+        extra,
+    )
+}
+
+/// A log filter for the controller at debug level, so a secret in any of its own log
+/// lines would be seen, with the libraries' chatter at info.
+pub const DEBUG_LOG: &str = "debug,kube=info,hyper=info,tower=info";
+
+/// The Secret `node-tokens` in [`NAMESPACE`] (`reports.nodeTokensSecret`): one token per
+/// node, as systemd agents present them.
+pub fn seed_node_tokens<T: AsRef<str>>(server: &FakeApiServer, tokens: &[(&str, T)]) {
+    let data: serde_json::Map<String, Value> = tokens
         .iter()
-        .filter(|line| !overridden(line))
-        .map(|line| format!("{line}\n"))
+        .map(|(node, token)| (node.to_string(), json!(base64(token.as_ref().as_bytes()))))
         .collect();
-    settings.push_str(extra);
-    write_controller_config(dir, &settings)
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "node-tokens", "namespace": NAMESPACE},
+        "data": data
+    }))
+    .expect("secret");
+    server.seed(&secret);
+}
+
+/// The value of the exposition line for `series` (a metric name with its labels, as
+/// exposed), if there is one.
+pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
 }
 
 /// The controller process; killed (by its PID) when dropped.
@@ -286,16 +320,9 @@ impl ControllerProcess {
         assert!(taint_keys(server, node).is_empty(), "our taints are gone");
     }
 
-    /// The process has exited (it is a zombie nobody waited for yet); read from /proc,
-    /// so the child is not reaped behind `Child`'s back.
+    /// The process has exited (see [`super::process_usage::exited`]).
     pub fn exited(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
-            .ok()
-            .and_then(|stat| {
-                stat.rsplit_once(") ")
-                    .and_then(|(_, rest)| rest.chars().next())
-            })
-            .is_none_or(|state| state == 'Z' || state == 'X')
+        super::process_usage::exited(self.child.id())
     }
 
     /// Kills the process outright (SIGKILL), as an OOM kill or a lost machine would.

@@ -37,3 +37,15 @@ pub fn status_kib(pid: u32, key: &str) -> u64 {
         .and_then(|kib| kib.parse().ok())
         .unwrap_or_else(|| panic!("/proc/{pid}/status has no {key}"))
 }
+
+/// Whether process `pid` has exited: gone, or a zombie nobody waited for yet. Read from
+/// `/proc`, so a child is not reaped behind its `Child`'s back.
+pub fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next())
+        })
+        .is_none_or(|state| state == 'Z' || state == 'X')
+}

@@ -138,17 +138,7 @@ impl RecordedRequest {
     /// The verb and resource RBAC would check for this request (None for discovery paths).
     pub fn rbac_access(&self) -> Option<RbacAccess> {
         let target = super::routes::parse_resource_path(&self.path)?;
-        let verb = match (self.method.as_str(), target.name.is_some()) {
-            ("GET", true) => "get",
-            ("GET", false) if self.is_watch() => "watch",
-            ("GET", false) => "list",
-            ("POST", _) => "create",
-            ("PUT", _) => "update",
-            ("PATCH", _) => "patch",
-            ("DELETE", true) => "delete",
-            ("DELETE", false) => "deletecollection",
-            _ => return None,
-        };
+        let verb = super::verbs::verb(&self.method, target.name.is_some(), self.is_watch())?;
         let resource = match target.subresource {
             Some(subresource) => format!("{}/{subresource}", target.plural),
             None => target.plural,

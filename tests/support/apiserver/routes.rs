@@ -272,7 +272,12 @@ fn route(shared: &Arc<Shared>, call: &Call) -> Result<Response<Body>, ApiError> 
     {
         return Err(ApiError::path_not_found(call.path));
     }
-    if !allowed_verbs.contains(&verb_of(call, target.name.is_some())) {
+    let verb = verbs::verb(
+        call.method.as_str(),
+        target.name.is_some(),
+        call.flag("watch"),
+    );
+    if !verb.is_some_and(|verb| allowed_verbs.contains(&verb)) {
         return Err(ApiError::method_not_allowed(
             "the server does not allow this method on the requested resource",
         ));
@@ -463,21 +468,6 @@ fn route(shared: &Arc<Shared>, call: &Call) -> Result<Response<Body>, ApiError> 
             "{method} is not supported on {}",
             call.path
         ))),
-    }
-}
-
-/// The verb RBAC and discovery name for a request.
-fn verb_of(call: &Call, named: bool) -> &'static str {
-    match (call.method.clone(), named) {
-        (Method::GET, true) => "get",
-        (Method::GET, false) if call.flag("watch") => "watch",
-        (Method::GET, false) => "list",
-        (Method::POST, _) => "create",
-        (Method::PUT, _) => "update",
-        (Method::PATCH, _) => "patch",
-        (Method::DELETE, true) => "delete",
-        (Method::DELETE, false) => "deletecollection",
-        _ => "",
     }
 }
 

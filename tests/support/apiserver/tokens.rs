@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::status::ApiError;
 use super::store::{ObjectKey, Store};
-use super::verbs;
+use super::verbs::{self, text_at};
 
 /// The server's own audience (`--api-audiences`, defaulting to the issuer): what a request
 /// without audiences gets and what a review without audiences checks.
@@ -137,22 +137,6 @@ fn random_bytes(count: usize) -> Vec<u8> {
     bytes
 }
 
-/// A random (version 4) UUID, as `uuid.NewString()` makes the `jti`.
-fn random_uuid() -> String {
-    let mut bytes = random_bytes(16);
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
 /// Unpadded base64url (RFC 4648 §5), as JWTs use.
 fn base64url(bytes: &[u8]) -> String {
     use base64::Engine as _;
@@ -175,13 +159,6 @@ fn core_key(plural: &str, namespace: &str, name: &str) -> ObjectKey {
         namespace: namespace.to_string(),
         name: name.to_string(),
     }
-}
-
-fn text_at<'a>(object: &'a Value, pointer: &str) -> &'a str {
-    object
-        .pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
 }
 
 fn uid_of(object: &Value) -> String {
@@ -365,7 +342,7 @@ pub fn request_token(
         pod,
         secret,
         node,
-        credential_id: random_uuid(),
+        credential_id: verbs::new_uid(),
         forced_expiry: false,
     };
     let token = jwt(&issued);

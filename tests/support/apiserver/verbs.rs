@@ -37,7 +37,8 @@ pub fn unique_bits() -> u64 {
     value ^ (value >> 31)
 }
 
-fn new_uid() -> String {
+/// A random (version 4) UUID, as the real server makes `metadata.uid`.
+pub(super) fn new_uid() -> String {
     let high = unique_bits();
     let low = unique_bits();
     format!(
@@ -63,11 +64,28 @@ fn name_suffix() -> String {
         .collect()
 }
 
-fn text_at<'a>(object: &'a Value, pointer: &str) -> &'a str {
+/// The string at a JSON pointer; empty when absent or not a string.
+pub(super) fn text_at<'a>(object: &'a Value, pointer: &str) -> &'a str {
     object
         .pointer(pointer)
         .and_then(Value::as_str)
         .unwrap_or_default()
+}
+
+/// The Kubernetes verb RBAC checks and discovery lists for a request: its HTTP method, whether
+/// the path names one object, and whether it asks to watch. None for a method no verb maps to.
+pub(super) fn verb(method: &str, named: bool, watch: bool) -> Option<&'static str> {
+    match (method, named) {
+        ("GET", true) => Some("get"),
+        ("GET", false) if watch => Some("watch"),
+        ("GET", false) => Some("list"),
+        ("POST", _) => Some("create"),
+        ("PUT", _) => Some("update"),
+        ("PATCH", _) => Some("patch"),
+        ("DELETE", true) => Some("delete"),
+        ("DELETE", false) => Some("deletecollection"),
+        _ => None,
+    }
 }
 
 fn metadata_mut(object: &mut Value) -> &mut serde_json::Map<String, Value> {
