@@ -614,6 +614,22 @@ fn the_report_section_is_read_with_defaults_and_checked() {
         "an empty tokenFile sends no credential"
     );
     assert!(agent("").expect("valid").report.is_none(), "off by default");
+    let config = agent(
+        "report: {controllerURL: \"https://controller.example:9849\", caFile: /etc/nodekeeper/ca.crt}\n",
+    )
+    .expect("valid");
+    let report = config.report.expect("reporting on");
+    assert_eq!(report.controller_url, "https://controller.example:9849");
+    assert_eq!(
+        report.ca_file.as_deref(),
+        Some(std::path::Path::new("/etc/nodekeeper/ca.crt"))
+    );
+    let config = agent("report: {controllerURL: \"https://c:9849\"}\n").expect("valid");
+    assert_eq!(
+        config.report.expect("reporting on").ca_file,
+        None,
+        "https without caFile checks against the system's roots"
+    );
 
     for (body, expected) in [
         (
@@ -621,12 +637,20 @@ fn the_report_section_is_read_with_defaults_and_checked() {
             "report: controllerURL is required",
         ),
         (
-            "report: {controllerURL: \"https://c:9849\"}\n",
-            "https is not supported yet",
+            "report: {controllerURL: \"http://c:9849\", caFile: /ca.crt}\n",
+            "caFile: is for an https controllerURL",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", caFile: ca.crt}\n",
+            "caFile: \"ca.crt\" must be an absolute path",
+        ),
+        (
+            "report: {controllerURL: \"ftp://c:9849\"}\n",
+            "is not an address like https://host:9849",
         ),
         (
             "report: {controllerURL: \"http://c:9849/v1/reports\"}\n",
-            "is not an address like http://host:9849",
+            "is not an address like https://host:9849",
         ),
         (
             "report: {controllerURL: \"c:9849\"}\n",

@@ -670,3 +670,169 @@ async fn a_full_house_answers_429_and_refused_clients_do_not_keep_their_connecti
         assert!(!text.contains("connection: close"), "{text}");
     }
 }
+
+/// The test's TLS files: a CA (`ca-N`) and a server certificate it signed, installed
+/// where the controller reads them (`tls.crt`, `tls.key`).
+fn issued(dir: &Path, ca: &str) -> Result<(support::tls::Pair, support::tls::Pair), String> {
+    support::real::program("openssl", "openssl")?;
+    let ca_pair = support::tls::certificate_authority(dir, ca)?;
+    let server = support::tls::server_certificate(dir, &format!("server-{ca}"), &ca_pair)?;
+    Ok((ca_pair, server))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_over_tls_take_a_rotated_certificate_and_refuse_what_cannot_check_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (ca_one, server_one) = require!("openssl", issued(dir.path(), "ca-1"));
+    let (ca_two, server_two) = issued(dir.path(), "ca-2").expect("a second CA");
+    let served = support::tls::Pair {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+    };
+    support::tls::install(&server_one, &served);
+    let server = cluster().await;
+    let (controller, _, address) = reporting_controller(
+        dir.path(),
+        &server,
+        &format!(
+            "{ANY_PORT}, requestTimeout: 1s, tls: {{certFile: {}, keyFile: {}}}",
+            served.cert.display(),
+            served.key.display()
+        ),
+    )
+    .await;
+
+    // An agent that trusts the controller's CA reports over TLS.
+    let trusting = AgentProcess::tls_reporting_config(
+        dir.path(),
+        "worker-1",
+        &address,
+        &ca_one.cert,
+        &agent_token(&server, "agent-w1").await,
+    );
+    let _trusting = AgentProcess::dry_run(&trusting);
+    let reported = |controller: &ControllerProcess, node: &str| {
+        controller
+            .agent_views()
+            .as_array()
+            .and_then(|views| views.iter().find(|v| v["report"]["node"] == node).cloned())
+    };
+    wait_for(&controller, "worker-1's report over TLS", || {
+        reported(&controller, "worker-1")
+    })
+    .await;
+
+    // One that checks against another CA refuses the controller and sends nothing.
+    let doubting = AgentProcess::tls_reporting_config(
+        dir.path(),
+        "worker-2",
+        &address,
+        &ca_two.cert,
+        &agent_token(&server, "agent-w2").await,
+    );
+    let doubting = AgentProcess::dry_run(&doubting);
+    let (_, line) = doubting.wait_for_line(
+        "cannot report to the fence controller",
+        Duration::from_secs(10),
+    );
+    assert!(
+        line.contains("certificate") && line.contains("UnknownIssuer"),
+        "{line}"
+    );
+    assert!(
+        reported(&controller, "worker-2").is_none(),
+        "no report came through"
+    );
+
+    // Plain HTTP to the TLS port gets no HTTP answer; a client that connects and never
+    // starts the handshake is let go after the request timeout. Neither costs the
+    // controller anything.
+    let handshakes = counter(&controller.metrics(), "tls_handshake_failed");
+    let mut plain = TcpStream::connect(&address).await.expect("connect");
+    let _ = plain.write_all(&report_request(None, b"{}", true)).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut answer)).await;
+    assert!(
+        !String::from_utf8_lossy(&answer).starts_with("HTTP/"),
+        "plain HTTP must not be answered: {:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(&address).await.expect("connect");
+    let closed = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut [0; 16])).await;
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+    let held = started.elapsed();
+    println!("a client that never starts the TLS handshake was let go after {held:?}");
+    assert!(held >= Duration::from_millis(900) && held < Duration::from_secs(4));
+    wait_for(&controller, "both failed handshakes counted", || {
+        (counter(&controller.metrics(), "tls_handshake_failed") >= handshakes + 2).then_some(())
+    })
+    .await;
+
+    // A broken pair (another certificate with the old key) is refused and the old
+    // certificate stays in use; the rotated pair is then served without a restart, so
+    // the agent that trusts the new CA gets through.
+    let broken = support::tls::Pair {
+        cert: server_two.cert.clone(),
+        key: server_one.key.clone(),
+    };
+    support::tls::install(&broken, &served);
+    let mut log_seen = String::new();
+    wait_for(&controller, "the broken pair refused", || {
+        log_seen = controller.log();
+        log_seen
+            .contains("the report endpoint's new certificate cannot be used")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        log_seen.contains("the key does not belong to the certificate"),
+        "the error says why"
+    );
+    assert!(
+        reported(&controller, "worker-2").is_none(),
+        "still the first certificate"
+    );
+    support::tls::install(&server_two, &served);
+    let rotated = Instant::now();
+    wait_for(&controller, "worker-2's report after the rotation", || {
+        reported(&controller, "worker-2")
+    })
+    .await;
+    println!(
+        "the rotated certificate was served {:?} after it was installed",
+        rotated.elapsed()
+    );
+    assert!(
+        controller
+            .log()
+            .contains("the report endpoint's certificate changed")
+    );
+    assert!(!controller.exited());
+
+    // A controller given a pair that does not belong together does not start, and says
+    // which files.
+    let config = reports_config(
+        dir.path(),
+        &format!(
+            "{ANY_PORT}, tls: {{certFile: {}, keyFile: {}}}",
+            server_one.cert.display(),
+            server_two.key.display()
+        ),
+    );
+    let refused = ControllerProcess::start(dir.path(), &server, &config);
+    wait_for(&refused, "the controller to refuse the pair", || {
+        refused.exited().then_some(())
+    })
+    .await;
+    let log = refused.log();
+    assert!(
+        log.contains("reports.tls")
+            && log.contains(&format!(
+                "{} and {}",
+                server_one.cert.display(),
+                server_two.key.display()
+            )),
+        "{log}"
+    );
+}

@@ -141,6 +141,7 @@ fn sender_settings(config: &AgentConfig) -> Option<SenderSettings> {
         interval: report.interval.to_std(),
         timeout: report.timeout.to_std(),
         token_file: report.token_file.clone(),
+        ca_file: report.ca_file.clone(),
         dry_run: config.dry_run,
     })
 }

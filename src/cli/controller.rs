@@ -156,18 +156,34 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let mut report_tasks = Vec::new();
         let mut report_hub = None;
         if policy.reports.enabled {
-            use nodekeeper::report::server;
+            use nodekeeper::report::{server, tls};
+            let identity = match &policy.reports.tls {
+                Some(files) => {
+                    let identity = tls::ServerIdentity::load(&files.cert_file, &files.key_file)
+                        .context("reports.tls: the report endpoint's certificate")?;
+                    report_tasks.push(tokio::spawn(tls::watch_identity(
+                        identity.clone(),
+                        stopped(),
+                    )));
+                    Some(identity)
+                }
+                None => {
+                    tracing::warn!("reports.tls is not set: agent reports come over plain HTTP, so only their arrival counts; a report's content decides nothing");
+                    None
+                }
+            };
             let hub = Arc::new(nodekeeper::report::ReportHub::new(
                 client.clone(),
                 &policy.namespace,
                 policy.reports.clone(),
                 metrics.reports.clone(),
+                identity,
             ));
             let address = &policy.reports.address;
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .with_context(|| format!("reports.address {address}: cannot listen"))?;
-            tracing::info!(address = %listener.local_addr()?, "serving agent reports on POST /v1/reports");
+            tracing::info!(address = %listener.local_addr()?, tls = hub.is_tls(), "serving agent reports on POST /v1/reports");
             report_tasks.push(tokio::spawn(server::serve(listener, hub.clone(), stopped())));
             report_tasks.push(tokio::spawn(server::publish_census(hub.clone(), stopped())));
             extra_routes = server::views_route(hub.clone());

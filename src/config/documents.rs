@@ -157,6 +157,10 @@ pub struct RawReport {
     /// The bearer token, read again for every report (projected tokens rotate).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
+    /// With an https controllerURL: the CA the controller's certificate is checked
+    /// against (without it, the system's roots).
+    #[serde(rename = "caFile", skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
 }
 
 /// How the agent talks to the cluster and finds pods' cgroups and files on the node.

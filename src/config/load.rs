@@ -606,24 +606,34 @@ fn build_report(
         ));
     };
     let url = url.trim_end_matches('/');
-    match url.parse::<http::Uri>() {
+    let https = match url.parse::<http::Uri>() {
         Ok(uri)
-            if uri.scheme_str() == Some("http")
+            if matches!(uri.scheme_str(), Some("http" | "https"))
                 && uri.host().is_some()
                 && uri
                     .path_and_query()
-                    .is_none_or(|p| p.as_str() == "/" || p.as_str().is_empty()) => {}
-        Ok(uri) if uri.scheme_str() == Some("https") => {
-            return Err(fail(format!(
-                "controllerURL: {url:?}: https is not supported yet; use http inside the cluster network"
-            )));
+                    .is_none_or(|p| p.as_str() == "/" || p.as_str().is_empty()) =>
+        {
+            uri.scheme_str() == Some("https")
         }
         _ => {
             return Err(fail(format!(
-                "controllerURL: {url:?} is not an address like http://host:9849 (scheme http, a host, no path)"
+                "controllerURL: {url:?} is not an address like https://host:9849 (scheme https or http, a host, no path)"
             )));
         }
-    }
+    };
+    let ca_file = match raw.ca_file.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(_) if !https => {
+            return Err(fail(format!(
+                "caFile: is for an https controllerURL, and {url:?} is plain http"
+            )));
+        }
+        Some(path) if !path.starts_with('/') => {
+            return Err(fail(format!("caFile: {path:?} must be an absolute path")));
+        }
+        Some(path) => Some(PathBuf::from(path)),
+    };
     // The interval's bounds are the protocol's: the controller refuses any other.
     let millis = |ms: u64| GoDuration::from_nanos(ms as i64 * 1_000_000);
     let least = millis(crate::report::protocol::MIN_INTERVAL_MILLIS);
@@ -657,6 +667,7 @@ fn build_report(
         interval,
         timeout,
         token_file,
+        ca_file,
     }))
 }
 
@@ -846,6 +857,7 @@ fn effective_document(mut doc: AgentDocument, config: &AgentConfig) -> AgentDocu
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
         ),
+        ca_file: report.ca_file.as_ref().map(|p| p.display().to_string()),
     });
     doc
 }

@@ -205,12 +205,15 @@ pub struct AgentConfig {
 /// Where and how often the agent reports to the fence controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReportConfig {
-    /// `http://host:port` of the controller's report endpoint.
+    /// `http://host:port` or `https://host:port` of the controller's report endpoint.
     pub controller_url: String,
     pub interval: GoDuration,
     /// One report's deadline.
     pub timeout: GoDuration,
     pub token_file: Option<PathBuf>,
+    /// The CA that signs the controller's certificate (https only; `None`: the system's
+    /// roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The projected ServiceAccount token a DaemonSet mounts for the controller's audience.

@@ -401,6 +401,10 @@ impl ControllerPolicy {
                 "requestTimeout": go(self.reports.request_timeout),
                 "maxConnections": self.reports.max_connections,
                 "maxInFlight": self.reports.max_in_flight,
+                "tls": self.reports.tls.as_ref().map_or(serde_json::Value::Null, |tls| serde_json::json!({
+                    "certFile": tls.cert_file.display().to_string(),
+                    "keyFile": tls.key_file.display().to_string(),
+                })),
             },
         })
     }
@@ -455,6 +459,14 @@ struct ReportsDocument {
     request_timeout: Option<String>,
     max_connections: Option<usize>,
     max_in_flight: Option<usize>,
+    tls: Option<TlsDocument>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TlsDocument {
+    cert_file: Option<String>,
+    key_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -973,6 +985,32 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
         policy.reports.auth.service_accounts = accounts;
     }
     policy.reports.auth.node_tokens_secret = reports.node_tokens_secret.filter(|s| !s.is_empty());
+    if let Some(tls) = reports.tls {
+        let file = |field: &'static str, value: Option<String>, errors: &mut Vec<PolicyError>| {
+            match value.filter(|path| !path.trim().is_empty()) {
+                Some(path) if path.starts_with('/') => Some(std::path::PathBuf::from(path)),
+                Some(path) => {
+                    errors.push(error(field, format!("{path:?} must be an absolute path")));
+                    None
+                }
+                None => {
+                    errors.push(error(
+                        field,
+                        "is required with reports.tls (a PEM file, like a kubernetes.io/tls Secret's tls.crt and tls.key)".to_string(),
+                    ));
+                    None
+                }
+            }
+        };
+        let cert_file = file("reports.tls.certFile", tls.cert_file, &mut errors);
+        let key_file = file("reports.tls.keyFile", tls.key_file, &mut errors);
+        if let (Some(cert_file), Some(key_file)) = (cert_file, key_file) {
+            policy.reports.tls = Some(crate::report::TlsFiles {
+                cert_file,
+                key_file,
+            });
+        }
+    }
     for (field, value, target, least) in [
         (
             "reports.maxBodyBytes",
@@ -1124,6 +1162,42 @@ mod tests {
         );
         assert!(text.contains("expected one of `maxUnhealthy`"), "{text}");
         assert!(text.contains("maxUnhealty"), "{text}");
+    }
+
+    #[test]
+    fn the_report_endpoints_tls_files_are_read_and_checked() {
+        assert_eq!(
+            ControllerPolicy::default().reports.tls,
+            None,
+            "plain HTTP by default"
+        );
+        let policy = parse(
+            "reports: {tls: {certFile: /etc/tls/tls.crt, keyFile: /etc/tls/tls.key}}\n",
+            "tls.yaml",
+        )
+        .expect("valid");
+        let tls = policy.reports.tls.clone().expect("tls");
+        assert_eq!(tls.cert_file, std::path::Path::new("/etc/tls/tls.crt"));
+        assert_eq!(tls.key_file, std::path::Path::new("/etc/tls/tls.key"));
+        assert_eq!(
+            policy.effective_document()["reports"]["tls"]["keyFile"],
+            "/etc/tls/tls.key"
+        );
+        let text = parse("reports: {tls: {certFile: tls.crt}}\n", "bad.yaml")
+            .expect_err("invalid")
+            .to_string();
+        assert!(
+            text.contains("bad.yaml: reports.tls.certFile: \"tls.crt\" must be an absolute path"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bad.yaml: reports.tls.keyFile: is required with reports.tls"),
+            "{text}"
+        );
+        let text = parse("reports: {tls: {cert: /a}}\n", "typo.yaml")
+            .expect_err("unknown field")
+            .to_string();
+        assert!(text.contains("certFile"), "{text}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use http::{Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -33,6 +34,9 @@ pub struct SenderSettings {
     pub timeout: Duration,
     /// Read again for every report; `None` sends no credential.
     pub token_file: Option<PathBuf>,
+    /// With an https URL, the CA the controller's certificate must chain to (read again
+    /// when it changes); `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
     pub dry_run: bool,
 }
 
@@ -48,6 +52,8 @@ pub enum SendError {
     Url(String),
     #[error("cannot read the token file {path}: {error}")]
     Token { path: String, error: std::io::Error },
+    #[error("TLS: {0}")]
+    Tls(#[from] super::tls::TlsError),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
     #[error("{0}")]
@@ -66,6 +72,7 @@ impl SendError {
             SendError::Refused { status, .. } => format!("refused {status}"),
             SendError::Url(_) => "url".to_string(),
             SendError::Token { .. } => "token".to_string(),
+            SendError::Tls(_) => "tls".to_string(),
             SendError::Timeout(_) => "timeout".to_string(),
             SendError::Transport(_) => "transport".to_string(),
             SendError::Answer(_) => "answer".to_string(),
@@ -73,15 +80,57 @@ impl SendError {
     }
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-fn http_client() -> HttpClient {
+/// A client for http and https URLs; https certificates are checked against `ca_file`,
+/// or the system's roots without one.
+pub fn http_client(ca_file: Option<&std::path::Path>) -> Result<HttpClient, SendError> {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(Duration::from_secs(3)));
     connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
+    connector.enforce_http(false);
+    let tls = super::tls::client_config(ca_file)?;
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
+    Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(60))
-        .build(connector)
+        .build(connector))
+}
+
+/// The sender's client, built again when its CA file changes (a rotated CA is trusted
+/// from the next report on) and while the file cannot be used.
+struct Clients {
+    ca_file: Option<PathBuf>,
+    built: Option<(Option<(std::time::SystemTime, u64)>, HttpClient)>,
+}
+
+impl Clients {
+    fn new(ca_file: Option<PathBuf>) -> Clients {
+        Clients {
+            ca_file,
+            built: None,
+        }
+    }
+
+    fn current(&mut self) -> Result<HttpClient, SendError> {
+        let stamp = self.ca_file.as_deref().and_then(super::tls::file_stamp);
+        if let Some((built_for, client)) = &self.built
+            && *built_for == stamp
+        {
+            return Ok(client.clone());
+        }
+        let client = http_client(self.ca_file.as_deref())?;
+        if self.built.is_some() {
+            tracing::info!(
+                "the CA file changed; the controller's certificate is checked against the new one"
+            );
+        }
+        self.built = Some((stamp, client.clone()));
+        Ok(client)
+    }
 }
 
 /// A sequence number that grows within a boot, also across agent restarts: milliseconds
@@ -228,7 +277,7 @@ pub async fn run_sender(
     metrics: Arc<Metrics>,
     stop: impl Future<Output = ()>,
 ) {
-    let client = http_client();
+    let mut clients = Clients::new(settings.ca_file.clone());
     let mut stop = std::pin::pin!(stop);
     let mut sequence = 0;
     let mut failures: u32 = 0;
@@ -239,9 +288,12 @@ pub async fn run_sender(
     loop {
         sequence = next_sequence(sequence);
         let report = build_report(&settings, &board, sequence, trigger, Timestamp::now());
-        let result = tokio::select! {
-            result = send_report(&client, &settings, &report) => result,
-            _ = &mut stop => return,
+        let result = match clients.current() {
+            Ok(client) => tokio::select! {
+                result = send_report(&client, &settings, &report) => result,
+                _ = &mut stop => return,
+            },
+            Err(error) => Err(error),
         };
         let label = match &result {
             Ok(_) => "accepted",
@@ -293,7 +345,7 @@ pub async fn fetch_views(base_url: &str) -> Result<Vec<AgentView>, SendError> {
         .uri(&url)
         .body(Full::new(Bytes::new()))
         .map_err(|e| SendError::Url(format!("{url}: {e}")))?;
-    let (status, body) = exchange(&http_client(), request, Duration::from_secs(10))
+    let (status, body) = exchange(&http_client(None)?, request, Duration::from_secs(10))
         .await
         .map_err(|error| SendError::Transport(format!("{url}: {error}")))?;
     if status != StatusCode::OK {
@@ -356,6 +408,7 @@ mod tests {
             interval: Duration::from_secs(2),
             timeout: Duration::from_secs(1),
             token_file: None,
+            ca_file: None,
             dry_run: true,
         };
         let now: Timestamp = "2026-11-24T05:00:00Z".parse().expect("time");

@@ -24,6 +24,7 @@ use crate::metrics::ReportResultLabels;
 use super::auth::{AuthPolicy, Authenticator, bearer_token};
 use super::ledger::{AgentView, Census, ReportLedger};
 use super::protocol::{self, Acknowledgement, REPORTS_PATH, Refusal, RefusalReason, decode_report};
+use super::tls::ServerIdentity;
 
 /// How the endpoint listens, and its limits.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -46,6 +47,16 @@ pub struct ReportsPolicy {
     /// counts as "not known yet" rather than "has no agent": every running agent reaches a
     /// new controller within its backoff (at most 30 s) plus one report timeout.
     pub reconnect_grace: Duration,
+    /// Serve over TLS with this certificate and key; `None`: plain HTTP.
+    pub tls: Option<TlsFiles>,
+}
+
+/// The report endpoint's certificate and key, PEM files (a `kubernetes.io/tls` Secret's
+/// `tls.crt` and `tls.key`), read again when they change.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TlsFiles {
+    pub cert_file: std::path::PathBuf,
+    pub key_file: std::path::PathBuf,
 }
 
 impl Default for ReportsPolicy {
@@ -60,6 +71,7 @@ impl Default for ReportsPolicy {
             max_in_flight: 512,
             connection_lifetime: Duration::from_secs(600),
             reconnect_grace: Duration::from_secs(40),
+            tls: None,
         }
     }
 }
@@ -141,6 +153,8 @@ pub struct ReportHub {
     policy: ReportsPolicy,
     metrics: Arc<ReportMetrics>,
     in_flight: tokio::sync::Semaphore,
+    /// The certificate the endpoint serves, when it serves TLS.
+    identity: Option<Arc<ServerIdentity>>,
 }
 
 type Answer = Response<Full<Bytes>>;
@@ -179,8 +193,10 @@ impl ReportHub {
         namespace: &str,
         policy: ReportsPolicy,
         metrics: Arc<ReportMetrics>,
+        identity: Option<Arc<ServerIdentity>>,
     ) -> ReportHub {
         ReportHub {
+            identity,
             ledger: Mutex::new(ReportLedger::default()),
             auth: Authenticator::new(client, namespace, policy.auth.clone()),
             in_flight: tokio::sync::Semaphore::new(policy.max_in_flight.max(1)),
@@ -191,6 +207,12 @@ impl ReportHub {
 
     pub fn policy(&self) -> &ReportsPolicy {
         &self.policy
+    }
+
+    /// Reports arrive over TLS, so a token cannot be read off the wire and a report's
+    /// content may decide something.
+    pub fn is_tls(&self) -> bool {
+        self.identity.is_some()
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, ReportLedger> {
@@ -354,13 +376,26 @@ impl ReportHub {
     }
 }
 
-/// Serves the endpoint on `listener` until `shutdown` resolves.
+/// Serves the endpoint on `listener` until `shutdown` resolves, over TLS when the hub
+/// has a certificate.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     hub: Arc<ReportHub>,
     shutdown: impl Future<Output = ()>,
 ) {
     let policy = hub.policy().clone();
+    let acceptor = match hub
+        .identity
+        .as_ref()
+        .map(|identity| identity.server_config())
+    {
+        Some(Ok(config)) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        Some(Err(error)) => {
+            tracing::error!(%error, "the report endpoint cannot serve TLS; no reports are taken");
+            return;
+        }
+        None => None,
+    };
     let connections = Arc::new(tokio::sync::Semaphore::new(policy.max_connections.max(1)));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -385,27 +420,58 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let hub = hub.clone();
-        let service = hyper::service::service_fn(move |request| {
-            let hub = hub.clone();
-            async move { Ok::<_, std::convert::Infallible>(hub.handle(request).await) }
-        });
-        let connection = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(policy.request_timeout)
-            .max_buf_size(MAX_HEADER_BYTES)
-            .serve_connection(TokioIo::new(stream), service);
-        let lifetime = policy.connection_lifetime;
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
+            // The permit is held through the handshake too: a client that connects and
+            // never finishes it holds a slot for at most one request timeout.
             let _permit = permit;
-            let mut connection = std::pin::pin!(connection);
-            tokio::select! {
-                _ = connection.as_mut() => {}
-                _ = tokio::time::sleep(lifetime) => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(10), connection).await;
+            let timeout = hub.policy.request_timeout;
+            let lifetime = hub.policy.connection_lifetime;
+            match acceptor {
+                None => serve_connection(stream, hub, lifetime).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => serve_connection(tls, hub, lifetime).await,
+                        Ok(Err(error)) => {
+                            hub.metrics.count("tls_handshake_failed");
+                            tracing::debug!(%error, "a report connection's TLS handshake failed");
+                        }
+                        Err(_) => {
+                            hub.metrics.count("tls_handshake_failed");
+                            tracing::debug!(
+                                "a report connection did not finish its TLS handshake in time"
+                            );
+                        }
+                    }
                 }
             }
         });
+    }
+}
+
+/// Serves the requests of one connection, plain or TLS, closing it gracefully after
+/// `lifetime`.
+async fn serve_connection<I>(io: I, hub: Arc<ReportHub>, lifetime: Duration)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let request_timeout = hub.policy.request_timeout;
+    let service = hyper::service::service_fn(move |request| {
+        let hub = hub.clone();
+        async move { Ok::<_, std::convert::Infallible>(hub.handle(request).await) }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(request_timeout)
+        .max_buf_size(MAX_HEADER_BYTES)
+        .serve_connection(TokioIo::new(io), service);
+    let mut connection = std::pin::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => {}
+        _ = tokio::time::sleep(lifetime) => {
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(10), connection).await;
+        }
     }
 }
 

@@ -93,15 +93,57 @@ impl AgentProcess {
         token: &str,
         extra: &str,
     ) -> std::path::PathBuf {
+        Self::write_reporting_config(
+            dir,
+            node,
+            &format!("http://{controller}"),
+            None,
+            token,
+            extra,
+        )
+    }
+
+    /// [`reporting_config`](Self::reporting_config) over https, checking the controller's
+    /// certificate against `ca_file`.
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn tls_reporting_config(
+        dir: &std::path::Path,
+        node: &str,
+        controller: &str,
+        ca_file: &std::path::Path,
+        token: &str,
+    ) -> std::path::PathBuf {
+        Self::write_reporting_config(
+            dir,
+            node,
+            &format!("https://{controller}"),
+            Some(ca_file),
+            token,
+            "",
+        )
+    }
+
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    fn write_reporting_config(
+        dir: &std::path::Path,
+        node: &str,
+        url: &str,
+        ca_file: Option<&std::path::Path>,
+        token: &str,
+        extra: &str,
+    ) -> std::path::PathBuf {
         let token_file = dir.join(format!("token-{node}"));
         std::fs::write(&token_file, token).expect("token file");
+        let ca = ca_file
+            .map(|path| format!(", caFile: {}", path.display()))
+            .unwrap_or_default();
         let config = dir.join(format!("agent-{node}.yaml"));
         std::fs::write(
             &config,
             format!(
                 "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\n\
                  shutdownGracePeriod: 0s\n{extra}\
-                 report: {{controllerURL: \"http://{controller}\", interval: 500ms, tokenFile: {}}}\n",
+                 report: {{controllerURL: \"{url}\", interval: 500ms, tokenFile: {}{ca}}}\n",
                 token_file.display()
             ),
         )

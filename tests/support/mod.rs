@@ -11,3 +11,4 @@ pub mod fence_manifests;
 pub mod job_runner;
 pub mod process_usage;
 pub mod real;
+pub mod tls;
