@@ -6,9 +6,11 @@
 //! Measured on the controller over the window, after a warm-up in which every agent
 //! reported (and its token was reviewed) once: CPU (utime + stime), resident and peak
 //! memory, and, at the agents, how long each report took to be answered (p50, p99, max).
-//! Baseline, in the same run and under the same load: a bare HTTP/1 server in a process of
-//! its own (this binary re-executed) that reads each body and answers a fixed
-//! acknowledgement: what any endpoint pays for the HTTP alone.
+//! The controller is measured twice: over plain HTTP, and over TLS (a certificate made with
+//! `openssl`, each agent with its own TLS 1.3 session). Baseline, in the same run and
+//! under the same load: a bare HTTP/1 server in a process of its own (this binary
+//! re-executed) that reads each body and answers a fixed acknowledgement: what any
+//! endpoint pays for the HTTP alone.
 //!
 //! Run: cargo bench --bench report_load
 //! Environment: NK_REPORT_AGENTS (default 5000), NK_REPORT_WINDOW_SECONDS (default 30).
@@ -146,6 +148,7 @@ async fn run(agents: usize, window: Duration) {
         "controller",
         controller.pid(),
         &controller.reports_address(),
+        None,
         &tokens,
         window,
         &|| controller.log(),
@@ -154,11 +157,38 @@ async fn run(agents: usize, window: Duration) {
     let reviews_in_window = reviews(&server) - reviews_before;
     drop(controller);
 
+    let ca = support::tls::certificate_authority(dir.path(), "bench-ca").expect("openssl: a CA");
+    let pair = support::tls::server_certificate(dir.path(), "bench-server", &ca)
+        .expect("openssl: a server certificate");
+    let config = write_controller_config(
+        dir.path(),
+        &format!(
+            "unhealthyDuration: 10m\nreports: {{address: \"127.0.0.1:0\", reconnectGrace: 0s, tls: {{certFile: {}, keyFile: {}}}}}\n",
+            pair.cert.display(),
+            pair.key.display()
+        ),
+    );
+    let controller = ControllerProcess::start(dir.path(), &server, &config);
+    controller.synced().await;
+    let tls = tls_connector(&ca.cert);
+    let measured_tls = measure(
+        "controller, TLS",
+        controller.pid(),
+        &controller.reports_address(),
+        Some(tls),
+        &tokens,
+        window,
+        &|| controller.log(),
+    )
+    .await;
+    drop(controller);
+
     let mut bare = BareServer::start();
     let measured_bare = measure(
         "bare HTTP/1",
         bare.pid(),
         &bare.address,
+        None,
         &tokens,
         window,
         &|| String::new(),
@@ -166,7 +196,7 @@ async fn run(agents: usize, window: Duration) {
     .await;
     bare.stop();
 
-    report(&[measured_controller, measured_bare], window);
+    report(&[measured_controller, measured_tls, measured_bare], window);
     println!(
         "  TokenReviews: {reviews_in_window} over the warm-up and window ({:.0} per second)",
         reviews_in_window as f64 / (WARM_UP + window).as_secs_f64()
@@ -187,6 +217,7 @@ async fn measure(
     name: &'static str,
     pid: u32,
     address: &str,
+    tls: Option<tokio_rustls::TlsConnector>,
     tokens: &Arc<Vec<(String, String)>>,
     window: Duration,
     log: &dyn Fn() -> String,
@@ -197,6 +228,7 @@ async fn measure(
     let end = window_start + window;
     let load = tokio::spawn(generate(
         address.to_string(),
+        tls,
         tokens.clone(),
         start,
         window_start,
@@ -229,6 +261,9 @@ async fn measure(
 struct Load {
     accepted: usize,
     refused: usize,
+    /// Refusals by HTTP status, and how many came before the window opened.
+    refusals: std::collections::BTreeMap<u16, usize>,
+    refused_in_warm_up: usize,
     failed: usize,
     /// Microseconds from sending a report to its answer.
     latencies: Vec<u32>,
@@ -237,6 +272,7 @@ struct Load {
 /// Every agent on its own connection, its reports spread evenly over the interval.
 async fn generate(
     address: String,
+    tls: Option<tokio_rustls::TlsConnector>,
     tokens: Arc<Vec<(String, String)>>,
     start: tokio::time::Instant,
     window_start: tokio::time::Instant,
@@ -247,11 +283,13 @@ async fn generate(
     let tasks: Vec<_> = (0..count)
         .map(|index| {
             let (address, tokens, boot_id) = (address.clone(), tokens.clone(), boot_id.clone());
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let (node, token) = &tokens[index];
                 let offset = INTERVAL.mul_f64(index as f64 / count as f64);
                 agent(
                     &address,
+                    tls.as_ref(),
                     node,
                     token,
                     &boot_id,
@@ -268,14 +306,20 @@ async fn generate(
         let load = task.await.expect("an agent task");
         total.accepted += load.accepted;
         total.refused += load.refused;
+        total.refused_in_warm_up += load.refused_in_warm_up;
+        for (status, count) in load.refusals {
+            *total.refusals.entry(status).or_default() += count;
+        }
         total.failed += load.failed;
         total.latencies.extend(load.latencies);
     }
     total
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn agent(
     address: &str,
+    tls: Option<&tokio_rustls::TlsConnector>,
     node: &str,
     token: &str,
     boot_id: &str,
@@ -293,7 +337,7 @@ async fn agent(
         next += INTERVAL;
         sequence += 1;
         if sender.is_none() {
-            sender = connect(address).await;
+            sender = connect(address, tls).await;
         }
         let Some(send) = sender.as_mut() else {
             load.failed += 1;
@@ -345,6 +389,10 @@ async fn agent(
                     load.accepted += 1;
                 } else {
                     load.refused += 1;
+                    *load.refusals.entry(status.as_u16()).or_default() += 1;
+                    if tokio::time::Instant::now() < window_start {
+                        load.refused_in_warm_up += 1;
+                    }
                 }
             }
             _ => {
@@ -356,14 +404,37 @@ async fn agent(
     load
 }
 
-async fn connect(address: &str) -> Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
+async fn connect(
+    address: &str,
+    tls: Option<&tokio_rustls::TlsConnector>,
+) -> Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
     let stream = tokio::net::TcpStream::connect(address).await.ok()?;
     let _ = stream.set_nodelay(true);
-    let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .ok()?;
-    tokio::spawn(connection);
-    Some(send)
+    match tls {
+        None => {
+            let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .ok()?;
+            tokio::spawn(connection);
+            Some(send)
+        }
+        Some(connector) => {
+            let name =
+                rustls::pki_types::ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+            let stream = connector.connect(name, stream).await.ok()?;
+            let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .ok()?;
+            tokio::spawn(connection);
+            Some(send)
+        }
+    }
+}
+
+/// A TLS client that trusts `ca`, as an agent with `report.caFile` does.
+fn tls_connector(ca: &std::path::Path) -> tokio_rustls::TlsConnector {
+    let config = nodekeeper::report::tls::client_config(Some(ca)).expect("the bench CA");
+    tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
 fn percentile(sorted: &[u32], share: f64) -> f64 {
@@ -400,11 +471,26 @@ fn report(results: &[Measured], window: Duration) {
             percentile(&latencies, 1.0),
         );
     }
-    if let [controller, bare] = results {
+    for measured in results {
+        if measured.load.refused > 0 {
+            println!(
+                "{}: refusals by status {:?}, {} of them in the warm-up",
+                measured.name, measured.load.refusals, measured.load.refused_in_warm_up
+            );
+        }
+    }
+    if let [controller, tls, bare] = results {
+        let ratio = |a: &Measured, b: &Measured| {
+            format!(
+                "CPU {:.2}x, RSS {:.2}x",
+                a.cpu.as_secs_f64() / b.cpu.as_secs_f64().max(1e-9),
+                a.rss_kib as f64 / b.rss_kib.max(1) as f64
+            )
+        };
+        println!("\ncontroller / bare: {}", ratio(controller, bare));
         println!(
-            "\ncontroller / bare: CPU {:.2}x, RSS {:.2}x",
-            controller.cpu.as_secs_f64() / bare.cpu.as_secs_f64().max(1e-9),
-            controller.rss_kib as f64 / bare.rss_kib.max(1) as f64
+            "controller over TLS / controller: {}",
+            ratio(tls, controller)
         );
     }
 }

@@ -143,6 +143,10 @@ impl ServerIdentity {
             .with_no_client_auth()
             .with_cert_resolver(self.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // An agent keeps one connection open and never resumes a session: no tickets,
+        // and no session cache holding state for 5,000 of them.
+        config.send_tls13_tickets = 0;
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         Ok(config)
     }
 
