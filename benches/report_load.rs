@@ -163,9 +163,8 @@ async fn run(agents: usize, window: Duration) {
     let config = write_controller_config(
         dir.path(),
         &format!(
-            "unhealthyDuration: 10m\nreports: {{address: \"127.0.0.1:0\", reconnectGrace: 0s, tls: {{certFile: {}, keyFile: {}}}}}\n",
-            pair.cert.display(),
-            pair.key.display()
+            "unhealthyDuration: 10m\nreports: {{address: \"127.0.0.1:0\", reconnectGrace: 0s, {}}}\n",
+            pair.reports_setting()
         ),
     );
     let controller = ControllerProcess::start(dir.path(), &server, &config);

@@ -695,9 +695,8 @@ async fn reports_over_tls_take_a_rotated_certificate_and_refuse_what_cannot_chec
         dir.path(),
         &server,
         &format!(
-            "{ANY_PORT}, requestTimeout: 1s, tls: {{certFile: {}, keyFile: {}}}",
-            served.cert.display(),
-            served.key.display()
+            "{ANY_PORT}, requestTimeout: 1s, {}",
+            served.reports_setting()
         ),
     )
     .await;
@@ -812,13 +811,13 @@ async fn reports_over_tls_take_a_rotated_certificate_and_refuse_what_cannot_chec
 
     // A controller given a pair that does not belong together does not start, and says
     // which files.
+    let mismatched = support::tls::Pair {
+        cert: server_one.cert.clone(),
+        key: server_two.key.clone(),
+    };
     let config = reports_config(
         dir.path(),
-        &format!(
-            "{ANY_PORT}, tls: {{certFile: {}, keyFile: {}}}",
-            server_one.cert.display(),
-            server_two.key.display()
-        ),
+        &format!("{ANY_PORT}, {}", mismatched.reports_setting()),
     );
     let refused = ControllerProcess::start(dir.path(), &server, &config);
     wait_for(&refused, "the controller to refuse the pair", || {

@@ -383,7 +383,6 @@ pub async fn serve(
     hub: Arc<ReportHub>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let policy = hub.policy().clone();
     let acceptor = match hub
         .identity
         .as_ref()
@@ -396,7 +395,9 @@ pub async fn serve(
         }
         None => None,
     };
-    let connections = Arc::new(tokio::sync::Semaphore::new(policy.max_connections.max(1)));
+    let connections = Arc::new(tokio::sync::Semaphore::new(
+        hub.policy.max_connections.max(1),
+    ));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let permit = tokio::select! {

@@ -81,8 +81,9 @@ fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     Ok(certified)
 }
 
-/// When a file last changed, following symlinks (a Secret volume swaps a symlink).
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+/// When a file last changed, and its size, following symlinks (a Secret volume swaps a
+/// symlink): what the controller's certificate and the agent's CA are reloaded on.
+pub fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
     let metadata = std::fs::metadata(path).ok()?;
     Some((metadata.modified().ok()?, metadata.len()))
 }
@@ -104,7 +105,7 @@ struct Loaded {
 impl ServerIdentity {
     /// Loads the pair; an error names the file that is wrong.
     pub fn load(cert_file: &Path, key_file: &Path) -> Result<Arc<ServerIdentity>, TlsError> {
-        let stamps = [stamp(cert_file), stamp(key_file)];
+        let stamps = [file_stamp(cert_file), file_stamp(key_file)];
         let key = Arc::new(certified_key(cert_file, key_file)?);
         Ok(Arc::new(ServerIdentity {
             cert_file: cert_file.to_path_buf(),
@@ -116,7 +117,7 @@ impl ServerIdentity {
     /// Loads the pair again if either file changed. `Ok(true)`: a new certificate is
     /// served from the next handshake on. On an error the previous pair stays in use.
     pub fn reload_if_changed(&self) -> Result<bool, TlsError> {
-        let stamps = [stamp(&self.cert_file), stamp(&self.key_file)];
+        let stamps = [file_stamp(&self.cert_file), file_stamp(&self.key_file)];
         if self.read().stamps == stamps {
             return Ok(false);
         }
@@ -148,10 +149,6 @@ impl ServerIdentity {
         config.send_tls13_tickets = 0;
         config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         Ok(config)
-    }
-
-    pub fn cert_file(&self) -> &Path {
-        &self.cert_file
     }
 }
 
@@ -203,10 +200,7 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, Tls
             }
         }
         None => {
-            let found = rustls_native_roots();
-            for certificate in found {
-                let _ = roots.add(certificate);
-            }
+            roots.add_parsable_certificates(system_roots());
         }
     }
     let config = rustls::ClientConfig::builder_with_provider(provider())
@@ -221,17 +215,12 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, Tls
 }
 
 /// The system's trusted roots (`/etc/ssl/certs` and the like).
-fn rustls_native_roots() -> Vec<CertificateDer<'static>> {
+fn system_roots() -> Vec<CertificateDer<'static>> {
     let found = rustls_native_certs::load_native_certs();
     for error in &found.errors {
         tracing::warn!(%error, "a system CA certificate cannot be read");
     }
     found.certs
-}
-
-/// A CA file's change stamp, for the agent to build its client again after a rotation.
-pub fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    stamp(path)
 }
 
 #[cfg(test)]

@@ -31,6 +31,18 @@ fn path(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 path")
 }
 
+impl Pair {
+    /// The controller configuration's `tls` setting for the report endpoint, serving
+    /// this pair.
+    pub fn reports_setting(&self) -> String {
+        format!(
+            "tls: {{certFile: {}, keyFile: {}}}",
+            self.cert.display(),
+            self.key.display()
+        )
+    }
+}
+
 /// A self-signed CA named `name` in `dir` (`name.crt`, `name.key`).
 pub fn certificate_authority(dir: &Path, name: &str) -> Result<Pair, String> {
     let pair = Pair {
