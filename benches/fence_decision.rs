@@ -67,6 +67,7 @@ fn silent_scan(ledger: &ReportLedger, at: Instant) -> usize {
                 lease_fresh_within: Duration::from_secs(20),
                 report: now() - at.saturating_duration_since(heard.received),
                 reports_fresh_within: heard.fresh_within,
+                drained: heard.drained,
             }
             .counted_as_silent(silence, now())
         })
@@ -174,6 +175,7 @@ fn main() {
         excluded: false,
         runs_pods_needing_fencing: true,
         pods_to_release: 3,
+        volumes_attached: 1,
         taints: NodeTaints::default(),
         plan: Ok(plan()),
     };

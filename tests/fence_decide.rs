@@ -23,6 +23,7 @@ use nodekeeper::controller::resource::{
 };
 use nodekeeper::controller::storm::{Guard, GuardBlock};
 use nodekeeper::fencing::{FenceAction, Step};
+use nodekeeper::report::ledger::DrainedStatement;
 use proptest::prelude::*;
 
 fn at(seconds: i64) -> Timestamp {
@@ -123,6 +124,9 @@ struct World {
     /// For a node with an agent: whether its kubelet renews the Lease and its agent
     /// reports (only while the power is on); `None` for a node without one.
     channels: Option<(bool, bool)>,
+    /// The agent's last report said the node drained cleanly; the node then powered
+    /// itself off.
+    drained: Option<DrainedStatement>,
 }
 
 impl World {
@@ -152,6 +156,7 @@ impl World {
                 excluded: false,
                 runs_pods_needing_fencing: true,
                 pods_to_release: 1,
+                volumes_attached: 0,
                 taints: NodeTaints::default(),
                 plan: Ok(plan.clone()),
             },
@@ -170,6 +175,7 @@ impl World {
             restarts: 0,
             power_offs: 0,
             channels: None,
+            drained: None,
         }
     }
 
@@ -228,7 +234,25 @@ impl World {
                 report
             },
             reports_fresh_within: Duration::from_secs(6),
+            drained: self.drained,
         });
+    }
+
+    /// The node's agent drains it and says so, and the node powers itself off: a clean
+    /// shutdown. Only a node with a reporting agent can say it.
+    fn drain(&mut self) {
+        if !matches!(self.channels, Some((_, true))) || !self.devices.power_on {
+            return;
+        }
+        self.hear();
+        self.drained = Some(DrainedStatement {
+            boot_time: at(-100_000),
+            sequence: 1,
+            finished_at: Some(self.now),
+        });
+        self.hear();
+        self.devices.power_on = false;
+        self.set_ready(false);
     }
 
     /// The node is alive by one of its channels (whatever its Ready condition says).
@@ -527,6 +551,31 @@ impl World {
                             && last.power != Some(target),
                         "{} repeated without a status showing it had not happened: {earlier:#?}",
                         request.name
+                    );
+                }
+            }
+        }
+        // (g) a drained release rests on the node's own word, and does nothing to it: no
+        // execution runs for a drained fence, and the storm guard and the zone rate held
+        // it back like any other.
+        if decision.status.is_drained() {
+            assert!(
+                starts.is_empty() && decision.status.executions.is_empty(),
+                "a drained fence ran an execution: {decision:#?}"
+            );
+            if !before.is_drained() {
+                assert!(
+                    self.drained.is_some(),
+                    "released as drained without the node saying so: {decision:#?}"
+                );
+                assert!(
+                    self.guard.storm.is_none(),
+                    "a drained release during a storm"
+                );
+                if before.started_at.is_none() {
+                    assert!(
+                        self.guard.zone.is_none(),
+                        "a drained release against the zone rate"
                     );
                 }
             }
@@ -1062,6 +1111,200 @@ fn without_an_agent_the_ready_condition_rule_is_unchanged() {
     );
 }
 
+/// A Ready node with a reporting agent and a kubelet renewing its Lease, that drains
+/// cleanly and powers itself off at `at(10)`.
+fn drained_world(plan: PlanOutline) -> World {
+    let mut world = World::new(plan, false);
+    world.policy.unhealthy_duration = Duration::from_secs(300);
+    world.set_ready(true);
+    world.set_channels(Some((true, true)));
+    world.advance(10);
+    world.drain();
+    world
+}
+
+fn taint_actions(world: &World) -> Vec<TaintChange> {
+    world
+        .log
+        .iter()
+        .flat_map(|d| d.actions.iter())
+        .filter_map(|a| match a {
+            Action::Taint(change) => Some(*change),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_node_that_drained_cleanly_is_released_once_its_agent_and_kubelet_stopped_without_any_power_action()
+ {
+    let mut world = drained_world(full_plan());
+    // Its agent reported every 2 s and its kubelet renewed every 10 s: the agent has
+    // missed three reports after 6 s, the kubelet a renewal (with 2 s of slack) after 12.
+    world.advance(11);
+    world.reconcile();
+    assert!(
+        taint_actions(&world).is_empty(),
+        "one second before its kubelet counts as stopped, nothing is released"
+    );
+    world.advance(1);
+    world.reconcile();
+    world.run(10, 5);
+    assert!(world.started().is_empty(), "{:?}", world.started());
+    assert_eq!(world.power_offs, 0);
+    let status = world.status().clone();
+    assert_eq!(
+        status.lost.as_ref().map(|lost| lost.evidence),
+        Some(Evidence::Drained)
+    );
+    assert_eq!(status.confirmed_at.as_ref().map(|t| t.0), Some(at(22)));
+    let proof = status.confirmed_by.clone().unwrap_or_default();
+    assert!(
+        proof.contains("drained cleanly") && proof.contains("silent for 12s"),
+        "{proof}"
+    );
+    assert_eq!(status.phase, Some(FencePhase::Done));
+    assert!(world.facts.taints.out_of_service && world.facts.taints.remediation);
+    assert!(
+        world.events().contains(&"NodeDrained"),
+        "{:?}",
+        world.events()
+    );
+    assert!(world.fence.is_some(), "kept while the node is away");
+}
+
+#[test]
+fn a_drained_node_needs_no_fence_device() {
+    let mut world = drained_world(full_plan());
+    world.facts.plan = Err("no ConfigMap fence-config-worker-1".to_string());
+    world.advance(20);
+    world.reconcile();
+    assert!(world.status().is_drained());
+    assert!(world.facts.taints.out_of_service);
+}
+
+#[test]
+fn the_storm_guard_and_the_zone_rate_hold_back_a_drained_release() {
+    let mut world = drained_world(full_plan());
+    world.advance(20);
+    world.guard.storm = Some(GuardBlock {
+        reason: PauseReason::StormGuard,
+        message: "half the nodes are silent".to_string(),
+        until: None,
+    });
+    world.run(3, 5);
+    assert!(!world.facts.taints.out_of_service);
+    assert_eq!(
+        world.status().pause.as_ref().map(|p| p.reason),
+        Some(PauseReason::StormGuard)
+    );
+    world.guard = Guard::open();
+    world.guard.zone = Some(GuardBlock {
+        reason: PauseReason::ZoneRateLimit,
+        message: "zone".to_string(),
+        until: None,
+    });
+    world.run(2, 5);
+    assert!(!world.facts.taints.out_of_service);
+    world.guard = Guard::open();
+    world.run(2, 5);
+    assert!(world.facts.taints.out_of_service);
+    assert!(world.started().is_empty());
+}
+
+#[test]
+fn a_drained_statement_older_than_its_bound_gets_the_normal_fence() {
+    let mut world = drained_world(full_plan());
+    world.guard.storm = Some(GuardBlock {
+        reason: PauseReason::StormGuard,
+        message: "storm".to_string(),
+        until: None,
+    });
+    // The storm lasts past drainedReportMaxAge (2 minutes after the last report).
+    world.advance(20);
+    world.run(30, 5);
+    assert!(!world.facts.taints.out_of_service);
+    world.guard = Guard::open();
+    world.run(40, 5);
+    assert_eq!(
+        world.status().lost.as_ref().map(|lost| lost.evidence),
+        Some(Evidence::Silence)
+    );
+    assert!(
+        world
+            .started()
+            .first()
+            .is_some_and(|name| name.starts_with("isolation")),
+        "{:?}",
+        world.started()
+    );
+}
+
+#[test]
+fn the_drained_fast_path_can_be_turned_off() {
+    let mut world = drained_world(full_plan());
+    world.policy.drained_report_max_age = Duration::ZERO;
+    world.advance(20);
+    world.reconcile();
+    assert_eq!(
+        world.status().lost.as_ref().map(|lost| lost.evidence),
+        Some(Evidence::Silence)
+    );
+    assert_eq!(world.started(), ["isolation-t1-a1-scsi-act1"]);
+}
+
+#[test]
+fn a_drained_node_back_from_its_reboot_has_its_taints_removed_and_nothing_recovered() {
+    let mut world = drained_world(full_plan());
+    world.advance(20);
+    world.run(3, 5);
+    assert!(world.facts.taints.out_of_service);
+    // The node boots again: a new boot, its kubelet and agent speak, it turns Ready.
+    world.devices.power_on = true;
+    world.drained = None;
+    world.set_channels(Some((true, true)));
+    world.set_ready(true);
+    world.run(10, 5);
+    assert!(world.started().is_empty(), "{:?}", world.started());
+    assert!(!world.facts.taints.out_of_service && !world.facts.taints.remediation);
+    assert!(
+        world.fence.is_none(),
+        "the fence ends once its taints are gone"
+    );
+    let changes = taint_actions(&world);
+    assert!(
+        changes.contains(&TaintChange::RemoveOutOfService),
+        "{changes:?}"
+    );
+}
+
+#[test]
+fn a_drained_node_with_neither_pods_nor_volumes_has_nothing_to_release() {
+    let mut world = drained_world(full_plan());
+    world.facts.runs_pods_needing_fencing = false;
+    world.facts.pods_to_release = 0;
+    world.advance(20);
+    let decision = world.reconcile().expect("a decision").clone();
+    assert!(decision.actions.contains(&Action::DeleteFence));
+    // Its pods are gone (the agent deleted them), but a volume is still attached.
+    let mut world = drained_world(full_plan());
+    world.facts.runs_pods_needing_fencing = false;
+    world.facts.pods_to_release = 0;
+    world.facts.volumes_attached = 1;
+    world.advance(20);
+    world.reconcile();
+    assert!(world.facts.taints.out_of_service);
+}
+
+#[test]
+fn a_forced_fence_of_a_drained_node_runs_its_steps() {
+    let mut world = drained_world(full_plan());
+    world.fence.as_mut().expect("fence").spec.force = true;
+    world.advance(20);
+    world.reconcile();
+    assert_eq!(world.started(), ["isolation-t1-a1-scsi-act1"]);
+}
+
 /// Something that can happen between two reconciles.
 #[derive(Debug, Clone)]
 enum Happening {
@@ -1076,6 +1319,8 @@ enum Happening {
     ConfigGone(bool),
     /// The node has an agent with these channels speaking (Lease, reports), or none.
     Channels(Option<(bool, bool)>),
+    /// The node drains cleanly, says so, and powers itself off.
+    Drain,
 }
 
 fn happening() -> impl Strategy<Value = Happening> {
@@ -1094,6 +1339,7 @@ fn happening() -> impl Strategy<Value = Happening> {
         .prop_map(Happening::NextAgent),
         1 => any::<bool>().prop_map(Happening::ConfigGone),
         2 => proptest::option::of((any::<bool>(), any::<bool>())).prop_map(Happening::Channels),
+        1 => Just(Happening::Drain),
     ]
 }
 
@@ -1136,6 +1382,7 @@ proptest! {
                 Happening::Restart { agent_acted } => world.restart(agent_acted),
                 Happening::NextAgent(fate) => world.fates.push(fate),
                 Happening::Channels(channels) => world.set_channels(channels),
+                Happening::Drain => world.drain(),
                 Happening::ConfigGone(gone) => {
                     world.facts.plan = if gone {
                         Err("gone".to_string())

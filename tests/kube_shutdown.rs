@@ -9,6 +9,7 @@
 #[allow(dead_code)]
 mod support {
     pub mod apiserver;
+    pub mod kubelet;
     pub mod logind_fake;
     pub mod real;
 }
@@ -265,18 +266,16 @@ shutdownGracePeriodByPodPriority:
     from_yaml_str(&yaml, "test.yaml", &Overrides::default()).unwrap()
 }
 
-/// Ends the graceful deletion of every deleted pod at once, as a kubelet whose containers
-/// stop promptly would; pods named `hang-*` never stop.
+/// A kubelet whose containers stop promptly, except for pods named `hang-*`.
 async fn fake_kubelet(server: Arc<FakeApiServer>) {
-    loop {
-        for pod in server.objects::<ApiPod>() {
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            if pod.metadata.deletion_timestamp.is_some() && !name.starts_with("hang") {
-                server.finalize::<ApiPod>("default", &name);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::kubelet::finish_deletions(server, |pod| {
+        !pod.metadata
+            .name
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("hang")
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,80 +12,20 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use support::agent_process::AgentProcess;
 use support::apiserver::FakeApiServer;
 use support::controller::*;
 use support::fence_emulators::IpmiSim;
+use support::kubelet::Kubelets;
 
-const NODE_LEASES: &str = "kube-node-lease";
 /// Short enough for a test; every node is heard every half second on each channel.
 const SILENCE: Duration = Duration::from_secs(3);
-
-/// The kubelets of the test's nodes: each renews its node's Lease every half second
-/// (`leaseDurationSeconds: 2`, so two renewals fit in a second) until it is stopped.
-struct Kubelets {
-    renewing: Arc<Mutex<BTreeSet<String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Kubelets {
-    async fn start(server: &FakeApiServer, nodes: &[&str]) -> Kubelets {
-        let leases: Api<Lease> = Api::namespaced(server.client(), NODE_LEASES);
-        for node in nodes {
-            let lease: Lease = serde_json::from_value(json!({
-                "metadata": {"name": node},
-                "spec": {"holderIdentity": node, "leaseDurationSeconds": 2,
-                         "renewTime": micro_time(Timestamp::now())}
-            }))
-            .expect("lease");
-            leases
-                .create(&PostParams::default(), &lease)
-                .await
-                .expect("create the node Lease");
-        }
-        let renewing: Arc<Mutex<BTreeSet<String>>> = Arc::new(Mutex::new(
-            nodes.iter().map(|node| node.to_string()).collect(),
-        ));
-        let names = renewing.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                let now: Vec<String> = names.lock().expect("names").iter().cloned().collect();
-                for node in now {
-                    let patch = json!({"spec": {"renewTime": micro_time(Timestamp::now())}});
-                    let _ = leases
-                        .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await;
-                }
-            }
-        });
-        Kubelets { renewing, task }
-    }
-
-    /// The node's kubelet stops renewing (it died, or lost the API server).
-    fn stop(&self, node: &str) {
-        self.renewing.lock().expect("names").remove(node);
-    }
-}
-
-impl Drop for Kubelets {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn micro_time(at: Timestamp) -> String {
-    at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
-}
 
 fn token_of(node: &str) -> String {
     format!("node-token-of-{node}-0123456789abcdef")

@@ -587,13 +587,30 @@ async fn the_agent_reports_its_pressure_and_survives_the_controller_going_away()
     let recovered_sequence = view["report"]["sequence"].as_u64().expect("sequence");
     assert!(recovered_sequence > first_sequence);
 
-    // A restarted agent (same boot) continues the sequence.
+    // A stopping agent's last act is one more report (on a powering-off node, the one
+    // that says its drain finished).
     agent.stop(Duration::from_secs(10));
+    let (_, line) = agent.wait_for_line(
+        "last report before stopping delivered",
+        Duration::from_secs(1),
+    );
+    let last_sequence: u64 = line
+        .split("sequence=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|number| number.parse().ok())
+        .unwrap_or_else(|| panic!("no sequence in {line:?}"));
+    assert!(last_sequence > recovered_sequence);
+    let view = reported(&controller).expect("the last report");
+    assert_eq!(view["report"]["sequence"].as_u64(), Some(last_sequence));
+    assert_eq!(view["report"]["trigger"], "change");
+
+    // A restarted agent (same boot) continues the sequence.
     let _agent = AgentProcess::dry_run(&agent_config);
     wait_for(&controller, "the restarted agent's report", || {
         // The old agent has stopped: a later sequence is the new agent's.
         reported(&controller)
-            .filter(|view| view["report"]["sequence"].as_u64() > Some(recovered_sequence))
+            .filter(|view| view["report"]["sequence"].as_u64() > Some(last_sequence))
     })
     .await;
     let url = format!("http://{}", controller.metrics_address());

@@ -9,75 +9,40 @@
 
 mod support {
     pub mod debian;
+    pub mod nspawn;
     pub mod real;
 }
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nodekeeper::shutdown::state::{PhaseStatus, ShutdownOutcome, ShutdownState, StateStore};
+use support::nspawn::{Booted, NSPAWN};
 
-const NSPAWN: &str = "systemd-nspawn with a debootstrap'ed Debian tree";
-
-struct Container {
-    nspawn: Child,
-}
-
-impl Container {
-    fn init_pid(&self) -> Option<u32> {
-        let children =
-            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.nspawn.id()))
-                .ok()?;
-        children.split_whitespace().next()?.parse().ok()
-    }
-
-    fn exec(&self, command: &str) -> std::process::Output {
-        let pid = self.init_pid().expect("container init");
-        Command::new("nsenter")
-            .args(["-t", &pid.to_string(), "-a", "sh", "-c", command])
-            .output()
-            .expect("nsenter")
-    }
-
-    fn exited_within(&mut self, limit: Duration) -> bool {
-        let give_up = Instant::now() + limit;
-        while Instant::now() < give_up {
-            if self.nspawn.try_wait().ok().flatten().is_some() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
-    }
-}
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        if self.nspawn.try_wait().ok().flatten().is_none() {
-            let pid = nix::unistd::Pid::from_raw(self.nspawn.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            let _ = self.nspawn.wait();
-        }
-    }
-}
-
-fn wait_for_file_line(path: &Path, needle: &str, limit: Duration) -> bool {
-    let give_up = Instant::now() + limit;
-    while Instant::now() < give_up {
-        if std::fs::read_to_string(path).is_ok_and(|t| t.contains(needle)) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
-}
-
-fn copy_fixture(name: &str, to: &Path) {
-    let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+fn fixture(name: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/nspawn")
         .join(name);
-    std::fs::copy(&from, to).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Boots the container with the standalone shutdown manager and the workloads, and waits
+/// until the manager holds its lock.
+fn boot() -> Result<Booted, String> {
+    let units: Vec<(&str, String)> = ["nodekeeper-shutdown.service", "workloads.service"]
+        .into_iter()
+        .map(|unit| (unit, fixture(unit)))
+        .collect();
+    let files: Vec<(&str, Vec<u8>)> = [
+        "config.yaml",
+        "pods.yaml",
+        "workload.sh",
+        "start-workloads.sh",
+    ]
+    .into_iter()
+    .map(|name| (name, fixture(name).into_bytes()))
+    .collect();
+    support::nspawn::boot(&units, &files, "logind delay lock held")
 }
 
 /// (seconds since epoch, workload id, event) from the workloads' log.
@@ -96,113 +61,11 @@ fn events(shared: &Path) -> Vec<(f64, String, String)> {
         .collect()
 }
 
-/// One container at a time: two booting at once on a small machine blur the timings.
-static ONE_CONTAINER_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-struct Booted {
-    _serial: std::sync::MutexGuard<'static, ()>,
-    _work: tempfile::TempDir,
-    root: PathBuf,
-    shared: PathBuf,
-    container: Container,
-}
-
-/// Boot the container with the agent and workloads and wait until the agent holds its
-/// lock; `Err` says why this machine cannot run the test.
-fn boot() -> Result<Booted, String> {
-    support::real::root()?;
-    support::real::program("systemd-nspawn", "systemd-container")?;
-    support::real::program("nsenter", "util-linux")?;
-    let serial = ONE_CONTAINER_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let tree = support::debian::cached_tree()?;
-    let work = tempfile::tempdir().unwrap();
-    let root = work.path().join("root");
-    let shared = work.path().join("shared");
-    std::fs::create_dir_all(&shared).unwrap();
-    let copied = Command::new("cp")
-        .args(["-a", "--reflink=auto"])
-        .arg(&tree)
-        .arg(&root)
-        .status()
-        .unwrap();
-    assert!(copied.success(), "copying {}", tree.display());
-    for name in [
-        "config.yaml",
-        "pods.yaml",
-        "workload.sh",
-        "start-workloads.sh",
-    ] {
-        copy_fixture(name, &shared.join(name));
-    }
-    let units = root.join("etc/systemd/system");
-    let wants = units.join("multi-user.target.wants");
-    std::fs::create_dir_all(&wants).unwrap();
-    for unit in ["nodekeeper-shutdown.service", "workloads.service"] {
-        copy_fixture(unit, &units.join(unit));
-        std::os::unix::fs::symlink(format!("/etc/systemd/system/{unit}"), wants.join(unit))
-            .unwrap();
-    }
-
-    let binary = env!("CARGO_BIN_EXE_nodekeeper");
-    let nspawn = Command::new("systemd-nspawn")
-        .args([
-            "--register=no",
-            "--keep-unit",
-            "--console=passive",
-            "-b",
-            "-D",
-        ])
-        .arg(&root)
-        .arg(format!("--bind={}:/shared", shared.display()))
-        .arg(format!("--bind-ro={binary}:/usr/local/bin/nodekeeper"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    let mut container = Container {
-        nspawn: nspawn.map_err(|e| format!("systemd-nspawn cannot start: {e}"))?,
-    };
-    let booted = Instant::now();
-    let agent_log = shared.join("agent.log");
-    if !wait_for_file_line(
-        &agent_log,
-        "logind delay lock held",
-        Duration::from_secs(90),
-    ) {
-        if let Ok(Some(status)) = container.nspawn.try_wait() {
-            return Err(format!(
-                "systemd-nspawn exited during boot ({status}; no container support here?)"
-            ));
-        }
-        panic!(
-            "the agent never took the delay lock; its log:\n{}",
-            std::fs::read_to_string(&agent_log).unwrap_or_default()
-        );
-    }
-    println!(
-        "container booted and agent holds the lock after {:?}",
-        booted.elapsed()
-    );
-    Ok(Booted {
-        _serial: serial,
-        _work: work,
-        root,
-        shared,
-        container,
-    })
-}
-
 #[test]
 fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
-    let Booted {
-        _serial,
-        _work,
-        root,
-        shared,
-        mut container,
-    } = require!(NSPAWN, boot());
+    let mut booted: Booted = require!(NSPAWN, boot());
+    let (root, shared) = (booted.root.clone(), booted.shared.clone());
+    let container = &mut booted.container;
     let agent_log = shared.join("agent.log");
     // The lock is visible to logind, and logind honours the raised limit.
     let inhibitors = container.exec("systemd-inhibit --list --no-pager");
@@ -310,13 +173,9 @@ fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
 /// on a real node might hold) keeps logind waiting meanwhile, up to the raised 9 s limit.
 #[test]
 fn an_agent_killed_mid_shutdown_resumes_the_remaining_phases() {
-    let Booted {
-        _serial,
-        _work,
-        shared,
-        mut container,
-        ..
-    } = require!(NSPAWN, boot());
+    let mut booted: Booted = require!(NSPAWN, boot());
+    let shared = booted.shared.clone();
+    let container = &mut booted.container;
     let give_up = Instant::now() + Duration::from_secs(30);
     while events(&shared).iter().filter(|e| e.2 == "START").count() < 4 {
         assert!(Instant::now() < give_up, "workloads did not start");

@@ -110,7 +110,7 @@ pub async fn run(
         kube_shutdown,
         agent.cgroup_reader(),
         metrics.clone(),
-        reporting.as_ref().map(|(board, _)| board.clone()),
+        reporting.as_ref().map(|reporting| reporting.board.clone()),
         stop_tx.subscribe(),
     );
     let support = agent.announce();
@@ -132,10 +132,8 @@ pub async fn run(
         let _ = manager.await;
         publisher.abort();
     }
-    if let Some((_, tasks)) = reporting {
-        for task in tasks {
-            task.abort();
-        }
+    if let Some(reporting) = reporting {
+        reporting.stop().await;
     }
     match server.await {
         Ok(Err(error)) => tracing::warn!(%error, "metrics server ended with an error"),

@@ -14,7 +14,7 @@ use crate::report::protocol::{ApiServerState, EvictionReport, ShutdownPhase, Shu
 use crate::report::sender::{SenderSettings, run_sender};
 use crate::report::{ApiReachability, ReportBoard};
 use crate::shutdown::manager::ManagerStatus;
-use crate::shutdown::state::ShutdownOutcome;
+use crate::shutdown::state::{PhaseStatus, ShutdownOutcome};
 
 /// Posts each cycle's conditions, and the pod it evicts, to the board.
 struct BoardObserver {
@@ -52,8 +52,10 @@ impl CycleObserver for BoardObserver {
 }
 
 /// The shutdown part of a report, from the manager's status. A record of an earlier
-/// boot says nothing about this one.
-pub fn shutdown_report(status: &ManagerStatus, boot_id: &str) -> ShutdownReport {
+/// boot says nothing about this one. Every pod counts as stopped only when each phase
+/// completed (or had no pods) with no pod failing to stop, and never in dry-run mode,
+/// where nothing is stopped: the controller releases a drained node's volumes on it.
+pub fn shutdown_report(status: &ManagerStatus, boot_id: &str, dry_run: bool) -> ShutdownReport {
     let millis = |ms: u64| Timestamp::from_millisecond(ms as i64).ok();
     let mut report = ShutdownReport {
         lock_held: status.lock_held,
@@ -77,36 +79,72 @@ pub fn shutdown_report(status: &ManagerStatus, boot_id: &str) -> ShutdownReport 
     report.phases_total = state.phases.len() as u32;
     report.phases_done = state.phases.iter().filter(|p| p.is_done()).count() as u32;
     report.about_to_power_off = state.about_to_power_off;
+    report.all_pods_stopped = !dry_run
+        && state.outcome == ShutdownOutcome::Finished
+        && state.phases.iter().all(|phase| {
+            matches!(phase.status, PhaseStatus::Completed | PhaseStatus::Skipped)
+                && phase.failed_pods.is_empty()
+        });
     report
 }
 
+/// The reporting tasks of a running agent.
+pub struct Reporting {
+    pub board: Arc<ReportBoard>,
+    /// Ends by itself once the agent stops, after one last report.
+    sender: JoinHandle<()>,
+    /// Run until aborted.
+    followers: Vec<JoinHandle<()>>,
+}
+
+impl Reporting {
+    /// Lets the sender deliver its last report (it gives up after a second), then ends
+    /// the rest. Called once `stop` is set.
+    pub async fn stop(self) {
+        let mut sender = self.sender;
+        if tokio::time::timeout(SENDER_STOP_WAIT, &mut sender)
+            .await
+            .is_err()
+        {
+            sender.abort();
+        }
+        for task in self.followers {
+            task.abort();
+        }
+    }
+}
+
+/// How long a stopping agent waits for its last report.
+const SENDER_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Starts reporting when `report:` is configured: installs the cycle observer and
 /// returns the board (for the shutdown manager) and the tasks to stop with the agent.
-pub fn start(
-    agent: &mut super::Agent,
-    stop: watch::Receiver<bool>,
-) -> Option<(Arc<ReportBoard>, Vec<JoinHandle<()>>)> {
+pub fn start(agent: &mut super::Agent, stop: watch::Receiver<bool>) -> Option<Reporting> {
     let settings = sender_settings(agent.config())?;
     let board = Arc::new(ReportBoard::new());
     agent.add_cycle_observer(Box::new(BoardObserver {
         board: board.clone(),
         dry_run: settings.dry_run,
     }));
-    let mut tasks = Vec::new();
+    let mut followers = Vec::new();
     if let Some(reachability) = agent.api_reachability() {
-        tasks.push(tokio::spawn(follow_api(reachability, board.clone())));
+        followers.push(tokio::spawn(follow_api(reachability, board.clone())));
     }
     let stopped = async move {
         let mut stop = stop;
         let _ = stop.wait_for(|stop| *stop).await;
     };
-    tasks.push(tokio::spawn(run_sender(
+    let sender = tokio::spawn(run_sender(
         settings,
         board.clone(),
         agent.metrics(),
         stopped,
-    )));
-    Some((board, tasks))
+    ));
+    Some(Reporting {
+        board,
+        sender,
+        followers,
+    })
 }
 
 /// The sender's settings from the configuration and this boot; `None` (logged) when
@@ -165,7 +203,7 @@ async fn follow_api(reachability: ApiReachability, board: Arc<ReportBoard>) {
 mod tests {
     use super::*;
     use crate::shutdown::plan::{PlannedPhase, ShutdownPlan};
-    use crate::shutdown::state::{PhaseStatus, ShutdownState};
+    use crate::shutdown::state::ShutdownState;
 
     const BOOT: &str = "this-boot";
 
@@ -195,7 +233,7 @@ mod tests {
         let mut state = three_phases();
         state.start_phase(0, 1_763_900_001_000);
         state.end_phase(0, PhaseStatus::Completed, Vec::new(), 1_763_900_004_000);
-        let report = shutdown_report(&status(Some(state)), BOOT);
+        let report = shutdown_report(&status(Some(state)), BOOT, false);
         assert_eq!(report.state, ShutdownPhase::InProgress);
         assert_eq!((report.phases_done, report.phases_total), (1, 3));
         assert!(report.lock_held);
@@ -215,7 +253,7 @@ mod tests {
         }
         state.finish(1_763_900_002_000);
         state.about_to_power_off = true;
-        let report = shutdown_report(&status(Some(state)), BOOT);
+        let report = shutdown_report(&status(Some(state)), BOOT, false);
         assert_eq!(report.state, ShutdownPhase::Finished);
         assert_eq!(report.phases_done, 3);
         assert!(report.about_to_power_off);
@@ -224,9 +262,58 @@ mod tests {
         let mut state = three_phases();
         state.cancel(1_763_900_002_000);
         assert_eq!(
-            shutdown_report(&status(Some(state)), BOOT).state,
+            shutdown_report(&status(Some(state)), BOOT, false).state,
             ShutdownPhase::Cancelled
         );
+    }
+
+    /// Ends phase `index` with `status` and the pods that failed to stop.
+    fn end(state: &mut ShutdownState, index: usize, status: PhaseStatus, failed: &[&str]) {
+        let failed = failed.iter().map(|pod| pod.to_string()).collect();
+        state.end_phase(index, status, failed, 1_763_900_001_000);
+    }
+
+    #[test]
+    fn every_pod_stopped_only_when_each_phase_completed_or_had_no_pods() {
+        let finished = |outcomes: [(PhaseStatus, &[&str]); 3]| {
+            let mut state = three_phases();
+            for (index, (status, failed)) in outcomes.into_iter().enumerate() {
+                end(&mut state, index, status, failed);
+            }
+            state.finish(1_763_900_002_000);
+            state.about_to_power_off = true;
+            state
+        };
+        let clean = finished([
+            (PhaseStatus::Completed, &[]),
+            (PhaseStatus::Skipped, &[]),
+            (PhaseStatus::Completed, &[]),
+        ]);
+        assert!(shutdown_report(&status(Some(clean.clone())), BOOT, false).all_pods_stopped);
+        // Dry-run: the phases ran, but nothing was stopped.
+        assert!(!shutdown_report(&status(Some(clean)), BOOT, true).all_pods_stopped);
+        // A phase whose timer fired with pods still terminating.
+        let timed_out = finished([
+            (PhaseStatus::Completed, &[]),
+            (PhaseStatus::TimedOut, &[]),
+            (PhaseStatus::Completed, &[]),
+        ]);
+        let report = shutdown_report(&status(Some(timed_out)), BOOT, false);
+        assert_eq!(report.state, ShutdownPhase::Finished);
+        assert!(!report.all_pods_stopped);
+        // A pod whose termination failed.
+        let failed = finished([
+            (PhaseStatus::Completed, &["default/web-0"]),
+            (PhaseStatus::Completed, &[]),
+            (PhaseStatus::Completed, &[]),
+        ]);
+        assert!(!shutdown_report(&status(Some(failed)), BOOT, false).all_pods_stopped);
+        // Not finished yet, or cancelled.
+        let mut running = three_phases();
+        end(&mut running, 0, PhaseStatus::Completed, &[]);
+        assert!(!shutdown_report(&status(Some(running.clone())), BOOT, false).all_pods_stopped);
+        running.cancel(1_763_900_002_000);
+        assert!(!shutdown_report(&status(Some(running)), BOOT, false).all_pods_stopped);
     }
 
     #[test]
@@ -234,18 +321,18 @@ mod tests {
         // Finished before the reboot: in this boot, no shutdown has happened.
         let mut state = three_phases();
         state.finish(1_763_900_002_000);
-        let report = shutdown_report(&status(Some(state)), "the-next-boot");
+        let report = shutdown_report(&status(Some(state)), "the-next-boot", false);
         assert_eq!(report.state, ShutdownPhase::None);
         assert_eq!(report.phases_total, 0);
         assert!(report.lock_held, "the lock is this boot's");
         let mut abandoned = three_phases();
         abandoned.abandon();
         assert_eq!(
-            shutdown_report(&status(Some(abandoned)), BOOT).state,
+            shutdown_report(&status(Some(abandoned)), BOOT, false).state,
             ShutdownPhase::None
         );
         assert_eq!(
-            shutdown_report(&status(None), BOOT),
+            shutdown_report(&status(None), BOOT, false),
             ShutdownReport {
                 lock_held: true,
                 ..ShutdownReport::default()

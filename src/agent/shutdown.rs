@@ -109,7 +109,11 @@ pub fn start(
         status_rx,
         metrics,
         node_status,
-        board.map(|board| (board, boot_id)),
+        board.map(|board| ReportTo {
+            board,
+            boot_id,
+            dry_run,
+        }),
     ));
     Some((manager, publisher))
 }
@@ -155,18 +159,29 @@ fn workload_dir(
     reader.paths().memory_dir(parent)
 }
 
+/// Where the shutdown's progress goes into the agent's reports.
+struct ReportTo {
+    board: Arc<crate::report::ReportBoard>,
+    boot_id: String,
+    dry_run: bool,
+}
+
 async fn publish_status(
     mut status: watch::Receiver<ManagerStatus>,
     metrics: Arc<Metrics>,
     mut node_status: Option<NodeShutdownPublisher>,
-    board: Option<(Arc<crate::report::ReportBoard>, String)>,
+    report: Option<ReportTo>,
 ) {
     let mut was_shutting_down = false;
     loop {
         {
             let current = status.borrow_and_update();
-            if let Some((board, boot_id)) = &board {
-                board.set_shutdown(super::report::shutdown_report(&current, boot_id));
+            if let Some(report) = &report {
+                report.board.set_shutdown(super::report::shutdown_report(
+                    &current,
+                    &report.boot_id,
+                    report.dry_run,
+                ));
             }
             if let Some(node_status) = node_status.as_mut() {
                 node_status.observe(&current);

@@ -28,7 +28,7 @@ use serde::Serialize;
 use crate::fencing::Step;
 
 use super::facts::{MethodOutline, NodeFacts};
-use super::liveness::{Evidence, NodeState, judge};
+use super::liveness::{Evidence, Liveness, NodeState, judge};
 use super::policy::FencePolicy;
 use super::progress::{Progress, progress};
 use super::resource::{
@@ -306,6 +306,9 @@ impl<'a> Machine<'a> {
     fn advance(&mut self) -> bool {
         let facts = self.facts;
         let Some(step) = self.status.step else {
+            if self.status.is_drained() {
+                return self.settle_drained();
+            }
             return self.begin();
         };
         if !facts.exists {
@@ -413,6 +416,16 @@ impl<'a> Machine<'a> {
             );
             return false;
         }
+        if !self.forced
+            && let NodeState::Lost {
+                evidence: Evidence::Drained,
+                since,
+                ..
+            } = self.state
+        {
+            // Before the configuration: a drained node needs no fence device.
+            return self.release_drained(since);
+        }
         let plan = match &facts.plan {
             Ok(plan) if plan.can_fence() => plan,
             Ok(_) => {
@@ -496,12 +509,103 @@ impl<'a> Machine<'a> {
         true
     }
 
+    /// The node drained cleanly and then fell silent (see [`Evidence::Drained`]): it is
+    /// off, by its own last word, so its pods and volumes are released at once, with no
+    /// power action and no fence device. The storm guard and the zone rate still hold it
+    /// back like any other fence: a mass of nodes falling silent is not trusted by
+    /// anyone's word.
+    fn release_drained(&mut self, since: Timestamp) -> bool {
+        let facts = self.facts;
+        if !facts.runs_pods_needing_fencing && facts.volumes_attached == 0 {
+            return self.end_fence(
+                "FenceCancelled",
+                "the node drained cleanly and has no pods that need fencing and no attached volumes: nothing to release".to_string(),
+            );
+        }
+        if let Some(block) = &self.guard.storm {
+            self.block(block);
+            return false;
+        }
+        if self.status.started_at.is_none()
+            && let Some(block) = &self.guard.zone
+        {
+            self.block(block);
+            return false;
+        }
+        let silent = Duration::try_from(self.now.duration_since(since)).unwrap_or_default();
+        let statement = match self.facts.liveness {
+            Liveness::Heard(channels) => channels.drained,
+            _ => None,
+        };
+        let report = statement.map_or_else(
+            || "its last report".to_string(),
+            |said| {
+                let finished = said
+                    .finished_at
+                    .map(|at| format!(", shutdown finished at {at} by the node's clock"))
+                    .unwrap_or_default();
+                format!(
+                    "its report {} of the boot that began at {}{finished}",
+                    said.sequence, said.boot_time
+                )
+            },
+        );
+        let proof = format!(
+            "the node's agent said in {report} that the node drained cleanly (every pod stopped, about to power off), then its Lease and reports were silent for {}s",
+            silent.as_secs()
+        );
+        self.status.started_at = Some(Time(self.now));
+        self.status.zone = Some(facts.zone.clone());
+        self.status.lost = Some(LostRecord {
+            evidence: Evidence::Drained,
+            since: Time(since),
+        });
+        self.status.confirmed_at = Some(Time(self.now));
+        self.status.confirmed_by = Some(proof.clone());
+        self.status.phase = Some(FencePhase::Done);
+        self.status.phase_since = Some(Time(self.now));
+        self.status.last_result = Some("drained: released without a power fence".to_string());
+        self.event(
+            false,
+            "NodeDrained",
+            format!("{proof}: its pods and volumes are released without a power fence"),
+        );
+        false
+    }
+
+    /// A drained fence after its release: it ends when the node is back (there is
+    /// nothing to recover: nothing was done to it). A node heard again without being
+    /// Ready is not dead after all; what was released stays released (every pod had
+    /// stopped), and the fence waits.
+    fn settle_drained(&mut self) -> bool {
+        if !self.facts.exists {
+            return self.end_fence(
+                "NodeGone",
+                "the Node object was deleted; the fence ends here".to_string(),
+            );
+        }
+        if self.state.is_healthy() {
+            self.set_phase(FenceStep::Recovery, FencePhase::Done);
+            self.event(
+                false,
+                "RecoveryStarted",
+                format!(
+                    "{} again after its drain; nothing was done to it, so nothing runs to recover it",
+                    self.healthy_now()
+                ),
+            );
+            return true;
+        }
+        if self.is_held() {
+            self.pause_held();
+        }
+        false
+    }
+
     /// The node is healthy and its Lease or agent says so itself (not the Ready
     /// condition alone, which lags behind a node's death).
     fn heard_healthy(&self) -> bool {
-        !self.forced
-            && self.state.is_healthy()
-            && matches!(self.facts.liveness, super::liveness::Liveness::Heard(_))
+        !self.forced && self.state.is_healthy() && matches!(self.facts.liveness, Liveness::Heard(_))
     }
 
     /// The node is held (alive, or not known yet) and the fence is not forced: what runs
@@ -527,7 +631,7 @@ impl<'a> Machine<'a> {
     /// How a person is told the node is healthy.
     fn healthy_now(&self) -> &'static str {
         match self.facts.liveness {
-            super::liveness::Liveness::Heard(_) => {
+            Liveness::Heard(_) => {
                 "the node is Ready and heard from (its Lease or its agent's reports)"
             }
             _ => "the node is Ready",

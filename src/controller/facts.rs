@@ -121,6 +121,10 @@ pub struct NodeFacts {
     /// Pods still bound to the node that a release would delete (the optional cluster
     /// fence deletes them until none is left).
     pub pods_to_release: usize,
+    /// Volumes attached to the node (`status.volumesAttached`). After a clean drain the
+    /// node runs no pods, but a volume the kubelet had no time to report unmounted stays
+    /// attached to it for six minutes unless the node is taken out of service.
+    pub volumes_attached: usize,
     pub taints: NodeTaints,
     /// The node's fence configuration, or why it cannot be used.
     pub plan: Result<PlanOutline, String>,

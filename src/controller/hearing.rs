@@ -40,6 +40,9 @@ struct LeaseSeen {
 /// The node channels as the controller hears them.
 pub struct Hearing {
     reports: Option<Arc<ReportHub>>,
+    /// Reports arrive over TLS, so what they say may decide something (a drained node's
+    /// release); over plain HTTP only their arrival counts.
+    content_trusted: bool,
     silence_timeout: Duration,
     reconnect_grace: Duration,
     leases: Mutex<HashMap<String, LeaseSeen>>,
@@ -52,6 +55,7 @@ impl Hearing {
     /// `reports` is the report endpoint, if the controller serves one.
     pub fn new(reports: Option<Arc<ReportHub>>, policy: &ControllerPolicy) -> Hearing {
         Hearing {
+            content_trusted: reports.as_ref().is_some_and(|hub| hub.is_tls()),
             reports,
             silence_timeout: policy.fence.silence_timeout,
             reconnect_grace: policy.reports.reconnect_grace,
@@ -163,6 +167,7 @@ impl Hearing {
             lease_fresh_within: lease.map_or(DEFAULT_LEASE_DURATION / 2, |seen| seen.fresh_within),
             report: stamp(heard.received),
             reports_fresh_within: heard.fresh_within,
+            drained: heard.drained.filter(|_| self.content_trusted),
         }
     }
 
@@ -181,6 +186,23 @@ impl Hearing {
                 self.channels(node, *heard, now, instant)
                     .counted_as_silent(self.silence_timeout, now)
             })
+            .map(|(node, _)| node)
+            .collect()
+    }
+}
+
+impl Hearing {
+    /// The nodes whose overdue agent last said it drained (over TLS): they may be gone
+    /// before `silenceTimeout` (see [`Channels::drained_at`]), so the node watch looks
+    /// at them every second too.
+    pub fn drained_nodes(&self) -> Vec<String> {
+        let Some(reports) = self.listening().filter(|_| self.content_trusted) else {
+            return Vec::new();
+        };
+        reports
+            .overdue()
+            .into_iter()
+            .filter(|(_, heard)| heard.drained.is_some())
             .map(|(node, _)| node)
             .collect()
     }

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::facts::NodeHealth;
 use super::policy::FencePolicy;
 use super::resource::PauseReason;
+use crate::report::ledger::DrainedStatement;
 
 /// What the controller heard from the node itself, besides its Ready condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -53,6 +54,9 @@ pub struct Channels {
     /// Three of the agent's own report intervals: an agent that reports less often than
     /// `silenceTimeout` is not silent between two reports.
     pub reports_fresh_within: Duration,
+    /// The last report said the node drained cleanly and was about to power off (only
+    /// taken from reports that arrived over TLS).
+    pub drained: Option<DrainedStatement>,
 }
 
 impl Channels {
@@ -70,6 +74,21 @@ impl Channels {
     pub fn silent_at(&self, silence_timeout: Duration) -> Timestamp {
         self.lease_silent_at(silence_timeout)
             .max(self.reports_silent_at(silence_timeout))
+    }
+
+    /// When a node whose last report said it drained counts as gone: its agent missed
+    /// three of its report intervals (it stopped, as a powering-off node's agent does) and
+    /// its kubelet missed a renewal of the Lease (with [`DRAINED_LEASE_SLACK`]). Without
+    /// that statement, `None`. A node that said it drained needs no `silenceTimeout`:
+    /// its pods are stopped by its own account, and the Lease only confirms that its
+    /// kubelet stopped too.
+    pub fn drained_at(&self) -> Option<Timestamp> {
+        self.drained?;
+        let renewal_interval = self.lease_fresh_within / 2;
+        Some(
+            (self.report + self.reports_fresh_within)
+                .max(self.lease + renewal_interval + DRAINED_LEASE_SLACK),
+        )
     }
 
     /// How far apart in time nodes cut off at one instant fall silent: one spacing of the
@@ -110,6 +129,10 @@ impl Channels {
 /// The storm guard's look-ahead beyond the spread, for the network's jitter.
 pub const GUARD_SLACK: Duration = Duration::from_secs(1);
 
+/// How late a kubelet's renewal may be heard before a drained node's kubelet counts as
+/// stopped: the API server's and the watch's latency.
+pub const DRAINED_LEASE_SLACK: Duration = Duration::from_secs(2);
+
 /// What made the controller take a node for lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Evidence {
@@ -118,6 +141,11 @@ pub enum Evidence {
     NotReady,
     /// The node's Lease and its agent's reports were both silent for `silenceTimeout`.
     Silence,
+    /// The agent's last report, received within `drainedReportMaxAge`, said the node
+    /// had drained cleanly (every pod stopped, about to power off), and then the agent
+    /// and the kubelet stopped (see [`Channels::drained_at`]). Its pods and volumes are
+    /// released without a power fence.
+    Drained,
 }
 
 /// The node as a fence sees it.
@@ -182,8 +210,23 @@ pub fn judge(
         Liveness::Heard(channels) => {
             let silence = policy.silence_timeout;
             let silent_at = channels.silent_at(silence);
+            let max_age = policy.drained_report_max_age;
+            // A drained statement counts only while it is recent: the later the release,
+            // the more could have happened on the node since it spoke.
+            let drained_at = channels
+                .drained_at()
+                .filter(|_| !max_age.is_zero() && now <= channels.report + max_age);
+            let since = channels.lease.max(channels.report);
+            if let Some(drained_at) = drained_at
+                && now >= drained_at
+            {
+                return NodeState::Lost {
+                    evidence: Evidence::Drained,
+                    since,
+                    fence_at: drained_at.min(silent_at),
+                };
+            }
             if now >= silent_at {
-                let since = channels.lease.max(channels.report);
                 return NodeState::Lost {
                     evidence: Evidence::Silence,
                     since,
@@ -205,7 +248,7 @@ pub fn judge(
             NodeState::Held {
                 reason: PauseReason::NodeAlive,
                 message,
-                until: silent_at,
+                until: drained_at.map_or(silent_at, |at| at.min(silent_at)),
             }
         }
     }
@@ -408,6 +451,80 @@ mod tests {
         );
     }
 
+    fn drained(lease: i64, report: i64) -> Liveness {
+        let mut channels = rhythm(lease, 10, report, 2);
+        channels.drained = Some(DrainedStatement {
+            boot_time: at(-100_000),
+            sequence: 7,
+            finished_at: Some(at(report)),
+        });
+        Liveness::Heard(channels)
+    }
+
+    #[test]
+    fn a_node_that_said_it_drained_is_lost_once_its_agent_and_kubelet_stopped() {
+        let policy = policy();
+        let ready = health(Readiness::Ready, -500);
+        // Reports every 2 s (last at 2), renewals every 10 s (last at 0): the agent has
+        // missed three reports at 8, the kubelet a renewal (and the slack) at 12.
+        assert_eq!(
+            judge(&ready, &drained(0, 2), &policy, at(11)),
+            NodeState::Healthy
+        );
+        assert_eq!(
+            judge(&ready, &drained(0, 2), &policy, at(12)),
+            NodeState::Lost {
+                evidence: Evidence::Drained,
+                since: at(2),
+                fence_at: at(12),
+            }
+        );
+        // Its kubelet still renews: not gone, drained or not, and judged again when it
+        // may be.
+        let state = judge(
+            &health(Readiness::Unknown, 0),
+            &drained(20, 2),
+            &policy,
+            at(30),
+        );
+        assert!(
+            matches!(state, NodeState::Held { until, .. } if until == at(32)),
+            "{state:?}"
+        );
+        // Its agent still reports: the same.
+        let state = judge(
+            &health(Readiness::Unknown, 0),
+            &drained(0, 10),
+            &policy,
+            at(14),
+        );
+        assert!(
+            matches!(state, NodeState::Held { until, .. } if until == at(16)),
+            "{state:?}"
+        );
+    }
+
+    #[test]
+    fn a_drained_statement_counts_only_within_its_bound_and_not_when_turned_off() {
+        let policy = policy();
+        let state = |policy: &FencePolicy, now| match judge(
+            &health(Readiness::Unknown, 0),
+            &drained(0, 0),
+            policy,
+            now,
+        ) {
+            NodeState::Lost { evidence, .. } => evidence,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(state(&policy, at(120)), Evidence::Drained);
+        assert_eq!(state(&policy, at(121)), Evidence::Silence);
+        let off = FencePolicy {
+            drained_report_max_age: Duration::ZERO,
+            ..policy
+        };
+        assert_eq!(state(&off, at(20)), Evidence::Silence);
+    }
+
     /// A node whose kubelet renews every `renewal` seconds and whose agent reports every
     /// `interval` seconds, last heard at `lease` and `report`.
     fn rhythm(lease: i64, renewal: u64, report: i64, interval: u64) -> Channels {
@@ -416,6 +533,7 @@ mod tests {
             lease_fresh_within: Duration::from_secs(2 * renewal),
             report: at(report),
             reports_fresh_within: Duration::from_secs(3 * interval),
+            drained: None,
         }
     }
 
@@ -511,6 +629,7 @@ mod tests {
                 lease_fresh_within: Duration::from_secs(lease_fresh),
                 report: at(-report_ago),
                 reports_fresh_within: Duration::from_secs(fresh),
+            drained: None,
             };
             let state = judge(&health(readiness, since), &Liveness::Heard(channels), &policy, now);
             let lease_alive = (lease_ago as u64) < timeout.max(lease_fresh);

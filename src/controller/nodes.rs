@@ -22,7 +22,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinSet;
 
 use super::facts::Readiness;
-use super::liveness::{Liveness, NodeState, judge};
+use super::liveness::{Evidence, Liveness, NodeState, judge};
 use super::observe;
 use super::policy::FencePolicy;
 use super::reconciler::Context;
@@ -69,13 +69,16 @@ fn due_in(ctx: &Context, node: &Node, now: Timestamp) -> Option<Timestamp> {
 }
 
 /// Drops what the controller never reads, so 5,000 nodes stay small in memory: managed
-/// fields, annotations, the image list, volumes, capacity and node info.
+/// fields, annotations, the image list, volume device paths, capacity and node info.
+/// Which volumes are attached is kept: a drained node is released for them.
 pub fn strip(node: &mut Node) {
     node.metadata.managed_fields = None;
     node.metadata.annotations = None;
     if let Some(status) = node.status.as_mut() {
         status.images = None;
-        status.volumes_attached = None;
+        for volume in status.volumes_attached.iter_mut().flatten() {
+            volume.device_path = String::new();
+        }
         status.volumes_in_use = None;
         status.node_info = None;
         status.capacity = None;
@@ -195,8 +198,10 @@ pub async fn watch_nodes(
                         let _ = wake.send(fence.metadata.name.clone().unwrap_or_default());
                     }
                 }
-                // A silent node becomes due the moment its silence is long enough.
-                for name in &silent {
+                // A silent node becomes due the moment its silence is long enough; one
+                // that said it drained, as soon as its agent and kubelet stopped.
+                let drained = ctx.hearing.drained_nodes();
+                for name in silent.iter().chain(drained.iter()) {
                     if due.contains_key(name)
                         || in_progress.contains(name)
                         || ctx.fences.get(&ObjectRef::new(name)).is_some()
@@ -279,12 +284,29 @@ async fn create_if_needed(ctx: &Context, name: &str, now: Timestamp) -> Option<T
     if due > now {
         return Some(due);
     }
-    match super::reconciler::node_needs_fencing(ctx, name).await {
-        Ok(true) => {}
-        Ok(false) => return Some(now + RECHECK),
-        Err(error) => {
-            tracing::warn!(node = %name, %error, "cannot tell whether the node needs fencing");
-            return Some(now + RECHECK);
+    // A node that drained cleanly runs no pods any more, but the volumes it leaves
+    // attached are released with it.
+    let drained_with_volumes = observe::volumes_attached(&node) > 0
+        && matches!(
+            judge(
+                &observe::node_health(&node),
+                &ctx.hearing.liveness(name, now),
+                &ctx.policy.fence,
+                now
+            ),
+            NodeState::Lost {
+                evidence: Evidence::Drained,
+                ..
+            }
+        );
+    if !drained_with_volumes {
+        match super::reconciler::node_needs_fencing(ctx, name).await {
+            Ok(true) => {}
+            Ok(false) => return Some(now + RECHECK),
+            Err(error) => {
+                tracing::warn!(node = %name, %error, "cannot tell whether the node needs fencing");
+                return Some(now + RECHECK);
+            }
         }
     }
     let fence = NodeFence::new(
@@ -417,6 +439,7 @@ mod tests {
             lease_fresh_within: Duration::from_secs(20),
             report: at("2026-11-24T01:00:01Z"),
             reports_fresh_within: Duration::from_secs(6),
+            drained: None,
         };
         let policy = waiting(300);
         for (now, due) in [
@@ -438,9 +461,18 @@ mod tests {
         let mut n = node(
             "metadata:\n  name: a\n  labels: {topology.kubernetes.io/zone: z}\n  annotations: {big: x}\n\
              spec: {taints: [{key: k, effect: NoSchedule}]}\n\
-             status:\n  conditions: [{type: Ready, status: 'True'}]\n  images: [{names: [a], sizeBytes: 1}]\n",
+             status:\n  conditions: [{type: Ready, status: 'True'}]\n  images: [{names: [a], sizeBytes: 1}]\n  \
+             volumesAttached: [{name: kubernetes.io/csi/pd^vol-1, devicePath: /dev/disk/by-id/long}]\n",
         );
         strip(&mut n);
+        assert_eq!(observe::volumes_attached(&n), 1);
+        assert_eq!(
+            n.status
+                .as_ref()
+                .and_then(|s| s.volumes_attached.as_ref())
+                .map(|v| v[0].device_path.as_str()),
+            Some("")
+        );
         assert!(n.metadata.annotations.is_none());
         assert!(n.status.as_ref().and_then(|s| s.images.as_ref()).is_none());
         assert_eq!(observe::node_zone(&n), ":\0:z");

@@ -83,6 +83,14 @@ pub fn node_taints(node: &Node) -> NodeTaints {
     }
 }
 
+/// How many volumes the node's status lists as attached to it.
+pub fn volumes_attached(node: &Node) -> usize {
+    node.status
+        .as_ref()
+        .and_then(|status| status.volumes_attached.as_ref())
+        .map_or(0, Vec::len)
+}
+
 pub fn node_taint_list(node: &Node) -> &[Taint] {
     node.spec
         .as_ref()

@@ -86,6 +86,10 @@ pub struct FencePolicy {
     /// silent before it is taken for lost. Zero turns silence detection off, and every
     /// node is judged by its Ready condition.
     pub silence_timeout: Duration,
+    /// How recent a node's last report must be for its statement that the node drained
+    /// cleanly to release its pods and volumes without a power fence, once the node falls
+    /// silent. Zero turns the drained fast path off.
+    pub drained_report_max_age: Duration,
     /// After a confirmed isolation, how long the node may come back by itself before the
     /// power step starts.
     pub power_management_delay: Duration,
@@ -106,6 +110,7 @@ impl Default for FencePolicy {
         FencePolicy {
             unhealthy_duration: Duration::from_secs(60),
             silence_timeout: Duration::from_secs(20),
+            drained_report_max_age: Duration::from_secs(120),
             power_management_delay: Duration::from_secs(60),
             retry_limit: 3,
             retry_backoff: Duration::from_secs(30),
@@ -340,6 +345,7 @@ impl ControllerPolicy {
             "podSelector": selector(&self.pod_selector),
             "unhealthyDuration": go(self.fence.unhealthy_duration),
             "silenceTimeout": go(self.fence.silence_timeout),
+            "drainedReportMaxAge": go(self.fence.drained_report_max_age),
             "powerManagementDelay": go(self.fence.power_management_delay),
             "retry": {
                 "limit": self.fence.retry_limit,
@@ -434,6 +440,7 @@ struct Document {
     pod_selector: Option<LabelSelector>,
     unhealthy_duration: Option<String>,
     silence_timeout: Option<String>,
+    drained_report_max_age: Option<String>,
     power_management_delay: Option<String>,
     retry: Option<RetryDocument>,
     release: Option<ReleaseDocument>,
@@ -671,6 +678,31 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
                 "{} is shorter than {}s: a node would be taken for dead between two reports; give 0s to turn silence detection off",
                 GoDuration::from(policy.fence.silence_timeout),
                 MIN_SILENCE_TIMEOUT.as_secs()
+            ),
+        ));
+    }
+    // Unset, it follows a long silenceTimeout: a report must outlive the silence.
+    let silence = policy.fence.silence_timeout;
+    policy.fence.drained_report_max_age = policy
+        .fence
+        .drained_report_max_age
+        .max(silence.saturating_mul(2));
+    duration(
+        &mut errors,
+        origin,
+        "drainedReportMaxAge",
+        document.drained_report_max_age,
+        &mut policy.fence.drained_report_max_age,
+        true,
+    );
+    let max_age = policy.fence.drained_report_max_age;
+    if !max_age.is_zero() && !silence.is_zero() && max_age <= silence {
+        errors.push(error(
+            "drainedReportMaxAge",
+            format!(
+                "{} is not longer than silenceTimeout ({}): a drained node's last report would be too old by the time the node counts as silent; give more, or 0s to turn the drained fast path off",
+                GoDuration::from(max_age),
+                GoDuration::from(silence)
             ),
         ));
     }
@@ -1095,6 +1127,30 @@ mod tests {
         assert!(policy.node_selector.is_some());
         assert_eq!(policy.storm.max_unhealthy, CountOrPercent::Count(2));
         assert_eq!(policy.storm.large_cluster_size_threshold, 10);
+    }
+
+    #[test]
+    fn the_drained_report_bound_outlives_the_silence_and_can_be_turned_off() {
+        let defaults = ControllerPolicy::default().fence;
+        assert_eq!(defaults.drained_report_max_age, Duration::from_secs(120));
+        let policy = parse("drainedReportMaxAge: 45s\n", "drained.yaml").expect("valid");
+        assert_eq!(policy.fence.drained_report_max_age, Duration::from_secs(45));
+        assert_eq!(policy.effective_document()["drainedReportMaxAge"], "45s");
+        let off = parse("drainedReportMaxAge: 0s\n", "off.yaml").expect("valid");
+        assert!(off.fence.drained_report_max_age.is_zero());
+        // Unset, it follows a long silence timeout.
+        let long = parse("silenceTimeout: 3m\n", "long.yaml").expect("valid");
+        assert_eq!(long.fence.drained_report_max_age, Duration::from_secs(360));
+        let text = parse(
+            "silenceTimeout: 30s\ndrainedReportMaxAge: 30s\n",
+            "short.yaml",
+        )
+        .expect_err("expires with the silence")
+        .to_string();
+        assert!(
+            text.contains("short.yaml: drainedReportMaxAge:") && text.contains("0s to turn"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -313,6 +313,7 @@ async fn gather(
             excluded: false,
             runs_pods_needing_fencing: false,
             pods_to_release: 0,
+            volumes_attached: 0,
             taints: Default::default(),
             plan: Err(format!("node {node_name} does not exist")),
         };
@@ -332,6 +333,7 @@ async fn gather(
         excluded: observe::is_excluded(&node),
         runs_pods_needing_fencing,
         pods_to_release,
+        volumes_attached: observe::volumes_attached(&node),
         taints: observe::node_taints(&node),
         plan: outline,
     };

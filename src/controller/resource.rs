@@ -286,8 +286,9 @@ pub struct Pause {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LostRecord {
-    /// `NotReady` (the Ready condition for `unhealthyDuration`) or `Silence` (the node's
-    /// Lease and its agent's reports both silent for `silenceTimeout`).
+    /// `NotReady` (the Ready condition for `unhealthyDuration`), `Silence` (the node's
+    /// Lease and its agent's reports both silent for `silenceTimeout`) or `Drained` (the
+    /// same silence after the agent reported a clean drain).
     pub evidence: crate::controller::liveness::Evidence,
     /// When the Ready condition turned, or when the node was last heard.
     pub since: Time,
@@ -344,6 +345,17 @@ pub struct NodeFenceStatus {
     /// `Paused`, `Confirmed` and `Failed`, with the usual meaning of status and reason.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+impl NodeFenceStatus {
+    /// The fence released a node that drained cleanly, without a step of its own.
+    pub fn is_drained(&self) -> bool {
+        self.confirmed_at.is_some()
+            && self
+                .lost
+                .as_ref()
+                .is_some_and(|lost| lost.evidence == crate::controller::liveness::Evidence::Drained)
+    }
 }
 
 /// The CustomResourceDefinition as YAML, generated from these types.

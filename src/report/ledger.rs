@@ -58,13 +58,30 @@ pub struct AgentHeard {
     pub received: Instant,
     /// Three of the agent's report intervals.
     pub fresh_within: Duration,
+    /// The latest report says the node drained cleanly and is about to power off.
+    pub drained: Option<DrainedStatement>,
+}
+
+/// Which report said the node drained, for the NodeFence's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DrainedStatement {
+    pub boot_time: Timestamp,
+    pub sequence: u64,
+    /// When the agent says its shutdown finished (its own clock).
+    pub finished_at: Option<Timestamp>,
 }
 
 impl AgentHeard {
     fn of(entry: &NodeReports) -> AgentHeard {
+        let latest = &entry.latest;
         AgentHeard {
             received: entry.received,
             fresh_within: entry.fresh_within(),
+            drained: latest.says_drained().then_some(DrainedStatement {
+                boot_time: latest.boot_time,
+                sequence: latest.sequence,
+                finished_at: latest.shutdown.finished_at,
+            }),
         }
     }
 }
@@ -363,6 +380,38 @@ mod tests {
 
     fn now() -> Timestamp {
         "2026-11-24T05:00:00Z".parse().expect("timestamp")
+    }
+
+    #[test]
+    fn only_the_latest_report_s_drained_statement_is_heard() {
+        let mut ledger = ReportLedger::default();
+        let me = identity("worker-1");
+        let mut drained = report("b", 10);
+        drained.shutdown = crate::report::protocol::ShutdownReport {
+            state: ShutdownPhase::Finished,
+            about_to_power_off: true,
+            all_pods_stopped: true,
+            finished_at: Some(now()),
+            ..Default::default()
+        };
+        ledger
+            .accept(&me, drained.clone(), Instant::now(), now())
+            .expect("accepted");
+        let heard = ledger.heard("worker-1").expect("heard");
+        assert_eq!(
+            heard.drained,
+            Some(DrainedStatement {
+                boot_time: drained.boot_time,
+                sequence: 10,
+                finished_at: Some(now()),
+            })
+        );
+        // A later report that says otherwise (the shutdown went on in another way, or a
+        // new boot) voids it.
+        ledger
+            .accept(&me, report("c", 1), Instant::now(), now())
+            .expect("accepted");
+        assert_eq!(ledger.heard("worker-1").expect("heard").drained, None);
     }
 
     #[test]

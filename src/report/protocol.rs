@@ -14,13 +14,13 @@ use serde::{Deserialize, Serialize};
 /// The major version this build speaks.
 pub const MAJOR: u32 = 1;
 /// The minor version this build writes.
-pub const MINOR: u32 = 0;
+pub const MINOR: u32 = 1;
 /// The path reports are posted to.
 pub const REPORTS_PATH: &str = "/v1/reports";
 /// The largest report body the controller reads by default. A real report is about 1 KiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// `"1.0"`.
+/// `"1.1"`.
 pub fn version() -> String {
     format!("{MAJOR}.{MINOR}")
 }
@@ -107,6 +107,24 @@ pub struct ShutdownReport {
     /// Every phase finished and the lock was released: logind may power off now.
     #[serde(default)]
     pub about_to_power_off: bool,
+    /// (1.1) The shutdown finished with every pod stopped: each phase completed (or had no
+    /// pods), none timed out, no pod failed to stop, and the agent is not in dry-run mode.
+    /// A 1.0 agent never says so, and its reports read `false`.
+    #[serde(default)]
+    pub all_pods_stopped: bool,
+}
+
+impl AgentReport {
+    /// The node says it drained cleanly and is about to power off: its shutdown finished
+    /// with every pod stopped, the lock is released, and the agent really stopped them
+    /// (not in dry-run mode). The controller's drained fast path rests on this.
+    pub fn says_drained(&self) -> bool {
+        let shutdown = &self.shutdown;
+        !self.dry_run
+            && shutdown.state == ShutdownPhase::Finished
+            && shutdown.about_to_power_off
+            && shutdown.all_pods_stopped
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -497,6 +515,38 @@ mod tests {
     fn a_report_round_trips() {
         let report = sample();
         assert_eq!(decode_report(&encode(&report)), Ok(report));
+    }
+
+    #[test]
+    fn a_node_says_it_drained_only_with_every_pod_stopped_about_to_power_off_and_not_in_dry_run() {
+        let drained = AgentReport {
+            shutdown: ShutdownReport {
+                state: ShutdownPhase::Finished,
+                about_to_power_off: true,
+                all_pods_stopped: true,
+                ..ShutdownReport::default()
+            },
+            ..sample()
+        };
+        assert!(drained.says_drained());
+        let not = |change: fn(&mut AgentReport)| {
+            let mut report = drained.clone();
+            change(&mut report);
+            !report.says_drained()
+        };
+        assert!(not(|r| r.dry_run = true));
+        assert!(not(|r| r.shutdown.all_pods_stopped = false));
+        assert!(not(|r| r.shutdown.about_to_power_off = false));
+        assert!(not(|r| r.shutdown.state = ShutdownPhase::Cancelled));
+        // A 1.0 agent never sends the field: it reads false.
+        let mut value = serde_json::to_value(&drained).expect("value");
+        value["version"] = "1.0".into();
+        value["shutdown"]
+            .as_object_mut()
+            .expect("object")
+            .remove("allPodsStopped");
+        let old = decode_report(&serde_json::to_vec(&value).expect("bytes")).expect("decoded");
+        assert!(!old.says_drained());
     }
 
     #[test]

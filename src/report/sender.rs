@@ -44,6 +44,8 @@ pub struct SenderSettings {
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// The largest answer read from the controller.
 const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
+/// How long a stopping agent tries to deliver its last report.
+const FINAL_REPORT_DEADLINE: Duration = Duration::from_secs(1);
 
 /// Why one exchange with the controller failed.
 #[derive(Debug, thiserror::Error)]
@@ -291,7 +293,7 @@ pub async fn run_sender(
         let result = match clients.current() {
             Ok(client) => tokio::select! {
                 result = send_report(&client, &settings, &report) => result,
-                _ = &mut stop => return,
+                _ = &mut stop => break,
             },
             Err(error) => Err(error),
         };
@@ -331,8 +333,31 @@ pub async fn run_sender(
         tokio::select! {
             _ = tokio::time::sleep(backoff(settings.interval, failures)) => trigger = Trigger::Interval,
             _ = board.changed() => trigger = Trigger::Change,
-            _ = &mut stop => return,
+            _ = &mut stop => break,
         }
+    }
+    // On a node that is powering off, systemd stops the agent right after the drain
+    // released the logind lock, maybe before the report saying so went out; the
+    // controller releases a drained node only on that word. So the agent's last act is
+    // one more report of what it knows, within a short deadline.
+    sequence = next_sequence(sequence);
+    let report = build_report(
+        &settings,
+        &board,
+        sequence,
+        Trigger::Change,
+        Timestamp::now(),
+    );
+    let deadline = settings.timeout.min(FINAL_REPORT_DEADLINE);
+    let sent = match clients.current() {
+        Ok(client) => tokio::time::timeout(deadline, send_report(&client, &settings, &report))
+            .await
+            .unwrap_or(Err(SendError::Timeout(deadline))),
+        Err(error) => Err(error),
+    };
+    match sent {
+        Ok(_) => tracing::info!(sequence, "last report before stopping delivered"),
+        Err(error) => tracing::info!(%error, "last report before stopping not delivered"),
     }
 }
 

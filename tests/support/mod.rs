@@ -9,6 +9,8 @@ pub mod fake_fence_agents;
 pub mod fence_emulators;
 pub mod fence_manifests;
 pub mod job_runner;
+pub mod kubelet;
+pub mod nspawn;
 pub mod process_usage;
 pub mod real;
 pub mod tls;
