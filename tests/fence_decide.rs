@@ -15,7 +15,7 @@ use nodekeeper::controller::decide::{
 use nodekeeper::controller::facts::{
     MethodOutline, NodeFacts, NodeHealth, NodeTaints, PlanOutline, Readiness,
 };
-use nodekeeper::controller::liveness::{Channels, Evidence, Liveness};
+use nodekeeper::controller::liveness::{Channels, Evidence, Liveness, NodeState, judge};
 use nodekeeper::controller::policy::FencePolicy;
 use nodekeeper::controller::resource::{
     ExecutionKind, ExecutionResult, FencePhase, FenceStep, NodeFence, NodeFenceSpec, PauseReason,
@@ -239,10 +239,16 @@ impl World {
     }
 
     /// The node's agent drains it and says so, and the node powers itself off: a clean
-    /// shutdown. Only a node with a reporting agent can say it.
-    fn drain(&mut self) {
+    /// shutdown. Only a node with a reporting agent can say it. Its pods are deleted and
+    /// its volume stays attached, unless `pods_left` (the agent's word is wrong).
+    fn drain(&mut self, pods_left: bool) {
         if !matches!(self.channels, Some((_, true))) || !self.devices.power_on {
             return;
+        }
+        if !pods_left {
+            self.facts.runs_pods_needing_fencing = false;
+            self.facts.pods_to_release = 0;
+            self.facts.volumes_attached = 1;
         }
         self.hear();
         self.drained = Some(DrainedStatement {
@@ -1119,7 +1125,7 @@ fn drained_world(plan: PlanOutline) -> World {
     world.set_ready(true);
     world.set_channels(Some((true, true)));
     world.advance(10);
-    world.drain();
+    world.drain(false);
     world
 }
 
@@ -1142,12 +1148,29 @@ fn a_node_that_drained_cleanly_is_released_once_its_agent_and_kubelet_stopped_wi
     // Its agent reported every 2 s and its kubelet renewed every 10 s: the agent has
     // missed three reports after 6 s, the kubelet a renewal (with 2 s of slack) after 12.
     world.advance(11);
-    world.reconcile();
+    // (The node watch creates the fence when the node is due; this world's fence exists
+    // from the start, so the judgement is asked directly.)
+    let judged = |world: &World| {
+        judge(
+            &world.facts.health,
+            &world.facts.liveness,
+            &world.policy,
+            world.now,
+        )
+    };
     assert!(
-        taint_actions(&world).is_empty(),
-        "one second before its kubelet counts as stopped, nothing is released"
+        matches!(judged(&world), NodeState::Held { .. }),
+        "one second before its kubelet counts as stopped, it is not lost: {:?}",
+        judged(&world)
     );
     world.advance(1);
+    assert!(matches!(
+        judged(&world),
+        NodeState::Lost {
+            evidence: Evidence::Drained,
+            ..
+        }
+    ));
     world.reconcile();
     world.run(10, 5);
     assert!(world.started().is_empty(), "{:?}", world.started());
@@ -1213,7 +1236,7 @@ fn the_storm_guard_and_the_zone_rate_hold_back_a_drained_release() {
 }
 
 #[test]
-fn a_drained_statement_older_than_its_bound_gets_the_normal_fence() {
+fn a_drained_statement_older_than_its_bound_releases_nothing() {
     let mut world = drained_world(full_plan());
     world.guard.storm = Some(GuardBlock {
         reason: PauseReason::StormGuard,
@@ -1226,31 +1249,28 @@ fn a_drained_statement_older_than_its_bound_gets_the_normal_fence() {
     assert!(!world.facts.taints.out_of_service);
     world.guard = Guard::open();
     world.run(40, 5);
-    assert_eq!(
-        world.status().lost.as_ref().map(|lost| lost.evidence),
-        Some(Evidence::Silence)
-    );
+    // Judged as a silent node now, whose pods are gone: nothing to fence for, and the
+    // old word releases nothing.
+    assert!(world.fence.is_none(), "cancelled");
     assert!(
-        world
-            .started()
-            .first()
-            .is_some_and(|name| name.starts_with("isolation")),
+        taint_actions(&world).is_empty(),
         "{:?}",
-        world.started()
+        taint_actions(&world)
     );
+    assert!(world.events().contains(&"FenceCancelled"));
 }
 
 #[test]
 fn the_drained_fast_path_can_be_turned_off() {
     let mut world = drained_world(full_plan());
     world.policy.drained_report_max_age = Duration::ZERO;
-    world.advance(20);
+    world.advance(12);
     world.reconcile();
-    assert_eq!(
-        world.status().lost.as_ref().map(|lost| lost.evidence),
-        Some(Evidence::Silence)
+    assert!(
+        world.fence.is_none(),
+        "not lost yet, and no pods: cancelled"
     );
-    assert_eq!(world.started(), ["isolation-t1-a1-scsi-act1"]);
+    assert!(taint_actions(&world).is_empty());
 }
 
 #[test]
@@ -1281,19 +1301,62 @@ fn a_drained_node_back_from_its_reboot_has_its_taints_removed_and_nothing_recove
 #[test]
 fn a_drained_node_with_neither_pods_nor_volumes_has_nothing_to_release() {
     let mut world = drained_world(full_plan());
-    world.facts.runs_pods_needing_fencing = false;
-    world.facts.pods_to_release = 0;
+    world.facts.volumes_attached = 0;
     world.advance(20);
     let decision = world.reconcile().expect("a decision").clone();
     assert!(decision.actions.contains(&Action::DeleteFence));
-    // Its pods are gone (the agent deleted them), but a volume is still attached.
-    let mut world = drained_world(full_plan());
-    world.facts.runs_pods_needing_fencing = false;
-    world.facts.pods_to_release = 0;
-    world.facts.volumes_attached = 1;
-    world.advance(20);
+}
+
+#[test]
+fn pods_still_bound_to_a_node_that_said_it_drained_get_the_normal_fence_once_it_is_silent() {
+    let mut world = World::new(full_plan(), false);
+    world.policy.unhealthy_duration = Duration::from_secs(300);
+    world.set_ready(true);
+    world.set_channels(Some((true, true)));
+    world.advance(10);
+    world.drain(true);
+    // Gone by its word at 22, silent only at 30.
+    world.advance(12);
     world.reconcile();
+    assert!(world.started().is_empty());
+    assert!(!world.facts.taints.out_of_service);
+    let pause = world.status().pause.clone().expect("paused");
+    assert_eq!(pause.reason, PauseReason::DrainContradicted);
+    assert_eq!(pause.until.map(|t| t.0), Some(at(30)));
+    world.advance(8);
+    world.reconcile();
+    assert_eq!(world.started(), ["isolation-t1-a1-scsi-act1"]);
+    assert_eq!(
+        world.status().lost.as_ref().map(|lost| lost.evidence),
+        Some(Evidence::Silence)
+    );
+}
+
+#[test]
+fn a_drained_node_still_reading_ready_to_a_restarted_controller_is_not_taken_for_back() {
+    let mut world = drained_world(full_plan());
+    world.advance(20);
+    world.run(2, 1);
     assert!(world.facts.taints.out_of_service);
+    // The node lifecycle controller has not noticed yet: Ready, as it read before the
+    // shutdown. A restarted controller has heard no report yet.
+    world.facts.health = NodeHealth {
+        readiness: Readiness::Ready,
+        since: Some(at(-500)),
+    };
+    world.facts.liveness = Liveness::AgentUnknown { until: at(100) };
+    world.channels = None;
+    world.run(5, 5);
+    assert!(world.facts.taints.out_of_service, "still out of service");
+    assert!(world.fence.is_some());
+    // Ready again after the release (the node booted, without its agent): back.
+    world.facts.health = NodeHealth {
+        readiness: Readiness::Ready,
+        since: Some(world.now),
+    };
+    world.run(5, 5);
+    assert!(!world.facts.taints.out_of_service);
+    assert!(world.fence.is_none());
 }
 
 #[test]
@@ -1319,8 +1382,9 @@ enum Happening {
     ConfigGone(bool),
     /// The node has an agent with these channels speaking (Lease, reports), or none.
     Channels(Option<(bool, bool)>),
-    /// The node drains cleanly, says so, and powers itself off.
-    Drain,
+    /// The node drains, says it did, and powers itself off; with `true`, pods that need
+    /// fencing are still bound to it.
+    Drain(bool),
 }
 
 fn happening() -> impl Strategy<Value = Happening> {
@@ -1339,7 +1403,7 @@ fn happening() -> impl Strategy<Value = Happening> {
         .prop_map(Happening::NextAgent),
         1 => any::<bool>().prop_map(Happening::ConfigGone),
         2 => proptest::option::of((any::<bool>(), any::<bool>())).prop_map(Happening::Channels),
-        1 => Just(Happening::Drain),
+        1 => any::<bool>().prop_map(Happening::Drain),
     ]
 }
 
@@ -1382,7 +1446,7 @@ proptest! {
                 Happening::Restart { agent_acted } => world.restart(agent_acted),
                 Happening::NextAgent(fate) => world.fates.push(fate),
                 Happening::Channels(channels) => world.set_channels(channels),
-                Happening::Drain => world.drain(),
+                Happening::Drain(pods_left) => world.drain(pods_left),
                 Happening::ConfigGone(gone) => {
                     world.facts.plan = if gone {
                         Err("gone".to_string())

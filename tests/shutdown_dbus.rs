@@ -11,7 +11,9 @@ mod support {
 
 use nodekeeper::pods::Pod;
 use nodekeeper::shutdown::logind::{Backoff, BusAddress, INHIBITOR_WHO};
-use nodekeeper::shutdown::manager::{ManagerOptions, ManagerStatus, run_shutdown_manager};
+use nodekeeper::shutdown::manager::{
+    ManagerOptions, ManagerStatus, PodSource, run_shutdown_manager,
+};
 use nodekeeper::shutdown::plan::{PhaseSpec, PlannedPod};
 use nodekeeper::shutdown::runner::{PodTerminator, SystemClock, TerminateError, Termination};
 use nodekeeper::shutdown::state::{PhaseStatus, ShutdownOutcome, ShutdownState, StateStore};
@@ -85,6 +87,17 @@ impl Agent {
         pods: Vec<Pod>,
         tune: impl FnOnce(&mut ManagerOptions),
     ) -> Agent {
+        Agent::listing(bus, dir, phases, Arc::new(move || Ok(pods.clone())), tune)
+    }
+
+    /// [`Agent::start`] with the pods read from `source`.
+    fn listing(
+        bus: &PrivateBus,
+        dir: &Path,
+        phases: &[(i32, i64)],
+        source: PodSource,
+        tune: impl FnOnce(&mut ManagerOptions),
+    ) -> Agent {
         let phases: Vec<PhaseSpec> = phases
             .iter()
             .map(|&(priority, seconds)| PhaseSpec { priority, seconds })
@@ -106,7 +119,7 @@ impl Agent {
         let task = tokio::spawn(run_shutdown_manager(
             options,
             Arc::clone(&recorder),
-            Arc::new(move || Ok(pods.clone())),
+            source,
             Arc::new(SystemClock),
             status_tx,
             stop_rx,
@@ -188,7 +201,39 @@ async fn holds_a_delay_lock_then_drains_in_priority_order_and_releases_it() {
     let saved = agent.saved().unwrap();
     assert_eq!(saved.outcome, ShutdownOutcome::Finished);
     assert!(saved.about_to_power_off);
+    assert!(saved.pods_listed);
     assert!(agent.status.borrow().shutting_down);
+    assert!(agent.status.borrow().released_for_power_off);
+    agent.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_whose_pods_cannot_be_listed_records_that_nothing_was_drained() {
+    let (dir, bus) = require!(DBUS, setup());
+    let logind = FakeLogind::serve(&bus, fake_state(3600)).await;
+    let agent = Agent::listing(
+        &bus,
+        dir.path(),
+        &[(0, 20)],
+        Arc::new(|| Err("the pod cache has not been filled".to_string())),
+        |_| {},
+    );
+    wait_until("the delay lock", || logind.held() == 1).await;
+    wait_until("the agent to subscribe", || {
+        agent.status.borrow().bus_connected
+    })
+    .await;
+    logind.announce(true).await;
+    // The node still powers off: a failed list must not hold the shutdown up.
+    wait_until("the lock release", || logind.held() == 0).await;
+    let saved = agent.saved().unwrap();
+    assert_eq!(saved.outcome, ShutdownOutcome::Finished);
+    assert!(saved.about_to_power_off);
+    assert!(
+        !saved.pods_listed,
+        "every phase was skipped for want of a list: {saved:?}"
+    );
+    assert!(agent.recorder.names().is_empty());
     agent.shut_down().await;
 }
 

@@ -51,11 +51,28 @@ impl CycleObserver for BoardObserver {
     }
 }
 
+/// How the agent drains its node, as far as a report's claims go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draining {
+    /// Dry-run mode: nothing is stopped.
+    pub dry_run: bool,
+    /// Pods are deleted through the API, so a completed phase means the kubelet stopped
+    /// them and unmounted their volumes (standalone mode kills workload cgroups, which
+    /// says nothing about the node's Kubernetes pods).
+    pub through_api: bool,
+}
+
 /// The shutdown part of a report, from the manager's status. A record of an earlier
-/// boot says nothing about this one. Every pod counts as stopped only when each phase
-/// completed (or had no pods) with no pod failing to stop, and never in dry-run mode,
-/// where nothing is stopped: the controller releases a drained node's volumes on it.
-pub fn shutdown_report(status: &ManagerStatus, boot_id: &str, dry_run: bool) -> ShutdownReport {
+/// boot says nothing about this one; a finished record this process did not finish (a
+/// restarted agent: the power off failed, or a soft reboot kept the boot) is not about
+/// to power off. Every pod counts as stopped only when this process drained the node
+/// through the API from a complete pod list, each phase completed (or had no pods), and
+/// no pod failed to stop: the controller releases a drained node's volumes on it.
+pub fn shutdown_report(
+    status: &ManagerStatus,
+    boot_id: &str,
+    draining: Draining,
+) -> ShutdownReport {
     let millis = |ms: u64| Timestamp::from_millisecond(ms as i64).ok();
     let mut report = ShutdownReport {
         lock_held: status.lock_held,
@@ -78,8 +95,11 @@ pub fn shutdown_report(status: &ManagerStatus, boot_id: &str, dry_run: bool) -> 
     report.finished_at = state.end_unix_ms.and_then(millis);
     report.phases_total = state.phases.len() as u32;
     report.phases_done = state.phases.iter().filter(|p| p.is_done()).count() as u32;
-    report.about_to_power_off = state.about_to_power_off;
-    report.all_pods_stopped = !dry_run
+    report.about_to_power_off = state.about_to_power_off && status.released_for_power_off;
+    report.all_pods_stopped = report.about_to_power_off
+        && draining.through_api
+        && !draining.dry_run
+        && state.pods_listed
         && state.outcome == ShutdownOutcome::Finished
         && state.phases.iter().all(|phase| {
             matches!(phase.status, PhaseStatus::Completed | PhaseStatus::Skipped)
@@ -98,8 +118,8 @@ pub struct Reporting {
 }
 
 impl Reporting {
-    /// Lets the sender deliver its last report (it gives up after a second), then ends
-    /// the rest. Called once `stop` is set.
+    /// Lets the sender finish the report in flight and deliver its last one (a second
+    /// each at most), then ends the rest. Called once `stop` is set.
     pub async fn stop(self) {
         let mut sender = self.sender;
         if tokio::time::timeout(SENDER_STOP_WAIT, &mut sender)
@@ -114,8 +134,9 @@ impl Reporting {
     }
 }
 
-/// How long a stopping agent waits for its last report.
-const SENDER_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a stopping agent waits for its reports: the one in flight and the last one
+/// get a second each.
+const SENDER_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Starts reporting when `report:` is configured: installs the cycle observer and
 /// returns the board (for the shutdown manager) and the tasks to stop with the agent.
@@ -228,12 +249,28 @@ mod tests {
         }
     }
 
+    /// The status of a manager that finished the shutdown itself and released the lock.
+    fn released(state: ShutdownState) -> ManagerStatus {
+        ManagerStatus {
+            lock_held: false,
+            last_shutdown: Some(state),
+            released_for_power_off: true,
+            ..ManagerStatus::default()
+        }
+    }
+
+    /// An agent draining through the API, not in dry-run mode.
+    const THROUGH_API: Draining = Draining {
+        dry_run: false,
+        through_api: true,
+    };
+
     #[test]
     fn a_shutdown_in_progress_reports_its_phases() {
         let mut state = three_phases();
         state.start_phase(0, 1_763_900_001_000);
         state.end_phase(0, PhaseStatus::Completed, Vec::new(), 1_763_900_004_000);
-        let report = shutdown_report(&status(Some(state)), BOOT, false);
+        let report = shutdown_report(&status(Some(state)), BOOT, THROUGH_API);
         assert_eq!(report.state, ShutdownPhase::InProgress);
         assert_eq!((report.phases_done, report.phases_total), (1, 3));
         assert!(report.lock_held);
@@ -253,16 +290,21 @@ mod tests {
         }
         state.finish(1_763_900_002_000);
         state.about_to_power_off = true;
-        let report = shutdown_report(&status(Some(state)), BOOT, false);
+        let report = shutdown_report(&released(state.clone()), BOOT, THROUGH_API);
         assert_eq!(report.state, ShutdownPhase::Finished);
         assert_eq!(report.phases_done, 3);
         assert!(report.about_to_power_off);
         assert!(report.finished_at.is_some());
+        // A restarted agent finds that record: the node did not power off after all.
+        let report = shutdown_report(&status(Some(state)), BOOT, THROUGH_API);
+        assert_eq!(report.state, ShutdownPhase::Finished);
+        assert!(!report.about_to_power_off);
+        assert!(!report.all_pods_stopped);
 
         let mut state = three_phases();
         state.cancel(1_763_900_002_000);
         assert_eq!(
-            shutdown_report(&status(Some(state)), BOOT, false).state,
+            shutdown_report(&status(Some(state)), BOOT, THROUGH_API).state,
             ShutdownPhase::Cancelled
         );
     }
@@ -274,9 +316,11 @@ mod tests {
     }
 
     #[test]
-    fn every_pod_stopped_only_when_each_phase_completed_or_had_no_pods() {
+    fn every_pod_stopped_only_when_drained_through_the_api_from_a_full_list_and_each_phase_completed_or_had_no_pods()
+     {
         let finished = |outcomes: [(PhaseStatus, &[&str]); 3]| {
             let mut state = three_phases();
+            state.pods_listed = true;
             for (index, (status, failed)) in outcomes.into_iter().enumerate() {
                 end(&mut state, index, status, failed);
             }
@@ -284,22 +328,42 @@ mod tests {
             state.about_to_power_off = true;
             state
         };
+        let stopped = |status: &ManagerStatus, draining| {
+            shutdown_report(status, BOOT, draining).all_pods_stopped
+        };
         let clean = finished([
             (PhaseStatus::Completed, &[]),
             (PhaseStatus::Skipped, &[]),
             (PhaseStatus::Completed, &[]),
         ]);
-        assert!(shutdown_report(&status(Some(clean.clone())), BOOT, false).all_pods_stopped);
+        assert!(stopped(&released(clean.clone()), THROUGH_API));
         // Dry-run: the phases ran, but nothing was stopped.
-        assert!(!shutdown_report(&status(Some(clean)), BOOT, true).all_pods_stopped);
+        let dry_run = Draining {
+            dry_run: true,
+            through_api: true,
+        };
+        assert!(!stopped(&released(clean.clone()), dry_run));
+        // Standalone: workload cgroups were killed, which says nothing of the pods.
+        let standalone = Draining {
+            dry_run: false,
+            through_api: false,
+        };
+        assert!(!stopped(&released(clean.clone()), standalone));
+        // A restarted agent that found the record: not this process's drain.
+        assert!(!stopped(&status(Some(clean.clone())), THROUGH_API));
+        // The pods could not be listed: every phase was skipped, nothing was drained.
+        let mut unlisted = clean;
+        unlisted.pods_listed = false;
+        assert!(!stopped(&released(unlisted), THROUGH_API));
         // A phase whose timer fired with pods still terminating.
         let timed_out = finished([
             (PhaseStatus::Completed, &[]),
             (PhaseStatus::TimedOut, &[]),
             (PhaseStatus::Completed, &[]),
         ]);
-        let report = shutdown_report(&status(Some(timed_out)), BOOT, false);
+        let report = shutdown_report(&released(timed_out), BOOT, THROUGH_API);
         assert_eq!(report.state, ShutdownPhase::Finished);
+        assert!(report.about_to_power_off);
         assert!(!report.all_pods_stopped);
         // A pod whose termination failed.
         let failed = finished([
@@ -307,13 +371,14 @@ mod tests {
             (PhaseStatus::Completed, &[]),
             (PhaseStatus::Completed, &[]),
         ]);
-        assert!(!shutdown_report(&status(Some(failed)), BOOT, false).all_pods_stopped);
+        assert!(!stopped(&released(failed), THROUGH_API));
         // Not finished yet, or cancelled.
         let mut running = three_phases();
+        running.pods_listed = true;
         end(&mut running, 0, PhaseStatus::Completed, &[]);
-        assert!(!shutdown_report(&status(Some(running.clone())), BOOT, false).all_pods_stopped);
+        assert!(!stopped(&released(running.clone()), THROUGH_API));
         running.cancel(1_763_900_002_000);
-        assert!(!shutdown_report(&status(Some(running)), BOOT, false).all_pods_stopped);
+        assert!(!stopped(&released(running), THROUGH_API));
     }
 
     #[test]
@@ -321,18 +386,18 @@ mod tests {
         // Finished before the reboot: in this boot, no shutdown has happened.
         let mut state = three_phases();
         state.finish(1_763_900_002_000);
-        let report = shutdown_report(&status(Some(state)), "the-next-boot", false);
+        let report = shutdown_report(&status(Some(state)), "the-next-boot", THROUGH_API);
         assert_eq!(report.state, ShutdownPhase::None);
         assert_eq!(report.phases_total, 0);
         assert!(report.lock_held, "the lock is this boot's");
         let mut abandoned = three_phases();
         abandoned.abandon();
         assert_eq!(
-            shutdown_report(&status(Some(abandoned)), BOOT, false).state,
+            shutdown_report(&status(Some(abandoned)), BOOT, THROUGH_API).state,
             ShutdownPhase::None
         );
         assert_eq!(
-            shutdown_report(&status(None), BOOT, false),
+            shutdown_report(&status(None), BOOT, THROUGH_API),
             ShutdownReport {
                 lock_held: true,
                 ..ShutdownReport::default()

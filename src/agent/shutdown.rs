@@ -58,6 +58,7 @@ pub fn start(
     let (status_tx, status_rx) = watch::channel(ManagerStatus::default());
     let clock = Arc::new(SystemClock);
     let dry_run = config.dry_run;
+    let through_api = kube.is_some();
     let (manager, node_status) = match kube {
         Some(hooks) if dry_run => (
             tokio::spawn(run_shutdown_manager(
@@ -112,7 +113,10 @@ pub fn start(
         board.map(|board| ReportTo {
             board,
             boot_id,
-            dry_run,
+            draining: super::report::Draining {
+                dry_run,
+                through_api,
+            },
         }),
     ));
     Some((manager, publisher))
@@ -163,7 +167,7 @@ fn workload_dir(
 struct ReportTo {
     board: Arc<crate::report::ReportBoard>,
     boot_id: String,
-    dry_run: bool,
+    draining: super::report::Draining,
 }
 
 async fn publish_status(
@@ -180,7 +184,7 @@ async fn publish_status(
                 report.board.set_shutdown(super::report::shutdown_report(
                     &current,
                     &report.boot_id,
-                    report.dry_run,
+                    report.draining,
                 ));
             }
             if let Some(node_status) = node_status.as_mut() {

@@ -214,6 +214,22 @@ impl<'a> Machine<'a> {
         self.pause(block.reason, block.message.clone(), block.until);
     }
 
+    /// The storm guard holds every power action and release back, the zone rate every
+    /// new fence: paused with the guard's reason when either does.
+    fn held_by_guard(&mut self) -> bool {
+        if let Some(block) = &self.guard.storm {
+            self.block(block);
+            return true;
+        }
+        if self.status.started_at.is_none()
+            && let Some(block) = &self.guard.zone
+        {
+            self.block(block);
+            return true;
+        }
+        false
+    }
+
     fn set_phase(&mut self, step: FenceStep, phase: FencePhase) {
         self.status.step = Some(step);
         self.status.phase = Some(phase);
@@ -423,8 +439,29 @@ impl<'a> Machine<'a> {
                 ..
             } = self.state
         {
-            // Before the configuration: a drained node needs no fence device.
-            return self.release_drained(since);
+            if !facts.runs_pods_needing_fencing {
+                // Before the configuration: a drained node needs no fence device.
+                return self.release_drained(since);
+            }
+            // Pods that need fencing are still bound to the node: its word that every
+            // pod stopped does not hold. It is fenced as a silent node, when it is one.
+            let silent_at = match facts.liveness {
+                Liveness::Heard(channels) => channels.silent_at(self.policy.silence_timeout),
+                _ => self.now,
+            };
+            if silent_at <= self.now {
+                // (Until then the pause says it.)
+                self.event(
+                    true,
+                    "DrainContradicted",
+                    "the node's agent said every pod stopped, but pods that need fencing are still bound to the node: it is fenced as a silent node".to_string(),
+                );
+            }
+            self.state = NodeState::Lost {
+                evidence: Evidence::Silence,
+                since,
+                fence_at: silent_at,
+            };
         }
         let plan = match &facts.plan {
             Ok(plan) if plan.can_fence() => plan,
@@ -471,15 +508,25 @@ impl<'a> Machine<'a> {
                 let unhealthy =
                     Duration::try_from(self.now.duration_since(since)).unwrap_or_default();
                 if fence_at > self.now {
-                    self.pause(
-                        PauseReason::WaitingForUnhealthyDuration,
-                        format!(
-                            "the node has been unhealthy for {}s of the {}s required",
-                            unhealthy.as_secs(),
-                            self.policy.unhealthy_duration.as_secs()
-                        ),
-                        Some(fence_at),
-                    );
+                    if evidence == Evidence::NotReady {
+                        self.pause(
+                            PauseReason::WaitingForUnhealthyDuration,
+                            format!(
+                                "the node has been unhealthy for {}s of the {}s required",
+                                unhealthy.as_secs(),
+                                self.policy.unhealthy_duration.as_secs()
+                            ),
+                            Some(fence_at),
+                        );
+                    } else {
+                        self.pause(
+                            PauseReason::DrainContradicted,
+                            format!(
+                                "the node's agent said every pod stopped, but pods that need fencing are still bound to it; it is fenced as a silent node at {fence_at}"
+                            ),
+                            Some(fence_at),
+                        );
+                    }
                     return false;
                 }
                 self.status.lost = Some(LostRecord {
@@ -522,14 +569,7 @@ impl<'a> Machine<'a> {
                 "the node drained cleanly and has no pods that need fencing and no attached volumes: nothing to release".to_string(),
             );
         }
-        if let Some(block) = &self.guard.storm {
-            self.block(block);
-            return false;
-        }
-        if self.status.started_at.is_none()
-            && let Some(block) = &self.guard.zone
-        {
-            self.block(block);
+        if self.held_by_guard() {
             return false;
         }
         let silent = Duration::try_from(self.now.duration_since(since)).unwrap_or_default();
@@ -578,13 +618,32 @@ impl<'a> Machine<'a> {
     /// Ready is not dead after all; what was released stays released (every pod had
     /// stopped), and the fence waits.
     fn settle_drained(&mut self) -> bool {
-        if !self.facts.exists {
+        let facts = self.facts;
+        if !facts.exists {
             return self.end_fence(
                 "NodeGone",
                 "the Node object was deleted; the fence ends here".to_string(),
             );
         }
-        if self.state.is_healthy() {
+        if facts.excluded {
+            self.pause(
+                PauseReason::Excluded,
+                "the node carries the exclusion label; nothing more is done".to_string(),
+                None,
+            );
+            return false;
+        }
+        // Back means heard by its own channels, or Ready again since the release: a node
+        // that just powered off still reads Ready for the 40-50 s the node lifecycle
+        // controller takes, and a controller restarted in that time has not heard it yet.
+        let confirmed_at = self.status.confirmed_at.as_ref().map(|time| time.0);
+        let ready_again = self.state.is_healthy()
+            && facts
+                .health
+                .since
+                .zip(confirmed_at)
+                .is_some_and(|(since, confirmed)| since > confirmed);
+        if self.heard_healthy() || ready_again {
             self.set_phase(FenceStep::Recovery, FencePhase::Done);
             self.event(
                 false,
@@ -688,17 +747,8 @@ impl<'a> Machine<'a> {
                 return false;
             }
         }
-        if step != FenceStep::Recovery {
-            if let Some(block) = &self.guard.storm {
-                self.block(block);
-                return false;
-            }
-            if self.status.started_at.is_none()
-                && let Some(block) = &self.guard.zone
-            {
-                self.block(block);
-                return false;
-            }
+        if step != FenceStep::Recovery && self.held_by_guard() {
+            return false;
         }
         self.set_phase(step, FencePhase::Running);
         self.event(
@@ -1039,6 +1089,7 @@ fn reason_is_warning(reason: PauseReason) -> bool {
     matches!(
         reason,
         PauseReason::StormGuard
+            | PauseReason::DrainContradicted
             | PauseReason::StormCooldown
             | PauseReason::ZoneRateLimit
             | PauseReason::NoConfiguration

@@ -82,13 +82,18 @@ impl Channels {
     /// that statement, `None`. A node that said it drained needs no `silenceTimeout`:
     /// its pods are stopped by its own account, and the Lease only confirms that its
     /// kubelet stopped too.
+    ///
+    /// A kubelet still renewing a renewal interval (and the slack) after that report
+    /// voids it: the node did not go down (its power off failed, or it came back from a
+    /// quick reboot whose agent has not reported yet).
     pub fn drained_at(&self) -> Option<Timestamp> {
         self.drained?;
         let renewal_interval = self.lease_fresh_within / 2;
-        Some(
-            (self.report + self.reports_fresh_within)
-                .max(self.lease + renewal_interval + DRAINED_LEASE_SLACK),
-        )
+        let kubelet_stopped_by = renewal_interval + DRAINED_LEASE_SLACK;
+        if self.lease > self.report + kubelet_stopped_by {
+            return None;
+        }
+        Some((self.report + self.reports_fresh_within).max(self.lease + kubelet_stopped_by))
     }
 
     /// How far apart in time nodes cut off at one instant fall silent: one spacing of the
@@ -483,12 +488,12 @@ mod tests {
         // may be.
         let state = judge(
             &health(Readiness::Unknown, 0),
-            &drained(20, 2),
+            &drained(10, 2),
             &policy,
-            at(30),
+            at(20),
         );
         assert!(
-            matches!(state, NodeState::Held { until, .. } if until == at(32)),
+            matches!(state, NodeState::Held { until, .. } if until == at(22)),
             "{state:?}"
         );
         // Its agent still reports: the same.
@@ -500,6 +505,39 @@ mod tests {
         );
         assert!(
             matches!(state, NodeState::Held { until, .. } if until == at(16)),
+            "{state:?}"
+        );
+    }
+
+    #[test]
+    fn a_kubelet_renewing_long_after_the_drained_report_voids_it() {
+        // The report at 0, then a renewal at 13 (more than a 10 s renewal interval and
+        // the slack later): the node did not go down. Silent after that, it is fenced.
+        let state = judge(
+            &health(Readiness::Unknown, 0),
+            &drained(13, 0),
+            &policy(),
+            at(40),
+        );
+        assert!(
+            matches!(
+                state,
+                NodeState::Lost {
+                    evidence: Evidence::Silence,
+                    ..
+                }
+            ),
+            "{state:?}"
+        );
+        // A last renewal within that margin is the kubelet's on its way down.
+        let state = judge(
+            &health(Readiness::Unknown, 0),
+            &drained(12, 0),
+            &policy(),
+            at(24),
+        );
+        assert!(
+            matches!(state, NodeState::Lost { evidence: Evidence::Drained, fence_at, .. } if fence_at == at(24)),
             "{state:?}"
         );
     }

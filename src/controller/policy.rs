@@ -700,7 +700,7 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
         errors.push(error(
             "drainedReportMaxAge",
             format!(
-                "{} is not longer than silenceTimeout ({}): a drained node's last report would be too old by the time the node counts as silent; give more, or 0s to turn the drained fast path off",
+                "{} is not longer than silenceTimeout ({}): a drained node's word would expire before silence fences the node anyway, and a storm or the zone rate holding its release back for a moment would void it; give more, or 0s to turn the drained fast path off",
                 GoDuration::from(max_age),
                 GoDuration::from(silence)
             ),

@@ -251,6 +251,9 @@ pub enum PauseReason {
     Excluded,
     /// Waiting for the node to be unhealthy for `unhealthyDuration`.
     WaitingForUnhealthyDuration,
+    /// The node's agent said it drained cleanly, but pods that need fencing are still
+    /// bound to it: it is fenced as a silent node once it is one.
+    DrainContradicted,
     /// The node is not Ready, but its Lease or its agent's reports show it alive: a
     /// partitioned node is never powered off blind.
     NodeAlive,

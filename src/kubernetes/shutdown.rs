@@ -119,6 +119,11 @@ impl PodTerminator for KubeTerminator {
 /// included: at shutdown the kubelet stops them all.
 pub fn node_pods(store: Store<ApiPod>) -> PodSource {
     Arc::new(move || {
+        // An empty cache before the first list is not "no pods".
+        use futures::FutureExt;
+        if !matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
+            return Err("the pod cache has not been filled from the API server yet".to_string());
+        }
         let mut pods = Vec::new();
         for api_pod in store.state() {
             let finished = api_pod
@@ -156,5 +161,22 @@ impl NodeShutdownPublisher {
         for action in tracker.set_shutting_down(status.shutting_down, SystemTime::now()) {
             self.outbox.push(action);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::watcher;
+
+    #[test]
+    fn an_unfilled_pod_cache_is_an_error_not_an_empty_node() {
+        let (store, mut writer) = kube::runtime::reflector::store::<ApiPod>();
+        let pods = node_pods(store);
+        let error = pods().expect_err("not filled yet");
+        assert!(error.contains("not been filled"), "{error}");
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        assert_eq!(pods().expect("filled").len(), 0);
     }
 }

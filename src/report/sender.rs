@@ -291,10 +291,19 @@ pub async fn run_sender(
         sequence = next_sequence(sequence);
         let report = build_report(&settings, &board, sequence, trigger, Timestamp::now());
         let result = match clients.current() {
-            Ok(client) => tokio::select! {
-                result = send_report(&client, &settings, &report) => result,
-                _ = &mut stop => break,
-            },
+            Ok(client) => {
+                let send = send_report(&client, &settings, &report);
+                let mut send = std::pin::pin!(send);
+                tokio::select! {
+                    result = &mut send => result,
+                    _ = &mut stop => {
+                        // This report may be the one that says the drain finished: it is
+                        // let finish (briefly) rather than started over.
+                        let _ = tokio::time::timeout(FINAL_REPORT_DEADLINE, send).await;
+                        break;
+                    }
+                }
+            }
             Err(error) => Err(error),
         };
         let label = match &result {

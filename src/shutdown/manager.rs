@@ -63,6 +63,10 @@ pub struct ManagerStatus {
     /// stays below the budget.
     pub inhibit_delay: Option<Result<InhibitDelayReport, String>>,
     pub last_shutdown: Option<ShutdownState>,
+    /// This process finished the shutdown's phases and released the lock for the power
+    /// off. A restarted agent that finds a finished record (the power off failed, or a
+    /// soft reboot kept the boot) has not.
+    pub released_for_power_off: bool,
 }
 
 /// The pods to drain, read when a shutdown begins.
@@ -223,11 +227,13 @@ impl<T: PodTerminator> Manager<T> {
         let shutting_down = self.run.is_some() || self.released_for_power_off;
         let lock_held = self.lock.is_some();
         let last = self.last.clone();
+        let released = self.released_for_power_off;
         self.status.send_modify(|status| {
             status.bus_connected = bus_connected;
             status.lock_held = lock_held;
             status.shutting_down = shutting_down;
             status.last_shutdown = last;
+            status.released_for_power_off = released;
         });
     }
 
@@ -306,12 +312,18 @@ impl<T: PodTerminator> Manager<T> {
         let state = match self.last.take() {
             Some(state) if state.needs_resume(&self.options.boot_id) => state,
             _ => {
-                let pods = (self.pods)().unwrap_or_else(|error| {
-                    tracing::error!(%error, "cannot list pods; shutting down without draining");
-                    Vec::new()
-                });
+                let (pods, listed) = match (self.pods)() {
+                    Ok(pods) => (pods, true),
+                    Err(error) => {
+                        tracing::error!(%error, "cannot list pods; shutting down without draining");
+                        (Vec::new(), false)
+                    }
+                };
                 let planned = plan(&self.options.phases, &pods);
-                ShutdownState::begin(&planned, &self.options.boot_id, self.clock.now_unix_ms())
+                let mut state =
+                    ShutdownState::begin(&planned, &self.options.boot_id, self.clock.now_unix_ms());
+                state.pods_listed = listed;
+                state
             }
         };
         // Persist before any pod is touched, so a restart knows a shutdown began.

@@ -91,6 +91,11 @@ pub struct ShutdownState {
     pub phases: Vec<PhaseProgress>,
     /// All phases finished and the delay lock was released: logind may power off now.
     pub about_to_power_off: bool,
+    /// The pods to drain were listed when the shutdown began. When listing failed the
+    /// plan is empty and every phase is skipped: nothing was drained. (A record written
+    /// before this field existed reads `false`.)
+    #[serde(default)]
+    pub pods_listed: bool,
 }
 
 impl ShutdownState {
@@ -104,6 +109,7 @@ impl ShutdownState {
             outcome: ShutdownOutcome::InProgress,
             phases: plan.phases.iter().map(pending_phase).collect(),
             about_to_power_off: false,
+            pods_listed: false,
         }
     }
 
