@@ -254,14 +254,7 @@ async fn a_node_heard_on_either_channel_is_never_fenced_not_even_by_a_restarted_
     wait_for(
         &controller,
         "the partitioned node's agent to be heard again",
-        || {
-            let views = controller.agent_views();
-            views
-                .as_array()?
-                .iter()
-                .any(|view| view["report"]["node"] == "worker-2")
-                .then_some(())
-        },
+        || controller.agent_view("worker-2").map(drop),
     )
     .await;
     tokio::time::sleep(SILENCE * 2).await;

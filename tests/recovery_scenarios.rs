@@ -84,21 +84,6 @@ fn node_with_volume(name: &str) -> Node {
     node
 }
 
-/// The test API server's kubeconfig with a CA: the minimal Debian tree has no
-/// certificate store, and without a CA of its own kube's client looks for one there even
-/// for a plain-http server (on a real node the kubeconfig always names its cluster's CA).
-fn kubeconfig(server: &FakeApiServer, ca: &std::path::Path) -> String {
-    let data = base64(&std::fs::read(ca).expect("the CA certificate"));
-    server.kubeconfig_yaml().replacen(
-        &format!("server: {}\n", server.url()),
-        &format!(
-            "server: {}\n    certificate-authority-data: {data}\n",
-            server.url()
-        ),
-        1,
-    )
-}
-
 /// When the node's kubelet last renewed its Lease.
 async fn last_renewal(server: &FakeApiServer, node: &str) -> Timestamp {
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
@@ -111,16 +96,6 @@ async fn last_renewal(server: &FakeApiServer, node: &str) -> Timestamp {
         .and_then(|spec| spec.renew_time)
         .map(|time| time.0)
         .expect("a renewal time")
-}
-
-/// The node's latest report as the controller holds it.
-fn view_of(controller: &ControllerProcess, node: &str) -> Option<Value> {
-    controller
-        .agent_views()
-        .as_array()?
-        .iter()
-        .find(|view| view["report"]["node"] == node)
-        .cloned()
 }
 
 fn received_at(view: &Value) -> Timestamp {
@@ -171,7 +146,13 @@ async fn a_node_that_shuts_down_gracefully_is_released_without_a_power_action() 
 
     let files: Vec<(&str, Vec<u8>)> = vec![
         ("agent.yaml", agent_config(&reports).into_bytes()),
-        ("kubeconfig", kubeconfig(&server, &ca.cert).into_bytes()),
+        // (The minimal Debian tree has no certificate store; see the helper.)
+        (
+            "kubeconfig",
+            server
+                .kubeconfig_yaml_naming_ca(Some(&ca.cert))
+                .into_bytes(),
+        ),
         ("token", token().into_bytes()),
         (
             "ca.crt",
@@ -189,7 +170,7 @@ async fn a_node_that_shuts_down_gracefully_is_released_without_a_power_action() 
     .expect("boot");
     let booted: Booted = require!(NSPAWN, booted);
     wait_for(&controller, "the agent's first report over TLS", || {
-        view_of(&controller, NODE)
+        controller.agent_view(NODE)
     })
     .await;
 
@@ -232,7 +213,7 @@ async fn a_node_that_shuts_down_gracefully_is_released_without_a_power_action() 
             .then(Timestamp::now)
     })
     .await;
-    let last = view_of(&controller, NODE).expect("the node's last report");
+    let last = controller.agent_view(NODE).expect("the node's last report");
     let shutdown = &last["report"]["shutdown"];
     assert_eq!(shutdown["state"], "finished", "{last}");
     assert_eq!(shutdown["aboutToPowerOff"], true, "{last}");

@@ -727,14 +727,8 @@ async fn reports_over_tls_take_a_rotated_certificate_and_refuse_what_cannot_chec
         &agent_token(&server, "agent-w1").await,
     );
     let _trusting = AgentProcess::dry_run(&trusting);
-    let reported = |controller: &ControllerProcess, node: &str| {
-        controller
-            .agent_views()
-            .as_array()
-            .and_then(|views| views.iter().find(|v| v["report"]["node"] == node).cloned())
-    };
     wait_for(&controller, "worker-1's report over TLS", || {
-        reported(&controller, "worker-1")
+        controller.agent_view("worker-1")
     })
     .await;
 
@@ -756,7 +750,7 @@ async fn reports_over_tls_take_a_rotated_certificate_and_refuse_what_cannot_chec
         "{line}"
     );
     assert!(
-        reported(&controller, "worker-2").is_none(),
+        controller.agent_view("worker-2").is_none(),
         "no report came through"
     );
 
@@ -806,13 +800,13 @@ async fn reports_over_tls_take_a_rotated_certificate_and_refuse_what_cannot_chec
         "the error says why"
     );
     assert!(
-        reported(&controller, "worker-2").is_none(),
+        controller.agent_view("worker-2").is_none(),
         "still the first certificate"
     );
     support::tls::install(&server_two, &served);
     let rotated = Instant::now();
     wait_for(&controller, "worker-2's report after the rotation", || {
-        reported(&controller, "worker-2")
+        controller.agent_view("worker-2")
     })
     .await;
     println!(

@@ -14,7 +14,7 @@ use crate::report::protocol::{ApiServerState, EvictionReport, ShutdownPhase, Shu
 use crate::report::sender::{SenderSettings, run_sender};
 use crate::report::{ApiReachability, ReportBoard};
 use crate::shutdown::manager::ManagerStatus;
-use crate::shutdown::state::{PhaseStatus, ShutdownOutcome};
+use crate::shutdown::state::ShutdownOutcome;
 
 /// Posts each cycle's conditions, and the pod it evicts, to the board.
 struct BoardObserver {
@@ -99,12 +99,7 @@ pub fn shutdown_report(
     report.all_pods_stopped = report.about_to_power_off
         && draining.through_api
         && !draining.dry_run
-        && state.pods_listed
-        && state.outcome == ShutdownOutcome::Finished
-        && state.phases.iter().all(|phase| {
-            matches!(phase.status, PhaseStatus::Completed | PhaseStatus::Skipped)
-                && phase.failed_pods.is_empty()
-        });
+        && state.every_pod_stopped();
     report
 }
 
@@ -224,7 +219,7 @@ async fn follow_api(reachability: ApiReachability, board: Arc<ReportBoard>) {
 mod tests {
     use super::*;
     use crate::shutdown::plan::{PlannedPhase, ShutdownPlan};
-    use crate::shutdown::state::ShutdownState;
+    use crate::shutdown::state::{PhaseStatus, ShutdownState};
 
     const BOOT: &str = "this-boot";
 

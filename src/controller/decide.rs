@@ -321,19 +321,18 @@ impl<'a> Machine<'a> {
     /// One transition; `false` when the fence is settled for now.
     fn advance(&mut self) -> bool {
         let facts = self.facts;
-        let Some(step) = self.status.step else {
-            if self.status.is_drained() {
-                return self.settle_drained();
-            }
+        // A fence with no step has not begun, unless it released a drained node (which
+        // takes no step).
+        if self.status.step.is_none() && !self.status.is_drained() {
             return self.begin();
-        };
+        }
         if !facts.exists {
             return self.end_fence(
                 "NodeGone",
                 "the Node object was deleted; the fence ends here".to_string(),
             );
         }
-        if facts.excluded && step != FenceStep::Recovery {
+        if facts.excluded && self.status.step != Some(FenceStep::Recovery) {
             self.pause(
                 PauseReason::Excluded,
                 "the node carries the exclusion label; nothing more is done".to_string(),
@@ -341,6 +340,9 @@ impl<'a> Machine<'a> {
             );
             return false;
         }
+        let Some(step) = self.status.step else {
+            return self.settle_drained();
+        };
         let phase = self.status.phase.unwrap_or(FencePhase::New);
         let ready = self.state.is_healthy();
         let started = self.status.started_at.is_some();
@@ -432,36 +434,17 @@ impl<'a> Machine<'a> {
             );
             return false;
         }
+        // Before the configuration: a drained node needs no fence device. (With pods that
+        // need fencing still bound, see `drain_contradicted` below.)
         if !self.forced
+            && !facts.runs_pods_needing_fencing
             && let NodeState::Lost {
                 evidence: Evidence::Drained,
                 since,
                 ..
             } = self.state
         {
-            if !facts.runs_pods_needing_fencing {
-                // Before the configuration: a drained node needs no fence device.
-                return self.release_drained(since);
-            }
-            // Pods that need fencing are still bound to the node: its word that every
-            // pod stopped does not hold. It is fenced as a silent node, when it is one.
-            let silent_at = match facts.liveness {
-                Liveness::Heard(channels) => channels.silent_at(self.policy.silence_timeout),
-                _ => self.now,
-            };
-            if silent_at <= self.now {
-                // (Until then the pause says it.)
-                self.event(
-                    true,
-                    "DrainContradicted",
-                    "the node's agent said every pod stopped, but pods that need fencing are still bound to the node: it is fenced as a silent node".to_string(),
-                );
-            }
-            self.state = NodeState::Lost {
-                evidence: Evidence::Silence,
-                since,
-                fence_at: silent_at,
-            };
+            return self.release_drained(since);
         }
         let plan = match &facts.plan {
             Ok(plan) if plan.can_fence() => plan,
@@ -498,6 +481,9 @@ impl<'a> Machine<'a> {
                 self.pause_held();
                 return false;
             }
+            if self.drain_contradicted() {
+                return false;
+            }
             if let NodeState::Lost {
                 evidence,
                 since,
@@ -508,25 +494,15 @@ impl<'a> Machine<'a> {
                 let unhealthy =
                     Duration::try_from(self.now.duration_since(since)).unwrap_or_default();
                 if fence_at > self.now {
-                    if evidence == Evidence::NotReady {
-                        self.pause(
-                            PauseReason::WaitingForUnhealthyDuration,
-                            format!(
-                                "the node has been unhealthy for {}s of the {}s required",
-                                unhealthy.as_secs(),
-                                self.policy.unhealthy_duration.as_secs()
-                            ),
-                            Some(fence_at),
-                        );
-                    } else {
-                        self.pause(
-                            PauseReason::DrainContradicted,
-                            format!(
-                                "the node's agent said every pod stopped, but pods that need fencing are still bound to it; it is fenced as a silent node at {fence_at}"
-                            ),
-                            Some(fence_at),
-                        );
-                    }
+                    self.pause(
+                        PauseReason::WaitingForUnhealthyDuration,
+                        format!(
+                            "the node has been unhealthy for {}s of the {}s required",
+                            unhealthy.as_secs(),
+                            self.policy.unhealthy_duration.as_secs()
+                        ),
+                        Some(fence_at),
+                    );
                     return false;
                 }
                 self.status.lost = Some(LostRecord {
@@ -556,14 +532,53 @@ impl<'a> Machine<'a> {
         true
     }
 
-    /// The node drained cleanly and then fell silent (see [`Evidence::Drained`]): it is
-    /// off, by its own last word, so its pods and volumes are released at once, with no
-    /// power action and no fence device. The storm guard and the zone rate still hold it
-    /// back like any other fence: a mass of nodes falling silent is not trusted by
-    /// anyone's word.
+    /// A node lost as drained that still has pods that need fencing bound to it: its word
+    /// that every pod stopped does not hold, so it is judged as a silent node, fenced
+    /// once it is one (`true`: paused until then).
+    fn drain_contradicted(&mut self) -> bool {
+        let NodeState::Lost {
+            evidence: Evidence::Drained,
+            since,
+            ..
+        } = self.state
+        else {
+            return false;
+        };
+        let silent_at = match self.facts.liveness {
+            Liveness::Heard(channels) => channels.silent_at(self.policy.silence_timeout),
+            _ => self.now,
+        };
+        if silent_at > self.now {
+            self.pause(
+                PauseReason::DrainContradicted,
+                format!(
+                    "the node's agent said every pod stopped, but pods that need fencing are still bound to it; it is fenced as a silent node at {silent_at}"
+                ),
+                Some(silent_at),
+            );
+            return true;
+        }
+        self.event(
+            true,
+            "DrainContradicted",
+            "the node's agent said every pod stopped, but pods that need fencing are still bound to the node: it is fenced as a silent node".to_string(),
+        );
+        self.state = NodeState::Lost {
+            evidence: Evidence::Silence,
+            since,
+            fence_at: silent_at,
+        };
+        false
+    }
+
+    /// The node drained cleanly, then its agent and kubelet stopped (see
+    /// [`Evidence::Drained`]): it is off, by its own last word, so its volumes (and any
+    /// pod left) are released at once, with no power action and no fence device. A storm
+    /// the guard has declared, and the zone rate, still hold it back like any other fence.
     fn release_drained(&mut self, since: Timestamp) -> bool {
         let facts = self.facts;
-        if !facts.runs_pods_needing_fencing && facts.volumes_attached == 0 {
+        // (Called only when no pod that needs fencing is bound to the node.)
+        if facts.volumes_attached == 0 {
             return self.end_fence(
                 "FenceCancelled",
                 "the node drained cleanly and has no pods that need fencing and no attached volumes: nothing to release".to_string(),
@@ -619,20 +634,6 @@ impl<'a> Machine<'a> {
     /// stopped), and the fence waits.
     fn settle_drained(&mut self) -> bool {
         let facts = self.facts;
-        if !facts.exists {
-            return self.end_fence(
-                "NodeGone",
-                "the Node object was deleted; the fence ends here".to_string(),
-            );
-        }
-        if facts.excluded {
-            self.pause(
-                PauseReason::Excluded,
-                "the node carries the exclusion label; nothing more is done".to_string(),
-                None,
-            );
-            return false;
-        }
         // Back means heard by its own channels, or Ready again since the release: a node
         // that just powered off still reads Ready for the 40-50 s the node lifecycle
         // controller takes, and a controller restarted in that time has not heard it yet.

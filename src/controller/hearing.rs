@@ -175,37 +175,43 @@ impl Hearing {
     /// [`Channels::counted_as_silent`]). Only agents whose reports are overdue are
     /// looked at.
     pub fn silent_nodes(&self, now: Timestamp) -> Vec<String> {
+        self.quiet_nodes(now).silent
+    }
+
+    /// The overdue agents' nodes that are silent, and those that said they drained, in
+    /// one pass over the ledger.
+    pub fn quiet_nodes(&self, now: Timestamp) -> QuietNodes {
+        let mut quiet = QuietNodes::default();
         let Some(reports) = self.listening() else {
-            return Vec::new();
+            return quiet;
         };
         let instant = Instant::now();
-        reports
-            .overdue()
-            .into_iter()
-            .filter(|(node, heard)| {
-                self.channels(node, *heard, now, instant)
-                    .counted_as_silent(self.silence_timeout, now)
-            })
-            .map(|(node, _)| node)
-            .collect()
+        for (node, heard) in reports.overdue() {
+            let channels = self.channels(&node, heard, now, instant);
+            let silent = channels.counted_as_silent(self.silence_timeout, now);
+            match (silent, channels.drained.is_some()) {
+                (true, true) => {
+                    quiet.drained.push(node.clone());
+                    quiet.silent.push(node);
+                }
+                (true, false) => quiet.silent.push(node),
+                (false, true) => quiet.drained.push(node),
+                (false, false) => {}
+            }
+        }
+        quiet
     }
 }
 
-impl Hearing {
-    /// The nodes whose overdue agent last said it drained (over TLS): they may be gone
-    /// before `silenceTimeout` (see [`Channels::drained_at`]), so the node watch looks
-    /// at them every second too.
-    pub fn drained_nodes(&self) -> Vec<String> {
-        let Some(reports) = self.listening().filter(|_| self.content_trusted) else {
-            return Vec::new();
-        };
-        reports
-            .overdue()
-            .into_iter()
-            .filter(|(_, heard)| heard.drained.is_some())
-            .map(|(node, _)| node)
-            .collect()
-    }
+/// Nodes whose agents are overdue, by name.
+#[derive(Debug, Default)]
+pub struct QuietNodes {
+    /// Those the storm guard counts as silent.
+    pub silent: Vec<String>,
+    /// Those whose agent last said, over TLS, that the node drained: they may be gone
+    /// before `silenceTimeout` (see [`Channels::drained_at`]), so the node watch looks at
+    /// them every second too.
+    pub drained: Vec<String>,
 }
 
 /// Watches the node Leases into `hearing` until the stream ends (never, unless the

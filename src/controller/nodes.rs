@@ -35,10 +35,34 @@ const RECHECK: Duration = Duration::from_secs(15);
 /// How often the silent nodes are looked at.
 const SILENCE_TICK: Duration = Duration::from_secs(1);
 
+/// How `node` stands for a fence, if it can be fenced at all: selected and not excluded.
+fn judged(
+    node: &Node,
+    selector: Option<&kube::core::Selector>,
+    liveness: &Liveness,
+    policy: &FencePolicy,
+    now: Timestamp,
+) -> Option<NodeState> {
+    if !observe::is_selected(node, selector) || observe::is_excluded(node) {
+        return None;
+    }
+    Some(judge(&observe::node_health(node), liveness, policy, now))
+}
+
+/// When a node in `state` is to be looked at for a fence: a lost node when the rule that
+/// found it lost says (the Ready condition's transition plus `unhealthyDuration`, the
+/// moment both its channels fell silent, or a drained node's agent and kubelet stopped);
+/// a held one when its hold may end; a healthy one never.
+fn due_of(state: &NodeState) -> Option<Timestamp> {
+    match state {
+        NodeState::Healthy => None,
+        NodeState::Lost { fence_at, .. } => Some(*fence_at),
+        NodeState::Held { until, .. } => Some(*until),
+    }
+}
+
 /// When `node` is to be looked at for a fence, if it can become due at all: selected,
-/// not excluded, not healthy. A lost node is due when the rule that found it lost says
-/// (the Ready condition's transition plus `unhealthyDuration`, or the moment both its
-/// channels fell silent); a held one is judged again when its hold may end.
+/// not excluded, not healthy (see [`due_of`]).
 pub fn fence_due(
     node: &Node,
     selector: Option<&kube::core::Selector>,
@@ -46,26 +70,24 @@ pub fn fence_due(
     policy: &FencePolicy,
     now: Timestamp,
 ) -> Option<Timestamp> {
-    if !observe::is_selected(node, selector) || observe::is_excluded(node) {
-        return None;
-    }
-    match judge(&observe::node_health(node), liveness, policy, now) {
-        NodeState::Healthy => None,
-        NodeState::Lost { fence_at, .. } => Some(fence_at),
-        NodeState::Held { until, .. } => Some(until),
-    }
+    due_of(&judged(node, selector, liveness, policy, now)?)
 }
 
-/// [`fence_due`] for a node of the store, with what the controller hears of it.
-fn due_in(ctx: &Context, node: &Node, now: Timestamp) -> Option<Timestamp> {
+/// [`judged`] for a node of the store, with what the controller hears of it.
+fn state_in(ctx: &Context, node: &Node, now: Timestamp) -> Option<NodeState> {
     let name = node.metadata.name.as_deref().unwrap_or_default();
-    fence_due(
+    judged(
         node,
         ctx.policy.node_selector.as_ref(),
         &ctx.hearing.liveness(name, now),
         &ctx.policy.fence,
         now,
     )
+}
+
+/// [`fence_due`] for a node of the store.
+fn due_in(ctx: &Context, node: &Node, now: Timestamp) -> Option<Timestamp> {
+    due_of(&state_in(ctx, node, now)?)
 }
 
 /// Drops what the controller never reads, so 5,000 nodes stay small in memory: managed
@@ -182,8 +204,8 @@ pub async fn watch_nodes(
             }
             _ = silence_tick.tick(), if listed && ctx.hearing.enabled() => {
                 let now = (ctx.clock)();
-                let heard_silent: BTreeSet<String> =
-                    ctx.hearing.silent_nodes(now).into_iter().collect();
+                let quiet = ctx.hearing.quiet_nodes(now);
+                let heard_silent: BTreeSet<String> = quiet.silent.into_iter().collect();
                 if heard_silent != silent {
                     for name in heard_silent.difference(&silent) {
                         tracing::warn!(node = %name, "the node's Lease and its agent's reports are both falling silent");
@@ -200,8 +222,7 @@ pub async fn watch_nodes(
                 }
                 // A silent node becomes due the moment its silence is long enough; one
                 // that said it drained, as soon as its agent and kubelet stopped.
-                let drained = ctx.hearing.drained_nodes();
-                for name in silent.iter().chain(drained.iter()) {
+                for name in silent.iter().chain(quiet.drained.iter()) {
                     if due.contains_key(name)
                         || in_progress.contains(name)
                         || ctx.fences.get(&ObjectRef::new(name)).is_some()
@@ -279,8 +300,9 @@ async fn create_if_needed(ctx: &Context, name: &str, now: Timestamp) -> Option<T
         return None;
     }
     let node = ctx.nodes.get(&ObjectRef::new(name))?;
+    let state = state_in(ctx, &node, now)?;
     // A held node's hold always ends after now, so only a lost one gets past this.
-    let due = due_in(ctx, &node, now)?;
+    let due = due_of(&state)?;
     if due > now {
         return Some(due);
     }
@@ -288,12 +310,7 @@ async fn create_if_needed(ctx: &Context, name: &str, now: Timestamp) -> Option<T
     // attached are released with it.
     let drained_with_volumes = observe::volumes_attached(&node) > 0
         && matches!(
-            judge(
-                &observe::node_health(&node),
-                &ctx.hearing.liveness(name, now),
-                &ctx.policy.fence,
-                now
-            ),
+            state,
             NodeState::Lost {
                 evidence: Evidence::Drained,
                 ..

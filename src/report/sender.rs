@@ -106,7 +106,7 @@ pub fn http_client(ca_file: Option<&std::path::Path>) -> Result<HttpClient, Send
 /// from the next report on) and while the file cannot be used.
 struct Clients {
     ca_file: Option<PathBuf>,
-    built: Option<(Option<(std::time::SystemTime, u64)>, HttpClient)>,
+    built: Option<(Option<super::tls::FileStamp>, HttpClient)>,
 }
 
 impl Clients {

@@ -81,9 +81,12 @@ fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     Ok(certified)
 }
 
-/// When a file last changed, and its size, following symlinks (a Secret volume swaps a
-/// symlink): what the controller's certificate and the agent's CA are reloaded on.
-pub fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
+/// When a file last changed, and its size.
+pub type FileStamp = (SystemTime, u64);
+
+/// A file's [`FileStamp`], following symlinks (a Secret volume swaps a symlink): what the
+/// controller's certificate and the agent's CA are reloaded on.
+pub fn file_stamp(path: &Path) -> Option<FileStamp> {
     let metadata = std::fs::metadata(path).ok()?;
     Some((metadata.modified().ok()?, metadata.len()))
 }
@@ -99,7 +102,7 @@ pub struct ServerIdentity {
 #[derive(Debug)]
 struct Loaded {
     key: Arc<CertifiedKey>,
-    stamps: [Option<(SystemTime, u64)>; 2],
+    stamps: [Option<FileStamp>; 2],
 }
 
 impl ServerIdentity {

@@ -117,6 +117,17 @@ impl ShutdownState {
         self.phases.iter().all(PhaseProgress::is_done)
     }
 
+    /// Every pod of the plan stopped: the shutdown finished from a complete pod list,
+    /// each phase completed or had no pods (none timed out), and no pod failed to stop.
+    pub fn every_pod_stopped(&self) -> bool {
+        self.pods_listed
+            && self.outcome == ShutdownOutcome::Finished
+            && self.phases.iter().all(|phase| {
+                matches!(phase.status, PhaseStatus::Completed | PhaseStatus::Skipped)
+                    && phase.failed_pods.is_empty()
+            })
+    }
+
     /// Whether a restarted agent on `boot_id` must carry on with this shutdown.
     pub fn needs_resume(&self, boot_id: &str) -> bool {
         self.outcome == ShutdownOutcome::InProgress && self.boot_id == boot_id

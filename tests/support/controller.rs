@@ -367,6 +367,15 @@ impl ControllerProcess {
         self.logged_address("serving agent reports")
     }
 
+    /// `node`'s latest agent report as the controller holds it, if it has one.
+    pub fn agent_view(&self, node: &str) -> Option<Value> {
+        self.agent_views()
+            .as_array()?
+            .iter()
+            .find(|view| view["report"]["node"] == node)
+            .cloned()
+    }
+
     /// Every node's latest agent report, from `/reports` on the metrics address.
     pub fn agent_views(&self) -> Value {
         let response = http_get(&self.metrics_address(), "/reports");

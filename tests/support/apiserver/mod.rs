@@ -73,8 +73,23 @@ impl FakeApiServer {
 
     /// A kubeconfig whose current context points at this server (namespace `default`).
     pub fn kubeconfig_yaml(&self) -> String {
+        self.kubeconfig_yaml_naming_ca(None)
+    }
+
+    /// [`kubeconfig_yaml`](Self::kubeconfig_yaml) with `certificate-authority-data` from
+    /// the PEM file `ca`: with no CA of its own, kube's client looks for the system's
+    /// certificate store even for this plain-http server, and a minimal system has none.
+    pub fn kubeconfig_yaml_naming_ca(&self, ca: Option<&Path>) -> String {
+        let ca = ca
+            .map(|path| {
+                let pem = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                use base64::Engine as _;
+                let data = base64::engine::general_purpose::STANDARD.encode(pem);
+                format!("    certificate-authority-data: {data}\n")
+            })
+            .unwrap_or_default();
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {url}\n\
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {url}\n{ca}\
              contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
              current-context: fake\nusers:\n- name: fake\n  user:\n    token: nodekeeper-test-token\n",
             url = self.url()
