@@ -631,7 +631,54 @@ fn the_report_section_is_read_with_defaults_and_checked() {
         "https without caFile checks against the system's roots"
     );
 
+    // Isolation on the controller's instruction: on, for kubelet.service, by default.
+    let config_isolation = |body: &str| agent(body).expect("valid").report.expect("on").isolation;
+    let isolation = config_isolation("report: {controllerURL: \"https://c:9849\"}\n");
+    assert!(isolation.enabled);
+    assert_eq!(isolation.kubelet_unit, "kubelet.service");
+    assert_eq!(
+        isolation.stop_timeout.to_std(),
+        std::time::Duration::from_secs(30)
+    );
+    assert_eq!(
+        isolation.state_file,
+        std::path::Path::new("/run/nodekeeper/isolation.json")
+    );
+    let isolation = config_isolation(
+        "report: {controllerURL: \"https://c:9849\", isolation: {enabled: false, kubeletUnit: k8s-kubelet@main.service, stopTimeout: 10s, stateFile: /run/nk/iso.json}}\n",
+    );
+    assert!(!isolation.enabled);
+    assert_eq!(isolation.kubelet_unit, "k8s-kubelet@main.service");
+    assert_eq!(
+        isolation.stop_timeout.to_std(),
+        std::time::Duration::from_secs(10)
+    );
+    assert_eq!(
+        isolation.state_file,
+        std::path::Path::new("/run/nk/iso.json")
+    );
+
     for (body, expected) in [
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {kubeletUnit: kubelet}}\n",
+            "isolation.kubeletUnit: \"kubelet\" is not a systemd service name",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {kubeletUnit: \"a b.service\"}}\n",
+            "isolation.kubeletUnit",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {stopTimeout: 100ms}}\n",
+            "isolation.stopTimeout: 100ms must be at least 1s",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {stateFile: run/x.json}}\n",
+            "isolation.stateFile: \"run/x.json\" must be an absolute path",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {kubelet: x}}\n",
+            "unknown field `kubelet`",
+        ),
         (
             "report: {interval: 2s}\n",
             "report: controllerURL is required",

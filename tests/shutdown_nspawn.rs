@@ -9,6 +9,7 @@
 
 mod support {
     pub mod debian;
+    #[allow(dead_code)]
     pub mod nspawn;
     pub mod real;
 }

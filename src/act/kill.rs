@@ -384,6 +384,39 @@ fn collect_procs(dir: &Path, pids: &mut BTreeSet<Pid>) -> Result<(), ActError> {
     Ok(())
 }
 
+/// How many processes the target and its descendants hold, every `cgroup.procs` entry
+/// counted: also those the killer never signals by pid (0 for a task outside the agent's
+/// PID namespace), since "none left" must mean none. A missing cgroup holds none.
+pub fn count_processes(target: &KillTarget) -> Result<usize, ActError> {
+    fn count(dir: &Path) -> Result<usize, ActError> {
+        let procs = dir.join("cgroup.procs");
+        // A directory without the file still has its children looked at: counting too
+        // many is safe, too few is not.
+        let mut total = match std::fs::read_to_string(&procs) {
+            Ok(text) => text.lines().filter(|line| !line.trim().is_empty()).count(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(ActError::io(&procs, "read", e)),
+        };
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(total),
+            Err(e) => return Err(ActError::io(dir, "list", e)),
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                total += count(&entry.path())?;
+            }
+        }
+        Ok(total)
+    }
+    let mut total = count(&target.tasks)?;
+    if let Some(freezer) = target.v1_freezer.as_ref().filter(|f| **f != target.tasks) {
+        // The same processes, listed twice on v1: the larger count is the truth.
+        total = total.max(count(freezer)?);
+    }
+    Ok(total)
+}
+
 /// A `cgroup.procs` line as a pid that may be signalled: never 0 (our process group, or
 /// a task outside our PID namespace), a negative number (a process group; -1 is every
 /// process), init, or the agent itself, whatever the file says.
@@ -428,5 +461,26 @@ mod tests {
             .map(Pid::as_raw)
             .collect();
         assert_eq!(pids, vec![77]);
+    }
+
+    #[test]
+    fn every_listed_process_counts_as_left_also_those_never_signalled() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let pods = dir.path().join("kubepods");
+        let pod = pods.join("burstable/pod-a");
+        std::fs::create_dir_all(&pod).expect("dirs");
+        std::fs::write(pods.join("cgroup.procs"), "").expect("procs");
+        // A task outside the agent's PID namespace reads 0: it is still there.
+        std::fs::write(pod.join("cgroup.procs"), "0\n4242\n").expect("procs");
+        let target = KillTarget {
+            tasks: pods.clone(),
+            v1_freezer: None,
+        };
+        assert_eq!(count_processes(&target).expect("counted"), 2);
+        let gone = KillTarget {
+            tasks: dir.path().join("absent"),
+            v1_freezer: None,
+        };
+        assert_eq!(count_processes(&gone).expect("counted"), 0);
     }
 }

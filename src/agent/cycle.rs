@@ -60,6 +60,9 @@ pub struct Agent {
     notifiers: Option<Notifiers>,
     /// Whether the API server answers, when the agent uses one (for its reports).
     api_reachability: Option<crate::report::ApiReachability>,
+    /// The kubelet's pods cgroup, when the agent knows the node's pods (Kubernetes mode):
+    /// what isolating the node kills.
+    pods_cgroup: Option<Arc<crate::isolation::PodsCgroup>>,
 }
 
 impl Agent {
@@ -88,6 +91,7 @@ impl Agent {
             pod_source: None,
             observers: Vec::new(),
             api_reachability: None,
+            pods_cgroup: None,
             notifiers: None,
         }
         .with_standalone_evictor()
@@ -158,6 +162,15 @@ impl Agent {
 
     pub fn api_reachability(&self) -> Option<crate::report::ApiReachability> {
         self.api_reachability.clone()
+    }
+
+    pub fn set_pods_cgroup(&mut self, pods: crate::isolation::PodsCgroup) {
+        self.pods_cgroup = Some(Arc::new(pods));
+    }
+
+    /// The kubelet's pods cgroup, in Kubernetes mode.
+    pub fn pods_cgroup(&self) -> Option<Arc<crate::isolation::PodsCgroup>> {
+        self.pods_cgroup.clone()
     }
 
     /// The cgroup reader the agent measures with, when the host has a cgroup tree.

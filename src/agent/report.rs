@@ -10,11 +10,13 @@ use tokio::task::JoinHandle;
 
 use super::{CycleObserver, CycleReport};
 use crate::config::AgentConfig;
+use crate::isolation::{Isolator, IsolatorSettings, PodsCgroup};
 use crate::report::protocol::{ApiServerState, EvictionReport, ShutdownPhase, ShutdownReport};
 use crate::report::sender::{SenderSettings, run_sender};
 use crate::report::{ApiReachability, ReportBoard};
 use crate::shutdown::manager::ManagerStatus;
 use crate::shutdown::state::ShutdownOutcome;
+use crate::systemd::{BusAddress, LazySystemd};
 
 /// Posts each cycle's conditions, and the pod it evicts, to the board.
 struct BoardObserver {
@@ -150,10 +152,15 @@ pub fn start(agent: &mut super::Agent, stop: watch::Receiver<bool>) -> Option<Re
         let mut stop = stop;
         let _ = stop.wait_for(|stop| *stop).await;
     };
+    let (instructions, followed) = watch::channel(Vec::new());
+    if let Some(isolator) = isolator(agent, &settings, board.clone()) {
+        followers.push(tokio::spawn(isolator.run(followed, std::future::pending())));
+    }
     let sender = tokio::spawn(run_sender(
         settings,
         board.clone(),
         agent.metrics(),
+        instructions,
         stopped,
     ));
     Some(Reporting {
@@ -161,6 +168,71 @@ pub fn start(agent: &mut super::Agent, stop: watch::Receiver<bool>) -> Option<Re
         sender,
         followers,
     })
+}
+
+/// The isolator that follows the controller's instructions (see `crate::isolation`);
+/// one that refuses them says why in its reports.
+fn isolator(
+    agent: &super::Agent,
+    settings: &SenderSettings,
+    board: Arc<ReportBoard>,
+) -> Option<Isolator<LazySystemd, PodsCgroup>> {
+    let config = agent.config();
+    let isolation = &config.report.as_ref()?.isolation;
+    let pods = agent.pods_cgroup();
+    let refusal = isolation_refusal(
+        isolation.enabled,
+        config.dry_run,
+        settings.controller_url.starts_with("https://"),
+        pods.is_some(),
+    );
+    if let Some(why) = &refusal {
+        tracing::info!(%why, "this agent does not isolate its node when the controller asks");
+    }
+    let bus = BusAddress::from_config(config.dbus_address.as_deref());
+    Some(Isolator::new(
+        IsolatorSettings {
+            kubelet_unit: isolation.kubelet_unit.clone(),
+            stop_timeout: isolation.stop_timeout.to_std(),
+            state_file: isolation.state_file.clone(),
+            boot_id: settings.boot_id.clone(),
+            check_every: settings.interval,
+            refusal,
+        },
+        LazySystemd::new(bus),
+        pods,
+        board,
+    ))
+}
+
+/// Why this agent does not isolate its node when asked, if it does not.
+fn isolation_refusal(
+    enabled: bool,
+    dry_run: bool,
+    over_tls: bool,
+    knows_pods: bool,
+) -> Option<String> {
+    if !enabled {
+        return Some(
+            "isolation is turned off on this node (report.isolation.enabled: false)".to_string(),
+        );
+    }
+    if dry_run {
+        return Some("dry-run mode: the agent stops nothing".to_string());
+    }
+    if !over_tls {
+        return Some(
+            "instructions are followed only over TLS, and report.controllerURL is plain http"
+                .to_string(),
+        );
+    }
+    if !knows_pods {
+        return Some(
+            "the agent knows no pods cgroup to isolate (standalone mode, or no cgroup tree)"
+                .to_string(),
+        );
+    }
+    None
 }
 
 /// The sender's settings from the configuration and this boot; `None` (logged) when
@@ -222,6 +294,20 @@ mod tests {
     use crate::shutdown::state::{PhaseStatus, ShutdownState};
 
     const BOOT: &str = "this-boot";
+
+    #[test]
+    fn an_agent_isolates_its_node_only_in_kubernetes_mode_over_tls_for_real_and_when_allowed() {
+        assert_eq!(isolation_refusal(true, false, true, true), None);
+        for (enabled, dry_run, over_tls, knows_pods, says) in [
+            (false, false, true, true, "report.isolation.enabled: false"),
+            (true, true, true, true, "dry-run"),
+            (true, false, false, true, "only over TLS"),
+            (true, false, true, false, "no pods cgroup"),
+        ] {
+            let why = isolation_refusal(enabled, dry_run, over_tls, knows_pods).expect("refused");
+            assert!(why.contains(says), "{why}");
+        }
+    }
 
     fn three_phases() -> ShutdownState {
         let phase = |priority| PlannedPhase {

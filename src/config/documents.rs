@@ -161,6 +161,23 @@ pub struct RawReport {
     /// against (without it, the system's roots).
     #[serde(rename = "caFile", skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
+    /// Isolating the node when the controller asks (see docs/protocol.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<RawIsolation>,
+}
+
+/// `report.isolation`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawIsolation {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubelet_unit: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_timeout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_file: Option<String>,
 }
 
 /// How the agent talks to the cluster and finds pods' cgroups and files on the node.

@@ -9,14 +9,14 @@ use serde::Deserialize;
 
 use super::documents::{
     AGENT_API_VERSION, AGENT_KIND, AgentDocument, KUBELET_API_VERSION, KUBELET_KIND,
-    KubeletDocument, Origins, RawKubernetes, RawNodeReclaim, RawReport, RawWorkloads, ScalarMap,
-    ScalarText,
+    KubeletDocument, Origins, RawIsolation, RawKubernetes, RawNodeReclaim, RawReport, RawWorkloads,
+    ScalarMap, ScalarText,
 };
 use super::duration::GoDuration;
 use super::model::{
     AgentConfig, CgroupDriver, DEFAULT_LOGIND_DROP_IN_PATH, DEFAULT_SHUTDOWN_STATE_FILE,
-    EvictionConfig, HostPaths, KubernetesConfig, NodeReclaimConfig, ReportConfig, ShutdownConfig,
-    ShutdownPhaseConfig, WorkloadPodConfig, WorkloadsConfig,
+    EvictionConfig, HostPaths, IsolationConfig, KubernetesConfig, NodeReclaimConfig, ReportConfig,
+    ShutdownConfig, ShutdownPhaseConfig, WorkloadPodConfig, WorkloadsConfig,
 };
 use super::quantity::Quantity;
 use super::thresholds::{
@@ -662,13 +662,64 @@ fn build_report(
             crate::config::model::DEFAULT_REPORT_TOKEN_FILE,
         )),
     };
+    let isolation = build_isolation(raw.isolation.as_ref(), &fail)?;
     Ok(Some(ReportConfig {
         controller_url: url.to_string(),
         interval,
         timeout,
         token_file,
         ca_file,
+        isolation,
     }))
+}
+
+fn build_isolation(
+    raw: Option<&RawIsolation>,
+    fail: &dyn Fn(String) -> ConfigError,
+) -> Result<IsolationConfig, ConfigError> {
+    let mut config = IsolationConfig::default();
+    let Some(raw) = raw else { return Ok(config) };
+    if let Some(enabled) = raw.enabled {
+        config.enabled = enabled;
+    }
+    if let Some(unit) = raw.kubelet_unit.as_deref().map(str::trim) {
+        if !is_service_unit_name(unit) {
+            return Err(fail(format!(
+                "isolation.kubeletUnit: {unit:?} is not a systemd service name like kubelet.service"
+            )));
+        }
+        config.kubelet_unit = unit.to_string();
+    }
+    if let Some(text) = &raw.stop_timeout {
+        config.stop_timeout = duration_at_least(
+            fail,
+            "isolation.stopTimeout",
+            text,
+            GoDuration::from_secs(1),
+        )?;
+    }
+    match raw.state_file.as_deref().map(str::trim) {
+        None => {}
+        Some(path) if !path.starts_with('/') => {
+            return Err(fail(format!(
+                "isolation.stateFile: {path:?} must be an absolute path"
+            )));
+        }
+        Some(path) => config.state_file = PathBuf::from(path),
+    }
+    Ok(config)
+}
+
+/// A systemd service unit's name: `name.service`, the name of letters, digits and
+/// `:-_.\\@` (systemd's own rule), at most 255 bytes.
+fn is_service_unit_name(unit: &str) -> bool {
+    unit.len() <= 255
+        && unit.strip_suffix(".service").is_some_and(|name| {
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b":-_.\\@".contains(&b))
+        })
 }
 
 fn build_kubernetes(
@@ -858,6 +909,12 @@ fn effective_document(mut doc: AgentDocument, config: &AgentConfig) -> AgentDocu
                 .unwrap_or_default(),
         ),
         ca_file: report.ca_file.as_ref().map(|p| p.display().to_string()),
+        isolation: Some(RawIsolation {
+            enabled: Some(report.isolation.enabled),
+            kubelet_unit: Some(report.isolation.kubelet_unit.clone()),
+            stop_timeout: Some(report.isolation.stop_timeout.to_string()),
+            state_file: Some(report.isolation.state_file.display().to_string()),
+        }),
     });
     doc
 }

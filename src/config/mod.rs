@@ -15,9 +15,9 @@ pub use load::{
     load_with_warnings, parse_inline,
 };
 pub use model::{
-    AgentConfig, CgroupDriver, EvictionConfig, HostPaths, KubernetesConfig, NodeReclaimConfig,
-    ReportConfig, ShutdownConfig, ShutdownPhaseConfig, Threshold, ThresholdValue,
-    WorkloadPodConfig, WorkloadsConfig,
+    AgentConfig, CgroupDriver, EvictionConfig, HostPaths, IsolationConfig, KubernetesConfig,
+    NodeReclaimConfig, ReportConfig, ShutdownConfig, ShutdownPhaseConfig, Threshold,
+    ThresholdValue, WorkloadPodConfig, WorkloadsConfig,
 };
 pub use quantity::Quantity;
 pub use thresholds::FilesystemLayout;

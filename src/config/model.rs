@@ -214,6 +214,36 @@ pub struct ReportConfig {
     /// The CA that signs the controller's certificate (https only; `None`: the system's
     /// roots).
     pub ca_file: Option<PathBuf>,
+    /// How the agent isolates its node when the controller asks.
+    pub isolation: IsolationConfig,
+}
+
+/// Isolating the node on the controller's instruction (`report.isolation`): the kubelet's
+/// unit stopped and masked for this boot, every pod process killed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IsolationConfig {
+    /// Follow the controller's instruction at all.
+    pub enabled: bool,
+    /// The kubelet's systemd unit.
+    pub kubelet_unit: String,
+    /// How long the kubelet may take to stop, and then the pod processes to exit.
+    pub stop_timeout: GoDuration,
+    /// Where the isolation is recorded, so a restarted agent keeps it (on a tmpfs, so it
+    /// ends with the boot, like the unit's runtime mask).
+    pub state_file: PathBuf,
+}
+
+pub const DEFAULT_ISOLATION_STATE_FILE: &str = "/run/nodekeeper/isolation.json";
+
+impl Default for IsolationConfig {
+    fn default() -> Self {
+        IsolationConfig {
+            enabled: true,
+            kubelet_unit: "kubelet.service".to_string(),
+            stop_timeout: GoDuration::from_secs(30),
+            state_file: PathBuf::from(DEFAULT_ISOLATION_STATE_FILE),
+        }
+    }
 }
 
 /// The projected ServiceAccount token a DaemonSet mounts for the controller's audience.

@@ -236,6 +236,14 @@ impl KubeRuntime {
     pub fn install(self, agent: &mut Agent) {
         self.outbox.set_metrics(agent.metrics());
         agent.set_api_reachability(self.outbox.reachability.clone());
+        if let Some(usage) = &self.usage {
+            let killer =
+                CgroupKiller::new(&agent.config().paths.cgroup_root, usage.cgroups().layout());
+            agent.set_pods_cgroup(crate::isolation::PodsCgroup::new(
+                &killer,
+                &usage.naming().pods_cgroup(),
+            ));
+        }
         agent.set_evictor(Box::new(KubeEvictor::new(
             self.outbox.clone(),
             self.local_killer,

@@ -52,6 +52,11 @@ impl PodUsageReader {
         &self.naming
     }
 
+    /// The cgroup tree the pods are measured in.
+    pub fn cgroups(&self) -> &CgroupReader {
+        &self.reader
+    }
+
     /// Fill in `node_pod.pod`'s cgroup and usage. Leaves usage empty when the pod's
     /// cgroup does not exist (not started yet, or already gone).
     pub fn measure(&self, node_pod: &mut NodePod) {

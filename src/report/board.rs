@@ -66,6 +66,18 @@ impl ReportBoard {
         self.update(|facts| facts.last_eviction = Some(eviction));
     }
 
+    /// The node's isolation, as the isolator last found it.
+    pub fn set_isolation(&self, isolation: IsolationReport) {
+        self.update(|facts| facts.isolation = isolation);
+    }
+
+    /// The same isolation checked again with the same result: the next report carries
+    /// the new check time, without a report of its own.
+    pub fn refresh_isolation(&self, isolation: IsolationReport) {
+        let mut facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
+        facts.isolation = isolation;
+    }
+
     /// Whether the agent reaches the API server; `since` moves only when the state does.
     pub fn set_api_server(&self, state: ApiServerState, now: Timestamp) {
         self.update(|facts| {

@@ -14,13 +14,13 @@ use serde::{Deserialize, Serialize};
 /// The major version this build speaks.
 pub const MAJOR: u32 = 1;
 /// The minor version this build writes.
-pub const MINOR: u32 = 1;
+pub const MINOR: u32 = 2;
 /// The path reports are posted to.
 pub const REPORTS_PATH: &str = "/v1/reports";
 /// The largest report body the controller reads by default. A real report is about 1 KiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// `"1.1"`.
+/// `"1.2"`.
 pub fn version() -> String {
     format!("{MAJOR}.{MINOR}")
 }
@@ -177,20 +177,82 @@ pub enum ApiServerState {
     Unknown,
 }
 
-/// The node's self-isolation (stopping the kubelet and every pod when it is cut off).
+/// (1.2) The node's isolation: the kubelet stopped through systemd (and kept from
+/// starting) and every pod process killed, done by the agent when the controller asks
+/// (a node cut off from the API server but still reaching the controller). The evidence
+/// is checked again for every report while the node stays isolated.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IsolationReport {
     pub state: IsolationState,
+    /// When the state began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Timestamp>,
+    /// When the evidence below was last checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked_at: Option<Timestamp>,
+    /// The kubelet's unit was inactive and masked (it cannot be started) at the check.
+    #[serde(default)]
+    pub kubelet_stopped: bool,
+    /// Processes left in the pods cgroup at the check.
+    #[serde(default)]
+    pub pod_processes: u32,
+    /// Why the isolation failed or was refused, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl IsolationReport {
+    /// The node says it is isolated, with the evidence to show for it: the kubelet
+    /// stopped and kept from starting, and no pod process left.
+    pub fn is_confirmed(&self) -> bool {
+        self.state == IsolationState::Isolated && self.kubelet_stopped && self.pod_processes == 0
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum IsolationState {
+    /// Not isolated (1.0 and 1.1 agents always say so).
     #[default]
     None,
+    /// The controller asked; the kubelet is being stopped and the pods killed.
+    Isolating,
+    /// Done, with the evidence in the report.
+    Isolated,
+    /// It could not be done, or the evidence no longer holds (see `message`).
+    Failed,
+    /// The agent does not isolate its node (see `message`: dry-run mode, standalone mode,
+    /// isolation turned off, or the instruction came over plain HTTP).
+    Refused,
     #[serde(other)]
     Unknown,
+}
+
+/// (1.2) What the controller asks of an agent, in its answer to a report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum Instruction {
+    /// Isolate the node: stop the kubelet, kill every pod process, report the evidence.
+    #[serde(rename_all = "camelCase")]
+    Isolate {
+        /// Why, for the agent's log.
+        #[serde(default)]
+        reason: String,
+    },
+    /// The node's pods were released elsewhere and it reaches the API server again:
+    /// let the kubelet start again.
+    EndIsolation,
+}
+
+impl Instruction {
+    /// The instruction's name, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Instruction::Isolate { .. } => "isolate",
+            Instruction::EndIsolation => "endIsolation",
+        }
+    }
 }
 
 /// The controller's answer to an accepted report.
@@ -200,10 +262,26 @@ pub struct Acknowledgement {
     pub version: String,
     pub node: String,
     pub sequence: u64,
-    /// What the controller asks of the agent (none yet in 1.0; an agent ignores kinds
-    /// it does not know).
+    /// What the controller asks of the agent (1.2, see [`Instruction`]). Kept as JSON
+    /// values on the wire so an agent reads the kinds it knows and ignores the others.
     #[serde(default)]
     pub instructions: Vec<serde_json::Value>,
+}
+
+impl Acknowledgement {
+    /// The instructions this build understands, and how many it could not read (a kind
+    /// it does not know, from a newer controller, or a malformed one).
+    pub fn known_instructions(&self) -> (Vec<Instruction>, usize) {
+        let mut known = Vec::new();
+        let mut unknown = 0;
+        for value in &self.instructions {
+            match serde_json::from_value::<Instruction>(value.clone()) {
+                Ok(instruction) => known.push(instruction),
+                Err(_) => unknown += 1,
+            }
+        }
+        (known, unknown)
+    }
 }
 
 /// The controller's answer to a refused request, with an HTTP status other than 200.
@@ -351,6 +429,7 @@ fn check_version(body: &[u8]) -> Result<(), DecodeError> {
 const MAX_NAME: usize = 253;
 const MAX_SHORT_TEXT: usize = 128;
 const MAX_CONDITIONS: usize = 16;
+const MAX_MESSAGE: usize = 512;
 /// The shortest and longest report intervals an agent may announce.
 pub const MIN_INTERVAL_MILLIS: u64 = 100;
 pub const MAX_INTERVAL_MILLIS: u64 = 60_000;
@@ -446,6 +525,14 @@ fn validate(report: &AgentReport) -> Result<(), DecodeError> {
         return Err(invalid(
             "lastEviction",
             "pod or signal is too long or not printable text".to_string(),
+        ));
+    }
+    if let Some(message) = &report.isolation.message
+        && (message.len() > MAX_MESSAGE || !is_plain_text(message))
+    {
+        return Err(invalid(
+            "isolation.message",
+            format!("must hold at most {MAX_MESSAGE} printable characters"),
         ));
     }
     let shutdown = &report.shutdown;
@@ -561,6 +648,87 @@ mod tests {
         assert_eq!(report.shutdown.state, ShutdownPhase::Unknown);
         assert_eq!(report.isolation.state, IsolationState::Unknown);
         assert_eq!(report.trigger, Trigger::Unknown);
+    }
+
+    #[test]
+    fn an_isolated_node_is_confirmed_only_with_the_kubelet_stopped_and_no_pod_process() {
+        let isolated = IsolationReport {
+            state: IsolationState::Isolated,
+            since: Some("2026-11-24T05:00:00Z".parse().expect("time")),
+            checked_at: Some("2026-11-24T05:00:02Z".parse().expect("time")),
+            kubelet_stopped: true,
+            pod_processes: 0,
+            message: None,
+        };
+        assert!(isolated.is_confirmed());
+        let report = AgentReport {
+            isolation: isolated.clone(),
+            ..sample()
+        };
+        assert_eq!(decode_report(&encode(&report)), Ok(report));
+        for not in [
+            IsolationReport {
+                kubelet_stopped: false,
+                ..isolated.clone()
+            },
+            IsolationReport {
+                pod_processes: 1,
+                ..isolated.clone()
+            },
+            IsolationReport {
+                state: IsolationState::Isolating,
+                ..isolated.clone()
+            },
+        ] {
+            assert!(!not.is_confirmed(), "{not:?}");
+        }
+        // A 1.1 agent's report has no evidence: not isolated.
+        let mut value = serde_json::to_value(sample()).expect("value");
+        value["version"] = "1.1".into();
+        let old = decode_report(&serde_json::to_vec(&value).expect("bytes")).expect("decoded");
+        assert_eq!(old.isolation, IsolationReport::default());
+        // The message is for people: printable and bounded.
+        let mut value = serde_json::to_value(&AgentReport {
+            isolation: isolated,
+            ..sample()
+        })
+        .expect("value");
+        value["isolation"]["message"] = "\u{1b}[2J".into();
+        let error = decode_report(&serde_json::to_vec(&value).expect("bytes")).expect_err("bad");
+        assert!(
+            error.to_string().starts_with("isolation.message"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn an_agent_reads_the_instructions_it_knows_and_counts_the_others() {
+        let answer: Acknowledgement = serde_json::from_str(
+            r#"{"version":"1.9","node":"worker-1","sequence":5,"instructions":[
+                {"kind":"isolate","reason":"cut off from the API server"},
+                {"kind":"reboot"},
+                {"kind":"endIsolation"},
+                {"kind":"isolate","reason":7},
+                "isolate"
+            ]}"#,
+        )
+        .expect("an answer");
+        let (known, unknown) = answer.known_instructions();
+        assert_eq!(
+            known,
+            [
+                Instruction::Isolate {
+                    reason: "cut off from the API server".to_string()
+                },
+                Instruction::EndIsolation
+            ]
+        );
+        assert_eq!(unknown, 3);
+        // The wire form of each kind.
+        assert_eq!(
+            serde_json::to_value(Instruction::EndIsolation).expect("json"),
+            serde_json::json!({"kind": "endIsolation"})
+        );
     }
 
     #[test]

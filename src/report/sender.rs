@@ -15,10 +15,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::jiff::Timestamp;
+use tokio::sync::watch;
 
 use super::board::ReportBoard;
 use super::ledger::AgentView;
-use super::protocol::{self, Acknowledgement, AgentReport, REPORTS_PATH, Refusal, Trigger};
+use super::protocol::{
+    self, Acknowledgement, AgentReport, Instruction, REPORTS_PATH, Refusal, Trigger,
+};
 use crate::metrics::{Metrics, ReportResultLabels};
 
 /// Where and how this agent reports.
@@ -272,11 +275,46 @@ pub fn backoff(interval: Duration, failures: u32) -> Duration {
     crate::kubernetes::outbox::retry_delay(failures, interval, MAX_BACKOFF).max(interval)
 }
 
-/// Reports until `stop` resolves.
+/// Hands the instructions of an accepted answer to whoever follows them: the latest
+/// answer's list replaces the one before (an answer without instructions empties it).
+fn pass_on(
+    settings: &SenderSettings,
+    answer: &Acknowledgement,
+    instructions: &watch::Sender<Vec<Instruction>>,
+) {
+    if answer.node != settings.node {
+        tracing::warn!(answered = %answer.node, node = %settings.node, "the controller's answer names another node; its instructions are ignored");
+        return;
+    }
+    let (known, unknown) = answer.known_instructions();
+    if unknown > 0 {
+        tracing::debug!(
+            unknown,
+            "the controller's answer holds instructions this agent does not know; ignored"
+        );
+    }
+    instructions.send_if_modified(|current| {
+        if *current == known {
+            return false;
+        }
+        for instruction in known.iter().filter(|i| !current.contains(i)) {
+            tracing::info!(
+                kind = instruction.kind(),
+                "the controller instructs this agent"
+            );
+        }
+        *current = known;
+        true
+    });
+}
+
+/// Reports until `stop` resolves; the instructions in the controller's answers go to
+/// `instructions`.
 pub async fn run_sender(
     settings: SenderSettings,
     board: Arc<ReportBoard>,
     metrics: Arc<Metrics>,
+    instructions: watch::Sender<Vec<Instruction>>,
     stop: impl Future<Output = ()>,
 ) {
     let mut clients = Clients::new(settings.ca_file.clone());
@@ -318,7 +356,8 @@ pub async fn run_sender(
             })
             .inc();
         match result {
-            Ok(_) => {
+            Ok(answer) => {
+                pass_on(&settings, &answer, &instructions);
                 if failures > 0 {
                     tracing::info!(controller = %settings.controller_url, "reports reach the controller again");
                 }

@@ -3,6 +3,7 @@
 //! connections and on reports handled at once, a lifetime per connection), so slow or
 //! flooding clients cost a bounded share and good agents keep being served.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,7 +24,9 @@ use crate::metrics::ReportResultLabels;
 
 use super::auth::{AuthPolicy, Authenticator, bearer_token};
 use super::ledger::{AgentView, Census, ReportLedger};
-use super::protocol::{self, Acknowledgement, REPORTS_PATH, Refusal, RefusalReason, decode_report};
+use super::protocol::{
+    self, Acknowledgement, Instruction, REPORTS_PATH, Refusal, RefusalReason, decode_report,
+};
 use super::tls::ServerIdentity;
 
 /// How the endpoint listens, and its limits.
@@ -155,6 +158,9 @@ pub struct ReportHub {
     in_flight: tokio::sync::Semaphore,
     /// The certificate the endpoint serves, when it serves TLS.
     identity: Option<Arc<ServerIdentity>>,
+    /// What the controller asks of each node's agent, handed out with every answer to
+    /// that node's reports (only over TLS).
+    instructions: Mutex<HashMap<String, Vec<Instruction>>>,
 }
 
 type Answer = Response<Full<Bytes>>;
@@ -202,7 +208,33 @@ impl ReportHub {
             in_flight: tokio::sync::Semaphore::new(policy.max_in_flight.max(1)),
             policy,
             metrics,
+            instructions: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// From now on, answer node `node`'s reports with `instructions` (none: nothing).
+    /// Instructions are handed out over TLS only: over plain HTTP anyone on the path
+    /// could forge or drop them, and an agent follows none that came that way.
+    pub fn instruct(&self, node: &str, instructions: Vec<Instruction>) {
+        let mut all = self.instructions.lock().unwrap_or_else(|e| e.into_inner());
+        if instructions.is_empty() {
+            all.remove(node);
+        } else {
+            all.insert(node.to_string(), instructions);
+        }
+    }
+
+    /// What node `node`'s agent is asked in the answer to its report.
+    fn instructions_for(&self, node: &str) -> Vec<serde_json::Value> {
+        if !self.is_tls() {
+            return Vec::new();
+        }
+        let all = self.instructions.lock().unwrap_or_else(|e| e.into_inner());
+        all.get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|instruction| serde_json::to_value(instruction).ok())
+            .collect()
     }
 
     pub fn policy(&self) -> &ReportsPolicy {
@@ -353,13 +385,14 @@ impl ReportHub {
                 } else if outcome == super::ledger::Accepted::First {
                     tracing::debug!(%node, "first report from the node's agent");
                 }
+                let instructions = self.instructions_for(&node);
                 json_answer(
                     StatusCode::OK,
                     &Acknowledgement {
                         version: protocol::version(),
                         node,
                         sequence,
-                        instructions: Vec::new(),
+                        instructions,
                     },
                 )
             }

@@ -32,27 +32,13 @@ pub trait LoginManager {
     fn prepare_for_shutdown(&self, start: bool) -> zbus::Result<()>;
 }
 
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Manager",
-    default_service = "org.freedesktop.systemd1",
-    default_path = "/org/freedesktop/systemd1",
-    gen_blocking = false
-)]
-pub trait SystemdManager {
-    fn kill_unit(&self, name: &str, whom: &str, signal: i32) -> zbus::Result<()>;
-}
-
 pub const INHIBITOR_WHO: &str = "nodekeeper";
 pub const INHIBITOR_WHY: &str = "nodekeeper drains workloads before the node shuts down";
 pub const DEFAULT_DROPIN_PATH: &str = "/etc/systemd/logind.conf.d/99-nodekeeper.conf";
 const LOGIND_UNIT: &str = "systemd-logind.service";
 
-/// Which bus to talk to. `System` honours `DBUS_SYSTEM_BUS_ADDRESS`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BusAddress {
-    System,
-    Address(String),
-}
+pub use crate::systemd::BusAddress;
+use crate::systemd::SystemdManagerProxy;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogindError {
@@ -96,25 +82,17 @@ pub struct Logind {
 
 impl Logind {
     pub async fn connect(bus: &BusAddress) -> Result<Logind, LogindError> {
-        let (name, builder) = match bus {
-            BusAddress::System => (
-                "system bus".to_string(),
-                zbus::connection::Builder::system(),
-            ),
-            BusAddress::Address(address) => (
-                format!("bus at {address}"),
-                zbus::connection::Builder::address(address.as_str()),
-            ),
-        };
+        let connection = bus
+            .connect()
+            .await
+            .map_err(|(bus, error)| LogindError::Connect {
+                bus,
+                error: Box::new(error),
+            })?;
         let connect_error = |error| LogindError::Connect {
-            bus: name.clone(),
+            bus: bus.to_string(),
             error: Box::new(error),
         };
-        let connection = builder
-            .map_err(connect_error)?
-            .build()
-            .await
-            .map_err(connect_error)?;
         // Never cache: InhibitDelayMaxUSec changes on reload without a change signal.
         let login = LoginManagerProxy::builder(&connection)
             .cache_properties(CacheProperties::No)

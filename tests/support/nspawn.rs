@@ -115,6 +115,26 @@ pub fn boot(
     files: &[(&str, Vec<u8>)],
     ready_line: &str,
 ) -> Result<Booted, String> {
+    boot_in(units, files, ready_line, false)
+}
+
+/// [`boot`], with the container's cgroups a writable cgroup v2 tree (a unified
+/// hierarchy, with `cgroup.kill`) whatever the host's layout: on a hybrid or legacy host
+/// nspawn otherwise hands the container read-only v1 controllers.
+pub fn boot_unified(
+    units: &[(&str, String)],
+    files: &[(&str, Vec<u8>)],
+    ready_line: &str,
+) -> Result<Booted, String> {
+    boot_in(units, files, ready_line, true)
+}
+
+fn boot_in(
+    units: &[(&str, String)],
+    files: &[(&str, Vec<u8>)],
+    ready_line: &str,
+    unified: bool,
+) -> Result<Booted, String> {
     super::real::root()?;
     super::real::program("systemd-nspawn", "systemd-container")?;
     super::real::program("nsenter", "util-linux")?;
@@ -144,7 +164,11 @@ pub fn boot(
     }
 
     let binary = env!("CARGO_BIN_EXE_nodekeeper");
-    let nspawn = Command::new("systemd-nspawn")
+    let mut nspawn = Command::new("systemd-nspawn");
+    if unified {
+        nspawn.env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1");
+    }
+    let nspawn = nspawn
         .args([
             "--register=no",
             "--keep-unit",

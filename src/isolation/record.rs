@@ -1,0 +1,345 @@
+//! The pure part of isolation: what an instruction leads to from the current record,
+//! whether the evidence shows the node isolated, and what the report says. No I/O.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::report::protocol::{Instruction, IsolationReport, IsolationState};
+
+/// After a failed isolation, how long before the controller's instruction is followed
+/// again (it falls back to a power fence meanwhile; a retry every report would only
+/// stop and kill over and over).
+pub const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// The isolation of this boot, as kept in the state file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IsolationRecord {
+    /// The boot it belongs to: the kubelet's runtime mask ends with the boot, and so
+    /// does the isolation.
+    pub boot_id: String,
+    pub phase: RecordPhase,
+    /// When the controller's instruction was first followed.
+    pub requested_at: Timestamp,
+    /// When `phase` began.
+    pub since: Timestamp,
+    /// The controller's reason.
+    #[serde(default)]
+    pub reason: String,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RecordPhase {
+    /// Begun: the kubelet is being stopped and the pods killed (a restarted agent goes
+    /// on from the start; every step may be repeated).
+    Isolating,
+    Isolated,
+    Failed,
+}
+
+impl IsolationRecord {
+    pub fn new(boot_id: &str, reason: &str, now: Timestamp) -> IsolationRecord {
+        IsolationRecord {
+            boot_id: boot_id.to_string(),
+            phase: RecordPhase::Isolating,
+            requested_at: now,
+            since: now,
+            reason: reason.to_string(),
+            message: None,
+        }
+    }
+
+    /// Moves to `phase` (keeping `since` when it stays) with `message`.
+    pub fn enter(&mut self, phase: RecordPhase, message: Option<String>, now: Timestamp) {
+        if self.phase != phase {
+            self.since = now;
+        }
+        self.phase = phase;
+        self.message = message;
+    }
+}
+
+/// What the agent does about one instruction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    Nothing,
+    /// Not done here, and why (the report says so, and the controller falls back).
+    Refuse(String),
+    /// Stop the kubelet and kill the pods (again, for a begun or failed isolation).
+    Isolate {
+        reason: String,
+    },
+    /// Let the kubelet run again and forget the isolation.
+    End,
+}
+
+/// The step for `instruction`, given the current record and, when this agent does not
+/// isolate its node at all, why.
+pub fn step_for(
+    record: Option<&IsolationRecord>,
+    instruction: &Instruction,
+    refusal: Option<&str>,
+    now: Timestamp,
+) -> Step {
+    match instruction {
+        Instruction::Isolate { reason } => match record {
+            None => match refusal {
+                Some(why) => Step::Refuse(why.to_string()),
+                None => Step::Isolate {
+                    reason: reason.clone(),
+                },
+            },
+            Some(record) => match record.phase {
+                // Under way or done: the checks go on by themselves.
+                RecordPhase::Isolating | RecordPhase::Isolated => Step::Nothing,
+                RecordPhase::Failed if refusal.is_none() && now >= record.since + RETRY_AFTER => {
+                    Step::Isolate {
+                        reason: reason.clone(),
+                    }
+                }
+                RecordPhase::Failed => Step::Nothing,
+            },
+        },
+        Instruction::EndIsolation => match record {
+            Some(_) => Step::End,
+            None => Step::Nothing,
+        },
+    }
+}
+
+/// What the node shows at one check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evidence {
+    pub checked_at: Timestamp,
+    /// The kubelet's unit is inactive (or failed) and masked.
+    pub kubelet_stopped: bool,
+    /// The unit's state, for the message when it is not.
+    pub kubelet_state: String,
+    /// Processes in the pods cgroup; `Err` when it cannot be read.
+    pub pod_processes: Result<usize, String>,
+}
+
+impl Evidence {
+    /// `Ok` when the node is isolated by this evidence, else what is wrong.
+    pub fn holds(&self, unit: &str) -> Result<(), String> {
+        let mut wrong = Vec::new();
+        if !self.kubelet_stopped {
+            wrong.push(format!(
+                "{unit} is {} (it must be inactive and masked)",
+                self.kubelet_state
+            ));
+        }
+        match &self.pod_processes {
+            Ok(0) => {}
+            Ok(left) => wrong.push(format!("{left} pod process(es) still run")),
+            Err(error) => wrong.push(format!("the pod processes cannot be counted: {error}")),
+        }
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(wrong.join("; "))
+        }
+    }
+}
+
+/// The `isolation` part of the next report.
+pub fn report(
+    record: Option<&IsolationRecord>,
+    evidence: Option<&Evidence>,
+    refused: Option<&(String, Timestamp)>,
+) -> IsolationReport {
+    let mut report = IsolationReport::default();
+    if let Some(evidence) = evidence {
+        report.checked_at = Some(evidence.checked_at);
+        report.kubelet_stopped = evidence.kubelet_stopped;
+        report.pod_processes = evidence
+            .pod_processes
+            .as_ref()
+            .map_or(u32::MAX, |left| u32::try_from(*left).unwrap_or(u32::MAX));
+    }
+    match record {
+        Some(record) => {
+            report.state = match record.phase {
+                RecordPhase::Isolating => IsolationState::Isolating,
+                RecordPhase::Isolated => IsolationState::Isolated,
+                RecordPhase::Failed => IsolationState::Failed,
+            };
+            report.since = Some(record.since);
+            report.message = record.message.as_deref().map(bounded);
+        }
+        None => {
+            if let Some((why, since)) = refused {
+                report.state = IsolationState::Refused;
+                report.since = Some(*since);
+                report.message = Some(bounded(why));
+            }
+        }
+    }
+    report
+}
+
+/// A message as the protocol carries it: printable ASCII, at most 512 bytes.
+fn bounded(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(512)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).expect("time")
+    }
+
+    fn isolate() -> Instruction {
+        Instruction::Isolate {
+            reason: "cut off from the API server".to_string(),
+        }
+    }
+
+    fn record(phase: RecordPhase, since: i64) -> IsolationRecord {
+        let mut record = IsolationRecord::new("boot", "why", at(0));
+        record.enter(phase, None, at(since));
+        record
+    }
+
+    #[test]
+    fn an_instruction_to_isolate_is_followed_once_and_a_failure_is_retried_only_after_a_pause() {
+        assert_eq!(
+            step_for(None, &isolate(), None, at(0)),
+            Step::Isolate {
+                reason: "cut off from the API server".to_string()
+            }
+        );
+        for phase in [RecordPhase::Isolating, RecordPhase::Isolated] {
+            assert_eq!(
+                step_for(Some(&record(phase, 0)), &isolate(), None, at(100)),
+                Step::Nothing
+            );
+        }
+        let failed = record(RecordPhase::Failed, 10);
+        assert_eq!(
+            step_for(Some(&failed), &isolate(), None, at(39)),
+            Step::Nothing
+        );
+        assert!(matches!(
+            step_for(Some(&failed), &isolate(), None, at(40)),
+            Step::Isolate { .. }
+        ));
+    }
+
+    #[test]
+    fn an_agent_that_does_not_isolate_says_why() {
+        assert_eq!(
+            step_for(None, &isolate(), Some("dry-run mode"), at(0)),
+            Step::Refuse("dry-run mode".to_string())
+        );
+        // An isolation already done is kept, whatever changed since.
+        assert_eq!(
+            step_for(
+                Some(&record(RecordPhase::Isolated, 0)),
+                &isolate(),
+                Some("dry-run mode"),
+                at(0)
+            ),
+            Step::Nothing
+        );
+    }
+
+    #[test]
+    fn ending_applies_to_any_isolation_and_to_none_is_nothing() {
+        assert_eq!(
+            step_for(None, &Instruction::EndIsolation, None, at(0)),
+            Step::Nothing
+        );
+        for phase in [
+            RecordPhase::Isolating,
+            RecordPhase::Isolated,
+            RecordPhase::Failed,
+        ] {
+            assert_eq!(
+                step_for(
+                    Some(&record(phase, 0)),
+                    &Instruction::EndIsolation,
+                    None,
+                    at(0)
+                ),
+                Step::End
+            );
+        }
+    }
+
+    #[test]
+    fn the_evidence_holds_only_with_the_kubelet_held_down_and_no_pod_process() {
+        let evidence = Evidence {
+            checked_at: at(0),
+            kubelet_stopped: true,
+            kubelet_state: "inactive, masked".to_string(),
+            pod_processes: Ok(0),
+        };
+        assert_eq!(evidence.holds("kubelet.service"), Ok(()));
+        let running = Evidence {
+            kubelet_stopped: false,
+            kubelet_state: "active, loaded".to_string(),
+            pod_processes: Ok(3),
+            ..evidence.clone()
+        };
+        assert_eq!(
+            running.holds("kubelet.service"),
+            Err("kubelet.service is active, loaded (it must be inactive and masked); 3 pod process(es) still run".to_string())
+        );
+        let unreadable = Evidence {
+            pod_processes: Err("permission denied".to_string()),
+            ..evidence
+        };
+        assert!(unreadable.holds("kubelet.service").is_err());
+    }
+
+    #[test]
+    fn the_report_shows_the_record_with_its_evidence_and_a_refusal_only_without_one() {
+        let evidence = Evidence {
+            checked_at: at(5),
+            kubelet_stopped: true,
+            kubelet_state: "inactive, masked".to_string(),
+            pod_processes: Ok(0),
+        };
+        let shown = report(
+            Some(&record(RecordPhase::Isolated, 4)),
+            Some(&evidence),
+            None,
+        );
+        assert!(shown.is_confirmed());
+        assert_eq!(shown.since, Some(at(4)));
+        assert_eq!(shown.checked_at, Some(at(5)));
+        let unreadable = Evidence {
+            pod_processes: Err("gone".to_string()),
+            ..evidence
+        };
+        let shown = report(
+            Some(&record(RecordPhase::Isolated, 4)),
+            Some(&unreadable),
+            None,
+        );
+        assert!(!shown.is_confirmed(), "an unreadable count is no evidence");
+        let refused = ("dry-run mode\n".to_string(), at(1));
+        let shown = report(None, None, Some(&refused));
+        assert_eq!(shown.state, IsolationState::Refused);
+        assert_eq!(shown.message.as_deref(), Some("dry-run mode?"));
+        assert_eq!(report(None, None, None), IsolationReport::default());
+    }
+}
