@@ -68,6 +68,7 @@ fn silent_scan(ledger: &ReportLedger, at: Instant) -> usize {
                 report: now() - at.saturating_duration_since(heard.received),
                 reports_fresh_within: heard.fresh_within,
                 drained: heard.drained,
+                isolation: Some(heard.isolation),
             }
             .counted_as_silent(silence, now())
         })

@@ -18,12 +18,13 @@ use nodekeeper::controller::facts::{
 use nodekeeper::controller::liveness::{Channels, Evidence, Liveness, NodeState, judge};
 use nodekeeper::controller::policy::FencePolicy;
 use nodekeeper::controller::resource::{
-    ExecutionKind, ExecutionResult, FencePhase, FenceStep, NodeFence, NodeFenceSpec, PauseReason,
-    PowerSeen,
+    ExecutionKind, ExecutionResult, FencePhase, FenceStep, IsolationOutcome, NodeFence,
+    NodeFenceSpec, PauseReason, PowerSeen,
 };
 use nodekeeper::controller::storm::{Guard, GuardBlock};
 use nodekeeper::fencing::{FenceAction, Step};
-use nodekeeper::report::ledger::DrainedStatement;
+use nodekeeper::report::ledger::{DrainedStatement, IsolationHeard};
+use nodekeeper::report::protocol::{Instruction, IsolationState};
 use proptest::prelude::*;
 
 fn at(seconds: i64) -> Timestamp {
@@ -127,6 +128,24 @@ struct World {
     /// The agent's last report said the node drained cleanly; the node then powered
     /// itself off.
     drained: Option<DrainedStatement>,
+    /// What the node's agent does when asked to isolate the node.
+    isolation_fate: IsolationFate,
+    /// The agent isolated the node: the kubelet is stopped and no pod process runs.
+    isolated: bool,
+    /// What the agent last said about its isolation.
+    isolation_state: IsolationState,
+    /// A report's sequence, growing.
+    sequence: u64,
+    /// Reports come over TLS, so what they say counts and instructions are given.
+    over_tls: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IsolationFate {
+    Works,
+    Fails,
+    /// Says nothing of it (an old agent, or one stuck).
+    Silent,
 }
 
 impl World {
@@ -176,6 +195,11 @@ impl World {
             power_offs: 0,
             channels: None,
             drained: None,
+            isolation_fate: IsolationFate::Works,
+            isolated: false,
+            isolation_state: IsolationState::None,
+            sequence: 0,
+            over_tls: true,
         }
     }
 
@@ -221,8 +245,10 @@ impl World {
             _ => (long_ago, long_ago),
         };
         let power = self.devices.power_on;
+        self.sequence += 1;
         self.facts.liveness = Liveness::Heard(Channels {
-            lease: if lease_speaks && power {
+            // An isolated node's kubelet is stopped.
+            lease: if lease_speaks && power && !self.isolated {
                 self.now
             } else {
                 lease
@@ -235,7 +261,37 @@ impl World {
             },
             reports_fresh_within: Duration::from_secs(6),
             drained: self.drained,
+            isolation: self.over_tls.then_some(IsolationHeard {
+                state: self.isolation_state,
+                confirmed: self.isolated && self.isolation_state == IsolationState::Isolated,
+                api_reachable: lease_speaks,
+                sequence: self.sequence,
+            }),
         });
+    }
+
+    /// The node's agent follows the controller's instructions, if it still reports.
+    fn follow(&mut self, instructions: &[Instruction]) {
+        if !matches!(self.channels, Some((_, true))) || !self.devices.power_on {
+            return;
+        }
+        for instruction in instructions {
+            match instruction {
+                Instruction::Isolate { .. } => match self.isolation_fate {
+                    IsolationFate::Works => {
+                        self.isolated = true;
+                        self.isolation_state = IsolationState::Isolated;
+                    }
+                    IsolationFate::Fails => self.isolation_state = IsolationState::Failed,
+                    IsolationFate::Silent => {}
+                },
+                Instruction::EndIsolation => {
+                    self.isolated = false;
+                    self.isolation_state = IsolationState::None;
+                }
+            }
+        }
+        self.hear();
     }
 
     /// The node's agent drains it and says so, and the node powers itself off: a clean
@@ -261,10 +317,12 @@ impl World {
         self.set_ready(false);
     }
 
-    /// The node is alive by one of its channels (whatever its Ready condition says).
+    /// The node is alive by one of its channels (whatever its Ready condition says), and
+    /// has not said it drained and stopped both.
     fn heard_alive(&self) -> bool {
         matches!(self.facts.liveness, Liveness::Heard(channels)
-            if self.now < channels.silent_at(self.policy.silence_timeout))
+            if self.now < channels.silent_at(self.policy.silence_timeout)
+                && channels.drained_at().is_none_or(|gone| self.now < gone))
     }
 
     fn advance(&mut self, seconds: u64) {
@@ -461,6 +519,7 @@ impl World {
                 Action::DeleteFence => self.fence = None,
             }
         }
+        self.follow(&decision.instructions);
         self.log.push(decision);
         self.log.last()
     }
@@ -501,8 +560,8 @@ impl World {
         });
         if releases {
             assert!(
-                self.devices.fenced(),
-                "pods released while the node's storage and power are both on: {decision:#?}"
+                self.devices.fenced() || self.isolated,
+                "pods released while the node's storage and power are both on and it is not isolated: {decision:#?}"
             );
             assert!(decision.status.confirmed_at.is_some());
         }
@@ -522,7 +581,13 @@ impl World {
                 }
             }
             // (f) a node heard alive is never acted on blind: a partition is not a dead node.
-            if power_step && request.kind == ExecutionKind::Act && !self.forced() {
+            // Only once its own agent failed to isolate it, or did not in time, do the
+            // configured steps run.
+            if power_step
+                && request.kind == ExecutionKind::Act
+                && !self.forced()
+                && !decision.status.isolation_given_up()
+            {
                 assert!(
                     !self.heard_alive(),
                     "{} started against a node whose Lease or agent still speaks: {:?}",
@@ -585,6 +650,42 @@ impl World {
                     );
                 }
             }
+        }
+        // (h) a node is asked to isolate itself only while it is cut off from the API
+        // server (not Ready, its Lease silent, its agent reporting), never during a storm,
+        // and an isolation is confirmed only by the agent's own report of it.
+        if decision
+            .instructions
+            .iter()
+            .any(|i| matches!(i, Instruction::Isolate { .. }))
+        {
+            assert!(
+                self.guard.storm.is_none(),
+                "an isolation asked for during a storm"
+            );
+            let Liveness::Heard(channels) = self.facts.liveness else {
+                panic!("an isolation asked of a node without an agent: {decision:#?}");
+            };
+            let silence = self.policy.silence_timeout;
+            assert!(
+                self.facts.health.readiness != Readiness::Ready
+                    && self.now >= channels.lease_silent_at(silence)
+                    && self.now < channels.reports_silent_at(silence),
+                "an isolation asked of a node that is not cut off: {:?}",
+                self.facts.liveness
+            );
+        }
+        let confirms_isolation = decision
+            .status
+            .self_isolation
+            .as_ref()
+            .is_some_and(|i| i.outcome == Some(IsolationOutcome::Confirmed))
+            && !before
+                .self_isolation
+                .as_ref()
+                .is_some_and(|i| i.outcome == Some(IsolationOutcome::Confirmed));
+        if confirms_isolation {
+            assert!(self.isolated, "an isolation confirmed that did not happen");
         }
         // (d) retries stay within the limit.
         assert!(decision.status.retries <= self.policy.retry_limit);
@@ -1050,8 +1151,9 @@ fn a_node_whose_lease_and_reports_fell_silent_is_fenced_while_it_still_reads_rea
 }
 
 #[test]
-fn a_partitioned_node_whose_agent_still_reports_is_never_powered_off() {
+fn a_partitioned_node_whose_agent_reports_over_plain_http_is_never_powered_off() {
     let mut world = World::new(full_plan(), false);
+    world.over_tls = false;
     world.policy.unhealthy_duration = Duration::from_secs(60);
     // Cut off from the API server: its Lease stops and it turns Unknown, but its agent
     // keeps reporting to the controller.
@@ -1073,6 +1175,142 @@ fn a_partitioned_node_whose_agent_still_reports_is_never_powered_off() {
         world.status().lost.as_ref().map(|lost| lost.evidence),
         Some(Evidence::Silence)
     );
+}
+
+#[test]
+fn a_partitioned_node_is_isolated_by_its_agent_and_released_with_no_power_action() {
+    let mut world = World::new(full_plan(), false);
+    // Cut off from the API server: its Lease stops and it turns Unknown, but its agent
+    // keeps reporting to the controller, over TLS.
+    world.set_channels(Some((true, true)));
+    world.set_channels(Some((false, true)));
+    world.advance(10);
+    world.reconcile();
+    // Not before its Lease has been silent for silenceTimeout.
+    assert!(world.status().self_isolation.is_none());
+    assert_eq!(
+        world.status().pause.as_ref().map(|p| p.reason),
+        Some(PauseReason::NodeAlive)
+    );
+    world.advance(10);
+    world.reconcile();
+    let asked = world.log.last().expect("a decision").instructions.clone();
+    assert!(
+        matches!(asked.as_slice(), [Instruction::Isolate { .. }]),
+        "{asked:?}"
+    );
+    // The agent isolated the node; its next report says so.
+    world.advance(1);
+    world.reconcile();
+    let status = world.status().clone();
+    assert_eq!(
+        status.self_isolation.as_ref().and_then(|i| i.outcome),
+        Some(IsolationOutcome::Confirmed)
+    );
+    assert_eq!(
+        status.lost.as_ref().map(|lost| lost.evidence),
+        Some(Evidence::Partitioned)
+    );
+    assert!(status.confirmed_at.is_some());
+    assert!(world.facts.taints.out_of_service, "released");
+    assert!(
+        world.started().is_empty(),
+        "no power action: {:?}",
+        world.started()
+    );
+    assert!(world.devices.power_on);
+    let events = world.events();
+    for reason in [
+        "IsolationRequested",
+        "NodeIsolated",
+        "OutOfServiceTaintAdded",
+    ] {
+        assert!(events.contains(&reason), "{events:?}");
+    }
+    // Nothing more is asked while its pods are still bound, nor while it cannot reach
+    // the API server.
+    world.run(3, 5);
+    assert!(
+        world
+            .log
+            .last()
+            .expect("a decision")
+            .instructions
+            .is_empty()
+    );
+    // Its pods are gone (the out-of-service taint), and the partition heals: the agent
+    // reaches the API server again and is told to end the isolation.
+    world.facts.runs_pods_needing_fencing = false;
+    world.facts.pods_to_release = 0;
+    world.channels = Some((true, true));
+    world.hear();
+    world.reconcile();
+    assert_eq!(
+        world.log.last().expect("a decision").instructions,
+        [Instruction::EndIsolation]
+    );
+    assert!(!world.isolated, "the agent ended the isolation");
+    // The kubelet is back and the node Ready: recovered, taints removed, fence gone.
+    world.advance(5);
+    world.set_ready(true);
+    world.run(5, 5);
+    assert!(world.fence.is_none(), "the fence ended");
+    assert!(!world.facts.taints.out_of_service);
+    assert!(world.started().is_empty());
+}
+
+#[test]
+fn an_isolation_that_fails_or_never_comes_falls_back_to_the_configured_steps() {
+    for (fate, reason, outcome) in [
+        (
+            IsolationFate::Fails,
+            "IsolationFailed",
+            IsolationOutcome::Failed,
+        ),
+        (
+            IsolationFate::Silent,
+            "IsolationTimedOut",
+            IsolationOutcome::TimedOut,
+        ),
+    ] {
+        let mut world = World::new(full_plan(), false);
+        world.isolation_fate = fate;
+        world.set_channels(Some((false, true)));
+        world.advance(20);
+        world.reconcile();
+        world.run(20, 10);
+        let status = world.status().clone();
+        assert_eq!(
+            status.self_isolation.as_ref().and_then(|i| i.outcome),
+            Some(outcome),
+            "{fate:?}"
+        );
+        assert!(world.events().contains(&reason), "{:?}", world.events());
+        assert!(
+            world
+                .started()
+                .first()
+                .is_some_and(|name| name.starts_with("isolation-")),
+            "the configured steps run: {:?}",
+            world.started()
+        );
+        if fate == IsolationFate::Silent {
+            // Not before isolationTimeout.
+            let requested = status
+                .self_isolation
+                .as_ref()
+                .expect("asked")
+                .requested_at
+                .0;
+            let decided = status
+                .self_isolation
+                .as_ref()
+                .expect("asked")
+                .decided_at
+                .clone();
+            assert!(decided.is_some_and(|at| at.0 >= requested + world.policy.isolation_timeout));
+        }
+    }
 }
 
 #[test]
@@ -1385,6 +1623,8 @@ enum Happening {
     /// The node drains, says it did, and powers itself off; with `true`, pods that need
     /// fencing are still bound to it.
     Drain(bool),
+    /// What the node's agent does when asked to isolate the node.
+    Isolation(IsolationFate),
 }
 
 fn happening() -> impl Strategy<Value = Happening> {
@@ -1404,6 +1644,12 @@ fn happening() -> impl Strategy<Value = Happening> {
         1 => any::<bool>().prop_map(Happening::ConfigGone),
         2 => proptest::option::of((any::<bool>(), any::<bool>())).prop_map(Happening::Channels),
         1 => any::<bool>().prop_map(Happening::Drain),
+        1 => prop_oneof![
+            Just(IsolationFate::Works),
+            Just(IsolationFate::Fails),
+            Just(IsolationFate::Silent),
+        ]
+        .prop_map(Happening::Isolation),
     ]
 }
 
@@ -1447,6 +1693,7 @@ proptest! {
                 Happening::NextAgent(fate) => world.fates.push(fate),
                 Happening::Channels(channels) => world.set_channels(channels),
                 Happening::Drain(pods_left) => world.drain(pods_left),
+                Happening::Isolation(fate) => world.isolation_fate = fate,
                 Happening::ConfigGone(gone) => {
                     world.facts.plan = if gone {
                         Err("gone".to_string())

@@ -20,6 +20,7 @@ use prometheus_client::registry::Registry;
 
 use support::apiserver::FakeApiServer;
 use support::controller::{NAMESPACE, node, seed_node_tokens};
+use support::node_units::{STAND_IN_KUBELET, agent_unit, pod_unit};
 use support::nspawn::{Booted, NSPAWN};
 
 const NODE: &str = "node-a";
@@ -27,51 +28,6 @@ const NODE: &str = "node-a";
 fn token() -> String {
     format!("node-token-of-{NODE}-0123456789abcdef")
 }
-
-/// A stand-in kubelet: a unit that systemd restarts whenever it ends on its own, as the
-/// real kubelet's unit does.
-const KUBELET_UNIT: &str = "\
-[Unit]
-Description=kubelet (stand-in)
-
-[Service]
-ExecStart=/bin/sleep infinity
-Restart=always
-RestartSec=100ms
-
-[Install]
-WantedBy=multi-user.target
-";
-
-/// A pod as the systemd cgroup driver places it: in its own slice under `kubepods.slice`
-/// (the QoS tier in the name), with a few processes. systemd does not restart it; on a
-/// real node neither does anything else once the kubelet is stopped.
-fn pod_unit(slice: &str) -> String {
-    format!(
-        "[Unit]\nDescription=a pod's containers\n\n[Service]\nSlice={slice}\n\
-         ExecStart=/bin/sh -c 'sleep infinity & sleep infinity & exec sleep infinity'\n\n\
-         [Install]\nWantedBy=multi-user.target\n"
-    )
-}
-
-const AGENT_UNIT: &str = "\
-[Unit]
-Description=nodekeeper agent
-Wants=dbus.service
-After=dbus.service pod-web.service pod-db.service pod-batch.service
-
-[Service]
-ExecStart=/usr/local/bin/nodekeeper agent --config /shared/agent.yaml --kubeconfig /shared/kubeconfig --metrics-addr 127.0.0.1:0
-Environment=RUST_LOG=info,kube=warn
-Environment=NO_COLOR=1
-Restart=always
-RestartSec=200ms
-StandardOutput=append:/shared/agent.log
-StandardError=append:/shared/agent.log
-
-[Install]
-WantedBy=multi-user.target
-";
 
 fn agent_config(reports: &str) -> String {
     format!(
@@ -185,7 +141,7 @@ async fn a_node_isolates_itself_on_the_controllers_instruction_and_rejoins_when_
         ),
     ];
     let units = vec![
-        ("kubelet.service", KUBELET_UNIT.to_string()),
+        ("kubelet.service", STAND_IN_KUBELET.to_string()),
         (
             "pod-web.service",
             pod_unit("kubepods-besteffort-pod1a2b.slice"),
@@ -196,7 +152,10 @@ async fn a_node_isolates_itself_on_the_controllers_instruction_and_rejoins_when_
         ),
         // A Guaranteed pod sits right under kubepods.slice.
         ("pod-batch.service", pod_unit("kubepods-pod5e6f.slice")),
-        ("nodekeeper-agent.service", AGENT_UNIT.to_string()),
+        (
+            "nodekeeper-agent.service",
+            agent_unit("pod-web.service pod-db.service pod-batch.service"),
+        ),
     ];
     let booted = tokio::task::spawn_blocking(move || {
         support::nspawn::boot_unified(&units, &files, "reporting to the fence controller")
@@ -220,7 +179,7 @@ async fn a_node_isolates_itself_on_the_controllers_instruction_and_rejoins_when_
         "active"
     );
     let running = pod_processes(&booted);
-    assert_eq!(running, 9, "three pods of three processes each");
+    assert_eq!(running, 6, "three pods of two processes each");
 
     // The controller asks.
     let asked = Instant::now();

@@ -846,3 +846,48 @@ async fn reports_over_tls_take_a_rotated_certificate_and_refuse_what_cannot_chec
         "{log}"
     );
 }
+
+/// Instructions go out over TLS only: over plain HTTP anyone on the path could forge or
+/// drop them, so a hub without a certificate answers with none, whatever the controller
+/// asks of the node. (Over TLS they reach the agent: tests/isolation_nspawn.rs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instructions_are_never_handed_out_over_plain_http() {
+    use nodekeeper::report::auth::AuthPolicy;
+    use nodekeeper::report::protocol::Instruction;
+    use nodekeeper::report::{ReportHub, ReportMetrics, ReportsPolicy, server};
+
+    let server = ready_cluster(&["worker-1"]).await;
+    let token = "node-token-of-worker-1-0123456789abcdef";
+    seed_node_tokens(&server, &[("worker-1", token)]);
+    let policy = ReportsPolicy {
+        auth: AuthPolicy {
+            node_tokens_secret: Some("node-tokens".to_string()),
+            ..AuthPolicy::default()
+        },
+        ..ReportsPolicy::default()
+    };
+    let metrics = std::sync::Arc::new(ReportMetrics::register(
+        &mut prometheus_client::registry::Registry::default(),
+    ));
+    let hub = std::sync::Arc::new(ReportHub::new(
+        server.client(),
+        NAMESPACE,
+        policy,
+        metrics,
+        None,
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let address = listener.local_addr().expect("address").to_string();
+    tokio::spawn(server::serve(listener, hub.clone(), std::future::pending()));
+    hub.instruct(
+        "worker-1",
+        vec![Instruction::Isolate {
+            reason: "a test".to_string(),
+        }],
+    );
+    let (status, answer) = post_report(&address, Some(token), &report("worker-1", 1)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["instructions"], json!([]), "{answer}");
+}

@@ -202,8 +202,12 @@ async fn holds_a_delay_lock_then_drains_in_priority_order_and_releases_it() {
     assert_eq!(saved.outcome, ShutdownOutcome::Finished);
     assert!(saved.about_to_power_off);
     assert!(saved.pods_listed);
+    // The status is published just after the lock is dropped.
+    wait_until("the status saying the lock went for the power off", || {
+        agent.status.borrow().released_for_power_off
+    })
+    .await;
     assert!(agent.status.borrow().shutting_down);
-    assert!(agent.status.borrow().released_for_power_off);
     agent.shut_down().await;
 }
 

@@ -11,10 +11,15 @@
 //! - a node is lost by its Ready condition and `unhealthyDuration` when it has no agent,
 //!   by the silence of both its Lease and its agent's reports when it has one (see
 //!   `liveness.rs`); a node either channel shows alive gets no new step but recovery;
+//! - a node cut off from the API server (not Ready, its Lease silent, its agent reporting
+//!   over TLS) is asked to isolate itself through its agent, and released on the agent's
+//!   report of it; only when the agent fails, refuses, falls silent or takes longer than
+//!   `isolationTimeout` do the configured steps run against it;
 //! - the storm guard holds back every power action (isolation and power management), the
 //!   zone rate every new fence; recovery is never held back;
 //! - the node's pods are released (out-of-service taint, optional deletion) only once a
-//!   step's winning alternative proved the node off or its storage isolated;
+//!   step's winning alternative proved the node off or its storage isolated, the node
+//!   said it drained, or its agent reported it isolated;
 //! - a failed step is retried after an exponential backoff up to the retry limit, then
 //!   the fence stays failed and says so;
 //! - our taints are removed only after recovery, and only the ones we recorded adding.
@@ -32,15 +37,21 @@ use super::liveness::{Evidence, Liveness, NodeState, judge};
 use super::policy::FencePolicy;
 use super::progress::{Progress, progress};
 use super::resource::{
-    Execution, ExecutionKind, ExecutionResult, FencePhase, FenceStep, LostRecord, MAX_EXECUTIONS,
-    MethodAction, NodeFence, NodeFenceStatus, Pause, PauseReason, PowerSeen,
+    Execution, ExecutionKind, ExecutionResult, FencePhase, FenceStep, IsolationOutcome, LostRecord,
+    MAX_EXECUTIONS, MethodAction, NodeFence, NodeFenceStatus, Pause, PauseReason, PowerSeen,
+    SelfIsolation,
 };
 use super::storm::{Guard, GuardBlock};
+use crate::report::ledger::IsolationHeard;
+use crate::report::protocol::{Instruction, IsolationState};
 
 /// How long to wait before looking again when nothing else says when.
 pub const IDLE_REQUEUE: Duration = Duration::from_secs(30);
 /// How often to look at a fence whose execution is running.
 pub const RUNNING_REQUEUE: Duration = Duration::from_secs(5);
+/// How often to look at the agent's reports of a node asked to isolate itself (a report
+/// arrives every 2 s by default; no event wakes the fence for it).
+pub const ISOLATION_REQUEUE: Duration = Duration::from_secs(1);
 
 /// What the executor says about an execution recorded in the status.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,6 +122,9 @@ pub struct Decision {
     pub status: NodeFenceStatus,
     pub actions: Vec<Action>,
     pub events: Vec<FenceEvent>,
+    /// What the node's agent is asked in the answers to its reports from now on (none:
+    /// nothing). Level-based, like the taints: every decision says it again.
+    pub instructions: Vec<Instruction>,
     pub requeue_after: Duration,
 }
 
@@ -134,6 +148,7 @@ pub fn decide(
         now,
         actions: Vec::new(),
         events: Vec::new(),
+        instructions: Vec::new(),
         wake_at: None,
         pause: None,
     };
@@ -175,6 +190,7 @@ struct Machine<'a> {
     now: Timestamp,
     actions: Vec<Action>,
     events: Vec<FenceEvent>,
+    instructions: Vec<Instruction>,
     wake_at: Option<Timestamp>,
     pause: Option<(PauseReason, String, Option<Timestamp>)>,
 }
@@ -321,9 +337,12 @@ impl<'a> Machine<'a> {
     /// One transition; `false` when the fence is settled for now.
     fn advance(&mut self) -> bool {
         let facts = self.facts;
-        // A fence with no step has not begun, unless it released a drained node (which
-        // takes no step).
-        if self.status.step.is_none() && !self.status.is_drained() {
+        // A fence with no step has not begun, unless it released a drained node or rests
+        // on the node's isolation by its agent (neither takes a step).
+        if self.status.step.is_none()
+            && !self.status.is_drained()
+            && !self.status.is_self_isolating()
+        {
             return self.begin();
         }
         if !facts.exists {
@@ -341,6 +360,9 @@ impl<'a> Machine<'a> {
             return false;
         }
         let Some(step) = self.status.step else {
+            if self.status.is_self_isolating() {
+                return self.settle_isolation();
+            }
             return self.settle_drained();
         };
         let phase = self.status.phase.unwrap_or(FencePhase::New);
@@ -445,6 +467,20 @@ impl<'a> Machine<'a> {
             } = self.state
         {
             return self.release_drained(since);
+        }
+        // Also before the configuration: a partitioned node's agent isolates it, with no
+        // fence device. Once that was given up, the configured steps run.
+        if !self.forced
+            && let NodeState::Partitioned { since, .. } = self.state
+            && !self.status.isolation_given_up()
+        {
+            if !facts.runs_pods_needing_fencing {
+                return self.end_fence(
+                    "FenceCancelled",
+                    "the node runs no pods that need fencing".to_string(),
+                );
+            }
+            return self.request_isolation(since);
         }
         let plan = match &facts.plan {
             Ok(plan) if plan.can_fence() => plan,
@@ -633,31 +669,245 @@ impl<'a> Machine<'a> {
     /// Ready is not dead after all; what was released stays released (every pod had
     /// stopped), and the fence waits.
     fn settle_drained(&mut self) -> bool {
-        let facts = self.facts;
-        // Back means heard by its own channels, or Ready again since the release: a node
-        // that just powered off still reads Ready for the 40-50 s the node lifecycle
-        // controller takes, and a controller restarted in that time has not heard it yet.
-        let confirmed_at = self.status.confirmed_at.as_ref().map(|time| time.0);
-        let ready_again = self.state.is_healthy()
-            && facts
-                .health
-                .since
-                .zip(confirmed_at)
-                .is_some_and(|(since, confirmed)| since > confirmed);
-        if self.heard_healthy() || ready_again {
-            self.set_phase(FenceStep::Recovery, FencePhase::Done);
-            self.event(
-                false,
-                "RecoveryStarted",
-                format!(
-                    "{} again after its drain; nothing was done to it, so nothing runs to recover it",
-                    self.healthy_now()
-                ),
-            );
+        if self.back_to_recovery("its drain") {
             return true;
         }
         if self.is_held() {
             self.pause_held();
+        }
+        false
+    }
+
+    /// A node released without a step (drained, or isolated by its agent) is back: heard
+    /// healthy by its own channels, or Ready again since the release. A node that just
+    /// powered off still reads Ready for the 40-50 s the node lifecycle controller takes,
+    /// and a controller restarted in that time has not heard it yet.
+    fn back_since_release(&self) -> bool {
+        let confirmed_at = self.status.confirmed_at.as_ref().map(|time| time.0);
+        let ready_again = self.state.is_healthy()
+            && self
+                .facts
+                .health
+                .since
+                .zip(confirmed_at)
+                .is_some_and(|(since, confirmed)| since > confirmed);
+        self.heard_healthy() || ready_again
+    }
+
+    /// A fence released without a step of its own, whose node is back (see
+    /// [`Self::back_since_release`]): straight to recovery's end, with no recovery method,
+    /// since no fence device did anything to the node. `true` when it went there.
+    fn back_to_recovery(&mut self, after: &str) -> bool {
+        if !self.back_since_release() {
+            return false;
+        }
+        self.set_phase(FenceStep::Recovery, FencePhase::Done);
+        self.event(
+            false,
+            "RecoveryStarted",
+            format!(
+                "{} again after {after}; no fence device acted on it, so no recovery method runs",
+                self.healthy_now()
+            ),
+        );
+        true
+    }
+
+    /// What the node's agent last said about its isolation (over TLS only).
+    fn isolation_heard(&self) -> Option<IsolationHeard> {
+        match self.facts.liveness {
+            Liveness::Heard(channels) => channels.isolation,
+            _ => None,
+        }
+    }
+
+    /// A partitioned node (see [`NodeState::Partitioned`]): its agent is asked to isolate
+    /// it. The storm guard and the zone rate hold the request back like a power action.
+    fn request_isolation(&mut self, since: Timestamp) -> bool {
+        if self.held_by_guard() {
+            return false;
+        }
+        self.status.started_at = Some(Time(self.now));
+        self.status.zone = Some(self.facts.zone.clone());
+        self.status.lost = Some(LostRecord {
+            evidence: Evidence::Partitioned,
+            since: Time(since),
+        });
+        self.status.self_isolation = Some(SelfIsolation {
+            requested_at: Time(self.now),
+            outcome: None,
+            decided_at: None,
+        });
+        self.status.phase_since = Some(Time(self.now));
+        self.event(
+            true,
+            "IsolationRequested",
+            format!(
+                "the node is not Ready and its Lease has been silent since {since}, but its agent still reports: it is cut off from the API server, not dead. Its agent is asked to stop the kubelet and kill every pod process; without its report of that within {}s the fence falls back to its configured steps",
+                self.policy.isolation_timeout.as_secs()
+            ),
+        );
+        true
+    }
+
+    /// A fence that asked the node's agent to isolate the node: wait for the agent's
+    /// report (at most `isolationTimeout`), then rest on it, or give it up.
+    fn settle_isolation(&mut self) -> bool {
+        let Some(isolation) = self.status.self_isolation.clone() else {
+            return false;
+        };
+        let heard = self.isolation_heard();
+        if isolation.outcome == Some(IsolationOutcome::Confirmed) {
+            return self.rest_on_isolation(heard);
+        }
+        if self.heard_healthy() {
+            // The partition healed first: the kubelet runs, so the node is not isolated,
+            // or no longer. Whatever the agent began is ended.
+            self.instructions.push(Instruction::EndIsolation);
+            let ended = heard.is_none_or(|h| {
+                matches!(
+                    h.state,
+                    IsolationState::None | IsolationState::Refused | IsolationState::Unknown
+                )
+            });
+            if ended {
+                return self.end_fence(
+                    "FenceCancelled",
+                    format!(
+                        "{} again before its isolation was confirmed",
+                        self.healthy_now()
+                    ),
+                );
+            }
+            self.pause(
+                PauseReason::NodeAlive,
+                "the node is back before its isolation was confirmed; its agent is asked to end it"
+                    .to_string(),
+                None,
+            );
+            return false;
+        }
+        let partitioned = matches!(self.state, NodeState::Partitioned { .. });
+        if let Some(heard) = heard {
+            if partitioned && heard.confirmed {
+                return self.confirm_isolation(heard);
+            }
+            match heard.state {
+                IsolationState::Failed => {
+                    return self.give_up_isolation(
+                        IsolationOutcome::Failed,
+                        "the node's agent reported that it could not isolate the node (its report says why)",
+                    );
+                }
+                IsolationState::Refused => {
+                    return self.give_up_isolation(
+                        IsolationOutcome::Failed,
+                        "the node's agent refused to isolate the node (its report says why)",
+                    );
+                }
+                _ => {}
+            }
+        }
+        if !partitioned {
+            // Its reports stopped too (or the Lease is back): no isolation can be
+            // confirmed now.
+            return self.give_up_isolation(
+                IsolationOutcome::Failed,
+                "the node is no longer cut off from the API server with its agent reporting",
+            );
+        }
+        let deadline = isolation.requested_at.0 + self.policy.isolation_timeout;
+        if self.now >= deadline {
+            return self.give_up_isolation(
+                IsolationOutcome::TimedOut,
+                &format!(
+                    "the node's agent did not report the node isolated within {}s",
+                    self.policy.isolation_timeout.as_secs()
+                ),
+            );
+        }
+        if self.held_by_guard() {
+            // Not asked again during a storm; what the agent already did is still taken.
+            return false;
+        }
+        self.instructions.push(Instruction::Isolate {
+            reason: "the node's Lease is silent and it is not Ready, while its agent still reports: it is cut off from the API server".to_string(),
+        });
+        self.pause(
+            PauseReason::WaitingForIsolation,
+            format!("waiting for the node's agent to report the node isolated, until {deadline}"),
+            Some(deadline),
+        );
+        self.wake(self.now + ISOLATION_REQUEUE);
+        false
+    }
+
+    /// The agent's report shows the node isolated: the fence is confirmed, and the pods
+    /// are released with no power action.
+    fn confirm_isolation(&mut self, heard: IsolationHeard) -> bool {
+        let proof = format!(
+            "the node's agent reported (report {}) that the kubelet is stopped and masked and no pod process is left",
+            heard.sequence
+        );
+        if let Some(isolation) = self.status.self_isolation.as_mut() {
+            isolation.outcome = Some(IsolationOutcome::Confirmed);
+            isolation.decided_at = Some(Time(self.now));
+        }
+        self.status.confirmed_at = Some(Time(self.now));
+        self.status.confirmed_by = Some(proof.clone());
+        self.status.phase = Some(FencePhase::Done);
+        self.status.phase_since = Some(Time(self.now));
+        self.status.last_result =
+            Some("isolated by its agent: released without a power fence".to_string());
+        self.event(
+            false,
+            "NodeIsolated",
+            format!("{proof}: its pods are released without a power fence"),
+        );
+        false
+    }
+
+    /// The isolation is given up: the fence runs its configured steps (`true`: go on).
+    fn give_up_isolation(&mut self, outcome: IsolationOutcome, why: &str) -> bool {
+        if let Some(isolation) = self.status.self_isolation.as_mut() {
+            isolation.outcome = Some(outcome);
+            isolation.decided_at = Some(Time(self.now));
+        }
+        self.event(
+            true,
+            match outcome {
+                IsolationOutcome::TimedOut => "IsolationTimedOut",
+                IsolationOutcome::Broken => "IsolationBroken",
+                _ => "IsolationFailed",
+            },
+            format!("{why}; the fence falls back to its configured steps"),
+        );
+        true
+    }
+
+    /// A node released on its isolation: it ends when the node is back. Once its pods are
+    /// released and its agent reaches the API server again, the agent is told to end the
+    /// isolation (the kubelet starts, and the node comes back). An isolation that no
+    /// longer holds before then falls back to the configured steps.
+    fn rest_on_isolation(&mut self, heard: Option<IsolationHeard>) -> bool {
+        let facts = self.facts;
+        if self.back_to_recovery("its isolation") {
+            return true;
+        }
+        // The agent's reports say when to end it, and no event wakes the fence for them.
+        self.wake(self.now + 2 * ISOLATION_REQUEUE);
+        let Some(heard) = heard else {
+            return false;
+        };
+        let released = !facts.runs_pods_needing_fencing && facts.pods_to_release == 0;
+        if heard.state == IsolationState::Failed && !released {
+            return self.give_up_isolation(
+                IsolationOutcome::Broken,
+                "the node's agent reported that the node's isolation no longer holds",
+            );
+        }
+        if heard.api_reachable && released && heard.state != IsolationState::None {
+            self.instructions.push(Instruction::EndIsolation);
         }
         false
     }
@@ -672,19 +922,35 @@ impl<'a> Machine<'a> {
     /// is left to finish and what is proven stays proven, but nothing new is done to a
     /// node that is alive.
     fn is_held(&self) -> bool {
-        !self.forced && matches!(self.state, NodeState::Held { .. })
+        !self.forced
+            && match self.state {
+                NodeState::Held { .. } => true,
+                // Until its isolation is given up.
+                NodeState::Partitioned { .. } => !self.status.isolation_given_up(),
+                _ => false,
+            }
     }
 
     /// Pauses the fence with the hold's reason, message and end.
     fn pause_held(&mut self) {
-        if let NodeState::Held {
-            reason,
-            message,
-            until,
-        } = &self.state
-        {
-            let (reason, message, until) = (*reason, message.clone(), *until);
-            self.pause(reason, message, Some(until));
+        match &self.state {
+            NodeState::Held {
+                reason,
+                message,
+                until,
+            } => {
+                let (reason, message, until) = (*reason, message.clone(), *until);
+                self.pause(reason, message, Some(until));
+            }
+            NodeState::Partitioned { until, .. } => {
+                let until = *until;
+                self.pause(
+                    PauseReason::NodeAlive,
+                    "the node is cut off from the API server but its agent still reports: no power action runs against it".to_string(),
+                    Some(until),
+                );
+            }
+            _ => {}
         }
     }
 
@@ -1077,10 +1343,16 @@ impl<'a> Machine<'a> {
             let wait = Duration::try_from(at.duration_since(now)).unwrap_or(Duration::ZERO);
             requeue = requeue.min(wait.max(Duration::from_millis(100)));
         }
+        let instructions = if deleting {
+            Vec::new()
+        } else {
+            self.instructions
+        };
         Decision {
             status: self.status,
             actions: self.actions,
             events: self.events,
+            instructions,
             requeue_after: requeue,
         }
     }

@@ -168,6 +168,22 @@ impl Hearing {
             report: stamp(heard.received),
             reports_fresh_within: heard.fresh_within,
             drained: heard.drained.filter(|_| self.content_trusted),
+            isolation: self.content_trusted.then_some(heard.isolation),
+        }
+    }
+
+    /// From now on, answer node `node`'s reports with `instructions` (only over TLS; see
+    /// [`ReportHub::instruct`]).
+    pub fn instruct(&self, node: &str, instructions: Vec<crate::report::protocol::Instruction>) {
+        if let Some(hub) = &self.reports {
+            hub.instruct(node, instructions);
+        }
+    }
+
+    /// Asks nothing of any agent any more (see [`ReportHub::withdraw_instructions`]).
+    pub fn withdraw_instructions(&self) {
+        if let Some(hub) = &self.reports {
+            hub.withdraw_instructions();
         }
     }
 

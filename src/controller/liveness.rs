@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::facts::NodeHealth;
 use super::policy::FencePolicy;
 use super::resource::PauseReason;
-use crate::report::ledger::DrainedStatement;
+use crate::report::ledger::{DrainedStatement, IsolationHeard};
 
 /// What the controller heard from the node itself, besides its Ready condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -57,6 +57,9 @@ pub struct Channels {
     /// The last report said the node drained cleanly and was about to power off (only
     /// taken from reports that arrived over TLS).
     pub drained: Option<DrainedStatement>,
+    /// What the last report said about the node's isolation; `None` when reports come
+    /// over plain HTTP, where their content decides nothing and no instruction is given.
+    pub isolation: Option<IsolationHeard>,
 }
 
 impl Channels {
@@ -151,6 +154,10 @@ pub enum Evidence {
     /// and the kubelet stopped (see [`Channels::drained_at`]). Its pods and volumes are
     /// released without a power fence.
     Drained,
+    /// The node was not Ready and its Lease silent for `silenceTimeout` while its agent
+    /// still reported: cut off from the API server, not dead. Its agent is asked to
+    /// isolate it.
+    Partitioned,
 }
 
 /// The node as a fence sees it.
@@ -164,6 +171,12 @@ pub enum NodeState {
         since: Timestamp,
         fence_at: Timestamp,
     },
+    /// Not Ready, its Lease silent for `silenceTimeout`, its agent still reporting: cut
+    /// off from the API server since `since`. Never powered off blind: its agent is asked
+    /// to isolate the node, and only if that fails or takes too long does the fence run
+    /// its configured steps. Judged again at `until` (when the reports would count as
+    /// silent too).
+    Partitioned { since: Timestamp, until: Timestamp },
     /// Unhealthy, but not lost: no fence starts, and no new power action, while this
     /// holds. It is judged again at `until` if nothing changes before.
     Held {
@@ -241,19 +254,34 @@ pub fn judge(
             if health.is_ready() {
                 return NodeState::Healthy;
             }
-            let lease_alive = now < channels.lease_silent_at(silence);
-            let message = if lease_alive {
-                "the node is not Ready, but its kubelet still renews its Lease: it is alive and not fenced".to_string()
-            } else {
-                format!(
-                    "the node is not Ready and its Lease is silent, but its agent still reports (last at {}): the node is cut off from the API server, not dead, and is never powered off blind",
-                    channels.report
-                )
-            };
-            NodeState::Held {
-                reason: PauseReason::NodeAlive,
-                message,
-                until: drained_at.map_or(silent_at, |at| at.min(silent_at)),
+            let until = drained_at.map_or(silent_at, |at| at.min(silent_at));
+            if now < channels.lease_silent_at(silence) {
+                return NodeState::Held {
+                    reason: PauseReason::NodeAlive,
+                    message: "the node is not Ready, but its kubelet still renews its Lease: it is alive and not fenced".to_string(),
+                    until,
+                };
+            }
+            // Cut off from the API server. Its agent can be asked to isolate it only over
+            // TLS, and only when isolation is on.
+            if channels.isolation.is_none() || policy.isolation_timeout.is_zero() {
+                let why = if channels.isolation.is_none() {
+                    "its agent's reports come over plain HTTP, so it cannot be asked to isolate itself"
+                } else {
+                    "isolation is turned off (isolationTimeout 0s)"
+                };
+                return NodeState::Held {
+                    reason: PauseReason::NodeAlive,
+                    message: format!(
+                        "the node is not Ready and its Lease is silent, but its agent still reports (last at {}): the node is cut off from the API server, not dead, and is never powered off blind; {why}",
+                        channels.report
+                    ),
+                    until,
+                };
+            }
+            NodeState::Partitioned {
+                since: channels.lease,
+                until,
             }
         }
     }
@@ -398,7 +426,58 @@ mod tests {
             } => {
                 assert_eq!(reason, PauseReason::NodeAlive);
                 assert!(message.contains("cut off from the API server"), "{message}");
+                assert!(message.contains("plain HTTP"), "{message}");
                 assert_eq!(until, at(1_020));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_node_cut_off_from_the_api_server_whose_agent_reports_over_tls_is_partitioned() {
+        let mut channels = rhythm(-40, 10, 1_000, 2);
+        channels.isolation = Some(IsolationHeard {
+            state: crate::report::protocol::IsolationState::None,
+            confirmed: false,
+            api_reachable: false,
+            sequence: 7,
+        });
+        let cut_off = health(Readiness::Unknown, 0);
+        assert_eq!(
+            judge(&cut_off, &Liveness::Heard(channels), &policy(), at(1_001)),
+            NodeState::Partitioned {
+                since: at(-40),
+                until: at(1_020),
+            }
+        );
+        // Not while it reads Ready (the node lifecycle controller agrees first), nor
+        // before its Lease has been silent for silenceTimeout.
+        assert_eq!(
+            judge(
+                &health(Readiness::Ready, 0),
+                &Liveness::Heard(channels),
+                &policy(),
+                at(1_001)
+            ),
+            NodeState::Healthy
+        );
+        let mut renewing = channels;
+        renewing.lease = at(990);
+        assert!(matches!(
+            judge(&cut_off, &Liveness::Heard(renewing), &policy(), at(1_001)),
+            NodeState::Held {
+                reason: PauseReason::NodeAlive,
+                ..
+            }
+        ));
+        // With isolation turned off it is held, as over plain HTTP.
+        let off = FencePolicy {
+            isolation_timeout: Duration::ZERO,
+            ..policy()
+        };
+        match judge(&cut_off, &Liveness::Heard(channels), &off, at(1_001)) {
+            NodeState::Held { message, .. } => {
+                assert!(message.contains("isolation is turned off"), "{message}")
             }
             other => panic!("{other:?}"),
         }
@@ -572,6 +651,7 @@ mod tests {
             report: at(report),
             reports_fresh_within: Duration::from_secs(3 * interval),
             drained: None,
+            isolation: None,
         }
     }
 
@@ -668,6 +748,7 @@ mod tests {
                 report: at(-report_ago),
                 reports_fresh_within: Duration::from_secs(fresh),
             drained: None,
+            isolation: None,
             };
             let state = judge(&health(readiness, since), &Liveness::Heard(channels), &policy, now);
             let lease_alive = (lease_ago as u64) < timeout.max(lease_fresh);

@@ -57,6 +57,8 @@ fn due_of(state: &NodeState) -> Option<Timestamp> {
     match state {
         NodeState::Healthy => None,
         NodeState::Lost { fence_at, .. } => Some(*fence_at),
+        // Due at once: its agent is asked to isolate it.
+        NodeState::Partitioned { since, .. } => Some(*since),
         NodeState::Held { until, .. } => Some(*until),
     }
 }
@@ -457,6 +459,7 @@ mod tests {
             report: at("2026-11-24T01:00:01Z"),
             reports_fresh_within: Duration::from_secs(6),
             drained: None,
+            isolation: None,
         };
         let policy = waiting(300);
         for (now, due) in [

@@ -90,6 +90,11 @@ pub struct FencePolicy {
     /// cleanly to release its pods and volumes without a power fence, once the node falls
     /// silent. Zero turns the drained fast path off.
     pub drained_report_max_age: Duration,
+    /// How long the agent of a node cut off from the API server (its Lease silent, the
+    /// node not Ready, its reports still coming over TLS) has to isolate the node and
+    /// report it isolated before the fence falls back to its configured steps. Zero turns
+    /// isolation off: such a node is held as alive.
+    pub isolation_timeout: Duration,
     /// After a confirmed isolation, how long the node may come back by itself before the
     /// power step starts.
     pub power_management_delay: Duration,
@@ -111,6 +116,7 @@ impl Default for FencePolicy {
             unhealthy_duration: Duration::from_secs(60),
             silence_timeout: Duration::from_secs(20),
             drained_report_max_age: Duration::from_secs(120),
+            isolation_timeout: Duration::from_secs(60),
             power_management_delay: Duration::from_secs(60),
             retry_limit: 3,
             retry_backoff: Duration::from_secs(30),
@@ -346,6 +352,7 @@ impl ControllerPolicy {
             "unhealthyDuration": go(self.fence.unhealthy_duration),
             "silenceTimeout": go(self.fence.silence_timeout),
             "drainedReportMaxAge": go(self.fence.drained_report_max_age),
+            "isolationTimeout": go(self.fence.isolation_timeout),
             "powerManagementDelay": go(self.fence.power_management_delay),
             "retry": {
                 "limit": self.fence.retry_limit,
@@ -441,6 +448,7 @@ struct Document {
     unhealthy_duration: Option<String>,
     silence_timeout: Option<String>,
     drained_report_max_age: Option<String>,
+    isolation_timeout: Option<String>,
     power_management_delay: Option<String>,
     retry: Option<RetryDocument>,
     release: Option<ReleaseDocument>,
@@ -706,6 +714,14 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
             ),
         ));
     }
+    duration(
+        &mut errors,
+        origin,
+        "isolationTimeout",
+        document.isolation_timeout,
+        &mut policy.fence.isolation_timeout,
+        true,
+    );
     duration(
         &mut errors,
         origin,
@@ -1133,6 +1149,14 @@ mod tests {
     fn the_drained_report_bound_outlives_the_silence_and_can_be_turned_off() {
         let defaults = ControllerPolicy::default().fence;
         assert_eq!(defaults.drained_report_max_age, Duration::from_secs(120));
+        assert_eq!(defaults.isolation_timeout, Duration::from_secs(60));
+        let isolation = parse("isolationTimeout: 20s\n", "isolation.yaml").expect("valid");
+        assert_eq!(isolation.fence.isolation_timeout, Duration::from_secs(20));
+        assert_eq!(isolation.effective_document()["isolationTimeout"], "20s");
+        let off = parse("isolationTimeout: 0s\n", "off.yaml").expect("valid");
+        assert!(off.fence.isolation_timeout.is_zero());
+        let bad = parse("isolationTimeout: soon\n", "bad.yaml").expect_err("refused");
+        assert!(bad.to_string().contains("isolationTimeout"), "{bad}");
         let policy = parse("drainedReportMaxAge: 45s\n", "drained.yaml").expect("valid");
         assert_eq!(policy.fence.drained_report_max_age, Duration::from_secs(45));
         assert_eq!(policy.effective_document()["drainedReportMaxAge"], "45s");

@@ -354,6 +354,9 @@ pub async fn reconcile(
         .await
         .map_err(kube_error(&name, "reading it"))?
     else {
+        // Gone: nothing is asked of its node's agent any more (a fence is named after
+        // its node).
+        ctx.hearing.instruct(&name, Vec::new());
         return Ok(Requeue::await_change());
     };
     let node_name = fence.spec.node_name.clone();
@@ -457,6 +460,11 @@ pub async fn reconcile(
     publish_events(&ctx, &written, &node_name, &decision.events).await;
     if !ctx.leadership.is_leading() {
         return Err(ReconcileError::NotLeading { fence: name });
+    }
+    // What the node's agent is asked, now that the status records why.
+    if name == node_name {
+        ctx.hearing
+            .instruct(&node_name, decision.instructions.clone());
     }
     carry_out(&ctx, &written, &id, &node_name, &decision, plan, now).await?;
     ctx.update_fence_gauges();
@@ -668,11 +676,16 @@ fn record_metrics(
     if before.confirmed_at.is_none()
         && let Some(confirmed) = &after.confirmed_at
     {
+        // A fence confirmed without a step of its own is labelled by what confirmed it:
+        // the node's own word that it drained, or its agent's isolation.
+        let step = match (after.step, after.self_isolation.is_some()) {
+            (Some(step), _) => format!("{step:?}"),
+            (None, true) => "SelfIsolation".to_string(),
+            (None, false) => "Drained".to_string(),
+        };
         metrics
             .fences_confirmed
-            .get_or_create(&StepLabels {
-                step: after.step.map(|s| format!("{s:?}")).unwrap_or_default(),
-            })
+            .get_or_create(&StepLabels { step })
             .inc();
         if let Some(started) = &after.started_at {
             metrics

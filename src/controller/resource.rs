@@ -260,6 +260,9 @@ pub enum PauseReason {
     /// The controller started leading too recently to know whether the not-Ready node's
     /// agent still reports (`reports.reconnectGrace`).
     WaitingForAgentReports,
+    /// The node is cut off from the API server and its agent was asked to isolate it:
+    /// waiting for its report of the isolation, at most `isolationTimeout`.
+    WaitingForIsolation,
     /// Waiting `powerManagementDelay` after isolation for the node to come back by itself.
     WaitingForPowerManagementDelay,
     /// Waiting for the retry backoff.
@@ -290,8 +293,9 @@ pub struct Pause {
 #[serde(rename_all = "camelCase")]
 pub struct LostRecord {
     /// `NotReady` (the Ready condition for `unhealthyDuration`), `Silence` (the node's
-    /// Lease and its agent's reports both silent for `silenceTimeout`) or `Drained` (the
-    /// same silence after the agent reported a clean drain).
+    /// Lease and its agent's reports both silent for `silenceTimeout`), `Drained` (the
+    /// same silence after the agent reported a clean drain) or `Partitioned` (not Ready,
+    /// its Lease silent, its agent still reporting).
     pub evidence: crate::controller::liveness::Evidence,
     /// When the Ready condition turned, or when the node was last heard.
     pub since: Time,
@@ -337,6 +341,9 @@ pub struct NodeFenceStatus {
     /// Recovery finished and the taints were asked to go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovered_at: Option<Time>,
+    /// The node's isolation by its own agent, for a node cut off from the API server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_isolation: Option<SelfIsolation>,
     /// Why the fence is waiting, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause: Option<Pause>,
@@ -350,7 +357,59 @@ pub struct NodeFenceStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// A partitioned node's isolation by its agent: asked for, then confirmed by the agent's
+/// report, or given up (the fence falls back to its configured steps).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SelfIsolation {
+    /// When the agent was first asked.
+    pub requested_at: Time,
+    /// How it ended; unset while the fence waits for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<IsolationOutcome>,
+    /// When the outcome was decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<Time>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+pub enum IsolationOutcome {
+    /// The agent reported the kubelet stopped and masked and no pod process left.
+    Confirmed,
+    /// The agent reported it could not isolate the node, refused to, or fell silent.
+    Failed,
+    /// No confirmation within `isolationTimeout`.
+    TimedOut,
+    /// Confirmed, then the agent reported that it no longer holds.
+    Broken,
+}
+
+impl SelfIsolation {
+    /// Asked for and not given up: the fence waits for it or rests on it.
+    pub fn is_in_force(&self) -> bool {
+        matches!(self.outcome, None | Some(IsolationOutcome::Confirmed))
+    }
+}
+
 impl NodeFenceStatus {
+    /// The fence rests on the node's isolation by its agent (asked for, or confirmed),
+    /// without a step of its own.
+    pub fn is_self_isolating(&self) -> bool {
+        self.step.is_none()
+            && self
+                .self_isolation
+                .as_ref()
+                .is_some_and(SelfIsolation::is_in_force)
+    }
+
+    /// The node's isolation was given up: the fence runs its configured steps although
+    /// the node's agent still reports.
+    pub fn isolation_given_up(&self) -> bool {
+        self.self_isolation
+            .as_ref()
+            .is_some_and(|isolation| !isolation.is_in_force())
+    }
+
     /// The fence released a node that drained cleanly, without a step of its own.
     pub fn is_drained(&self) -> bool {
         self.confirmed_at.is_some()

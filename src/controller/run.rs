@@ -155,6 +155,9 @@ pub async fn run(
     if let Some(lease_watch) = lease_watch_handle {
         lease_watch.abort();
     }
+    // A replica that no longer leads asks no agent anything (reports should not reach it,
+    // but a Service that still sends them must not hand out its old instructions).
+    hearing.withdraw_instructions();
     metrics.leader.set(0);
     // Whatever runs now was recorded before it started; the next leader asks the device
     // with `status` what it did instead of running it again.

@@ -626,6 +626,14 @@ mod tests {
         }
     }
 
+    /// The report's message mentions `text`.
+    fn says(reported: &crate::report::protocol::IsolationReport, text: &str) -> bool {
+        reported
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains(text))
+    }
+
     #[tokio::test]
     async fn the_kubelet_is_masked_before_it_is_stopped_then_every_pod_process_is_killed() {
         let node = node(FakeSystemd::running(), 4);
@@ -684,13 +692,7 @@ mod tests {
         let mut isolator = node.isolator();
         let reported = node.reported();
         assert_eq!(reported.state, IsolationState::Failed);
-        assert!(
-            reported
-                .message
-                .as_deref()
-                .is_some_and(|m| m.contains("isolation.json")),
-            "{reported:?}"
-        );
+        assert!(says(&reported, "isolation.json"), "{reported:?}");
         isolator.follow(&[Instruction::EndIsolation]).await;
         assert_eq!(
             node.systemd.calls(),
@@ -712,10 +714,7 @@ mod tests {
         let reported = node.reported();
         assert_eq!(reported.state, IsolationState::Failed);
         assert!(
-            reported
-                .message
-                .as_deref()
-                .is_some_and(|m| m.contains("report.isolation.kubeletUnit")),
+            says(&reported, "report.isolation.kubeletUnit"),
             "{reported:?}"
         );
         assert!(node.systemd.calls().is_empty(), "nothing masked or stopped");
@@ -739,13 +738,7 @@ mod tests {
         let reported = node.reported();
         assert_eq!(reported.state, IsolationState::Failed);
         assert!(!reported.kubelet_stopped);
-        assert!(
-            reported
-                .message
-                .as_deref()
-                .is_some_and(|m| m.contains("did not stop")),
-            "{reported:?}"
-        );
+        assert!(says(&reported, "did not stop"), "{reported:?}");
     }
 
     #[tokio::test]

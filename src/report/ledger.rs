@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
-use super::protocol::{AgentReport, ApiServerState, RefusalReason, ShutdownPhase};
+use super::protocol::{AgentReport, ApiServerState, IsolationState, RefusalReason, ShutdownPhase};
 
 /// How a report's sender proved which node it runs on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -60,6 +60,21 @@ pub struct AgentHeard {
     pub fresh_within: Duration,
     /// The latest report says the node drained cleanly and is about to power off.
     pub drained: Option<DrainedStatement>,
+    /// What the latest report says about the node's isolation.
+    pub isolation: IsolationHeard,
+}
+
+/// The node's isolation as its latest report tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct IsolationHeard {
+    pub state: IsolationState,
+    /// The report's evidence shows the node isolated: the kubelet stopped and masked,
+    /// no pod process left.
+    pub confirmed: bool,
+    /// The agent reaches the API server, by its own traffic.
+    pub api_reachable: bool,
+    /// The report that says so.
+    pub sequence: u64,
 }
 
 /// Which report said the node drained, for the NodeFence's record.
@@ -82,6 +97,12 @@ impl AgentHeard {
                 sequence: latest.sequence,
                 finished_at: latest.shutdown.finished_at,
             }),
+            isolation: IsolationHeard {
+                state: latest.isolation.state,
+                confirmed: latest.isolation.is_confirmed(),
+                api_reachable: latest.api_server.state == ApiServerState::Reachable,
+                sequence: latest.sequence,
+            },
         }
     }
 }

@@ -224,6 +224,15 @@ impl ReportHub {
         }
     }
 
+    /// Asks nothing of any agent any more (this replica stopped leading: the next leader
+    /// decides what to ask).
+    pub fn withdraw_instructions(&self) {
+        self.instructions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
     /// What node `node`'s agent is asked in the answer to its report.
     fn instructions_for(&self, node: &str) -> Vec<serde_json::Value> {
         if !self.is_tls() {

@@ -19,6 +19,7 @@ pub const NODE_LEASES: &str = "kube-node-lease";
 /// `leaseDurationSeconds` of `duration`) until it is stopped.
 pub struct Kubelets {
     renewing: Arc<Mutex<BTreeSet<String>>>,
+    leases: Api<Lease>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -68,6 +69,7 @@ impl Kubelets {
             nodes.iter().map(|node| node.to_string()).collect(),
         ));
         let names = renewing.clone();
+        let kept = leases.clone();
         let task = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(renew).await;
@@ -80,12 +82,30 @@ impl Kubelets {
                 }
             }
         });
-        Kubelets { renewing, task }
+        Kubelets {
+            renewing,
+            leases: kept,
+            task,
+        }
     }
 
     /// The node's kubelet stops renewing (it died, or lost the API server).
     pub fn stop(&self, node: &str) {
         self.renewing.lock().expect("names").remove(node);
+    }
+
+    /// The node's kubelet renews again, at once and then in its rhythm (it started, or
+    /// reaches the API server again).
+    pub async fn resume(&self, node: &str) {
+        self.renewing
+            .lock()
+            .expect("names")
+            .insert(node.to_string());
+        let patch = json!({"spec": {"renewTime": micro_time(Timestamp::now())}});
+        self.leases
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("renew the node Lease");
     }
 }
 
