@@ -638,7 +638,7 @@ fn the_report_section_is_read_with_defaults_and_checked() {
     assert_eq!(isolation.kubelet_unit, "kubelet.service");
     assert_eq!(
         isolation.stop_timeout.to_std(),
-        std::time::Duration::from_secs(30)
+        std::time::Duration::from_secs(20)
     );
     assert_eq!(
         isolation.state_file,

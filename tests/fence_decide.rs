@@ -136,6 +136,8 @@ struct World {
     isolation_state: IsolationState,
     /// A report's sequence, growing.
     sequence: u64,
+    /// The request the agent's isolation state answers.
+    isolation_request: u64,
     /// Reports come over TLS, so what they say counts and instructions are given.
     over_tls: bool,
 }
@@ -199,6 +201,7 @@ impl World {
             isolated: false,
             isolation_state: IsolationState::None,
             sequence: 0,
+            isolation_request: 0,
             over_tls: true,
         }
     }
@@ -266,6 +269,7 @@ impl World {
                 confirmed: self.isolated && self.isolation_state == IsolationState::Isolated,
                 api_reachable: lease_speaks,
                 sequence: self.sequence,
+                request: self.isolation_request,
             }),
         });
     }
@@ -277,12 +281,16 @@ impl World {
         }
         for instruction in instructions {
             match instruction {
-                Instruction::Isolate { .. } => match self.isolation_fate {
+                Instruction::Isolate { request, .. } => match self.isolation_fate {
                     IsolationFate::Works => {
                         self.isolated = true;
                         self.isolation_state = IsolationState::Isolated;
+                        self.isolation_request = *request;
                     }
-                    IsolationFate::Fails => self.isolation_state = IsolationState::Failed,
+                    IsolationFate::Fails => {
+                        self.isolation_state = IsolationState::Failed;
+                        self.isolation_request = *request;
+                    }
                     IsolationFate::Silent => {}
                 },
                 Instruction::EndIsolation => {
@@ -699,6 +707,14 @@ impl World {
             }
             self.advance(seconds);
         }
+    }
+
+    /// How the fence's isolation by the node's agent ended, if it did.
+    fn isolation_outcome(&self) -> Option<IsolationOutcome> {
+        self.status()
+            .self_isolation
+            .as_ref()
+            .and_then(|isolation| isolation.outcome)
     }
 
     fn forced(&self) -> bool {
@@ -1257,6 +1273,178 @@ fn a_partitioned_node_is_isolated_by_its_agent_and_released_with_no_power_action
     assert!(world.fence.is_none(), "the fence ended");
     assert!(!world.facts.taints.out_of_service);
     assert!(world.started().is_empty());
+}
+
+/// A node cut off from the API server, its agent asked to isolate it (and silent about
+/// it so far).
+fn asked_to_isolate() -> World {
+    let mut world = World::new(full_plan(), false);
+    world.isolation_fate = IsolationFate::Silent;
+    world.set_channels(Some((true, true)));
+    world.set_channels(Some((false, true)));
+    world.advance(20);
+    world.reconcile();
+    assert!(
+        world
+            .log
+            .last()
+            .expect("a decision")
+            .instructions
+            .iter()
+            .any(|i| matches!(i, Instruction::Isolate { .. }))
+    );
+    world
+}
+
+/// [`asked_to_isolate`], then the agent isolates the node and its report confirms the
+/// fence.
+fn isolated_by_its_agent() -> World {
+    let mut world = asked_to_isolate();
+    world.isolation_fate = IsolationFate::Works;
+    world.advance(1);
+    world.reconcile();
+    world.advance(1);
+    world.reconcile();
+    assert_eq!(world.isolation_outcome(), Some(IsolationOutcome::Confirmed));
+    world
+}
+
+#[test]
+fn a_restarted_controller_that_cannot_hear_the_node_yet_gives_nothing_up() {
+    let mut world = asked_to_isolate();
+    // The new leader has not heard the agent yet.
+    world.advance(2);
+    world.facts.liveness = Liveness::AgentUnknown {
+        until: world.now + Duration::from_secs(38),
+    };
+    world.reconcile();
+    assert_eq!(world.isolation_outcome(), None);
+    assert_eq!(
+        world.status().pause.as_ref().map(|p| p.reason),
+        Some(PauseReason::WaitingForAgentReports)
+    );
+    assert!(
+        world
+            .log
+            .last()
+            .expect("a decision")
+            .instructions
+            .is_empty()
+    );
+    // Heard again: asked again, and the agent's isolation confirms the fence.
+    world.isolation_fate = IsolationFate::Works;
+    world.advance(10);
+    world.reconcile();
+    world.advance(1);
+    world.reconcile();
+    assert_eq!(world.isolation_outcome(), Some(IsolationOutcome::Confirmed));
+    assert!(world.started().is_empty(), "{:?}", world.started());
+}
+
+#[test]
+fn a_state_left_from_an_earlier_request_is_no_answer() {
+    let mut world = asked_to_isolate();
+    // The agent still shows the failure of an earlier request.
+    world.isolation_state = IsolationState::Failed;
+    world.isolation_request = 1;
+    world.advance(1);
+    world.reconcile();
+    assert_eq!(
+        world.isolation_outcome(),
+        None,
+        "not given up on another request's failure"
+    );
+    // Its answer to this request counts.
+    world.isolation_fate = IsolationFate::Works;
+    world.reconcile();
+    world.advance(1);
+    world.reconcile();
+    assert_eq!(world.isolation_outcome(), Some(IsolationOutcome::Confirmed));
+}
+
+#[test]
+fn during_a_storm_an_isolation_is_neither_asked_taken_nor_given_up() {
+    let mut world = asked_to_isolate();
+    world.guard.storm = Some(GuardBlock {
+        reason: PauseReason::StormGuard,
+        message: "storm".to_string(),
+        until: None,
+    });
+    // The agent isolated the node before the storm was declared.
+    world.isolated = true;
+    world.isolation_state = IsolationState::Isolated;
+    world.isolation_request = world
+        .status()
+        .self_isolation
+        .as_ref()
+        .map(|i| i.requested_at.0.as_millisecond() as u64)
+        .expect("asked");
+    world.hear();
+    world.advance(120);
+    world.reconcile();
+    let status = world.status().clone();
+    assert_eq!(status.self_isolation.as_ref().and_then(|i| i.outcome), None);
+    assert!(status.confirmed_at.is_none());
+    assert!(!world.facts.taints.out_of_service);
+    assert!(
+        world
+            .log
+            .last()
+            .expect("a decision")
+            .instructions
+            .is_empty()
+    );
+    // The storm passes: the isolation is taken.
+    world.guard = Guard::open();
+    world.reconcile();
+    assert_eq!(world.isolation_outcome(), Some(IsolationOutcome::Confirmed));
+}
+
+#[test]
+fn an_isolation_that_stops_holding_releases_nothing_more_and_the_configured_steps_run() {
+    let mut world = isolated_by_its_agent();
+    assert!(world.status().confirmed_at.is_some());
+    // The pods are still bound, and the agent reports the isolation broken.
+    world.isolation_state = IsolationState::Failed;
+    world.isolated = false;
+    world.hear();
+    world.advance(1);
+    world.reconcile();
+    let status = world.status().clone();
+    assert_eq!(
+        status.self_isolation.as_ref().and_then(|i| i.outcome),
+        Some(IsolationOutcome::Broken)
+    );
+    assert!(status.confirmed_at.is_none(), "nothing more rests on it");
+    assert!(world.events().contains(&"IsolationBroken"));
+    world.run(5, 5);
+    assert!(
+        world
+            .started()
+            .first()
+            .is_some_and(|name| name.starts_with("isolation-")),
+        "{:?}",
+        world.started()
+    );
+}
+
+#[test]
+fn the_isolation_is_ended_once_no_pod_that_needs_fencing_is_left_whatever_else_runs() {
+    let mut world = isolated_by_its_agent();
+    // A DaemonSet pod stays bound; the StatefulSet pod is gone; the partition heals.
+    world.facts.runs_pods_needing_fencing = false;
+    world.facts.pods_to_release = 1;
+    world.channels = Some((true, true));
+    world.hear();
+    world.reconcile();
+    assert!(
+        world
+            .log
+            .last()
+            .expect("a decision")
+            .instructions
+            .contains(&Instruction::EndIsolation)
+    );
 }
 
 #[test]

@@ -4,8 +4,9 @@
 //! endpoint answers with the `isolate` instruction; the agent masks and stops the
 //! kubelet's unit through systemd and kills every process of the pods cgroup
 //! (`kubepods.slice`, pods as the systemd cgroup driver lays them out), then reports the
-//! evidence. A restarted agent keeps the isolation; `endIsolation` lets the kubelet run
-//! again.
+//! evidence. The agent itself runs in a pod slice, as a DaemonSet's agent does, and
+//! spares its own pod. A restarted agent keeps the isolation; `endIsolation` lets the
+//! kubelet run again.
 
 mod support;
 
@@ -102,11 +103,16 @@ fn shell(booted: &Booted, command: &str) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_string()
 }
 
-/// Every process of the pods cgroup, as the kernel lists them.
+/// The agent runs in a pod of its own, as a DaemonSet's agent does.
+const AGENT_POD: &str = "kubepods-burstable-podagent.slice";
+
+/// Every process of the pods cgroup but the agent's own pod, as the kernel lists them.
 fn pod_processes(booted: &Booted) -> usize {
     shell(
         booted,
-        "find /sys/fs/cgroup/kubepods.slice -name cgroup.procs -exec cat {} + | grep -c .",
+        &format!(
+            "find /sys/fs/cgroup/kubepods.slice -name {AGENT_POD} -prune -o -name cgroup.procs -print | xargs cat | grep -c ."
+        ),
     )
     .parse()
     .unwrap_or(0)
@@ -154,7 +160,9 @@ async fn a_node_isolates_itself_on_the_controllers_instruction_and_rejoins_when_
         ("pod-batch.service", pod_unit("kubepods-pod5e6f.slice")),
         (
             "nodekeeper-agent.service",
-            agent_unit("pod-web.service pod-db.service pod-batch.service"),
+            // In a pod slice of its own, as a DaemonSet's agent is: it must spare itself.
+            agent_unit("pod-web.service pod-db.service pod-batch.service")
+                .replace("[Service]\n", &format!("[Service]\nSlice={AGENT_POD}\n")),
         ),
     ];
     let booted = tokio::task::spawn_blocking(move || {
@@ -187,6 +195,7 @@ async fn a_node_isolates_itself_on_the_controllers_instruction_and_rejoins_when_
         NODE,
         vec![Instruction::Isolate {
             reason: "the node's Lease is silent but its agent reports".to_string(),
+            request: 42,
         }],
     );
     let isolated = wait_until(
@@ -196,6 +205,10 @@ async fn a_node_isolates_itself_on_the_controllers_instruction_and_rejoins_when_
         || isolation(&hub).filter(IsolationReport::is_confirmed),
     )
     .await;
+    assert_eq!(
+        isolated.request, 42,
+        "the report names the request it answers"
+    );
     let took = asked.elapsed();
     println!(
         "isolated {:.2}s after the instruction was posted (reports every 1 s): {isolated:?}",

@@ -885,6 +885,7 @@ async fn instructions_are_never_handed_out_over_plain_http() {
         "worker-1",
         vec![Instruction::Isolate {
             reason: "a test".to_string(),
+            request: 1,
         }],
     );
     let (status, answer) = post_report(&address, Some(token), &report("worker-1", 1)).await;

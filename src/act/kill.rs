@@ -384,6 +384,39 @@ fn collect_procs(dir: &Path, pids: &mut BTreeSet<Pid>) -> Result<(), ActError> {
     Ok(())
 }
 
+/// The processes listed directly in `dir`'s `cgroup.procs` (not its descendants'), as
+/// the file lists them; a missing file lists none.
+fn direct_members(dir: &Path) -> Result<Vec<String>, ActError> {
+    let procs = dir.join("cgroup.procs");
+    match std::fs::read_to_string(&procs) {
+        Ok(text) => Ok(text
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty())
+            .map(str::to_string)
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(ActError::io(&procs, "read", e)),
+    }
+}
+
+/// SIGKILL the processes directly in `dir`, not those of its descendants (for a cgroup
+/// one of whose children must be spared); how many were signalled.
+pub fn kill_direct_members(dir: &Path) -> Result<usize, ActError> {
+    let pids: BTreeSet<Pid> = direct_members(dir)?
+        .iter()
+        .filter_map(|line| signalable(line))
+        .collect();
+    signal_each(&pids, Signal::SIGKILL);
+    Ok(pids.len())
+}
+
+/// How many processes `dir` holds directly, every entry counted (see
+/// [`count_processes`]).
+pub fn count_direct_members(dir: &Path) -> Result<usize, ActError> {
+    Ok(direct_members(dir)?.len())
+}
+
 /// How many processes the target and its descendants hold, every `cgroup.procs` entry
 /// counted: also those the killer never signals by pid (0 for a task outside the agent's
 /// PID namespace), since "none left" must mean none. A missing cgroup holds none.

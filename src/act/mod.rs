@@ -12,7 +12,7 @@ mod scope;
 pub use error::ActError;
 pub use evictor::{CgroupEvictor, DryRunEvictor, Escalation};
 pub use kill::{
-    CgroupKiller, KillMethod, KillReport, KillTarget, StopTiming, Stopped, count_processes,
-    kill_target, stop_gracefully,
+    CgroupKiller, KillMethod, KillReport, KillTarget, StopTiming, Stopped, count_direct_members,
+    count_processes, kill_direct_members, kill_target, stop_gracefully,
 };
 pub use scope::{is_path_component, workload_cgroup, workload_parent};

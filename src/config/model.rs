@@ -240,7 +240,7 @@ impl Default for IsolationConfig {
         IsolationConfig {
             enabled: true,
             kubelet_unit: "kubelet.service".to_string(),
-            stop_timeout: GoDuration::from_secs(30),
+            stop_timeout: GoDuration::from_secs(20),
             state_file: PathBuf::from(DEFAULT_ISOLATION_STATE_FILE),
         }
     }

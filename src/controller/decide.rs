@@ -53,6 +53,12 @@ pub const RUNNING_REQUEUE: Duration = Duration::from_secs(5);
 /// arrives every 2 s by default; no event wakes the fence for it).
 pub const ISOLATION_REQUEUE: Duration = Duration::from_secs(1);
 
+/// The identifier of a fence's isolation request, as the instruction carries it and the
+/// agent's report names it: when it was requested, in milliseconds.
+fn request_id(isolation: &SelfIsolation) -> u64 {
+    u64::try_from(isolation.requested_at.0.as_millisecond()).unwrap_or(0)
+}
+
 /// What the executor says about an execution recorded in the status.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExecutionReport {
@@ -176,6 +182,7 @@ pub fn decide(
         }
     }
     machine.release_and_taints();
+    machine.end_isolation_when_released();
     machine.finish(fence.metadata.generation)
 }
 
@@ -751,7 +758,8 @@ impl<'a> Machine<'a> {
     }
 
     /// A fence that asked the node's agent to isolate the node: wait for the agent's
-    /// report (at most `isolationTimeout`), then rest on it, or give it up.
+    /// answer to this request (at most `isolationTimeout` of hearing the node), then rest
+    /// on it, or give it up.
     fn settle_isolation(&mut self) -> bool {
         let Some(isolation) = self.status.self_isolation.clone() else {
             return false;
@@ -787,12 +795,34 @@ impl<'a> Machine<'a> {
             );
             return false;
         }
-        let partitioned = matches!(self.state, NodeState::Partitioned { .. });
-        if let Some(heard) = heard {
-            if partitioned && heard.confirmed {
-                return self.confirm_isolation(heard);
+        // The storm guard wins: during a storm nothing is asked, taken or given up.
+        if self.held_by_guard() {
+            return false;
+        }
+        match self.state {
+            // The node cannot be heard now (a restarted controller has not heard its
+            // agent yet, or has not seen its Lease): nothing is decided, and the wait
+            // does not count against the request.
+            NodeState::Held { .. } => {
+                self.pause_held();
+                return false;
             }
-            match heard.state {
+            NodeState::Lost { .. } => {
+                return self.give_up_isolation(
+                    IsolationOutcome::Failed,
+                    "the node's agent fell silent before it reported the node isolated",
+                );
+            }
+            NodeState::Partitioned { .. } | NodeState::Healthy => {}
+        }
+        let request = request_id(&isolation);
+        // Only an answer to this request counts: a state left from an earlier request
+        // (an earlier fence, or before a restart) is not one.
+        if let Some(answer) = heard.filter(|heard| heard.request == request) {
+            if answer.confirmed && matches!(self.state, NodeState::Partitioned { .. }) {
+                return self.confirm_isolation(answer);
+            }
+            match answer.state {
                 IsolationState::Failed => {
                     return self.give_up_isolation(
                         IsolationOutcome::Failed,
@@ -808,14 +838,6 @@ impl<'a> Machine<'a> {
                 _ => {}
             }
         }
-        if !partitioned {
-            // Its reports stopped too (or the Lease is back): no isolation can be
-            // confirmed now.
-            return self.give_up_isolation(
-                IsolationOutcome::Failed,
-                "the node is no longer cut off from the API server with its agent reporting",
-            );
-        }
         let deadline = isolation.requested_at.0 + self.policy.isolation_timeout;
         if self.now >= deadline {
             return self.give_up_isolation(
@@ -826,12 +848,9 @@ impl<'a> Machine<'a> {
                 ),
             );
         }
-        if self.held_by_guard() {
-            // Not asked again during a storm; what the agent already did is still taken.
-            return false;
-        }
         self.instructions.push(Instruction::Isolate {
             reason: "the node's Lease is silent and it is not Ready, while its agent still reports: it is cut off from the API server".to_string(),
+            request,
         });
         self.pause(
             PauseReason::WaitingForIsolation,
@@ -896,20 +915,41 @@ impl<'a> Machine<'a> {
         }
         // The agent's reports say when to end it, and no event wakes the fence for them.
         self.wake(self.now + 2 * ISOLATION_REQUEUE);
-        let Some(heard) = heard else {
-            return false;
-        };
-        let released = !facts.runs_pods_needing_fencing && facts.pods_to_release == 0;
-        if heard.state == IsolationState::Failed && !released {
+        let pods_bound = facts.runs_pods_needing_fencing;
+        if pods_bound && heard.is_some_and(|h| h.state == IsolationState::Failed) {
+            // Released on an isolation that no longer holds: nothing more is released on
+            // it, and the configured steps run.
+            self.status.confirmed_at = None;
+            self.status.confirmed_by = None;
             return self.give_up_isolation(
                 IsolationOutcome::Broken,
-                "the node's agent reported that the node's isolation no longer holds",
+                "the node's agent reported that the node's isolation no longer holds, while pods that need fencing are still bound to it; nothing more is released until the configured steps confirm a fence",
             );
         }
-        if heard.api_reachable && released && heard.state != IsolationState::None {
+        false
+    }
+
+    /// Once no pod that needs fencing is bound to the node and its agent reaches the API
+    /// server again, an isolation the agent still holds is ended (the kubelet starts):
+    /// after a release, or after an isolation that was given up and a fence that followed.
+    fn end_isolation_when_released(&mut self) {
+        if self.status.self_isolation.is_none()
+            || (self.status.is_self_isolating() && !self.status.is_confirmed_isolation())
+            || self.facts.runs_pods_needing_fencing
+            || self.actions.contains(&Action::DeleteFence)
+        {
+            return;
+        }
+        let Some(heard) = self.isolation_heard() else {
+            return;
+        };
+        let holds = matches!(
+            heard.state,
+            IsolationState::Isolating | IsolationState::Isolated | IsolationState::Failed
+        );
+        if holds && heard.api_reachable && !self.instructions.contains(&Instruction::EndIsolation) {
             self.instructions.push(Instruction::EndIsolation);
         }
-        false
     }
 
     /// The node is healthy and its Lease or agent says so itself (not the Ready

@@ -441,6 +441,7 @@ mod tests {
             confirmed: false,
             api_reachable: false,
             sequence: 7,
+            request: 0,
         });
         let cut_off = health(Readiness::Unknown, 0);
         assert_eq!(

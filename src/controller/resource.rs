@@ -402,6 +402,13 @@ impl NodeFenceStatus {
                 .is_some_and(SelfIsolation::is_in_force)
     }
 
+    /// The node's isolation by its agent confirmed the fence.
+    pub fn is_confirmed_isolation(&self) -> bool {
+        self.self_isolation
+            .as_ref()
+            .is_some_and(|isolation| isolation.outcome == Some(IsolationOutcome::Confirmed))
+    }
+
     /// The node's isolation was given up: the fence runs its configured steps although
     /// the node's agent still reports.
     pub fn isolation_given_up(&self) -> bool {

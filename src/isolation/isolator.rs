@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 
 use super::pods::PodProcesses;
-use super::record::{Evidence, IsolationRecord, RecordPhase, Step, report, step_for};
+use super::record::{Evidence, IsolationRecord, RecordPhase, Refused, Step, report, step_for};
 use crate::report::ReportBoard;
 use crate::report::protocol::Instruction;
 use crate::systemd::ServiceManager;
@@ -45,8 +45,8 @@ pub struct Isolator<M, P> {
     board: Arc<ReportBoard>,
     record: Option<IsolationRecord>,
     evidence: Option<Evidence>,
-    /// The last isolate instruction this agent refused, and when.
-    refused: Option<(String, Timestamp)>,
+    /// The last isolate instruction this agent refused.
+    refused: Option<Refused>,
 }
 
 impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
@@ -86,8 +86,8 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         if let Some(record) = &self.record {
             tracing::warn!(phase = ?record.phase, since = %record.since, file = %self.settings.state_file.display(), "this boot's node isolation is kept from before the agent restarted");
             if record.phase == RecordPhase::Isolating {
-                let reason = record.reason.clone();
-                self.isolate(&reason).await;
+                let (reason, request) = (record.reason.clone(), record.request);
+                self.isolate(&reason, request).await;
             } else {
                 self.check().await;
             }
@@ -138,25 +138,41 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
             match step {
                 Step::Nothing => {}
                 Step::Refuse(why) => {
-                    if self.refused.is_none() {
+                    let request = match instruction {
+                        Instruction::Isolate { request, .. } => *request,
+                        Instruction::EndIsolation => 0,
+                    };
+                    if self.refused.as_ref().is_none_or(|r| r.request != request) {
                         tracing::warn!(%why, "the controller asks this node to isolate itself; refused");
-                        self.refused = Some((why, now));
+                        self.refused = Some(Refused {
+                            why,
+                            since: now,
+                            request,
+                        });
                         self.publish();
                     }
                 }
-                Step::Isolate { reason } => self.isolate(&reason).await,
+                Step::Isolate { reason, request } => self.isolate(&reason, request).await,
+                Step::Adopt { request } => {
+                    if let Some(record) = self.record.as_mut() {
+                        record.request = request;
+                    }
+                    self.save();
+                    self.publish();
+                }
                 Step::End => self.end().await,
             }
         }
     }
 
     /// Stops the kubelet and kills every pod process; the record says how it went.
-    pub async fn isolate(&mut self, reason: &str) {
+    pub async fn isolate(&mut self, reason: &str, request: u64) {
         let now = Timestamp::now();
         let mut record = self
             .record
             .take()
-            .unwrap_or_else(|| IsolationRecord::new(&self.settings.boot_id, reason, now));
+            .unwrap_or_else(|| IsolationRecord::new(&self.settings.boot_id, reason, request, now));
+        record.request = request;
         record.enter(RecordPhase::Isolating, None, now);
         self.record = Some(record);
         self.refused = None;
@@ -194,34 +210,23 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
     /// `Restart=`), then stopped, within the stop timeout (then SIGKILL).
     async fn stop_kubelet(&self) -> Result<(), String> {
         let unit = &self.settings.kubelet_unit;
-        let state = self
-            .systemd
-            .unit_state(unit)
-            .await
-            .map_err(|e| e.to_string())?;
+        let state = bounded(self.systemd.unit_state(unit)).await?;
         if state.is_missing() {
             return Err(format!(
                 "the kubelet's unit {unit} does not exist on this node (report.isolation.kubeletUnit)"
             ));
         }
-        self.systemd.mask(unit).await.map_err(|e| e.to_string())?;
-        self.systemd.stop(unit).await.map_err(|e| e.to_string())?;
+        bounded(self.systemd.mask(unit)).await?;
+        bounded(self.systemd.stop(unit)).await?;
         if self.wait_stopped(self.settings.stop_timeout).await? {
             return Ok(());
         }
         tracing::warn!(%unit, timeout = ?self.settings.stop_timeout, "the kubelet did not stop in time; killing it");
-        self.systemd
-            .kill(unit, libc::SIGKILL)
-            .await
-            .map_err(|e| e.to_string())?;
+        bounded(self.systemd.kill(unit, libc::SIGKILL)).await?;
         if self.wait_stopped(KILL_WAIT).await? {
             return Ok(());
         }
-        let state = self
-            .systemd
-            .unit_state(unit)
-            .await
-            .map_err(|e| e.to_string())?;
+        let state = bounded(self.systemd.unit_state(unit)).await?;
         Err(format!(
             "{unit} did not stop within {:?} and SIGKILL: it is {state}",
             self.settings.stop_timeout
@@ -231,11 +236,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
     async fn wait_stopped(&self, limit: Duration) -> Result<bool, String> {
         let give_up = Instant::now() + limit;
         loop {
-            let state = self
-                .systemd
-                .unit_state(&self.settings.kubelet_unit)
-                .await
-                .map_err(|e| e.to_string())?;
+            let state = bounded(self.systemd.unit_state(&self.settings.kubelet_unit)).await?;
             if state.is_stopped() {
                 return Ok(true);
             }
@@ -282,7 +283,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
     /// What the node shows now.
     async fn gather(&self) -> Evidence {
         let unit = &self.settings.kubelet_unit;
-        let (kubelet_stopped, kubelet_state) = match self.systemd.unit_state(unit).await {
+        let (kubelet_stopped, kubelet_state) = match bounded(self.systemd.unit_state(unit)).await {
             Ok(state) => (state.is_stopped() && state.is_masked(), state.to_string()),
             Err(error) => (false, format!("unknown ({error})")),
         };
@@ -313,6 +314,10 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         if phase == RecordPhase::Isolated
             && let Err(wrong) = evidence.holds(&unit)
         {
+            // Reported at once, so no report claims the old evidence while the repair
+            // runs.
+            self.evidence = Some(evidence.clone());
+            self.publish();
             tracing::warn!(%wrong, "the node's isolation slipped; putting it right");
             let repaired = match self.stop_kubelet().await {
                 Ok(()) => self.kill_pods().await,
@@ -361,8 +366,8 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         let unit = self.settings.kubelet_unit.clone();
         tracing::warn!(%unit, "ending the node's isolation on the controller's instruction: the kubelet starts again");
         let ended = async {
-            self.systemd.unmask(&unit).await?;
-            self.systemd.start(&unit).await
+            bounded(self.systemd.unmask(&unit)).await?;
+            bounded(self.systemd.start(&unit)).await
         }
         .await;
         match ended {
@@ -401,6 +406,19 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         if let Err(error) = save(&self.settings.state_file, record) {
             tracing::error!(file = %self.settings.state_file.display(), %error, "cannot record the node's isolation; a restarted agent would not know of it");
         }
+    }
+}
+
+/// How long one call to systemd may take; a hung one is a failure, not a wait.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A systemd call within [`CALL_TIMEOUT`], its error as text.
+async fn bounded<T>(
+    call: impl Future<Output = Result<T, crate::systemd::SystemdError>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(result) => result.map_err(|error| error.to_string()),
+        Err(_) => Err(format!("systemd did not answer within {CALL_TIMEOUT:?}")),
     }
 }
 
@@ -444,7 +462,7 @@ fn load(settings: &IsolatorSettings) -> Option<IsolationRecord> {
 fn unreadable(settings: &IsolatorSettings, message: String) -> IsolationRecord {
     tracing::error!(%message, "the isolation record cannot be used; the node counts as a failed isolation until the controller ends it");
     let now = Timestamp::now();
-    let mut record = IsolationRecord::new(&settings.boot_id, "", now);
+    let mut record = IsolationRecord::new(&settings.boot_id, "", 0, now);
     record.enter(RecordPhase::Failed, Some(message), now);
     record
 }
@@ -623,6 +641,7 @@ mod tests {
     fn isolate() -> Instruction {
         Instruction::Isolate {
             reason: "cut off from the API server".to_string(),
+            request: 7,
         }
     }
 

@@ -18,4 +18,6 @@ mod record;
 
 pub use isolator::{Isolator, IsolatorSettings};
 pub use pods::{PodProcesses, PodsCgroup};
-pub use record::{Evidence, IsolationRecord, RETRY_AFTER, RecordPhase, Step, report, step_for};
+pub use record::{
+    Evidence, IsolationRecord, RETRY_AFTER, RecordPhase, Refused, Step, report, step_for,
+};

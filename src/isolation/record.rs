@@ -31,6 +31,9 @@ pub struct IsolationRecord {
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The controller's request this isolation answers.
+    #[serde(default)]
+    pub request: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,7 +47,7 @@ pub enum RecordPhase {
 }
 
 impl IsolationRecord {
-    pub fn new(boot_id: &str, reason: &str, now: Timestamp) -> IsolationRecord {
+    pub fn new(boot_id: &str, reason: &str, request: u64, now: Timestamp) -> IsolationRecord {
         IsolationRecord {
             boot_id: boot_id.to_string(),
             phase: RecordPhase::Isolating,
@@ -52,6 +55,7 @@ impl IsolationRecord {
             since: now,
             reason: reason.to_string(),
             message: None,
+            request,
         }
     }
 
@@ -74,6 +78,12 @@ pub enum Step {
     /// Stop the kubelet and kill the pods (again, for a begun or failed isolation).
     Isolate {
         reason: String,
+        request: u64,
+    },
+    /// The isolation as it stands answers this request too (a new request from the
+    /// controller, for instance after it restarted).
+    Adopt {
+        request: u64,
     },
     /// Let the kubelet run again and forget the isolation.
     End,
@@ -88,24 +98,36 @@ pub fn step_for(
     now: Timestamp,
 ) -> Step {
     match instruction {
-        Instruction::Isolate { reason } => match record {
-            None => match refusal {
-                Some(why) => Step::Refuse(why.to_string()),
-                None => Step::Isolate {
-                    reason: reason.clone(),
-                },
-            },
-            Some(record) => match record.phase {
+        Instruction::Isolate { reason, request } => {
+            let request = *request;
+            let isolate = || Step::Isolate {
+                reason: reason.clone(),
+                request,
+            };
+            let Some(record) = record else {
+                return match refusal {
+                    Some(why) => Step::Refuse(why.to_string()),
+                    None => isolate(),
+                };
+            };
+            let new_request = record.request != request;
+            match record.phase {
                 // Under way or done: the checks go on by themselves.
-                RecordPhase::Isolating | RecordPhase::Isolated => Step::Nothing,
-                RecordPhase::Failed if refusal.is_none() && now >= record.since + RETRY_AFTER => {
-                    Step::Isolate {
-                        reason: reason.clone(),
-                    }
+                RecordPhase::Isolating | RecordPhase::Isolated if new_request => {
+                    Step::Adopt { request }
                 }
+                RecordPhase::Isolating | RecordPhase::Isolated => Step::Nothing,
+                // A failure is tried again for a new request at once, for the same one
+                // after a pause.
+                RecordPhase::Failed
+                    if refusal.is_none() && (new_request || now >= record.since + RETRY_AFTER) =>
+                {
+                    isolate()
+                }
+                RecordPhase::Failed if new_request => Step::Adopt { request },
                 RecordPhase::Failed => Step::Nothing,
-            },
-        },
+            }
+        }
         Instruction::EndIsolation => match record {
             Some(_) => Step::End,
             None => Step::Nothing,
@@ -149,10 +171,18 @@ impl Evidence {
 }
 
 /// The `isolation` part of the next report.
+/// A refused request: why, since when, and which request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub why: String,
+    pub since: Timestamp,
+    pub request: u64,
+}
+
 pub fn report(
     record: Option<&IsolationRecord>,
     evidence: Option<&Evidence>,
-    refused: Option<&(String, Timestamp)>,
+    refused: Option<&Refused>,
 ) -> IsolationReport {
     let mut report = IsolationReport::default();
     if let Some(evidence) = evidence {
@@ -172,12 +202,14 @@ pub fn report(
             };
             report.since = Some(record.since);
             report.message = record.message.as_deref().map(bounded);
+            report.request = record.request;
         }
         None => {
-            if let Some((why, since)) = refused {
+            if let Some(refused) = refused {
                 report.state = IsolationState::Refused;
-                report.since = Some(*since);
-                report.message = Some(bounded(why));
+                report.since = Some(refused.since);
+                report.message = Some(bounded(&refused.why));
+                report.request = refused.request;
             }
         }
     }
@@ -209,11 +241,12 @@ mod tests {
     fn isolate() -> Instruction {
         Instruction::Isolate {
             reason: "cut off from the API server".to_string(),
+            request: 7,
         }
     }
 
     fn record(phase: RecordPhase, since: i64) -> IsolationRecord {
-        let mut record = IsolationRecord::new("boot", "why", at(0));
+        let mut record = IsolationRecord::new("boot", "why", 7, at(0));
         record.enter(phase, None, at(since));
         record
     }
@@ -223,7 +256,8 @@ mod tests {
         assert_eq!(
             step_for(None, &isolate(), None, at(0)),
             Step::Isolate {
-                reason: "cut off from the API server".to_string()
+                reason: "cut off from the API server".to_string(),
+                request: 7,
             }
         );
         for phase in [RecordPhase::Isolating, RecordPhase::Isolated] {
@@ -241,6 +275,34 @@ mod tests {
             step_for(Some(&failed), &isolate(), None, at(40)),
             Step::Isolate { .. }
         ));
+    }
+
+    #[test]
+    fn a_new_request_is_answered_by_the_isolation_as_it_stands_and_retries_a_failure_at_once() {
+        let again = Instruction::Isolate {
+            reason: "the controller restarted".to_string(),
+            request: 8,
+        };
+        for phase in [RecordPhase::Isolating, RecordPhase::Isolated] {
+            assert_eq!(
+                step_for(Some(&record(phase, 0)), &again, None, at(1)),
+                Step::Adopt { request: 8 }
+            );
+        }
+        assert!(matches!(
+            step_for(Some(&record(RecordPhase::Failed, 0)), &again, None, at(1)),
+            Step::Isolate { request: 8, .. }
+        ));
+        // An agent that refuses now still answers the new request with its failure.
+        assert_eq!(
+            step_for(
+                Some(&record(RecordPhase::Failed, 0)),
+                &again,
+                Some("dry-run mode"),
+                at(1)
+            ),
+            Step::Adopt { request: 8 }
+        );
     }
 
     #[test]
@@ -336,10 +398,15 @@ mod tests {
             None,
         );
         assert!(!shown.is_confirmed(), "an unreadable count is no evidence");
-        let refused = ("dry-run mode\n".to_string(), at(1));
+        let refused = Refused {
+            why: "dry-run mode\n".to_string(),
+            since: at(1),
+            request: 9,
+        };
         let shown = report(None, None, Some(&refused));
         assert_eq!(shown.state, IsolationState::Refused);
         assert_eq!(shown.message.as_deref(), Some("dry-run mode?"));
+        assert_eq!(shown.request, 9, "it names the request it refused");
         assert_eq!(report(None, None, None), IsolationReport::default());
     }
 }

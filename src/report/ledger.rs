@@ -75,6 +75,8 @@ pub struct IsolationHeard {
     pub api_reachable: bool,
     /// The report that says so.
     pub sequence: u64,
+    /// The controller's request the state answers (0: none).
+    pub request: u64,
 }
 
 /// Which report said the node drained, for the NodeFence's record.
@@ -102,6 +104,7 @@ impl AgentHeard {
                 confirmed: latest.isolation.is_confirmed(),
                 api_reachable: latest.api_server.state == ApiServerState::Reachable,
                 sequence: latest.sequence,
+                request: latest.isolation.request,
             },
         }
     }

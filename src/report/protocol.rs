@@ -200,6 +200,14 @@ pub struct IsolationReport {
     /// Why the isolation failed or was refused, for people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The `request` of the `isolate` instruction this state answers (0: none), so the
+    /// controller never takes a state left from an earlier request for an answer.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub request: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 impl IsolationReport {
@@ -239,6 +247,10 @@ pub enum Instruction {
         /// Why, for the agent's log.
         #[serde(default)]
         reason: String,
+        /// Which request this is (the controller's own identifier; the agent's report
+        /// names the request its isolation state answers).
+        #[serde(default)]
+        request: u64,
     },
     /// The node's pods were released elsewhere and it reaches the API server again:
     /// let the kubelet start again.
@@ -659,6 +671,7 @@ mod tests {
             kubelet_stopped: true,
             pod_processes: 0,
             message: None,
+            request: 1_800_000_000_000,
         };
         assert!(isolated.is_confirmed());
         let report = AgentReport {
@@ -718,7 +731,8 @@ mod tests {
             known,
             [
                 Instruction::Isolate {
-                    reason: "cut off from the API server".to_string()
+                    reason: "cut off from the API server".to_string(),
+                    request: 0,
                 },
                 Instruction::EndIsolation
             ]

@@ -282,6 +282,14 @@ fn pass_on(
     answer: &Acknowledgement,
     instructions: &watch::Sender<Vec<Instruction>>,
 ) {
+    if !settings.controller_url.starts_with("https://") {
+        if !answer.instructions.is_empty() {
+            tracing::warn!(
+                "the controller's answer over plain http holds instructions; none is followed except over https"
+            );
+        }
+        return;
+    }
     if answer.node != settings.node {
         tracing::warn!(answered = %answer.node, node = %settings.node, "the controller's answer names another node; its instructions are ignored");
         return;
