@@ -422,14 +422,9 @@ pub fn count_direct_members(dir: &Path) -> Result<usize, ActError> {
 /// PID namespace), since "none left" must mean none. A missing cgroup holds none.
 pub fn count_processes(target: &KillTarget) -> Result<usize, ActError> {
     fn count(dir: &Path) -> Result<usize, ActError> {
-        let procs = dir.join("cgroup.procs");
         // A directory without the file still has its children looked at: counting too
         // many is safe, too few is not.
-        let mut total = match std::fs::read_to_string(&procs) {
-            Ok(text) => text.lines().filter(|line| !line.trim().is_empty()).count(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(e) => return Err(ActError::io(&procs, "read", e)),
-        };
+        let mut total = direct_members(dir)?.len();
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(total),

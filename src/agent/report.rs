@@ -154,7 +154,7 @@ pub fn start(agent: &mut super::Agent, stop: watch::Receiver<bool>) -> Option<Re
     };
     let (instructions, followed) = watch::channel(Vec::new());
     if let Some(isolator) = isolator(agent, &settings, board.clone()) {
-        followers.push(tokio::spawn(isolator.run(followed, std::future::pending())));
+        followers.push(tokio::spawn(isolator.run(followed)));
     }
     let sender = tokio::spawn(run_sender(
         settings,
@@ -183,7 +183,7 @@ fn isolator(
     let refusal = isolation_refusal(
         isolation.enabled,
         config.dry_run,
-        settings.controller_url.starts_with("https://"),
+        settings.over_tls(),
         pods.is_some(),
     );
     if let Some(why) = &refusal {

@@ -652,23 +652,44 @@ impl<'a> Machine<'a> {
             "the node's agent said in {report} that the node drained cleanly (every pod stopped, about to power off), then its Lease and reports were silent for {}s",
             silent.as_secs()
         );
+        self.start_without_step(Evidence::Drained, since);
+        self.confirm_without_step(
+            proof,
+            "drained: released without a power fence",
+            "NodeDrained",
+            "its pods and volumes are released without a power fence",
+        );
+        false
+    }
+
+    /// A fence that begins without a step of its own (a drained node, or a partitioned
+    /// one its agent is asked to isolate): it counts as started, for the zone rate, from
+    /// now.
+    fn start_without_step(&mut self, evidence: Evidence, since: Timestamp) {
         self.status.started_at = Some(Time(self.now));
-        self.status.zone = Some(facts.zone.clone());
+        self.status.zone = Some(self.facts.zone.clone());
         self.status.lost = Some(LostRecord {
-            evidence: Evidence::Drained,
+            evidence,
             since: Time(since),
         });
+        self.status.phase_since = Some(Time(self.now));
+    }
+
+    /// The fence is confirmed by the node's own word (`proof`), with no step: phase Done,
+    /// and an Event `reason` saying what is released.
+    fn confirm_without_step(
+        &mut self,
+        proof: String,
+        last_result: &str,
+        reason: &'static str,
+        released: &str,
+    ) {
         self.status.confirmed_at = Some(Time(self.now));
         self.status.confirmed_by = Some(proof.clone());
         self.status.phase = Some(FencePhase::Done);
         self.status.phase_since = Some(Time(self.now));
-        self.status.last_result = Some("drained: released without a power fence".to_string());
-        self.event(
-            false,
-            "NodeDrained",
-            format!("{proof}: its pods and volumes are released without a power fence"),
-        );
-        false
+        self.status.last_result = Some(last_result.to_string());
+        self.event(false, reason, format!("{proof}: {released}"));
     }
 
     /// A drained fence after its release: it ends when the node is back (there is
@@ -734,18 +755,12 @@ impl<'a> Machine<'a> {
         if self.held_by_guard() {
             return false;
         }
-        self.status.started_at = Some(Time(self.now));
-        self.status.zone = Some(self.facts.zone.clone());
-        self.status.lost = Some(LostRecord {
-            evidence: Evidence::Partitioned,
-            since: Time(since),
-        });
+        self.start_without_step(Evidence::Partitioned, since);
         self.status.self_isolation = Some(SelfIsolation {
             requested_at: Time(self.now),
             outcome: None,
             decided_at: None,
         });
-        self.status.phase_since = Some(Time(self.now));
         self.event(
             true,
             "IsolationRequested",
@@ -822,20 +837,16 @@ impl<'a> Machine<'a> {
             if answer.confirmed && matches!(self.state, NodeState::Partitioned { .. }) {
                 return self.confirm_isolation(answer);
             }
-            match answer.state {
-                IsolationState::Failed => {
-                    return self.give_up_isolation(
-                        IsolationOutcome::Failed,
-                        "the node's agent reported that it could not isolate the node (its report says why)",
-                    );
-                }
-                IsolationState::Refused => {
-                    return self.give_up_isolation(
-                        IsolationOutcome::Failed,
-                        "the node's agent refused to isolate the node (its report says why)",
-                    );
-                }
-                _ => {}
+            let why = match answer.state {
+                IsolationState::Failed => Some("reported that it could not isolate the node"),
+                IsolationState::Refused => Some("refused to isolate the node"),
+                _ => None,
+            };
+            if let Some(why) = why {
+                return self.give_up_isolation(
+                    IsolationOutcome::Failed,
+                    &format!("the node's agent {why} (its report says why)"),
+                );
             }
         }
         let deadline = isolation.requested_at.0 + self.policy.isolation_timeout;
@@ -868,30 +879,27 @@ impl<'a> Machine<'a> {
             "the node's agent reported (report {}) that the kubelet is stopped and masked and no pod process is left",
             heard.sequence
         );
-        if let Some(isolation) = self.status.self_isolation.as_mut() {
-            isolation.outcome = Some(IsolationOutcome::Confirmed);
-            isolation.decided_at = Some(Time(self.now));
-        }
-        self.status.confirmed_at = Some(Time(self.now));
-        self.status.confirmed_by = Some(proof.clone());
-        self.status.phase = Some(FencePhase::Done);
-        self.status.phase_since = Some(Time(self.now));
-        self.status.last_result =
-            Some("isolated by its agent: released without a power fence".to_string());
-        self.event(
-            false,
+        self.decide_isolation(IsolationOutcome::Confirmed);
+        self.confirm_without_step(
+            proof,
+            "isolated by its agent: released without a power fence",
             "NodeIsolated",
-            format!("{proof}: its pods are released without a power fence"),
+            "its pods are released without a power fence",
         );
         false
     }
 
-    /// The isolation is given up: the fence runs its configured steps (`true`: go on).
-    fn give_up_isolation(&mut self, outcome: IsolationOutcome, why: &str) -> bool {
+    /// Records how the isolation ended.
+    fn decide_isolation(&mut self, outcome: IsolationOutcome) {
         if let Some(isolation) = self.status.self_isolation.as_mut() {
             isolation.outcome = Some(outcome);
             isolation.decided_at = Some(Time(self.now));
         }
+    }
+
+    /// The isolation is given up: the fence runs its configured steps (`true`: go on).
+    fn give_up_isolation(&mut self, outcome: IsolationOutcome, why: &str) -> bool {
+        self.decide_isolation(outcome);
         self.event(
             true,
             match outcome {

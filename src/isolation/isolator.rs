@@ -76,13 +76,9 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         self.record.as_ref()
     }
 
-    /// Follows `instructions` (the latest answer's) until `stop` resolves.
-    pub async fn run(
-        mut self,
-        mut instructions: watch::Receiver<Vec<Instruction>>,
-        stop: impl Future<Output = ()>,
-    ) {
-        let mut stop = std::pin::pin!(stop);
+    /// Follows `instructions` (the latest answer's) until the sender ends; the agent
+    /// aborts it when it stops (a record under way is resumed by the next agent).
+    pub async fn run(mut self, mut instructions: watch::Receiver<Vec<Instruction>>) {
         if let Some(record) = &self.record {
             tracing::warn!(phase = ?record.phase, since = %record.since, file = %self.settings.state_file.display(), "this boot's node isolation is kept from before the agent restarted");
             if record.phase == RecordPhase::Isolating {
@@ -96,7 +92,6 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = &mut stop => break,
                 changed = instructions.changed() => {
                     if changed.is_err() {
                         break;
@@ -181,11 +176,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         let unit = self.settings.kubelet_unit.clone();
         tracing::warn!(%reason, %unit, "isolating the node on the controller's instruction: the kubelet is stopped (and masked for this boot) and every pod process killed");
         let started = Instant::now();
-        let done = self.stop_kubelet().await;
-        let done = match done {
-            Ok(()) => self.kill_pods().await,
-            Err(error) => Err(error),
-        };
+        let done = self.stop_kubelet_and_pods().await;
         let evidence = self.gather().await;
         let verdict = done.and_then(|()| evidence.holds(&unit));
         self.evidence = Some(evidence);
@@ -204,6 +195,13 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         }
         self.save();
         self.publish();
+    }
+
+    /// The kubelet stopped first, so that no killed container is started again, then
+    /// every pod process.
+    async fn stop_kubelet_and_pods(&self) -> Result<(), String> {
+        self.stop_kubelet().await?;
+        self.kill_pods().await
     }
 
     /// The kubelet's unit masked for this boot (nothing starts it again, not even its own
@@ -319,11 +317,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
             self.evidence = Some(evidence.clone());
             self.publish();
             tracing::warn!(%wrong, "the node's isolation slipped; putting it right");
-            let repaired = match self.stop_kubelet().await {
-                Ok(()) => self.kill_pods().await,
-                Err(error) => Err(error),
-            };
-            if let Err(error) = repaired {
+            if let Err(error) = self.stop_kubelet_and_pods().await {
                 tracing::warn!(%error, "the isolation could not be put right");
             }
             evidence = self.gather().await;
@@ -468,13 +462,8 @@ fn unreadable(settings: &IsolatorSettings, message: String) -> IsolationRecord {
 }
 
 fn save(path: &std::path::Path, record: &IsolationRecord) -> std::io::Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
     let text = serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?;
-    let temporary = path.with_extension("tmp");
-    std::fs::write(&temporary, text)?;
-    std::fs::rename(&temporary, path)
+    crate::shutdown::state::atomic_write(path, &text)
 }
 
 fn remove(path: &std::path::Path) {

@@ -43,6 +43,14 @@ pub struct SenderSettings {
     pub dry_run: bool,
 }
 
+impl SenderSettings {
+    /// Reports go over TLS (an https URL): only then may the controller's answer ask
+    /// anything of the agent.
+    pub fn over_tls(&self) -> bool {
+        self.controller_url.starts_with("https://")
+    }
+}
+
 /// The longest pause between attempts while the controller fails.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// The largest answer read from the controller.
@@ -282,7 +290,7 @@ fn pass_on(
     answer: &Acknowledgement,
     instructions: &watch::Sender<Vec<Instruction>>,
 ) {
-    if !settings.controller_url.starts_with("https://") {
+    if !settings.over_tls() {
         if !answer.instructions.is_empty() {
             tracing::warn!(
                 "the controller's answer over plain http holds instructions; none is followed except over https"

@@ -38,7 +38,7 @@ pub const DEFAULT_DROPIN_PATH: &str = "/etc/systemd/logind.conf.d/99-nodekeeper.
 const LOGIND_UNIT: &str = "systemd-logind.service";
 
 pub use crate::systemd::BusAddress;
-use crate::systemd::SystemdManagerProxy;
+use crate::systemd::{ServiceManager, Systemd};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogindError {
@@ -52,6 +52,8 @@ pub enum LogindError {
         what: &'static str,
         error: Box<zbus::Error>,
     },
+    #[error("reloading logind: {0}")]
+    Systemd(#[from] crate::systemd::SystemdError),
     #[error("cannot write logind drop-in {path}: {error}")]
     DropIn { path: String, error: std::io::Error },
     #[error(
@@ -154,19 +156,9 @@ impl Logind {
     }
 
     pub async fn reload_logind(&self) -> Result<(), LogindError> {
-        let systemd = SystemdManagerProxy::new(&self.connection)
-            .await
-            .map_err(|error| LogindError::Call {
-                what: "systemd proxy",
-                error: Box::new(error),
-            })?;
-        systemd
-            .kill_unit(LOGIND_UNIT, "all", libc::SIGHUP)
-            .await
-            .map_err(|error| LogindError::Call {
-                what: "KillUnit(systemd-logind.service, all, SIGHUP)",
-                error: Box::new(error),
-            })
+        let systemd = Systemd::on(self.connection.clone()).await?;
+        systemd.kill(LOGIND_UNIT, libc::SIGHUP).await?;
+        Ok(())
     }
 
     /// Make logind allow at least `required`: if its limit is lower, write the drop-in,
