@@ -215,6 +215,8 @@ struct Scenario {
     agent: Agent,
     kills: KillLog,
     outbox: nodekeeper::kubernetes::worker::OutboxHandle,
+    /// The proxy between the agent and the API server, when the scenario has one.
+    proxy: Option<support::proxy::TcpProxy>,
 }
 
 async fn scenario(extra_config: &str) -> Scenario {
@@ -229,7 +231,19 @@ async fn scenario(extra_config: &str) -> Scenario {
 }
 
 async fn scenario_with(extra_config: &str, retry: RetryPolicy) -> Scenario {
+    scenario_through(extra_config, retry, false).await
+}
+
+/// [`scenario_with`], the agent reaching the API server through a proxy the test can
+/// turn into a black hole when `proxied`.
+async fn scenario_through(extra_config: &str, retry: RetryPolicy, proxied: bool) -> Scenario {
     let server = FakeApiServer::start().await;
+    let proxy = if proxied {
+        let upstream = server.url().trim_start_matches("http://").parse().unwrap();
+        Some(support::proxy::TcpProxy::start(upstream).await)
+    } else {
+        None
+    };
     server.seed(&Node {
         metadata: ObjectMeta {
             name: Some(NODE.to_string()),
@@ -249,9 +263,12 @@ async fn scenario_with(extra_config: &str, retry: RetryPolicy) -> Scenario {
     }
     let config = host.config(extra_config);
     // Built as `connect` builds it, so requests carry the agent's User-Agent.
+    let url = proxy.as_ref().map_or_else(
+        || server.url(),
+        |proxy| format!("http://{}", proxy.address()),
+    );
     let client =
-        nodekeeper::kubernetes::build_client(kube::Config::new(server.url().parse().unwrap()))
-            .unwrap();
+        nodekeeper::kubernetes::build_client(kube::Config::new(url.parse().unwrap())).unwrap();
     let mut runtime = KubeRuntime::start(client, NODE.to_string(), &config, retry);
     let kills = KillLog::default();
     runtime.set_local_killer(Some(Box::new(kills.clone())));
@@ -265,6 +282,7 @@ async fn scenario_with(extra_config: &str, retry: RetryPolicy) -> Scenario {
         agent,
         kills,
         outbox,
+        proxy,
     }
 }
 
@@ -430,13 +448,21 @@ async fn an_api_outage_keeps_local_protection_and_flushes_every_action_once() {
         ])),
         "{kinds:?}"
     );
-    // The same decision again while down: merged, not queued twice.
-    let pending = s.outbox.pending().len();
-    s.agent.run_cycle().await;
-    assert!(
-        s.outbox.pending().len() <= pending + 1,
-        "{:?}",
-        s.outbox.pending()
+    // Still down, and the pressure stays: the API server still lists hog, but as the
+    // kubelet's pod workers do, the agent never chooses a pod it evicted again. It moves
+    // on to the next one, and down the ranking, each pod once.
+    let (_, evicted) = s.agent.run_cycle().await;
+    assert!(evicted);
+    assert_eq!(s.kills.kills(), vec!["default/hog", "default/modest"]);
+    for _ in 0..20 {
+        s.agent.run_cycle().await;
+    }
+    let kills = s.kills.kills();
+    let distinct: BTreeSet<&String> = kills.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        kills.len(),
+        "each pod is evicted once, however many cycles run: {kills:?}"
     );
 
     s.server.come_back().await;
@@ -444,13 +470,38 @@ async fn an_api_outage_keeps_local_protection_and_flushes_every_action_once() {
     let hog = pod(&s.server, "hog");
     assert_eq!(hog.metadata.deletion_grace_period_seconds, Some(1));
     assert!(condition(&hog, "DisruptionTarget").is_some());
-    assert_eq!(
-        successful_deletes(&s.server, "hog").len(),
-        1,
-        "deleted once"
-    );
-    let events = evicted_events(&s.server, "hog");
-    assert_eq!(events.len(), 1, "one Evicted event object");
+    for evicted in ["hog", "modest"] {
+        assert_eq!(
+            successful_deletes(&s.server, evicted).len(),
+            1,
+            "{evicted} deleted once"
+        );
+        let events = evicted_events(&s.server, evicted);
+        assert_eq!(events.len(), 1, "one Evicted event object for {evicted}");
+        assert_eq!(events[0].count, Some(1), "evicted once: {:?}", events[0]);
+    }
+}
+
+#[tokio::test]
+async fn an_api_server_that_silently_stops_answering_is_reported_unreachable_and_back() {
+    // The agent reaches the API server through a proxy that can swallow every packet, as
+    // a partition does: no error, no reset, the pod watch just waits.
+    let probe = "  apiProbeInterval: 200ms\n  apiProbeTimeout: 300ms\n";
+    let s = scenario_through(probe, RetryPolicy::default(), true).await;
+    let proxy = s.proxy.as_ref().expect("the proxy");
+    let reachability = s.agent.api_reachability().expect("Kubernetes mode");
+    assert!(reachability.is_reachable());
+
+    proxy.swallow();
+    eventually(WAIT, "the agent to see the API server gone", || {
+        (!reachability.is_reachable()).then_some(())
+    })
+    .await;
+    proxy.mend();
+    eventually(WAIT, "the agent to see the API server back", || {
+        reachability.is_reachable().then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -43,6 +43,8 @@ fn every_field_is_read() {
   diskWalkMaxEntries: 50
   taints: true
   conditionHeartbeat: 1m
+  apiProbeInterval: 3s
+  apiProbeTimeout: 1500ms
   outboxSize: 7
   localKill: false
 ",
@@ -61,6 +63,8 @@ fn every_field_is_read() {
             disk_walk_max_entries: 50,
             taints: true,
             condition_heartbeat: GoDuration::from_secs(60),
+            api_probe_interval: GoDuration::from_secs(3),
+            api_probe_timeout: GoDuration::from_nanos(1_500_000_000),
             outbox_size: 7,
             local_kill: false,
         }
@@ -86,6 +90,11 @@ fn invalid_values_name_the_field() {
             "kubernetes:\n  writableLayerPath: /var/lib/layers\n",
             "writableLayerPath",
         ),
+        (
+            "kubernetes:\n  apiProbeTimeout: 50ms\n",
+            "apiProbeTimeout: 50ms must be at least",
+        ),
+        ("kubernetes:\n  apiProbeInterval: -1s\n", "apiProbeInterval"),
         (
             "kubernetes:\n  outboxSize: 0\n",
             "outboxSize must be positive",

@@ -11,6 +11,7 @@ mod support {
     pub mod apiserver;
     pub mod kubelet;
     pub mod logind_fake;
+    pub mod netns;
     pub mod real;
 }
 

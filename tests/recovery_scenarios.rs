@@ -3,20 +3,37 @@
 //! server, and `ipmi_sim` as the node's BMC. Each scenario prints its time; the figures
 //! are in docs/performance.md.
 //!
+//! Each runs on a network of its own (`support::netns`): the test, the API server, the
+//! controller and the BMC in a hub namespace, on the service addresses [`API_SERVICE`]
+//! and [`CONTROLLER_SERVICE`]; each node in a namespace of its own, reaching them over
+//! veth links, where its kubelet's Lease renewals come from too. A failure is a link
+//! taken down at the hub: the node's packets are lost without an error, as behind a
+//! failed switch port.
+//!
 //! (a) Graceful shutdown: `systemctl poweroff` on the node; the agent drains its pods
 //! through the API and says so over TLS; once the node is silent, the controller takes it
 //! out of service (the StatefulSet pod's volume is released) with no power action,
 //! within `silenceTimeout` + 2 s of the agent's final report.
 //!
-//! (c) Partition: the node loses the API server (its connections through a proxy the
-//! test cuts; its kubelet stops renewing the Lease) but its agent still reaches the
-//! controller. The controller asks the agent to isolate the node; the agent masks and
+//! (b) Dead node: the node's machine stops (the container killed, its link cut, its
+//! Lease no longer renewed). Once its Lease and its agent have been silent for
+//! `silenceTimeout`, the controller powers it off through `fence_ipmilan` and `ipmi_sim`
+//! and, on the BMC's confirmation, takes it out of service.
+//!
+//! (c) Partition: the node loses the API server (the link that carries its API traffic
+//! is cut, so its kubelet renews no more) but its agent still reaches the controller over
+//! another link. The controller asks the agent to isolate the node; the agent masks and
 //! stops the kubelet's unit and kills the pods cgroup; the controller takes the node out
 //! of service on the agent's report, with no power action. When the partition heals, the
 //! agent is told to end the isolation and the node comes back.
+//!
+//! (d) Storm: a rack's switch fails and half the cluster's nodes fall silent at once. The
+//! storm guard holds every fence: nothing is powered off or isolated, not even once the
+//! nodes read NotReady; when the switch comes back, the fences end on their own.
 
 mod support;
 
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,13 +41,14 @@ use k8s_openapi::api::core::v1::{AttachedVolume, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
+use support::agent_process::{AgentProcess, BINARY};
 use support::apiserver::FakeApiServer;
 use support::controller::*;
 use support::fence_emulators::IpmiSim;
 use support::kubelet::{Kubelets, finish_deletions};
+use support::netns::{Link, NETNS, Netns};
 use support::node_units::{STAND_IN_KUBELET, agent_unit, pod_unit};
-use support::nspawn::{Booted, NSPAWN};
-use support::proxy::TcpProxy;
+use support::nspawn::{BootOptions, Booted, NSPAWN};
 
 /// The node the container plays.
 const NODE: &str = "node-a";
@@ -41,52 +59,141 @@ const REPORT_INTERVAL: Duration = Duration::from_secs(2);
 const RENEWAL: Duration = Duration::from_secs(10);
 const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 
-fn token() -> String {
-    format!("node-token-of-{NODE}-0123456789abcdef")
+/// The hub's service addresses: the API server's, and the controller's report endpoint.
+const API_SERVICE: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 1);
+const CONTROLLER_SERVICE: &str = "10.231.0.2";
+
+/// The hub: creates its namespace with the service addresses and moves the calling
+/// thread (the test's, before it builds its runtime) into it.
+fn hub() -> Result<Netns, String> {
+    let hub = Netns::create("hub")?;
+    hub.add_service_address(&API_SERVICE.to_string())?;
+    hub.add_service_address(CONTROLLER_SERVICE)?;
+    hub.enter()?;
+    Ok(hub)
 }
 
+/// The namespaces of a scenario with one node, which reaches the API server over its
+/// link `api` and the controller over `control` (the same link unless the scenario
+/// separates them).
+struct Network {
+    _hub: Netns,
+    node: Netns,
+    api: Link,
+    _control: Option<Link>,
+}
+
+impl Network {
+    /// The node reaches both services over one link.
+    fn one_link() -> Result<Network, String> {
+        let hub = hub()?;
+        let node = Netns::create("node")?;
+        let api = Link::connect(
+            &hub,
+            &node,
+            1,
+            &[&API_SERVICE.to_string(), CONTROLLER_SERVICE],
+        )?;
+        Ok(Network {
+            _hub: hub,
+            node,
+            api,
+            _control: None,
+        })
+    }
+
+    /// The node reaches the API server over one link and the controller over another.
+    fn two_links() -> Result<Network, String> {
+        let hub = hub()?;
+        let node = Netns::create("node")?;
+        let api = Link::connect(&hub, &node, 1, &[&API_SERVICE.to_string()])?;
+        let control = Link::connect(&hub, &node, 2, &[CONTROLLER_SERVICE])?;
+        Ok(Network {
+            _hub: hub,
+            node,
+            api,
+            _control: Some(control),
+        })
+    }
+}
+
+/// Runs a scenario on a runtime built on this thread, after it entered the hub: the
+/// runtime's threads, and every process they start, are in the hub too.
+fn run(scenario: impl std::future::Future<Output = ()>) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(scenario)
+}
+
+fn token() -> String {
+    token_of(NODE)
+}
+
+/// The agents' eviction thresholds: memory only. The containers' filesystems are the
+/// test machine's, and how full its disk is has no part in a scenario (with the
+/// kubelet's default disk thresholds, a full disk would have the agent evict the
+/// database for DiskPressure). As with the kubelet, setting `evictionHard` replaces the
+/// default thresholds.
+const MEMORY_ONLY: &str = "evictionHard: {memory.available: 100Mi}\n";
+
 /// The agent's configuration: graceful shutdown in two phases, reports to the controller
-/// over https with the node's token, checked against the test CA; every other setting
-/// the default.
+/// over https with the node's token, checked against the test CA; memory thresholds
+/// only; every other setting the default.
 fn agent_config(reports: &str) -> String {
     format!(
         "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {NODE}\n\
          shutdownGracePeriodByPodPriority:\n\
          - {{priority: 0, shutdownGracePeriodSeconds: 5}}\n\
          - {{priority: 2000000000, shutdownGracePeriodSeconds: 2}}\n\
-         shutdownStateFile: /shared/state.json\n\
+         shutdownStateFile: /shared/state.json\n{MEMORY_ONLY}\
          report: {{controllerURL: \"https://{reports}\", tokenFile: /shared/token, caFile: /shared/ca.crt}}\n"
     )
 }
 
-/// The cluster both scenarios start from, with the controller running: node-a (the
-/// container) with a database whose volume is attached to it, two more Ready nodes, the
-/// kubelets' Leases at the kubelet's defaults, the node's report token, and a fence
-/// configuration through the BMC that must never be used.
+/// The cluster the node scenarios start from, with the controller running: node-a (the
+/// container, in the namespace `node`) with a database whose volume is attached to it,
+/// two more Ready nodes, the kubelets' Leases at the kubelet's defaults (node-a's renewed
+/// from its namespace), the node's report token, and a fence configuration through the
+/// BMC (`seed`) that only the dead node's scenario may use.
 struct Cluster {
     server: Arc<FakeApiServer>,
     /// The storage fabric port the configuration names (`on`, never touched).
     fabric: std::path::PathBuf,
-    kubelets: Kubelets,
+    /// node-a's kubelet, renewing over the node's link.
+    kubelet: Kubelets,
+    /// The other nodes' kubelets.
+    _others: Kubelets,
     controller: ControllerProcess,
 }
 
+type FenceConfig = fn(&FakeApiServer, &str, u16, &std::path::Path);
+
 impl Cluster {
-    async fn start(dir: &std::path::Path, bmc: &IpmiSim, served: &support::tls::Pair) -> Cluster {
-        let server = Arc::new(ready_cluster(&["node-b", "node-c"]).await);
+    async fn start(
+        dir: &std::path::Path,
+        bmc: &IpmiSim,
+        served: &support::tls::Pair,
+        node: &Netns,
+        seed: FenceConfig,
+    ) -> Cluster {
+        let server = Arc::new(ready_cluster_on(API_SERVICE, &["node-b", "node-c"]).await);
         server.seed(&node_with_volume(NODE));
         seed_database(&server, NODE, "db-0");
         let fabric = enabled_fabric(dir);
-        seed_fence_config(&server, NODE, bmc.port(), &fabric);
+        seed(&server, NODE, bmc.port(), &fabric);
         seed_node_tokens(&server, &[(NODE, token())]);
-        let kubelets = Kubelets::with_defaults(&server, &[NODE, "node-b", "node-c"]).await;
+        let kubelet = Kubelets::with_defaults_in(node, &server.url(), &server, &[NODE]).await;
+        let others = Kubelets::with_defaults(&server, &["node-b", "node-c"]).await;
         let controller = ControllerProcess::start_logging(
             dir,
             &server,
             &controller_config(
                 dir,
                 &format!(
-                    "reports: {{address: \"127.0.0.1:0\", nodeTokensSecret: node-tokens, {}}}\n",
+                    "reports: {{address: \"{CONTROLLER_SERVICE}:0\", nodeTokensSecret: node-tokens, {}}}\n",
                     served.reports_setting()
                 ),
             ),
@@ -96,7 +203,8 @@ impl Cluster {
         Cluster {
             server,
             fabric,
-            kubelets,
+            kubelet,
+            _others: others,
             controller,
         }
     }
@@ -145,10 +253,11 @@ fn released_without_a_step(
     fence
 }
 
-/// A CA and the controller's certificate signed by it.
+/// A CA and the controller's certificate for its service address, signed by it.
 fn certificates(dir: &std::path::Path) -> Result<(support::tls::Pair, support::tls::Pair), String> {
     let ca = support::tls::certificate_authority(dir, "ca")?;
-    let served = support::tls::server_certificate(dir, "controller", &ca)?;
+    let served =
+        support::tls::server_certificate_for(dir, "controller", &ca, &[CONTROLLER_SERVICE])?;
     Ok((ca, served))
 }
 
@@ -206,24 +315,34 @@ fn received_at(view: &Value) -> Timestamp {
         .unwrap_or_else(|| panic!("no receivedAt in {view}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_that_shuts_down_gracefully_is_released_without_a_power_action() {
+#[test]
+fn a_node_that_shuts_down_gracefully_is_released_without_a_power_action() {
+    let network = require!(NETNS, Network::one_link());
+    run(graceful_shutdown(network));
+}
+
+async fn graceful_shutdown(network: Network) {
     require!("fence-agents", fence_agents());
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let (ca, served) = require!("openssl", certificates(dir.path()));
 
-    let cluster = Cluster::start(dir.path(), &bmc, &served).await;
-    let (server, kubelets, controller) = (&cluster.server, &cluster.kubelets, &cluster.controller);
-    let kubelet = tokio::spawn(finish_deletions(server.clone(), |_| true));
+    let cluster = Cluster::start(dir.path(), &bmc, &served, &network.node, seed_fence_config).await;
+    let (server, kubelet, controller) = (&cluster.server, &cluster.kubelet, &cluster.controller);
+    let deletions = tokio::spawn(finish_deletions(server.clone(), |_| true));
     let reports = controller.reports_address();
     let kubeconfig = server.kubeconfig_yaml_naming_ca(Some(&ca.cert));
     let files = node_files(agent_config(&reports), kubeconfig, &ca);
+    let options = BootOptions {
+        netns: Some(network.node.path()),
+        ..BootOptions::default()
+    };
     let booted = tokio::task::spawn_blocking(move || {
-        support::nspawn::boot(
+        support::nspawn::boot_with(
             &[("nodekeeper-agent.service", agent_unit(""))],
             &files,
             "logind delay lock held",
+            options,
         )
     })
     .await
@@ -251,7 +370,7 @@ async fn a_node_that_shuts_down_gracefully_is_released_without_a_power_action() 
         agent_log()
     );
     // Its kubelet stopped with it.
-    kubelets.stop(NODE);
+    kubelet.stop(NODE);
     let powered_off_at = Timestamp::now();
 
     let log = agent_log();
@@ -312,22 +431,175 @@ async fn a_node_that_shuts_down_gracefully_is_released_without_a_power_action() 
     // Why, in the NodeFence; and nothing was done to the machine.
     released_without_a_step(server, "Drained", "drained cleanly", &["NodeDrained"]);
     cluster.assert_untouched(&bmc);
-    kubelet.abort();
+    deletions.abort();
 }
 
-/// The agent for scenario (c): Kubernetes mode with the systemd cgroup driver, reports
-/// over https; isolation with its defaults.
+/// The times in the BMC's chassis log (`<unix time> <what>`) of its lines containing
+/// `what`.
+fn chassis_times(bmc: &IpmiSim, what: &str) -> Vec<Timestamp> {
+    bmc.chassis_log()
+        .lines()
+        .filter(|line| line.contains(what))
+        .filter_map(|line| {
+            let seconds: f64 = line.split_whitespace().next()?.parse().ok()?;
+            Timestamp::from_nanosecond((seconds * 1e9) as i128).ok()
+        })
+        .collect()
+}
+
+#[test]
+fn a_dead_node_is_powered_off_through_its_bmc_and_released_once_the_bmc_confirms_it() {
+    let network = require!(NETNS, Network::one_link());
+    run(dead_node(network));
+}
+
+async fn dead_node(network: Network) {
+    require!("fence-agents", fence_agents());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let (ca, served) = require!("openssl", certificates(dir.path()));
+
+    // Power management is the node's only fencing step: its pods may go only once the
+    // BMC says the machine is off.
+    let cluster = Cluster::start(
+        dir.path(),
+        &bmc,
+        &served,
+        &network.node,
+        seed_power_fence_config,
+    )
+    .await;
+    let (server, controller) = (&cluster.server, &cluster.controller);
+    let reports = controller.reports_address();
+    let kubeconfig = server.kubeconfig_yaml_naming_ca(Some(&ca.cert));
+    let files = node_files(partition_agent_config(&reports), kubeconfig, &ca);
+    let options = BootOptions {
+        netns: Some(network.node.path()),
+        ..BootOptions::default()
+    };
+    let booted = tokio::task::spawn_blocking(move || {
+        support::nspawn::boot_with(
+            &[("nodekeeper-agent.service", agent_unit(""))],
+            &files,
+            "reporting to the fence controller",
+            options,
+        )
+    })
+    .await
+    .expect("boot");
+    let booted: Booted = require!(NSPAWN, booted);
+    wait_for(controller, "the agent's first report", || {
+        controller.agent_view(NODE)
+    })
+    .await;
+    tokio::time::sleep(SILENCE / 2).await;
+    assert!(
+        fence_of(server, NODE).is_none(),
+        "a heard node is not fenced"
+    );
+
+    // The machine dies: everything on it stops at once, and nothing it sent is answered
+    // any more (its kubelet's renewals go over the same link).
+    let died_at = Timestamp::now();
+    let (gone, booted) = tokio::task::spawn_blocking(move || {
+        let mut booted = booted;
+        let gone = booted.container.kill();
+        (gone, booted)
+    })
+    .await
+    .expect("the container");
+    assert!(gone, "the container did not die");
+    network.api.cut();
+
+    let fenced_at = wait_for(controller, "the node's NodeFence", || {
+        fence_of(server, NODE).map(|_| Timestamp::now())
+    })
+    .await;
+    let released_at = wait_for(controller, "the out-of-service taint", || {
+        taint_keys(server, NODE)
+            .iter()
+            .any(|key| key == OUT_OF_SERVICE)
+            .then(Timestamp::now)
+    })
+    .await;
+    wait_for(controller, "the database pod deleted", || {
+        server.object::<Pod>("shop", "db-0").is_none().then_some(())
+    })
+    .await;
+    let seconds = |from: Timestamp, to: Timestamp| {
+        Duration::try_from(to.duration_since(from))
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    let powered_off = chassis_times(&bmc, "set power 0");
+    assert_eq!(powered_off.len(), 1, "one power-off: {}", bmc.chassis_log());
+    let powered_off_at = powered_off[0];
+    let confirmed_at = chassis_times(&bmc, "get power")
+        .into_iter()
+        .find(|at| *at > powered_off_at)
+        .expect("the power state read back after the power-off");
+    println!(
+        "scenario (b) dead node: fence started {:.1}s after the node died, powered off by fence_ipmilan {:.1}s after, pod released {:.1}s after (reports every {}s, Lease renewed every {}s, silenceTimeout {}s)",
+        seconds(died_at, fenced_at),
+        seconds(died_at, powered_off_at),
+        seconds(died_at, released_at),
+        REPORT_INTERVAL.as_secs(),
+        RENEWAL.as_secs(),
+        SILENCE.as_secs()
+    );
+
+    // Fenced for the silence of both channels, not before it: the agent was heard at most
+    // one report interval before the node died.
+    let fence = fence_of(server, NODE).expect("the NodeFence");
+    assert_eq!(fence["status"]["lost"]["evidence"], "Silence", "{fence}");
+    assert!(
+        seconds(died_at, fenced_at) + REPORT_INTERVAL.as_secs_f64() >= SILENCE.as_secs_f64(),
+        "fenced {:.1}s after the node died, before silenceTimeout",
+        seconds(died_at, fenced_at)
+    );
+    // Released only on the BMC's word that the machine is off, and within the goal.
+    assert!(
+        released_at > confirmed_at,
+        "released at {released_at}, before the BMC confirmed the power-off at {confirmed_at}"
+    );
+    assert!(!bmc.power_is_on(), "the machine is off");
+    assert!(
+        seconds(died_at, released_at) < 30.0,
+        "released {:.1}s after the node died; controller log:\n{}",
+        seconds(died_at, released_at),
+        controller.log()
+    );
+    let executions = executions(&fence);
+    assert_eq!(executions.len(), 1, "{fence}");
+    assert!(
+        fence["status"]["confirmedBy"]
+            .as_str()
+            .is_some_and(|proof| proof.contains("ipmi")),
+        "{fence}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&cluster.fabric)
+            .expect("fabric port")
+            .trim(),
+        "on",
+        "power management was the only step"
+    );
+    drop(booted);
+}
+
+/// The agent for scenarios (b) and (c): Kubernetes mode with the systemd cgroup driver,
+/// reports over https, memory thresholds only; isolation with its defaults.
 fn partition_agent_config(reports: &str) -> String {
     format!(
         "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {NODE}\n\
-         kubernetes: {{cgroupDriver: systemd}}\n\
+         kubernetes: {{cgroupDriver: systemd}}\n{MEMORY_ONLY}\
          report: {{controllerURL: \"https://{reports}\", tokenFile: /shared/token, caFile: /shared/ca.crt}}\n"
     )
 }
 
 /// What the node lifecycle controller writes: the node's Ready condition, by a status
 /// patch (the controller's taints stay).
-async fn set_ready(server: &FakeApiServer, status: &str, since: Timestamp) {
+async fn set_ready(server: &FakeApiServer, node: &str, status: &str, since: Timestamp) {
     let nodes: kube::Api<Node> = kube::Api::all(server.client());
     let patch = serde_json::json!({"status": {"conditions": [{
         "type": "Ready", "status": status, "reason": "test",
@@ -335,7 +607,7 @@ async fn set_ready(server: &FakeApiServer, status: &str, since: Timestamp) {
     }]}});
     nodes
         .patch_status(
-            NODE,
+            node,
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Merge(&patch),
         )
@@ -352,27 +624,23 @@ fn container_shell(booted: &Booted, command: &str) -> String {
 /// (`node-monitor-grace-period`, 40 s before Kubernetes 1.32).
 const NODE_MONITOR_GRACE: Duration = Duration::from_secs(40);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_cut_off_from_the_api_server_is_isolated_by_its_agent_and_released_without_a_power_action()
- {
+#[test]
+fn a_node_cut_off_from_the_api_server_is_isolated_by_its_agent_and_released_without_a_power_action()
+{
+    let network = require!(NETNS, Network::two_links());
+    run(partition(network));
+}
+
+async fn partition(network: Network) {
     require!("fence-agents", fence_agents());
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let (ca, served) = require!("openssl", certificates(dir.path()));
 
-    let cluster = Cluster::start(dir.path(), &bmc, &served).await;
-    let (server, kubelets, controller) = (&cluster.server, &cluster.kubelets, &cluster.controller);
-    // The node reaches the API server through a proxy the test can cut.
-    let api_address = server
-        .url()
-        .trim_start_matches("http://")
-        .parse()
-        .expect("the API server's address");
-    let node_link = TcpProxy::start(api_address).await;
+    let cluster = Cluster::start(dir.path(), &bmc, &served, &network.node, seed_fence_config).await;
+    let (server, kubelet, controller) = (&cluster.server, &cluster.kubelet, &cluster.controller);
     let reports = controller.reports_address();
-    let kubeconfig = server
-        .kubeconfig_yaml_naming_ca(Some(&ca.cert))
-        .replace(&server.url(), &format!("http://{}", node_link.address()));
+    let kubeconfig = server.kubeconfig_yaml_naming_ca(Some(&ca.cert));
     let files = node_files(partition_agent_config(&reports), kubeconfig, &ca);
     let units = vec![
         ("kubelet.service", STAND_IN_KUBELET.to_string()),
@@ -383,8 +651,12 @@ async fn a_node_cut_off_from_the_api_server_is_isolated_by_its_agent_and_release
         ),
         ("nodekeeper-agent.service", agent_unit("pod-db.service")),
     ];
+    let options = BootOptions {
+        unified: true,
+        netns: Some(network.node.path()),
+    };
     let booted = tokio::task::spawn_blocking(move || {
-        support::nspawn::boot_unified(&units, &files, "reporting to the fence controller")
+        support::nspawn::boot_with(&units, &files, "reporting to the fence controller", options)
     })
     .await
     .expect("boot");
@@ -404,10 +676,9 @@ async fn a_node_cut_off_from_the_api_server_is_isolated_by_its_agent_and_release
         "active"
     );
 
-    // The partition: the node's connections to the API server are cut, so its kubelet
-    // renews no more; the agent still reaches the controller.
-    node_link.cut();
-    kubelets.stop(NODE);
+    // The partition: the link that carries the node's API traffic fails, so its kubelet
+    // renews no more; the agent still reaches the controller over the other link.
+    network.api.cut();
     let cut_at = Timestamp::now();
     let renewed = last_renewal(server, NODE).await;
     // The node lifecycle controller marks it Unknown after its grace.
@@ -415,7 +686,7 @@ async fn a_node_cut_off_from_the_api_server_is_isolated_by_its_agent_and_release
     if let Ok(wait) = Duration::try_from(grace_ends.duration_since(Timestamp::now())) {
         tokio::time::sleep(wait).await;
     }
-    set_ready(server, "Unknown", Timestamp::now()).await;
+    set_ready(server, NODE, "Unknown", Timestamp::now()).await;
     let not_ready_at = Timestamp::now();
 
     let released_at = wait_for(controller, "the out-of-service taint", || {
@@ -478,13 +749,39 @@ async fn a_node_cut_off_from_the_api_server_is_isolated_by_its_agent_and_release
         server.object::<Pod>("shop", "db-0").is_none().then_some(())
     })
     .await;
-    node_link.mend();
+    // The kubelet is stopped, so nothing renews the Lease once the link is back until
+    // it runs again.
+    kubelet.stop(NODE);
+    // While the partition lasts, the isolation holds: the agent knows it cannot reach
+    // the API server.
+    tokio::time::sleep(3 * REPORT_INTERVAL).await;
+    let agent_log = std::fs::read_to_string(booted.shared.join("agent.log")).unwrap_or_default();
+    for line in agent_log
+        .lines()
+        .filter(|line| line.contains("isolat") || line.contains("API") || line.contains("evict"))
+    {
+        println!("agent: {line}");
+    }
+    let view = controller
+        .agent_view(NODE)
+        .expect("the node's latest report");
+    assert_eq!(
+        view["report"]["apiServer"]["state"], "unreachable",
+        "{view}"
+    );
+    assert_eq!(
+        container_shell(&booted, "systemctl is-active kubelet.service"),
+        "inactive",
+        "the isolation ended while the node was still cut off; agent log:\n{}",
+        std::fs::read_to_string(booted.shared.join("agent.log")).unwrap_or_default()
+    );
+    network.api.mend();
     wait_for(controller, "the kubelet running again", || {
         (container_shell(&booted, "systemctl is-active kubelet.service") == "active").then_some(())
     })
     .await;
-    kubelets.resume(NODE).await;
-    set_ready(server, "True", Timestamp::now()).await;
+    kubelet.resume(NODE).await;
+    set_ready(server, NODE, "True", Timestamp::now()).await;
     wait_for(controller, "the fence to end and its taints to go", || {
         (fence_of(server, NODE).is_none()
             && !taint_keys(server, NODE)
@@ -494,4 +791,268 @@ async fn a_node_cut_off_from_the_api_server_is_isolated_by_its_agent_and_release
     })
     .await;
     cluster.assert_untouched(&bmc);
+}
+
+/// Scenario (d)'s cluster: two racks of three nodes, each rack behind its own switch (its
+/// link to the hub).
+struct Racks {
+    _hub: Netns,
+    racks: [(Netns, Link); 2],
+}
+
+impl Racks {
+    const NODES: [[&str; 3]; 2] = [["a-1", "a-2", "a-3"], ["b-1", "b-2", "b-3"]];
+
+    fn create() -> Result<Racks, String> {
+        let hub = hub()?;
+        let services = [API_SERVICE.to_string(), CONTROLLER_SERVICE.to_string()];
+        let services: Vec<&str> = services.iter().map(String::as_str).collect();
+        let rack = |name: &str, subnet: u8| -> Result<(Netns, Link), String> {
+            let netns = Netns::create(name)?;
+            let link = Link::connect(&hub, &netns, subnet, &services)?;
+            Ok((netns, link))
+        };
+        let racks = [rack("rack-a", 1)?, rack("rack-b", 2)?];
+        Ok(Racks { _hub: hub, racks })
+    }
+}
+
+/// The agent of `node` in `rack`: dry-run (it is a process of the test machine, not a
+/// node's), with the default report interval, over https with the node's token.
+fn rack_agent(
+    dir: &std::path::Path,
+    rack: &Netns,
+    node: &str,
+    reports: &str,
+    extra: &str,
+) -> AgentProcess {
+    let token = dir.join(format!("token-{node}"));
+    std::fs::write(&token, token_of(node)).expect("the token file");
+    let config = dir.join(format!("agent-{node}.yaml"));
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\n\
+             shutdownGracePeriod: 0s\n{extra}\
+             report: {{controllerURL: \"https://{reports}\", tokenFile: {}, caFile: {}}}\n",
+            token.display(),
+            dir.join("ca.crt").display()
+        ),
+    )
+    .expect("the agent's configuration");
+    AgentProcess::start_from(
+        rack.command(BINARY),
+        &[
+            "--dry-run".as_ref(),
+            "--metrics-addr".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+        ],
+    )
+}
+
+fn token_of(node: &str) -> String {
+    format!("node-token-of-{node}-0123456789abcdef")
+}
+
+#[test]
+fn half_the_cluster_behind_a_failed_switch_is_a_storm_and_nothing_is_fenced() {
+    let racks = require!(NETNS, Racks::create());
+    run(storm(racks));
+}
+
+async fn storm(racks: Racks) {
+    require!("fence-agents", fence_agents());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let (_, served) = require!("openssl", certificates(dir.path()));
+    let nodes: Vec<&str> = Racks::NODES.iter().flatten().copied().collect();
+
+    // Every node runs a database and has a fence configuration: without the storm
+    // guard, each silent node would be fenced.
+    let server = Arc::new(ready_cluster_on(API_SERVICE, &nodes).await);
+    let fabric = enabled_fabric(dir.path());
+    for node in &nodes {
+        seed_database(&server, node, &format!("db-{node}"));
+        seed_fence_config(&server, node, bmc.port(), &fabric);
+    }
+    let tokens: Vec<(&str, String)> = nodes.iter().map(|node| (*node, token_of(node))).collect();
+    seed_node_tokens(&server, &tokens);
+    let mut kubelets = Vec::new();
+    for ((rack, _), names) in racks.racks.iter().zip(Racks::NODES) {
+        kubelets.push(Kubelets::with_defaults_in(rack, &server.url(), &server, &names).await);
+    }
+    let controller = ControllerProcess::start_logging(
+        dir.path(),
+        &server,
+        &controller_config(
+            dir.path(),
+            &format!(
+                "reports: {{address: \"{CONTROLLER_SERVICE}:0\", nodeTokensSecret: node-tokens, {}}}\n",
+                served.reports_setting()
+            ),
+        ),
+        DEBUG_LOG,
+    );
+    controller.synced().await;
+    let reports = controller.reports_address();
+    // a-1's agent has a hard threshold that is always met, so its node is always under
+    // memory pressure: its own decisions show whether it keeps protecting the node.
+    let always_met = "evictionHard: {memory.available: 1000Ti}\n";
+    let agents: Vec<AgentProcess> = racks
+        .racks
+        .iter()
+        .zip(Racks::NODES)
+        .flat_map(|((rack, _), names)| {
+            names.map(|node| {
+                let extra = if node == "a-1" {
+                    always_met
+                } else {
+                    MEMORY_ONLY
+                };
+                rack_agent(dir.path(), rack, node, &reports, extra)
+            })
+        })
+        .collect();
+    for node in &nodes {
+        wait_for(&controller, "every node's agent heard", || {
+            controller.agent_view(node).map(drop)
+        })
+        .await;
+    }
+
+    // Rack a's switch fails: half the cluster falls silent at once.
+    let (rack_a_netns, rack_a) = &racks.racks[0];
+    let scrape_a_1 = || {
+        let address = agents[0].address.clone();
+        let metrics =
+            rack_a_netns.run(move || support::agent_process::http_get(&address, "/metrics").1);
+        let collected = metric_value(&metrics, "nodekeeper_last_collection_timestamp_seconds")
+            .expect("the last collection's time");
+        let pressure = metric_value(
+            &metrics,
+            "nodekeeper_node_condition{condition=\"MemoryPressure\"}",
+        );
+        (collected, pressure)
+    };
+    rack_a.cut();
+    let cut_at = Timestamp::now();
+    let metrics = wait_for(&controller, "the storm guard to see the storm", || {
+        let metrics = controller.metrics();
+        (metric_value(&metrics, "nodekeeper_storm_guard_state{state=\"storm\"}") == Some(1.0))
+            .then_some(metrics)
+    })
+    .await;
+    let storm_at = Timestamp::now();
+    assert_eq!(
+        metric_value(&metrics, "nodekeeper_controller_silent_nodes"),
+        Some(3.0),
+        "{metrics}"
+    );
+    // Behind the failed switch, the agents go on protecting their nodes: a-1's still
+    // collects its signals and keeps its node under memory pressure.
+    let (collected_before, pressure) = scrape_a_1();
+    assert_eq!(pressure, Some(1.0), "a-1 is under memory pressure");
+    tokio::time::sleep(3 * REPORT_INTERVAL).await;
+    let (collected_after, pressure) = scrape_a_1();
+    assert_eq!(pressure, Some(1.0), "a-1 is still under memory pressure");
+    assert!(
+        collected_after > collected_before,
+        "a-1's agent stopped collecting when its switch failed ({collected_before} then {collected_after})"
+    );
+    // The node lifecycle controller marks them Unknown after its grace; a node without
+    // an agent would be fenced unhealthyDuration (2 s here) later.
+    let mut last_renewed = Timestamp::now();
+    for node in Racks::NODES[0] {
+        last_renewed = last_renewed.min(last_renewal(&server, node).await);
+    }
+    if let Ok(wait) =
+        Duration::try_from((last_renewed + NODE_MONITOR_GRACE).duration_since(Timestamp::now()))
+    {
+        tokio::time::sleep(wait).await;
+    }
+    for node in Racks::NODES[0] {
+        set_ready(&server, node, "Unknown", Timestamp::now()).await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let held_for = Duration::try_from(Timestamp::now().duration_since(cut_at)).unwrap_or_default();
+    for node in Racks::NODES[0] {
+        let fence = fence_of(&server, node).expect("a silent node's fence");
+        assert_eq!(fence["status"]["pause"]["reason"], "StormGuard", "{fence}");
+        assert!(executions(&fence).is_empty(), "{fence}");
+    }
+    for node in Racks::NODES[1] {
+        assert!(
+            fence_of(&server, node).is_none(),
+            "{node} is heard and never fenced"
+        );
+    }
+    assert!(
+        !bmc.chassis_log().contains("set power"),
+        "{}",
+        bmc.chassis_log()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        "on"
+    );
+    for node in &nodes {
+        assert!(
+            server
+                .object::<Pod>("shop", &format!("db-{node}"))
+                .is_some(),
+            "no pod is released in a storm"
+        );
+    }
+
+    // The switch comes back: the nodes are heard and Ready again, and their fences end.
+    rack_a.mend();
+    let mended_at = Timestamp::now();
+    for node in Racks::NODES[0] {
+        wait_for(&controller, "the rack's agents heard again", || {
+            controller
+                .agent_view(node)
+                .filter(|view| received_at(view) > mended_at)
+                .map(drop)
+        })
+        .await;
+        set_ready(&server, node, "True", Timestamp::now()).await;
+    }
+    wait_for(&controller, "every fence to end", || {
+        Racks::NODES[0]
+            .iter()
+            .all(|node| fence_of(&server, node).is_none())
+            .then_some(())
+    })
+    .await;
+    let healed_at = Timestamp::now();
+    let seconds = |from: Timestamp, to: Timestamp| {
+        Duration::try_from(to.duration_since(from))
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    println!(
+        "scenario (d) storm: 3 of 6 nodes silent at once; storm guard engaged {:.1}s after the cut, held every fence for {:.0}s (nodes NotReady for the last 10s), nothing powered off or isolated; fences ended {:.1}s after the switch came back (reports every {}s, Lease renewed every {}s, silenceTimeout {}s)",
+        seconds(cut_at, storm_at),
+        held_for.as_secs_f64(),
+        seconds(mended_at, healed_at),
+        REPORT_INTERVAL.as_secs(),
+        RENEWAL.as_secs(),
+        SILENCE.as_secs()
+    );
+    assert!(
+        seconds(cut_at, storm_at) <= (SILENCE + 2 * REPORT_INTERVAL).as_secs_f64(),
+        "the storm was seen {:.1}s after the cut",
+        seconds(cut_at, storm_at)
+    );
+    assert!(
+        !bmc.chassis_log().contains("set power"),
+        "{}",
+        bmc.chassis_log()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        "on"
+    );
 }

@@ -63,6 +63,9 @@ pub struct Agent {
     /// The kubelet's pods cgroup, when the agent knows the node's pods (Kubernetes mode):
     /// what isolating the node kills.
     pods_cgroup: Option<Arc<crate::isolation::PodsCgroup>>,
+    /// Pods evicted and not yet gone, never chosen again (the kubelet's "termination
+    /// requested").
+    evicted: super::evicted::Evicted,
 }
 
 impl Agent {
@@ -93,6 +96,7 @@ impl Agent {
             api_reachability: None,
             pods_cgroup: None,
             notifiers: None,
+            evicted: super::evicted::Evicted::default(),
         }
         .with_standalone_evictor()
     }
@@ -295,7 +299,13 @@ impl Agent {
         report
     }
 
+    /// The pods that may be chosen: those listed, less those already evicted.
     fn collect_pods(&mut self) -> Vec<Pod> {
+        let listed = self.list_pods();
+        self.evicted.active(listed)
+    }
+
+    fn list_pods(&mut self) -> Vec<Pod> {
         if let Some(source) = self.pod_source.as_mut() {
             return source.pods();
         }
@@ -452,6 +462,7 @@ impl Agent {
                         message = %order.message,
                         "evicted pod"
                     );
+                    self.evicted.remember(pod);
                     evicted_any = true;
                 }
                 Err(error) => tracing::error!(pod = %order.key(), %error, "eviction failed"),

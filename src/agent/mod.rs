@@ -3,6 +3,7 @@
 //! runs one eviction cycle, acts on the decision, and publishes metrics.
 
 mod cycle;
+mod evicted;
 mod hooks;
 mod record;
 mod report;

@@ -208,6 +208,11 @@ pub struct RawKubernetes {
     pub taints: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub condition_heartbeat: Option<String>,
+    /// How often the agent asks the API server whether it answers (`0s`: never).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_probe_interval: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_probe_timeout: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outbox_size: Option<usize>,
     /// Kill a hard-evicted pod's cgroup at once instead of waiting for the kubelet.

@@ -787,6 +787,18 @@ fn build_kubernetes(
         config.condition_heartbeat =
             duration_at_least(&fail, "conditionHeartbeat", text, GoDuration::from_secs(1))?;
     }
+    if let Some(text) = &raw.api_probe_interval {
+        config.api_probe_interval =
+            duration_at_least(&fail, "apiProbeInterval", text, GoDuration::ZERO)?;
+    }
+    if let Some(text) = &raw.api_probe_timeout {
+        config.api_probe_timeout = duration_at_least(
+            &fail,
+            "apiProbeTimeout",
+            text,
+            GoDuration::from_nanos(100_000_000),
+        )?;
+    }
     if let Some(size) = raw.outbox_size {
         if size == 0 {
             return Err(fail("outboxSize must be positive".to_string()));

@@ -288,6 +288,12 @@ pub struct KubernetesConfig {
     /// Publish `nodekeeper.io/*-pressure:NoSchedule` taints while under pressure.
     pub taints: bool,
     pub condition_heartbeat: GoDuration,
+    /// How often the agent asks the API server for `/version` to learn whether it
+    /// answers, beyond what its watch and writes show; zero: never.
+    pub api_probe_interval: GoDuration,
+    /// How long such a probe waits for an answer before the API server counts as
+    /// unreachable.
+    pub api_probe_timeout: GoDuration,
     /// Queued API actions kept while the API server is unreachable; events and
     /// heartbeats beyond this are dropped oldest first, deletions never.
     pub outbox_size: usize,
@@ -307,6 +313,8 @@ impl Default for KubernetesConfig {
             disk_walk_max_entries: 100_000,
             taints: false,
             condition_heartbeat: GoDuration::from_secs(300),
+            api_probe_interval: GoDuration::from_secs(10),
+            api_probe_timeout: GoDuration::from_secs(5),
             outbox_size: 1000,
             local_kill: true,
         }

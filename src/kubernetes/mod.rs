@@ -12,6 +12,7 @@ pub mod evictor;
 pub mod fencing;
 pub mod node;
 pub mod outbox;
+pub mod probe;
 pub mod resources;
 pub mod runtime;
 pub mod shutdown;

@@ -159,6 +159,12 @@ impl KubeRuntime {
             outbox.set_dry_run(true);
             tracing::info!(node = %node_name, "dry run: Kubernetes API writes are logged, not sent");
         }
+        let probe = super::probe::start_api_probe(
+            client.clone(),
+            outbox.reachability.clone(),
+            settings.api_probe_interval.to_std(),
+            settings.api_probe_timeout.to_std(),
+        );
         let writer = ApiWriter::new(client, node_name.clone());
         let sender_task = tokio::spawn(run_outbox(outbox.clone(), writer, retry));
         let reader = match CgroupReader::detect(&config.paths.cgroup_root) {
@@ -194,7 +200,12 @@ impl KubeRuntime {
             outbox,
             usage,
             local_killer,
-            tasks: Arc::new(TaskGuard(vec![reflector_task, sender_task])),
+            tasks: Arc::new(TaskGuard(
+                [reflector_task, sender_task]
+                    .into_iter()
+                    .chain(probe)
+                    .collect(),
+            )),
         }
     }
 

@@ -15,6 +15,9 @@ use nix::unistd::Pid;
 /// How long the agent may take to report its metrics address.
 const START_WAIT: Duration = Duration::from_secs(30);
 
+/// The binary under test.
+pub const BINARY: &str = env!("CARGO_BIN_EXE_nodekeeper");
+
 pub struct AgentProcess {
     pub child: Child,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
@@ -34,7 +37,13 @@ impl AgentProcess {
     /// Start `nodekeeper agent ARGS` in standalone mode (no kubeconfig from the
     /// environment) and wait until it serves HTTP.
     pub fn start<S: AsRef<OsStr>>(args: &[S]) -> AgentProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        AgentProcess::start_from(Command::new(BINARY), args)
+    }
+
+    /// [`AgentProcess::start`] with `command` (which runs the binary under test, as
+    /// `BINARY`) prepared by the caller: placed in a network namespace, for one.
+    pub fn start_from<S: AsRef<OsStr>>(mut command: Command, args: &[S]) -> AgentProcess {
+        let mut child = command
             .arg("agent")
             .args(args)
             .env("RUST_LOG", "info")

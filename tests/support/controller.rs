@@ -38,7 +38,12 @@ pub fn crd() -> CustomResource {
 
 /// A test API server serving NodeFences, with `names` as Ready nodes.
 pub async fn ready_cluster(names: &[&str]) -> FakeApiServer {
-    let server = FakeApiServer::start().await;
+    ready_cluster_on(std::net::Ipv4Addr::LOCALHOST, names).await
+}
+
+/// [`ready_cluster`] with the API server on `address`.
+pub async fn ready_cluster_on(address: std::net::Ipv4Addr, names: &[&str]) -> FakeApiServer {
+    let server = FakeApiServer::start_on(address).await;
     server.register(crd());
     let since = Timestamp::now();
     for name in names {
@@ -106,12 +111,33 @@ pub fn config_map(
 /// (fence_dummy keeping its state in `fabric`), power management by IPMI, and recovery
 /// switching both back on. The BMC password comes from a labelled Secret.
 pub fn seed_fence_config(server: &FakeApiServer, node: &str, bmc_port: u16, fabric: &Path) {
+    seed_fence_steps(
+        server,
+        node,
+        bmc_port,
+        fabric,
+        "isolation=fabric-off\npower_management=ipmi-off\nrecovery=fabric-on ipmi-on",
+    );
+}
+
+/// [`seed_fence_config`] with power management as the only fencing step: no storage
+/// isolation, so the pods are released once the BMC confirms the power is off.
+pub fn seed_power_fence_config(server: &FakeApiServer, node: &str, bmc_port: u16, fabric: &Path) {
+    seed_fence_steps(
+        server,
+        node,
+        bmc_port,
+        fabric,
+        "power_management=ipmi-off\nrecovery=ipmi-on",
+    );
+}
+
+/// The methods of [`seed_fence_config`], with `steps` as the node's configuration.
+fn seed_fence_steps(server: &FakeApiServer, node: &str, bmc_port: u16, fabric: &Path, steps: &str) {
     server.seed(&config_map(
         &format!("fence-config-{node}"),
         "config.properties",
-        &format!(
-            "node_name={node}\nisolation=fabric-off\npower_management=ipmi-off\nrecovery=fabric-on ipmi-on"
-        ),
+        &format!("node_name={node}\n{steps}"),
     ));
     for (method, action) in [("fabric-off", "off"), ("fabric-on", "on")] {
         server.seed(&config_map(

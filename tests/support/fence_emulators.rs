@@ -188,8 +188,9 @@ enum Readiness {
     TimedOut,
 }
 
-/// Who has a socket bound to a local port, from `/proc/net/{udp,tcp}` and the socket inodes
-/// among a process's open files.
+/// Who has a socket bound to a local port, from the emulator's own `/proc/PID/net/{udp,tcp}`
+/// (the table of the network namespace it runs in, which need not be the test process's
+/// main thread's) and the socket inodes among a process's open files.
 struct PortHolders {
     /// The emulator process has one.
     ours: bool,
@@ -200,12 +201,12 @@ struct PortHolders {
 impl PortHolders {
     fn find(protocol: Protocol, port: u16, pid: u32) -> Self {
         let (table, bound_state) = match protocol {
-            Protocol::Udp => ("/proc/net/udp", None),
+            Protocol::Udp => (format!("/proc/{pid}/net/udp"), None),
             // TCP: only a listening socket holds the port; the probes' closed connections
             // linger in the table, but without an inode.
-            Protocol::Tcp => ("/proc/net/tcp", Some("0A")),
+            Protocol::Tcp => (format!("/proc/{pid}/net/tcp"), Some("0A")),
         };
-        let bound_inodes: Vec<u64> = fs::read_to_string(table)
+        let bound_inodes: Vec<u64> = fs::read_to_string(&table)
             .unwrap_or_default()
             .lines()
             .skip(1)

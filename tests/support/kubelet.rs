@@ -2,6 +2,7 @@
 //! `kube-node-lease`, and ending the graceful deletion of pods whose containers stopped.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::apiserver::FakeApiServer;
+use super::netns::Netns;
 
 pub const NODE_LEASES: &str = "kube-node-lease";
 
@@ -20,7 +22,14 @@ pub const NODE_LEASES: &str = "kube-node-lease";
 pub struct Kubelets {
     renewing: Arc<Mutex<BTreeSet<String>>>,
     leases: Api<Lease>,
-    task: tokio::task::JoinHandle<()>,
+    renewer: Renewer,
+}
+
+/// Where the renewals run: a task of the test's runtime, or a thread of their own in the
+/// nodes' network namespace.
+enum Renewer {
+    Task(tokio::task::JoinHandle<()>),
+    Thread { ended: Arc<AtomicBool> },
 }
 
 impl Kubelets {
@@ -52,40 +61,55 @@ impl Kubelets {
         duration: Duration,
         renew: Duration,
     ) -> Kubelets {
-        let leases: Api<Lease> = Api::namespaced(server.client(), NODE_LEASES);
-        for node in nodes {
-            let lease: Lease = serde_json::from_value(json!({
-                "metadata": {"name": node},
-                "spec": {"holderIdentity": node, "leaseDurationSeconds": duration.as_secs(),
-                         "renewTime": micro_time(Timestamp::now())}
-            }))
-            .expect("lease");
-            leases
-                .create(&PostParams::default(), &lease)
-                .await
-                .expect("create the node Lease");
+        let (leases, renewing) = create_leases(server, nodes, duration).await;
+        let task = tokio::spawn(renew_every(leases.clone(), renewing.clone(), renew));
+        Kubelets {
+            renewing,
+            leases,
+            renewer: Renewer::Task(task),
         }
-        let renewing: Arc<Mutex<BTreeSet<String>>> = Arc::new(Mutex::new(
-            nodes.iter().map(|node| node.to_string()).collect(),
-        ));
-        let names = renewing.clone();
-        let kept = leases.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(renew).await;
-                let now: Vec<String> = names.lock().expect("names").iter().cloned().collect();
-                for node in now {
-                    let patch = json!({"spec": {"renewTime": micro_time(Timestamp::now())}});
-                    let _ = leases
-                        .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await;
+    }
+
+    /// The kubelets of `nodes` at the kubelet's defaults, renewing from inside `netns`
+    /// through the API server's `url` as the nodes reach it: when their link is cut, the
+    /// renewals stop on their own, as a real kubelet's do.
+    pub async fn with_defaults_in(
+        netns: &Netns,
+        url: &str,
+        server: &FakeApiServer,
+        nodes: &[&str],
+    ) -> Kubelets {
+        let (leases, renewing) = create_leases(server, nodes, Duration::from_secs(40)).await;
+        let ended = Arc::new(AtomicBool::new(false));
+        let uri: http::Uri = url.parse().expect("the API server's URL");
+        let (names, stop) = (renewing.clone(), ended.clone());
+        let path = netns.path();
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).expect("the nodes' namespace");
+            super::netns::join(&file).expect("setns into the nodes' namespace");
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the kubelets");
+            runtime.block_on(async move {
+                let client = kube::Client::try_from(kube::Config::new(uri)).expect("a client");
+                let leases: Api<Lease> = Api::namespaced(client, NODE_LEASES);
+                let renewing = renew_every(leases, names, Duration::from_secs(10));
+                let ended = async {
+                    while !stop.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                };
+                tokio::select! {
+                    () = renewing => {}
+                    () = ended => {}
                 }
-            }
+            });
         });
         Kubelets {
             renewing,
-            leases: kept,
-            task,
+            leases,
+            renewer: Renewer::Thread { ended },
         }
     }
 
@@ -111,7 +135,48 @@ impl Kubelets {
 
 impl Drop for Kubelets {
     fn drop(&mut self) {
-        self.task.abort();
+        match &self.renewer {
+            Renewer::Task(task) => task.abort(),
+            Renewer::Thread { ended } => ended.store(true, Ordering::SeqCst),
+        }
+    }
+}
+
+/// Creates the Leases of `nodes`, renewed now, through the test's own client.
+async fn create_leases(
+    server: &FakeApiServer,
+    nodes: &[&str],
+    duration: Duration,
+) -> (Api<Lease>, Arc<Mutex<BTreeSet<String>>>) {
+    let leases: Api<Lease> = Api::namespaced(server.client(), NODE_LEASES);
+    for node in nodes {
+        let lease: Lease = serde_json::from_value(json!({
+            "metadata": {"name": node},
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": duration.as_secs(),
+                     "renewTime": micro_time(Timestamp::now())}
+        }))
+        .expect("lease");
+        leases
+            .create(&PostParams::default(), &lease)
+            .await
+            .expect("create the node Lease");
+    }
+    let renewing = nodes.iter().map(|node| node.to_string()).collect();
+    (leases, Arc::new(Mutex::new(renewing)))
+}
+
+/// Renews the Lease of every node in `names` each `renew`, forever. A renewal that gets
+/// no answer within `renew` is given up, as the kubelet's is (it retries on its next
+/// tick): a node cut off from the API server hangs no longer than that.
+async fn renew_every(leases: Api<Lease>, names: Arc<Mutex<BTreeSet<String>>>, renew: Duration) {
+    loop {
+        tokio::time::sleep(renew).await;
+        let now: Vec<String> = names.lock().expect("names").iter().cloned().collect();
+        for node in now {
+            let patch = json!({"spec": {"renewTime": micro_time(Timestamp::now())}});
+            let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+            let _ = tokio::time::timeout(renew, leases.patch(&node, &params, &patch)).await;
+        }
     }
 }
 

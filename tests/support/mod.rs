@@ -10,6 +10,7 @@ pub mod fence_emulators;
 pub mod fence_manifests;
 pub mod job_runner;
 pub mod kubelet;
+pub mod netns;
 pub mod node_units;
 pub mod nspawn;
 pub mod process_usage;

@@ -1,6 +1,7 @@
 //! A node for end-to-end tests: a copy of the cached Debian tree (`debian.rs`) booted
-//! with systemd-nspawn, so systemd and logind are real. The container shares the host's
-//! network, so what runs inside reaches the test's servers on loopback. `/shared` inside
+//! with systemd-nspawn, so systemd and logind are real. The container shares the test's
+//! network namespace, so what runs inside reaches the test's servers on loopback, unless
+//! the test boots it in a namespace of its own ([`BootOptions::netns`]). `/shared` inside
 //! is a directory of the test; the `nodekeeper` binary under test is bound at
 //! `/usr/local/bin/nodekeeper`.
 
@@ -58,6 +59,20 @@ impl Container {
         }
         false
     }
+
+    /// Kills the container at once, as a power loss stops a machine, and returns whether
+    /// it is gone within 10 s. Its init goes first: killing it ends every process of the
+    /// container's PID namespace, while killing only systemd-nspawn would leave the
+    /// container running, orphaned.
+    pub fn kill(&mut self) -> bool {
+        if let Some(init) = self.init_pid() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(init as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        self.exited_within(Duration::from_secs(10))
+    }
 }
 
 impl Drop for Container {
@@ -65,16 +80,7 @@ impl Drop for Container {
         if self.exited() {
             return;
         }
-        // The container's init first: killing it ends every process of the container's
-        // PID namespace, while killing only systemd-nspawn would leave the container
-        // running, orphaned.
-        if let Some(init) = self.init_pid() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(init as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        if !self.exited_within(Duration::from_secs(10)) {
+        if !self.kill() {
             let pid = nix::unistd::Pid::from_raw(self.nspawn.id() as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
             let _ = self.nspawn.wait();
@@ -115,7 +121,16 @@ pub fn boot(
     files: &[(&str, Vec<u8>)],
     ready_line: &str,
 ) -> Result<Booted, String> {
-    boot_in(units, files, ready_line, false)
+    boot_with(units, files, ready_line, BootOptions::default())
+}
+
+/// How a container boots, beyond its units and files.
+#[derive(Default)]
+pub struct BootOptions {
+    /// Its cgroups a writable cgroup v2 tree (see [`boot_unified`]).
+    pub unified: bool,
+    /// The network namespace it runs in (`/run/netns/<name>`), instead of the test's.
+    pub netns: Option<PathBuf>,
 }
 
 /// [`boot`], with the container's cgroups a writable cgroup v2 tree (a unified
@@ -126,14 +141,19 @@ pub fn boot_unified(
     files: &[(&str, Vec<u8>)],
     ready_line: &str,
 ) -> Result<Booted, String> {
-    boot_in(units, files, ready_line, true)
+    let options = BootOptions {
+        unified: true,
+        ..BootOptions::default()
+    };
+    boot_with(units, files, ready_line, options)
 }
 
-fn boot_in(
+/// [`boot`] with `options`.
+pub fn boot_with(
     units: &[(&str, String)],
     files: &[(&str, Vec<u8>)],
     ready_line: &str,
-    unified: bool,
+    options: BootOptions,
 ) -> Result<Booted, String> {
     super::real::root()?;
     super::real::program("systemd-nspawn", "systemd-container")?;
@@ -165,8 +185,11 @@ fn boot_in(
 
     let binary = env!("CARGO_BIN_EXE_nodekeeper");
     let mut nspawn = Command::new("systemd-nspawn");
-    if unified {
+    if options.unified {
         nspawn.env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1");
+    }
+    if let Some(netns) = &options.netns {
+        nspawn.arg(format!("--network-namespace-path={}", netns.display()));
     }
     let nspawn = nspawn
         .args([

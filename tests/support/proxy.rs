@@ -1,19 +1,16 @@
-//! A TCP proxy on loopback that a test can cut and mend: what a network partition does
-//! to one client's connections (open ones reset, new ones refused), while every other
-//! client of the same server is unaffected.
+//! A TCP proxy on loopback that a test can turn into a black hole and back: what a
+//! partition that drops packets does to one client's connections (open ones and new ones
+//! alike get no answer and no error), while every other client of the same server is
+//! unaffected. For a partition between network namespaces, see `netns.rs`.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 pub struct TcpProxy {
     address: SocketAddr,
-    cut: Arc<AtomicBool>,
-    /// Bumped on every cut: the connections open before it end.
-    generation: watch::Sender<u64>,
+    black_hole: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -22,39 +19,19 @@ impl TcpProxy {
     pub async fn start(upstream: SocketAddr) -> TcpProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let address = listener.local_addr().expect("its address");
-        let cut = Arc::new(AtomicBool::new(false));
-        let (generation, _) = watch::channel(0u64);
-        let refusing = cut.clone();
-        let cuts = generation.clone();
+        let (black_hole, _) = watch::channel(false);
+        let holes = black_hole.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((mut client, _)) = listener.accept().await else {
+                let Ok((client, _)) = listener.accept().await else {
                     continue;
                 };
-                if refusing.load(Ordering::SeqCst) {
-                    // Closed at once: the client sees its connection reset.
-                    let _ = client.set_zero_linger();
-                    drop(client);
-                    continue;
-                }
-                let mut ended = cuts.subscribe();
-                tokio::spawn(async move {
-                    let Ok(mut server) = TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = ended.changed() => {
-                            let _ = client.set_zero_linger();
-                        }
-                    }
-                });
+                tokio::spawn(forward(client, upstream, holes.subscribe()));
             }
         });
         TcpProxy {
             address,
-            cut,
-            generation,
+            black_hole,
             task,
         }
     }
@@ -63,15 +40,36 @@ impl TcpProxy {
         self.address
     }
 
-    /// The partition: open connections are reset, new ones refused.
-    pub fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        self.generation.send_modify(|generation| *generation += 1);
+    /// The partition: from now on nothing passes on any connection, open or new, and
+    /// nobody is told.
+    pub fn swallow(&self) {
+        self.black_hole.send_replace(true);
     }
 
-    /// The partition heals.
+    /// The partition heals: new connections pass again. The connections it swallowed are
+    /// closed, as their peers would long since have given up on them.
     pub fn mend(&self) {
-        self.cut.store(false, Ordering::SeqCst);
+        self.black_hole.send_replace(false);
+    }
+}
+
+/// Forwards one client connection until either side closes it, holding it silently
+/// while the proxy is a black hole.
+async fn forward(mut client: TcpStream, upstream: SocketAddr, mut hole: watch::Receiver<bool>) {
+    if *hole.borrow_and_update() {
+        let _ = hole.wait_for(|swallowing| !swallowing).await;
+        return;
+    }
+    let Ok(mut server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let swallowed = tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
+        _ = hole.wait_for(|swallowing| *swallowing) => true,
+    };
+    if swallowed {
+        // Both sockets stay open and unread until the partition heals.
+        let _ = hole.wait_for(|swallowing| !swallowing).await;
     }
 }
 

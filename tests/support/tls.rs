@@ -76,6 +76,16 @@ pub fn certificate_authority(dir: &Path, name: &str) -> Result<Pair, String> {
 /// A server certificate for 127.0.0.1 and `localhost`, signed by `ca`, written to
 /// `dir/name.crt` and `dir/name.key`.
 pub fn server_certificate(dir: &Path, name: &str, ca: &Pair) -> Result<Pair, String> {
+    server_certificate_for(dir, name, ca, &[])
+}
+
+/// [`server_certificate`], valid for the IP addresses `more` as well.
+pub fn server_certificate_for(
+    dir: &Path,
+    name: &str,
+    ca: &Pair,
+    more: &[&str],
+) -> Result<Pair, String> {
     let pair = Pair {
         cert: dir.join(format!("{name}.crt")),
         key: dir.join(format!("{name}.key")),
@@ -98,7 +108,10 @@ pub fn server_certificate(dir: &Path, name: &str, ca: &Pair) -> Result<Pair, Str
     let extensions = dir.join(format!("{name}.ext"));
     std::fs::write(
         &extensions,
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
+        format!(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost{}\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
+            more.iter().map(|ip| format!(",IP:{ip}")).collect::<String>()
+        ),
     )
     .map_err(|error| error.to_string())?;
     openssl(&[

@@ -49,9 +49,15 @@ impl<K> Kind for K where K: kube::Resource<DynamicType = ()> + Serialize + Deser
 impl FakeApiServer {
     /// Starts a server on 127.0.0.1 with an ephemeral port, on the current tokio runtime.
     pub async fn start() -> Self {
-        let listener = Listener::bind()
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST).await
+    }
+
+    /// [`start`](Self::start) on `address` instead of 127.0.0.1: a test in network
+    /// namespaces serves its nodes on the hub's end of their links.
+    pub async fn start_on(address: std::net::Ipv4Addr) -> Self {
+        let listener = Listener::bind((address, 0).into())
             .await
-            .expect("bind the fake API server on 127.0.0.1");
+            .unwrap_or_else(|error| panic!("bind the fake API server on {address}: {error}"));
         Self { listener }
     }
 

@@ -59,8 +59,8 @@ pub struct Listener {
 }
 
 impl Listener {
-    pub async fn bind() -> std::io::Result<Self> {
-        let socket = TcpListener::bind("127.0.0.1:0").await?;
+    pub async fn bind(address: std::net::SocketAddr) -> std::io::Result<Self> {
+        let socket = TcpListener::bind(address).await?;
         let (drop_watches, _) = tokio::sync::watch::channel(0);
         let shared = Arc::new(Shared {
             address: socket.local_addr()?,
