@@ -69,6 +69,7 @@ fn silent_scan(ledger: &ReportLedger, at: Instant) -> usize {
                 reports_fresh_within: heard.fresh_within,
                 drained: heard.drained,
                 isolation: Some(heard.isolation),
+                api_reachable_since: None,
             }
             .counted_as_silent(silence, now())
         })

@@ -138,6 +138,8 @@ struct World {
     sequence: u64,
     /// The request the agent's isolation state answers.
     isolation_request: u64,
+    /// Since when the agent's reports have said it reaches the API server.
+    api_reachable_since: Option<Timestamp>,
     /// Reports come over TLS, so what they say counts and instructions are given.
     over_tls: bool,
 }
@@ -202,6 +204,7 @@ impl World {
             isolation_state: IsolationState::None,
             sequence: 0,
             isolation_request: 0,
+            api_reachable_since: None,
             over_tls: true,
         }
     }
@@ -249,6 +252,14 @@ impl World {
         };
         let power = self.devices.power_on;
         self.sequence += 1;
+        if reports_speak && power {
+            // The agent reaches the API server when the kubelet's Lease gets through.
+            self.api_reachable_since = if lease_speaks {
+                self.api_reachable_since.or(Some(self.now))
+            } else {
+                None
+            };
+        }
         self.facts.liveness = Liveness::Heard(Channels {
             // An isolated node's kubelet is stopped.
             lease: if lease_speaks && power && !self.isolated {
@@ -271,6 +282,7 @@ impl World {
                 sequence: self.sequence,
                 request: self.isolation_request,
             }),
+            api_reachable_since: self.api_reachable_since.filter(|_| self.over_tls),
         });
     }
 
@@ -1254,12 +1266,14 @@ fn a_partitioned_node_is_isolated_by_its_agent_and_released_with_no_power_action
             .instructions
             .is_empty()
     );
-    // Its pods are gone (the out-of-service taint), and the partition heals: the agent
-    // reaches the API server again and is told to end the isolation.
+    // Its pods are gone (the out-of-service taint), and the partition heals: once the
+    // agent has said for 15 s that it reaches the API server again, it is told to end
+    // the isolation.
     world.facts.runs_pods_needing_fencing = false;
     world.facts.pods_to_release = 0;
     world.channels = Some((true, true));
     world.hear();
+    world.run(3, 5);
     world.reconcile();
     assert_eq!(
         world.log.last().expect("a decision").instructions,
@@ -1436,6 +1450,7 @@ fn the_isolation_is_ended_once_no_pod_that_needs_fencing_is_left_whatever_else_r
     world.facts.pods_to_release = 1;
     world.channels = Some((true, true));
     world.hear();
+    world.run(3, 5);
     world.reconcile();
     assert!(
         world
@@ -1445,6 +1460,39 @@ fn the_isolation_is_ended_once_no_pod_that_needs_fencing_is_left_whatever_else_r
             .instructions
             .contains(&Instruction::EndIsolation)
     );
+}
+
+#[test]
+fn an_isolation_ends_only_after_the_agent_steadily_reaches_the_api_server() {
+    let mut world = isolated_by_its_agent();
+    world.facts.runs_pods_needing_fencing = false;
+    world.facts.pods_to_release = 0;
+    let ends = |world: &World| {
+        world
+            .log
+            .last()
+            .expect("a decision")
+            .instructions
+            .contains(&Instruction::EndIsolation)
+    };
+    // The first reports that the agent reaches the API server again: not yet.
+    world.channels = Some((true, true));
+    world.hear();
+    world.run(2, 5);
+    world.reconcile();
+    assert!(!ends(&world), "10 s of reaching it is not enough");
+    // The link flaps: one report says unreachable, and the wait starts over.
+    world.channels = Some((false, true));
+    world.advance(2);
+    world.reconcile();
+    world.channels = Some((true, true));
+    world.advance(2);
+    world.run(2, 5);
+    world.reconcile();
+    assert!(!ends(&world), "10 s since the flap is not enough");
+    world.advance(5);
+    world.reconcile();
+    assert!(ends(&world), "15 s of reaching it ends the isolation");
 }
 
 #[test]

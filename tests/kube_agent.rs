@@ -77,6 +77,18 @@ impl Host {
         std::fs::write(dir.join("cgroup.procs"), "").unwrap();
     }
 
+    /// The pod's containers run (again): its fake cgroup has a process.
+    fn start_pod_processes(&self, qos_dir: &str, uid: &str) {
+        let procs = self
+            .dir
+            .path()
+            .join("cgroup/kubepods")
+            .join(qos_dir)
+            .join(format!("pod{uid}"))
+            .join("cgroup.procs");
+        std::fs::write(procs, "4242\n").unwrap();
+    }
+
     fn config(&self, extra: &str) -> AgentConfig {
         let root = self.dir.path().display();
         let yaml = format!(
@@ -98,13 +110,20 @@ kubernetes:
     }
 }
 
-/// Records local kills instead of sending signals.
+/// Records local kills instead of sending signals; a killed pod's fake cgroup (under
+/// the cgroup root given) is left without processes, as a real kill leaves it.
 #[derive(Clone, Default)]
-struct KillLog(Arc<Mutex<Vec<String>>>);
+struct KillLog(Arc<Mutex<Vec<String>>>, Option<PathBuf>);
 
 impl LocalKiller for KillLog {
     fn kill(&mut self, pod: &Pod) -> Result<(), String> {
         self.0.lock().unwrap().push(pod.key());
+        if let (Some(root), Some(cgroup)) = (&self.1, &pod.cgroup) {
+            let procs = root
+                .join(cgroup.strip_prefix("/").unwrap_or(cgroup))
+                .join("cgroup.procs");
+            std::fs::write(procs, "").map_err(|error| error.to_string())?;
+        }
         Ok(())
     }
 }
@@ -270,7 +289,7 @@ async fn scenario_through(extra_config: &str, retry: RetryPolicy, proxied: bool)
     let client =
         nodekeeper::kubernetes::build_client(kube::Config::new(url.parse().unwrap())).unwrap();
     let mut runtime = KubeRuntime::start(client, NODE.to_string(), &config, retry);
-    let kills = KillLog::default();
+    let kills = KillLog(Arc::default(), Some(host.dir.path().join("cgroup")));
     runtime.set_local_killer(Some(Box::new(kills.clone())));
     runtime.wait_until_ready().await;
     let outbox = runtime.outbox();
@@ -464,13 +483,29 @@ async fn an_api_outage_keeps_local_protection_and_flushes_every_action_once() {
         kills.len(),
         "each pod is evicted once, however many cycles run: {kills:?}"
     );
+    // The kubelet, which never heard of the delete, starts hog's containers again: a
+    // pod running again is chosen again, and killed again.
+    s.host.start_pod_processes("burstable", "11111111-aaaa");
+    s.agent.run_cycle().await;
+    assert_eq!(
+        s.kills
+            .kills()
+            .iter()
+            .filter(|pod| *pod == "default/hog")
+            .count(),
+        2,
+        "{:?}",
+        s.kills.kills()
+    );
 
     s.server.come_back().await;
     eventually(WAIT, "outbox flushed", || s.outbox.is_empty().then_some(())).await;
     let hog = pod(&s.server, "hog");
     assert_eq!(hog.metadata.deletion_grace_period_seconds, Some(1));
     assert!(condition(&hog, "DisruptionTarget").is_some());
-    for evicted in ["hog", "modest"] {
+    // Each pod deleted once (the repeated delete merged in the outbox); one Evicted
+    // event object each, counting hog's two evictions.
+    for (evicted, times) in [("hog", 2), ("modest", 1)] {
         assert_eq!(
             successful_deletes(&s.server, evicted).len(),
             1,
@@ -478,7 +513,7 @@ async fn an_api_outage_keeps_local_protection_and_flushes_every_action_once() {
         );
         let events = evicted_events(&s.server, evicted);
         assert_eq!(events.len(), 1, "one Evicted event object for {evicted}");
-        assert_eq!(events[0].count, Some(1), "evicted once: {:?}", events[0]);
+        assert_eq!(events[0].count, Some(times), "{:?}", events[0]);
     }
 }
 
@@ -486,7 +521,7 @@ async fn an_api_outage_keeps_local_protection_and_flushes_every_action_once() {
 async fn an_api_server_that_silently_stops_answering_is_reported_unreachable_and_back() {
     // The agent reaches the API server through a proxy that can swallow every packet, as
     // a partition does: no error, no reset, the pod watch just waits.
-    let probe = "  apiProbeInterval: 200ms\n  apiProbeTimeout: 300ms\n";
+    let probe = "  apiProbeInterval: 300ms\n  apiProbeTimeout: 200ms\n";
     let s = scenario_through(probe, RetryPolicy::default(), true).await;
     let proxy = s.proxy.as_ref().expect("the proxy");
     let reachability = s.agent.api_reachability().expect("Kubernetes mode");

@@ -96,6 +96,14 @@ fn invalid_values_name_the_field() {
         ),
         ("kubernetes:\n  apiProbeInterval: -1s\n", "apiProbeInterval"),
         (
+            "kubernetes:\n  apiProbeInterval: 1ns\n",
+            "apiProbeInterval: 1ns must be 0s (no probe) or at least 100ms",
+        ),
+        (
+            "kubernetes:\n  apiProbeInterval: 4s\n",
+            "apiProbeTimeout: 5s must be shorter than apiProbeInterval (4s)",
+        ),
+        (
             "kubernetes:\n  outboxSize: 0\n",
             "outboxSize must be positive",
         ),

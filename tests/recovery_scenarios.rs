@@ -817,8 +817,9 @@ impl Racks {
     }
 }
 
-/// The agent of `node` in `rack`: dry-run (it is a process of the test machine, not a
-/// node's), with the default report interval, over https with the node's token.
+/// The agent of `node` in `rack`, in Kubernetes mode through the rack's link: dry-run
+/// (it is a process of the test machine, not a node's), reporting at the default
+/// interval over https with the node's token.
 fn rack_agent(
     dir: &std::path::Path,
     rack: &Netns,
@@ -826,6 +827,7 @@ fn rack_agent(
     reports: &str,
     extra: &str,
 ) -> AgentProcess {
+    let kubeconfig = dir.join("rack-kubeconfig");
     let token = dir.join(format!("token-{node}"));
     std::fs::write(&token, token_of(node)).expect("the token file");
     let config = dir.join(format!("agent-{node}.yaml"));
@@ -848,6 +850,8 @@ fn rack_agent(
             "127.0.0.1:0".as_ref(),
             "--config".as_ref(),
             config.as_os_str(),
+            "--kubeconfig".as_ref(),
+            kubeconfig.as_os_str(),
         ],
     )
 }
@@ -897,9 +901,13 @@ async fn storm(racks: Racks) {
     );
     controller.synced().await;
     let reports = controller.reports_address();
-    // a-1's agent has a hard threshold that is always met, so its node is always under
-    // memory pressure: its own decisions show whether it keeps protecting the node.
-    let always_met = "evictionHard: {memory.available: 1000Ti}\n";
+    server
+        .write_kubeconfig(&dir.path().join("rack-kubeconfig"))
+        .expect("the agents' kubeconfig");
+    // a-1's agent has a hard threshold that is always met and looks every second, so
+    // its node is always under memory pressure and its database always the pod it would
+    // evict: its own decisions show whether it keeps protecting the node.
+    let always_met = "evictionHard: {memory.available: 1000Ti}\nhousekeepingInterval: 1s\n";
     let agents: Vec<AgentProcess> = racks
         .racks
         .iter()
@@ -928,13 +936,16 @@ async fn storm(racks: Racks) {
         let address = agents[0].address.clone();
         let metrics =
             rack_a_netns.run(move || support::agent_process::http_get(&address, "/metrics").1);
-        let collected = metric_value(&metrics, "nodekeeper_last_collection_timestamp_seconds")
-            .expect("the last collection's time");
+        let decided = metric_value(
+            &metrics,
+            "nodekeeper_evictions_total{signal=\"memory.available\"}",
+        )
+        .unwrap_or(0.0);
         let pressure = metric_value(
             &metrics,
             "nodekeeper_node_condition{condition=\"MemoryPressure\"}",
         );
-        (collected, pressure)
+        (decided, pressure)
     };
     rack_a.cut();
     let cut_at = Timestamp::now();
@@ -950,16 +961,18 @@ async fn storm(racks: Racks) {
         Some(3.0),
         "{metrics}"
     );
-    // Behind the failed switch, the agents go on protecting their nodes: a-1's still
-    // collects its signals and keeps its node under memory pressure.
-    let (collected_before, pressure) = scrape_a_1();
+    // Behind the failed switch, cut off from the API server, the agents go on protecting
+    // their nodes from the pods they last saw: a-1's keeps its node under memory pressure
+    // and goes on choosing its database to evict (dry-run: counted, not done).
+    let (decided_before, pressure) = scrape_a_1();
     assert_eq!(pressure, Some(1.0), "a-1 is under memory pressure");
+    assert!(decided_before >= 1.0, "a-1's agent chose a pod to evict");
     tokio::time::sleep(3 * REPORT_INTERVAL).await;
-    let (collected_after, pressure) = scrape_a_1();
+    let (decided_after, pressure) = scrape_a_1();
     assert_eq!(pressure, Some(1.0), "a-1 is still under memory pressure");
     assert!(
-        collected_after > collected_before,
-        "a-1's agent stopped collecting when its switch failed ({collected_before} then {collected_after})"
+        decided_after > decided_before,
+        "a-1's agent stopped deciding when its switch failed ({decided_before} then {decided_after} evictions)"
     );
     // The node lifecycle controller marks them Unknown after its grace; a node without
     // an agent would be fenced unhealthyDuration (2 s here) later.

@@ -243,9 +243,10 @@ impl Agent {
         Millis(self.epoch.elapsed().as_millis() as u64)
     }
 
-    /// One full cycle: observe, decide, act. Returns the report; when a pod was
-    /// evicted the caller should start the next cycle at once, as the kubelet does after
-    /// its cleanup wait.
+    /// One full cycle: observe, decide, act. Returns the report, and whether the caller
+    /// should start the next cycle at once, as the kubelet does after its cleanup wait:
+    /// when a pod that ran here was evicted (evicting pods with no cgroup here freed
+    /// nothing on this node, and deciding again at once would only evict the next one).
     pub async fn run_cycle(&mut self) -> (CycleReport, bool) {
         let report = self.observe_and_decide();
         let evicted = self.act(&report).await;
@@ -299,10 +300,18 @@ impl Agent {
         report
     }
 
-    /// The pods that may be chosen: those listed, less those already evicted.
+    /// The pods that may be chosen: those listed, less those evicted that have ended
+    /// here.
     fn collect_pods(&mut self) -> Vec<Pod> {
         let listed = self.list_pods();
-        self.evicted.active(listed)
+        let reader = self.collector.cgroups();
+        let running = |pod: &Pod| {
+            let (Some(reader), Some(cgroup)) = (reader, pod.cgroup.as_ref()) else {
+                return false;
+            };
+            reader.process_count(cgroup).is_ok_and(|count| count > 0)
+        };
+        self.evicted.active(listed, running)
     }
 
     fn list_pods(&mut self) -> Vec<Pod> {
@@ -471,7 +480,7 @@ impl Agent {
         if evicted_any {
             self.wait_for_cleanup(&attempted_cgroups).await;
         }
-        evicted_any
+        evicted_any && !attempted_cgroups.is_empty()
     }
 
     /// Run node-level reclaim (the commands are awaited, not polled), then re-check. Returns whether pods

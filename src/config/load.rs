@@ -790,6 +790,12 @@ fn build_kubernetes(
     if let Some(text) = &raw.api_probe_interval {
         config.api_probe_interval =
             duration_at_least(&fail, "apiProbeInterval", text, GoDuration::ZERO)?;
+        // Every node probes: a rhythm of nanoseconds is surely a mistake.
+        if !config.api_probe_interval.is_zero() && config.api_probe_interval.nanos() < 100_000_000 {
+            return Err(fail(format!(
+                "apiProbeInterval: {text} must be 0s (no probe) or at least 100ms"
+            )));
+        }
     }
     if let Some(text) = &raw.api_probe_timeout {
         config.api_probe_timeout = duration_at_least(
@@ -798,6 +804,14 @@ fn build_kubernetes(
             text,
             GoDuration::from_nanos(100_000_000),
         )?;
+    }
+    if !config.api_probe_interval.is_zero()
+        && config.api_probe_timeout.nanos() >= config.api_probe_interval.nanos()
+    {
+        return Err(fail(format!(
+            "apiProbeTimeout: {} must be shorter than apiProbeInterval ({})",
+            config.api_probe_timeout, config.api_probe_interval
+        )));
     }
     if let Some(size) = raw.outbox_size {
         if size == 0 {

@@ -53,6 +53,12 @@ pub const RUNNING_REQUEUE: Duration = Duration::from_secs(5);
 /// arrives every 2 s by default; no event wakes the fence for it).
 pub const ISOLATION_REQUEUE: Duration = Duration::from_secs(1);
 
+/// How long a node's agent must have said, report after report, that it reaches the API
+/// server before its isolation is ended: one answer on a flaky link, or a state left from
+/// before a partition the agent has not noticed yet, does not start the kubelet on a node
+/// still cut off. Longer than the agent's API probe interval and timeout (10 s + 5 s).
+pub const API_REACHABLE_BEFORE_ENDING_ISOLATION: Duration = Duration::from_secs(15);
+
 /// The identifier of a fence's isolation request, as the instruction carries it and the
 /// agent's report names it: when it was requested, in milliseconds.
 fn request_id(isolation: &SelfIsolation) -> u64 {
@@ -741,6 +747,14 @@ impl<'a> Machine<'a> {
         true
     }
 
+    /// Since when the node's agent has said it reaches the API server (over TLS only).
+    fn api_reachable_since(&self) -> Option<Timestamp> {
+        match self.facts.liveness {
+            Liveness::Heard(channels) => channels.api_reachable_since,
+            _ => None,
+        }
+    }
+
     /// What the node's agent last said about its isolation (over TLS only).
     fn isolation_heard(&self) -> Option<IsolationHeard> {
         match self.facts.liveness {
@@ -955,7 +969,11 @@ impl<'a> Machine<'a> {
             heard.state,
             IsolationState::Isolating | IsolationState::Isolated | IsolationState::Failed
         );
-        if holds && heard.api_reachable && !self.instructions.contains(&Instruction::EndIsolation) {
+        let steadily_reachable = heard.api_reachable
+            && self
+                .api_reachable_since()
+                .is_some_and(|since| self.now >= since + API_REACHABLE_BEFORE_ENDING_ISOLATION);
+        if holds && steadily_reachable && !self.instructions.contains(&Instruction::EndIsolation) {
             self.instructions.push(Instruction::EndIsolation);
         }
     }

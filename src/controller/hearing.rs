@@ -169,6 +169,10 @@ impl Hearing {
             reports_fresh_within: heard.fresh_within,
             drained: heard.drained.filter(|_| self.content_trusted),
             isolation: self.content_trusted.then_some(heard.isolation),
+            api_reachable_since: heard
+                .api_reachable_since
+                .filter(|_| self.content_trusted)
+                .map(stamp),
         }
     }
 

@@ -60,6 +60,9 @@ pub struct Channels {
     /// What the last report said about the node's isolation; `None` when reports come
     /// over plain HTTP, where their content decides nothing and no instruction is given.
     pub isolation: Option<IsolationHeard>,
+    /// Since when the agent's reports have said, one after the other, that it reaches the
+    /// API server (the controller's clock); `None` while it does not, and over plain HTTP.
+    pub api_reachable_since: Option<Timestamp>,
 }
 
 impl Channels {
@@ -653,6 +656,7 @@ mod tests {
             reports_fresh_within: Duration::from_secs(3 * interval),
             drained: None,
             isolation: None,
+            api_reachable_since: None,
         }
     }
 
@@ -750,6 +754,7 @@ mod tests {
                 reports_fresh_within: Duration::from_secs(fresh),
             drained: None,
             isolation: None,
+            api_reachable_since: None,
             };
             let state = judge(&health(readiness, since), &Liveness::Heard(channels), &policy, now);
             let lease_alive = (lease_ago as u64) < timeout.max(lease_fresh);

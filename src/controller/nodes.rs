@@ -460,6 +460,7 @@ mod tests {
             reports_fresh_within: Duration::from_secs(6),
             drained: None,
             isolation: None,
+            api_reachable_since: None,
         };
         let policy = waiting(300);
         for (now, due) in [

@@ -92,7 +92,9 @@ pub fn parse_steps(trace: &TraceFile, trace_name: &str) -> Result<Vec<ParsedStep
 }
 
 /// Run the steps in order. Each step's pod list is authoritative: a pod evicted at one
-/// step that is listed again at the next is simply still there.
+/// step that is listed again at the next is simply still there. (The agent records the
+/// pods it may choose, without those it evicted that have ended but are still listed, so
+/// the replay of its own trace makes its decisions.)
 pub fn replay(
     config: &EvictionConfig,
     steps: &[ParsedStep],

@@ -39,6 +39,10 @@ pub struct NodeReports {
     /// The controller's wall clock at arrival, for people.
     pub received_at: Timestamp,
     pub credential: Credential,
+    /// Since when (the arrival of the first of them) this boot's reports have said, one
+    /// after the other, that the agent reaches the API server; `None` while the latest
+    /// says it does not. The controller's own clock, so the agent's cannot skew it.
+    pub api_reachable_since: Option<Instant>,
 }
 
 impl NodeReports {
@@ -62,6 +66,8 @@ pub struct AgentHeard {
     pub drained: Option<DrainedStatement>,
     /// What the latest report says about the node's isolation.
     pub isolation: IsolationHeard,
+    /// See [`NodeReports::api_reachable_since`].
+    pub api_reachable_since: Option<Instant>,
 }
 
 /// The node's isolation as its latest report tells it.
@@ -102,12 +108,18 @@ impl AgentHeard {
             isolation: IsolationHeard {
                 state: latest.isolation.state,
                 confirmed: latest.isolation.is_confirmed(),
-                api_reachable: latest.api_server.state == ApiServerState::Reachable,
+                api_reachable: reaches_api(latest),
                 sequence: latest.sequence,
                 request: latest.isolation.request,
             },
+            api_reachable_since: entry.api_reachable_since,
         }
     }
+}
+
+/// Whether `report` says its agent reaches the API server.
+fn reaches_api(report: &AgentReport) -> bool {
+    report.api_server.state == ApiServerState::Reachable
 }
 
 /// What an accepted report changed.
@@ -184,6 +196,7 @@ impl ReportLedger {
             self.nodes.insert(
                 report.node.clone(),
                 NodeReports {
+                    api_reachable_since: reaches_api(&report).then_some(received),
                     latest: report,
                     received,
                     received_at,
@@ -223,6 +236,12 @@ impl ReportLedger {
             Accepted::NewBoot {
                 previous: entry.latest.boot_id.clone(),
             }
+        };
+        let reachable_run_goes_on = matches!(outcome, Accepted::Next) && reaches_api(&entry.latest);
+        entry.api_reachable_since = match (reaches_api(&report), reachable_run_goes_on) {
+            (false, _) => None,
+            (true, true) => entry.api_reachable_since.or(Some(received)),
+            (true, false) => Some(received),
         };
         entry.latest = report;
         entry.received = received;
@@ -436,6 +455,42 @@ mod tests {
             .accept(&me, report("c", 1), Instant::now(), now())
             .expect("accepted");
         assert_eq!(ledger.heard("worker-1").expect("heard").drained, None);
+    }
+
+    #[test]
+    fn reaching_the_api_server_is_dated_from_the_first_of_an_unbroken_run_of_reports() {
+        let mut ledger = ReportLedger::default();
+        let me = identity("worker-1");
+        let start = Instant::now();
+        let at = |seconds: u64| start + Duration::from_secs(seconds);
+        let saying = |boot: &str, sequence: u64, state: ApiServerState| {
+            let mut report = report(boot, sequence);
+            report.api_server.state = state;
+            report
+        };
+        let mut accept = |report: AgentReport, seconds: u64| {
+            ledger
+                .accept(&me, report, at(seconds), now())
+                .expect("accepted");
+            ledger.heard("worker-1").expect("heard").api_reachable_since
+        };
+        accept(saying("b", 1, ApiServerState::Reachable), 0);
+        assert_eq!(
+            accept(saying("b", 2, ApiServerState::Reachable), 2),
+            Some(at(0))
+        );
+        assert_eq!(accept(saying("b", 3, ApiServerState::Unreachable), 4), None);
+        accept(saying("b", 4, ApiServerState::Reachable), 6);
+        assert_eq!(
+            accept(saying("b", 5, ApiServerState::Reachable), 8),
+            Some(at(6)),
+            "the run starts over"
+        );
+        // A new boot starts its own run.
+        assert_eq!(
+            accept(saying("c", 1, ApiServerState::Reachable), 10),
+            Some(at(10))
+        );
     }
 
     #[test]

@@ -84,9 +84,19 @@ impl Kubelets {
         let uri: http::Uri = url.parse().expect("the API server's URL");
         let (names, stop) = (renewing.clone(), ended.clone());
         let path = netns.path();
+        // The first renewal's outcome, so a kubelet that cannot reach the API server from
+        // the namespace fails the test at once instead of looking like a node cut off.
+        let (started, first_renewal) = tokio::sync::oneshot::channel::<Result<(), String>>();
         std::thread::spawn(move || {
-            let file = std::fs::File::open(&path).expect("the nodes' namespace");
-            super::netns::join(&file).expect("setns into the nodes' namespace");
+            let joined = std::fs::File::open(&path)
+                .map_err(|error| format!("{}: {error}", path.display()))
+                .and_then(|file| {
+                    super::netns::join(&file).map_err(|error| format!("setns: {error}"))
+                });
+            if let Err(error) = joined {
+                let _ = started.send(Err(error));
+                return;
+            }
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -94,6 +104,16 @@ impl Kubelets {
             runtime.block_on(async move {
                 let client = kube::Client::try_from(kube::Config::new(uri)).expect("a client");
                 let leases: Api<Lease> = Api::namespaced(client, NODE_LEASES);
+                let names_now: Vec<String> = names.lock().expect("names").iter().cloned().collect();
+                let mut first = Ok(());
+                for node in names_now {
+                    let patch = json!({"spec": {"renewTime": micro_time(Timestamp::now())}});
+                    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+                    if let Err(error) = leases.patch(&node, &params, &patch).await {
+                        first = Err(format!("renewing {node}'s Lease: {error}"));
+                    }
+                }
+                let _ = started.send(first);
                 let renewing = renew_every(leases, names, Duration::from_secs(10));
                 let ended = async {
                     while !stop.load(Ordering::SeqCst) {
@@ -106,6 +126,12 @@ impl Kubelets {
                 }
             });
         });
+        let first = first_renewal
+            .await
+            .unwrap_or_else(|_| Err("the kubelets' thread ended".to_string()));
+        if let Err(error) = first {
+            panic!("the kubelets in {} cannot renew: {error}", netns.name());
+        }
         Kubelets {
             renewing,
             leases,

@@ -25,7 +25,11 @@ impl Netns {
     pub fn create(role: &str) -> Result<Netns, String> {
         super::real::root()?;
         super::real::program("ip", "iproute2")?;
-        let name = format!("nk{}-{role}", std::process::id());
+        remove_stale();
+        // The process and a count: tests of one binary may run as threads of one process.
+        static CREATED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let number = CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("nk{}-{number}-{role}", std::process::id());
         ip(&["netns", "add", &name])?;
         let netns = Netns { name };
         netns.ip(&["link", "set", "lo", "up"])?;
@@ -100,8 +104,9 @@ impl Drop for Netns {
 /// A veth pair between two namespaces, each end with an address of its own /30 subnet
 /// `10.231.<subnet>.0/30`: the hub end `.1`, the node end `.2`; the node reaches the hub's
 /// service addresses it is given through it. Cutting it takes the hub end down, as a
-/// failed switch port would: the node's end stays up, and what the node sends is lost
-/// without an error, so its open connections hang rather than reset.
+/// failed switch port does: the node's end loses its carrier, what either side sends is
+/// lost, open connections hang rather than reset, and new ones time out or fail as
+/// unreachable.
 pub struct Link {
     hub_end: String,
     hub_name: String,
@@ -175,6 +180,27 @@ impl Link {
         let state = if up { "up" } else { "down" };
         ip(&["-n", &self.hub_name, "link", "set", &self.hub_end, state])
             .unwrap_or_else(|error| panic!("setting {} {state}: {error}", self.hub_end));
+    }
+}
+
+/// Deletes the namespaces of test processes that are gone (killed before they could
+/// delete their own): named `nk<pid>-...` by [`Netns::create`], with no process `pid`.
+fn remove_stale() {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("nk")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = ip(&["netns", "delete", &name]);
+        }
     }
 }
 
