@@ -209,6 +209,32 @@ impl Cluster {
         }
     }
 
+    /// Boots node-a: a container in the namespace `node` (with a unified cgroup tree when
+    /// `unified`) with the systemd `units`, the agent configured by `agent_yaml` with a
+    /// kubeconfig for this cluster, until its agent logs `ready_line`. `Err` says why this
+    /// machine cannot.
+    async fn boot_node(
+        &self,
+        node: &Netns,
+        ca: &support::tls::Pair,
+        agent_yaml: String,
+        units: Vec<(&'static str, String)>,
+        unified: bool,
+        ready_line: &'static str,
+    ) -> Result<Booted, String> {
+        let kubeconfig = self.server.kubeconfig_yaml_naming_ca(Some(&ca.cert));
+        let files = node_files(agent_yaml, kubeconfig, ca);
+        let options = BootOptions {
+            unified,
+            netns: Some(node.path()),
+        };
+        tokio::task::spawn_blocking(move || {
+            support::nspawn::boot_with(&units, &files, ready_line, options)
+        })
+        .await
+        .expect("boot")
+    }
+
     /// Nothing was done to the machine: the BMC saw no power command and the storage
     /// fabric port is as it was.
     fn assert_untouched(&self, bmc: &IpmiSim) {
@@ -331,22 +357,16 @@ async fn graceful_shutdown(network: Network) {
     let (server, kubelet, controller) = (&cluster.server, &cluster.kubelet, &cluster.controller);
     let deletions = tokio::spawn(finish_deletions(server.clone(), |_| true));
     let reports = controller.reports_address();
-    let kubeconfig = server.kubeconfig_yaml_naming_ca(Some(&ca.cert));
-    let files = node_files(agent_config(&reports), kubeconfig, &ca);
-    let options = BootOptions {
-        netns: Some(network.node.path()),
-        ..BootOptions::default()
-    };
-    let booted = tokio::task::spawn_blocking(move || {
-        support::nspawn::boot_with(
-            &[("nodekeeper-agent.service", agent_unit(""))],
-            &files,
+    let booted = cluster
+        .boot_node(
+            &network.node,
+            &ca,
+            agent_config(&reports),
+            vec![("nodekeeper-agent.service", agent_unit(""))],
+            false,
             "logind delay lock held",
-            options,
         )
-    })
-    .await
-    .expect("boot");
+        .await;
     let booted: Booted = require!(NSPAWN, booted);
     wait_for(controller, "the agent's first report over TLS", || {
         controller.agent_view(NODE)
@@ -471,22 +491,16 @@ async fn dead_node(network: Network) {
     .await;
     let (server, controller) = (&cluster.server, &cluster.controller);
     let reports = controller.reports_address();
-    let kubeconfig = server.kubeconfig_yaml_naming_ca(Some(&ca.cert));
-    let files = node_files(partition_agent_config(&reports), kubeconfig, &ca);
-    let options = BootOptions {
-        netns: Some(network.node.path()),
-        ..BootOptions::default()
-    };
-    let booted = tokio::task::spawn_blocking(move || {
-        support::nspawn::boot_with(
-            &[("nodekeeper-agent.service", agent_unit(""))],
-            &files,
+    let booted = cluster
+        .boot_node(
+            &network.node,
+            &ca,
+            partition_agent_config(&reports),
+            vec![("nodekeeper-agent.service", agent_unit(""))],
+            false,
             "reporting to the fence controller",
-            options,
         )
-    })
-    .await
-    .expect("boot");
+        .await;
     let booted: Booted = require!(NSPAWN, booted);
     wait_for(controller, "the agent's first report", || {
         controller.agent_view(NODE)
@@ -640,8 +654,6 @@ async fn partition(network: Network) {
     let cluster = Cluster::start(dir.path(), &bmc, &served, &network.node, seed_fence_config).await;
     let (server, kubelet, controller) = (&cluster.server, &cluster.kubelet, &cluster.controller);
     let reports = controller.reports_address();
-    let kubeconfig = server.kubeconfig_yaml_naming_ca(Some(&ca.cert));
-    let files = node_files(partition_agent_config(&reports), kubeconfig, &ca);
     let units = vec![
         ("kubelet.service", STAND_IN_KUBELET.to_string()),
         // The database pod's containers, where the systemd driver puts a Burstable pod.
@@ -651,15 +663,16 @@ async fn partition(network: Network) {
         ),
         ("nodekeeper-agent.service", agent_unit("pod-db.service")),
     ];
-    let options = BootOptions {
-        unified: true,
-        netns: Some(network.node.path()),
-    };
-    let booted = tokio::task::spawn_blocking(move || {
-        support::nspawn::boot_with(&units, &files, "reporting to the fence controller", options)
-    })
-    .await
-    .expect("boot");
+    let booted = cluster
+        .boot_node(
+            &network.node,
+            &ca,
+            partition_agent_config(&reports),
+            units,
+            true,
+            "reporting to the fence controller",
+        )
+        .await;
     let booted: Booted = require!(NSPAWN, booted);
     wait_for(
         controller,
@@ -842,17 +855,10 @@ fn rack_agent(
         ),
     )
     .expect("the agent's configuration");
-    AgentProcess::start_from(
+    AgentProcess::dry_run_from(
         rack.command(BINARY),
-        &[
-            "--dry-run".as_ref(),
-            "--metrics-addr".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--config".as_ref(),
-            config.as_os_str(),
-            "--kubeconfig".as_ref(),
-            kubeconfig.as_os_str(),
-        ],
+        &config,
+        &["--kubeconfig".as_ref(), kubeconfig.as_os_str()],
     )
 }
 

@@ -81,13 +81,26 @@ impl AgentProcess {
     /// a free port.
     #[allow(dead_code)] // not every test binary that includes this module uses it
     pub fn dry_run(config: &std::path::Path) -> AgentProcess {
-        AgentProcess::start(&[
+        AgentProcess::dry_run_from(Command::new(BINARY), config, &[])
+    }
+
+    /// [`AgentProcess::dry_run`] with `command` (see [`AgentProcess::start_from`]) and the
+    /// arguments `more`.
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn dry_run_from(
+        command: Command,
+        config: &std::path::Path,
+        more: &[&OsStr],
+    ) -> AgentProcess {
+        let mut args: Vec<&OsStr> = vec![
             "--dry-run".as_ref(),
             "--metrics-addr".as_ref(),
             "127.0.0.1:0".as_ref(),
             "--config".as_ref(),
             config.as_os_str(),
-        ])
+        ];
+        args.extend_from_slice(more);
+        AgentProcess::start_from(command, &args)
     }
 
     /// Writes `dir/agent-NODE.yaml`, the configuration of node `node`'s agent reporting
