@@ -278,7 +278,6 @@ impl World {
             isolation: self.over_tls.then_some(IsolationHeard {
                 state: self.isolation_state,
                 confirmed: self.isolated && self.isolation_state == IsolationState::Isolated,
-                api_reachable: lease_speaks,
                 sequence: self.sequence,
                 request: self.isolation_request,
             }),
@@ -719,6 +718,11 @@ impl World {
             }
             self.advance(seconds);
         }
+    }
+
+    /// What the latest decision asks of the node's agent.
+    fn asked(&self) -> &[Instruction] {
+        &self.log.last().expect("a decision").instructions
     }
 
     /// How the fence's isolation by the node's agent ended, if it did.
@@ -1222,7 +1226,7 @@ fn a_partitioned_node_is_isolated_by_its_agent_and_released_with_no_power_action
     );
     world.advance(10);
     world.reconcile();
-    let asked = world.log.last().expect("a decision").instructions.clone();
+    let asked = world.asked().to_vec();
     assert!(
         matches!(asked.as_slice(), [Instruction::Isolate { .. }]),
         "{asked:?}"
@@ -1258,14 +1262,7 @@ fn a_partitioned_node_is_isolated_by_its_agent_and_released_with_no_power_action
     // Nothing more is asked while its pods are still bound, nor while it cannot reach
     // the API server.
     world.run(3, 5);
-    assert!(
-        world
-            .log
-            .last()
-            .expect("a decision")
-            .instructions
-            .is_empty()
-    );
+    assert!(world.asked().is_empty());
     // Its pods are gone (the out-of-service taint), and the partition heals: once the
     // agent has said for 15 s that it reaches the API server again, it is told to end
     // the isolation.
@@ -1275,10 +1272,7 @@ fn a_partitioned_node_is_isolated_by_its_agent_and_released_with_no_power_action
     world.hear();
     world.run(3, 5);
     world.reconcile();
-    assert_eq!(
-        world.log.last().expect("a decision").instructions,
-        [Instruction::EndIsolation]
-    );
+    assert_eq!(world.asked(), [Instruction::EndIsolation]);
     assert!(!world.isolated, "the agent ended the isolation");
     // The kubelet is back and the node Ready: recovered, taints removed, fence gone.
     world.advance(5);
@@ -1300,10 +1294,7 @@ fn asked_to_isolate() -> World {
     world.reconcile();
     assert!(
         world
-            .log
-            .last()
-            .expect("a decision")
-            .instructions
+            .asked()
             .iter()
             .any(|i| matches!(i, Instruction::Isolate { .. }))
     );
@@ -1337,14 +1328,7 @@ fn a_restarted_controller_that_cannot_hear_the_node_yet_gives_nothing_up() {
         world.status().pause.as_ref().map(|p| p.reason),
         Some(PauseReason::WaitingForAgentReports)
     );
-    assert!(
-        world
-            .log
-            .last()
-            .expect("a decision")
-            .instructions
-            .is_empty()
-    );
+    assert!(world.asked().is_empty());
     // Heard again: asked again, and the agent's isolation confirms the fence.
     world.isolation_fate = IsolationFate::Works;
     world.advance(10);
@@ -1400,14 +1384,7 @@ fn during_a_storm_an_isolation_is_neither_asked_taken_nor_given_up() {
     assert_eq!(status.self_isolation.as_ref().and_then(|i| i.outcome), None);
     assert!(status.confirmed_at.is_none());
     assert!(!world.facts.taints.out_of_service);
-    assert!(
-        world
-            .log
-            .last()
-            .expect("a decision")
-            .instructions
-            .is_empty()
-    );
+    assert!(world.asked().is_empty());
     // The storm passes: the isolation is taken.
     world.guard = Guard::open();
     world.reconcile();
@@ -1452,14 +1429,7 @@ fn the_isolation_is_ended_once_no_pod_that_needs_fencing_is_left_whatever_else_r
     world.hear();
     world.run(3, 5);
     world.reconcile();
-    assert!(
-        world
-            .log
-            .last()
-            .expect("a decision")
-            .instructions
-            .contains(&Instruction::EndIsolation)
-    );
+    assert!(world.asked().contains(&Instruction::EndIsolation));
 }
 
 #[test]
@@ -1467,14 +1437,7 @@ fn an_isolation_ends_only_after_the_agent_steadily_reaches_the_api_server() {
     let mut world = isolated_by_its_agent();
     world.facts.runs_pods_needing_fencing = false;
     world.facts.pods_to_release = 0;
-    let ends = |world: &World| {
-        world
-            .log
-            .last()
-            .expect("a decision")
-            .instructions
-            .contains(&Instruction::EndIsolation)
-    };
+    let ends = |world: &World| world.asked().contains(&Instruction::EndIsolation);
     // The first reports that the agent reaches the API server again: not yet.
     world.channels = Some((true, true));
     world.hear();

@@ -209,32 +209,6 @@ impl Cluster {
         }
     }
 
-    /// Boots node-a: a container in the namespace `node` (with a unified cgroup tree when
-    /// `unified`) with the systemd `units`, the agent configured by `agent_yaml` with a
-    /// kubeconfig for this cluster, until its agent logs `ready_line`. `Err` says why this
-    /// machine cannot.
-    async fn boot_node(
-        &self,
-        node: &Netns,
-        ca: &support::tls::Pair,
-        agent_yaml: String,
-        units: Vec<(&'static str, String)>,
-        unified: bool,
-        ready_line: &'static str,
-    ) -> Result<Booted, String> {
-        let kubeconfig = self.server.kubeconfig_yaml_naming_ca(Some(&ca.cert));
-        let files = node_files(agent_yaml, kubeconfig, ca);
-        let options = BootOptions {
-            unified,
-            netns: Some(node.path()),
-        };
-        tokio::task::spawn_blocking(move || {
-            support::nspawn::boot_with(&units, &files, ready_line, options)
-        })
-        .await
-        .expect("boot")
-    }
-
     /// Nothing was done to the machine: the BMC saw no power command and the storage
     /// fabric port is as it was.
     fn assert_untouched(&self, bmc: &IpmiSim) {
@@ -251,6 +225,63 @@ impl Cluster {
             "on",
             "the storage fabric was never touched"
         );
+    }
+}
+
+/// What each node scenario starts from: the fence agents, a BMC, a CA and the
+/// controller's certificate, and the cluster with its controller running. Fields drop in
+/// this order: the controller first, the temporary directory last.
+struct Scene {
+    cluster: Cluster,
+    bmc: IpmiSim,
+    ca: support::tls::Pair,
+    _dir: tempfile::TempDir,
+}
+
+impl Scene {
+    /// The scene for node-a in the namespace `node`, its fence configured by `seed`;
+    /// `None` when a real part is missing (see `require!`: under CI that fails the test).
+    async fn set_up(node: &Netns, seed: FenceConfig) -> Option<Scene> {
+        require!("fence-agents", fence_agents(), else None);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()), else None);
+        let (ca, served) = require!("openssl", certificates(dir.path()), else None);
+        let cluster = Cluster::start(dir.path(), &bmc, &served, node, seed).await;
+        Some(Scene {
+            cluster,
+            bmc,
+            ca,
+            _dir: dir,
+        })
+    }
+
+    /// Boots node-a: a container in the namespace `node` (with a unified cgroup tree when
+    /// `unified`) with the systemd `units`, the agent configured by `agent_yaml` with a
+    /// kubeconfig for this cluster, until its agent logs `ready_line`. `None` when this
+    /// machine cannot (see `require!`).
+    async fn boot(
+        &self,
+        node: &Netns,
+        agent_yaml: String,
+        units: Vec<(&'static str, String)>,
+        unified: bool,
+        ready_line: &'static str,
+    ) -> Option<Booted> {
+        let kubeconfig = self
+            .cluster
+            .server
+            .kubeconfig_yaml_naming_ca(Some(&self.ca.cert));
+        let files = node_files(agent_yaml, kubeconfig, &self.ca);
+        let options = BootOptions {
+            unified,
+            netns: Some(node.path()),
+        };
+        let booted = tokio::task::spawn_blocking(move || {
+            support::nspawn::boot_with(&units, &files, ready_line, options)
+        })
+        .await
+        .expect("boot");
+        Some(require!(NSPAWN, booted, else None))
     }
 }
 
@@ -348,26 +379,25 @@ fn a_node_that_shuts_down_gracefully_is_released_without_a_power_action() {
 }
 
 async fn graceful_shutdown(network: Network) {
-    require!("fence-agents", fence_agents());
-    let dir = tempfile::tempdir().expect("temp dir");
-    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
-    let (ca, served) = require!("openssl", certificates(dir.path()));
-
-    let cluster = Cluster::start(dir.path(), &bmc, &served, &network.node, seed_fence_config).await;
+    let Some(scene) = Scene::set_up(&network.node, seed_fence_config).await else {
+        return;
+    };
+    let (cluster, bmc) = (&scene.cluster, &scene.bmc);
     let (server, kubelet, controller) = (&cluster.server, &cluster.kubelet, &cluster.controller);
     let deletions = tokio::spawn(finish_deletions(server.clone(), |_| true));
     let reports = controller.reports_address();
-    let booted = cluster
-        .boot_node(
+    let Some(booted) = scene
+        .boot(
             &network.node,
-            &ca,
             agent_config(&reports),
             vec![("nodekeeper-agent.service", agent_unit(""))],
             false,
             "logind delay lock held",
         )
-        .await;
-    let booted: Booted = require!(NSPAWN, booted);
+        .await
+    else {
+        return;
+    };
     wait_for(controller, "the agent's first report over TLS", || {
         controller.agent_view(NODE)
     })
@@ -450,7 +480,7 @@ async fn graceful_shutdown(network: Network) {
 
     // Why, in the NodeFence; and nothing was done to the machine.
     released_without_a_step(server, "Drained", "drained cleanly", &["NodeDrained"]);
-    cluster.assert_untouched(&bmc);
+    cluster.assert_untouched(bmc);
     deletions.abort();
 }
 
@@ -474,34 +504,26 @@ fn a_dead_node_is_powered_off_through_its_bmc_and_released_once_the_bmc_confirms
 }
 
 async fn dead_node(network: Network) {
-    require!("fence-agents", fence_agents());
-    let dir = tempfile::tempdir().expect("temp dir");
-    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
-    let (ca, served) = require!("openssl", certificates(dir.path()));
-
     // Power management is the node's only fencing step: its pods may go only once the
     // BMC says the machine is off.
-    let cluster = Cluster::start(
-        dir.path(),
-        &bmc,
-        &served,
-        &network.node,
-        seed_power_fence_config,
-    )
-    .await;
+    let Some(scene) = Scene::set_up(&network.node, seed_power_fence_config).await else {
+        return;
+    };
+    let (cluster, bmc) = (&scene.cluster, &scene.bmc);
     let (server, controller) = (&cluster.server, &cluster.controller);
     let reports = controller.reports_address();
-    let booted = cluster
-        .boot_node(
+    let Some(booted) = scene
+        .boot(
             &network.node,
-            &ca,
             partition_agent_config(&reports),
             vec![("nodekeeper-agent.service", agent_unit(""))],
             false,
             "reporting to the fence controller",
         )
-        .await;
-    let booted: Booted = require!(NSPAWN, booted);
+        .await
+    else {
+        return;
+    };
     wait_for(controller, "the agent's first report", || {
         controller.agent_view(NODE)
     })
@@ -545,10 +567,10 @@ async fn dead_node(network: Network) {
             .unwrap_or_default()
             .as_secs_f64()
     };
-    let powered_off = chassis_times(&bmc, "set power 0");
+    let powered_off = chassis_times(bmc, "set power 0");
     assert_eq!(powered_off.len(), 1, "one power-off: {}", bmc.chassis_log());
     let powered_off_at = powered_off[0];
-    let confirmed_at = chassis_times(&bmc, "get power")
+    let confirmed_at = chassis_times(bmc, "get power")
         .into_iter()
         .find(|at| *at > powered_off_at)
         .expect("the power state read back after the power-off");
@@ -646,12 +668,10 @@ fn a_node_cut_off_from_the_api_server_is_isolated_by_its_agent_and_released_with
 }
 
 async fn partition(network: Network) {
-    require!("fence-agents", fence_agents());
-    let dir = tempfile::tempdir().expect("temp dir");
-    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
-    let (ca, served) = require!("openssl", certificates(dir.path()));
-
-    let cluster = Cluster::start(dir.path(), &bmc, &served, &network.node, seed_fence_config).await;
+    let Some(scene) = Scene::set_up(&network.node, seed_fence_config).await else {
+        return;
+    };
+    let (cluster, bmc) = (&scene.cluster, &scene.bmc);
     let (server, kubelet, controller) = (&cluster.server, &cluster.kubelet, &cluster.controller);
     let reports = controller.reports_address();
     let units = vec![
@@ -663,17 +683,18 @@ async fn partition(network: Network) {
         ),
         ("nodekeeper-agent.service", agent_unit("pod-db.service")),
     ];
-    let booted = cluster
-        .boot_node(
+    let Some(booted) = scene
+        .boot(
             &network.node,
-            &ca,
             partition_agent_config(&reports),
             units,
             true,
             "reporting to the fence controller",
         )
-        .await;
-    let booted: Booted = require!(NSPAWN, booted);
+        .await
+    else {
+        return;
+    };
     wait_for(
         controller,
         "the agent's report that it reaches the API server",
@@ -753,7 +774,7 @@ async fn partition(network: Network) {
         "0",
         "no pod process is left"
     );
-    cluster.assert_untouched(&bmc);
+    cluster.assert_untouched(bmc);
 
     // The pod is gone (the rig's controller deletes it, as the pod garbage collector
     // would on the out-of-service node), and the partition heals: the agent reaches the
@@ -803,7 +824,7 @@ async fn partition(network: Network) {
         .then_some(())
     })
     .await;
-    cluster.assert_untouched(&bmc);
+    cluster.assert_untouched(bmc);
 }
 
 /// Scenario (d)'s cluster: two racks of three nodes, each rack behind its own switch (its
@@ -841,20 +862,15 @@ fn rack_agent(
     extra: &str,
 ) -> AgentProcess {
     let kubeconfig = dir.join("rack-kubeconfig");
-    let token = dir.join(format!("token-{node}"));
-    std::fs::write(&token, token_of(node)).expect("the token file");
-    let config = dir.join(format!("agent-{node}.yaml"));
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\n\
-             shutdownGracePeriod: 0s\n{extra}\
-             report: {{controllerURL: \"https://{reports}\", tokenFile: {}, caFile: {}}}\n",
-            token.display(),
-            dir.join("ca.crt").display()
-        ),
-    )
-    .expect("the agent's configuration");
+    let config = AgentProcess::write_reporting_config(
+        dir,
+        node,
+        &format!("https://{reports}"),
+        Some(&dir.join("ca.crt")),
+        &token_of(node),
+        extra,
+        None,
+    );
     AgentProcess::dry_run_from(
         rack.command(BINARY),
         &config,

@@ -63,8 +63,8 @@ pub struct Agent {
     /// The kubelet's pods cgroup, when the agent knows the node's pods (Kubernetes mode):
     /// what isolating the node kills.
     pods_cgroup: Option<Arc<crate::isolation::PodsCgroup>>,
-    /// Pods evicted and not yet gone, never chosen again (the kubelet's "termination
-    /// requested").
+    /// Pods evicted and still listed, left out of the candidates once they have ended
+    /// here (the kubelet's "known terminated").
     evicted: super::evicted::Evicted,
 }
 

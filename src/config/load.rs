@@ -787,23 +787,21 @@ fn build_kubernetes(
         config.condition_heartbeat =
             duration_at_least(&fail, "conditionHeartbeat", text, GoDuration::from_secs(1))?;
     }
+    // Every node probes: a rhythm of nanoseconds is surely a mistake.
+    let probe_least = GoDuration::from_nanos(100_000_000);
     if let Some(text) = &raw.api_probe_interval {
         config.api_probe_interval =
             duration_at_least(&fail, "apiProbeInterval", text, GoDuration::ZERO)?;
-        // Every node probes: a rhythm of nanoseconds is surely a mistake.
-        if !config.api_probe_interval.is_zero() && config.api_probe_interval.nanos() < 100_000_000 {
+        if !config.api_probe_interval.is_zero()
+            && config.api_probe_interval.nanos() < probe_least.nanos()
+        {
             return Err(fail(format!(
-                "apiProbeInterval: {text} must be 0s (no probe) or at least 100ms"
+                "apiProbeInterval: {text} must be 0s (no probe) or at least {probe_least}"
             )));
         }
     }
     if let Some(text) = &raw.api_probe_timeout {
-        config.api_probe_timeout = duration_at_least(
-            &fail,
-            "apiProbeTimeout",
-            text,
-            GoDuration::from_nanos(100_000_000),
-        )?;
+        config.api_probe_timeout = duration_at_least(&fail, "apiProbeTimeout", text, probe_least)?;
     }
     if !config.api_probe_interval.is_zero()
         && config.api_probe_timeout.nanos() >= config.api_probe_interval.nanos()

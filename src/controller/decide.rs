@@ -951,8 +951,9 @@ impl<'a> Machine<'a> {
         false
     }
 
-    /// Once no pod that needs fencing is bound to the node and its agent reaches the API
-    /// server again, an isolation the agent still holds is ended (the kubelet starts):
+    /// Once no pod that needs fencing is bound to the node and its agent has reached the
+    /// API server again for [`API_REACHABLE_BEFORE_ENDING_ISOLATION`], an isolation the
+    /// agent still holds is ended (the kubelet starts):
     /// after a release, or after an isolation that was given up and a fence that followed.
     fn end_isolation_when_released(&mut self) {
         if self.status.self_isolation.is_none()
@@ -969,10 +970,9 @@ impl<'a> Machine<'a> {
             heard.state,
             IsolationState::Isolating | IsolationState::Isolated | IsolationState::Failed
         );
-        let steadily_reachable = heard.api_reachable
-            && self
-                .api_reachable_since()
-                .is_some_and(|since| self.now >= since + API_REACHABLE_BEFORE_ENDING_ISOLATION);
+        let steadily_reachable = self
+            .api_reachable_since()
+            .is_some_and(|since| self.now >= since + API_REACHABLE_BEFORE_ENDING_ISOLATION);
         if holds && steadily_reachable && !self.instructions.contains(&Instruction::EndIsolation) {
             self.instructions.push(Instruction::EndIsolation);
         }

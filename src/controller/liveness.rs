@@ -442,7 +442,6 @@ mod tests {
         channels.isolation = Some(IsolationHeard {
             state: crate::report::protocol::IsolationState::None,
             confirmed: false,
-            api_reachable: false,
             sequence: 7,
             request: 0,
         });

@@ -77,8 +77,6 @@ pub struct IsolationHeard {
     /// The report's evidence shows the node isolated: the kubelet stopped and masked,
     /// no pod process left.
     pub confirmed: bool,
-    /// The agent reaches the API server, by its own traffic.
-    pub api_reachable: bool,
     /// The report that says so.
     pub sequence: u64,
     /// The controller's request the state answers (0: none).
@@ -108,7 +106,6 @@ impl AgentHeard {
             isolation: IsolationHeard {
                 state: latest.isolation.state,
                 confirmed: latest.isolation.is_confirmed(),
-                api_reachable: reaches_api(latest),
                 sequence: latest.sequence,
                 request: latest.isolation.request,
             },
@@ -237,12 +234,12 @@ impl ReportLedger {
                 previous: entry.latest.boot_id.clone(),
             }
         };
-        let reachable_run_goes_on = matches!(outcome, Accepted::Next) && reaches_api(&entry.latest);
-        entry.api_reachable_since = match (reaches_api(&report), reachable_run_goes_on) {
-            (false, _) => None,
-            (true, true) => entry.api_reachable_since.or(Some(received)),
-            (true, false) => Some(received),
+        // Within a boot the run goes on from its first report; a new boot starts its own.
+        let run_began = match outcome {
+            Accepted::Next => entry.api_reachable_since.unwrap_or(received),
+            _ => received,
         };
+        entry.api_reachable_since = reaches_api(&report).then_some(run_began);
         entry.latest = report;
         entry.received = received;
         entry.received_at = received_at;

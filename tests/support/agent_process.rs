@@ -122,6 +122,7 @@ impl AgentProcess {
             None,
             token,
             extra,
+            Some("500ms"),
         )
     }
 
@@ -142,22 +143,30 @@ impl AgentProcess {
             Some(ca_file),
             token,
             "",
+            Some("500ms"),
         )
     }
 
+    /// Writes `dir/agent-NODE.yaml` (see [`reporting_config`](Self::reporting_config)):
+    /// reports to `url` with `token`, checked against `ca_file` if given, every `interval`
+    /// (the default when `None`), and the `extra` top-level lines.
     #[allow(dead_code)] // not every test binary that includes this module uses it
-    fn write_reporting_config(
+    pub fn write_reporting_config(
         dir: &std::path::Path,
         node: &str,
         url: &str,
         ca_file: Option<&std::path::Path>,
         token: &str,
         extra: &str,
+        interval: Option<&str>,
     ) -> std::path::PathBuf {
         let token_file = dir.join(format!("token-{node}"));
         std::fs::write(&token_file, token).expect("token file");
         let ca = ca_file
             .map(|path| format!(", caFile: {}", path.display()))
+            .unwrap_or_default();
+        let interval = interval
+            .map(|interval| format!("interval: {interval}, "))
             .unwrap_or_default();
         let config = dir.join(format!("agent-{node}.yaml"));
         std::fs::write(
@@ -165,7 +174,7 @@ impl AgentProcess {
             format!(
                 "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: {node}\n\
                  shutdownGracePeriod: 0s\n{extra}\
-                 report: {{controllerURL: \"{url}\", interval: 500ms, tokenFile: {}{ca}}}\n",
+                 report: {{controllerURL: \"{url}\", {interval}tokenFile: {}{ca}}}\n",
                 token_file.display()
             ),
         )

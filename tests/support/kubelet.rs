@@ -2,7 +2,6 @@
 //! `kube-node-lease`, and ending the graceful deletion of pods whose containers stopped.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,7 +28,10 @@ pub struct Kubelets {
 /// nodes' network namespace.
 enum Renewer {
     Task(tokio::task::JoinHandle<()>),
-    Thread { ended: Arc<AtomicBool> },
+    /// Dropping the sender ends the thread's renewals.
+    Thread {
+        _stop: tokio::sync::oneshot::Sender<()>,
+    },
 }
 
 impl Kubelets {
@@ -80,20 +82,15 @@ impl Kubelets {
         nodes: &[&str],
     ) -> Kubelets {
         let (leases, renewing) = create_leases(server, nodes, Duration::from_secs(40)).await;
-        let ended = Arc::new(AtomicBool::new(false));
         let uri: http::Uri = url.parse().expect("the API server's URL");
-        let (names, stop) = (renewing.clone(), ended.clone());
+        let names = renewing.clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let path = netns.path();
         // The first renewal's outcome, so a kubelet that cannot reach the API server from
         // the namespace fails the test at once instead of looking like a node cut off.
         let (started, first_renewal) = tokio::sync::oneshot::channel::<Result<(), String>>();
         std::thread::spawn(move || {
-            let joined = std::fs::File::open(&path)
-                .map_err(|error| format!("{}: {error}", path.display()))
-                .and_then(|file| {
-                    super::netns::join(&file).map_err(|error| format!("setns: {error}"))
-                });
-            if let Err(error) = joined {
+            if let Err(error) = super::netns::enter_path(&path) {
                 let _ = started.send(Err(error));
                 return;
             }
@@ -104,25 +101,11 @@ impl Kubelets {
             runtime.block_on(async move {
                 let client = kube::Client::try_from(kube::Config::new(uri)).expect("a client");
                 let leases: Api<Lease> = Api::namespaced(client, NODE_LEASES);
-                let names_now: Vec<String> = names.lock().expect("names").iter().cloned().collect();
-                let mut first = Ok(());
-                for node in names_now {
-                    let patch = json!({"spec": {"renewTime": micro_time(Timestamp::now())}});
-                    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-                    if let Err(error) = leases.patch(&node, &params, &patch).await {
-                        first = Err(format!("renewing {node}'s Lease: {error}"));
-                    }
-                }
-                let _ = started.send(first);
-                let renewing = renew_every(leases, names, Duration::from_secs(10));
-                let ended = async {
-                    while !stop.load(Ordering::SeqCst) {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                };
+                let renew = Duration::from_secs(10);
+                let _ = started.send(renew_all(&leases, &names, renew).await);
                 tokio::select! {
-                    () = renewing => {}
-                    () = ended => {}
+                    () = renew_every(leases, names, renew) => {}
+                    _ = stopped => {}
                 }
             });
         });
@@ -135,7 +118,7 @@ impl Kubelets {
         Kubelets {
             renewing,
             leases,
-            renewer: Renewer::Thread { ended },
+            renewer: Renewer::Thread { _stop: stop },
         }
     }
 
@@ -151,9 +134,7 @@ impl Kubelets {
             .lock()
             .expect("names")
             .insert(node.to_string());
-        let patch = json!({"spec": {"renewTime": micro_time(Timestamp::now())}});
-        self.leases
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        renew(&self.leases, node)
             .await
             .expect("renew the node Lease");
     }
@@ -161,9 +142,8 @@ impl Kubelets {
 
 impl Drop for Kubelets {
     fn drop(&mut self) {
-        match &self.renewer {
-            Renewer::Task(task) => task.abort(),
-            Renewer::Thread { ended } => ended.store(true, Ordering::SeqCst),
+        if let Renewer::Task(task) = &self.renewer {
+            task.abort();
         }
     }
 }
@@ -191,19 +171,42 @@ async fn create_leases(
     (leases, Arc::new(Mutex::new(renewing)))
 }
 
-/// Renews the Lease of every node in `names` each `renew`, forever. A renewal that gets
-/// no answer within `renew` is given up, as the kubelet's is (it retries on its next
-/// tick): a node cut off from the API server hangs no longer than that.
+/// Renews the Lease of every node in `names` each `renew`, forever.
 async fn renew_every(leases: Api<Lease>, names: Arc<Mutex<BTreeSet<String>>>, renew: Duration) {
     loop {
         tokio::time::sleep(renew).await;
-        let now: Vec<String> = names.lock().expect("names").iter().cloned().collect();
-        for node in now {
-            let patch = json!({"spec": {"renewTime": micro_time(Timestamp::now())}});
-            let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-            let _ = tokio::time::timeout(renew, leases.patch(&node, &params, &patch)).await;
-        }
+        let _ = renew_all(&leases, &names, renew).await;
     }
+}
+
+/// Renews the Lease of every node in `names` now; the last failure, if any. A renewal
+/// that gets no answer `within` is given up, as the kubelet's is (it retries on its next
+/// tick): a node cut off from the API server hangs no longer than that.
+async fn renew_all(
+    leases: &Api<Lease>,
+    names: &Mutex<BTreeSet<String>>,
+    within: Duration,
+) -> Result<(), String> {
+    let now: Vec<String> = names.lock().expect("names").iter().cloned().collect();
+    let mut outcome = Ok(());
+    for node in now {
+        let failure = match tokio::time::timeout(within, renew(leases, &node)).await {
+            Ok(Ok(())) => continue,
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => format!("no answer within {within:?}"),
+        };
+        outcome = Err(format!("renewing {node}'s Lease: {failure}"));
+    }
+    outcome
+}
+
+/// Renews `node`'s Lease now.
+async fn renew(leases: &Api<Lease>, node: &str) -> Result<(), kube::Error> {
+    let patch = json!({"spec": {"renewTime": micro_time(Timestamp::now())}});
+    leases
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
 }
 
 pub fn micro_time(at: Timestamp) -> String {

@@ -61,9 +61,7 @@ impl Netns {
     /// Moves the calling thread into the namespace. Threads it creates afterwards (a
     /// tokio runtime's) and processes it spawns are in the namespace too.
     pub fn enter(&self) -> Result<(), String> {
-        let file = std::fs::File::open(self.path())
-            .map_err(|error| format!("{}: {error}", self.path().display()))?;
-        join(&file).map_err(|error| format!("setns into {}: {error}", self.name))
+        enter_path(&self.path())
     }
 
     /// `command`, set to start inside the namespace (whatever namespace its parent is in).
@@ -84,9 +82,7 @@ impl Netns {
     pub fn run<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> T {
         let path = self.path();
         std::thread::spawn(move || {
-            let file = std::fs::File::open(&path)
-                .unwrap_or_else(|error| panic!("{}: {error}", path.display()));
-            join(&file).expect("setns");
+            enter_path(&path).unwrap_or_else(|error| panic!("{error}"));
             work()
         })
         .join()
@@ -204,8 +200,14 @@ fn remove_stale() {
     }
 }
 
+/// Moves the calling thread into the network namespace at `path` (see [`Netns::enter`]).
+pub fn enter_path(path: &std::path::Path) -> Result<(), String> {
+    let file = std::fs::File::open(path).map_err(|error| format!("{}: {error}", path.display()))?;
+    join(&file).map_err(|error| format!("setns into {}: {error}", path.display()))
+}
+
 /// Moves the calling thread into the network namespace `file` opens.
-pub fn join(file: &std::fs::File) -> std::io::Result<()> {
+fn join(file: &std::fs::File) -> std::io::Result<()> {
     // SAFETY: setns only reads the descriptor, which `file` keeps open.
     if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } == 0 {
         Ok(())

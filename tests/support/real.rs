@@ -85,8 +85,22 @@ fn log_line(line: &str) {
 /// `require!(component, prerequisite)`: the `Ok` value of `prerequisite` (a
 /// `Result<T, impl Display>`), recorded as a real-component run; on `Err`, a failure under
 /// CI and a `SKIPPED` line otherwise, after which the calling test returns.
+/// `require!(component, prerequisite, else value)` returns `value` instead, from a helper
+/// that sets a test up (its caller then returns).
 #[macro_export]
 macro_rules! require {
+    ($component:expr, $prerequisite:expr, else $fallback:expr) => {
+        match $prerequisite {
+            Ok(value) => {
+                $crate::support::real::record($component);
+                value
+            }
+            Err(reason) => {
+                $crate::support::real::unavailable($component, &reason);
+                return $fallback;
+            }
+        }
+    };
     ($component:expr, $prerequisite:expr) => {
         match $prerequisite {
             Ok(value) => {
