@@ -102,16 +102,7 @@ macro_rules! require {
         }
     };
     ($component:expr, $prerequisite:expr) => {
-        match $prerequisite {
-            Ok(value) => {
-                $crate::support::real::record($component);
-                value
-            }
-            Err(reason) => {
-                $crate::support::real::unavailable($component, &reason);
-                return;
-            }
-        }
+        $crate::require!($component, $prerequisite, else ())
     };
 }
 
