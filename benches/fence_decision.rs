@@ -180,6 +180,7 @@ fn main() {
         volumes_attached: 1,
         taints: NodeTaints::default(),
         plan: Ok(plan()),
+        kdump: None,
     };
     let fence_policy = FencePolicy::default();
     let started = decide(&fence, &facts, &[], &Guard::open(), &fence_policy, now());

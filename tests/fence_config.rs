@@ -306,6 +306,38 @@ fn alternatives_split_a_step_at_each_bar() {
 }
 
 #[test]
+fn kdump_is_off_unless_the_node_config_turns_it_on() {
+    let method = (
+        "fence-method-ipmi-off-n1",
+        "method.properties",
+        "agent_name=fence_ipmilan\nip=10.0.0.1",
+    );
+    let with =
+        |config: &'static str| objects(&[("fence-config-n1", "config.properties", config), method]);
+    let off = resolve(&with("node_name=n1\npower_management=ipmi-off"), "n1").expect("valid");
+    assert!(!off.kdump);
+    let on = resolve(
+        &with("node_name=n1\npower_management=ipmi-off\nkdump=true"),
+        "n1",
+    )
+    .expect("valid");
+    assert!(on.kdump);
+    let spelled_off = resolve(
+        &with("node_name=n1\npower_management=ipmi-off\nkdump=false"),
+        "n1",
+    )
+    .expect("valid");
+    assert!(!spelled_off.kdump);
+    assert_eq!(
+        error_of(
+            &with("node_name=n1\npower_management=ipmi-off\nkdump=on"),
+            "n1"
+        ),
+        "node n1, ConfigMap fence-config-n1, key config.properties: kdump is \"on\"; expected true or false"
+    );
+}
+
+#[test]
 fn each_broken_configuration_gets_a_precise_error() {
     let ok_method = (
         "fence-method-m-n1",

@@ -15,6 +15,7 @@ use nodekeeper::controller::decide::{
 use nodekeeper::controller::facts::{
     MethodOutline, NodeFacts, NodeHealth, NodeTaints, PlanOutline, Readiness,
 };
+use nodekeeper::controller::kdump::KdumpHeard;
 use nodekeeper::controller::liveness::{Channels, Evidence, Liveness, NodeState, judge};
 use nodekeeper::controller::policy::FencePolicy;
 use nodekeeper::controller::resource::{
@@ -142,6 +143,15 @@ struct World {
     api_reachable_since: Option<Timestamp>,
     /// Reports come over TLS, so what they say counts and instructions are given.
     over_tls: bool,
+    /// The node crashed into its crash kernel (it runs no pod) until it is powered off.
+    in_crash_kernel: bool,
+    /// The node crashed and has not been powered on since: it runs no pod, though the
+    /// controller may hear its last notifications after a power-off it cannot confirm.
+    crashed: bool,
+    /// Its crash kernel's kdump notifications: the first one, and whether they still come.
+    kdump_first: Option<Timestamp>,
+    kdump_sending: bool,
+    kdump_last: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,6 +192,7 @@ impl World {
                 volumes_attached: 0,
                 taints: NodeTaints::default(),
                 plan: Ok(plan.clone()),
+                kdump: None,
             },
             plan,
             devices: Devices {
@@ -206,7 +217,49 @@ impl World {
             isolation_request: 0,
             api_reachable_since: None,
             over_tls: true,
+            in_crash_kernel: false,
+            crashed: false,
+            kdump_first: None,
+            kdump_sending: false,
+            kdump_last: None,
         }
+    }
+
+    /// The node's kernel crashes: its kubelet and agent stop at once, and a few seconds
+    /// later its crash kernel starts sending kdump notifications (`fence_kdump_send`).
+    fn crash(&mut self) {
+        if !self.devices.power_on || self.in_crash_kernel {
+            return;
+        }
+        self.in_crash_kernel = true;
+        self.crashed = true;
+        // (The node lifecycle controller notices within its grace period.)
+        self.set_ready(false);
+        self.kdump_first = Some(self.now + Duration::from_secs(5));
+        self.kdump_sending = true;
+        self.hear();
+    }
+
+    /// What the controller heard of the crash kernel's notifications by now.
+    fn hear_kdump(&mut self) {
+        if let Some(first) = self.kdump_first
+            && self.kdump_sending
+            && self.in_crash_kernel
+            && self.devices.power_on
+            && self.now >= first
+        {
+            self.kdump_last = Some(self.now);
+        }
+        self.facts.kdump = self
+            .kdump_first
+            .zip(self.kdump_last)
+            .map(|(first, last)| KdumpHeard {
+                from: "10.0.0.1".parse().expect("address"),
+                first,
+                last,
+                notifications: 1 + u64::try_from(last.duration_since(first).as_secs() / 10)
+                    .unwrap_or(0),
+            });
     }
 
     fn status(&self) -> &nodekeeper::controller::NodeFenceStatus {
@@ -217,8 +270,8 @@ impl World {
     }
 
     fn set_ready(&mut self, ready: bool) {
-        // A powered-off node cannot report Ready.
-        let ready = ready && self.devices.power_on;
+        // A powered-off or crashed node cannot report Ready.
+        let ready = ready && self.devices.power_on && !self.in_crash_kernel;
         let readiness = if ready {
             Readiness::Ready
         } else {
@@ -241,6 +294,7 @@ impl World {
 
     /// Hears whatever channel speaks at `now`; a node without power says nothing.
     fn hear(&mut self) {
+        self.hear_kdump();
         let Some((lease_speaks, reports_speak)) = self.channels else {
             self.facts.liveness = Liveness::NoAgent;
             return;
@@ -250,7 +304,8 @@ impl World {
             Liveness::Heard(channels) => (channels.lease, channels.report),
             _ => (long_ago, long_ago),
         };
-        let power = self.devices.power_on;
+        // A crashed node's kubelet and agent are gone with its kernel.
+        let power = self.devices.power_on && !self.in_crash_kernel;
         self.sequence += 1;
         if reports_speak && power {
             // The agent reaches the API server when the kubelet's Lease gets through.
@@ -317,7 +372,10 @@ impl World {
     /// shutdown. Only a node with a reporting agent can say it. Its pods are deleted and
     /// its volume stays attached, unless `pods_left` (the agent's word is wrong).
     fn drain(&mut self, pods_left: bool) {
-        if !matches!(self.channels, Some((_, true))) || !self.devices.power_on {
+        if !matches!(self.channels, Some((_, true)))
+            || !self.devices.power_on
+            || self.in_crash_kernel
+        {
             return;
         }
         if !pods_left {
@@ -388,8 +446,14 @@ impl World {
         let device = self.devices.device_of(method);
         if *device && !on && !method.starts_with("scsi") {
             self.power_offs += 1;
+            // Powering off ends the crash kernel and its dump; the node boots afresh.
+            self.in_crash_kernel = false;
+            self.kdump_sending = false;
         }
         *device = on;
+        if on && !method.starts_with("scsi") {
+            self.crashed = false;
+        }
     }
 
     fn run_to_end(&mut self, running: &Running) -> Outcome {
@@ -578,8 +642,9 @@ impl World {
             )
         });
         if releases {
+            let crashed = self.crashed && self.plan.kdump;
             assert!(
-                self.devices.fenced() || self.isolated,
+                self.devices.fenced() || self.isolated || crashed,
                 "pods released while the node's storage and power are both on and it is not isolated: {decision:#?}"
             );
             assert!(decision.status.confirmed_at.is_some());
@@ -705,6 +770,31 @@ impl World {
                 .is_some_and(|i| i.outcome == Some(IsolationOutcome::Confirmed));
         if confirms_isolation {
             assert!(self.isolated, "an isolation confirmed that did not happen");
+        }
+        // (i) a kdump notification confirms a fence only for a node configured with
+        // kdump=true that is in its crash kernel; and while it dumps (its notifications
+        // still coming), no power action runs against it before kdumpWait.
+        if decision.status.kdump.is_some() && before.kdump.is_none() {
+            assert!(
+                self.plan.kdump && self.crashed,
+                "kdump taken from a node that did not crash: {decision:#?}"
+            );
+        }
+        if let Some(first) = self.kdump_first
+            && decision.status.kdump.is_some()
+            && self.kdump_sending
+            && self.in_crash_kernel
+            && self.devices.power_on
+        {
+            for request in &starts {
+                if request.step == Step::PowerManagement && request.kind == ExecutionKind::Act {
+                    assert!(
+                        self.now >= first + self.policy.kdump_wait,
+                        "{} started while the node dumps, before kdumpWait: {decision:#?}",
+                        request.name
+                    );
+                }
+            }
         }
         // (d) retries stay within the limit.
         assert!(decision.status.retries <= self.policy.retry_limit);
@@ -1339,6 +1429,256 @@ fn a_restarted_controller_that_cannot_hear_the_node_yet_gives_nothing_up() {
     assert!(world.started().is_empty(), "{:?}", world.started());
 }
 
+/// A node powered off through its BMC alone, whose crash kernel announces itself.
+fn kdump_plan() -> PlanOutline {
+    let mut plan = PlanOutline::default();
+    plan.steps.insert(
+        Step::PowerManagement,
+        vec![vec![method("ipmi", FenceAction::Off)]],
+    );
+    plan.kdump = true;
+    plan
+}
+
+/// A node with an agent, heard until now, whose kernel crashes.
+fn crashed_node(plan: PlanOutline) -> World {
+    let mut world = World::new(plan, false);
+    world.set_channels(Some((true, true)));
+    world.advance(10);
+    world.crash();
+    world
+}
+
+fn power_actions(world: &World) -> Vec<String> {
+    world
+        .started()
+        .into_iter()
+        .filter(|name| name.starts_with("power-management") && name.ends_with("-act1"))
+        .collect()
+}
+
+#[test]
+fn a_crashed_nodes_kdump_releases_its_pods_and_holds_the_power_off_until_the_dump_ends() {
+    let mut world = crashed_node(kdump_plan());
+    // Silent for silenceTimeout: lost; its crash kernel has been sending for 15 s.
+    world.advance(20);
+    world.reconcile();
+    let status = world.status().clone();
+    let record = status
+        .kdump
+        .clone()
+        .expect("the notifications are recorded");
+    assert_eq!(record.from, "10.0.0.1");
+    assert_eq!(record.first_heard.0, at(15));
+    assert!(
+        status.confirmed_at.is_some(),
+        "confirmed by the crash kernel"
+    );
+    assert!(
+        status
+            .confirmed_by
+            .as_deref()
+            .is_some_and(|by| by.starts_with(
+                "kdump: the node announced its crash kernel from its InternalIP 10.0.0.1"
+            )),
+        "{:?}",
+        status.confirmed_by
+    );
+    assert!(
+        world.facts.taints.out_of_service,
+        "its pods are released at once"
+    );
+    assert!(world.started().is_empty(), "{:?}", world.started());
+    assert_eq!(
+        status.pause.as_ref().map(|p| p.reason),
+        Some(PauseReason::WaitingForKdump)
+    );
+    assert!(world.devices.power_on);
+    // The dump goes on for five minutes: no power action meanwhile.
+    world.run(30, 10);
+    assert!(power_actions(&world).is_empty(), "{:?}", world.started());
+    assert!(
+        world
+            .status()
+            .kdump
+            .as_ref()
+            .is_some_and(|r| r.last_heard.0 >= at(320))
+    );
+    // The dump ends; once no notification came for kdumpSilence, the node is powered
+    // off, and the BMC's confirmation changes nothing about the release.
+    world.kdump_sending = false;
+    let ended = world.now;
+    world.run(10, 5);
+    assert_eq!(power_actions(&world), ["power-management-t1-a1-ipmi-act1"]);
+    assert!(!world.devices.power_on, "powered off after the dump");
+    assert!(world.now >= ended + world.policy.kdump_silence);
+    assert_eq!(world.power_offs, 1);
+}
+
+#[test]
+fn a_dump_that_never_ends_is_cut_short_after_kdump_wait() {
+    let mut world = crashed_node(kdump_plan());
+    world.policy.kdump_wait = Duration::from_secs(120);
+    world.advance(20);
+    world.reconcile();
+    assert!(world.status().confirmed_at.is_some());
+    world.run(8, 10);
+    assert!(power_actions(&world).is_empty(), "{:?}", world.started());
+    // 15 s + 120 s after the first notification, though the notifications still come.
+    world.run(10, 5);
+    assert_eq!(power_actions(&world), ["power-management-t1-a1-ipmi-act1"]);
+    assert!(!world.devices.power_on);
+}
+
+#[test]
+fn kdump_counts_only_when_configured_after_the_last_sign_of_life_and_not_in_a_storm() {
+    // Not configured: the notifications change nothing, the node is powered off.
+    let mut plan = kdump_plan();
+    plan.kdump = false;
+    let mut world = crashed_node(plan);
+    world.advance(20);
+    world.run(3, 5);
+    assert!(world.status().kdump.is_none());
+    assert_eq!(power_actions(&world), ["power-management-t1-a1-ipmi-act1"]);
+
+    // Notifications that began while the node's agent still reported are no crash
+    // kernel's (the address is sending while the node lives): the node is fenced as a
+    // silent node.
+    let mut world = World::new(kdump_plan(), false);
+    world.set_channels(Some((true, true)));
+    world.kdump_first = Some(at(0));
+    world.kdump_last = Some(at(0));
+    world.advance(10);
+    world.facts.kdump = Some(KdumpHeard {
+        from: "10.0.0.1".parse().expect("address"),
+        first: at(5),
+        last: at(10),
+        notifications: 2,
+    });
+    world.set_channels(Some((false, false)));
+    world.advance(20);
+    world.facts.kdump = Some(KdumpHeard {
+        from: "10.0.0.1".parse().expect("address"),
+        first: at(5),
+        last: world.now,
+        notifications: 5,
+    });
+    world.reconcile();
+    assert!(world.status().kdump.is_none(), "{:?}", world.status());
+    assert_eq!(power_actions(&world), ["power-management-t1-a1-ipmi-act1"]);
+
+    // During a storm nothing is taken, released or powered off; after it, the dump is.
+    let mut world = crashed_node(kdump_plan());
+    world.guard.storm = Some(GuardBlock {
+        reason: PauseReason::StormGuard,
+        message: "storm".to_string(),
+        until: None,
+    });
+    world.advance(20);
+    world.run(3, 5);
+    assert!(world.status().kdump.is_none());
+    assert!(world.status().confirmed_at.is_none());
+    assert!(!world.facts.taints.out_of_service);
+    world.guard = Guard::open();
+    world.reconcile();
+    assert!(world.status().kdump.is_some());
+    assert!(world.facts.taints.out_of_service);
+    assert!(power_actions(&world).is_empty());
+}
+
+#[test]
+fn a_node_without_an_agent_counts_notifications_that_come_after_it_turned_not_ready() {
+    let mut world = World::new(kdump_plan(), false);
+    world.set_ready(true);
+    world.advance(10);
+    world.crash();
+    world.advance(60);
+    world.reconcile();
+    assert!(world.status().kdump.is_some(), "{:?}", world.status());
+    assert!(world.facts.taints.out_of_service);
+    assert!(power_actions(&world).is_empty());
+}
+
+#[test]
+fn a_restarted_controller_keeps_waiting_for_the_dump_it_recorded() {
+    let mut world = crashed_node(kdump_plan());
+    world.advance(20);
+    world.reconcile();
+    assert!(world.status().kdump.is_some());
+    // A new leader has heard no notification yet (its log is empty) nor the agent.
+    world.advance(10);
+    world.restart(false);
+    world.facts.kdump = None;
+    world.facts.liveness = Liveness::AgentUnknown {
+        until: world.now + Duration::from_secs(38),
+    };
+    world.reconcile();
+    assert!(power_actions(&world).is_empty());
+    // It hears the agent is gone and the notifications again: still waiting.
+    world.advance(20);
+    world.reconcile();
+    world.advance(20);
+    world.reconcile();
+    assert!(power_actions(&world).is_empty(), "{:?}", world.started());
+    assert_eq!(
+        world.status().pause.as_ref().map(|p| p.reason),
+        Some(PauseReason::WaitingForKdump)
+    );
+}
+
+#[test]
+fn a_node_that_reads_ready_while_its_agent_is_not_heard_is_never_asked_to_isolate() {
+    // Its agent's reports stop reaching this controller (reports turned off after a
+    // restart), and then the node reads Ready again: its kubelet posted its status after
+    // the request, so the partition healed and the fence ends, with nothing released.
+    let mut world = asked_to_isolate();
+    world.advance(2);
+    world.set_channels(None);
+    world.set_ready(true);
+    world.reconcile();
+    assert!(
+        !world
+            .asked()
+            .iter()
+            .any(|i| matches!(i, Instruction::Isolate { .. })),
+        "{:?}",
+        world.asked()
+    );
+    assert!(
+        world.fence.is_none(),
+        "the fence ended: {:?}",
+        world.status()
+    );
+    assert!(world.events().contains(&"FenceCancelled"));
+    assert!(!world.facts.taints.out_of_service);
+    assert!(world.started().is_empty());
+
+    // A Ready condition from before the request (another controller's clock), with the
+    // agent not heard yet: nothing is asked and nothing given up until it is heard.
+    let mut world = asked_to_isolate();
+    let requested_at = world
+        .status()
+        .self_isolation
+        .as_ref()
+        .map(|i| i.requested_at.0)
+        .expect("asked");
+    world.advance(2);
+    world.facts.liveness = Liveness::AgentUnknown {
+        until: world.now + Duration::from_secs(38),
+    };
+    world.facts.health = NodeHealth {
+        readiness: Readiness::Ready,
+        since: Some(requested_at - Duration::from_secs(1)),
+    };
+    world.reconcile();
+    assert!(world.asked().is_empty(), "{:?}", world.asked());
+    assert_eq!(world.isolation_outcome(), None);
+    assert_eq!(
+        world.status().pause.as_ref().map(|p| p.reason),
+        Some(PauseReason::NodeAlive)
+    );
+}
+
 #[test]
 fn a_state_left_from_an_earlier_request_is_no_answer() {
     let mut world = asked_to_isolate();
@@ -1824,6 +2164,9 @@ enum Happening {
     Drain(bool),
     /// What the node's agent does when asked to isolate the node.
     Isolation(IsolationFate),
+    /// The node's kernel crashes into its crash kernel (`true`), or its dump ends and its
+    /// notifications stop (`false`).
+    Crash(bool),
 }
 
 fn happening() -> impl Strategy<Value = Happening> {
@@ -1849,6 +2192,7 @@ fn happening() -> impl Strategy<Value = Happening> {
             Just(IsolationFate::Silent),
         ]
         .prop_map(Happening::Isolation),
+        1 => any::<bool>().prop_map(Happening::Crash),
     ]
 }
 
@@ -1864,8 +2208,10 @@ proptest! {
         happenings in proptest::collection::vec(happening(), 1..60),
         force in any::<bool>(),
         isolation in any::<bool>(),
+        kdump in any::<bool>(),
     ) {
         let mut plan = full_plan();
+        plan.kdump = kdump;
         if !isolation {
             plan.steps.remove(&Step::Isolation);
         }
@@ -1893,6 +2239,8 @@ proptest! {
                 Happening::Channels(channels) => world.set_channels(channels),
                 Happening::Drain(pods_left) => world.drain(pods_left),
                 Happening::Isolation(fate) => world.isolation_fate = fate,
+                Happening::Crash(true) => world.crash(),
+                Happening::Crash(false) => world.kdump_sending = false,
                 Happening::ConfigGone(gone) => {
                     world.facts.plan = if gone {
                         Err("gone".to_string())

@@ -189,6 +189,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             extra_routes = server::views_route(hub.clone());
             report_hub = Some(hub);
         }
+        // kdump notifications, like reports, are heard on every replica, so one that takes
+        // over already knows the dumps in progress.
+        let mut kdump_log = None;
+        if let Some(address) = policy.kdump_address {
+            use nodekeeper::controller::kdump;
+            let socket = kdump::bind(address)
+                .await
+                .with_context(|| format!("kdumpAddress {address}: cannot listen"))?;
+            tracing::info!(address = %socket.local_addr()?, "listening for kdump notifications (fence_kdump_send)");
+            let log = Arc::new(kdump::KdumpLog::new(policy.fence.kdump_silence));
+            report_tasks.push(tokio::spawn(kdump::listen(
+                socket,
+                log.clone(),
+                metrics.clone(),
+                stopped(),
+            )));
+            kdump_log = Some(log);
+        }
         let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
             .await
             .with_context(|| format!("listening on {} for metrics", args.metrics_addr))?;
@@ -218,6 +236,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             client,
             policy,
             report_hub,
+            kdump_log,
             nodekeeper::controller::run::identity(),
             metrics,
             health,

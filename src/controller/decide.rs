@@ -19,7 +19,10 @@
 //!   zone rate every new fence; recovery is never held back;
 //! - the node's pods are released (out-of-service taint, optional deletion) only once a
 //!   step's winning alternative proved the node off or its storage isolated, the node
-//!   said it drained, or its agent reported it isolated;
+//!   said it drained, its agent reported it isolated, or (with `kdump=true`) its crash
+//!   kernel announced itself from its InternalIP after the node's last sign of life;
+//! - the power step waits while such a node dumps: until its kdump notifications stop for
+//!   `kdumpSilence`, at most `kdumpWait`;
 //! - a failed step is retried after an exponential backoff up to the retry limit, then
 //!   the fence stays failed and says so;
 //! - our taints are removed only after recovery, and only the ones we recorded adding.
@@ -33,13 +36,14 @@ use serde::Serialize;
 use crate::fencing::Step;
 
 use super::facts::{MethodOutline, NodeFacts};
+use super::kdump::KdumpHeard;
 use super::liveness::{Evidence, Liveness, NodeState, judge};
 use super::policy::FencePolicy;
 use super::progress::{Progress, progress};
 use super::resource::{
-    Execution, ExecutionKind, ExecutionResult, FencePhase, FenceStep, IsolationOutcome, LostRecord,
-    MAX_EXECUTIONS, MethodAction, NodeFence, NodeFenceStatus, Pause, PauseReason, PowerSeen,
-    SelfIsolation,
+    Execution, ExecutionKind, ExecutionResult, FencePhase, FenceStep, IsolationOutcome,
+    KdumpRecord, LostRecord, MAX_EXECUTIONS, MethodAction, NodeFence, NodeFenceStatus, Pause,
+    PauseReason, PowerSeen, SelfIsolation,
 };
 use super::storm::{Guard, GuardBlock};
 use crate::report::ledger::IsolationHeard;
@@ -187,6 +191,7 @@ pub fn decide(
             }
         }
     }
+    machine.note_kdump();
     machine.release_and_taints();
     machine.end_isolation_when_released();
     machine.finish(fence.metadata.generation)
@@ -717,15 +722,18 @@ impl<'a> Machine<'a> {
     /// powered off still reads Ready for the 40-50 s the node lifecycle controller takes,
     /// and a controller restarted in that time has not heard it yet.
     fn back_since_release(&self) -> bool {
-        let confirmed_at = self.status.confirmed_at.as_ref().map(|time| time.0);
-        let ready_again = self.state.is_healthy()
-            && self
-                .facts
-                .health
-                .since
-                .zip(confirmed_at)
-                .is_some_and(|(since, confirmed)| since > confirmed);
+        let ready_again = self
+            .status
+            .confirmed_at
+            .as_ref()
+            .is_some_and(|confirmed| self.ready_since(confirmed.0));
         self.heard_healthy() || ready_again
+    }
+
+    /// The node has read Ready since after `moment`: its kubelet posted its status since
+    /// then (the Ready condition lags behind a death, but not behind a return).
+    fn ready_since(&self, moment: Timestamp) -> bool {
+        self.state.is_healthy() && self.facts.health.since.is_some_and(|since| since > moment)
     }
 
     /// A fence released without a step of its own, whose node is back (see
@@ -797,7 +805,7 @@ impl<'a> Machine<'a> {
         if isolation.outcome == Some(IsolationOutcome::Confirmed) {
             return self.rest_on_isolation(heard);
         }
-        if self.heard_healthy() {
+        if self.heard_healthy() || self.ready_since(isolation.requested_at.0) {
             // The partition healed first: the kubelet runs, so the node is not isolated,
             // or no longer. Whatever the agent began is ended.
             self.instructions.push(Instruction::EndIsolation);
@@ -842,7 +850,18 @@ impl<'a> Machine<'a> {
                     "the node's agent fell silent before it reported the node isolated",
                 );
             }
-            NodeState::Partitioned { .. } | NodeState::Healthy => {}
+            // Ready by its condition alone (since before the request), its agent not
+            // heard: nothing is asked of a node that reads Ready, and nothing given up.
+            NodeState::Healthy => {
+                self.pause(
+                    PauseReason::NodeAlive,
+                    "the node reads Ready, but its agent is not heard: nothing is asked of it until it is".to_string(),
+                    None,
+                );
+                self.wake(self.now + ISOLATION_REQUEUE);
+                return false;
+            }
+            NodeState::Partitioned { .. } => {}
         }
         let request = request_id(&isolation);
         // Only an answer to this request counts: a state left from an earlier request
@@ -1055,6 +1074,119 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// The node's kdump notifications, when they count (see `kdump.rs`): its fence
+    /// configuration says `kdump=true`, the node is lost, they still come (the last
+    /// within `kdumpSilence`), and they came after its last
+    /// sign of life: all of them after its last Lease renewal and report, or, for a node
+    /// without an agent (whose Ready condition is all the controller has), still coming
+    /// after it turned not Ready.
+    fn kdump_notice(&self) -> Option<KdumpHeard> {
+        let heard = self.facts.kdump?;
+        let configured = self.facts.plan.as_ref().is_ok_and(|plan| plan.kdump);
+        // A run that ended before this controller took note of it is no longer news: only
+        // notifications still coming count.
+        let current = self.now <= heard.last + self.policy.kdump_silence;
+        if !configured || !current || !matches!(self.state, NodeState::Lost { .. }) {
+            return None;
+        }
+        let after_last_sign_of_life = match self.facts.liveness {
+            Liveness::Heard(channels) => heard.first > channels.lease.max(channels.report),
+            Liveness::NoAgent => self
+                .facts
+                .health
+                .since
+                .is_some_and(|since| heard.last > since),
+            Liveness::AgentUnknown { .. } => false,
+        };
+        after_last_sign_of_life.then_some(heard)
+    }
+
+    /// A begun fence whose node announces its crash kernel: the announcement confirms the
+    /// fence (a node running its crash kernel runs no pod), and is kept in the status,
+    /// where later notifications move its last time, so the power step waits for the
+    /// dump (see [`Self::waiting_for_kdump`]), also across a controller restart. The
+    /// storm guard and the zone rate hold it back like any other release.
+    fn note_kdump(&mut self) {
+        let begun = self
+            .status
+            .step
+            .is_some_and(|step| step != FenceStep::Recovery);
+        if !begun || self.status.recovered_at.is_some() {
+            return;
+        }
+        // Later notifications from the node's address move the last time of a dump
+        // already taken note of, whatever the node is judged now (a restarted controller
+        // that has not heard its agent yet must not end the wait early).
+        if let Some(record) = self.status.kdump.as_mut() {
+            if let Some(heard) = self.facts.kdump
+                && heard.last > record.last_heard.0
+            {
+                record.last_heard = Time(heard.last);
+                record.notifications = record.notifications.max(heard.notifications);
+            }
+            return;
+        }
+        let Some(heard) = self.kdump_notice() else {
+            return;
+        };
+        if self.held_by_guard() {
+            return;
+        }
+        let from = heard.from.to_string();
+        self.status.kdump = Some(KdumpRecord {
+            from: from.clone(),
+            first_heard: Time(heard.first),
+            last_heard: Time(heard.last),
+            notifications: heard.notifications,
+        });
+        if self.status.started_at.is_none() {
+            self.status.started_at = Some(Time(self.now));
+            self.status.zone = Some(self.facts.zone.clone());
+        }
+        let proof = format!(
+            "kdump: the node announced its crash kernel from its InternalIP {from} ({} notification(s) since {}, all after its last sign of life)",
+            heard.notifications, heard.first
+        );
+        if self.status.confirmed_at.is_none() {
+            self.status.confirmed_at = Some(Time(self.now));
+            self.status.confirmed_by = Some(proof.clone());
+            self.event(
+                false,
+                "FenceConfirmed",
+                format!("{proof}: it runs no pod, so its pods may be released; its power step waits for the dump"),
+            );
+        } else {
+            self.event(
+                false,
+                "KdumpHeard",
+                format!("{proof}: its power step waits for the dump"),
+            );
+        }
+    }
+
+    /// The power step waits while the node dumps: until its notifications have stopped
+    /// for `kdumpSilence`, and at most `kdumpWait` after the first one.
+    fn waiting_for_kdump(&mut self) -> bool {
+        let Some(record) = &self.status.kdump else {
+            return false;
+        };
+        let dumping_until = record.last_heard.0 + self.policy.kdump_silence;
+        let wait_until = record.first_heard.0 + self.policy.kdump_wait;
+        let until = dumping_until.min(wait_until);
+        if self.now >= until {
+            return false;
+        }
+        let message = format!(
+            "the node runs its crash kernel (kdump notifications from {} since {}, the latest at {}): the power step waits for the dump, until no notification came for {}s, at most until {wait_until}",
+            record.from,
+            record.first_heard.0,
+            record.last_heard.0,
+            self.policy.kdump_silence.as_secs()
+        );
+        self.pause(PauseReason::WaitingForKdump, message, Some(until));
+        true
+    }
+
     /// Phase New of any step: the guard, the backoff, then the first method.
     fn start_step(&mut self) -> bool {
         let Some((step, alternatives)) = self.step_alternatives() else {
@@ -1083,6 +1215,12 @@ impl<'a> Machine<'a> {
         if step != FenceStep::Recovery && self.held_by_guard() {
             return false;
         }
+        if step == FenceStep::PowerManagement {
+            self.note_kdump();
+            if self.waiting_for_kdump() {
+                return false;
+            }
+        }
         self.set_phase(step, FencePhase::Running);
         self.event(
             false,
@@ -1110,6 +1248,12 @@ impl<'a> Machine<'a> {
                 method,
                 kind,
             } => {
+                let count = runs
+                    .iter()
+                    .filter(|e| {
+                        e.alternative == alternative && e.method == method.name && e.kind == kind
+                    })
+                    .count();
                 if step != FenceStep::Recovery && kind == ExecutionKind::Act {
                     if let Some(block) = &self.guard.storm {
                         self.block(block);
@@ -1124,13 +1268,14 @@ impl<'a> Machine<'a> {
                         // whatever this step still had to do.
                         return self.enter_recovery();
                     }
+                    // Nor while it dumps, whichever alternative is next.
+                    if step == FenceStep::PowerManagement {
+                        self.note_kdump();
+                        if self.waiting_for_kdump() {
+                            return false;
+                        }
+                    }
                 }
-                let count = runs
-                    .iter()
-                    .filter(|e| {
-                        e.alternative == alternative && e.method == method.name && e.kind == kind
-                    })
-                    .count();
                 let kind_name = match kind {
                     ExecutionKind::Act => "act",
                     ExecutionKind::Verify => "verify",

@@ -48,6 +48,8 @@ pub struct MethodOutline {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct PlanOutline {
     pub steps: BTreeMap<Step, Vec<Vec<MethodOutline>>>,
+    /// `kdump=true`: the node's kdump notifications count (see `kdump.rs`).
+    pub kdump: bool,
 }
 
 impl PlanOutline {
@@ -76,7 +78,10 @@ impl PlanOutline {
                 (step.step, alternatives)
             })
             .collect();
-        PlanOutline { steps }
+        PlanOutline {
+            steps,
+            kdump: plan.kdump,
+        }
     }
 
     /// The step's alternatives; empty when the step is not configured.
@@ -128,6 +133,9 @@ pub struct NodeFacts {
     pub taints: NodeTaints,
     /// The node's fence configuration, or why it cannot be used.
     pub plan: Result<PlanOutline, String>,
+    /// The latest run of kdump notifications from one of the node's InternalIPs, if the
+    /// controller listens for them and heard any. Whether it counts is the decision's.
+    pub kdump: Option<super::kdump::KdumpHeard>,
 }
 
 /// A pod as the "does this node need fencing" rule sees it.

@@ -18,6 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use crate::report::ReportHub;
 use crate::report::ledger::AgentHeard;
 
+use super::kdump::{KdumpHeard, KdumpLog};
 use super::liveness::{Channels, Liveness};
 use super::policy::ControllerPolicy;
 
@@ -40,6 +41,8 @@ struct LeaseSeen {
 /// The node channels as the controller hears them.
 pub struct Hearing {
     reports: Option<Arc<ReportHub>>,
+    /// kdump notifications, when the controller listens for them (`kdumpAddress`).
+    kdump: Option<Arc<KdumpLog>>,
     /// Reports arrive over TLS, so what they say may decide something (a drained node's
     /// release); over plain HTTP only their arrival counts.
     content_trusted: bool,
@@ -52,9 +55,15 @@ pub struct Hearing {
 }
 
 impl Hearing {
-    /// `reports` is the report endpoint, if the controller serves one.
-    pub fn new(reports: Option<Arc<ReportHub>>, policy: &ControllerPolicy) -> Hearing {
+    /// `reports` is the report endpoint, if the controller serves one; `kdump` the kdump
+    /// notifications, if it listens for them.
+    pub fn new(
+        reports: Option<Arc<ReportHub>>,
+        kdump: Option<Arc<KdumpLog>>,
+        policy: &ControllerPolicy,
+    ) -> Hearing {
         Hearing {
+            kdump,
             content_trusted: reports.as_ref().is_some_and(|hub| hub.is_tls()),
             reports,
             silence_timeout: policy.fence.silence_timeout,
@@ -176,6 +185,14 @@ impl Hearing {
         }
     }
 
+    /// The latest run of kdump notifications from any of a node's `addresses` (its
+    /// InternalIPs), on the decision's clock (`now`).
+    pub fn kdump(&self, addresses: &[std::net::IpAddr], now: Timestamp) -> Option<KdumpHeard> {
+        self.kdump
+            .as_ref()
+            .and_then(|log| log.heard(addresses, now, Instant::now()))
+    }
+
     /// From now on, answer node `node`'s reports with `instructions` (only over TLS; see
     /// [`ReportHub::instruct`]).
     pub fn instruct(&self, node: &str, instructions: Vec<crate::report::protocol::Instruction>) {
@@ -276,7 +293,7 @@ mod tests {
     }
 
     fn hearing() -> Hearing {
-        Hearing::new(None, &ControllerPolicy::default())
+        Hearing::new(None, None, &ControllerPolicy::default())
     }
 
     #[test]

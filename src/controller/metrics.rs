@@ -32,6 +32,11 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     pub state: String,
 }
@@ -52,6 +57,8 @@ pub struct ControllerMetrics {
     pub watched_nodes: Gauge,
     pub unhealthy_nodes: Gauge,
     pub silent_nodes: Gauge,
+    /// kdump datagrams by outcome: `notification` (well formed) or `malformed`.
+    pub kdump_datagrams: Family<OutcomeLabels, Counter>,
     pub leader: Gauge,
     pub reconcile_errors: Counter,
     /// The report endpoint's metrics.
@@ -152,6 +159,12 @@ impl ControllerMetrics {
             "Nodes with an agent whose Lease and reports are both silent (or falling silent with others), whatever their Ready condition",
             silent_nodes.clone(),
         );
+        let kdump_datagrams = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "controller_kdump_datagrams",
+            "Datagrams received on kdumpAddress, by outcome: notification (a well-formed fence_kdump_send message, from any address) or malformed",
+            kdump_datagrams.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "controller_leader",
@@ -182,6 +195,7 @@ impl ControllerMetrics {
             watched_nodes,
             unhealthy_nodes,
             silent_nodes,
+            kdump_datagrams,
             leader,
             reconcile_errors,
         }

@@ -10,6 +10,7 @@ pub mod facts;
 pub mod hearing;
 pub mod job_executor;
 pub mod jobs;
+pub mod kdump;
 pub mod lease;
 pub mod liveness;
 pub mod metrics;

@@ -93,8 +93,9 @@ fn due_in(ctx: &Context, node: &Node, now: Timestamp) -> Option<Timestamp> {
 }
 
 /// Drops what the controller never reads, so 5,000 nodes stay small in memory: managed
-/// fields, annotations, the image list, volume device paths, capacity and node info.
-/// Which volumes are attached is kept: a drained node is released for them.
+/// fields, annotations, the image list, volume device paths, capacity, node info and
+/// every address but the InternalIPs. Which volumes are attached is kept (a drained node
+/// is released for them), and the InternalIPs (its kdump notifications come from one).
 pub fn strip(node: &mut Node) {
     node.metadata.managed_fields = None;
     node.metadata.annotations = None;
@@ -107,7 +108,9 @@ pub fn strip(node: &mut Node) {
         status.node_info = None;
         status.capacity = None;
         status.allocatable = None;
-        status.addresses = None;
+        if let Some(addresses) = status.addresses.as_mut() {
+            addresses.retain(|address| address.type_ == "InternalIP");
+        }
         status.daemon_endpoints = None;
         status.config = None;
     }
@@ -483,9 +486,25 @@ mod tests {
             "metadata:\n  name: a\n  labels: {topology.kubernetes.io/zone: z}\n  annotations: {big: x}\n\
              spec: {taints: [{key: k, effect: NoSchedule}]}\n\
              status:\n  conditions: [{type: Ready, status: 'True'}]\n  images: [{names: [a], sizeBytes: 1}]\n  \
-             volumesAttached: [{name: kubernetes.io/csi/pd^vol-1, devicePath: /dev/disk/by-id/long}]\n",
+             volumesAttached: [{name: kubernetes.io/csi/pd^vol-1, devicePath: /dev/disk/by-id/long}]\n  \
+             addresses: [{type: Hostname, address: a}, {type: InternalIP, address: 10.0.0.5}, \
+             {type: ExternalIP, address: 203.0.113.5}, {type: InternalIP, address: 'fd00::5'}]\n",
         );
         strip(&mut n);
+        assert_eq!(
+            observe::internal_ips(&n),
+            [
+                "10.0.0.5".parse::<std::net::IpAddr>().expect("address"),
+                "fd00::5".parse().expect("address")
+            ]
+        );
+        assert_eq!(
+            n.status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .map(Vec::len),
+            Some(2)
+        );
         assert_eq!(observe::volumes_attached(&n), 1);
         assert_eq!(
             n.status

@@ -83,6 +83,19 @@ pub fn node_taints(node: &Node) -> NodeTaints {
     }
 }
 
+/// The node's InternalIP addresses, the only ones its kdump notifications are taken from.
+/// An address that does not parse is left out.
+pub fn internal_ips(node: &Node) -> Vec<std::net::IpAddr> {
+    node.status
+        .as_ref()
+        .and_then(|status| status.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|address| address.type_ == "InternalIP")
+        .filter_map(|address| address.address.trim().parse().ok())
+        .collect()
+}
+
 /// How many volumes the node's status lists as attached to it.
 pub fn volumes_attached(node: &Node) -> usize {
     node.status

@@ -98,6 +98,13 @@ pub struct FencePolicy {
     /// After a confirmed isolation, how long the node may come back by itself before the
     /// power step starts.
     pub power_management_delay: Duration,
+    /// For a node whose fence configuration says `kdump=true` and that announced its
+    /// crash kernel: how long, at most, the power step waits for the dump to finish.
+    pub kdump_wait: Duration,
+    /// The node's kdump notifications have stopped (the dump ended, or the node is gone)
+    /// once none arrived for this long: the power step no longer waits.
+    /// `fence_kdump_send` repeats its notification every 10 s by default.
+    pub kdump_silence: Duration,
     /// Retries of a failed step before the fence stays failed.
     pub retry_limit: u32,
     /// The first retry's wait; each further retry doubles it, up to `retry_backoff_max`.
@@ -118,6 +125,8 @@ impl Default for FencePolicy {
             drained_report_max_age: Duration::from_secs(120),
             isolation_timeout: Duration::from_secs(60),
             power_management_delay: Duration::from_secs(60),
+            kdump_wait: Duration::from_secs(600),
+            kdump_silence: Duration::from_secs(30),
             retry_limit: 3,
             retry_backoff: Duration::from_secs(30),
             retry_backoff_max: Duration::from_secs(300),
@@ -316,6 +325,9 @@ pub struct ControllerPolicy {
     pub leader_election: LeaderElectionPolicy,
     /// The endpoint agents send their reports to.
     pub reports: ReportsPolicy,
+    /// Where the controller hears kdump notifications (UDP, `fence_kdump_send`'s port is
+    /// 7410); `None`: it does not listen.
+    pub kdump_address: Option<std::net::SocketAddr>,
 }
 
 impl Default for ControllerPolicy {
@@ -330,6 +342,7 @@ impl Default for ControllerPolicy {
             executor: ExecutorPolicy::default(),
             leader_election: LeaderElectionPolicy::default(),
             reports: ReportsPolicy::default(),
+            kdump_address: None,
         }
     }
 }
@@ -354,6 +367,9 @@ impl ControllerPolicy {
             "drainedReportMaxAge": go(self.fence.drained_report_max_age),
             "isolationTimeout": go(self.fence.isolation_timeout),
             "powerManagementDelay": go(self.fence.power_management_delay),
+            "kdumpAddress": self.kdump_address.map(|address| address.to_string()),
+            "kdumpWait": go(self.fence.kdump_wait),
+            "kdumpSilence": go(self.fence.kdump_silence),
             "retry": {
                 "limit": self.fence.retry_limit,
                 "backoff": go(self.fence.retry_backoff),
@@ -450,6 +466,9 @@ struct Document {
     drained_report_max_age: Option<String>,
     isolation_timeout: Option<String>,
     power_management_delay: Option<String>,
+    kdump_address: Option<String>,
+    kdump_wait: Option<String>,
+    kdump_silence: Option<String>,
     retry: Option<RetryDocument>,
     release: Option<ReleaseDocument>,
     storm_guard: Option<StormDocument>,
@@ -729,6 +748,31 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
         document.power_management_delay,
         &mut policy.fence.power_management_delay,
         true,
+    );
+    if let Some(address) = document.kdump_address.filter(|a| !a.is_empty()) {
+        match address.parse::<std::net::SocketAddr>() {
+            Ok(address) => policy.kdump_address = Some(address),
+            Err(_) => errors.push(error(
+                "kdumpAddress",
+                format!("{address:?} is not an address and port like 0.0.0.0:7410"),
+            )),
+        }
+    }
+    duration(
+        &mut errors,
+        origin,
+        "kdumpWait",
+        document.kdump_wait,
+        &mut policy.fence.kdump_wait,
+        true,
+    );
+    duration(
+        &mut errors,
+        origin,
+        "kdumpSilence",
+        document.kdump_silence,
+        &mut policy.fence.kdump_silence,
+        false,
     );
     let retry = document.retry.unwrap_or_default();
     if let Some(limit) = retry.limit {
@@ -1143,6 +1187,50 @@ mod tests {
         assert!(policy.node_selector.is_some());
         assert_eq!(policy.storm.max_unhealthy, CountOrPercent::Count(2));
         assert_eq!(policy.storm.large_cluster_size_threshold, 10);
+    }
+
+    #[test]
+    fn kdump_is_heard_only_on_an_address_given_and_its_waits_are_checked() {
+        let defaults = ControllerPolicy::default();
+        assert_eq!(defaults.kdump_address, None);
+        assert_eq!(defaults.fence.kdump_wait, Duration::from_secs(600));
+        assert_eq!(defaults.fence.kdump_silence, Duration::from_secs(30));
+        let policy = parse(
+            "kdumpAddress: 0.0.0.0:7410\nkdumpWait: 15m\nkdumpSilence: 25s\n",
+            "kdump.yaml",
+        )
+        .expect("valid");
+        assert_eq!(
+            policy.kdump_address,
+            Some("0.0.0.0:7410".parse().expect("address"))
+        );
+        assert_eq!(policy.fence.kdump_wait, Duration::from_secs(900));
+        assert_eq!(policy.fence.kdump_silence, Duration::from_secs(25));
+        let effective = policy.effective_document();
+        assert_eq!(effective["kdumpAddress"], "0.0.0.0:7410");
+        assert_eq!(effective["kdumpWait"], "15m0s");
+        assert_eq!(effective["kdumpSilence"], "25s");
+        assert!(defaults.effective_document()["kdumpAddress"].is_null());
+        assert!(
+            parse("kdumpWait: 0s\n", "now.yaml")
+                .expect("no wait is allowed")
+                .fence
+                .kdump_wait
+                .is_zero()
+        );
+        let bad = parse("kdumpAddress: port-7410\nkdumpSilence: 0s\n", "bad.yaml")
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            bad.contains(
+                "bad.yaml: kdumpAddress: \"port-7410\" is not an address and port like 0.0.0.0:7410"
+            ),
+            "{bad}"
+        );
+        assert!(
+            bad.contains("bad.yaml: kdumpSilence: \"0s\" must be longer than zero"),
+            "{bad}"
+        );
     }
 
     #[test]

@@ -316,6 +316,7 @@ async fn gather(
             volumes_attached: 0,
             taints: Default::default(),
             plan: Err(format!("node {node_name} does not exist")),
+            kdump: None,
         };
         return Ok((facts, None));
     };
@@ -325,10 +326,12 @@ async fn gather(
         .as_ref()
         .map(PlanOutline::from_plan)
         .map_err(Clone::clone);
+    let now = (ctx.clock)();
     let facts = NodeFacts {
         exists: true,
         health: observe::node_health(&node),
-        liveness: ctx.hearing.liveness(node_name, (ctx.clock)()),
+        liveness: ctx.hearing.liveness(node_name, now),
+        kdump: ctx.hearing.kdump(&observe::internal_ips(&node), now),
         zone: observe::node_zone(&node),
         excluded: observe::is_excluded(&node),
         runs_pods_needing_fencing,

@@ -265,6 +265,9 @@ pub enum PauseReason {
     WaitingForIsolation,
     /// Waiting `powerManagementDelay` after isolation for the node to come back by itself.
     WaitingForPowerManagementDelay,
+    /// The node announced its crash kernel (kdump): the power step waits for the dump to
+    /// finish, while its notifications keep coming and at most `kdumpWait`.
+    WaitingForKdump,
     /// Waiting for the retry backoff.
     RetryBackoff,
     /// The node object is gone.
@@ -344,6 +347,9 @@ pub struct NodeFenceStatus {
     /// The node's isolation by its own agent, for a node cut off from the API server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub self_isolation: Option<SelfIsolation>,
+    /// The node's kdump notifications, once they confirmed the fence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kdump: Option<KdumpRecord>,
     /// Why the fence is waiting, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause: Option<Pause>,
@@ -355,6 +361,22 @@ pub struct NodeFenceStatus {
     /// `Paused`, `Confirmed` and `Failed`, with the usual meaning of status and reason.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// A crashed node's kdump notifications (`fence_kdump_send` from its crash kernel), as the
+/// controller heard them: they confirmed the fence, and hold the power step back while
+/// they keep coming.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KdumpRecord {
+    /// The node's InternalIP they came from.
+    pub from: String,
+    /// The first notification of the run that confirmed the fence.
+    pub first_heard: Time,
+    /// The latest notification heard.
+    pub last_heard: Time,
+    /// Notifications heard in that run.
+    pub notifications: u64,
 }
 
 /// A partitioned node's isolation by its agent: asked for, then confirmed by the agent's

@@ -37,11 +37,13 @@ pub enum RunError {
 /// Runs the controller until `shutdown` resolves (then `Ok`) or leadership is lost.
 /// `reports` is the agent report endpoint, when the controller serves one: with it, a
 /// node with an agent is judged by its Lease and its reports (see `liveness.rs`).
+/// `kdump` holds the kdump notifications heard, when the controller listens for them.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: kube::Client,
     policy: ControllerPolicy,
     reports: Option<Arc<crate::report::ReportHub>>,
+    kdump: Option<Arc<super::kdump::KdumpLog>>,
     identity: String,
     metrics: Arc<ControllerMetrics>,
     health: Arc<Health>,
@@ -87,7 +89,7 @@ pub async fn run(
             .map(|name| (ObjectRef::<NodeFence>::new(&name), rx))
     });
     let controller = Controller::new(fence_api, watcher::Config::default()).reconcile_on(wakes);
-    let hearing = Arc::new(Hearing::new(reports, &policy));
+    let hearing = Arc::new(Hearing::new(reports, kdump, &policy));
     let ctx = Arc::new(Context {
         hearing: hearing.clone(),
         client: client.clone(),

@@ -2,7 +2,8 @@
 //!
 //! - `fence-config-<node>` (key `config.properties`): `node_name` and the steps
 //!   `isolation`, `power_management`, `recovery`, each a space-separated list of method
-//!   names run in order. nodekeeper adds alternatives: `ipmi-off | pdu-a-off pdu-b-off`
+//!   names run in order, and the design's `kdump` (`true`: the node's kdump
+//!   notifications release its pods and hold its power step back while it dumps). nodekeeper adds alternatives: `ipmi-off | pdu-a-off pdu-b-off`
 //!   tries `ipmi-off`, and only if it fails `pdu-a-off` then `pdu-b-off`.
 //! - `fence-method-<method>-<node>` (key `method.properties`): `template=<ConfigMap>` and
 //!   per-node parameters. The design document also wrote a method inline, as the key
@@ -302,6 +303,9 @@ pub struct FencePlan {
     pub node: String,
     pub config_map: String,
     pub steps: Vec<StepPlan>,
+    /// `kdump=true`: the node sends the ClusterLabs kdump notification
+    /// (`fence_kdump_send`) when it boots its crash kernel.
+    pub kdump: bool,
     pub warnings: Vec<ConfigWarning>,
 }
 
@@ -394,7 +398,7 @@ pub enum FenceConfigError {
     #[error("{at}: {problem}")]
     Properties { at: Place, problem: PropertiesError },
     #[error(
-        "{at}: unknown property {property} (expected node_name, isolation, power_management, recovery, or fence-method-<name> keys beside config.properties)"
+        "{at}: unknown property {property} (expected node_name, isolation, power_management, recovery, kdump, or fence-method-<name> keys beside config.properties)"
     )]
     UnknownConfigProperty { at: Place, property: String },
     #[error("{at}: node_name is {found}, but this ConfigMap is for node {expected}")]
@@ -453,6 +457,8 @@ pub enum FenceConfigError {
     BadAgentName { at: Place, agent: String },
     #[error("{at}: action {action:?} is not an action a fence method takes (off, on or reboot)")]
     BadAction { at: Place, action: String },
+    #[error("{at}: kdump is {value:?}; expected true or false")]
+    BadKdump { at: Place, value: String },
     #[error("{at}: {property} is {value:?}; expected yes or no")]
     BadMustSucceed {
         at: Place,
@@ -678,6 +684,7 @@ fn resolve_collecting(
     let config = read_layer(data, &config_map, CONFIG_KEY, Layer::Node, &place, errors)?;
     let at = place.at(&config.source);
     let mut steps: Vec<(Step, &Property)> = Vec::new();
+    let mut kdump = false;
     for property in &config.properties {
         if property.key == "node_name" {
             if property.value != node {
@@ -686,6 +693,15 @@ fn resolve_collecting(
                     found: property.value.clone(),
                     expected: node.to_string(),
                 });
+            }
+        } else if property.key == "kdump" {
+            match property.value.as_str() {
+                "true" => kdump = true,
+                "false" => kdump = false,
+                _ => errors.push(FenceConfigError::BadKdump {
+                    at: at.clone(),
+                    value: property.value.clone(),
+                }),
             }
         } else if let Some(step) = Step::ALL.into_iter().find(|s| s.property() == property.key) {
             steps.push((step, property));
@@ -739,6 +755,7 @@ fn resolve_collecting(
         node: node.to_string(),
         config_map,
         steps: step_plans,
+        kdump,
         warnings,
     })
 }
