@@ -322,6 +322,11 @@ fn kdump_is_off_unless_the_node_config_turns_it_on() {
     )
     .expect("valid");
     assert!(on.kdump);
+    assert!(
+        nodekeeper::fencing::report::render_plan(&on, None).contains("\nkdump: on."),
+        "fence-config check shows it"
+    );
+    assert!(!nodekeeper::fencing::report::render_plan(&off, None).contains("kdump"));
     let spelled_off = resolve(
         &with("node_name=n1\npower_management=ipmi-off\nkdump=false"),
         "n1",

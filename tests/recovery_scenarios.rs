@@ -30,6 +30,11 @@
 //! (d) Storm: a rack's switch fails and half the cluster's nodes fall silent at once. The
 //! storm guard holds every fence: nothing is powered off or isolated, not even once the
 //! nodes read NotReady; when the switch comes back, the fences end on their own.
+//!
+//! (e) kdump: two nodes configured with `kdump=true` crash; node-a's crash kernel runs the
+//! real `fence_kdump_send` from node-a's InternalIP. Its pods are released on that with no
+//! power action, and its power-off waits `kdumpWait`. For node-b only another address
+//! sends the same datagram: it changes nothing, node-b is powered off as a dead node.
 
 mod support;
 
@@ -1090,4 +1095,289 @@ async fn storm(racks: Racks) {
         std::fs::read_to_string(&fabric).expect("fabric").trim(),
         "on"
     );
+}
+
+/// Debian's kdump notifier (package fence-agents), which a crash kernel's initramfs runs.
+const KDUMP_SEND: &str = "/usr/libexec/fence-agents/fence_kdump_send";
+
+fn kdump_sender() -> Result<(), String> {
+    if std::path::Path::new(KDUMP_SEND).is_file() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{KDUMP_SEND} is not installed (apt-get install -y fence-agents)"
+        ))
+    }
+}
+
+/// The controller's kdump address in the hub, `fence_kdump_send`'s default port.
+const KDUMP_PORT: u16 = 7410;
+/// How long the power step waits for a dump at most, and after the last notification,
+/// in scenario (e); the sender repeats every second.
+const KDUMP_WAIT: Duration = Duration::from_secs(20);
+const KDUMP_SILENCE: Duration = Duration::from_secs(5);
+
+/// `fence_kdump_send` running in a namespace, as from a crash kernel; stopped on drop.
+struct KdumpSender(std::process::Child);
+
+impl KdumpSender {
+    fn start(netns: &Netns) -> KdumpSender {
+        let child = netns
+            .command(KDUMP_SEND)
+            .args(["-p", &KDUMP_PORT.to_string(), "-i", "1", "-c", "0"])
+            .arg(CONTROLLER_SERVICE)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start fence_kdump_send");
+        KdumpSender(child)
+    }
+}
+
+impl Drop for KdumpSender {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A node whose Node object lists `address` as its InternalIP, with the database's volume
+/// attached.
+fn node_at(name: &str, address: &str) -> Node {
+    let mut node = node_with_volume(name);
+    node.status.as_mut().expect("status").addresses = Some(vec![
+        k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".to_string(),
+            address: address.to_string(),
+        },
+        k8s_openapi::api::core::v1::NodeAddress {
+            type_: "Hostname".to_string(),
+            address: name.to_string(),
+        },
+    ]);
+    node
+}
+
+/// Two crashed nodes, each configured with `kdump=true` and its own BMC: node-a's crash
+/// kernel announces itself from node-a's address, while for node-b only another machine
+/// sends the same datagram.
+struct KdumpNetwork {
+    _hub: Netns,
+    node_a: Netns,
+    node_b: Netns,
+    impostor: Netns,
+    _links: Vec<Link>,
+}
+
+impl KdumpNetwork {
+    fn create() -> Result<KdumpNetwork, String> {
+        let hub = hub()?;
+        let services = [API_SERVICE.to_string(), CONTROLLER_SERVICE.to_string()];
+        let services: Vec<&str> = services.iter().map(String::as_str).collect();
+        let node_a = Netns::create("node-a")?;
+        let node_b = Netns::create("node-b")?;
+        let impostor = Netns::create("impostor")?;
+        let links = vec![
+            Link::connect(&hub, &node_a, 1, &services)?,
+            Link::connect(&hub, &node_b, 2, &services)?,
+            Link::connect(&hub, &impostor, 3, &[CONTROLLER_SERVICE])?,
+        ];
+        Ok(KdumpNetwork {
+            _hub: hub,
+            node_a,
+            node_b,
+            impostor,
+            _links: links,
+        })
+    }
+}
+
+#[test]
+fn a_crashed_nodes_kdump_releases_its_pods_with_no_power_action_and_its_power_off_waits_for_the_dump() {
+    let network = require!(NETNS, KdumpNetwork::create());
+    run(kdump(network));
+}
+
+async fn kdump(network: KdumpNetwork) {
+    require!("fence-agents", fence_agents());
+    require!("fence_kdump_send", kdump_sender());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc_a = require!("ipmi_sim", IpmiSim::start(&dir.path().join("a")));
+    let bmc_b = require!("ipmi_sim", IpmiSim::start(&dir.path().join("b")));
+    let (_, served) = require!("openssl", certificates(dir.path()));
+    let others = ["node-c", "node-d", "node-e", "node-f"];
+    let server = Arc::new(ready_cluster_on(API_SERVICE, &others).await);
+    let fabric = enabled_fabric(dir.path());
+    // Each node's InternalIP is its end of its link.
+    for (node, address, bmc, database) in [
+        ("node-a", "10.231.1.2", &bmc_a, "db-a"),
+        ("node-b", "10.231.2.2", &bmc_b, "db-b"),
+    ] {
+        server.seed(&node_at(node, address));
+        seed_database(&server, node, database);
+        seed_kdump_fence_config(&server, node, bmc.port(), &fabric);
+    }
+    seed_node_tokens(
+        &server,
+        &[
+            ("node-a", token_of("node-a")),
+            ("node-b", token_of("node-b")),
+        ],
+    );
+    let kubelet_a =
+        Kubelets::with_defaults_in(&network.node_a, &server.url(), &server, &["node-a"]).await;
+    let kubelet_b =
+        Kubelets::with_defaults_in(&network.node_b, &server.url(), &server, &["node-b"]).await;
+    let _others = Kubelets::with_defaults(&server, &others).await;
+    let controller = ControllerProcess::start_logging(
+        dir.path(),
+        &server,
+        &controller_config(
+            dir.path(),
+            &format!(
+                "reports: {{address: \"{CONTROLLER_SERVICE}:0\", nodeTokensSecret: node-tokens, {}}}\n\
+                 kdumpAddress: \"{CONTROLLER_SERVICE}:{KDUMP_PORT}\"\nkdumpWait: {}s\nkdumpSilence: {}s\n\
+                 stormGuard: {{zoneFenceRate: 1}}\n",
+                served.reports_setting(),
+                KDUMP_WAIT.as_secs(),
+                KDUMP_SILENCE.as_secs()
+            ),
+        ),
+        DEBUG_LOG,
+    );
+    controller.synced().await;
+    let reports = controller.reports_address();
+    server
+        .write_kubeconfig(&dir.path().join("rack-kubeconfig"))
+        .expect("the agents' kubeconfig");
+    let mut agent_a = rack_agent(dir.path(), &network.node_a, "node-a", &reports, MEMORY_ONLY);
+    let mut agent_b = rack_agent(dir.path(), &network.node_b, "node-b", &reports, MEMORY_ONLY);
+    for node in ["node-a", "node-b"] {
+        wait_for(&controller, "both agents heard", || {
+            controller.agent_view(node).map(drop)
+        })
+        .await;
+    }
+    // A notification while the nodes live changes nothing either: node-b's address is
+    // not the impostor's.
+    let _impostor = KdumpSender::start(&network.impostor);
+
+    // Both kernels crash: the kubelets and the agents stop at once; a few seconds later
+    // node-a's crash kernel starts announcing itself, as its initramfs would.
+    let crashed_at = Timestamp::now();
+    for (agent, kubelet, node) in [
+        (&mut agent_a, &kubelet_a, "node-a"),
+        (&mut agent_b, &kubelet_b, "node-b"),
+    ] {
+        agent.child.kill().expect("kill the agent");
+        let _ = agent.child.wait();
+        kubelet.stop(node);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sender = KdumpSender::start(&network.node_a);
+    let sending_since = Timestamp::now();
+
+    // node-a: released on its crash kernel's word, with no power action.
+    let released_at = wait_for(&controller, "node-a's out-of-service taint", || {
+        taint_keys(&server, "node-a")
+            .iter()
+            .any(|key| key == OUT_OF_SERVICE)
+            .then(Timestamp::now)
+    })
+    .await;
+    wait_for(&controller, "node-a's database pod deleted", || {
+        server.object::<Pod>("shop", "db-a").is_none().then_some(())
+    })
+    .await;
+    let fence = fence_of(&server, "node-a").expect("node-a's NodeFence");
+    assert_eq!(fence["status"]["kdump"]["from"], "10.231.1.2", "{fence}");
+    assert!(
+        fence["status"]["confirmedBy"]
+            .as_str()
+            .is_some_and(|proof| proof.starts_with("kdump:")),
+        "{fence}"
+    );
+    assert_eq!(fence["status"]["lost"]["evidence"], "Silence", "{fence}");
+    assert!(executions(&fence).is_empty(), "{fence}");
+    assert!(
+        !bmc_a.chassis_log().contains("set power"),
+        "{}",
+        bmc_a.chassis_log()
+    );
+    assert!(reasons(&server, "node-a", "NodeFence").contains(&"FenceConfirmed".to_string()));
+    assert_eq!(
+        metric_value(
+            &controller.metrics(),
+            "nodekeeper_fences_confirmed_total{step=\"Kdump\"}"
+        ),
+        Some(1.0)
+    );
+
+    // node-b: the impostor's datagrams count for nothing; it is powered off through its
+    // BMC once silent, as any dead node, and released on the BMC's confirmation.
+    wait_for(&controller, "node-b's database pod deleted", || {
+        server.object::<Pod>("shop", "db-b").is_none().then_some(())
+    })
+    .await;
+    let fence_b = fence_of(&server, "node-b").expect("node-b's NodeFence");
+    assert!(fence_b["status"]["kdump"].is_null(), "{fence_b}");
+    assert!(
+        fence_b["status"]["confirmedBy"]
+            .as_str()
+            .is_some_and(|proof| proof.contains("ipmi")),
+        "{fence_b}"
+    );
+    assert!(!bmc_b.power_is_on(), "node-b is off");
+    let metrics = controller.metrics();
+    assert!(
+        metric_value(
+            &metrics,
+            "nodekeeper_controller_kdump_datagrams_total{outcome=\"notification\"}"
+        )
+        .is_some_and(|count| count >= 10.0),
+        "{metrics}"
+    );
+
+    // node-a's dump goes on: its power step waits kdumpWait from the first notification,
+    // then powers it off through its BMC.
+    let powered_off_at = wait_for(&controller, "node-a powered off after kdumpWait", || {
+        chassis_times(&bmc_a, "set power 0").first().copied()
+    })
+    .await;
+    let fence = fence_of(&server, "node-a").expect("node-a's NodeFence");
+    let first_heard: Timestamp = fence["status"]["kdump"]["firstHeard"]
+        .as_str()
+        .and_then(|at| at.parse().ok())
+        .expect("firstHeard");
+    let seconds = |from: Timestamp, to: Timestamp| {
+        Duration::try_from(to.duration_since(from))
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    println!(
+        "scenario (e) kdump: pod released {:.1}s after the crash ({:.1}s after the crash kernel's first notification) with no power action; powered off {:.1}s after the first notification (kdumpWait {}s, notifications every 1s); the same datagram from another address released nothing (silenceTimeout {}s)",
+        seconds(crashed_at, released_at),
+        seconds(sending_since, released_at),
+        seconds(first_heard, powered_off_at),
+        KDUMP_WAIT.as_secs(),
+        SILENCE.as_secs()
+    );
+    assert!(
+        seconds(first_heard, powered_off_at) >= KDUMP_WAIT.as_secs_f64() - 1.0,
+        "powered off {:.1}s after the first notification, before kdumpWait; log:\n{}",
+        seconds(first_heard, powered_off_at),
+        controller.log()
+    );
+    assert!(
+        seconds(crashed_at, released_at) < (SILENCE + Duration::from_secs(5)).as_secs_f64(),
+        "released {:.1}s after the crash",
+        seconds(crashed_at, released_at)
+    );
+    assert_eq!(
+        chassis_times(&bmc_a, "set power 0").len(),
+        1,
+        "{}",
+        bmc_a.chassis_log()
+    );
+    drop(sender);
 }

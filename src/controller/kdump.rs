@@ -222,6 +222,8 @@ mod tests {
 
     #[test]
     fn only_an_eight_byte_version_1_notification_in_either_byte_order_is_one() {
+        // What Debian's fence_kdump_send (fence-agents 4.12) sends on x86-64.
+        assert_eq!(decode(&[0x40, 0x2a, 0x30, 0x1b, 0x01, 0, 0, 0]), Ok(()));
         assert_eq!(decode(&little(MAGIC, 1)), Ok(()));
         let big = [MAGIC.to_be_bytes(), 1u32.to_be_bytes()].concat();
         assert_eq!(decode(&big), Ok(()));

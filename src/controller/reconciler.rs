@@ -679,9 +679,12 @@ fn record_metrics(
     if before.confirmed_at.is_none()
         && let Some(confirmed) = &after.confirmed_at
     {
-        // A fence confirmed without a step of its own is labelled by what confirmed it:
-        // the node's own word that it drained, or its agent's isolation.
+        // A fence confirmed without a step's own proof is labelled by what confirmed it:
+        // the node's crash kernel, the node's own word that it drained, or its agent's
+        // isolation.
+        let by_kdump = before.kdump.is_none() && after.kdump.is_some();
         let step = match (after.step, after.self_isolation.is_some()) {
+            _ if by_kdump => "Kdump".to_string(),
             (Some(step), _) => format!("{step:?}"),
             (None, true) => "SelfIsolation".to_string(),
             (None, false) => "Drained".to_string(),

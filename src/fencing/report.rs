@@ -21,6 +21,11 @@ pub fn render_plan(plan: &FencePlan, check: Option<&AgentCheck>) -> String {
         out.push('\n');
         render_step_plan(&mut out, step);
     }
+    if plan.kdump {
+        out.push_str(
+            "\nkdump: on. The node's crash kernel notifications (fence_kdump_send, from its InternalIP) release its pods, and its power step waits while it dumps.\n",
+        );
+    }
     if !plan.warnings.is_empty() {
         out.push_str("\nWarnings:\n");
         for warning in &plan.warnings {

@@ -132,6 +132,18 @@ pub fn seed_power_fence_config(server: &FakeApiServer, node: &str, bmc_port: u16
     );
 }
 
+/// [`seed_power_fence_config`] for a node whose crash kernel sends kdump notifications
+/// (`kdump=true`).
+pub fn seed_kdump_fence_config(server: &FakeApiServer, node: &str, bmc_port: u16, fabric: &Path) {
+    seed_fence_steps(
+        server,
+        node,
+        bmc_port,
+        fabric,
+        "power_management=ipmi-off\nrecovery=ipmi-on\nkdump=true",
+    );
+}
+
 /// The methods of [`seed_fence_config`], with `steps` as the node's configuration.
 fn seed_fence_steps(server: &FakeApiServer, node: &str, bmc_port: u16, fabric: &Path, steps: &str) {
     server.seed(&config_map(
