@@ -181,6 +181,7 @@ fn main() {
         taints: NodeTaints::default(),
         plan: Ok(plan()),
         kdump: None,
+        kdump_listening_since: None,
     };
     let fence_policy = FencePolicy::default();
     let started = decide(&fence, &facts, &[], &Guard::open(), &fence_policy, now());

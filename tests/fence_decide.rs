@@ -193,6 +193,7 @@ impl World {
                 taints: NodeTaints::default(),
                 plan: Ok(plan.clone()),
                 kdump: None,
+                kdump_listening_since: Some(at(0)),
             },
             plan,
             devices: Devices {
@@ -421,6 +422,8 @@ impl World {
     /// The controller dies: whatever ran is lost; its agent may or may not have acted.
     fn restart(&mut self, acted: bool) {
         self.restarts += 1;
+        // The new controller's kdump log hears from now on.
+        self.facts.kdump_listening_since = Some(self.now);
         if let Some(running) = self.running.take()
             && acted
             && running.kind == ExecutionKind::Act
@@ -1597,6 +1600,46 @@ fn a_node_without_an_agent_counts_notifications_that_come_after_it_turned_not_re
     assert!(world.status().kdump.is_some(), "{:?}", world.status());
     assert!(world.facts.taints.out_of_service);
     assert!(power_actions(&world).is_empty());
+
+    // Ready=False is a kubelet alive enough to say so (its Lease may still be renewed):
+    // datagrams from its address count for nothing, and it is fenced as usual.
+    let mut world = World::new(kdump_plan(), false);
+    world.set_ready(true);
+    world.advance(10);
+    world.crash();
+    world.facts.health = NodeHealth {
+        readiness: Readiness::NotReady,
+        since: Some(world.now),
+    };
+    world.advance(60);
+    world.run(3, 5);
+    assert!(world.status().kdump.is_none(), "{:?}", world.status());
+    assert_eq!(power_actions(&world), ["power-management-t1-a1-ipmi-act1"]);
+}
+
+#[test]
+fn a_node_excluded_mid_fence_is_not_released_on_its_kdump() {
+    // The fence begins its power step during a storm, which holds everything back;
+    // meanwhile an operator labels the node excluded.
+    let mut world = crashed_node(kdump_plan());
+    world.guard.storm = Some(GuardBlock {
+        reason: PauseReason::StormGuard,
+        message: "storm".to_string(),
+        until: None,
+    });
+    world.advance(20);
+    world.reconcile();
+    assert_eq!(world.status().step, Some(FenceStep::PowerManagement));
+    world.facts.excluded = true;
+    world.guard = Guard::open();
+    world.run(3, 5);
+    assert!(world.status().kdump.is_none(), "{:?}", world.status());
+    assert!(world.status().confirmed_at.is_none());
+    assert!(!world.facts.taints.out_of_service);
+    assert_eq!(
+        world.status().pause.as_ref().map(|p| p.reason),
+        Some(PauseReason::Excluded)
+    );
 }
 
 #[test]
@@ -1624,6 +1667,33 @@ fn a_restarted_controller_keeps_waiting_for_the_dump_it_recorded() {
         world.status().pause.as_ref().map(|p| p.reason),
         Some(PauseReason::WaitingForKdump)
     );
+
+    // A restart that takes longer than kdumpSilence, with reports off (no agent known,
+    // so nothing holds the node): the new controller waits kdumpSilence from when it
+    // began listening before it takes the notifications for stopped.
+    let mut world = crashed_node(kdump_plan());
+    world.advance(20);
+    world.reconcile();
+    assert!(world.status().kdump.is_some());
+    world.advance(60);
+    world.restart(false);
+    world.facts.kdump = None;
+    world.channels = None;
+    world.hear();
+    world.facts.kdump = None;
+    world.reconcile();
+    assert!(power_actions(&world).is_empty(), "{:?}", world.started());
+    assert_eq!(
+        world.status().pause.as_ref().map(|p| p.reason),
+        Some(PauseReason::WaitingForKdump)
+    );
+    // The dump ends: no notification in kdumpSilence since the new controller began
+    // listening, and the node is powered off.
+    world.kdump_sending = false;
+    world.advance(31);
+    world.facts.kdump = None;
+    world.reconcile();
+    assert_eq!(power_actions(&world), ["power-management-t1-a1-ipmi-act1"]);
 }
 
 #[test]

@@ -883,6 +883,35 @@ fn rack_agent(
     )
 }
 
+/// The controller, synced, for agents run as processes in namespaces (the racks of (d),
+/// the nodes of (e)): reports over TLS with the nodes' tokens, and `extra` settings; and
+/// the agents' kubeconfig (`rack-kubeconfig`). Returns it and its report address.
+async fn start_for_agent_processes(
+    dir: &std::path::Path,
+    server: &FakeApiServer,
+    served: &support::tls::Pair,
+    extra: &str,
+) -> (ControllerProcess, String) {
+    let controller = ControllerProcess::start_logging(
+        dir,
+        server,
+        &controller_config(
+            dir,
+            &format!(
+                "reports: {{address: \"{CONTROLLER_SERVICE}:0\", nodeTokensSecret: node-tokens, {}}}\n{extra}",
+                served.reports_setting()
+            ),
+        ),
+        DEBUG_LOG,
+    );
+    controller.synced().await;
+    let reports = controller.reports_address();
+    server
+        .write_kubeconfig(&dir.join("rack-kubeconfig"))
+        .expect("the agents' kubeconfig");
+    (controller, reports)
+}
+
 fn token_of(node: &str) -> String {
     format!("node-token-of-{node}-0123456789abcdef")
 }
@@ -914,23 +943,7 @@ async fn storm(racks: Racks) {
     for ((rack, _), names) in racks.racks.iter().zip(Racks::NODES) {
         kubelets.push(Kubelets::with_defaults_in(rack, &server.url(), &server, &names).await);
     }
-    let controller = ControllerProcess::start_logging(
-        dir.path(),
-        &server,
-        &controller_config(
-            dir.path(),
-            &format!(
-                "reports: {{address: \"{CONTROLLER_SERVICE}:0\", nodeTokensSecret: node-tokens, {}}}\n",
-                served.reports_setting()
-            ),
-        ),
-        DEBUG_LOG,
-    );
-    controller.synced().await;
-    let reports = controller.reports_address();
-    server
-        .write_kubeconfig(&dir.path().join("rack-kubeconfig"))
-        .expect("the agents' kubeconfig");
+    let (controller, reports) = start_for_agent_processes(dir.path(), &server, &served, "").await;
     // a-1's agent has a hard threshold that is always met and looks every second, so
     // its node is always under memory pressure and its database always the pod it would
     // evict: its own decisions show whether it keeps protecting the node.
@@ -1193,7 +1206,8 @@ impl KdumpNetwork {
 }
 
 #[test]
-fn a_crashed_nodes_kdump_releases_its_pods_with_no_power_action_and_its_power_off_waits_for_the_dump() {
+fn a_crashed_nodes_kdump_releases_its_pods_with_no_power_action_and_its_power_off_waits_for_the_dump()
+ {
     let network = require!(NETNS, KdumpNetwork::create());
     run(kdump(network));
 }
@@ -1229,27 +1243,14 @@ async fn kdump(network: KdumpNetwork) {
     let kubelet_b =
         Kubelets::with_defaults_in(&network.node_b, &server.url(), &server, &["node-b"]).await;
     let _others = Kubelets::with_defaults(&server, &others).await;
-    let controller = ControllerProcess::start_logging(
-        dir.path(),
-        &server,
-        &controller_config(
-            dir.path(),
-            &format!(
-                "reports: {{address: \"{CONTROLLER_SERVICE}:0\", nodeTokensSecret: node-tokens, {}}}\n\
-                 kdumpAddress: \"{CONTROLLER_SERVICE}:{KDUMP_PORT}\"\nkdumpWait: {}s\nkdumpSilence: {}s\n\
-                 stormGuard: {{zoneFenceRate: 1}}\n",
-                served.reports_setting(),
-                KDUMP_WAIT.as_secs(),
-                KDUMP_SILENCE.as_secs()
-            ),
-        ),
-        DEBUG_LOG,
+    let kdump_settings = format!(
+        "kdumpAddress: \"{CONTROLLER_SERVICE}:{KDUMP_PORT}\"\nkdumpWait: {}s\nkdumpSilence: {}s\n\
+         stormGuard: {{zoneFenceRate: 1}}\n",
+        KDUMP_WAIT.as_secs(),
+        KDUMP_SILENCE.as_secs()
     );
-    controller.synced().await;
-    let reports = controller.reports_address();
-    server
-        .write_kubeconfig(&dir.path().join("rack-kubeconfig"))
-        .expect("the agents' kubeconfig");
+    let (controller, reports) =
+        start_for_agent_processes(dir.path(), &server, &served, &kdump_settings).await;
     let mut agent_a = rack_agent(dir.path(), &network.node_a, "node-a", &reports, MEMORY_ONLY);
     let mut agent_b = rack_agent(dir.path(), &network.node_b, "node-b", &reports, MEMORY_ONLY);
     for node in ["node-a", "node-b"] {

@@ -35,7 +35,7 @@ use serde::Serialize;
 
 use crate::fencing::Step;
 
-use super::facts::{MethodOutline, NodeFacts};
+use super::facts::{MethodOutline, NodeFacts, Readiness};
 use super::kdump::KdumpHeard;
 use super::liveness::{Evidence, Liveness, NodeState, judge};
 use super::policy::FencePolicy;
@@ -858,7 +858,7 @@ impl<'a> Machine<'a> {
                     "the node reads Ready, but its agent is not heard: nothing is asked of it until it is".to_string(),
                     None,
                 );
-                self.wake(self.now + ISOLATION_REQUEUE);
+                self.wake(self.now + RUNNING_REQUEUE);
                 return false;
             }
             NodeState::Partitioned { .. } => {}
@@ -1079,7 +1079,7 @@ impl<'a> Machine<'a> {
     /// within `kdumpSilence`), and they came after its last
     /// sign of life: all of them after its last Lease renewal and report, or, for a node
     /// without an agent (whose Ready condition is all the controller has), still coming
-    /// after it turned not Ready.
+    /// after it turned `Unknown`.
     fn kdump_notice(&self) -> Option<KdumpHeard> {
         let heard = self.facts.kdump?;
         let configured = self.facts.plan.as_ref().is_ok_and(|plan| plan.kdump);
@@ -1091,11 +1091,16 @@ impl<'a> Machine<'a> {
         }
         let after_last_sign_of_life = match self.facts.liveness {
             Liveness::Heard(channels) => heard.first > channels.lease.max(channels.report),
-            Liveness::NoAgent => self
-                .facts
-                .health
-                .since
-                .is_some_and(|since| heard.last > since),
+            // Without an agent, only `Unknown` says the kubelet fell silent (its Lease
+            // lapsed); `False` is a kubelet alive enough to say so.
+            Liveness::NoAgent => {
+                self.facts.health.readiness == Readiness::Unknown
+                    && self
+                        .facts
+                        .health
+                        .since
+                        .is_some_and(|since| heard.last > since)
+            }
             Liveness::AgentUnknown { .. } => false,
         };
         after_last_sign_of_life.then_some(heard)
@@ -1111,7 +1116,7 @@ impl<'a> Machine<'a> {
             .status
             .step
             .is_some_and(|step| step != FenceStep::Recovery);
-        if !begun || self.status.recovered_at.is_some() {
+        if !begun || self.status.recovered_at.is_some() || !self.facts.exists {
             return;
         }
         // Later notifications from the node's address move the last time of a dump
@@ -1124,6 +1129,10 @@ impl<'a> Machine<'a> {
                 record.last_heard = Time(heard.last);
                 record.notifications = record.notifications.max(heard.notifications);
             }
+            return;
+        }
+        // An excluded node is never fenced, so nothing is released for it either.
+        if self.facts.excluded {
             return;
         }
         let Some(heard) = self.kdump_notice() else {
@@ -1170,7 +1179,13 @@ impl<'a> Machine<'a> {
         let Some(record) = &self.status.kdump else {
             return false;
         };
-        let dumping_until = record.last_heard.0 + self.policy.kdump_silence;
+        // A controller that started listening after the last notification it knows of
+        // (a restart, a new leader) has not had `kdumpSilence` to hear the next one yet.
+        let heard_or_listening = match self.facts.kdump_listening_since {
+            Some(since) => record.last_heard.0.max(since),
+            None => record.last_heard.0,
+        };
+        let dumping_until = heard_or_listening + self.policy.kdump_silence;
         let wait_until = record.first_heard.0 + self.policy.kdump_wait;
         let until = dumping_until.min(wait_until);
         if self.now >= until {

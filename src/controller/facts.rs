@@ -136,6 +136,8 @@ pub struct NodeFacts {
     /// The latest run of kdump notifications from one of the node's InternalIPs, if the
     /// controller listens for them and heard any. Whether it counts is the decision's.
     pub kdump: Option<super::kdump::KdumpHeard>,
+    /// Since when this controller listens for kdump notifications (`None`: it does not).
+    pub kdump_listening_since: Option<Timestamp>,
 }
 
 /// A pod as the "does this node need fencing" rule sees it.

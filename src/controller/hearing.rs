@@ -193,6 +193,13 @@ impl Hearing {
             .and_then(|log| log.heard(addresses, now, Instant::now()))
     }
 
+    /// Since when the kdump notifications are heard, on the decision's clock (`now`).
+    pub fn kdump_listening_since(&self, now: Timestamp) -> Option<Timestamp> {
+        self.kdump
+            .as_ref()
+            .map(|log| log.listening_since(now, Instant::now()))
+    }
+
     /// From now on, answer node `node`'s reports with `instructions` (only over TLS; see
     /// [`ReportHub::instruct`]).
     pub fn instruct(&self, node: &str, instructions: Vec<crate::report::protocol::Instruction>) {

@@ -29,9 +29,13 @@ pub const MAGIC: u32 = 0x1B30_2A40;
 pub const VERSION_1: u32 = 1;
 /// `fence_kdump_send`'s default port.
 pub const DEFAULT_PORT: u16 = 7410;
-/// At most this many source addresses are remembered; beyond it, the one heard least
-/// recently is forgotten first, so a flood of forged sources cannot grow the log.
+/// At most this many source addresses are remembered, so a flood of forged sources
+/// cannot grow the log. When it is full, runs that ended are dropped (at most once a
+/// second, so a flood costs no scan per datagram), and a new source is refused while it
+/// stays full: a dump in progress is never pushed out by a flood.
 pub const MAX_SOURCES: usize = 16_384;
+/// How often a full log looks for runs that ended.
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
 
 /// Why a datagram is not a kdump notification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -85,28 +89,45 @@ struct Run {
 
 /// Every source address's current run of notifications.
 pub struct KdumpLog {
-    runs: Mutex<HashMap<IpAddr, Run>>,
+    runs: Mutex<Runs>,
     /// A gap longer than this starts a new run (`kdumpSilence`).
     run_gap: Duration,
+    /// Since when this log hears: a notification it has not heard may have come before.
+    listening_since: Instant,
+}
+
+#[derive(Default)]
+struct Runs {
+    by_source: HashMap<IpAddr, Run>,
+    pruned_at: Option<Instant>,
 }
 
 impl KdumpLog {
     pub fn new(run_gap: Duration) -> KdumpLog {
         KdumpLog {
-            runs: Mutex::new(HashMap::new()),
+            runs: Mutex::new(Runs::default()),
             run_gap,
+            listening_since: Instant::now(),
         }
     }
 
-    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Run>> {
+    fn runs(&self) -> std::sync::MutexGuard<'_, Runs> {
         self.runs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A notification from `from`, received at `at`.
-    pub fn record(&self, from: IpAddr, at: Instant) {
+    /// Since when this log hears, on the decision's clock: `now` is its reading at
+    /// `instant`.
+    pub fn listening_since(&self, now: Timestamp, instant: Instant) -> Timestamp {
+        now - instant.saturating_duration_since(self.listening_since)
+    }
+
+    /// A notification from `from`, received at `at`; `false` when the log is full of
+    /// other sources' runs and refused it.
+    pub fn record(&self, from: IpAddr, at: Instant) -> bool {
         let from = from.to_canonical();
-        let mut runs = self.runs();
-        if let Some(run) = runs.get_mut(&from) {
+        let mut guard = self.runs();
+        let runs = &mut *guard;
+        if let Some(run) = runs.by_source.get_mut(&from) {
             if at.saturating_duration_since(run.last) > self.run_gap {
                 *run = Run {
                     first: at,
@@ -117,14 +138,23 @@ impl KdumpLog {
                 run.last = run.last.max(at);
                 run.notifications = run.notifications.saturating_add(1);
             }
-            return;
+            return true;
         }
-        if runs.len() >= MAX_SOURCES
-            && let Some(stalest) = runs.iter().min_by_key(|(_, run)| run.last).map(|(a, _)| *a)
-        {
-            runs.remove(&stalest);
+        if runs.by_source.len() >= MAX_SOURCES {
+            let due = runs
+                .pruned_at
+                .is_none_or(|then| at.saturating_duration_since(then) >= PRUNE_EVERY);
+            if due {
+                runs.pruned_at = Some(at);
+                let gap = self.run_gap;
+                runs.by_source
+                    .retain(|_, run| at.saturating_duration_since(run.last) <= gap);
+            }
+            if runs.by_source.len() >= MAX_SOURCES {
+                return false;
+            }
         }
-        runs.insert(
+        runs.by_source.insert(
             from,
             Run {
                 first: at,
@@ -132,6 +162,7 @@ impl KdumpLog {
                 notifications: 1,
             },
         );
+        true
     }
 
     /// The latest run heard from any of `addresses` (a node's InternalIPs), as timestamps
@@ -148,7 +179,7 @@ impl KdumpLog {
             .iter()
             .filter_map(|address| {
                 let address = address.to_canonical();
-                runs.get(&address).map(|run| (address, *run))
+                runs.by_source.get(&address).map(|run| (address, *run))
             })
             .max_by_key(|(_, run)| run.last)
             .map(|(from, run)| KdumpHeard {
@@ -167,7 +198,8 @@ pub async fn bind(address: SocketAddr) -> std::io::Result<tokio::net::UdpSocket>
 }
 
 /// Receives notifications until `stop` resolves. Every replica listens, not only the
-/// leader, so a replica that takes over already knows the dumps in progress.
+/// leader, so a replica that takes over may already know the dumps in progress (when the
+/// notifications reach it: a Service routes to the leader only).
 pub async fn listen(
     socket: tokio::net::UdpSocket,
     log: std::sync::Arc<KdumpLog>,
@@ -186,17 +218,21 @@ pub async fn listen(
         let (length, source) = match received {
             Ok(received) => received,
             Err(error) => {
-                // An ICMP error from an earlier send, or a transient failure: go on.
+                // A transient failure: go on, without spinning on one that persists.
                 tracing::debug!(%error, "kdump socket");
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
         let datagram = buffer.get(..length).unwrap_or_default();
         let outcome = match decode(datagram) {
-            Ok(()) => {
-                log.record(source.ip(), Instant::now());
+            Ok(()) if log.record(source.ip(), Instant::now()) => {
                 tracing::debug!(from = %source, "kdump notification");
                 "notification"
+            }
+            Ok(()) => {
+                tracing::debug!(from = %source, "kdump notification refused: the log is full of other sources' runs");
+                "refused"
             }
             Err(problem) => {
                 tracing::debug!(from = %source, %problem, "ignored a datagram on the kdump address");
@@ -281,21 +317,29 @@ mod tests {
     }
 
     #[test]
-    fn a_flood_of_sources_keeps_the_log_bounded_and_forgets_the_stalest() {
+    fn a_flood_of_sources_keeps_the_log_bounded_and_never_pushes_out_a_dump_in_progress() {
         let log = KdumpLog::new(Duration::from_secs(30));
         let start = Instant::now();
-        let first: IpAddr = "10.9.0.0".parse().expect("address");
-        log.record(first, start);
+        let dumping: IpAddr = "10.9.0.0".parse().expect("address");
+        assert!(log.record(dumping, start));
+        let flood = |index: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0A0A_0000 + index));
         for index in 0..MAX_SOURCES as u32 {
-            let address = IpAddr::from(std::net::Ipv4Addr::from(0x0A0A_0000 + index));
-            log.record(address, start + Duration::from_millis(1 + u64::from(index)));
+            log.record(flood(index), start + Duration::from_millis(1));
         }
-        assert_eq!(log.runs().len(), MAX_SOURCES);
+        assert_eq!(log.runs().by_source.len(), MAX_SOURCES);
+        // Full: a new source is refused, the dump's next notification is taken.
+        let later = start + Duration::from_secs(10);
+        assert!(!log.record(flood(MAX_SOURCES as u32), later));
+        assert!(log.record(dumping, later));
         let now = Timestamp::from_second(1_800_000_000).expect("in range");
         assert_eq!(
-            log.heard(&[first], now, start),
-            None,
-            "the stalest went first"
+            log.heard(&[dumping], now, later).map(|h| h.notifications),
+            Some(2)
         );
+        // Once the flood's runs have ended, a new source is heard again.
+        let after_flood = start + Duration::from_secs(40);
+        assert!(log.record(flood(MAX_SOURCES as u32), after_flood));
+        assert_eq!(log.runs().by_source.len(), 2, "only the live runs are left");
+        assert!(log.listening_since(now, later) <= now - Duration::from_secs(10));
     }
 }

@@ -57,7 +57,8 @@ pub struct ControllerMetrics {
     pub watched_nodes: Gauge,
     pub unhealthy_nodes: Gauge,
     pub silent_nodes: Gauge,
-    /// kdump datagrams by outcome: `notification` (well formed) or `malformed`.
+    /// kdump datagrams by outcome: `notification` (well formed), `refused` (well formed,
+    /// but the log is full of other sources' live runs) or `malformed`.
     pub kdump_datagrams: Family<OutcomeLabels, Counter>,
     pub leader: Gauge,
     pub reconcile_errors: Counter,
@@ -162,7 +163,7 @@ impl ControllerMetrics {
         let kdump_datagrams = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "controller_kdump_datagrams",
-            "Datagrams received on kdumpAddress, by outcome: notification (a well-formed fence_kdump_send message, from any address) or malformed",
+            "Datagrams received on kdumpAddress, by outcome: notification (a well-formed fence_kdump_send message, from any address), refused (well formed, but the log is full of other sources' live runs) or malformed",
             kdump_datagrams.clone(),
         );
         let leader = Gauge::default();

@@ -317,6 +317,7 @@ async fn gather(
             taints: Default::default(),
             plan: Err(format!("node {node_name} does not exist")),
             kdump: None,
+            kdump_listening_since: None,
         };
         return Ok((facts, None));
     };
@@ -332,6 +333,7 @@ async fn gather(
         health: observe::node_health(&node),
         liveness: ctx.hearing.liveness(node_name, now),
         kdump: ctx.hearing.kdump(&observe::internal_ips(&node), now),
+        kdump_listening_since: ctx.hearing.kdump_listening_since(now),
         zone: observe::node_zone(&node),
         excluded: observe::is_excluded(&node),
         runs_pods_needing_fencing,
@@ -682,7 +684,10 @@ fn record_metrics(
         // A fence confirmed without a step's own proof is labelled by what confirmed it:
         // the node's crash kernel, the node's own word that it drained, or its agent's
         // isolation.
-        let by_kdump = before.kdump.is_none() && after.kdump.is_some();
+        let by_kdump = after
+            .confirmed_by
+            .as_deref()
+            .is_some_and(|by| by.starts_with("kdump:"));
         let step = match (after.step, after.self_isolation.is_some()) {
             _ if by_kdump => "Kdump".to_string(),
             (Some(step), _) => format!("{step:?}"),
