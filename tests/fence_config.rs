@@ -413,7 +413,7 @@ fn each_broken_configuration_gets_a_precise_error() {
                 ("fence-config-n1", "config.properties", "power-managment=m"),
                 ok_method,
             ],
-            "node n1, ConfigMap fence-config-n1, key config.properties: unknown property power-managment (expected node_name, isolation, power_management, recovery, or fence-method-<name> keys beside config.properties)\nnode n1, ConfigMap fence-config-n1, key config.properties: no fencing step: set power_management or isolation (or both)",
+            "node n1, ConfigMap fence-config-n1, key config.properties: unknown property power-managment (expected node_name, isolation, power_management, recovery, kdump, or fence-method-<name> keys beside config.properties)\nnode n1, ConfigMap fence-config-n1, key config.properties: no fencing step: set power_management or isolation (or both)",
         ),
         (
             vec![
@@ -534,7 +534,7 @@ fn each_broken_configuration_gets_a_precise_error() {
                 ),
                 ok_method,
             ],
-            "node n1, ConfigMap fence-config-n1, key config.properties: unknown property fence-method-m (expected node_name, isolation, power_management, recovery, or fence-method-<name> keys beside config.properties)",
+            "node n1, ConfigMap fence-config-n1, key config.properties: unknown property fence-method-m (expected node_name, isolation, power_management, recovery, kdump, or fence-method-<name> keys beside config.properties)",
         ),
         (
             vec![
