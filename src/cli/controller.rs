@@ -194,7 +194,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let mut kdump_log = None;
         if let Some(address) = policy.kdump_address {
             use nodekeeper::controller::kdump;
-            let socket = kdump::bind(address)
+            // Bound at start: a bad or taken address stops the controller with its name.
+            let socket = tokio::net::UdpSocket::bind(address)
                 .await
                 .with_context(|| format!("kdumpAddress {address}: cannot listen"))?;
             tracing::info!(address = %socket.local_addr()?, "listening for kdump notifications (fence_kdump_send)");

@@ -695,12 +695,30 @@ impl<'a> Machine<'a> {
         reason: &'static str,
         released: &str,
     ) {
-        self.status.confirmed_at = Some(Time(self.now));
-        self.status.confirmed_by = Some(proof.clone());
+        let message = format!("{proof}: {released}");
+        self.confirm(proof, reason, message);
         self.status.phase = Some(FencePhase::Done);
         self.status.phase_since = Some(Time(self.now));
         self.status.last_result = Some(last_result.to_string());
-        self.event(false, reason, format!("{proof}: {released}"));
+    }
+
+    /// The fence is confirmed now by `proof` (what the status shows in `confirmedBy`):
+    /// from here on the node's pods may be released. Said in an Event `reason`.
+    fn confirm(&mut self, proof: String, reason: &'static str, message: String) {
+        self.status.confirmed_at = Some(Time(self.now));
+        self.status.confirmed_by = Some(proof);
+        self.event(false, reason, message);
+    }
+
+    /// The fence counts as started from now, for the zone rate, unless it already does;
+    /// `true` when it starts now.
+    fn count_as_started(&mut self) -> bool {
+        if self.status.started_at.is_some() {
+            return false;
+        }
+        self.status.started_at = Some(Time(self.now));
+        self.status.zone = Some(self.facts.zone.clone());
+        true
     }
 
     /// A drained fence after its release: it ends when the node is back (there is
@@ -1148,22 +1166,16 @@ impl<'a> Machine<'a> {
             last_heard: Time(heard.last),
             notifications: heard.notifications,
         });
-        if self.status.started_at.is_none() {
-            self.status.started_at = Some(Time(self.now));
-            self.status.zone = Some(self.facts.zone.clone());
-        }
+        self.count_as_started();
         let proof = format!(
             "kdump: the node announced its crash kernel from its InternalIP {from} ({} notification(s) since {}, all after its last sign of life)",
             heard.notifications, heard.first
         );
         if self.status.confirmed_at.is_none() {
-            self.status.confirmed_at = Some(Time(self.now));
-            self.status.confirmed_by = Some(proof.clone());
-            self.event(
-                false,
-                "FenceConfirmed",
-                format!("{proof}: it runs no pod, so its pods may be released; its power step waits for the dump"),
+            let message = format!(
+                "{proof}: it runs no pod, so its pods may be released; its power step waits for the dump"
             );
+            self.confirm(proof, "FenceConfirmed", message);
         } else {
             self.event(
                 false,
@@ -1174,8 +1186,10 @@ impl<'a> Machine<'a> {
     }
 
     /// The power step waits while the node dumps: until its notifications have stopped
-    /// for `kdumpSilence`, and at most `kdumpWait` after the first one.
+    /// for `kdumpSilence`, and at most `kdumpWait` after the first one. The latest
+    /// notifications are taken note of first.
     fn waiting_for_kdump(&mut self) -> bool {
+        self.note_kdump();
         let Some(record) = &self.status.kdump else {
             return false;
         };
@@ -1230,11 +1244,8 @@ impl<'a> Machine<'a> {
         if step != FenceStep::Recovery && self.held_by_guard() {
             return false;
         }
-        if step == FenceStep::PowerManagement {
-            self.note_kdump();
-            if self.waiting_for_kdump() {
-                return false;
-            }
+        if step == FenceStep::PowerManagement && self.waiting_for_kdump() {
+            return false;
         }
         self.set_phase(step, FencePhase::Running);
         self.event(
@@ -1284,11 +1295,8 @@ impl<'a> Machine<'a> {
                         return self.enter_recovery();
                     }
                     // Nor while it dumps, whichever alternative is next.
-                    if step == FenceStep::PowerManagement {
-                        self.note_kdump();
-                        if self.waiting_for_kdump() {
-                            return false;
-                        }
+                    if step == FenceStep::PowerManagement && self.waiting_for_kdump() {
+                        return false;
                     }
                 }
                 let kind_name = match kind {
@@ -1305,9 +1313,7 @@ impl<'a> Machine<'a> {
                     ExecutionKind::Act => MethodAction::from(method.action),
                     ExecutionKind::Verify => MethodAction::Status,
                 };
-                if self.status.started_at.is_none() {
-                    self.status.started_at = Some(Time(self.now));
-                    self.status.zone = Some(self.facts.zone.clone());
+                if self.count_as_started() {
                     self.event(
                         true,
                         "FenceStarted",
@@ -1355,18 +1361,11 @@ impl<'a> Machine<'a> {
                     ),
                 );
                 if confirmed && step != FenceStep::Recovery && self.status.confirmed_at.is_none() {
-                    self.status.confirmed_at = Some(Time(self.now));
-                    self.status.confirmed_by = Some(format!(
-                        "{step} step, attempt {attempt}, alternative {alternative}: {}",
-                        methods.join(", ")
-                    ));
-                    self.event(
-                        false,
+                    let methods = methods.join(", ");
+                    self.confirm(
+                        format!("{step} step, attempt {attempt}, alternative {alternative}: {methods}"),
                         "FenceConfirmed",
-                        format!(
-                            "{step} step proved the node fenced ({}); its pods may be released",
-                            methods.join(", ")
-                        ),
+                        format!("{step} step proved the node fenced ({methods}); its pods may be released"),
                     );
                 }
                 true

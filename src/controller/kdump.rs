@@ -14,7 +14,7 @@
 //! trust that places in the network, as Pacemaker's `fence_kdump` does.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -189,12 +189,6 @@ impl KdumpLog {
                 notifications: run.notifications,
             })
     }
-}
-
-/// Binds the kdump address (at start, so a bad or taken address stops the controller
-/// with a clear error).
-pub async fn bind(address: SocketAddr) -> std::io::Result<tokio::net::UdpSocket> {
-    tokio::net::UdpSocket::bind(address).await
 }
 
 /// Receives notifications until `stop` resolves. Every replica listens, not only the
