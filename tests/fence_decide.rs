@@ -46,6 +46,15 @@ fn method(name: &str, action: FenceAction) -> MethodOutline {
     }
 }
 
+/// The storm guard's block, saying `message`.
+fn storm(message: &str) -> GuardBlock {
+    GuardBlock {
+        reason: PauseReason::StormGuard,
+        message: message.to_string(),
+        until: None,
+    }
+}
+
 /// Isolation cuts the storage port, power management powers off, recovery re-enables
 /// the port: the original design's example.
 fn full_plan() -> PlanOutline {
@@ -1003,11 +1012,7 @@ fn a_controller_killed_before_the_agent_acted_powers_off_once_after_asking() {
 fn a_storm_pauses_the_fence_says_why_and_it_resumes_when_the_storm_is_over() {
     let mut world = World::new(full_plan(), false);
     world.now = at(61);
-    world.guard.storm = Some(GuardBlock {
-        reason: PauseReason::StormGuard,
-        message: "3 of 5 watched nodes are unhealthy".to_string(),
-        until: None,
-    });
+    world.guard.storm = Some(storm("3 of 5 watched nodes are unhealthy"));
     let decision = world.reconcile().expect("a decision").clone();
     assert!(decision.actions.is_empty(), "{:?}", decision.actions);
     let pause = decision.status.pause.clone().expect("paused");
@@ -1053,11 +1058,7 @@ fn a_storm_arriving_mid_fence_holds_the_power_step_back() {
         world.phase(),
         (Some(FenceStep::Isolation), Some(FencePhase::Done))
     );
-    world.guard.storm = Some(GuardBlock {
-        reason: PauseReason::StormGuard,
-        message: "storm".to_string(),
-        until: None,
-    });
+    world.guard.storm = Some(storm("storm"));
     world.advance(600);
     world.run(5, 60);
     assert_eq!(
@@ -1180,11 +1181,7 @@ fn a_forced_fence_still_honours_the_exclusion_label_and_the_storm_guard() {
         Some(PauseReason::Excluded)
     );
     let mut world = World::new(full_plan(), true);
-    world.guard.storm = Some(GuardBlock {
-        reason: PauseReason::StormGuard,
-        message: "storm".to_string(),
-        until: None,
-    });
+    world.guard.storm = Some(storm("storm"));
     world.reconcile();
     assert!(world.started().is_empty());
 }
@@ -1572,11 +1569,7 @@ fn kdump_counts_only_when_configured_after_the_last_sign_of_life_and_not_in_a_st
 
     // During a storm nothing is taken, released or powered off; after it, the dump is.
     let mut world = crashed_node(kdump_plan());
-    world.guard.storm = Some(GuardBlock {
-        reason: PauseReason::StormGuard,
-        message: "storm".to_string(),
-        until: None,
-    });
+    world.guard.storm = Some(storm("storm"));
     world.advance(20);
     world.run(3, 5);
     assert!(world.status().kdump.is_none());
@@ -1622,11 +1615,7 @@ fn a_node_excluded_mid_fence_is_not_released_on_its_kdump() {
     // The fence begins its power step during a storm, which holds everything back;
     // meanwhile an operator labels the node excluded.
     let mut world = crashed_node(kdump_plan());
-    world.guard.storm = Some(GuardBlock {
-        reason: PauseReason::StormGuard,
-        message: "storm".to_string(),
-        until: None,
-    });
+    world.guard.storm = Some(storm("storm"));
     world.advance(20);
     world.reconcile();
     assert_eq!(world.status().step, Some(FenceStep::PowerManagement));
@@ -1677,7 +1666,6 @@ fn a_restarted_controller_keeps_waiting_for_the_dump_it_recorded() {
     assert!(world.status().kdump.is_some());
     world.advance(60);
     world.restart(false);
-    world.facts.kdump = None;
     world.channels = None;
     world.hear();
     world.facts.kdump = None;
@@ -1773,11 +1761,7 @@ fn a_state_left_from_an_earlier_request_is_no_answer() {
 #[test]
 fn during_a_storm_an_isolation_is_neither_asked_taken_nor_given_up() {
     let mut world = asked_to_isolate();
-    world.guard.storm = Some(GuardBlock {
-        reason: PauseReason::StormGuard,
-        message: "storm".to_string(),
-        until: None,
-    });
+    world.guard.storm = Some(storm("storm"));
     // The agent isolated the node before the storm was declared.
     world.isolated = true;
     world.isolation_state = IsolationState::Isolated;
@@ -2057,11 +2041,7 @@ fn a_drained_node_needs_no_fence_device() {
 fn the_storm_guard_and_the_zone_rate_hold_back_a_drained_release() {
     let mut world = drained_world(full_plan());
     world.advance(20);
-    world.guard.storm = Some(GuardBlock {
-        reason: PauseReason::StormGuard,
-        message: "half the nodes are silent".to_string(),
-        until: None,
-    });
+    world.guard.storm = Some(storm("half the nodes are silent"));
     world.run(3, 5);
     assert!(!world.facts.taints.out_of_service);
     assert_eq!(
@@ -2085,11 +2065,7 @@ fn the_storm_guard_and_the_zone_rate_hold_back_a_drained_release() {
 #[test]
 fn a_drained_statement_older_than_its_bound_releases_nothing() {
     let mut world = drained_world(full_plan());
-    world.guard.storm = Some(GuardBlock {
-        reason: PauseReason::StormGuard,
-        message: "storm".to_string(),
-        until: None,
-    });
+    world.guard.storm = Some(storm("storm"));
     // The storm lasts past drainedReportMaxAge (2 minutes after the last report).
     world.advance(20);
     world.run(30, 5);
@@ -2291,11 +2267,7 @@ proptest! {
                 Happening::Time(seconds) => world.advance(seconds),
                 Happening::Ready(ready) => world.set_ready(ready),
                 Happening::Storm(on) => {
-                    world.guard.storm = on.then(|| GuardBlock {
-                        reason: PauseReason::StormGuard,
-                        message: "storm".to_string(),
-                        until: None,
-                    })
+                    world.guard.storm = on.then(|| storm("storm"))
                 }
                 Happening::ZoneBlocked(on) => {
                     world.guard.zone = on.then(|| GuardBlock {

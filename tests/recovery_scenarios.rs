@@ -67,15 +67,26 @@ const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 /// The hub's service addresses: the API server's, and the controller's report endpoint.
 const API_SERVICE: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 1);
 const CONTROLLER_SERVICE: &str = "10.231.0.2";
+/// Both, as a node's link routes to them.
+const SERVICES: [&str; 2] = ["10.231.0.1", CONTROLLER_SERVICE];
 
 /// The hub: creates its namespace with the service addresses and moves the calling
 /// thread (the test's, before it builds its runtime) into it.
 fn hub() -> Result<Netns, String> {
     let hub = Netns::create("hub")?;
-    hub.add_service_address(&API_SERVICE.to_string())?;
-    hub.add_service_address(CONTROLLER_SERVICE)?;
+    for service in SERVICES {
+        hub.add_service_address(service)?;
+    }
     hub.enter()?;
     Ok(hub)
+}
+
+/// A namespace of its own for `role`, linked to the hub on `subnet` with routes to
+/// `services`.
+fn linked(hub: &Netns, role: &str, subnet: u8, services: &[&str]) -> Result<(Netns, Link), String> {
+    let netns = Netns::create(role)?;
+    let link = Link::connect(hub, &netns, subnet, services)?;
+    Ok((netns, link))
 }
 
 /// The namespaces of a scenario with one node, which reaches the API server over its
@@ -92,13 +103,7 @@ impl Network {
     /// The node reaches both services over one link.
     fn one_link() -> Result<Network, String> {
         let hub = hub()?;
-        let node = Netns::create("node")?;
-        let api = Link::connect(
-            &hub,
-            &node,
-            1,
-            &[&API_SERVICE.to_string(), CONTROLLER_SERVICE],
-        )?;
+        let (node, api) = linked(&hub, "node", 1, &SERVICES)?;
         Ok(Network {
             _hub: hub,
             node,
@@ -214,23 +219,26 @@ impl Cluster {
         }
     }
 
-    /// Nothing was done to the machine: the BMC saw no power command and the storage
-    /// fabric port is as it was.
+    /// Nothing was done to the machine (see [`assert_untouched`]).
     fn assert_untouched(&self, bmc: &IpmiSim) {
-        assert!(bmc.power_is_on(), "the BMC was never told to power off");
-        assert!(
-            !bmc.chassis_log().contains("set power"),
-            "{}",
-            bmc.chassis_log()
-        );
-        assert_eq!(
-            std::fs::read_to_string(&self.fabric)
-                .expect("fabric port")
-                .trim(),
-            "on",
-            "the storage fabric was never touched"
-        );
+        assert_untouched(bmc, &self.fabric);
     }
+}
+
+/// Nothing was done to a machine: its BMC saw no power command and the storage fabric
+/// port is as it was.
+fn assert_untouched(bmc: &IpmiSim, fabric: &std::path::Path) {
+    assert!(bmc.power_is_on(), "the BMC was never told to power off");
+    assert!(
+        !bmc.chassis_log().contains("set power"),
+        "{}",
+        bmc.chassis_log()
+    );
+    assert_eq!(
+        std::fs::read_to_string(fabric).expect("fabric port").trim(),
+        "on",
+        "the storage fabric was never touched"
+    );
 }
 
 /// What each node scenario starts from: the fence agents, a BMC, a CA and the
@@ -844,14 +852,10 @@ impl Racks {
 
     fn create() -> Result<Racks, String> {
         let hub = hub()?;
-        let services = [API_SERVICE.to_string(), CONTROLLER_SERVICE.to_string()];
-        let services: Vec<&str> = services.iter().map(String::as_str).collect();
-        let rack = |name: &str, subnet: u8| -> Result<(Netns, Link), String> {
-            let netns = Netns::create(name)?;
-            let link = Link::connect(&hub, &netns, subnet, &services)?;
-            Ok((netns, link))
-        };
-        let racks = [rack("rack-a", 1)?, rack("rack-b", 2)?];
+        let racks = [
+            linked(&hub, "rack-a", 1, &SERVICES)?,
+            linked(&hub, "rack-b", 2, &SERVICES)?,
+        ];
         Ok(Racks { _hub: hub, racks })
     }
 }
@@ -1041,15 +1045,7 @@ async fn storm(racks: Racks) {
             "{node} is heard and never fenced"
         );
     }
-    assert!(
-        !bmc.chassis_log().contains("set power"),
-        "{}",
-        bmc.chassis_log()
-    );
-    assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
-        "on"
-    );
+    assert_untouched(&bmc, &fabric);
     for node in &nodes {
         assert!(
             server
@@ -1099,15 +1095,7 @@ async fn storm(racks: Racks) {
         "the storm was seen {:.1}s after the cut",
         seconds(cut_at, storm_at)
     );
-    assert!(
-        !bmc.chassis_log().contains("set power"),
-        "{}",
-        bmc.chassis_log()
-    );
-    assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
-        "on"
-    );
+    assert_untouched(&bmc, &fabric);
 }
 
 /// Debian's kdump notifier (package fence-agents), which a crash kernel's initramfs runs.
@@ -1185,16 +1173,10 @@ struct KdumpNetwork {
 impl KdumpNetwork {
     fn create() -> Result<KdumpNetwork, String> {
         let hub = hub()?;
-        let services = [API_SERVICE.to_string(), CONTROLLER_SERVICE.to_string()];
-        let services: Vec<&str> = services.iter().map(String::as_str).collect();
-        let node_a = Netns::create("node-a")?;
-        let node_b = Netns::create("node-b")?;
-        let impostor = Netns::create("impostor")?;
-        let links = vec![
-            Link::connect(&hub, &node_a, 1, &services)?,
-            Link::connect(&hub, &node_b, 2, &services)?,
-            Link::connect(&hub, &impostor, 3, &[CONTROLLER_SERVICE])?,
-        ];
+        let (node_a, link_a) = linked(&hub, "node-a", 1, &SERVICES)?;
+        let (node_b, link_b) = linked(&hub, "node-b", 2, &SERVICES)?;
+        let (impostor, link_impostor) = linked(&hub, "impostor", 3, &[CONTROLLER_SERVICE])?;
+        let links = vec![link_a, link_b, link_impostor];
         Ok(KdumpNetwork {
             _hub: hub,
             node_a,
@@ -1300,11 +1282,7 @@ async fn kdump(network: KdumpNetwork) {
     );
     assert_eq!(fence["status"]["lost"]["evidence"], "Silence", "{fence}");
     assert!(executions(&fence).is_empty(), "{fence}");
-    assert!(
-        !bmc_a.chassis_log().contains("set power"),
-        "{}",
-        bmc_a.chassis_log()
-    );
+    assert_untouched(&bmc_a, &fabric);
     assert!(reasons(&server, "node-a", "NodeFence").contains(&"FenceConfirmed".to_string()));
     assert_eq!(
         metric_value(
