@@ -70,6 +70,7 @@ fn silent_scan(ledger: &ReportLedger, at: Instant) -> usize {
                 drained: heard.drained,
                 isolation: Some(heard.isolation),
                 api_reachable_since: None,
+                promise: heard.promise,
             }
             .counted_as_silent(silence, now())
         })
@@ -182,6 +183,9 @@ fn main() {
         plan: Ok(plan()),
         kdump: None,
         kdump_listening_since: None,
+        lease_heard: None,
+        boot_id: None,
+        lease_unchanged: None,
     };
     let fence_policy = FencePolicy::default();
     let started = decide(&fence, &facts, &[], &Guard::open(), &fence_policy, now());

@@ -361,6 +361,7 @@ async fn agent(
                 since: None,
             },
             isolation: Default::default(),
+            self_isolation: Default::default(),
         };
         let body = serde_json::to_vec(&report).expect("json");
         let request = http::Request::post(protocol::REPORTS_PATH)

@@ -657,8 +657,83 @@ fn the_report_section_is_read_with_defaults_and_checked() {
         isolation.state_file,
         std::path::Path::new("/run/nk/iso.json")
     );
+    assert_eq!(
+        isolation.contact_file(),
+        std::path::Path::new("/run/nk/contact.json")
+    );
+
+    // Self-isolation: off unless isolateAfter is given; the watchdog's defaults.
+    let isolation = config_isolation("report: {controllerURL: \"https://c:9849\"}\n");
+    assert_eq!(isolation.isolate_after, None);
+    assert_eq!(
+        isolation.watchdog_device,
+        std::path::Path::new("/dev/watchdog")
+    );
+    assert_eq!(
+        isolation.watchdog_timeout.to_std(),
+        std::time::Duration::from_secs(30)
+    );
+    let isolation = config_isolation(
+        "report: {controllerURL: \"https://c:9849\", isolation: {isolateAfter: 2m, watchdogDevice: /dev/watchdog1, watchdogTimeout: 60s}}\n",
+    );
+    assert_eq!(
+        isolation.isolate_after.map(|after| after.to_std()),
+        Some(std::time::Duration::from_secs(120))
+    );
+    assert_eq!(
+        isolation.watchdog_device,
+        std::path::Path::new("/dev/watchdog1")
+    );
+    assert_eq!(
+        config_isolation(
+            "report: {controllerURL: \"https://c:9849\", isolation: {isolateAfter: 0s}}\n"
+        )
+        .isolate_after,
+        None,
+        "0s is off"
+    );
 
     for (body, expected) in [
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {isolateAfter: 5s}}\n",
+            "isolation.isolateAfter: 5s must be 0s (no self-isolation) or at least 30s",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {isolateAfter: 2h}}\n",
+            "isolation.isolateAfter: 2h is longer than 1h0m0s",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", interval: 15s, isolation: {isolateAfter: 40s}}\n",
+            "isolation.isolateAfter: 40s is shorter than three report intervals",
+        ),
+        (
+            "kubernetes: {apiProbeInterval: 30s}\nreport: {controllerURL: \"https://c:9849\", isolation: {isolateAfter: 1m}}\n",
+            "isolation.isolateAfter: 1m0s is shorter than two Lease reads (kubernetes.apiProbeInterval 30s)",
+        ),
+        (
+            "report: {controllerURL: \"http://c:9849\", isolation: {isolateAfter: 1m}}\n",
+            "isolation.isolateAfter: self-isolation needs an https controllerURL",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {enabled: false, isolateAfter: 1m}}\n",
+            "isolation.isolateAfter: self-isolation needs isolation.enabled: true",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {watchdogDevice: watchdog}}\n",
+            "isolation.watchdogDevice: \"watchdog\" must be an absolute path",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {watchdogTimeout: 1s}}\n",
+            "isolation.watchdogTimeout: 1s must be at least 2s",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {watchdogTimeout: 2h}}\n",
+            "isolation.watchdogTimeout: 2h is longer than 1h0m0s",
+        ),
+        (
+            "report: {controllerURL: \"https://c:9849\", isolation: {watchdogTimeout: 2500ms}}\n",
+            "isolation.watchdogTimeout: 2500ms must be whole seconds",
+        ),
         (
             "report: {controllerURL: \"https://c:9849\", isolation: {kubeletUnit: kubelet}}\n",
             "isolation.kubeletUnit: \"kubelet\" is not a systemd service name",

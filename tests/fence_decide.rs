@@ -24,7 +24,7 @@ use nodekeeper::controller::resource::{
 };
 use nodekeeper::controller::storm::{Guard, GuardBlock};
 use nodekeeper::fencing::{FenceAction, Step};
-use nodekeeper::report::ledger::{DrainedStatement, IsolationHeard};
+use nodekeeper::report::ledger::{BootId, DrainedStatement, IsolationHeard, PromiseHeard};
 use nodekeeper::report::protocol::{Instruction, IsolationState};
 use proptest::prelude::*;
 
@@ -161,6 +161,22 @@ struct World {
     kdump_first: Option<Timestamp>,
     kdump_sending: bool,
     kdump_last: Option<Timestamp>,
+    /// The agent's self-isolation promise, as its reports make it now (`None`: none).
+    promise: Option<Duration>,
+    /// The promise the controller last heard; the agent keeps it (its watchdog stays
+    /// armed until the controller hears it withdrawn).
+    promise_heard: Option<(Duration, u32)>,
+    /// When one of the node's channels last spoke (the agent's last contact), whatever
+    /// the controller made of it.
+    last_spoke: Option<Timestamp>,
+    /// When the controller last heard the Lease and the reports (long ago at first).
+    heard_at: (Timestamp, Timestamp),
+    /// The Lease's last renewal in truth (its watch may not have delivered it).
+    true_lease: Timestamp,
+    /// The controller's Lease watch delivers nothing.
+    watch_stalled: bool,
+    /// The node's boot, as its kubelet reports it.
+    boot: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +219,9 @@ impl World {
                 plan: Ok(plan.clone()),
                 kdump: None,
                 kdump_listening_since: Some(at(0)),
+                lease_heard: None,
+                boot_id: Some("boot-1".to_string()),
+                lease_unchanged: Some(true),
             },
             plan,
             devices: Devices {
@@ -232,7 +251,50 @@ impl World {
             kdump_first: None,
             kdump_sending: false,
             kdump_last: None,
+            promise: None,
+            promise_heard: None,
+            last_spoke: None,
+            heard_at: (at(-10_000), at(-10_000)),
+            true_lease: at(-10_000),
+            watch_stalled: false,
+            boot: 1,
         }
+    }
+
+    /// The agent keeps the promise the controller heard: cut off from both channels for
+    /// that long, the node runs no pod (isolated by its agent, or reset).
+    fn keep_promise(&mut self) {
+        let power = self.devices.power_on && !self.in_crash_kernel;
+        if power && !self.isolated && self.promise_ran_out() {
+            self.isolated = true;
+            self.isolation_state = IsolationState::Isolated;
+            // An isolation the agent began itself answers no request.
+            self.isolation_request = 0;
+            self.hear();
+        }
+    }
+
+    /// The promise the controller heard has run out since the node was last heard, and
+    /// the boot that made it is the node's (a new boot's agent keeps no earlier promise).
+    fn promise_ran_out(&self) -> bool {
+        self.promise_heard
+            .zip(self.last_spoke)
+            .is_some_and(|((within, boot), spoke)| boot == self.boot && self.now >= spoke + within)
+    }
+
+    /// The node boots again: its kubelet starts anew (and runs its pods again if it
+    /// reaches the API server), its agent has promised nothing yet in this boot.
+    fn reboot(&mut self) {
+        // (A crashed node's way back is its power cycle, modelled with kdump.)
+        if !self.devices.power_on || self.crashed {
+            return;
+        }
+        self.boot += 1;
+        self.facts.boot_id = Some(format!("boot-{}", self.boot));
+        self.isolated = false;
+        self.isolation_state = IsolationState::None;
+        self.last_spoke = None;
+        self.hear();
     }
 
     /// The node's kernel crashes: its kubelet and agent stop at once, and a few seconds
@@ -309,11 +371,22 @@ impl World {
             self.facts.liveness = Liveness::NoAgent;
             return;
         };
-        let long_ago = at(-10_000);
-        let (lease, report) = match self.facts.liveness {
-            Liveness::Heard(channels) => (channels.lease, channels.report),
-            _ => (long_ago, long_ago),
-        };
+        let power = self.devices.power_on && !self.in_crash_kernel;
+        if reports_speak && power {
+            self.promise_heard = self.promise.map(|within| (within, self.boot));
+        }
+        // The kubelet renews (an isolated node's kubelet is stopped); the agent reads
+        // the renewal, whether or not the controller's Lease watch delivers it.
+        let renewed = lease_speaks && power && !self.isolated;
+        if renewed {
+            self.true_lease = self.now;
+        }
+        if power && (reports_speak || renewed) {
+            self.last_spoke = Some(self.now);
+        }
+        // What was heard before, even while the controller took the node for one
+        // without an agent: a controller never hears a node earlier than it spoke.
+        let (lease, report) = self.heard_at;
         // A crashed node's kubelet and agent are gone with its kernel.
         let power = self.devices.power_on && !self.in_crash_kernel;
         self.sequence += 1;
@@ -326,8 +399,8 @@ impl World {
             };
         }
         self.facts.liveness = Liveness::Heard(Channels {
-            // An isolated node's kubelet is stopped.
-            lease: if lease_speaks && power && !self.isolated {
+            // A stalled Lease watch delivers nothing.
+            lease: if renewed && !self.watch_stalled {
                 self.now
             } else {
                 lease
@@ -347,7 +420,22 @@ impl World {
                 request: self.isolation_request,
             }),
             api_reachable_since: self.api_reachable_since.filter(|_| self.over_tls),
+            promise: self
+                .promise_heard
+                .filter(|_| self.over_tls)
+                .map(|(within, boot)| PromiseHeard {
+                    within,
+                    boot_id: BootId::new(&format!("boot-{boot}")),
+                    boot_time: at(-100_000),
+                    sequence: self.sequence,
+                }),
         });
+        if let Liveness::Heard(channels) = self.facts.liveness {
+            self.facts.lease_heard = Some(channels.lease);
+            self.heard_at = (channels.lease, channels.report);
+            // A fresh read of the Lease shows every renewal.
+            self.facts.lease_unchanged = Some(channels.lease >= self.true_lease);
+        }
     }
 
     /// The node's agent follows the controller's instructions, if it still reports.
@@ -415,6 +503,7 @@ impl World {
     fn advance(&mut self, seconds: u64) {
         self.now += Duration::from_secs(seconds);
         self.hear();
+        self.keep_promise();
         // A running execution ends once time has passed.
         if let Some(running) = self.running.take() {
             let outcome = self.run_to_end(&running);
@@ -654,12 +743,25 @@ impl World {
             )
         });
         if releases {
-            let crashed = self.crashed && self.plan.kdump;
+            // A crashed node runs no pod, but only its crash kernel's word, or a promise
+            // that ran out, may tell the controller so.
+            let crashed = self.crashed && (self.plan.kdump || self.promise_ran_out());
             assert!(
                 self.devices.fenced() || self.isolated || crashed,
                 "pods released while the node's storage and power are both on and it is not isolated: {decision:#?}"
             );
             assert!(decision.status.confirmed_at.is_some());
+        }
+        // (g) nothing is released on a node's own word (a drain, an isolation, a
+        // promise, a crash kernel) during a storm.
+        if before.confirmed_at.is_none()
+            && decision.status.confirmed_at.is_some()
+            && decision.status.step.is_none()
+        {
+            assert!(
+                self.guard.storm.is_none(),
+                "released without a step during a storm: {decision:#?}"
+            );
         }
         for request in &starts {
             let power_step = request.step != Step::Recovery;
@@ -2213,6 +2315,12 @@ enum Happening {
     /// The node's kernel crashes into its crash kernel (`true`), or its dump ends and its
     /// notifications stop (`false`).
     Crash(bool),
+    /// The node's agent promises self-isolation within this many seconds, or withdraws.
+    Promise(Option<u64>),
+    /// The node boots again.
+    Reboot,
+    /// The controller's Lease watch stalls (`true`) or recovers.
+    WatchStalled(bool),
 }
 
 fn happening() -> impl Strategy<Value = Happening> {
@@ -2239,6 +2347,9 @@ fn happening() -> impl Strategy<Value = Happening> {
         ]
         .prop_map(Happening::Isolation),
         1 => any::<bool>().prop_map(Happening::Crash),
+        1 => proptest::option::of(30u64..300).prop_map(Happening::Promise),
+        1 => Just(Happening::Reboot),
+        1 => any::<bool>().prop_map(Happening::WatchStalled),
     ]
 }
 
@@ -2255,6 +2366,8 @@ proptest! {
         force in any::<bool>(),
         isolation in any::<bool>(),
         kdump in any::<bool>(),
+        device in any::<bool>(),
+        promise in proptest::option::of(30u64..300),
     ) {
         let mut plan = full_plan();
         plan.kdump = kdump;
@@ -2262,6 +2375,14 @@ proptest! {
             plan.steps.remove(&Step::Isolation);
         }
         let mut world = World::new(plan.clone(), force);
+        if !device {
+            world.facts.plan = Err("no fence-config".to_string());
+        }
+        if let Some(within) = promise {
+            // An agent that reports, and promises self-isolation.
+            world.promise = Some(Duration::from_secs(within));
+            world.set_channels(Some((true, true)));
+        }
         for happening in happenings {
             match happening {
                 Happening::Time(seconds) => world.advance(seconds),
@@ -2283,6 +2404,15 @@ proptest! {
                 Happening::Isolation(fate) => world.isolation_fate = fate,
                 Happening::Crash(true) => world.crash(),
                 Happening::Crash(false) => world.kdump_sending = false,
+                Happening::Promise(within) => {
+                    world.promise = within.map(Duration::from_secs);
+                    world.hear();
+                }
+                Happening::Reboot => world.reboot(),
+                Happening::WatchStalled(stalled) => {
+                    world.watch_stalled = stalled;
+                    world.hear();
+                }
                 Happening::ConfigGone(gone) => {
                     world.facts.plan = if gone {
                         Err("gone".to_string())
@@ -2316,4 +2446,294 @@ proptest! {
         prop_assert!(world.started().len() <= bound + executions_before,
             "{} executions", world.started().len());
     }
+}
+
+/// A node with an agent but no fence device, whose agent promises (over TLS) to isolate
+/// or reset it within `within` seconds of losing contact; heard on both channels at 10 s.
+fn promising_world(within: u64) -> World {
+    let mut world = World::new(full_plan(), false);
+    world.facts.plan = Err("no fence-config-worker-1 ConfigMap".to_string());
+    world.promise = Some(Duration::from_secs(within));
+    world.set_ready(true);
+    world.set_channels(Some((true, true)));
+    world.advance(10);
+    world
+}
+
+/// The node falls silent on both channels (its power and network are gone, say).
+fn fall_silent(world: &mut World) -> Timestamp {
+    let last_heard = world.now;
+    world.set_channels(Some((false, false)));
+    world.set_ready(false);
+    last_heard
+}
+
+/// When a node last heard at `last` with a promise of `within` seconds is released with
+/// the default margin (30 s): one per cent of the promise on top, rounded up.
+fn released_at(last: Timestamp, within: u64) -> Timestamp {
+    last + Duration::from_secs(within + 30 + within.div_ceil(100))
+}
+
+fn pause_reason(world: &World) -> Option<PauseReason> {
+    world.status().pause.as_ref().map(|pause| pause.reason)
+}
+
+#[test]
+fn a_node_with_no_fence_device_is_released_once_its_agents_promise_has_run_out() {
+    let mut world = promising_world(160);
+    let last_heard = fall_silent(&mut world);
+    let release_at = released_at(last_heard, 160);
+    // Silent for silenceTimeout: lost, and the promise recorded.
+    world.advance(25);
+    world.reconcile();
+    assert_eq!(
+        pause_reason(&world),
+        Some(PauseReason::WaitingForSelfIsolation)
+    );
+    let record = world
+        .status()
+        .promise
+        .clone()
+        .expect("the promise recorded");
+    assert_eq!(record.within_seconds, 160);
+    assert_eq!(record.last_heard.0, last_heard);
+    assert_eq!(record.release_at.0, release_at);
+    // Nothing is released while the promise runs, though the agent keeps it early.
+    while world.now < release_at - Duration::from_secs(5) {
+        world.advance(5);
+        world.reconcile();
+        assert!(
+            !world.facts.taints.out_of_service,
+            "released at {}",
+            world.now
+        );
+    }
+    assert!(
+        world.isolated,
+        "the agent isolated the node when its promise said"
+    );
+    world.advance(5);
+    world.reconcile();
+    assert!(world.facts.taints.out_of_service);
+    let status = world.status();
+    assert!(
+        status
+            .confirmed_by
+            .as_deref()
+            .is_some_and(|by| by.starts_with("self-isolation:") && by.contains("160s")),
+        "{status:?}"
+    );
+    assert!(world.events().contains(&"SelfIsolationPromiseRanOut"));
+    assert!(world.started().is_empty(), "no fence device was used");
+}
+
+#[test]
+fn no_promise_no_release_without_a_fence_device() {
+    // No promise at all, a promise withdrawn by the last report, one over plain HTTP, one
+    // the policy does not take, and a forced fence: held for want of a fence device.
+    type Change = Box<dyn Fn(&mut World)>;
+    let cases: Vec<(&str, Change)> = vec![
+        ("none", Box::new(|world| world.promise = None)),
+        (
+            "withdrawn",
+            Box::new(|world| {
+                world.promise = None;
+                world.hear();
+            }),
+        ),
+        ("plain http", Box::new(|world| world.over_tls = false)),
+        (
+            "margin 0s",
+            Box::new(|world| world.policy.self_isolation_margin = Duration::ZERO),
+        ),
+        (
+            "forced",
+            Box::new(|world| world.fence.as_mut().expect("fence").spec.force = true),
+        ),
+    ];
+    for (case, change) in cases {
+        let mut world = promising_world(60);
+        change(&mut world);
+        world.hear();
+        fall_silent(&mut world);
+        world.run(100, 10);
+        assert!(!world.facts.taints.out_of_service, "{case}: released");
+        assert_eq!(
+            pause_reason(&world),
+            Some(PauseReason::NoConfiguration),
+            "{case}"
+        );
+        assert!(world.status().promise.is_none(), "{case}");
+    }
+}
+
+#[test]
+fn a_lease_renewal_heard_while_waiting_moves_the_release_later() {
+    let mut world = promising_world(60);
+    fall_silent(&mut world);
+    world.advance(25);
+    world.reconcile();
+    let first = world
+        .status()
+        .promise
+        .clone()
+        .expect("recorded")
+        .release_at
+        .0;
+    // The kubelet renews once more (the agent sees that renewal too, and counts its
+    // promise from it): the release moves.
+    world.advance(30);
+    world.set_channels(Some((true, false)));
+    let renewed = world.now;
+    world.set_channels(Some((false, false)));
+    world.reconcile();
+    world.advance(25);
+    world.reconcile();
+    let moved = world
+        .status()
+        .promise
+        .clone()
+        .expect("recorded")
+        .release_at
+        .0;
+    assert_eq!(moved, released_at(renewed, 60));
+    assert!(moved > first);
+    world.now = first + Duration::from_secs(1);
+    world.reconcile();
+    assert!(
+        !world.facts.taints.out_of_service,
+        "released at the old time"
+    );
+    world.now = moved;
+    world.hear();
+    world.keep_promise();
+    world.reconcile();
+    assert!(world.facts.taints.out_of_service);
+}
+
+#[test]
+fn a_restarted_controller_keeps_the_recorded_promise_and_counts_from_when_it_began_listening() {
+    let mut world = promising_world(60);
+    fall_silent(&mut world);
+    world.advance(25);
+    world.reconcile();
+    let recorded = world.status().promise.clone().expect("recorded");
+    // The new leader has heard no report of the node: first not known, then no agent.
+    // It has seen no renewal of the Lease either: silent since it began listening.
+    world.restart(false);
+    let listening_since = world.now;
+    world.channels = None;
+    world.facts.liveness = Liveness::AgentUnknown {
+        until: world.now + Duration::from_secs(40),
+    };
+    world.facts.lease_heard = Some(listening_since);
+    world.reconcile();
+    assert_eq!(
+        pause_reason(&world),
+        Some(PauseReason::WaitingForAgentReports)
+    );
+    world.advance(40);
+    world.facts.liveness = Liveness::NoAgent;
+    world.policy.unhealthy_duration = Duration::from_secs(10);
+    world.reconcile();
+    assert_eq!(
+        pause_reason(&world),
+        Some(PauseReason::WaitingForSelfIsolation)
+    );
+    let kept = world.status().promise.clone().expect("kept");
+    assert_eq!(kept.within_seconds, recorded.within_seconds);
+    assert_eq!(kept.boot_id, recorded.boot_id);
+    assert_eq!(kept.release_at.0, released_at(listening_since, 60));
+    assert!(kept.release_at.0 > recorded.release_at.0);
+    // Until then nothing is released (the agent kept its promise long before).
+    while world.now < kept.release_at.0 - Duration::from_secs(5) {
+        world.advance(5);
+        world.reconcile();
+        assert!(
+            !world.facts.taints.out_of_service,
+            "released at {}",
+            world.now
+        );
+    }
+    assert!(world.isolated);
+    world.advance(5);
+    world.reconcile();
+    assert!(world.facts.taints.out_of_service);
+}
+
+#[test]
+fn a_promise_of_an_earlier_boot_or_a_renewal_the_lease_watch_missed_releases_nothing() {
+    // The node booted again (its kubelet reported the new boot) before it fell silent:
+    // the promise its old boot's agent made covers nothing the new boot runs.
+    let mut world = promising_world(60);
+    world.facts.boot_id = Some("boot-2".to_string());
+    fall_silent(&mut world);
+    world.run(30, 10);
+    assert!(!world.facts.taints.out_of_service);
+    assert_eq!(pause_reason(&world), Some(PauseReason::NoConfiguration));
+    let status = world.status();
+    let message = status
+        .pause
+        .as_ref()
+        .map(|p| p.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("boot"), "{message}");
+
+    // The Lease read afresh shows a renewal the watch did not deliver: heard now, and
+    // counted again; a Lease that cannot be read releases nothing.
+    let mut world = promising_world(60);
+    fall_silent(&mut world);
+    world.advance(100);
+    world.facts.lease_unchanged = Some(false);
+    world.reconcile();
+    assert!(!world.facts.taints.out_of_service);
+    let moved = world.status().promise.clone().expect("recorded");
+    assert_eq!(moved.last_heard.0, world.now);
+    world.advance(200);
+    world.facts.lease_unchanged = None;
+    world.reconcile();
+    assert!(!world.facts.taints.out_of_service);
+    world.facts.lease_unchanged = Some(true);
+    world.reconcile();
+    assert!(world.facts.taints.out_of_service);
+}
+
+#[test]
+fn the_storm_guard_holds_a_release_on_a_promise() {
+    let mut world = promising_world(60);
+    fall_silent(&mut world);
+    world.guard.storm = Some(storm("half the nodes are silent"));
+    world.run(30, 10);
+    assert!(!world.facts.taints.out_of_service);
+    assert_eq!(pause_reason(&world), Some(PauseReason::StormGuard));
+    world.guard = Guard::open();
+    world.reconcile();
+    assert!(world.facts.taints.out_of_service);
+}
+
+#[test]
+fn a_node_back_from_its_self_isolation_is_told_to_end_it_and_the_fence_ends() {
+    let mut world = promising_world(60);
+    fall_silent(&mut world);
+    world.run(20, 10);
+    assert!(world.facts.taints.out_of_service);
+    assert!(world.isolated);
+    // Kubernetes deletes the pods of the out-of-service node.
+    world.facts.runs_pods_needing_fencing = false;
+    world.facts.pods_to_release = 0;
+    // The node is reached again: its agent reports, isolated, the kubelet still stopped.
+    world.set_channels(Some((true, true)));
+    world.run(3, 2);
+    assert!(
+        world.fence.is_some(),
+        "not back while its kubelet is stopped"
+    );
+    // Once its agent has reached the API server for a while, the isolation is ended; the
+    // kubelet starts and the node is Ready again.
+    world.run(12, 2);
+    assert!(!world.isolated, "asked: {:?}", world.asked());
+    world.set_ready(true);
+    world.run(5, 2);
+    assert!(world.fence.is_none());
+    assert!(!world.facts.taints.out_of_service);
 }

@@ -605,13 +605,13 @@ async fn watch_expiry_relists_and_a_status_conflict_is_retried() {
     assert_eq!(conflicts.last(), Some(&200), "{conflicts:?}");
 }
 
-/// Every `(verb, group, resource)` the ClusterRole grants.
+/// Every `(verb, group, resource)` the ClusterRole and the Role grant.
 fn granted(manifest: &Path) -> BTreeSet<(String, String, String)> {
     let text = std::fs::read_to_string(manifest).unwrap();
     let mut grants = BTreeSet::new();
     for document in serde_yaml_ng::Deserializer::from_str(&text) {
         let value: serde_json::Value = serde::Deserialize::deserialize(document).unwrap();
-        if value["kind"] != "ClusterRole" {
+        if value["kind"] != "ClusterRole" && value["kind"] != "Role" {
             continue;
         }
         for rule in value["rules"].as_array().unwrap() {
@@ -648,6 +648,11 @@ async fn the_cluster_role_grants_exactly_what_the_agent_uses() {
             .any(|t| t.key == "nodekeeper.io/memory-pressure" && t.effect == "NoSchedule")
     );
 
+    // Self-isolation reads the node's Lease (it needs a watchdog to arm, so the agent
+    // here does not: its reader is asked directly).
+    use nodekeeper::report::contact::LeaseSource;
+    let lease = nodekeeper::kubernetes::probe::NodeLease::new(s.server.client(), NODE);
+    assert_eq!(lease.renewal().await, Ok(None), "no Lease for the node yet");
     let used: BTreeSet<(String, String, String)> = s
         .server
         .rbac_accesses()

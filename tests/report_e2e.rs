@@ -892,3 +892,103 @@ async fn instructions_are_never_handed_out_over_plain_http() {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["instructions"], json!([]), "{answer}");
 }
+
+/// A self-isolating agent may count only the leader's hearing as contact (a follower's
+/// ledger decides nothing), so every answer says whether the leader heard the report,
+/// and the real sender counts a contact only from such an answer, from when it sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leaders_answer_counts_as_contact() {
+    use nodekeeper::report::auth::AuthPolicy;
+    use nodekeeper::report::sender::{SenderSettings, run_sender};
+    use nodekeeper::report::{ContactClock, ReportBoard, ReportHub, ReportMetrics, ReportsPolicy};
+    use nodekeeper::report::{boot_clock, server};
+
+    let server = ready_cluster(&["worker-1"]).await;
+    let token = "node-token-of-worker-1-0123456789abcdef";
+    seed_node_tokens(&server, &[("worker-1", token)]);
+    let policy = ReportsPolicy {
+        auth: AuthPolicy {
+            node_tokens_secret: Some("node-tokens".to_string()),
+            ..AuthPolicy::default()
+        },
+        ..ReportsPolicy::default()
+    };
+    let metrics = std::sync::Arc::new(ReportMetrics::register(
+        &mut prometheus_client::registry::Registry::default(),
+    ));
+    let hub = std::sync::Arc::new(ReportHub::new(
+        server.client(),
+        NAMESPACE,
+        policy,
+        metrics,
+        None,
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let address = listener.local_addr().expect("address").to_string();
+    tokio::spawn(server::serve(listener, hub.clone(), std::future::pending()));
+
+    let (status, answer) = post_report(&address, Some(token), &report("worker-1", 1)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["heardByLeader"], false, "a follower: {answer}");
+
+    // The agent's sender, reporting every 200 ms to a replica that does not lead yet.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, token).expect("token");
+    let settings = SenderSettings {
+        controller_url: format!("http://{address}"),
+        node: "worker-1".to_string(),
+        // The boot the hand-made report above came from.
+        boot_id: BOOT.to_string(),
+        boot_time: "2026-11-20T08:00:00Z".parse().expect("time"),
+        interval: Duration::from_millis(200),
+        timeout: Duration::from_secs(2),
+        token_file: Some(token_file),
+        ca_file: None,
+        dry_run: false,
+    };
+    let contact = std::sync::Arc::new(ContactClock::in_memory());
+    let (instructions, _followed) = tokio::sync::watch::channel(Vec::new());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let sender = tokio::spawn(run_sender(
+        settings,
+        std::sync::Arc::new(ReportBoard::new()),
+        std::sync::Arc::new(nodekeeper::metrics::Metrics::new()),
+        instructions,
+        contact.clone(),
+        async move {
+            let mut stopped = stopped;
+            let _ = stopped.wait_for(|stop| *stop).await;
+        },
+    ));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        contact.last_contact(),
+        None,
+        "answers from a replica that does not lead are no contact"
+    );
+    let leading_from = boot_clock();
+    hub.set_leading(true);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while contact.last_contact().is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let counted = contact
+        .last_contact()
+        .expect("the leader's answer is a contact");
+    // Counted from a send at most one interval before the leader took over, never
+    // from later than the answer arrived.
+    assert!(
+        counted + Duration::from_millis(250) >= leading_from,
+        "{counted:?}"
+    );
+    assert!(counted <= boot_clock());
+    // A replica that stops leading says so again.
+    hub.withdraw_instructions();
+    let (_, answer) = post_report(&address, Some(token), &report("worker-1", u64::MAX / 2)).await;
+    assert_eq!(answer["heardByLeader"], false, "{answer}");
+    stop.send_replace(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), sender).await;
+}

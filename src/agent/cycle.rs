@@ -63,6 +63,8 @@ pub struct Agent {
     /// The kubelet's pods cgroup, when the agent knows the node's pods (Kubernetes mode):
     /// what isolating the node kills.
     pods_cgroup: Option<Arc<crate::isolation::PodsCgroup>>,
+    /// The node's Lease, when the agent uses the API (for self-isolation).
+    node_lease: Option<Arc<dyn crate::report::contact::LeaseSource>>,
     /// Pods evicted and still listed, left out of the candidates once they have ended
     /// here (the kubelet's "known terminated").
     evicted: super::evicted::Evicted,
@@ -95,6 +97,7 @@ impl Agent {
             observers: Vec::new(),
             api_reachability: None,
             pods_cgroup: None,
+            node_lease: None,
             notifiers: None,
             evicted: super::evicted::Evicted::default(),
         }
@@ -166,6 +169,15 @@ impl Agent {
 
     pub fn api_reachability(&self) -> Option<crate::report::ApiReachability> {
         self.api_reachability.clone()
+    }
+
+    /// Where the agent reads its node's Lease (Kubernetes mode).
+    pub fn set_node_lease(&mut self, lease: Arc<dyn crate::report::contact::LeaseSource>) {
+        self.node_lease = Some(lease);
+    }
+
+    pub fn node_lease(&self) -> Option<Arc<dyn crate::report::contact::LeaseSource>> {
+        self.node_lease.clone()
     }
 
     pub fn set_pods_cgroup(&mut self, pods: crate::isolation::PodsCgroup) {

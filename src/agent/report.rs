@@ -10,7 +10,11 @@ use tokio::task::JoinHandle;
 
 use super::{CycleObserver, CycleReport};
 use crate::config::AgentConfig;
+use crate::isolation::guardian::{Guardian, GuardianLinks, SelfRequest, Withdrawal, unarmed};
+use crate::isolation::self_isolation::SelfIsolationPlan;
+use crate::isolation::watchdog::{DeviceWatchdog, RebootNode, Watchdog};
 use crate::isolation::{Isolator, IsolatorSettings, PodsCgroup};
+use crate::report::contact::{ContactClock, follow_lease};
 use crate::report::protocol::{ApiServerState, EvictionReport, ShutdownPhase, ShutdownReport};
 use crate::report::sender::{SenderSettings, run_sender};
 use crate::report::{ApiReachability, ReportBoard};
@@ -112,6 +116,8 @@ pub struct Reporting {
     sender: JoinHandle<()>,
     /// Run until aborted.
     followers: Vec<JoinHandle<()>>,
+    /// The self-isolation guardian, stopped after the last report.
+    guardian: Option<(watch::Sender<bool>, JoinHandle<()>)>,
 }
 
 impl Reporting {
@@ -124,6 +130,15 @@ impl Reporting {
             .is_err()
         {
             sender.abort();
+        }
+        if let Some((stop, mut guardian)) = self.guardian {
+            stop.send_replace(true);
+            if tokio::time::timeout(SENDER_STOP_WAIT, &mut guardian)
+                .await
+                .is_err()
+            {
+                guardian.abort();
+            }
         }
         for task in self.followers {
             task.abort();
@@ -148,25 +163,148 @@ pub fn start(agent: &mut super::Agent, stop: watch::Receiver<bool>) -> Option<Re
     if let Some(reachability) = agent.api_reachability() {
         followers.push(tokio::spawn(follow_api(reachability, board.clone())));
     }
+    let (instructions, followed) = watch::channel(Vec::new());
+    let mut contact = Arc::new(ContactClock::in_memory());
+    let mut guardian = None;
+    let mut withdrawal = None;
+    if let Some(mut isolator) = isolator(agent, &settings, board.clone()) {
+        if let Some(armed) = self_isolation(agent, &settings, board.clone()) {
+            isolator = isolator.with_self_requests(armed.requests);
+            contact = armed.contact;
+            withdrawal = Some(armed.withdrawal);
+            if let Some(lease) = armed.lease {
+                followers.push(tokio::spawn(lease));
+            }
+            let (stop_guardian, guardian_stopped) = watch::channel(false);
+            guardian = Some((
+                stop_guardian,
+                tokio::spawn(armed.guardian.run(guardian_stopped)),
+            ));
+        }
+        followers.push(tokio::spawn(isolator.run(followed)));
+    }
     let stopped = async move {
         let mut stop = stop;
         let _ = stop.wait_for(|stop| *stop).await;
+        // Before the last report: it must say the promise is withdrawn.
+        if let Some(withdrawal) = withdrawal {
+            withdrawal.announce(crate::report::boot_clock());
+        }
     };
-    let (instructions, followed) = watch::channel(Vec::new());
-    if let Some(isolator) = isolator(agent, &settings, board.clone()) {
-        followers.push(tokio::spawn(isolator.run(followed)));
-    }
     let sender = tokio::spawn(run_sender(
         settings,
         board.clone(),
         agent.metrics(),
         instructions,
+        contact,
         stopped,
     ));
     Some(Reporting {
         board,
         sender,
         followers,
+        guardian,
+    })
+}
+
+/// How often the node's Lease is read without an API probe interval.
+const LEASE_READ_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Self-isolation, armed: the guardian with its watchdog, what it shares with the
+/// sender and the isolator, and the Lease reader.
+struct Armed {
+    guardian: Guardian,
+    requests: watch::Receiver<SelfRequest>,
+    contact: Arc<ContactClock>,
+    withdrawal: Arc<Withdrawal>,
+    lease: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+}
+
+/// Arms self-isolation when it is configured and this agent can keep the promise;
+/// otherwise the reports say why not (the log too).
+fn self_isolation(
+    agent: &super::Agent,
+    settings: &SenderSettings,
+    board: Arc<ReportBoard>,
+) -> Option<Armed> {
+    let config = agent.config();
+    let isolation = &config.report.as_ref()?.isolation;
+    let isolate_after = isolation.isolate_after?.to_std();
+    let refusal = isolation_refusal(
+        isolation.enabled,
+        config.dry_run,
+        settings.over_tls(),
+        agent.pods_cgroup().is_some(),
+    )
+    .or_else(|| {
+        agent.node_lease().is_none().then(|| {
+            "the agent does not use the Kubernetes API, so it cannot read its node's Lease"
+                .to_string()
+        })
+    });
+    let not_armed = |why: String| {
+        tracing::error!(%why, "self-isolation is configured but not armed; the controller will not release this node's pods on its promise");
+        board.set_self_isolation(unarmed(&why));
+        None
+    };
+    if let Some(why) = refusal {
+        return not_armed(why);
+    }
+    let watchdog = match DeviceWatchdog::open(
+        &isolation.watchdog_device,
+        isolation.watchdog_timeout.to_std(),
+    ) {
+        Ok(watchdog) => watchdog,
+        Err(error) => return not_armed(error),
+    };
+    let plan = SelfIsolationPlan::new(
+        isolate_after,
+        isolation.stop_timeout.to_std(),
+        watchdog.timeout(),
+    );
+    let contact = Arc::new(ContactClock::persistent(
+        &isolation.contact_file(),
+        &settings.boot_id,
+    ));
+    let (requests, requested) = watch::channel(None);
+    let withdrawal = Withdrawal::new(board.clone());
+    // As often as the API probe (10 s by default, the kubelet's renewal interval): a
+    // renewal counts from the read before it, so a slower read only brings the deadline
+    // forward, and the API server gets one GET per node per interval, as many as the
+    // kubelets' own renewals.
+    let probe = config.kubernetes.api_probe_interval.to_std();
+    let lease_every = if probe.is_zero() {
+        LEASE_READ_INTERVAL
+    } else {
+        probe.max(settings.interval)
+    };
+    let lease = agent.node_lease().map(|source| {
+        Box::pin(follow_lease(
+            source,
+            contact.clone(),
+            lease_every,
+            config.kubernetes.api_probe_timeout.to_std(),
+        )) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+    });
+    let guardian = Guardian::new(
+        plan,
+        Box::new(watchdog),
+        Arc::new(RebootNode),
+        GuardianLinks {
+            contact: contact.clone(),
+            board,
+            requests,
+            withdrawal: withdrawal.clone(),
+        },
+        // The isolator checks its evidence every report interval.
+        (3 * settings.interval).max(std::time::Duration::from_secs(10)),
+    );
+    Some(Armed {
+        guardian,
+        requests: requested,
+        contact,
+        withdrawal,
+        lease,
     })
 }
 

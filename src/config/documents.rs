@@ -178,6 +178,15 @@ pub struct RawIsolation {
     pub stop_timeout: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_file: Option<String>,
+    /// Self-isolation (docs/fencing.md): cut off from the controller and the Lease this
+    /// long, the agent isolates its node by itself. Unset or `0s`: never.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolate_after: Option<String>,
+    /// The watchdog that backs self-isolation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watchdog_device: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watchdog_timeout: Option<String>,
 }
 
 /// How the agent talks to the cluster and finds pods' cgroups and files on the node.

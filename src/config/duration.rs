@@ -24,13 +24,13 @@ pub enum DurationError {
 impl GoDuration {
     pub const ZERO: GoDuration = GoDuration { nanos: 0 };
 
-    pub fn from_secs(secs: i64) -> Self {
+    pub const fn from_secs(secs: i64) -> Self {
         GoDuration {
             nanos: secs.saturating_mul(1_000_000_000),
         }
     }
 
-    pub fn from_nanos(nanos: i64) -> Self {
+    pub const fn from_nanos(nanos: i64) -> Self {
         GoDuration { nanos }
     }
 

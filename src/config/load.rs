@@ -438,7 +438,11 @@ fn build(
     let node_reclaim = build_node_reclaim(doc.node_reclaim.as_ref(), &simple_error)?;
     let workloads = build_workloads(doc.workloads.as_ref(), &simple_error)?;
     let kubernetes = build_kubernetes(doc.kubernetes.as_ref(), &simple_error)?;
-    let report = build_report(doc.report.as_ref(), &simple_error)?;
+    let report = build_report(
+        doc.report.as_ref(),
+        kubernetes.api_probe_interval,
+        &simple_error,
+    )?;
 
     let config = AgentConfig {
         eviction: EvictionConfig {
@@ -596,6 +600,7 @@ fn duration_at_least(
 
 fn build_report(
     raw: Option<&RawReport>,
+    config_probe_interval: GoDuration,
     simple_error: &dyn Fn(&'static str, String) -> ConfigError,
 ) -> Result<Option<ReportConfig>, ConfigError> {
     let Some(raw) = raw else { return Ok(None) };
@@ -663,6 +668,29 @@ fn build_report(
         )),
     };
     let isolation = build_isolation(raw.isolation.as_ref(), &fail)?;
+    if let Some(after) = isolation.isolate_after {
+        if !https {
+            return Err(fail(format!(
+                "isolation.isolateAfter: self-isolation needs an https controllerURL (the controller trusts a node's promise only over TLS), and {url:?} is plain http"
+            )));
+        }
+        if after.nanos() < 3 * interval.nanos() {
+            return Err(fail(format!(
+                "isolation.isolateAfter: {after} is shorter than three report intervals ({interval} each)"
+            )));
+        }
+        // The Lease is read every apiProbeInterval, or every 10 s without a probe.
+        let probe = if config_probe_interval.is_zero() {
+            GoDuration::from_secs(10)
+        } else {
+            config_probe_interval
+        };
+        if after.nanos() < 2 * probe.nanos() + 3 * interval.nanos() {
+            return Err(fail(format!(
+                "isolation.isolateAfter: {after} is shorter than two Lease reads (kubernetes.apiProbeInterval {probe}) and three report intervals: the agent would isolate a node whose kubelet the controller still hears"
+            )));
+        }
+    }
     Ok(Some(ReportConfig {
         controller_url: url.to_string(),
         interval,
@@ -707,8 +735,66 @@ fn build_isolation(
         }
         Some(path) => config.state_file = PathBuf::from(path),
     }
+    if let Some(text) = &raw.isolate_after {
+        let after = duration_at_least(fail, "isolation.isolateAfter", text, GoDuration::ZERO)?;
+        if !after.is_zero() {
+            if after.nanos() < MIN_ISOLATE_AFTER.nanos() {
+                return Err(fail(format!(
+                    "isolation.isolateAfter: {text} must be 0s (no self-isolation) or at least {MIN_ISOLATE_AFTER}: a brief network blip must not stop a node's pods"
+                )));
+            }
+            if !config.enabled {
+                return Err(fail(
+                    "isolation.isolateAfter: self-isolation needs isolation.enabled: true"
+                        .to_string(),
+                ));
+            }
+            if after.nanos() > MAX_ISOLATE_AFTER.nanos() {
+                return Err(fail(format!(
+                    "isolation.isolateAfter: {text} is longer than {MAX_ISOLATE_AFTER}"
+                )));
+            }
+            config.isolate_after = Some(after);
+        }
+    }
+    match raw.watchdog_device.as_deref().map(str::trim) {
+        None => {}
+        Some(path) if !path.starts_with('/') => {
+            return Err(fail(format!(
+                "isolation.watchdogDevice: {path:?} must be an absolute path"
+            )));
+        }
+        Some(path) => config.watchdog_device = PathBuf::from(path),
+    }
+    if let Some(text) = &raw.watchdog_timeout {
+        config.watchdog_timeout = duration_at_least(
+            fail,
+            "isolation.watchdogTimeout",
+            text,
+            GoDuration::from_secs(2),
+        )?;
+        if config.watchdog_timeout.nanos() > MAX_WATCHDOG_TIMEOUT.nanos() {
+            return Err(fail(format!(
+                "isolation.watchdogTimeout: {text} is longer than {MAX_WATCHDOG_TIMEOUT}"
+            )));
+        }
+        if config.watchdog_timeout.nanos() % 1_000_000_000 != 0 {
+            return Err(fail(format!(
+                "isolation.watchdogTimeout: {text} must be whole seconds (the device counts in seconds)"
+            )));
+        }
+    }
     Ok(config)
 }
+
+/// The shortest `isolateAfter`: a Lease renewal reaches the agent up to two of the
+/// kubelet's 10 s intervals late (a read every `apiProbeInterval`), and a blip of the
+/// network must not stop a node's pods.
+const MIN_ISOLATE_AFTER: GoDuration = GoDuration::from_secs(30);
+/// The longest: the promise it makes must stay within the protocol's day.
+const MAX_ISOLATE_AFTER: GoDuration = GoDuration::from_secs(3600);
+/// The longest watchdog timeout (drivers take at most minutes; an hour is surely a typo).
+const MAX_WATCHDOG_TIMEOUT: GoDuration = GoDuration::from_secs(3600);
 
 /// A systemd service unit's name: `name.service`, the name of letters, digits and
 /// `:-_.\\@` (systemd's own rule), at most 255 bytes.
@@ -938,6 +1024,15 @@ fn effective_document(mut doc: AgentDocument, config: &AgentConfig) -> AgentDocu
             kubelet_unit: Some(report.isolation.kubelet_unit.clone()),
             stop_timeout: Some(report.isolation.stop_timeout.to_string()),
             state_file: Some(report.isolation.state_file.display().to_string()),
+            isolate_after: Some(
+                report
+                    .isolation
+                    .isolate_after
+                    .unwrap_or(GoDuration::ZERO)
+                    .to_string(),
+            ),
+            watchdog_device: Some(report.isolation.watchdog_device.display().to_string()),
+            watchdog_timeout: Some(report.isolation.watchdog_timeout.to_string()),
         }),
     });
     doc

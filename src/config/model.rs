@@ -229,8 +229,25 @@ pub struct IsolationConfig {
     /// How long the kubelet may take to stop, and then the pod processes to exit.
     pub stop_timeout: GoDuration,
     /// Where the isolation is recorded, so a restarted agent keeps it (on a tmpfs, so it
-    /// ends with the boot, like the unit's runtime mask).
+    /// ends with the boot, like the unit's runtime mask). The last contact with the
+    /// controller is kept beside it (`contact.json`).
     pub state_file: PathBuf,
+    /// Self-isolation: with neither the controller nor the Lease heard this long, the
+    /// agent isolates its node by itself (see `crate::isolation::self_isolation`).
+    /// `None`: never (the default).
+    pub isolate_after: Option<GoDuration>,
+    /// The watchdog device self-isolation holds open (`/dev/watchdog`).
+    pub watchdog_device: PathBuf,
+    /// The timeout set on it: a hung agent gets its node reset this long after its last
+    /// pet.
+    pub watchdog_timeout: GoDuration,
+}
+
+impl IsolationConfig {
+    /// Where the last contact with the controller is kept.
+    pub fn contact_file(&self) -> PathBuf {
+        self.state_file.with_file_name("contact.json")
+    }
 }
 
 pub const DEFAULT_ISOLATION_STATE_FILE: &str = "/run/nodekeeper/isolation.json";
@@ -242,6 +259,9 @@ impl Default for IsolationConfig {
             kubelet_unit: "kubelet.service".to_string(),
             stop_timeout: GoDuration::from_secs(20),
             state_file: PathBuf::from(DEFAULT_ISOLATION_STATE_FILE),
+            isolate_after: None,
+            watchdog_device: PathBuf::from("/dev/watchdog"),
+            watchdog_timeout: GoDuration::from_secs(30),
         }
     }
 }

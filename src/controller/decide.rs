@@ -21,6 +21,9 @@
 //!   step's winning alternative proved the node off or its storage isolated, the node
 //!   said it drained, its agent reported it isolated, or (with `kdump=true`) its crash
 //!   kernel announced itself from its InternalIP after the node's last sign of life;
+//! - a node with no fence device whose agent promised, in its last report over TLS, to
+//!   isolate or reset it by itself once cut off (self-isolation, backed by a watchdog) is
+//!   released once it has been silent for the promise and `selfIsolationMargin`;
 //! - the power step waits while such a node dumps: until its kdump notifications stop for
 //!   `kdumpSilence`, at most `kdumpWait`;
 //! - a failed step is retried after an exponential backoff up to the retry limit, then
@@ -43,7 +46,7 @@ use super::progress::{Progress, progress};
 use super::resource::{
     Execution, ExecutionKind, ExecutionResult, FencePhase, FenceStep, IsolationOutcome,
     KdumpRecord, LostRecord, MAX_EXECUTIONS, MethodAction, NodeFence, NodeFenceStatus, Pause,
-    PauseReason, PowerSeen, SelfIsolation,
+    PauseReason, PowerSeen, PromiseRecord, SelfIsolation,
 };
 use super::storm::{Guard, GuardBlock};
 use crate::report::ledger::IsolationHeard;
@@ -56,6 +59,23 @@ pub const RUNNING_REQUEUE: Duration = Duration::from_secs(5);
 /// How often to look at the agent's reports of a node asked to isolate itself (a report
 /// arrives every 2 s by default; no event wakes the fence for it).
 pub const ISOLATION_REQUEUE: Duration = Duration::from_secs(1);
+
+/// The longest self-isolation promise taken (the protocol's bound).
+const MAX_PROMISE: Duration = Duration::from_millis(crate::report::protocol::MAX_PROMISE_MILLIS);
+
+/// How soon a fence whose node's Lease could not be read afresh tries again.
+const LEASE_CHECK_RETRY: Duration = Duration::from_secs(10);
+
+/// When a node last heard at `last_heard`, with a self-isolation promise of `within`,
+/// may be released: the promise, the margin, and one per cent of the promise for the
+/// two machines' clocks running at different rates (a watchdog's timer and NTP's slew
+/// stay well within that), rounded up to the next whole second (the status keeps whole
+/// seconds).
+fn release_time(last_heard: Timestamp, within: Duration, margin: Duration) -> Timestamp {
+    let exact = last_heard + within + margin + within / 100;
+    let whole = exact.as_second() + i64::from(exact.subsec_nanosecond() > 0);
+    Timestamp::from_second(whole).unwrap_or(exact)
+}
 
 /// How long a node's agent must have said, report after report, that it reaches the API
 /// server before its isolation is ended: one answer on a flaky link, or a state left from
@@ -360,6 +380,7 @@ impl<'a> Machine<'a> {
         if self.status.step.is_none()
             && !self.status.is_drained()
             && !self.status.is_self_isolating()
+            && !self.status.is_released_on_promise()
         {
             return self.begin();
         }
@@ -380,6 +401,9 @@ impl<'a> Machine<'a> {
         let Some(step) = self.status.step else {
             if self.status.is_self_isolating() {
                 return self.settle_isolation();
+            }
+            if self.status.is_released_on_promise() {
+                return self.settle_promise();
             }
             return self.settle_drained();
         };
@@ -500,19 +524,33 @@ impl<'a> Machine<'a> {
             }
             return self.request_isolation(since);
         }
+        // A node with no fence device may rest on its agent's self-isolation promise.
+        let mut promise = None;
         let plan = match &facts.plan {
-            Ok(plan) if plan.can_fence() => plan,
-            Ok(_) => {
-                self.pause(
-                    PauseReason::NoConfiguration,
-                    "the node's fence configuration has neither an isolation nor a power management step".to_string(),
-                    None,
-                );
-                return false;
-            }
-            Err(reason) => {
-                self.pause(PauseReason::NoConfiguration, reason.clone(), None);
-                return false;
+            Ok(plan) if plan.can_fence() => Some(plan),
+            unusable => {
+                let reason = match unusable {
+                    Err(reason) => reason.clone(),
+                    Ok(_) => "the node's fence configuration has neither an isolation nor a power management step".to_string(),
+                };
+                match self.promise_now() {
+                    Ok(record) if !self.forced => {
+                        promise = Some(record);
+                        None
+                    }
+                    no_promise => {
+                        let why = no_promise
+                            .err()
+                            .unwrap_or_else(|| "a forced fence needs a fence device".to_string());
+                        self.status.promise = None;
+                        self.pause(
+                            PauseReason::NoConfiguration,
+                            format!("{reason}; {why}"),
+                            None,
+                        );
+                        return false;
+                    }
+                }
             }
         };
         if !self.forced {
@@ -576,6 +614,9 @@ impl<'a> Machine<'a> {
                 }
             }
         }
+        let Some(plan) = plan else {
+            return promise.is_some_and(|record| self.wait_on_promise(record));
+        };
         let step = if plan.has(Step::Isolation) {
             FenceStep::Isolation
         } else {
@@ -721,6 +762,192 @@ impl<'a> Machine<'a> {
         true
     }
 
+    /// The node's self-isolation promise as it stands now, or why none applies. The
+    /// latest report over TLS decides whether a promise stands (a report without one
+    /// withdraws it); a fence that recorded one keeps it while the controller cannot
+    /// hear the node's agent at all (after a restart). The promise counts from the last
+    /// time the controller heard the node on either channel, never from earlier than
+    /// what it recorded before.
+    fn promise_now(&self) -> Result<PromiseRecord, String> {
+        let margin = self.policy.self_isolation_margin;
+        if margin.is_zero() {
+            return Err(
+                "releasing a node on its agent's self-isolation promise is turned off (selfIsolationMargin 0s)"
+                    .to_string(),
+            );
+        }
+        // The Lease as this controller hears it: without that (silence detection off,
+        // or not leading) the silence cannot be counted at all.
+        let Some(lease_heard) = self.facts.lease_heard else {
+            return Err(
+                "this controller does not hear the node's Lease (silence detection is off)"
+                    .to_string(),
+            );
+        };
+        let recorded = self.status.promise.as_ref();
+        let (within, boot_id, boot_time, sequence, heard) = match self.facts.liveness {
+            Liveness::Heard(channels) => {
+                let Some(promise) = channels.promise else {
+                    return Err("its agent's last report makes no self-isolation promise (report.isolation.isolateAfter, over TLS)".to_string());
+                };
+                let within = recorded.map_or(promise.within, |r| {
+                    promise.within.max(Duration::from_secs(r.within_seconds))
+                });
+                (
+                    within,
+                    promise.boot_id.as_str().to_string(),
+                    promise.boot_time,
+                    promise.sequence,
+                    channels.lease.max(channels.report),
+                )
+            }
+            _ => {
+                let Some(recorded) = recorded else {
+                    return Err("no agent of the node has reported a self-isolation promise to this controller".to_string());
+                };
+                (
+                    Duration::from_secs(recorded.within_seconds),
+                    recorded.boot_id.clone(),
+                    recorded.boot_time.0,
+                    recorded.sequence,
+                    recorded.last_heard.0,
+                )
+            }
+        };
+        // A promise holds for the boot that made it: a node that booted again runs
+        // whatever its new kubelet starts, and only a new promise covers that.
+        match self.facts.boot_id.as_deref() {
+            Some(current) if !boot_id.is_empty() && current == boot_id => {}
+            current => {
+                return Err(format!(
+                    "its agent's self-isolation promise was made by boot {boot_id:?}, and the node's kubelet last reported boot {}",
+                    current.map_or_else(|| "(none)".to_string(), |id| format!("{id:?}"))
+                ));
+            }
+        }
+        let last_heard = [
+            Some(heard),
+            recorded.map(|r| r.last_heard.0),
+            Some(lease_heard),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(heard);
+        // Whole seconds, rounded up, at most a day: the record never shortens the
+        // promise, and a hand-edited one cannot overflow the clock.
+        let within = Duration::from_secs(within.as_secs() + u64::from(within.subsec_nanos() > 0))
+            .min(MAX_PROMISE);
+        Ok(PromiseRecord {
+            within_seconds: within.as_secs(),
+            boot_id,
+            boot_time: Time(boot_time),
+            sequence,
+            last_heard: Time(last_heard),
+            release_at: Time(release_time(last_heard, within, margin)),
+        })
+    }
+
+    /// A lost node with no fence device whose agent promised to isolate (or reset) it by
+    /// itself: its pods are released once the promise has run out, with the margin. The
+    /// storm guard and the zone rate hold the release back like any other.
+    fn wait_on_promise(&mut self, record: PromiseRecord) -> bool {
+        let release_at = record.release_at.0;
+        let message = format!(
+            "the node has no fence device; its agent promised (report {} of the boot that began at {}) that no pod process runs later than {}s after it last heard from the controller, and it was last heard at {}: its pods are released at {release_at} ({}s of selfIsolationMargin included) unless it is heard again",
+            record.sequence,
+            record.boot_time.0,
+            record.within_seconds,
+            record.last_heard.0,
+            self.policy.self_isolation_margin.as_secs()
+        );
+        self.status.promise = Some(record.clone());
+        if self.now < release_at {
+            self.pause(
+                PauseReason::WaitingForSelfIsolation,
+                message,
+                Some(release_at),
+            );
+            return false;
+        }
+        if self.held_by_guard() {
+            return false;
+        }
+        // The Lease read afresh must show the renewal the silence was counted from.
+        match self.facts.lease_unchanged {
+            Some(true) => {}
+            Some(false) => {
+                // A renewal the Lease watch has not delivered: the node was heard, now
+                // at the latest. Counted again from here.
+                let mut heard = record;
+                heard.last_heard = Time(self.now);
+                heard.release_at = Time(release_time(
+                    self.now,
+                    Duration::from_secs(heard.within_seconds),
+                    self.policy.self_isolation_margin,
+                ));
+                let until = heard.release_at.0;
+                self.status.promise = Some(heard);
+                self.pause(
+                    PauseReason::WaitingForSelfIsolation,
+                    "the node's Lease, read afresh, shows a renewal this controller's Lease watch had not delivered: the node was heard, and its promise counts again from now".to_string(),
+                    Some(until),
+                );
+                return false;
+            }
+            None => {
+                self.pause(
+                    PauseReason::WaitingForSelfIsolation,
+                    "the node's Lease cannot be read afresh to confirm its silence; nothing is released on its promise until it can".to_string(),
+                    None,
+                );
+                self.wake(self.now + LEASE_CHECK_RETRY);
+                return false;
+            }
+        }
+        let (evidence, since) = match self.state {
+            NodeState::Lost {
+                evidence, since, ..
+            } => (evidence, since),
+            _ => (Evidence::Silence, record.last_heard.0),
+        };
+        let silent =
+            Duration::try_from(self.now.duration_since(record.last_heard.0)).unwrap_or_default();
+        let proof = format!(
+            "self-isolation: the node's agent promised (report {} of the boot that began at {}), backed by its watchdog, that no pod process runs later than {}s after it last heard from the controller, and the node has not been heard for {}s",
+            record.sequence,
+            record.boot_time.0,
+            record.within_seconds,
+            silent.as_secs()
+        );
+        self.start_without_step(evidence, since);
+        self.confirm_without_step(
+            proof,
+            "self-isolation promise kept: released without a power fence",
+            "SelfIsolationPromiseRanOut",
+            "its pods are released without a power fence",
+        );
+        false
+    }
+
+    /// A fence released on the node's self-isolation promise: it ends when the node is
+    /// back (nothing was done to it). A node heard again isolated by its agent is told
+    /// to end the isolation once it reaches the API server (see
+    /// [`Self::end_isolation_when_released`]).
+    fn settle_promise(&mut self) -> bool {
+        if self.back_to_recovery("its self-isolation") {
+            return true;
+        }
+        if matches!(self.facts.liveness, Liveness::Heard(_)) {
+            // Its reports say when to end the isolation; nothing else wakes the fence.
+            self.wake(self.now + 2 * ISOLATION_REQUEUE);
+        }
+        if self.is_held() {
+            self.pause_held();
+        }
+        false
+    }
+
     /// A drained fence after its release: it ends when the node is back (there is
     /// nothing to recover: nothing was done to it). A node heard again without being
     /// Ready is not dead after all; what was released stays released (every pod had
@@ -796,6 +1023,8 @@ impl<'a> Machine<'a> {
             return false;
         }
         self.start_without_step(Evidence::Partitioned, since);
+        // Heard again, the node is isolated on request; a promise it made before is moot.
+        self.status.promise = None;
         self.status.self_isolation = Some(SelfIsolation {
             requested_at: Time(self.now),
             outcome: None,
@@ -993,7 +1222,8 @@ impl<'a> Machine<'a> {
     /// agent still holds is ended (the kubelet starts):
     /// after a release, or after an isolation that was given up and a fence that followed.
     fn end_isolation_when_released(&mut self) {
-        if self.status.self_isolation.is_none()
+        let released_on_promise = self.status.is_released_on_promise();
+        if (self.status.self_isolation.is_none() && !released_on_promise)
             || (self.status.is_self_isolating() && !self.status.is_confirmed_isolation())
             || self.facts.runs_pods_needing_fencing
             || self.actions.contains(&Action::DeleteFence)

@@ -138,6 +138,17 @@ pub struct NodeFacts {
     pub kdump: Option<super::kdump::KdumpHeard>,
     /// Since when this controller listens for kdump notifications (`None`: it does not).
     pub kdump_listening_since: Option<Timestamp>,
+    /// The last renewal of the node's Lease this controller saw (or when it began
+    /// listening, if none), whether or not the node's agent reports; `None` while it
+    /// does not listen. A self-isolation promise counts from no earlier than this.
+    pub lease_heard: Option<Timestamp>,
+    /// The boot the node's kubelet last reported (`status.nodeInfo.bootID`).
+    pub boot_id: Option<String>,
+    /// A fresh read of the node's Lease, taken for a fence that may release the node on
+    /// a self-isolation promise: `Some(true)` when it shows the renewal the controller
+    /// last heard (its Lease watch missed nothing), `Some(false)` when it shows another
+    /// one, `None` when it was not read or could not be.
+    pub lease_unchanged: Option<bool>,
 }
 
 /// A pod as the "does this node need fencing" rule sees it.

@@ -81,6 +81,9 @@ impl Hearing {
     /// This replica leads and the nodes are listed: from now on it hears them.
     pub fn begin(&self) {
         let _ = self.listening_since.set(Instant::now());
+        if let Some(hub) = &self.reports {
+            hub.set_leading(true);
+        }
     }
 
     fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, LeaseSeen>> {
@@ -182,7 +185,30 @@ impl Hearing {
                 .api_reachable_since
                 .filter(|_| self.content_trusted)
                 .map(stamp),
+            promise: heard.promise.filter(|_| self.content_trusted),
         }
+    }
+
+    /// The renewal time of `node`'s Lease as this replica last heard it (`Some(None)`:
+    /// a Lease without one); `None` when it has not heard the Lease at all, or does not
+    /// listen.
+    pub fn lease_renewal(&self, node: &str) -> Option<Option<Timestamp>> {
+        self.listening()?;
+        self.leases().get(node).map(|seen| seen.renew_time)
+    }
+
+    /// The last renewal of `node`'s Lease this replica saw, or when it began listening
+    /// if it saw none (on the decision's clock, `now`); `None` while silence detection
+    /// is off or this replica does not lead.
+    pub fn lease_heard(&self, node: &str, now: Timestamp) -> Option<Timestamp> {
+        self.listening()?;
+        let instant = Instant::now();
+        let heard = self
+            .leases()
+            .get(node)
+            .map(|seen| seen.heard)
+            .or_else(|| self.listening_since.get().copied())?;
+        Some(now - instant.saturating_duration_since(heard))
     }
 
     /// The latest run of kdump notifications from any of a node's `addresses` (its

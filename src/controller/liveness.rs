@@ -23,9 +23,11 @@ use serde::{Deserialize, Serialize};
 use super::facts::NodeHealth;
 use super::policy::FencePolicy;
 use super::resource::PauseReason;
-use crate::report::ledger::{DrainedStatement, IsolationHeard};
+use crate::report::ledger::{DrainedStatement, IsolationHeard, PromiseHeard};
 
 /// What the controller heard from the node itself, besides its Ready condition.
+// `Heard` carries a boot ID inline so the whole stays `Copy`; one is built per decision.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Liveness {
     /// The Ready condition alone tells: silence detection is off, or no agent of this
@@ -63,6 +65,8 @@ pub struct Channels {
     /// Since when the agent's reports have said, one after the other, that it reaches the
     /// API server (the controller's clock); `None` while it does not, and over plain HTTP.
     pub api_reachable_since: Option<Timestamp>,
+    /// The last report's self-isolation promise (over TLS only).
+    pub promise: Option<PromiseHeard>,
 }
 
 impl Channels {
@@ -656,6 +660,7 @@ mod tests {
             drained: None,
             isolation: None,
             api_reachable_since: None,
+            promise: None,
         }
     }
 
@@ -754,6 +759,7 @@ mod tests {
             drained: None,
             isolation: None,
             api_reachable_since: None,
+            promise: None,
             };
             let state = judge(&health(readiness, since), &Liveness::Heard(channels), &policy, now);
             let lease_alive = (lease_ago as u64) < timeout.max(lease_fresh);

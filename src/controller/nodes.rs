@@ -105,7 +105,16 @@ pub fn strip(node: &mut Node) {
             volume.device_path = String::new();
         }
         status.volumes_in_use = None;
-        status.node_info = None;
+        // Only the boot ID: a self-isolation promise counts only for the boot that made
+        // it.
+        status.node_info =
+            status
+                .node_info
+                .take()
+                .map(|info| k8s_openapi::api::core::v1::NodeSystemInfo {
+                    boot_id: info.boot_id,
+                    ..Default::default()
+                });
         status.capacity = None;
         status.allocatable = None;
         if let Some(addresses) = status.addresses.as_mut() {
@@ -464,6 +473,7 @@ mod tests {
             drained: None,
             isolation: None,
             api_reachable_since: None,
+            promise: None,
         };
         let policy = waiting(300);
         for (now, due) in [

@@ -96,6 +96,15 @@ pub fn internal_ips(node: &Node) -> Vec<std::net::IpAddr> {
         .collect()
 }
 
+/// The boot the node's kubelet last reported (`status.nodeInfo.bootID`), if any.
+pub fn boot_id(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()
+        .and_then(|status| status.node_info.as_ref())
+        .map(|info| info.boot_id.trim().to_string())
+        .filter(|id| !id.is_empty())
+}
+
 /// How many volumes the node's status lists as attached to it.
 pub fn volumes_attached(node: &Node) -> usize {
     node.status

@@ -76,6 +76,9 @@ impl std::fmt::Display for CountOrPercent {
 /// configured to renew often.
 pub const MIN_SILENCE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The shortest non-zero `selfIsolationMargin`.
+pub const MIN_SELF_ISOLATION_MARGIN: Duration = Duration::from_secs(5);
+
 /// When and how fences run, and what happens after one is confirmed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FencePolicy {
@@ -105,6 +108,10 @@ pub struct FencePolicy {
     /// once none arrived for this long: the power step no longer waits.
     /// `fence_kdump_send` repeats its notification every 10 s by default.
     pub kdump_silence: Duration,
+    /// For a node with no fence device whose agent promised, over TLS, to isolate or
+    /// reset it by itself (self-isolation, backed by a watchdog): its pods are released
+    /// this long after the promise ran out. Zero: never released on a promise.
+    pub self_isolation_margin: Duration,
     /// Retries of a failed step before the fence stays failed.
     pub retry_limit: u32,
     /// The first retry's wait; each further retry doubles it, up to `retry_backoff_max`.
@@ -127,6 +134,7 @@ impl Default for FencePolicy {
             power_management_delay: Duration::from_secs(60),
             kdump_wait: Duration::from_secs(600),
             kdump_silence: Duration::from_secs(30),
+            self_isolation_margin: Duration::from_secs(30),
             retry_limit: 3,
             retry_backoff: Duration::from_secs(30),
             retry_backoff_max: Duration::from_secs(300),
@@ -370,6 +378,7 @@ impl ControllerPolicy {
             "kdumpAddress": self.kdump_address.map(|address| address.to_string()),
             "kdumpWait": go(self.fence.kdump_wait),
             "kdumpSilence": go(self.fence.kdump_silence),
+            "selfIsolationMargin": go(self.fence.self_isolation_margin),
             "retry": {
                 "limit": self.fence.retry_limit,
                 "backoff": go(self.fence.retry_backoff),
@@ -469,6 +478,7 @@ struct Document {
     kdump_address: Option<String>,
     kdump_wait: Option<String>,
     kdump_silence: Option<String>,
+    self_isolation_margin: Option<String>,
     retry: Option<RetryDocument>,
     release: Option<ReleaseDocument>,
     storm_guard: Option<StormDocument>,
@@ -774,6 +784,25 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
         &mut policy.fence.kdump_silence,
         false,
     );
+    duration(
+        &mut errors,
+        origin,
+        "selfIsolationMargin",
+        document.self_isolation_margin,
+        &mut policy.fence.self_isolation_margin,
+        true,
+    );
+    let margin = policy.fence.self_isolation_margin;
+    if !margin.is_zero() && margin < MIN_SELF_ISOLATION_MARGIN {
+        errors.push(error(
+            "selfIsolationMargin",
+            format!(
+                "{} is shorter than {}: the margin covers a watchdog's reset and the network's delays; give more, or 0s to never release on a promise",
+                GoDuration::from(margin),
+                GoDuration::from(MIN_SELF_ISOLATION_MARGIN)
+            ),
+        ));
+    }
     let retry = document.retry.unwrap_or_default();
     if let Some(limit) = retry.limit {
         policy.fence.retry_limit = limit;
@@ -1187,6 +1216,32 @@ mod tests {
         assert!(policy.node_selector.is_some());
         assert_eq!(policy.storm.max_unhealthy, CountOrPercent::Count(2));
         assert_eq!(policy.storm.large_cluster_size_threshold, 10);
+    }
+
+    #[test]
+    fn a_self_isolation_promise_is_taken_with_a_margin_of_at_least_five_seconds_or_never() {
+        let defaults = ControllerPolicy::default();
+        assert_eq!(
+            defaults.fence.self_isolation_margin,
+            Duration::from_secs(30)
+        );
+        let policy = parse("selfIsolationMargin: 1m\n", "margin.yaml").expect("valid");
+        assert_eq!(policy.fence.self_isolation_margin, Duration::from_secs(60));
+        assert_eq!(policy.effective_document()["selfIsolationMargin"], "1m0s");
+        assert!(
+            parse("selfIsolationMargin: 0s\n", "off.yaml")
+                .expect("0s turns it off")
+                .fence
+                .self_isolation_margin
+                .is_zero()
+        );
+        let short = parse("selfIsolationMargin: 2s\n", "short.yaml")
+            .expect_err("too short")
+            .to_string();
+        assert!(
+            short.contains("selfIsolationMargin") && short.contains("shorter than 5s"),
+            "{short}"
+        );
     }
 
     #[test]

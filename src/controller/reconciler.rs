@@ -300,6 +300,7 @@ async fn gather(
     ctx: &Context,
     fence: &str,
     node_name: &str,
+    promise_recorded: bool,
 ) -> Result<(NodeFacts, Option<Arc<FencePlan>>), ReconcileError> {
     let Some(node) = ctx.nodes.get(&ObjectRef::new(node_name)) else {
         let facts = NodeFacts {
@@ -318,6 +319,9 @@ async fn gather(
             plan: Err(format!("node {node_name} does not exist")),
             kdump: None,
             kdump_listening_since: None,
+            lease_heard: None,
+            boot_id: None,
+            lease_unchanged: None,
         };
         return Ok((facts, None));
     };
@@ -328,12 +332,25 @@ async fn gather(
         .map(PlanOutline::from_plan)
         .map_err(Clone::clone);
     let now = (ctx.clock)();
+    let liveness = ctx.hearing.liveness(node_name, now);
+    // A release on a self-isolation promise rests on the Lease's silence as this
+    // controller's watch saw it; a watch that stalled or missed a renewal would make a
+    // live node look silent. So such a fence reads the Lease afresh (a quorum read).
+    let promise_heard = matches!(liveness, Liveness::Heard(channels) if channels.promise.is_some());
+    let lease_unchanged = if promise_recorded || promise_heard {
+        lease_unchanged(ctx, node_name).await
+    } else {
+        None
+    };
     let facts = NodeFacts {
         exists: true,
         health: observe::node_health(&node),
-        liveness: ctx.hearing.liveness(node_name, now),
+        liveness,
+        boot_id: observe::boot_id(&node),
+        lease_unchanged,
         kdump: ctx.hearing.kdump(&observe::internal_ips(&node), now),
         kdump_listening_since: ctx.hearing.kdump_listening_since(now),
+        lease_heard: ctx.hearing.lease_heard(node_name, now),
         zone: observe::node_zone(&node),
         excluded: observe::is_excluded(&node),
         runs_pods_needing_fencing,
@@ -343,6 +360,27 @@ async fn gather(
         plan: outline,
     };
     Ok((facts, plan.ok().map(Arc::new)))
+}
+
+/// Whether the node's Lease, read now, shows the renewal this controller last heard
+/// (`None`: it cannot be read, or this controller has not heard the Lease at all).
+async fn lease_unchanged(ctx: &Context, node: &str) -> Option<bool> {
+    let heard = ctx.hearing.lease_renewal(node)?;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(ctx.client.clone(), "kube-node-lease");
+    match leases.get_opt(node).await {
+        Ok(lease) => {
+            let now = lease
+                .and_then(|lease| lease.spec)
+                .and_then(|spec| spec.renew_time)
+                .map(|time| time.0);
+            Some(now == heard)
+        }
+        Err(error) => {
+            tracing::warn!(%node, %error, "cannot read the node's Lease to confirm its silence; no release on a self-isolation promise until it can be read");
+            None
+        }
+    }
 }
 
 /// Reconciles one NodeFence.
@@ -365,7 +403,11 @@ pub async fn reconcile(
         return Ok(Requeue::await_change());
     };
     let node_name = fence.spec.node_name.clone();
-    let (facts, plan) = gather(&ctx, &name, &node_name).await?;
+    let promise_recorded = fence
+        .status
+        .as_ref()
+        .is_some_and(|status| status.promise.is_some() && status.confirmed_at.is_none());
+    let (facts, plan) = gather(&ctx, &name, &node_name, promise_recorded).await?;
     // A fence not started yet may start now: count the zone's starts and write ours under
     // one lock (see [`StartGate`]); the slow reads above stay outside it.
     let starting = fence
@@ -688,8 +730,13 @@ fn record_metrics(
             .confirmed_by
             .as_deref()
             .is_some_and(|by| by.starts_with("kdump:"));
+        let by_promise = after
+            .confirmed_by
+            .as_deref()
+            .is_some_and(|by| by.starts_with("self-isolation:"));
         let step = match (after.step, after.self_isolation.is_some()) {
             _ if by_kdump => "Kdump".to_string(),
+            _ if by_promise => "SelfIsolationPromise".to_string(),
             (Some(step), _) => format!("{step:?}"),
             (None, true) => "SelfIsolation".to_string(),
             (None, false) => "Drained".to_string(),

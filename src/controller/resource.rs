@@ -268,6 +268,10 @@ pub enum PauseReason {
     /// The node announced its crash kernel (kdump): the power step waits for the dump to
     /// finish, while its notifications keep coming and at most `kdumpWait`.
     WaitingForKdump,
+    /// A node with no fence device whose agent promised to isolate (or reset) it by
+    /// itself, backed by its watchdog: its pods are released once the promise has run
+    /// out, plus `selfIsolationMargin`.
+    WaitingForSelfIsolation,
     /// Waiting for the retry backoff.
     RetryBackoff,
     /// The node object is gone.
@@ -350,6 +354,9 @@ pub struct NodeFenceStatus {
     /// The node's kdump notifications, once they confirmed the fence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kdump: Option<KdumpRecord>,
+    /// The self-isolation promise the fence rests on (a node with no fence device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promise: Option<PromiseRecord>,
     /// Why the fence is waiting, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause: Option<Pause>,
@@ -377,6 +384,30 @@ pub struct KdumpRecord {
     pub last_heard: Time,
     /// Notifications heard in that run.
     pub notifications: u64,
+}
+
+/// How `confirmedBy` begins for a fence released on a self-isolation promise.
+pub const PROMISE_PROOF: &str = "self-isolation:";
+
+/// A node's self-isolation promise as the fence recorded it, so a restarted controller
+/// still knows it: no pod process of the node runs later than `withinSeconds` after the
+/// agent last heard from the controller, which is no later than `lastHeard`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PromiseRecord {
+    /// The promise, in seconds.
+    pub within_seconds: u64,
+    /// The boot that made it (its `/proc/sys/kernel/random/boot_id`, as the Node's
+    /// `status.nodeInfo.bootID` shows it): it holds for that boot only.
+    pub boot_id: String,
+    /// The report that made it: its boot (when it began) and sequence number.
+    pub boot_time: Time,
+    pub sequence: u64,
+    /// The last time the controller heard the node, on either channel (moved later
+    /// whenever it hears it again).
+    pub last_heard: Time,
+    /// `lastHeard` + the promise + `selfIsolationMargin`: the pods are released then.
+    pub release_at: Time,
 }
 
 /// A partitioned node's isolation by its agent: asked for, then confirmed by the agent's
@@ -437,6 +468,17 @@ impl NodeFenceStatus {
         self.self_isolation
             .as_ref()
             .is_some_and(|isolation| !isolation.is_in_force())
+    }
+
+    /// The fence released a node with no fence device on its agent's self-isolation
+    /// promise, without a step of its own.
+    pub fn is_released_on_promise(&self) -> bool {
+        self.step.is_none()
+            && self.promise.is_some()
+            && self
+                .confirmed_by
+                .as_deref()
+                .is_some_and(|by| by.starts_with(PROMISE_PROOF))
     }
 
     /// The fence released a node that drained cleanly, without a step of its own.

@@ -12,11 +12,29 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 
+use super::guardian::SelfRequest;
 use super::pods::PodProcesses;
 use super::record::{Evidence, IsolationRecord, RecordPhase, Refused, Step, report, step_for};
 use crate::report::ReportBoard;
 use crate::report::protocol::Instruction;
 use crate::systemd::ServiceManager;
+
+/// The request number of an isolation the agent began by itself (the controller's
+/// requests are never 0, so its next request adopts this isolation).
+const SELF_REQUEST: u64 = 0;
+
+/// The guardian's next request to isolate; pending for ever without a guardian, or once
+/// it is gone.
+async fn next_request(requests: &mut Option<watch::Receiver<SelfRequest>>) -> Option<String> {
+    let Some(receiver) = requests else {
+        return std::future::pending().await;
+    };
+    if receiver.changed().await.is_err() {
+        *requests = None;
+        return None;
+    }
+    receiver.borrow_and_update().clone()
+}
 
 /// How long a kubelet that did not stop in time gets after SIGKILL.
 const KILL_WAIT: Duration = Duration::from_secs(5);
@@ -47,6 +65,8 @@ pub struct Isolator<M, P> {
     evidence: Option<Evidence>,
     /// The last isolate instruction this agent refused.
     refused: Option<Refused>,
+    /// The self-isolation guardian's requests (see `super::guardian`), when armed.
+    self_requests: Option<watch::Receiver<SelfRequest>>,
 }
 
 impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
@@ -66,9 +86,17 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
             record,
             evidence: None,
             refused: None,
+            self_requests: None,
         };
         isolator.publish();
         isolator
+    }
+
+    /// Also follows the self-isolation guardian's requests: isolate the node when the
+    /// controller can no longer hear it.
+    pub fn with_self_requests(mut self, requests: watch::Receiver<SelfRequest>) -> Self {
+        self.self_requests = Some(requests);
+        self
     }
 
     /// The current record, for tests and the agent's status.
@@ -90,8 +118,14 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         }
         let mut ticker = tokio::time::interval(self.settings.check_every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut own = self.self_requests.take();
         loop {
             tokio::select! {
+                request = next_request(&mut own) => {
+                    if let Some(reason) = request {
+                        self.isolate_by_itself(&reason).await;
+                    }
+                }
                 changed = instructions.changed() => {
                     if changed.is_err() {
                         break;
@@ -110,6 +144,18 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
                 }
             }
         }
+    }
+
+    /// The guardian's request: isolate the node unless it is (or is being) isolated.
+    pub async fn isolate_by_itself(&mut self, reason: &str) {
+        if self
+            .record
+            .as_ref()
+            .is_some_and(|r| matches!(r.phase, RecordPhase::Isolating | RecordPhase::Isolated))
+        {
+            return;
+        }
+        self.isolate(reason, SELF_REQUEST).await;
     }
 
     /// Acts on the latest answer's instructions.
@@ -798,6 +844,25 @@ mod tests {
         assert_eq!(node.pods.kills.load(Ordering::SeqCst), 0);
         isolator.follow(&[]).await;
         assert_eq!(node.reported().state, IsolationState::None);
+    }
+
+    #[tokio::test]
+    async fn the_guardians_request_isolates_the_node_once_and_the_controllers_request_adopts_it() {
+        let node = node(FakeSystemd::running(), 2);
+        let mut isolator = node.isolator();
+        isolator
+            .isolate_by_itself("self-isolation: nothing heard for 60s")
+            .await;
+        let reported = node.reported();
+        assert!(reported.is_confirmed(), "{reported:?}");
+        assert_eq!(reported.request, 0, "no controller request is answered");
+        isolator.isolate_by_itself("again").await;
+        assert_eq!(node.systemd.calls().len(), 2, "nothing stopped twice");
+        // The controller hears the node again and asks: the isolation answers it.
+        isolator.follow(&[isolate()]).await;
+        assert_eq!(node.reported().request, 7);
+        assert_eq!(node.systemd.calls().len(), 2);
+        assert_eq!(node.pods.kills.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]

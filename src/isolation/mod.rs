@@ -11,10 +11,18 @@
 //! `pods.rs` kills and counts pod processes with the one cgroup killer; `isolator.rs` is
 //! the task that does it, keeps the isolation in a state file under /run (it ends with the
 //! boot, as the unit's runtime mask does) and ends it when the controller says so.
+//!
+//! Self-isolation (off unless configured) is the same isolation begun by the agent
+//! itself, for a node with no fence device that the controller can no longer hear:
+//! `self_isolation.rs` decides when (pure), `guardian.rs` holds the watchdog and asks
+//! the isolator, `watchdog.rs` is the device and the node reset.
 
+pub mod guardian;
 mod isolator;
 mod pods;
 mod record;
+pub mod self_isolation;
+pub mod watchdog;
 
 pub use isolator::{Isolator, IsolatorSettings};
 pub use pods::{PodProcesses, PodsCgroup};

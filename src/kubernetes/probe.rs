@@ -47,6 +47,41 @@ pub fn start_api_probe(
     }))
 }
 
+/// The node's Lease in `kube-node-lease`, read for self-isolation: its renewals reach
+/// the fence controller too, so while the agent sees them renewed, the controller hears
+/// the node (see `crate::report::contact`). Needs `get` on that Lease.
+pub struct NodeLease {
+    leases: kube::Api<k8s_openapi::api::coordination::v1::Lease>,
+    node: String,
+}
+
+impl NodeLease {
+    pub fn new(client: kube::Client, node: &str) -> NodeLease {
+        NodeLease {
+            leases: kube::Api::namespaced(client, "kube-node-lease"),
+            node: node.to_string(),
+        }
+    }
+}
+
+impl crate::report::contact::LeaseSource for NodeLease {
+    fn renewal(
+        &self,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Option<String>, String>> + Send + '_>,
+    > {
+        Box::pin(async move {
+            match self.leases.get_opt(&self.node).await {
+                Ok(lease) => Ok(lease
+                    .and_then(|lease| lease.spec)
+                    .and_then(|spec| spec.renew_time)
+                    .map(|time| time.0.to_string())),
+                Err(error) => Err(format!("lease kube-node-lease/{}: {error}", self.node)),
+            }
+        })
+    }
+}
+
 /// Whether the API server itself answered the probe in time: any answer of its own
 /// counts, even a refusal; no answer, a transport error or a gateway's 502-504 does not.
 fn answered<T, E>(outcome: &Result<Result<T, kube::Error>, E>) -> bool {

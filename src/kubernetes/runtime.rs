@@ -135,6 +135,8 @@ pub fn build_client(mut config: kube::Config) -> Result<kube::Client, KubeError>
 /// agent loop needs. Must be created inside a tokio runtime.
 pub struct KubeRuntime {
     node_name: String,
+    /// The node's Lease, for self-isolation.
+    node_lease: Option<Arc<dyn crate::report::contact::LeaseSource>>,
     store: Store<ApiPod>,
     outbox: OutboxHandle,
     usage: Option<PodUsageReader>,
@@ -165,6 +167,14 @@ impl KubeRuntime {
             settings.api_probe_interval.to_std(),
             settings.api_probe_timeout.to_std(),
         );
+        let node_lease = config
+            .report
+            .as_ref()
+            .is_some_and(|report| report.isolation.isolate_after.is_some())
+            .then(|| {
+                Arc::new(super::probe::NodeLease::new(client.clone(), &node_name))
+                    as Arc<dyn crate::report::contact::LeaseSource>
+            });
         let writer = ApiWriter::new(client, node_name.clone());
         let sender_task = tokio::spawn(run_outbox(outbox.clone(), writer, retry));
         let reader = match CgroupReader::detect(&config.paths.cgroup_root) {
@@ -196,6 +206,7 @@ impl KubeRuntime {
                 settings.taints,
             ))),
             node_name,
+            node_lease,
             store,
             outbox,
             usage,
@@ -247,6 +258,9 @@ impl KubeRuntime {
     pub fn install(self, agent: &mut Agent) {
         self.outbox.set_metrics(agent.metrics());
         agent.set_api_reachability(self.outbox.reachability.clone());
+        if let Some(lease) = &self.node_lease {
+            agent.set_node_lease(lease.clone());
+        }
         if let Some(usage) = &self.usage {
             let killer =
                 CgroupKiller::new(&agent.config().paths.cgroup_root, usage.cgroups().layout());

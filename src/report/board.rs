@@ -8,7 +8,8 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::sync::Notify;
 
 use super::protocol::{
-    ApiServerReport, ApiServerState, EvictionReport, IsolationReport, ShutdownReport,
+    ApiServerReport, ApiServerState, EvictionReport, IsolationReport, SelfIsolationReport,
+    ShutdownReport,
 };
 
 /// The facts a report carries besides its envelope.
@@ -19,6 +20,7 @@ pub struct AgentFacts {
     pub last_eviction: Option<EvictionReport>,
     pub api_server: ApiServerReport,
     pub isolation: IsolationReport,
+    pub self_isolation: SelfIsolationReport,
 }
 
 #[derive(Debug, Default)]
@@ -76,6 +78,11 @@ impl ReportBoard {
     pub fn refresh_isolation(&self, isolation: IsolationReport) {
         let mut facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
         facts.isolation = isolation;
+    }
+
+    /// Whether the agent isolates its node by itself, and its promise.
+    pub fn set_self_isolation(&self, self_isolation: SelfIsolationReport) {
+        self.update(|facts| facts.self_isolation = self_isolation);
     }
 
     /// Whether the agent reaches the API server; `since` moves only when the state does.

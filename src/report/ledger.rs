@@ -68,6 +68,64 @@ pub struct AgentHeard {
     pub isolation: IsolationHeard,
     /// See [`NodeReports::api_reachable_since`].
     pub api_reachable_since: Option<Instant>,
+    /// The latest report's self-isolation promise, if it makes one.
+    pub promise: Option<PromiseHeard>,
+}
+
+/// A node's self-isolation promise, as its latest report makes it (see
+/// [`crate::report::protocol::SelfIsolationReport`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PromiseHeard {
+    /// No pod process runs later than this after the agent's last contact.
+    pub within: Duration,
+    /// The boot whose agent made it (`/proc/sys/kernel/random/boot_id`): a promise
+    /// holds for that boot only.
+    pub boot_id: BootId,
+    /// The report that makes it.
+    pub boot_time: Timestamp,
+    pub sequence: u64,
+}
+
+/// A boot ID kept as `Copy` data (the protocol bounds it to 128 bytes; a longer one,
+/// which the decoder refuses anyway, would never equal a real one: it is kept empty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BootId {
+    bytes: [u8; BOOT_ID_BYTES],
+    len: u8,
+}
+
+const BOOT_ID_BYTES: usize = 128;
+
+impl BootId {
+    pub fn new(id: &str) -> BootId {
+        let mut bytes = [0u8; BOOT_ID_BYTES];
+        let id = id.trim().as_bytes();
+        let len = if id.len() <= BOOT_ID_BYTES {
+            id.len()
+        } else {
+            0
+        };
+        bytes[..len].copy_from_slice(&id[..len]);
+        BootId {
+            bytes,
+            len: len as u8,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+
+    /// Names the same boot as `other` (never an empty or unknown one).
+    pub fn is(&self, other: &str) -> bool {
+        self.len > 0 && self.as_str() == other.trim()
+    }
+}
+
+impl Serialize for BootId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
 }
 
 /// The node's isolation as its latest report tells it.
@@ -110,6 +168,17 @@ impl AgentHeard {
                 request: latest.isolation.request,
             },
             api_reachable_since: entry.api_reachable_since,
+            // An agent in dry-run mode stops nothing, whatever it says.
+            promise: latest
+                .self_isolation
+                .promise()
+                .filter(|_| !latest.dry_run)
+                .map(|within| PromiseHeard {
+                    within,
+                    boot_id: BootId::new(&latest.boot_id),
+                    boot_time: latest.boot_time,
+                    sequence: latest.sequence,
+                }),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod board;
+pub mod contact;
 pub mod ledger;
 pub mod protocol;
 pub mod reachability;
@@ -12,6 +13,7 @@ pub mod server;
 pub mod tls;
 
 pub use board::{AgentFacts, ReportBoard};
+pub use contact::{ContactClock, boot_clock};
 pub use ledger::{AgentView, Census, Credential, Identity, ReportLedger};
 pub use protocol::{AgentReport, decode_report};
 pub use reachability::ApiReachability;

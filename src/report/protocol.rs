@@ -14,13 +14,13 @@ use serde::{Deserialize, Serialize};
 /// The major version this build speaks.
 pub const MAJOR: u32 = 1;
 /// The minor version this build writes.
-pub const MINOR: u32 = 2;
+pub const MINOR: u32 = 3;
 /// The path reports are posted to.
 pub const REPORTS_PATH: &str = "/v1/reports";
 /// The largest report body the controller reads by default. A real report is about 1 KiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// `"1.2"`.
+/// `"1.3"`.
 pub fn version() -> String {
     format!("{MAJOR}.{MINOR}")
 }
@@ -70,6 +70,10 @@ pub struct AgentReport {
     pub api_server: ApiServerReport,
     #[serde(default)]
     pub isolation: IsolationReport,
+    /// (1.3) Whether the agent isolates its node by itself once cut off, backed by a
+    /// watchdog; older agents never do.
+    #[serde(default)]
+    pub self_isolation: SelfIsolationReport,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -237,6 +241,50 @@ pub enum IsolationState {
     Unknown,
 }
 
+/// (1.3) Self-isolation, for a node with no fence device: an agent that hears neither
+/// the controller nor its kubelet's Lease renewals for `isolateAfterMillis` isolates the
+/// node by itself (as on the controller's instruction), reboots it if that fails, and
+/// holds a watchdog that resets the node if the agent hangs. `armed` is its promise: no
+/// pod process runs later than `withinMillis` after the agent's last contact, and the
+/// controller, which hears the node no earlier than that contact, may release the pods
+/// of a node silent for that long (and its own margin) when this promise was the last
+/// thing the node said.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SelfIsolationReport {
+    /// The watchdog is open and petted, and the agent will isolate or reboot the node.
+    #[serde(default)]
+    pub armed: bool,
+    /// How long without contact before the agent isolates the node.
+    #[serde(default)]
+    pub isolate_after_millis: u64,
+    /// The promise: no pod process later than this after the agent's last contact
+    /// (`isolateAfter`, the isolation's budget, then the watchdog's timeout).
+    #[serde(default)]
+    pub within_millis: u64,
+    /// The watchdog's timeout as the device took it.
+    #[serde(default)]
+    pub watchdog_timeout_millis: u64,
+    /// The watchdog device and its driver's name, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watchdog: Option<String>,
+    /// Why it is not armed (configured but the watchdog cannot be opened, dry-run mode,
+    /// the agent is stopping), for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl SelfIsolationReport {
+    /// The promise the controller may rest on, if the report makes one.
+    pub fn promise(&self) -> Option<std::time::Duration> {
+        (self.armed && self.within_millis > 0 && self.within_millis <= MAX_PROMISE_MILLIS)
+            .then(|| std::time::Duration::from_millis(self.within_millis))
+    }
+}
+
+/// The longest promise a report may make: a day.
+pub const MAX_PROMISE_MILLIS: u64 = 24 * 3600 * 1000;
+
 /// (1.2) What the controller asks of an agent, in its answer to a report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "kind")]
@@ -278,6 +326,11 @@ pub struct Acknowledgement {
     /// values on the wire so an agent reads the kinds it knows and ignores the others.
     #[serde(default)]
     pub instructions: Vec<serde_json::Value>,
+    /// (1.3) The replica that answered leads: it decides the node's fence, so the node
+    /// has been heard by the controller that counts. A self-isolating agent takes only
+    /// such an answer for contact (a follower's ledger decides nothing).
+    #[serde(default)]
+    pub heard_by_leader: bool,
 }
 
 impl Acknowledgement {
@@ -547,6 +600,29 @@ fn validate(report: &AgentReport) -> Result<(), DecodeError> {
             format!("must hold at most {MAX_MESSAGE} printable characters"),
         ));
     }
+    let own = &report.self_isolation;
+    for (field, text) in [
+        ("selfIsolation.message", &own.message),
+        ("selfIsolation.watchdog", &own.watchdog),
+    ] {
+        if let Some(text) = text
+            && (text.len() > MAX_MESSAGE || !is_plain_text(text))
+        {
+            return Err(invalid(
+                field,
+                format!("must hold at most {MAX_MESSAGE} printable characters"),
+            ));
+        }
+    }
+    if own.armed && !(1..=MAX_PROMISE_MILLIS).contains(&own.within_millis) {
+        return Err(invalid(
+            "selfIsolation.withinMillis",
+            format!(
+                "{} is not between 1 and {MAX_PROMISE_MILLIS} for an armed agent",
+                own.within_millis
+            ),
+        ));
+    }
     let shutdown = &report.shutdown;
     if shutdown.phases_done > shutdown.phases_total {
         return Err(invalid(
@@ -599,6 +675,7 @@ pub(crate) fn sample() -> AgentReport {
             since: None,
         },
         isolation: IsolationReport::default(),
+        self_isolation: SelfIsolationReport::default(),
     }
 }
 
@@ -608,6 +685,45 @@ mod tests {
 
     fn encode(report: &AgentReport) -> Vec<u8> {
         serde_json::to_vec(report).expect("encode")
+    }
+
+    #[test]
+    fn a_self_isolation_promise_is_read_only_from_an_armed_report_with_a_bound() {
+        let mut value = serde_json::to_value(sample()).expect("encode");
+        value
+            .as_object_mut()
+            .expect("object")
+            .remove("selfIsolation");
+        let older = decode_report(&serde_json::to_vec(&value).expect("encode")).expect("1.2");
+        assert_eq!(
+            older.self_isolation.promise(),
+            None,
+            "a 1.2 agent promises nothing"
+        );
+        value["selfIsolation"] = serde_json::json!({
+            "armed": true, "isolateAfterMillis": 60000, "withinMillis": 130000,
+            "watchdogTimeoutMillis": 30000, "watchdog": "/dev/watchdog (i6300ESB timer)",
+        });
+        let armed = decode_report(&serde_json::to_vec(&value).expect("encode")).expect("1.3");
+        assert_eq!(
+            armed.self_isolation.promise(),
+            Some(std::time::Duration::from_secs(130))
+        );
+        value["selfIsolation"]["withinMillis"] = 0.into();
+        let error = decode_report(&serde_json::to_vec(&value).expect("encode"))
+            .expect_err("an armed promise of nothing");
+        assert!(
+            error.to_string().starts_with("selfIsolation.withinMillis"),
+            "{error}"
+        );
+        value["selfIsolation"]["armed"] = false.into();
+        value["selfIsolation"]["message"] = "cannot open /dev/watchdog\u{7}".into();
+        let error = decode_report(&serde_json::to_vec(&value).expect("encode"))
+            .expect_err("a control character");
+        assert!(
+            error.to_string().starts_with("selfIsolation.message"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 
 use super::board::ReportBoard;
+use super::contact::{ContactClock, boot_clock};
 use super::ledger::AgentView;
 use super::protocol::{
     self, Acknowledgement, AgentReport, Instruction, REPORTS_PATH, Refusal, Trigger,
@@ -149,9 +150,7 @@ impl Clients {
 /// A sequence number that grows within a boot, also across agent restarts: milliseconds
 /// since boot (`CLOCK_BOOTTIME`), kept above the last one sent.
 fn next_sequence(last: u64) -> u64 {
-    let since_boot = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
-        .map(|t| (t.tv_sec() as u64).saturating_mul(1000) + (t.tv_nsec() as u64) / 1_000_000)
-        .unwrap_or(0);
+    let since_boot = boot_clock().as_millis() as u64;
     since_boot.max(last + 1)
 }
 
@@ -202,6 +201,7 @@ pub fn build_report(
         last_eviction: facts.last_eviction,
         api_server: facts.api_server,
         isolation: facts.isolation,
+        self_isolation: facts.self_isolation,
     }
 }
 
@@ -325,12 +325,14 @@ fn pass_on(
 }
 
 /// Reports until `stop` resolves; the instructions in the controller's answers go to
-/// `instructions`.
+/// `instructions`, and each answer (from this node's controller) is a contact on
+/// `contact`, from the moment its report was sent.
 pub async fn run_sender(
     settings: SenderSettings,
     board: Arc<ReportBoard>,
     metrics: Arc<Metrics>,
     instructions: watch::Sender<Vec<Instruction>>,
+    contact: Arc<ContactClock>,
     stop: impl Future<Output = ()>,
 ) {
     let mut clients = Clients::new(settings.ca_file.clone());
@@ -343,6 +345,7 @@ pub async fn run_sender(
     tracing::info!(controller = %settings.controller_url, node = %settings.node, interval = ?settings.interval, "reporting to the fence controller");
     loop {
         sequence = next_sequence(sequence);
+        let sent_at = boot_clock();
         let report = build_report(&settings, &board, sequence, trigger, Timestamp::now());
         let result = match clients.current() {
             Ok(client) => {
@@ -373,6 +376,9 @@ pub async fn run_sender(
             .inc();
         match result {
             Ok(answer) => {
+                if answer.node == settings.node && answer.heard_by_leader {
+                    contact.report_answered(sent_at);
+                }
                 pass_on(&settings, &answer, &instructions);
                 if failures > 0 {
                     tracing::info!(controller = %settings.controller_url, "reports reach the controller again");
@@ -384,6 +390,14 @@ pub async fn run_sender(
                     .set(Timestamp::now().as_millisecond() as f64 / 1000.0);
             }
             Err(error) => {
+                // No answer: nothing is asked any more (instructions hold while the
+                // controller answers; a stale one must not be followed later, say an
+                // endIsolation undoing an isolation the agent began since by itself).
+                instructions.send_if_modified(|current| {
+                    let had = !current.is_empty();
+                    current.clear();
+                    had
+                });
                 failures = failures.saturating_add(1);
                 let kind = error.kind();
                 if kind != last_failure {
@@ -405,6 +419,7 @@ pub async fn run_sender(
     // controller releases a drained node only on that word. So the agent's last act is
     // one more report of what it knows, within a short deadline.
     sequence = next_sequence(sequence);
+    let sent_at = boot_clock();
     let report = build_report(
         &settings,
         &board,
@@ -420,7 +435,12 @@ pub async fn run_sender(
         Err(error) => Err(error),
     };
     match sent {
-        Ok(_) => tracing::info!(sequence, "last report before stopping delivered"),
+        Ok(answer) => {
+            if answer.node == settings.node && answer.heard_by_leader {
+                contact.report_answered(sent_at);
+            }
+            tracing::info!(sequence, "last report before stopping delivered")
+        }
         Err(error) => tracing::info!(%error, "last report before stopping not delivered"),
     }
 }

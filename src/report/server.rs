@@ -161,6 +161,8 @@ pub struct ReportHub {
     /// What the controller asks of each node's agent, handed out with every answer to
     /// that node's reports (only over TLS).
     instructions: Mutex<HashMap<String, Vec<Instruction>>>,
+    /// This replica leads (its answers say so: only the leader's hearing counts).
+    leading: std::sync::atomic::AtomicBool,
 }
 
 type Answer = Response<Full<Bytes>>;
@@ -209,6 +211,7 @@ impl ReportHub {
             policy,
             metrics,
             instructions: Mutex::new(HashMap::new()),
+            leading: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -227,10 +230,17 @@ impl ReportHub {
     /// Asks nothing of any agent any more (this replica stopped leading: the next leader
     /// decides what to ask).
     pub fn withdraw_instructions(&self) {
+        self.set_leading(false);
         self.instructions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+    }
+
+    /// Whether this replica leads, as its answers tell the agents.
+    pub fn set_leading(&self, leading: bool) {
+        self.leading
+            .store(leading, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// What node `node`'s agent is asked in the answer to its report.
@@ -402,6 +412,7 @@ impl ReportHub {
                         node,
                         sequence,
                         instructions,
+                        heard_by_leader: self.leading.load(std::sync::atomic::Ordering::SeqCst),
                     },
                 )
             }

@@ -1,0 +1,509 @@
+//! The self-isolation guardian: holds the watchdog, pets it while the agent keeps its
+//! promise (see [`super::self_isolation`]), asks the isolator to isolate the node once
+//! the controller can no longer hear it, and resets the node when that does not hold. It
+//! also says in every report whether the promise stands.
+//!
+//! On a clean stop of the agent, the last report says the promise is withdrawn; the
+//! watchdog is stopped only once the controller has answered that report. Otherwise it
+//! keeps running, and the node is reset unless an agent opens it again within its
+//! timeout: a controller that still believes the promise may release the node's pods.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use tokio::sync::watch;
+
+use super::self_isolation::{Attempt, SelfIsolationPlan, Verdict, verdict};
+use super::watchdog::{NodeReset, Watchdog};
+use crate::report::protocol::{IsolationState, SelfIsolationReport};
+use crate::report::{ContactClock, ReportBoard, boot_clock};
+
+/// What the guardian asks of the isolator: `Some(reason)` isolate the node, `None`
+/// nothing (any more).
+pub type SelfRequest = Option<String>;
+
+/// Writes the contact clock's state file off the runtime thread.
+async fn flush(contact: &Arc<ContactClock>) -> Result<(), String> {
+    let contact = contact.clone();
+    tokio::task::spawn_blocking(move || contact.flush())
+        .await
+        .map_err(|error| error.to_string())?
+        .map_err(|error| error.to_string())
+}
+
+/// The report of an agent that does not isolate its node by itself, and why.
+pub fn unarmed(why: &str) -> SelfIsolationReport {
+    SelfIsolationReport {
+        message: Some(why.to_string()),
+        ..SelfIsolationReport::default()
+    }
+}
+
+/// The withdrawal of the promise by a stopping agent, shared by the report sender (which
+/// posts it before its last report) and the guardian (which stops the watchdog only if
+/// the controller answered that report).
+#[derive(Debug)]
+pub struct Withdrawal {
+    board: Arc<ReportBoard>,
+    at: Mutex<Option<Duration>>,
+}
+
+impl Withdrawal {
+    pub fn new(board: Arc<ReportBoard>) -> Arc<Withdrawal> {
+        Arc::new(Withdrawal {
+            board,
+            at: Mutex::new(None),
+        })
+    }
+
+    /// The agent is stopping: from the next report on (sent at `now` or later, on the
+    /// boot clock), it promises nothing.
+    pub fn announce(&self, now: Duration) {
+        self.board
+            .set_self_isolation(unarmed("the agent is stopping"));
+        let mut at = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        at.get_or_insert(now);
+    }
+
+    fn announced_at(&self) -> Option<Duration> {
+        *self.at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+pub struct Guardian {
+    plan: SelfIsolationPlan,
+    watchdog: Box<dyn Watchdog>,
+    reset: Arc<dyn NodeReset>,
+    contact: Arc<ContactClock>,
+    board: Arc<ReportBoard>,
+    requests: watch::Sender<SelfRequest>,
+    withdrawal: Arc<Withdrawal>,
+    /// The boot clock (a test's own in tests).
+    clock: Clock,
+    /// When this agent started, on that clock.
+    started: Duration,
+    /// An isolation whose evidence is older than this counts as not isolated (the
+    /// isolator checks it every report interval; one that stopped checking is stuck).
+    stale_after: Duration,
+}
+
+/// A clock on the boot clock's scale.
+pub type Clock = Arc<dyn Fn() -> Duration + Send + Sync>;
+
+/// What the guardian shares with the rest of the agent: the contact clock (with the
+/// sender and the Lease reader), the report board, the isolator's requests and the
+/// withdrawal (with the sender).
+pub struct GuardianLinks {
+    pub contact: Arc<ContactClock>,
+    pub board: Arc<ReportBoard>,
+    pub requests: watch::Sender<SelfRequest>,
+    pub withdrawal: Arc<Withdrawal>,
+}
+
+impl Guardian {
+    pub fn new(
+        plan: SelfIsolationPlan,
+        watchdog: Box<dyn Watchdog>,
+        reset: Arc<dyn NodeReset>,
+        links: GuardianLinks,
+        stale_after: Duration,
+    ) -> Guardian {
+        let GuardianLinks {
+            contact,
+            board,
+            requests,
+            withdrawal,
+        } = links;
+        Guardian {
+            plan,
+            watchdog,
+            reset,
+            contact,
+            board,
+            requests,
+            withdrawal,
+            clock: Arc::new(boot_clock),
+            started: boot_clock(),
+            stale_after,
+        }
+    }
+
+    /// The same guardian on another clock.
+    pub fn with_clock(mut self, clock: Clock) -> Guardian {
+        self.started = clock();
+        self.clock = clock;
+        self
+    }
+
+    /// The promise this guardian makes.
+    pub fn promise(&self) -> SelfIsolationReport {
+        SelfIsolationReport {
+            armed: true,
+            isolate_after_millis: self.plan.isolate_after.as_millis() as u64,
+            within_millis: self.plan.within().as_millis() as u64,
+            watchdog_timeout_millis: self.watchdog.timeout().as_millis() as u64,
+            watchdog: Some(self.watchdog.describe()),
+            message: None,
+        }
+    }
+
+    /// How often the watchdog is petted and the verdict taken: a quarter of the
+    /// watchdog's timeout, between 250 ms and 5 s.
+    fn pet_every(&self) -> Duration {
+        (self.watchdog.timeout() / 4).clamp(Duration::from_millis(250), Duration::from_secs(5))
+    }
+
+    /// Guards until `stop` turns true (after the agent's last report went out).
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        // Recorded before any report can carry the promise: a restarted agent of this
+        // boot must count from here even if it never heard the controller.
+        self.contact.arm((self.clock)());
+        if let Err(error) = flush(&self.contact).await {
+            let why = format!("self-isolation cannot be recorded in its state file: {error}");
+            tracing::error!(%why, "self-isolation is not armed");
+            self.board.set_self_isolation(unarmed(&why));
+            if let Err(error) = self.watchdog.disarm() {
+                tracing::error!(%error, "the watchdog could not be stopped");
+            }
+            return;
+        }
+        let published = (self.clock)();
+        let mut delivered = false;
+        let mut flush_failing = false;
+        self.board.set_self_isolation(self.promise());
+        tracing::info!(
+            watchdog = %self.watchdog.describe(),
+            timeout = ?self.watchdog.timeout(),
+            isolate_after = ?self.plan.isolate_after,
+            within = ?self.plan.within(),
+            "self-isolation armed: cut off from the controller and the Lease, the agent isolates the node (or resets it)"
+        );
+        // When this agent asked for the isolation (wall clock, as the isolation's report
+        // says when its state began).
+        let mut requested: Option<Timestamp> = None;
+        loop {
+            let now = (self.clock)();
+            // Until the controller has heard this promise, keep any older one it may
+            // still hold from an earlier agent of this boot.
+            if !delivered && self.contact.report_answered_since(published) {
+                self.contact.promise_delivered(self.plan.within());
+                delivered = true;
+            }
+            let plan = if delivered {
+                self.plan
+            } else {
+                self.plan.within_held(self.contact.promised_within())
+            };
+            match flush(&self.contact).await {
+                Ok(()) => flush_failing = false,
+                Err(error) if !flush_failing => {
+                    tracing::warn!(%error, "cannot keep the last contact with the controller; a restarted agent would count from an earlier one");
+                    flush_failing = true;
+                }
+                Err(_) => {}
+            }
+            let isolation = self.board.snapshot().isolation;
+            let fresh = isolation.checked_at.is_some_and(|checked| {
+                Duration::try_from(Timestamp::now().duration_since(checked))
+                    .is_ok_and(|age| age <= self.stale_after)
+            });
+            let attempt = match (requested, isolation.since) {
+                (Some(asked), Some(since))
+                    if isolation.state == IsolationState::Failed && since >= asked =>
+                {
+                    Attempt::Failed
+                }
+                _ => Attempt::Pending,
+            };
+            let verdict = verdict(
+                &plan,
+                self.contact.count_from(self.started),
+                isolation.is_confirmed() && fresh,
+                attempt,
+                now,
+            );
+            match verdict {
+                Verdict::InContact { .. } => {
+                    if requested.take().is_some() {
+                        tracing::info!("the controller hears the node again");
+                        self.requests.send_replace(None);
+                    }
+                    self.pet();
+                }
+                Verdict::Isolated => self.pet(),
+                Verdict::Isolate { reset_at } => {
+                    if requested.is_none() {
+                        let reason = format!(
+                            "self-isolation: neither the controller nor the node's Lease heard for {}s",
+                            plan.isolate_after.as_secs()
+                        );
+                        tracing::error!(%reason, reset_in = ?reset_at.saturating_sub(now), "isolating the node by itself; it is reset unless isolated in time");
+                        self.requests.send_replace(Some(reason));
+                        requested = Some(Timestamp::now());
+                    }
+                    self.pet();
+                }
+                Verdict::Reset { why } => {
+                    // The watchdog is no longer petted from here on: if the reset fails
+                    // or hangs, it resets the node itself.
+                    self.reset.reset(&why);
+                    tracing::error!(
+                        "the node was not reset; the watchdog, no longer petted, will reset it"
+                    );
+                    let _ = stop.wait_for(|stop| *stop).await;
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.pet_every()) => {}
+                _ = stop.wait_for(|stop| *stop) => break,
+            }
+        }
+        self.stop();
+    }
+
+    fn pet(&mut self) {
+        if let Err(error) = self.watchdog.pet() {
+            tracing::error!(%error, "cannot pet the watchdog; it will reset the node");
+        }
+    }
+
+    /// A clean stop: the watchdog stops only if the controller heard the promise
+    /// withdrawn.
+    fn stop(self) {
+        let told = self
+            .withdrawal
+            .announced_at()
+            .is_some_and(|at| self.contact.report_answered_since(at));
+        let timeout = self.watchdog.timeout();
+        if !told {
+            tracing::error!(
+                ?timeout,
+                "the controller was not told that this agent withdraws its self-isolation promise: the watchdog stays armed and resets the node unless an agent opens it again in time"
+            );
+            return;
+        }
+        match self.watchdog.disarm() {
+            Ok(()) => tracing::info!("self-isolation withdrawn; the watchdog is stopped"),
+            Err(error) => tracing::error!(%error, "the watchdog could not be stopped"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::protocol::IsolationReport;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[derive(Default)]
+    struct Pets {
+        pets: AtomicUsize,
+        disarmed: AtomicUsize,
+    }
+
+    struct FakeWatchdog(Arc<Pets>);
+
+    impl Watchdog for FakeWatchdog {
+        fn pet(&mut self) -> Result<(), String> {
+            self.0.pets.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn disarm(self: Box<Self>) -> Result<(), String> {
+            self.0.disarmed.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+        fn describe(&self) -> String {
+            "fake".to_string()
+        }
+    }
+
+    #[derive(Default)]
+    struct FakeReset(Mutex<Vec<String>>);
+
+    impl NodeReset for FakeReset {
+        fn reset(&self, why: &str) {
+            self.0.lock().expect("resets").push(why.to_string());
+        }
+    }
+
+    struct Rig {
+        pets: Arc<Pets>,
+        reset: Arc<FakeReset>,
+        contact: Arc<ContactClock>,
+        board: Arc<ReportBoard>,
+        requests: watch::Receiver<SelfRequest>,
+        withdrawal: Arc<Withdrawal>,
+        stop: watch::Sender<bool>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    /// A guardian that isolates after 500 ms of silence and resets 600 ms after that,
+    /// looking every 250 ms.
+    fn rig() -> Rig {
+        let pets = Arc::new(Pets::default());
+        let reset = Arc::new(FakeReset::default());
+        let contact = Arc::new(ContactClock::in_memory());
+        contact.report_answered(clock());
+        let board = Arc::new(ReportBoard::new());
+        let (requests, requested) = watch::channel(None);
+        let withdrawal = Withdrawal::new(board.clone());
+        let plan = SelfIsolationPlan {
+            isolate_after: Duration::from_millis(500),
+            budget: Duration::from_millis(600),
+            watchdog_timeout: Duration::from_secs(1),
+        };
+        let guardian = Guardian::new(
+            plan,
+            Box::new(FakeWatchdog(pets.clone())),
+            reset.clone(),
+            GuardianLinks {
+                contact: contact.clone(),
+                board: board.clone(),
+                requests,
+                withdrawal: withdrawal.clone(),
+            },
+            Duration::from_secs(6),
+        )
+        .with_clock(Arc::new(clock));
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(guardian.run(stopped));
+        Rig {
+            pets,
+            reset,
+            contact,
+            board,
+            requests: requested,
+            withdrawal,
+            stop,
+            task,
+        }
+    }
+
+    /// Tokio's (paused) clock, on the boot clock's scale.
+    fn clock() -> Duration {
+        thread_local! {
+            static START: tokio::time::Instant = tokio::time::Instant::now();
+        }
+        Duration::from_secs(1000) + START.with(|start| start.elapsed())
+    }
+
+    fn resets(rig: &Rig) -> Vec<String> {
+        rig.reset.0.lock().expect("resets").clone()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_armed_agent_says_so_and_pets_while_it_is_heard() {
+        let rig = rig();
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            rig.contact.report_answered(clock());
+        }
+        let promise = rig.board.snapshot().self_isolation;
+        assert!(promise.armed, "{promise:?}");
+        assert_eq!(promise.within_millis, 2100);
+        assert_eq!(promise.watchdog.as_deref(), Some("fake"));
+        assert!(rig.pets.pets.load(Ordering::SeqCst) >= 3);
+        assert_eq!(*rig.requests.borrow(), None);
+        assert!(resets(&rig).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cut_off_it_asks_for_the_isolation_and_resets_the_node_when_it_does_not_come() {
+        let rig = rig();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let asked = rig.requests.borrow().clone();
+        assert!(
+            asked
+                .as_deref()
+                .is_some_and(|r| r.contains("self-isolation")),
+            "{asked:?}"
+        );
+        assert!(resets(&rig).is_empty(), "not before the budget is spent");
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let resets = resets(&rig);
+        assert_eq!(resets.len(), 1, "{resets:?}");
+        let pets = rig.pets.pets.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            rig.pets.pets.load(Ordering::SeqCst),
+            pets,
+            "no pet after the reset was called: the watchdog backs it"
+        );
+        rig.stop.send_replace(true);
+        rig.task.await.expect("guardian");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_isolation_in_time_keeps_the_watchdog_petted_and_a_failed_one_resets_at_once() {
+        let rig = rig();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(rig.requests.borrow().is_some());
+        rig.board.set_isolation(IsolationReport {
+            state: IsolationState::Isolated,
+            since: Some(Timestamp::now()),
+            checked_at: Some(Timestamp::now()),
+            kubelet_stopped: true,
+            pod_processes: 0,
+            ..IsolationReport::default()
+        });
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(resets(&rig).is_empty(), "{:?}", resets(&rig));
+        let pets = rig.pets.pets.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(rig.pets.pets.load(Ordering::SeqCst) > pets);
+        // The isolation slips and cannot be put right: reset.
+        rig.board.set_isolation(IsolationReport {
+            state: IsolationState::Failed,
+            since: Some(Timestamp::now()),
+            ..IsolationReport::default()
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(resets(&rig).len(), 1);
+        rig.stop.send_replace(true);
+        rig.task.await.expect("guardian");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_isolation_whose_evidence_went_stale_is_no_isolation() {
+        let rig = rig();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        // The isolator reported the node isolated, then stopped checking (stuck).
+        rig.board.set_isolation(IsolationReport {
+            state: IsolationState::Isolated,
+            since: Some(Timestamp::now()),
+            checked_at: Some(Timestamp::now() - Duration::from_secs(60)),
+            kubelet_stopped: true,
+            pod_processes: 0,
+            ..IsolationReport::default()
+        });
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert_eq!(resets(&rig).len(), 1, "reset once the budget ran out");
+        rig.stop.send_replace(true);
+        rig.task.await.expect("guardian");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clean_stop_stops_the_watchdog_only_once_the_controller_heard_the_withdrawal() {
+        let rig = rig();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        rig.withdrawal.announce(clock());
+        assert!(!rig.board.snapshot().self_isolation.armed);
+        // The last report did not get through: the watchdog stays armed.
+        rig.stop.send_replace(true);
+        rig.task.await.expect("guardian");
+        assert_eq!(rig.pets.disarmed.load(Ordering::SeqCst), 0);
+
+        let rig = super::tests::rig();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        rig.withdrawal.announce(clock());
+        rig.contact.report_answered(clock());
+        rig.stop.send_replace(true);
+        rig.task.await.expect("guardian");
+        assert_eq!(rig.pets.disarmed.load(Ordering::SeqCst), 1);
+    }
+}
