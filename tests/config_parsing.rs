@@ -663,6 +663,15 @@ fn the_report_section_is_read_with_defaults_and_checked() {
     );
 
     // Self-isolation: off unless isolateAfter is given; the watchdog's defaults.
+    // The shortest with the default reads (every 10 s) and reports (every 2 s): 36 s.
+    assert!(
+        agent("report: {controllerURL: \"https://c:9849\", isolation: {isolateAfter: 35s}}\n")
+            .is_err()
+    );
+    assert!(
+        agent("report: {controllerURL: \"https://c:9849\", isolation: {isolateAfter: 36s}}\n")
+            .is_ok()
+    );
     let isolation = config_isolation("report: {controllerURL: \"https://c:9849\"}\n");
     assert_eq!(isolation.isolate_after, None);
     assert_eq!(
@@ -708,7 +717,7 @@ fn the_report_section_is_read_with_defaults_and_checked() {
         ),
         (
             "kubernetes: {apiProbeInterval: 30s}\nreport: {controllerURL: \"https://c:9849\", isolation: {isolateAfter: 1m}}\n",
-            "isolation.isolateAfter: 1m0s is shorter than two Lease reads (kubernetes.apiProbeInterval 30s)",
+            "isolation.isolateAfter: 1m0s is shorter than three Lease reads (every 30s",
         ),
         (
             "report: {controllerURL: \"http://c:9849\", isolation: {isolateAfter: 1m}}\n",

@@ -671,7 +671,11 @@ impl World {
         );
         self.check(&before, &decision);
         let mut fence = fence;
-        fence.status = Some(decision.status.clone());
+        // Through JSON, as the API server keeps it (whole seconds).
+        let stored = serde_json::to_value(&decision.status)
+            .and_then(serde_json::from_value)
+            .expect("the status round-trips");
+        fence.status = Some(stored);
         self.fence = Some(fence);
         self.finished.clear();
         for action in &decision.actions {
@@ -2736,4 +2740,26 @@ fn a_node_back_from_its_self_isolation_is_told_to_end_it_and_the_fence_ends() {
     world.run(5, 2);
     assert!(world.fence.is_none());
     assert!(!world.facts.taints.out_of_service);
+}
+
+#[test]
+fn a_fence_waiting_on_a_promise_settles_its_status_and_says_nothing_twice() {
+    let mut world = promising_world(60);
+    fall_silent(&mut world);
+    world.advance(25);
+    world.reconcile();
+    world.reconcile();
+    let first = world.status().clone();
+    // Nothing happened since: the same status (as stored), no Event.
+    let again = world.reconcile().expect("a decision").clone();
+    assert_eq!(again.status, first, "the status is a fixed point");
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    assert_eq!(
+        world
+            .events()
+            .iter()
+            .filter(|e| **e == "NodeSilent")
+            .count(),
+        1
+    );
 }

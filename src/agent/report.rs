@@ -262,6 +262,16 @@ fn self_isolation(
         isolation.stop_timeout.to_std(),
         watchdog.timeout(),
     );
+    let longest = std::time::Duration::from_millis(crate::report::protocol::MAX_PROMISE_MILLIS);
+    if plan.within() > longest {
+        if let Err(error) = Box::new(watchdog).disarm() {
+            tracing::error!(%error, "the watchdog could not be stopped");
+        }
+        return not_armed(format!(
+            "its promise ({}s: isolateAfter, twice isolation.stopTimeout and 70 s, the watchdog's timeout) is longer than a day, more than the controller takes",
+            plan.within().as_secs()
+        ));
+    }
     let contact = Arc::new(ContactClock::persistent(
         &isolation.contact_file(),
         &settings.boot_id,

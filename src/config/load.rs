@@ -679,15 +679,17 @@ fn build_report(
                 "isolation.isolateAfter: {after} is shorter than three report intervals ({interval} each)"
             )));
         }
-        // The Lease is read every apiProbeInterval, or every 10 s without a probe.
+        // The Lease is read every apiProbeInterval (at least every report interval), or
+        // every 10 s without a probe; a renewal shows one to two reads late, three when
+        // a read fails.
         let probe = if config_probe_interval.is_zero() {
             GoDuration::from_secs(10)
         } else {
-            config_probe_interval
+            GoDuration::from_nanos(config_probe_interval.nanos().max(interval.nanos()))
         };
-        if after.nanos() < 2 * probe.nanos() + 3 * interval.nanos() {
+        if after.nanos() < 3 * probe.nanos() + 3 * interval.nanos() {
             return Err(fail(format!(
-                "isolation.isolateAfter: {after} is shorter than two Lease reads (kubernetes.apiProbeInterval {probe}) and three report intervals: the agent would isolate a node whose kubelet the controller still hears"
+                "isolation.isolateAfter: {after} is shorter than three Lease reads (every {probe}, kubernetes.apiProbeInterval) and three report intervals: the agent would isolate a node whose kubelet the controller still hears"
             )));
         }
     }

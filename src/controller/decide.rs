@@ -72,9 +72,13 @@ const LEASE_CHECK_RETRY: Duration = Duration::from_secs(10);
 /// stay well within that), rounded up to the next whole second (the status keeps whole
 /// seconds).
 fn release_time(last_heard: Timestamp, within: Duration, margin: Duration) -> Timestamp {
-    let exact = last_heard + within + margin + within / 100;
-    let whole = exact.as_second() + i64::from(exact.subsec_nanosecond() > 0);
-    Timestamp::from_second(whole).unwrap_or(exact)
+    ceil_second(last_heard + within + margin + within / 100)
+}
+
+/// `moment` rounded up to a whole second.
+fn ceil_second(moment: Timestamp) -> Timestamp {
+    let whole = moment.as_second() + i64::from(moment.subsec_nanosecond() > 0);
+    Timestamp::from_second(whole).unwrap_or(moment)
 }
 
 /// How long a node's agent must have said, report after report, that it reaches the API
@@ -597,11 +601,20 @@ impl<'a> Machine<'a> {
                     );
                     return false;
                 }
-                self.status.lost = Some(LostRecord {
-                    evidence,
-                    since: Time(since),
-                });
-                if evidence == Evidence::Silence {
+                // Once: a fence that waits on a promise passes here again and again,
+                // and must neither rewrite its status nor repeat the Event.
+                let first = self
+                    .status
+                    .lost
+                    .as_ref()
+                    .is_none_or(|lost| lost.evidence != evidence);
+                if first {
+                    self.status.lost = Some(LostRecord {
+                        evidence,
+                        since: Time(since),
+                    });
+                }
+                if first && evidence == Evidence::Silence {
                     self.event(
                         true,
                         "NodeSilent",
@@ -825,15 +838,19 @@ impl<'a> Machine<'a> {
                 ));
             }
         }
-        let last_heard = [
-            Some(heard),
-            recorded.map(|r| r.last_heard.0),
-            Some(lease_heard),
-        ]
-        .into_iter()
-        .flatten()
-        .max()
-        .unwrap_or(heard);
+        // Whole seconds, rounded up, as the status keeps them: a record read back is
+        // the record written, and never earlier.
+        let last_heard = ceil_second(
+            [
+                Some(heard),
+                recorded.map(|r| r.last_heard.0),
+                Some(lease_heard),
+            ]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(heard),
+        );
         // Whole seconds, rounded up, at most a day: the record never shortens the
         // promise, and a hand-edited one cannot overflow the clock.
         let within = Duration::from_secs(within.as_secs() + u64::from(within.subsec_nanos() > 0))
@@ -880,9 +897,10 @@ impl<'a> Machine<'a> {
                 // A renewal the Lease watch has not delivered: the node was heard, now
                 // at the latest. Counted again from here.
                 let mut heard = record;
-                heard.last_heard = Time(self.now);
+                let now = ceil_second(self.now);
+                heard.last_heard = Time(now);
                 heard.release_at = Time(release_time(
-                    self.now,
+                    now,
                     Duration::from_secs(heard.within_seconds),
                     self.policy.self_isolation_margin,
                 ));

@@ -300,6 +300,7 @@ async fn gather(
     ctx: &Context,
     fence: &str,
     node_name: &str,
+    unconfirmed: bool,
     promise_recorded: bool,
 ) -> Result<(NodeFacts, Option<Arc<FencePlan>>), ReconcileError> {
     let Some(node) = ctx.nodes.get(&ObjectRef::new(node_name)) else {
@@ -332,12 +333,18 @@ async fn gather(
         .map(PlanOutline::from_plan)
         .map_err(Clone::clone);
     let now = (ctx.clock)();
+    // Everything heard, at `now`, before the Lease read below.
     let liveness = ctx.hearing.liveness(node_name, now);
+    let kdump = ctx.hearing.kdump(&observe::internal_ips(&node), now);
+    let kdump_listening_since = ctx.hearing.kdump_listening_since(now);
+    let lease_heard = ctx.hearing.lease_heard(node_name, now);
     // A release on a self-isolation promise rests on the Lease's silence as this
     // controller's watch saw it; a watch that stalled or missed a renewal would make a
-    // live node look silent. So such a fence reads the Lease afresh (a quorum read).
+    // live node look silent. So a fence that may release a node with no fence device on
+    // its promise reads the Lease afresh (a quorum read).
     let promise_heard = matches!(liveness, Liveness::Heard(channels) if channels.promise.is_some());
-    let lease_unchanged = if promise_recorded || promise_heard {
+    let no_device = !outline.as_ref().is_ok_and(|plan| plan.can_fence());
+    let lease_unchanged = if unconfirmed && no_device && (promise_recorded || promise_heard) {
         lease_unchanged(ctx, node_name).await
     } else {
         None
@@ -348,9 +355,9 @@ async fn gather(
         liveness,
         boot_id: observe::boot_id(&node),
         lease_unchanged,
-        kdump: ctx.hearing.kdump(&observe::internal_ips(&node), now),
-        kdump_listening_since: ctx.hearing.kdump_listening_since(now),
-        lease_heard: ctx.hearing.lease_heard(node_name, now),
+        kdump,
+        kdump_listening_since,
+        lease_heard,
         zone: observe::node_zone(&node),
         excluded: observe::is_excluded(&node),
         runs_pods_needing_fencing,
@@ -368,20 +375,27 @@ async fn lease_unchanged(ctx: &Context, node: &str) -> Option<bool> {
     let heard = ctx.hearing.lease_renewal(node)?;
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(ctx.client.clone(), "kube-node-lease");
-    match leases.get_opt(node).await {
-        Ok(lease) => {
+    match tokio::time::timeout(LEASE_READ_TIMEOUT, leases.get_opt(node)).await {
+        Err(_) => {
+            tracing::warn!(%node, timeout = ?LEASE_READ_TIMEOUT, "the node's Lease did not come within the timeout; no release on a self-isolation promise until it does");
+            None
+        }
+        Ok(Ok(lease)) => {
             let now = lease
                 .and_then(|lease| lease.spec)
                 .and_then(|spec| spec.renew_time)
                 .map(|time| time.0);
             Some(now == heard)
         }
-        Err(error) => {
+        Ok(Err(error)) => {
             tracing::warn!(%node, %error, "cannot read the node's Lease to confirm its silence; no release on a self-isolation promise until it can be read");
             None
         }
     }
 }
+
+/// How long the fresh read of a node's Lease may take.
+const LEASE_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Reconciles one NodeFence.
 pub async fn reconcile(
@@ -403,11 +417,15 @@ pub async fn reconcile(
         return Ok(Requeue::await_change());
     };
     let node_name = fence.spec.node_name.clone();
+    let unconfirmed = fence
+        .status
+        .as_ref()
+        .is_none_or(|status| status.confirmed_at.is_none());
     let promise_recorded = fence
         .status
         .as_ref()
-        .is_some_and(|status| status.promise.is_some() && status.confirmed_at.is_none());
-    let (facts, plan) = gather(&ctx, &name, &node_name, promise_recorded).await?;
+        .is_some_and(|status| status.promise.is_some());
+    let (facts, plan) = gather(&ctx, &name, &node_name, unconfirmed, promise_recorded).await?;
     // A fence not started yet may start now: count the zone's starts and write ours under
     // one lock (see [`StartGate`]); the slow reads above stay outside it.
     let starting = fence

@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 
-use super::self_isolation::{Attempt, SelfIsolationPlan, Verdict, verdict};
+use super::self_isolation::{Attempt, Count, SelfIsolationPlan, Verdict, verdict};
 use super::watchdog::{NodeReset, Watchdog};
 use crate::report::protocol::{IsolationState, SelfIsolationReport};
 use crate::report::{ContactClock, ReportBoard, boot_clock};
@@ -86,6 +86,8 @@ pub struct Guardian {
     /// An isolation whose evidence is older than this counts as not isolated (the
     /// isolator checks it every report interval; one that stopped checking is stuck).
     stale_after: Duration,
+    /// How long a starting agent waits for its first answer (see [`Count::grace`]).
+    grace: Duration,
 }
 
 /// A clock on the boot clock's scale.
@@ -126,6 +128,8 @@ impl Guardian {
             clock: Arc::new(boot_clock),
             started: boot_clock(),
             stale_after,
+            // Three report intervals, as the evidence's staleness.
+            grace: stale_after,
         }
     }
 
@@ -168,10 +172,11 @@ impl Guardian {
             }
             return;
         }
+        self.board.set_self_isolation(self.promise());
+        // Every report sent from here on carries the promise.
         let published = (self.clock)();
         let mut delivered = false;
         let mut flush_failing = false;
-        self.board.set_self_isolation(self.promise());
         tracing::info!(
             watchdog = %self.watchdog.describe(),
             timeout = ?self.watchdog.timeout(),
@@ -184,25 +189,21 @@ impl Guardian {
         let mut requested: Option<Timestamp> = None;
         loop {
             let now = (self.clock)();
-            // Until the controller has heard this promise, keep any older one it may
-            // still hold from an earlier agent of this boot.
+            // The controller may hold this promise from here on (kept for a restarted
+            // agent of this boot).
             if !delivered && self.contact.report_answered_since(published) {
                 self.contact.promise_delivered(self.plan.within());
                 delivered = true;
             }
-            let plan = if delivered {
-                self.plan
-            } else {
-                self.plan.within_held(self.contact.promised_within())
+            let plan = self.plan;
+            let count = Count {
+                counted_from: self.contact.count_from(self.started),
+                started: self.started,
+                held: self.contact.promised_within(),
+                answered_since_start: self.contact.report_answered_since(self.started),
+                grace: self.grace,
             };
-            match flush(&self.contact).await {
-                Ok(()) => flush_failing = false,
-                Err(error) if !flush_failing => {
-                    tracing::warn!(%error, "cannot keep the last contact with the controller; a restarted agent would count from an earlier one");
-                    flush_failing = true;
-                }
-                Err(_) => {}
-            }
+            let isolate_at = plan.isolate_at(&count);
             let isolation = self.board.snapshot().isolation;
             let fresh = isolation.checked_at.is_some_and(|checked| {
                 Duration::try_from(Timestamp::now().duration_since(checked))
@@ -218,7 +219,7 @@ impl Guardian {
             };
             let verdict = verdict(
                 &plan,
-                self.contact.count_from(self.started),
+                isolate_at,
                 isolation.is_confirmed() && fresh,
                 attempt,
                 now,
@@ -255,12 +256,21 @@ impl Guardian {
                     return;
                 }
             }
+            // After the pet: a slow write must not delay it.
+            match flush(&self.contact).await {
+                Ok(()) => flush_failing = false,
+                Err(error) if !flush_failing => {
+                    tracing::warn!(%error, "cannot keep the last contact with the controller; a restarted agent would count from an earlier one");
+                    flush_failing = true;
+                }
+                Err(_) => {}
+            }
             tokio::select! {
                 _ = tokio::time::sleep(self.pet_every()) => {}
                 _ = stop.wait_for(|stop| *stop) => break,
             }
         }
-        self.stop();
+        self.stop().await;
     }
 
     fn pet(&mut self) {
@@ -270,8 +280,8 @@ impl Guardian {
     }
 
     /// A clean stop: the watchdog stops only if the controller heard the promise
-    /// withdrawn.
-    fn stop(self) {
+    /// withdrawn; then the next agent of the boot owes nothing to this one's promise.
+    async fn stop(self) {
         let told = self
             .withdrawal
             .announced_at()
@@ -283,6 +293,10 @@ impl Guardian {
                 "the controller was not told that this agent withdraws its self-isolation promise: the watchdog stays armed and resets the node unless an agent opens it again in time"
             );
             return;
+        }
+        self.contact.forget();
+        if let Err(error) = flush(&self.contact).await {
+            tracing::warn!(%error, "cannot record that the promise was withdrawn; the next agent counts from this one's last contact");
         }
         match self.watchdog.disarm() {
             Ok(()) => tracing::info!("self-isolation withdrawn; the watchdog is stopped"),
@@ -345,10 +359,13 @@ mod tests {
     /// A guardian that isolates after 500 ms of silence and resets 600 ms after that,
     /// looking every 250 ms.
     fn rig() -> Rig {
+        rig_with(Arc::new(ContactClock::in_memory()), true)
+    }
+
+    /// A guardian on `contact`, answered by the leader as it starts if `answered`.
+    fn rig_with(contact: Arc<ContactClock>, answered: bool) -> Rig {
         let pets = Arc::new(Pets::default());
         let reset = Arc::new(FakeReset::default());
-        let contact = Arc::new(ContactClock::in_memory());
-        contact.report_answered(clock());
         let board = Arc::new(ReportBoard::new());
         let (requests, requested) = watch::channel(None);
         let withdrawal = Withdrawal::new(board.clone());
@@ -370,6 +387,9 @@ mod tests {
             Duration::from_secs(6),
         )
         .with_clock(Arc::new(clock));
+        if answered {
+            contact.report_answered(clock());
+        }
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(guardian.run(stopped));
         Rig {
@@ -464,6 +484,42 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert_eq!(resets(&rig).len(), 1);
+        rig.stop.send_replace(true);
+        rig.task.await.expect("guardian");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_agent_waits_for_its_first_answer_unless_an_earlier_promise_is_due() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("contact.json");
+        // An earlier agent of this boot, heard long ago, withdrew its promise cleanly:
+        // the next one counts from its own start and waits for its first answer.
+        let earlier = ContactClock::persistent(&path, "boot");
+        earlier.report_answered(clock().saturating_sub(Duration::from_secs(900)));
+        earlier.forget();
+        earlier.flush().expect("write");
+        let rig = rig_with(Arc::new(ContactClock::persistent(&path, "boot")), false);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(*rig.requests.borrow(), None, "no isolation at start");
+        rig.contact.report_answered(clock());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(*rig.requests.borrow(), None);
+        rig.stop.send_replace(true);
+        rig.task.await.expect("guardian");
+
+        // One that crashed, having delivered a promise of 2 s a second ago: the next one
+        // isolates by that promise (2 s - budget 0.6 s - watchdog 1 s = 0.4 s after the
+        // last contact) without waiting for its grace.
+        let crashed = ContactClock::persistent(&path, "boot");
+        crashed.report_answered(clock().saturating_sub(Duration::from_millis(100)));
+        crashed.promise_delivered(Duration::from_secs(2));
+        crashed.flush().expect("write");
+        let rig = rig_with(Arc::new(ContactClock::persistent(&path, "boot")), false);
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(
+            rig.requests.borrow().is_some(),
+            "isolated by the earlier promise"
+        );
         rig.stop.send_replace(true);
         rig.task.await.expect("guardian");
     }

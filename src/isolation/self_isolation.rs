@@ -54,17 +54,42 @@ impl SelfIsolationPlan {
         self.isolate_after + self.budget + self.watchdog_timeout
     }
 
-    /// This plan, kept within a promise the controller may still hold from an earlier
-    /// agent of the boot (`held`): until the controller has heard this plan's promise,
-    /// it isolates early enough for the older one too.
-    pub fn within_held(&self, held: Option<Duration>) -> SelfIsolationPlan {
-        let Some(held) = held else { return *self };
-        let room = held.saturating_sub(self.budget + self.watchdog_timeout);
-        SelfIsolationPlan {
-            isolate_after: self.isolate_after.min(room),
-            ..*self
+    /// When the node is isolated unless the controller hears it before (see
+    /// [`Count`]).
+    pub fn isolate_at(&self, count: &Count) -> Duration {
+        let normal = count.counted_from + self.isolate_after;
+        if count.answered_since_start {
+            return normal;
+        }
+        // Before this agent's first answer: a restarted agent waits its grace for that
+        // answer rather than isolating a node the controller hears at once, but never
+        // past what a promise an earlier agent of this boot made still requires.
+        let waited = normal.max(count.started + count.grace);
+        match count.held {
+            Some(held) => waited.min(
+                (count.counted_from + held).saturating_sub(self.budget + self.watchdog_timeout),
+            ),
+            None => waited,
         }
     }
+}
+
+/// What the isolation's deadline is counted from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    /// The last contact, or without one this boot, when the boot first armed (see
+    /// `ContactClock::count_from`).
+    pub counted_from: Duration,
+    /// When this agent started.
+    pub started: Duration,
+    /// The largest promise an earlier agent of this boot delivered, which the
+    /// controller may still hold.
+    pub held: Option<Duration>,
+    /// The leader has answered a report this agent sent: from then on the controller
+    /// holds this agent's word (its promise, or none), not an earlier agent's.
+    pub answered_since_start: bool,
+    /// How long a starting agent waits for that first answer.
+    pub grace: Duration,
 }
 
 /// How the agent's own attempt at isolating the node went.
@@ -91,16 +116,15 @@ pub enum Verdict {
     Reset { why: String },
 }
 
-/// The verdict at `now`, the silence counted from `counted_from` (the last contact; see
-/// `ContactClock::count_from` for a boot without one).
+/// The verdict at `now`, the node to be isolated at `isolate_at` (see
+/// [`SelfIsolationPlan::isolate_at`]).
 pub fn verdict(
     plan: &SelfIsolationPlan,
-    counted_from: Duration,
+    isolate_at: Duration,
     isolated: bool,
     attempt: Attempt,
     now: Duration,
 ) -> Verdict {
-    let isolate_at = counted_from + plan.isolate_after;
     if now < isolate_at {
         return Verdict::InContact { isolate_at };
     }
@@ -140,6 +164,17 @@ mod tests {
         SelfIsolationPlan::new(s(60), s(20), s(30))
     }
 
+    /// A count from `from` of an agent that has been answered.
+    fn answered(from: u64) -> Count {
+        Count {
+            counted_from: s(from),
+            started: Duration::ZERO,
+            held: None,
+            answered_since_start: true,
+            grace: s(6),
+        }
+    }
+
     #[test]
     fn the_promise_adds_the_isolation_budget_and_the_watchdog_timeout() {
         assert_eq!(plan().budget, s(110));
@@ -149,24 +184,25 @@ mod tests {
     #[test]
     fn cut_off_for_isolate_after_the_node_is_isolated_then_reset_if_that_does_not_hold() {
         let plan = plan();
-        let contact = s(100);
+        let at = plan.isolate_at(&answered(100));
+        assert_eq!(at, s(160));
         assert_eq!(
-            verdict(&plan, contact, false, Attempt::Pending, s(159)),
+            verdict(&plan, at, false, Attempt::Pending, s(159)),
             Verdict::InContact { isolate_at: s(160) }
         );
         assert_eq!(
-            verdict(&plan, contact, false, Attempt::Pending, s(160)),
+            verdict(&plan, at, false, Attempt::Pending, s(160)),
             Verdict::Isolate { reset_at: s(270) }
         );
         assert_eq!(
-            verdict(&plan, contact, true, Attempt::Pending, s(200)),
+            verdict(&plan, at, true, Attempt::Pending, s(200)),
             Verdict::Isolated
         );
         assert!(matches!(
-            verdict(&plan, contact, false, Attempt::Failed, s(170)),
+            verdict(&plan, at, false, Attempt::Failed, s(170)),
             Verdict::Reset { .. }
         ));
-        let late = verdict(&plan, contact, false, Attempt::Pending, s(270));
+        let late = verdict(&plan, at, false, Attempt::Pending, s(270));
         assert!(
             matches!(&late, Verdict::Reset { why } if why.contains("within 110s")),
             "{late:?}"
@@ -176,54 +212,97 @@ mod tests {
     #[test]
     fn contact_again_before_the_deadline_puts_it_off_and_an_isolation_stays_without_a_reset() {
         let plan = plan();
+        let at = plan.isolate_at(&answered(150));
         assert_eq!(
-            verdict(&plan, s(150), false, Attempt::Pending, s(170)),
+            verdict(&plan, at, false, Attempt::Pending, s(170)),
             Verdict::InContact { isolate_at: s(210) }
         );
+        let at = plan.isolate_at(&answered(300));
         assert_eq!(
-            verdict(&plan, s(300), true, Attempt::Pending, s(301)),
+            verdict(&plan, at, true, Attempt::Pending, s(301)),
             Verdict::InContact { isolate_at: s(360) }
         );
     }
 
     #[test]
-    fn an_older_promise_the_controller_may_hold_brings_the_isolation_forward() {
+    fn a_starting_agent_waits_for_its_first_answer_but_not_past_an_earlier_promise() {
         let plan = plan();
-        assert_eq!(plan.within_held(None), plan);
-        assert_eq!(
-            plan.within_held(Some(s(500))),
-            plan,
-            "a longer one: no change"
-        );
-        let held = plan.within_held(Some(s(170)));
-        assert_eq!(held.isolate_after, s(30));
-        assert_eq!(held.within(), s(170));
-        assert_eq!(plan.within_held(Some(s(100))).isolate_after, Duration::ZERO);
+        // Restarted at 1000 s, last heard at 100 s, no promise held (the earlier agent
+        // withdrew it, or never delivered one): the grace for a first answer.
+        let restarted = Count {
+            counted_from: s(100),
+            started: s(1000),
+            held: None,
+            answered_since_start: false,
+            grace: s(6),
+        };
+        assert_eq!(plan.isolate_at(&restarted), s(1006));
+        // An earlier agent's promise of 300 s from 900 s: isolated by 900 + 300 - 110 -
+        // 30 = 1060 at the latest, however long this agent's own isolateAfter.
+        let held = Count {
+            counted_from: s(900),
+            held: Some(s(300)),
+            ..restarted
+        };
+        assert_eq!(plan.isolate_at(&held), s(1006));
+        let slow = SelfIsolationPlan::new(s(600), s(20), s(30));
+        assert_eq!(slow.isolate_at(&held), s(1060));
+        // Already overdue by that promise: at once.
+        let overdue = Count {
+            counted_from: s(500),
+            ..held
+        };
+        assert_eq!(slow.isolate_at(&overdue), s(660));
+        // Once answered, the agent's own plan alone.
+        let answered = Count {
+            answered_since_start: true,
+            ..held
+        };
+        assert_eq!(slow.isolate_at(&answered), s(1500));
     }
 
     proptest! {
-        /// Whatever happens, an agent that is not isolated by `contact + isolateAfter +
-        /// budget` resets the node: together with the watchdog, no pod process runs
-        /// past the promise.
+        /// Whatever happens, an agent that is not isolated by its deadline plus the
+        /// budget resets the node, and that keeps any promise the controller holds:
+        /// together with the watchdog, no pod process runs past the promise.
         #[test]
         fn nothing_runs_past_the_promise(
-            contact in 0u64..10_000,
+            from in 0u64..10_000,
+            started in 0u64..10_000,
             late in 0u64..10_000,
             isolated in any::<bool>(),
             failed in any::<bool>(),
             held in proptest::option::of(0u64..1_000),
+            answered in any::<bool>(),
+            isolate_after in 30u64..3_600,
         ) {
-            let plan = plan().within_held(held.map(s));
-            let now = s(contact) + plan.isolate_after + plan.budget + s(late);
+            let plan = SelfIsolationPlan::new(s(isolate_after), s(20), s(30));
+            let count = Count {
+                counted_from: s(from),
+                started: s(started),
+                held: held.map(s),
+                answered_since_start: answered,
+                grace: s(6),
+            };
+            let at = plan.isolate_at(&count);
+            let now = at + plan.budget + s(late);
             let attempt = if failed { Attempt::Failed } else { Attempt::Pending };
-            let verdict = verdict(&plan, s(contact), isolated, attempt, now);
+            let verdict = verdict(&plan, at, isolated, attempt, now);
             prop_assert!(
                 isolated && verdict == Verdict::Isolated || matches!(verdict, Verdict::Reset { .. }),
                 "{verdict:?}"
             );
-            // And that deadline keeps the promise the controller holds.
-            if let Some(held) = held {
-                prop_assert!(plan.isolate_after + plan.budget + plan.watchdog_timeout <= s(held).max(plan.budget + plan.watchdog_timeout));
+            // The promise the controller holds: this agent's own once answered, else
+            // the earlier one (if any).
+            if answered {
+                prop_assert!(at + plan.budget + plan.watchdog_timeout <= s(from) + plan.within());
+            } else if let Some(held) = held {
+                let promised = s(from) + s(held);
+                prop_assert!(
+                    at + plan.budget + plan.watchdog_timeout <= promised
+                        || at == Duration::ZERO && plan.budget + plan.watchdog_timeout > promised,
+                    "isolated at {at:?} for a promise running out at {promised:?}"
+                );
             }
         }
 
@@ -235,8 +314,9 @@ mod tests {
             isolated in any::<bool>(),
         ) {
             let plan = plan();
+            let at = plan.isolate_at(&answered(contact));
             let now = s(contact) + plan.isolate_after - s(early) - Duration::from_millis(1);
-            let verdict = verdict(&plan, s(contact), isolated, Attempt::Failed, now);
+            let verdict = verdict(&plan, at, isolated, Attempt::Failed, now);
             prop_assert!(matches!(verdict, Verdict::InContact { .. }), "{verdict:?}");
         }
     }

@@ -98,7 +98,10 @@ impl DeviceWatchdog {
             .trim_end_matches('\0')
             .trim()
             .to_string();
-        if info.options & WDIOF_MAGICCLOSE == 0 {
+        let nowayout = nowayout(path);
+        // (With nowayout the kernel never stops it on a close, so it backs a crashed
+        // agent all the same.)
+        if info.options & WDIOF_MAGICCLOSE == 0 && !nowayout {
             let _ = (&file).write_all(b"V");
             return Err(named(
                 "refused",
@@ -130,7 +133,7 @@ impl DeviceWatchdog {
             path: path.to_path_buf(),
             identity,
             timeout,
-            nowayout: nowayout(path),
+            nowayout,
         })
     }
 }

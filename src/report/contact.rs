@@ -153,6 +153,16 @@ impl ContactClock {
         }
     }
 
+    /// A promise withdrawn and heard: the next agent of this boot owes nothing to this
+    /// one (it counts from its own start).
+    pub fn forget(&self) {
+        let mut inner = self.lock();
+        inner.last = None;
+        inner.armed_since = None;
+        inner.promised_within = None;
+        inner.dirty = true;
+    }
+
     /// The largest promise the controller may hold from this boot.
     pub fn promised_within(&self) -> Option<Duration> {
         self.lock().promised_within
