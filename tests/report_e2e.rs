@@ -847,17 +847,21 @@ async fn reports_over_tls_take_a_rotated_certificate_and_refuse_what_cannot_chec
     );
 }
 
-/// Instructions go out over TLS only: over plain HTTP anyone on the path could forge or
-/// drop them, so a hub without a certificate answers with none, whatever the controller
-/// asks of the node. (Over TLS they reach the agent: tests/isolation_nspawn.rs.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn instructions_are_never_handed_out_over_plain_http() {
+/// worker-1's token in the node-token Secret.
+const WORKER_1_TOKEN: &str = "node-token-of-worker-1-0123456789abcdef";
+
+/// A report hub over plain HTTP on loopback that takes worker-1's node token: the API
+/// server it checks tokens against, the hub, and its address.
+async fn plain_hub_for_worker_1() -> (
+    FakeApiServer,
+    std::sync::Arc<nodekeeper::report::ReportHub>,
+    String,
+) {
     use nodekeeper::report::auth::AuthPolicy;
-    use nodekeeper::report::protocol::Instruction;
     use nodekeeper::report::{ReportHub, ReportMetrics, ReportsPolicy, server};
 
     let server = ready_cluster(&["worker-1"]).await;
-    let token = "node-token-of-worker-1-0123456789abcdef";
+    let token = WORKER_1_TOKEN;
     seed_node_tokens(&server, &[("worker-1", token)]);
     let policy = ReportsPolicy {
         auth: AuthPolicy {
@@ -881,6 +885,18 @@ async fn instructions_are_never_handed_out_over_plain_http() {
         .expect("a port");
     let address = listener.local_addr().expect("address").to_string();
     tokio::spawn(server::serve(listener, hub.clone(), std::future::pending()));
+    (server, hub, address)
+}
+
+/// Instructions go out over TLS only: over plain HTTP anyone on the path could forge or
+/// drop them, so a hub without a certificate answers with none, whatever the controller
+/// asks of the node. (Over TLS they reach the agent: tests/isolation_nspawn.rs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instructions_are_never_handed_out_over_plain_http() {
+    use nodekeeper::report::protocol::Instruction;
+
+    let (_server, hub, address) = plain_hub_for_worker_1().await;
+    let token = WORKER_1_TOKEN;
     hub.instruct(
         "worker-1",
         vec![Instruction::Isolate {
@@ -898,36 +914,11 @@ async fn instructions_are_never_handed_out_over_plain_http() {
 /// and the real sender counts a contact only from such an answer, from when it sent it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leaders_answer_counts_as_contact() {
-    use nodekeeper::report::auth::AuthPolicy;
     use nodekeeper::report::sender::{SenderSettings, run_sender};
-    use nodekeeper::report::{ContactClock, ReportBoard, ReportHub, ReportMetrics, ReportsPolicy};
-    use nodekeeper::report::{boot_clock, server};
+    use nodekeeper::report::{ContactClock, ReportBoard, boot_clock};
 
-    let server = ready_cluster(&["worker-1"]).await;
-    let token = "node-token-of-worker-1-0123456789abcdef";
-    seed_node_tokens(&server, &[("worker-1", token)]);
-    let policy = ReportsPolicy {
-        auth: AuthPolicy {
-            node_tokens_secret: Some("node-tokens".to_string()),
-            ..AuthPolicy::default()
-        },
-        ..ReportsPolicy::default()
-    };
-    let metrics = std::sync::Arc::new(ReportMetrics::register(
-        &mut prometheus_client::registry::Registry::default(),
-    ));
-    let hub = std::sync::Arc::new(ReportHub::new(
-        server.client(),
-        NAMESPACE,
-        policy,
-        metrics,
-        None,
-    ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let address = listener.local_addr().expect("address").to_string();
-    tokio::spawn(server::serve(listener, hub.clone(), std::future::pending()));
+    let (_server, hub, address) = plain_hub_for_worker_1().await;
+    let token = WORKER_1_TOKEN;
 
     let (status, answer) = post_report(&address, Some(token), &report("worker-1", 1)).await;
     assert_eq!(status, 200, "{answer}");
