@@ -207,9 +207,6 @@ pub fn start(agent: &mut super::Agent, stop: watch::Receiver<bool>) -> Option<Re
     })
 }
 
-/// How often the node's Lease is read without an API probe interval.
-const LEASE_READ_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Self-isolation, armed: the guardian with its watchdog, what it shares with the
 /// sender and the isolator, and the Lease reader.
 struct Armed {
@@ -228,7 +225,8 @@ fn self_isolation(
     board: Arc<ReportBoard>,
 ) -> Option<Armed> {
     let config = agent.config();
-    let isolation = &config.report.as_ref()?.isolation;
+    let report_config = config.report.as_ref()?;
+    let isolation = &report_config.isolation;
     let isolate_after = isolation.isolate_after?.to_std();
     let refusal = isolation_refusal(
         isolation.enabled,
@@ -262,8 +260,7 @@ fn self_isolation(
         isolation.stop_timeout.to_std(),
         watchdog.timeout(),
     );
-    let longest = std::time::Duration::from_millis(crate::report::protocol::MAX_PROMISE_MILLIS);
-    if plan.within() > longest {
+    if plan.within() > crate::report::protocol::MAX_PROMISE {
         if let Err(error) = Box::new(watchdog).disarm() {
             tracing::error!(%error, "the watchdog could not be stopped");
         }
@@ -278,16 +275,14 @@ fn self_isolation(
     ));
     let (requests, requested) = watch::channel(None);
     let withdrawal = Withdrawal::new(board.clone());
-    // As often as the API probe (10 s by default, the kubelet's renewal interval): a
-    // renewal counts from the read before it, so a slower read only brings the deadline
-    // forward, and the API server gets one GET per node per interval, as many as the
-    // kubelets' own renewals.
-    let probe = config.kubernetes.api_probe_interval.to_std();
-    let lease_every = if probe.is_zero() {
-        LEASE_READ_INTERVAL
-    } else {
-        probe.max(settings.interval)
-    };
+    // A renewal counts from the read before it, so a slower read only brings the
+    // deadline forward, and the API server gets one GET per node per interval, as many as
+    // the kubelets' own renewals.
+    let lease_every = crate::config::lease_read_interval(
+        config.kubernetes.api_probe_interval,
+        report_config.interval,
+    )
+    .to_std();
     let lease = agent.node_lease().map(|source| {
         Box::pin(follow_lease(
             source,

@@ -679,14 +679,8 @@ fn build_report(
                 "isolation.isolateAfter: {after} is shorter than three report intervals ({interval} each)"
             )));
         }
-        // The Lease is read every apiProbeInterval (at least every report interval), or
-        // every 10 s without a probe; a renewal shows one to two reads late, three when
-        // a read fails.
-        let probe = if config_probe_interval.is_zero() {
-            GoDuration::from_secs(10)
-        } else {
-            GoDuration::from_nanos(config_probe_interval.nanos().max(interval.nanos()))
-        };
+        // A renewal shows one to two Lease reads late, three when a read fails.
+        let probe = crate::config::model::lease_read_interval(config_probe_interval, interval);
         if after.nanos() < 3 * probe.nanos() + 3 * interval.nanos() {
             return Err(fail(format!(
                 "isolation.isolateAfter: {after} is shorter than three Lease reads (every {probe}, kubernetes.apiProbeInterval) and three report intervals: the agent would isolate a node whose kubelet the controller still hears"
@@ -728,14 +722,17 @@ fn build_isolation(
             GoDuration::from_secs(1),
         )?;
     }
-    match raw.state_file.as_deref().map(str::trim) {
-        None => {}
-        Some(path) if !path.starts_with('/') => {
-            return Err(fail(format!(
-                "isolation.stateFile: {path:?} must be an absolute path"
-            )));
+    let absolute = |field: &str, text: &Option<String>| -> Result<Option<PathBuf>, ConfigError> {
+        match text.as_deref().map(str::trim) {
+            Some(path) if !path.starts_with('/') => {
+                Err(fail(format!("{field}: {path:?} must be an absolute path")))
+            }
+            Some(path) => Ok(Some(PathBuf::from(path))),
+            None => Ok(None),
         }
-        Some(path) => config.state_file = PathBuf::from(path),
+    };
+    if let Some(path) = absolute("isolation.stateFile", &raw.state_file)? {
+        config.state_file = path;
     }
     if let Some(text) = &raw.isolate_after {
         let after = duration_at_least(fail, "isolation.isolateAfter", text, GoDuration::ZERO)?;
@@ -759,14 +756,8 @@ fn build_isolation(
             config.isolate_after = Some(after);
         }
     }
-    match raw.watchdog_device.as_deref().map(str::trim) {
-        None => {}
-        Some(path) if !path.starts_with('/') => {
-            return Err(fail(format!(
-                "isolation.watchdogDevice: {path:?} must be an absolute path"
-            )));
-        }
-        Some(path) => config.watchdog_device = PathBuf::from(path),
+    if let Some(path) = absolute("isolation.watchdogDevice", &raw.watchdog_device)? {
+        config.watchdog_device = path;
     }
     if let Some(text) = &raw.watchdog_timeout {
         config.watchdog_timeout = duration_at_least(

@@ -17,7 +17,7 @@ pub use load::{
 pub use model::{
     AgentConfig, CgroupDriver, EvictionConfig, HostPaths, IsolationConfig, KubernetesConfig,
     NodeReclaimConfig, ReportConfig, ShutdownConfig, ShutdownPhaseConfig, Threshold,
-    ThresholdValue, WorkloadPodConfig, WorkloadsConfig,
+    ThresholdValue, WorkloadPodConfig, WorkloadsConfig, lease_read_interval,
 };
 pub use quantity::Quantity;
 pub use thresholds::FilesystemLayout;

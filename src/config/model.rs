@@ -243,6 +243,21 @@ pub struct IsolationConfig {
     pub watchdog_timeout: GoDuration,
 }
 
+/// How often a self-isolating agent reads its node's Lease: as often as it probes the
+/// API server (`kubernetes.apiProbeInterval`, the kubelet's renewal interval by default),
+/// never more often than it reports, and every 10 s without a probe. The configuration's
+/// bound on `isolateAfter` and the agent's reader both use it.
+pub fn lease_read_interval(
+    api_probe_interval: GoDuration,
+    report_interval: GoDuration,
+) -> GoDuration {
+    if api_probe_interval.is_zero() {
+        GoDuration::from_secs(10)
+    } else {
+        GoDuration::from_nanos(api_probe_interval.nanos().max(report_interval.nanos()))
+    }
+}
+
 impl IsolationConfig {
     /// Where the last contact with the controller is kept.
     pub fn contact_file(&self) -> PathBuf {

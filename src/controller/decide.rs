@@ -45,8 +45,8 @@ use super::policy::FencePolicy;
 use super::progress::{Progress, progress};
 use super::resource::{
     Execution, ExecutionKind, ExecutionResult, FencePhase, FenceStep, IsolationOutcome,
-    KdumpRecord, LostRecord, MAX_EXECUTIONS, MethodAction, NodeFence, NodeFenceStatus, Pause,
-    PauseReason, PowerSeen, PromiseRecord, SelfIsolation,
+    KdumpRecord, LostRecord, MAX_EXECUTIONS, MethodAction, NodeFence, NodeFenceStatus,
+    PROMISE_PROOF, Pause, PauseReason, PowerSeen, PromiseRecord, SelfIsolation,
 };
 use super::storm::{Guard, GuardBlock};
 use crate::report::ledger::IsolationHeard;
@@ -59,9 +59,6 @@ pub const RUNNING_REQUEUE: Duration = Duration::from_secs(5);
 /// How often to look at the agent's reports of a node asked to isolate itself (a report
 /// arrives every 2 s by default; no event wakes the fence for it).
 pub const ISOLATION_REQUEUE: Duration = Duration::from_secs(1);
-
-/// The longest self-isolation promise taken (the protocol's bound).
-const MAX_PROMISE: Duration = Duration::from_millis(crate::report::protocol::MAX_PROMISE_MILLIS);
 
 /// How soon a fence whose node's Lease could not be read afresh tries again.
 const LEASE_CHECK_RETRY: Duration = Duration::from_secs(10);
@@ -854,7 +851,7 @@ impl<'a> Machine<'a> {
         // Whole seconds, rounded up, at most a day: the record never shortens the
         // promise, and a hand-edited one cannot overflow the clock.
         let within = Duration::from_secs(within.as_secs() + u64::from(within.subsec_nanos() > 0))
-            .min(MAX_PROMISE);
+            .min(crate::report::protocol::MAX_PROMISE);
         Ok(PromiseRecord {
             within_seconds: within.as_secs(),
             boot_id,
@@ -932,7 +929,7 @@ impl<'a> Machine<'a> {
         let silent =
             Duration::try_from(self.now.duration_since(record.last_heard.0)).unwrap_or_default();
         let proof = format!(
-            "self-isolation: the node's agent promised (report {} of the boot that began at {}), backed by its watchdog, that no pod process runs later than {}s after it last heard from the controller, and the node has not been heard for {}s",
+            "{PROMISE_PROOF} the node's agent promised (report {} of the boot that began at {}), backed by its watchdog, that no pod process runs later than {}s after it last heard from the controller, and the node has not been heard for {}s",
             record.sequence,
             record.boot_time.0,
             record.within_seconds,

@@ -23,7 +23,7 @@ use super::liveness::{Channels, Liveness};
 use super::policy::ControllerPolicy;
 
 /// Where kubelets keep their node Leases, each named after its node.
-pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+pub use crate::kubernetes::probe::NODE_LEASE_NAMESPACE;
 
 /// The kubelet's `nodeLeaseDurationSeconds` default, for a Lease that does not say.
 const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(40);

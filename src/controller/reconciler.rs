@@ -300,8 +300,7 @@ async fn gather(
     ctx: &Context,
     fence: &str,
     node_name: &str,
-    unconfirmed: bool,
-    promise_recorded: bool,
+    status: Option<&NodeFenceStatus>,
 ) -> Result<(NodeFacts, Option<Arc<FencePlan>>), ReconcileError> {
     let Some(node) = ctx.nodes.get(&ObjectRef::new(node_name)) else {
         let facts = NodeFacts {
@@ -343,6 +342,8 @@ async fn gather(
     // live node look silent. So a fence that may release a node with no fence device on
     // its promise reads the Lease afresh (a quorum read).
     let promise_heard = matches!(liveness, Liveness::Heard(channels) if channels.promise.is_some());
+    let promise_recorded = status.is_some_and(|status| status.promise.is_some());
+    let unconfirmed = status.is_none_or(|status| status.confirmed_at.is_none());
     let no_device = !outline.as_ref().is_ok_and(|plan| plan.can_fence());
     let lease_unchanged = if unconfirmed && no_device && (promise_recorded || promise_heard) {
         lease_unchanged(ctx, node_name).await
@@ -374,7 +375,7 @@ async fn gather(
 async fn lease_unchanged(ctx: &Context, node: &str) -> Option<bool> {
     let heard = ctx.hearing.lease_renewal(node)?;
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(ctx.client.clone(), "kube-node-lease");
+        Api::namespaced(ctx.client.clone(), super::hearing::NODE_LEASE_NAMESPACE);
     match tokio::time::timeout(LEASE_READ_TIMEOUT, leases.get_opt(node)).await {
         Err(_) => {
             tracing::warn!(%node, timeout = ?LEASE_READ_TIMEOUT, "the node's Lease did not come within the timeout; no release on a self-isolation promise until it does");
@@ -417,15 +418,7 @@ pub async fn reconcile(
         return Ok(Requeue::await_change());
     };
     let node_name = fence.spec.node_name.clone();
-    let unconfirmed = fence
-        .status
-        .as_ref()
-        .is_none_or(|status| status.confirmed_at.is_none());
-    let promise_recorded = fence
-        .status
-        .as_ref()
-        .is_some_and(|status| status.promise.is_some());
-    let (facts, plan) = gather(&ctx, &name, &node_name, unconfirmed, promise_recorded).await?;
+    let (facts, plan) = gather(&ctx, &name, &node_name, fence.status.as_ref()).await?;
     // A fence not started yet may start now: count the zone's starts and write ours under
     // one lock (see [`StartGate`]); the slow reads above stay outside it.
     let starting = fence
@@ -748,10 +741,7 @@ fn record_metrics(
             .confirmed_by
             .as_deref()
             .is_some_and(|by| by.starts_with("kdump:"));
-        let by_promise = after
-            .confirmed_by
-            .as_deref()
-            .is_some_and(|by| by.starts_with("self-isolation:"));
+        let by_promise = after.is_released_on_promise();
         let step = match (after.step, after.self_isolation.is_some()) {
             _ if by_kdump => "Kdump".to_string(),
             _ if by_promise => "SelfIsolationPromise".to_string(),

@@ -85,9 +85,9 @@ pub struct Guardian {
     started: Duration,
     /// An isolation whose evidence is older than this counts as not isolated (the
     /// isolator checks it every report interval; one that stopped checking is stuck).
+    /// Also how long a starting agent waits for its first answer (see
+    /// [`Count::grace`]): three report intervals, at least 10 s, both.
     stale_after: Duration,
-    /// How long a starting agent waits for its first answer (see [`Count::grace`]).
-    grace: Duration,
 }
 
 /// A clock on the boot clock's scale.
@@ -128,8 +128,6 @@ impl Guardian {
             clock: Arc::new(boot_clock),
             started: boot_clock(),
             stale_after,
-            // Three report intervals, as the evidence's staleness.
-            grace: stale_after,
         }
     }
 
@@ -201,7 +199,7 @@ impl Guardian {
                 started: self.started,
                 held: self.contact.promised_within(),
                 answered_since_start: self.contact.report_answered_since(self.started),
-                grace: self.grace,
+                grace: self.stale_after,
             };
             let isolate_at = plan.isolate_at(&count);
             let isolation = self.board.snapshot().isolation;
@@ -412,6 +410,26 @@ mod tests {
         Duration::from_secs(1000) + START.with(|start| start.elapsed())
     }
 
+    impl Rig {
+        /// Stops the guardian as a stopping agent does, and waits for it.
+        async fn stop(self) {
+            self.stop.send_replace(true);
+            self.task.await.expect("guardian");
+        }
+    }
+
+    /// The isolator's report of a node isolated, its evidence checked at `checked_at`.
+    fn isolated(checked_at: Timestamp) -> IsolationReport {
+        IsolationReport {
+            state: IsolationState::Isolated,
+            since: Some(Timestamp::now()),
+            checked_at: Some(checked_at),
+            kubelet_stopped: true,
+            pod_processes: 0,
+            ..IsolationReport::default()
+        }
+    }
+
     fn resets(rig: &Rig) -> Vec<String> {
         rig.reset.0.lock().expect("resets").clone()
     }
@@ -454,8 +472,7 @@ mod tests {
             pets,
             "no pet after the reset was called: the watchdog backs it"
         );
-        rig.stop.send_replace(true);
-        rig.task.await.expect("guardian");
+        rig.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -463,14 +480,7 @@ mod tests {
         let rig = rig();
         tokio::time::sleep(Duration::from_millis(900)).await;
         assert!(rig.requests.borrow().is_some());
-        rig.board.set_isolation(IsolationReport {
-            state: IsolationState::Isolated,
-            since: Some(Timestamp::now()),
-            checked_at: Some(Timestamp::now()),
-            kubelet_stopped: true,
-            pod_processes: 0,
-            ..IsolationReport::default()
-        });
+        rig.board.set_isolation(isolated(Timestamp::now()));
         tokio::time::sleep(Duration::from_millis(800)).await;
         assert!(resets(&rig).is_empty(), "{:?}", resets(&rig));
         let pets = rig.pets.pets.load(Ordering::SeqCst);
@@ -484,8 +494,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert_eq!(resets(&rig).len(), 1);
-        rig.stop.send_replace(true);
-        rig.task.await.expect("guardian");
+        rig.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -504,8 +513,7 @@ mod tests {
         rig.contact.report_answered(clock());
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(*rig.requests.borrow(), None);
-        rig.stop.send_replace(true);
-        rig.task.await.expect("guardian");
+        rig.stop().await;
 
         // One that crashed, having delivered a promise of 2 s a second ago: the next one
         // isolates by that promise (2 s - budget 0.6 s - watchdog 1 s = 0.4 s after the
@@ -520,8 +528,7 @@ mod tests {
             rig.requests.borrow().is_some(),
             "isolated by the earlier promise"
         );
-        rig.stop.send_replace(true);
-        rig.task.await.expect("guardian");
+        rig.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -529,18 +536,11 @@ mod tests {
         let rig = rig();
         tokio::time::sleep(Duration::from_millis(900)).await;
         // The isolator reported the node isolated, then stopped checking (stuck).
-        rig.board.set_isolation(IsolationReport {
-            state: IsolationState::Isolated,
-            since: Some(Timestamp::now()),
-            checked_at: Some(Timestamp::now() - Duration::from_secs(60)),
-            kubelet_stopped: true,
-            pod_processes: 0,
-            ..IsolationReport::default()
-        });
+        rig.board
+            .set_isolation(isolated(Timestamp::now() - Duration::from_secs(60)));
         tokio::time::sleep(Duration::from_millis(800)).await;
         assert_eq!(resets(&rig).len(), 1, "reset once the budget ran out");
-        rig.stop.send_replace(true);
-        rig.task.await.expect("guardian");
+        rig.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -550,16 +550,16 @@ mod tests {
         rig.withdrawal.announce(clock());
         assert!(!rig.board.snapshot().self_isolation.armed);
         // The last report did not get through: the watchdog stays armed.
-        rig.stop.send_replace(true);
-        rig.task.await.expect("guardian");
-        assert_eq!(rig.pets.disarmed.load(Ordering::SeqCst), 0);
+        let pets = rig.pets.clone();
+        rig.stop().await;
+        assert_eq!(pets.disarmed.load(Ordering::SeqCst), 0);
 
         let rig = super::tests::rig();
         tokio::time::sleep(Duration::from_millis(100)).await;
         rig.withdrawal.announce(clock());
         rig.contact.report_answered(clock());
-        rig.stop.send_replace(true);
-        rig.task.await.expect("guardian");
-        assert_eq!(rig.pets.disarmed.load(Ordering::SeqCst), 1);
+        let pets = rig.pets.clone();
+        rig.stop().await;
+        assert_eq!(pets.disarmed.load(Ordering::SeqCst), 1);
     }
 }

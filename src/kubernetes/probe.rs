@@ -47,6 +47,9 @@ pub fn start_api_probe(
     }))
 }
 
+/// Where the kubelets keep their node Leases.
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
 /// The node's Lease in `kube-node-lease`, read for self-isolation: its renewals reach
 /// the fence controller too, so while the agent sees them renewed, the controller hears
 /// the node (see `crate::report::contact`). Needs `get` on that Lease.
@@ -58,7 +61,7 @@ pub struct NodeLease {
 impl NodeLease {
     pub fn new(client: kube::Client, node: &str) -> NodeLease {
         NodeLease {
-            leases: kube::Api::namespaced(client, "kube-node-lease"),
+            leases: kube::Api::namespaced(client, NODE_LEASE_NAMESPACE),
             node: node.to_string(),
         }
     }

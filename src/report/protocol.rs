@@ -277,13 +277,15 @@ pub struct SelfIsolationReport {
 impl SelfIsolationReport {
     /// The promise the controller may rest on, if the report makes one.
     pub fn promise(&self) -> Option<std::time::Duration> {
-        (self.armed && self.within_millis > 0 && self.within_millis <= MAX_PROMISE_MILLIS)
-            .then(|| std::time::Duration::from_millis(self.within_millis))
+        let within = std::time::Duration::from_millis(self.within_millis);
+        (self.armed && !within.is_zero() && within <= MAX_PROMISE).then_some(within)
     }
 }
 
 /// The longest promise a report may make: a day.
 pub const MAX_PROMISE_MILLIS: u64 = 24 * 3600 * 1000;
+/// The same, as a duration.
+pub const MAX_PROMISE: std::time::Duration = std::time::Duration::from_millis(MAX_PROMISE_MILLIS);
 
 /// (1.2) What the controller asks of an agent, in its answer to a report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -324,6 +324,19 @@ fn pass_on(
     });
 }
 
+/// An answer from the leading replica, about this node, is a contact from when its
+/// report was sent (see `super::contact`).
+fn count_contact(
+    settings: &SenderSettings,
+    answer: &Acknowledgement,
+    contact: &ContactClock,
+    sent_at: Duration,
+) {
+    if answer.node == settings.node && answer.heard_by_leader {
+        contact.report_answered(sent_at);
+    }
+}
+
 /// Reports until `stop` resolves; the instructions in the controller's answers go to
 /// `instructions`, and each answer (from this node's controller) is a contact on
 /// `contact`, from the moment its report was sent.
@@ -376,9 +389,7 @@ pub async fn run_sender(
             .inc();
         match result {
             Ok(answer) => {
-                if answer.node == settings.node && answer.heard_by_leader {
-                    contact.report_answered(sent_at);
-                }
+                count_contact(&settings, &answer, &contact, sent_at);
                 pass_on(&settings, &answer, &instructions);
                 if failures > 0 {
                     tracing::info!(controller = %settings.controller_url, "reports reach the controller again");
@@ -436,9 +447,7 @@ pub async fn run_sender(
     };
     match sent {
         Ok(answer) => {
-            if answer.node == settings.node && answer.heard_by_leader {
-                contact.report_answered(sent_at);
-            }
+            count_contact(&settings, &answer, &contact, sent_at);
             tracing::info!(sequence, "last report before stopping delivered")
         }
         Err(error) => tracing::info!(%error, "last report before stopping not delivered"),
