@@ -69,3 +69,69 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every command and its subcommands, with their path (`controller status`).
+    fn commands() -> Vec<(String, clap::Command)> {
+        fn walk(prefix: &str, command: &clap::Command, out: &mut Vec<(String, clap::Command)>) {
+            for sub in command.get_subcommands() {
+                let path = format!("{prefix} {}", sub.get_name()).trim().to_string();
+                out.push((path.clone(), sub.clone()));
+                walk(&path, sub, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk("", &super::Cli::command(), &mut out);
+        out
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_option_and_argument_says_what_it_is_for() {
+        let mut silent = Vec::new();
+        for (path, command) in commands() {
+            for arg in command.get_arguments() {
+                let builtin = ["help", "version"].contains(&arg.get_id().as_str());
+                if !builtin && arg.get_help().is_none() {
+                    silent.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+        }
+        assert!(silent.is_empty(), "without help text: {silent:?}");
+    }
+
+    #[test]
+    fn every_config_option_also_takes_the_short_c() {
+        let mut long_only = Vec::new();
+        for (path, command) in commands() {
+            for arg in command.get_arguments() {
+                if arg.get_long() == Some("config") && arg.get_short() != Some('c') {
+                    long_only.push(path.clone());
+                }
+            }
+        }
+        assert!(long_only.is_empty(), "--config without -c: {long_only:?}");
+    }
+
+    #[test]
+    fn every_visible_command_shows_examples_in_its_help() {
+        let mut without = Vec::new();
+        for (path, mut command) in commands() {
+            if command.is_hide_set() || path == "help" || path.starts_with("help ") {
+                continue;
+            }
+            let help = command.render_long_help().to_string();
+            if !help.contains("Example") {
+                without.push(path);
+            }
+        }
+        assert!(without.is_empty(), "no examples in --help: {without:?}");
+    }
+}

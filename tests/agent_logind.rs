@@ -192,6 +192,21 @@ workloads:
     );
     let mut agent = AgentProcess::start(&[OsStr::new("--config"), config.as_os_str()]);
     agent.wait_for_line("logind delay lock held", Duration::from_secs(10));
+    // With graceful shutdown on, the lock's gauges are exported, and say it is held.
+    let held = "nodekeeper_shutdown_inhibit_lock_held 1";
+    let sufficient = "nodekeeper_shutdown_inhibit_delay_sufficient 1";
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, metrics) = http_get(&agent.address, "/metrics");
+        if metrics.contains(held) && metrics.contains(sufficient) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "{held} and {sufficient} missing:\n{metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     runtime.block_on(logind.announce(true));
     let (_, line) = agent.wait_for_line("would stop pod", Duration::from_secs(10));

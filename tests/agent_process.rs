@@ -127,6 +127,24 @@ fn agent_serves_metrics_and_stops_cleanly_on_sigterm() {
             .iter()
             .any(|(s, v)| s.starts_with("nodekeeper_build_info{") && *v == 1.0)
     );
+    // Counters an alert or a rate reads exist before their first event.
+    assert_eq!(
+        sample(
+            &samples,
+            "nodekeeper_evictions_total{signal=\"memory.available\"}"
+        ),
+        Some(0.0),
+        "{body}"
+    );
+    // This configuration has no graceful shutdown: no lock, so no lock gauge to alert on.
+    assert!(!body.contains("inhibit"), "{body}");
+    // Stall ratios keep the kernel's decimals, without float noise.
+    for line in body.lines() {
+        if line.starts_with("nodekeeper_pressure_stall_ratio{") {
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.len() <= 6, "float noise in {line:?}");
+        }
+    }
 
     let status = agent.stop(Duration::from_secs(2));
     assert!(status.success(), "agent exited with {status}");
@@ -135,6 +153,18 @@ fn agent_serves_metrics_and_stops_cleanly_on_sigterm() {
         log.iter().any(|l| l.contains("SIGTERM received")),
         "{log:?}"
     );
+    // Log lines speak to people: no Rust debug formatting of options or structs.
+    let log = agent.whole_log();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("agent started") && l.contains("layout=")),
+        "{log:?}"
+    );
+    for line in &log {
+        for leak in ["Some(", "None", " { ", "\\\""] {
+            assert!(!line.contains(leak), "{leak:?} in the log line {line:?}");
+        }
+    }
 }
 
 #[test]

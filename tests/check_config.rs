@@ -70,6 +70,157 @@ fn the_effective_output_is_itself_a_valid_config() {
 }
 
 #[test]
+fn sections_left_unset_show_their_defaults_and_optional_fields_say_what_unset_means() {
+    // `-c FILE`, the way every other command takes its configuration.
+    let out = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["check-config", "-c"])
+        .arg(fixture("kubeadm-kubelet-config.yaml"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A kubelet file sets none of the agent's sections; their defaults are shown.
+    for shown in [
+        "\nkubernetes:\n  podsCgroupName: /kubepods\n",
+        "  podLogsPath: /var/log/pods\n",
+        "  apiProbeInterval: 10s\n",
+        "  outboxSize: 1000\n",
+        "  localKill: true\n",
+        "\nnodeReclaim:\n  commands: []\n  timeout: 2m0s\n",
+        "\nmergeDefaultEvictionSettings: false\n",
+    ] {
+        assert!(stdout.contains(shown), "{shown:?} missing from\n{stdout}");
+    }
+    // Optional settings with no default value are named, with what unset means.
+    for unset in [
+        "#   podsCgroup: ",
+        "#   report: no reports to a fence controller",
+        "#   kubernetes.cgroupDriver: detected from the cgroup tree",
+    ] {
+        assert!(stdout.contains(unset), "{unset:?} missing from\n{stdout}");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\npodsCgroup: kubepods\nreport:\n  controllerURL: https://nodekeeper-controller:9849\n",
+    )
+    .unwrap();
+    let out = check_config(&config);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("\nreport:\n  controllerURL: https://nodekeeper-controller:9849\n"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("#   report:"), "{stdout}");
+    assert!(!stdout.contains("#   podsCgroup:"), "{stdout}");
+}
+
+#[test]
+fn check_config_takes_its_file_once() {
+    let file = fixture("kubeadm-kubelet-config.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .arg("check-config")
+        .arg(&file)
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot be used with"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .arg("check-config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn every_section_round_trips_with_values_other_than_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: nodekeeper.io/v1alpha1
+kind: AgentConfiguration
+podsCgroup: kubepods
+nodeReclaim:
+  commands: [\"/usr/bin/crictl rmi --prune\"]
+  timeout: 90s
+kubernetes:
+  enabled: true
+  kubeconfig: /etc/kubernetes/kubelet.conf
+  cgroupDriver: cgroupfs
+  podsCgroupName: /kubepods
+  podLogsPath: /srv/logs/pods
+  kubeletRootPath: /srv/kubelet
+  writableLayerPath: /var/lib/containerd/{containerId}/rootfs
+  diskWalkMaxEntries: 5
+  taints: true
+  conditionHeartbeat: 1m
+  apiProbeInterval: 0s
+  apiProbeTimeout: 2s
+  outboxSize: 10
+  localKill: false
+report:
+  controllerURL: https://nodekeeper-controller:9849
+  interval: 5s
+  caFile: /etc/nodekeeper/ca.crt
+",
+    )
+    .unwrap();
+    let first = check_config(&config);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    for kept in [
+        "  cgroupDriver: cgroupfs\n",
+        "  diskWalkMaxEntries: 5\n",
+        "  apiProbeInterval: 0s\n",
+        "  localKill: false\n",
+        "  timeout: 1m30s\n",
+        "  writableLayerPath: /var/lib/containerd/{containerId}/rootfs\n",
+    ] {
+        assert!(stdout.contains(kept), "{kept:?} missing from\n{stdout}");
+    }
+    assert!(!stdout.contains("#   kubernetes."), "{stdout}");
+    assert!(!stdout.contains("#   report.caFile"), "{stdout}");
+    let again = dir.path().join("effective.yaml");
+    std::fs::write(&again, &first.stdout).unwrap();
+    let second = check_config(&again);
+    assert!(
+        second.status.success(),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let body = |o: &Output| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(body(&first), body(&second));
+}
+
+#[test]
 fn shipped_example_config_is_valid() {
     let out = check_config(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config/agent.yaml"));
     assert!(

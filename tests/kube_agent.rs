@@ -837,8 +837,18 @@ async fn dry_run_writes_nothing_to_the_cluster() {
     assert_eq!(node.status.and_then(|status| status.conditions), None);
     let metrics = s.agent.metrics().encode();
     for action in ["node_conditions", "node_taints", "event"] {
-        let line = format!("api_actions_total{{action=\"{action}\",outcome=\"dry_run\"}}");
-        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+        // Every series exists from the start at 0; these counted what was not written.
+        let series = format!("api_actions_total{{action=\"{action}\",outcome=\"dry_run\"}} ");
+        let count: u64 = metrics
+            .lines()
+            .find_map(|line| line.split_once(&series).map(|(_, value)| value))
+            .unwrap_or_else(|| panic!("{series} missing:\n{metrics}"))
+            .trim()
+            .parse()
+            .expect("a count");
+        assert!(count >= 1, "{series}{count}");
+        let done = format!("api_actions_total{{action=\"{action}\",outcome=\"done\"}} 0");
+        assert!(metrics.contains(&done), "{done} missing:\n{metrics}");
     }
 }
 

@@ -325,3 +325,77 @@ async fn without_memory_thresholds_nothing_is_armed() {
     );
     assert!(notifiers.armed().is_empty());
 }
+
+/// Log lines written while it is the thread's default subscriber, at debug and above.
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLog {
+    fn lines_with(&self, level: &str, text: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|line| line.contains(level) && line.contains(text))
+            .count()
+    }
+}
+
+#[tokio::test]
+async fn a_memcg_trigger_is_logged_once_and_its_refreshes_only_at_debug() {
+    let cgroups = require!(
+        "the cgroup v1 memory hierarchy",
+        TestCgroups::create(&["memory"])
+    );
+    let parent = cgroups.parent.clone();
+    cgroups.set_memory_limit(&parent, 256 * MIB);
+    let log = CapturedLog::default();
+    let writer = log.clone();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish(),
+    );
+
+    let mut config = AgentConfig::default();
+    config.paths.pods_cgroup = Some(parent.clone());
+    config.eviction.thresholds = vec![Threshold {
+        signal: Signal::AllocatableMemoryAvailable,
+        value: ThresholdValue::Quantity(Quantity::from_value((150 * MIB) as i64)),
+        grace_period: Default::default(),
+        min_reclaim: None,
+    }];
+    let support = probe(&config.paths);
+    // Refresh whenever the trigger moves at all, as a busy node's does every few cycles.
+    let settings = NotifierSettings {
+        memcg_refresh: nodekeeper::notify::RefreshPolicy {
+            min_interval: Duration::ZERO,
+            tolerance_bytes: 0,
+        },
+        ..NotifierSettings::default()
+    };
+    let mut notifiers = Notifiers::start(&config, &support, settings, Arc::new(Notify::new()));
+    let mut observations = SignalCollector::new(&config.paths).collect().observations;
+    notifiers.update(&observations);
+    for _ in 0..3 {
+        let observation = observations
+            .get_mut(&Signal::AllocatableMemoryAvailable)
+            .expect("the pods cgroup's memory is observed");
+        observation.capacity += 4 * MIB as i64;
+        notifiers.update(&observations);
+    }
+
+    assert_eq!(notifiers.counts().memcg_registrations, 4);
+    assert_eq!(log.lines_with("INFO", "memcg threshold registered"), 1);
+    assert_eq!(log.lines_with("DEBUG", "memcg threshold refreshed"), 3);
+}

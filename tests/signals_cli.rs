@@ -73,6 +73,24 @@ fn json_report_carries_fixture_numbers_and_thresholds() {
         .unwrap();
     assert_eq!(allocatable["available"], 13_555_990_528i64);
     assert_eq!(json["notifications"]["memoryEventsV2"]["supported"], true);
+    // Each pressure reading says whose stalls it measures in one plain word, and a
+    // cgroup's reading names the cgroup.
+    let pressure = json["pressure"].as_array().unwrap();
+    let scopes: Vec<&str> = pressure
+        .iter()
+        .map(|r| r["scope"].as_str().unwrap())
+        .collect();
+    assert!(
+        scopes.contains(&"node") && scopes.contains(&"cgroup"),
+        "{pressure:?}"
+    );
+    for reading in pressure {
+        assert_eq!(
+            reading.get("cgroup").is_some(),
+            reading["scope"] == "cgroup",
+            "{reading}"
+        );
+    }
     // The probe must never write a trigger into a fake pressure file.
     assert_eq!(
         std::fs::read(fixtures().join("proc/pressure/memory")).unwrap(),
@@ -112,4 +130,37 @@ fn unreadable_signal_exits_1_and_names_the_file() {
         !stdout.lines().any(|line| line.starts_with("cpu ")),
         "{stdout}"
     );
+}
+
+#[test]
+fn the_kubelets_eviction_flags_replace_the_files_thresholds() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_for(
+        dir.path(),
+        &fixtures().join("cgroup-v2"),
+        &fixtures().join("proc"),
+    );
+    let (code, stdout) = run(&[
+        "signals",
+        "-c",
+        config.to_str().unwrap(),
+        "--eviction-hard=memory.available<2Gi,nodefs.available<20%",
+        "--eviction-soft=memory.available<3Gi",
+        "--eviction-soft-grace-period=memory.available=30s",
+    ]);
+    assert_eq!(code, 0, "{stdout}");
+    let line = |signal: &str| {
+        stdout
+            .lines()
+            .find(|line| line.starts_with(signal))
+            .unwrap_or_else(|| panic!("no {signal} line in {stdout}"))
+            .to_string()
+    };
+    // The flags replace the file's maps whole, as the kubelet's flags replace its file.
+    assert!(
+        line("memory.available").contains("<2Gi (hard), <3Gi (soft 30s)"),
+        "{stdout}"
+    );
+    assert!(!line("memory.available").contains("100Mi"), "{stdout}");
+    assert!(line("nodefs.available").contains("<20%"), "{stdout}");
 }

@@ -85,7 +85,7 @@ impl CgroupEvictor {
                 pod = %order.key(),
                 cgroup = %cgroup.display(),
                 signal = order.reason.label(),
-                method = ?report.method,
+                method = %report.method,
                 processes = report.signalled,
                 message = %order.message,
                 "evicted pod: killed its cgroup"
@@ -156,7 +156,10 @@ impl Evictor for DryRunEvictor {
     fn evict(&mut self, order: &EvictionOrder, pod: &Pod) -> Result<(), EvictError> {
         tracing::warn!(
             pod = %order.key(),
-            cgroup = ?pod.cgroup,
+            cgroup = %pod
+                .cgroup
+                .as_ref()
+                .map_or_else(|| "none".to_string(), |cgroup| cgroup.display().to_string()),
             signal = order.reason.label(),
             grace_period_seconds = order.grace_period_seconds,
             message = %order.message,

@@ -42,6 +42,17 @@ pub enum KillMethod {
     Terminate,
 }
 
+impl std::fmt::Display for KillMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KillMethod::CgroupKill => "cgroup.kill",
+            KillMethod::FreezeKillThaw => "freeze, SIGKILL each task, thaw",
+            KillMethod::SignalEach => "SIGKILL each task until none is left",
+            KillMethod::Terminate => "SIGTERM each task",
+        })
+    }
+}
+
 /// What a kill did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KillReport {

@@ -68,6 +68,7 @@ pub struct Agent {
     /// Pods evicted and still listed, left out of the candidates once they have ended
     /// here (the kubelet's "known terminated").
     evicted: super::evicted::Evicted,
+    summary: super::summary::Summary,
 }
 
 impl Agent {
@@ -82,6 +83,13 @@ impl Agent {
         let reclaimer = (!commands.is_empty())
             .then(|| CommandReclaimer::new(commands, config.node_reclaim.timeout.to_std()));
         let sync_options = SyncOptions::for_paths(&config.paths, reclaimer.is_some());
+        metrics.start_signal_series(
+            config
+                .eviction
+                .thresholds
+                .iter()
+                .map(|threshold| threshold.signal.as_str()),
+        );
         Agent {
             config,
             collector,
@@ -100,6 +108,7 @@ impl Agent {
             node_lease: None,
             notifiers: None,
             evicted: super::evicted::Evicted::default(),
+            summary: super::summary::Summary::new(super::summary::SUMMARY_PERIOD, Duration::ZERO),
         }
         .with_standalone_evictor()
     }
@@ -131,15 +140,8 @@ impl Agent {
         support: &NotificationSupport,
         wake: std::sync::Arc<tokio::sync::Notify>,
     ) {
+        // Each notifier logs itself as it is armed.
         let notifiers = Notifiers::start(&self.config, support, NotifierSettings::default(), wake);
-        for armed in notifiers.armed() {
-            tracing::info!(
-                mechanism = armed.mechanism.as_str(),
-                path = %armed.path.display(),
-                trigger = %armed.trigger,
-                "kernel notifier armed"
-            );
-        }
         self.notifiers = Some(notifiers);
     }
 
@@ -205,7 +207,7 @@ impl Agent {
     pub fn announce(&self) -> NotificationSupport {
         let support = probe(&self.config.paths);
         tracing::info!(
-            layout = ?self.collector.layout(),
+            layout = %self.collector.describe_layout(),
             dry_run = self.config.dry_run,
             interval = %self.config.housekeeping_interval,
             thresholds = %self
@@ -262,7 +264,40 @@ impl Agent {
     pub async fn run_cycle(&mut self) -> (CycleReport, bool) {
         let report = self.observe_and_decide();
         let evicted = self.act(&report).await;
+        self.summarize(&report);
         (report, evicted)
+    }
+
+    /// Once per summary period, one INFO line of what repeated without being news.
+    fn summarize(&mut self, report: &CycleReport) {
+        let counts = self.notifiers.as_ref().map(Notifiers::counts);
+        let Some(activity) =
+            self.summary
+                .record(self.epoch.elapsed(), report.collection_errors, counts)
+        else {
+            return;
+        };
+        let conditions = if report.decision.conditions.is_empty() {
+            "none".to_string()
+        } else {
+            let names: Vec<String> = report
+                .decision
+                .conditions
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            names.join(",")
+        };
+        tracing::info!(
+            cycles = activity.cycles,
+            evictions = activity.evictions,
+            collection_errors = activity.collection_errors,
+            memcg_registrations = activity.memcg_registrations,
+            notifier_wakeups = activity.notifier_wakeups,
+            %conditions,
+            "activity in the last {}",
+            crate::config::GoDuration::from(Duration::from_secs(activity.over.as_secs()))
+        );
     }
 
     /// Collect signals and pods, run the eviction core, publish metrics. No side effects
@@ -390,7 +425,7 @@ impl Agent {
                         kind: reading.kind.to_string(),
                         window: window.to_string(),
                     })
-                    .set(value / 100.0);
+                    .set(stall_ratio(value));
             }
         }
         let unix = std::time::SystemTime::now()
@@ -459,6 +494,7 @@ impl Agent {
                 .evictions
                 .get_or_create(&Metrics::signal(order.reason.label()))
                 .inc();
+            self.summary.count_eviction();
             if self.config.dry_run {
                 tracing::warn!(
                     pod = %order.key(),
@@ -531,5 +567,40 @@ impl Agent {
             tokio::time::sleep(POD_CLEANUP_POLL).await;
         }
         tracing::warn!("evicted workloads still have processes after {POD_CLEANUP_TIMEOUT:?}");
+    }
+}
+
+/// A PSI average (the kernel prints a percentage with two decimals) as a ratio. Counted
+/// in hundredths of a percent, so the exported value keeps its short decimal form
+/// (0.0185, not the 0.018500000000000004 that `percent / 100.0` gives).
+fn stall_ratio(percent: f64) -> f64 {
+    (percent * 100.0).round() / 10_000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stall_ratio;
+
+    #[test]
+    fn stall_ratios_print_as_the_kernels_decimals() {
+        for (percent, printed) in [
+            (1.85, "0.0185"),
+            (0.3, "0.003"),
+            (30.0, "0.3"),
+            (99.99, "0.9999"),
+            (100.0, "1"),
+            (0.0, "0"),
+            (12.34, "0.1234"),
+        ] {
+            assert_eq!(stall_ratio(percent).to_string(), printed, "{percent}");
+        }
+        // Every value the kernel can print keeps its short form.
+        for hundredths in 0..=10_000u32 {
+            let percent: f64 = format!("{}.{:02}", hundredths / 100, hundredths % 100)
+                .parse()
+                .unwrap();
+            let ratio = stall_ratio(percent).to_string();
+            assert!(ratio.len() <= 6, "{percent}% gives {ratio}");
+        }
     }
 }

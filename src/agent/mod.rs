@@ -8,6 +8,7 @@ mod hooks;
 mod record;
 mod report;
 mod shutdown;
+mod summary;
 
 pub use cycle::{Agent, CycleReport};
 pub use hooks::{CycleObserver, PodSource};
@@ -61,7 +62,11 @@ pub async fn run(
     customize: impl FnOnce(&mut Agent),
     on_start: impl FnOnce(RunHandles),
 ) -> Result<(), AgentError> {
-    let metrics = Arc::new(Metrics::new());
+    let mut metrics = Metrics::new();
+    if !crate::shutdown::plan::phases_from_config(&config.shutdown).is_empty() {
+        metrics.export_inhibitor_lock();
+    }
+    let metrics = Arc::new(metrics);
     let interval = config
         .housekeeping_interval
         .to_std()

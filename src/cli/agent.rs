@@ -9,8 +9,10 @@ use super::EvictionFlags;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LogFormat {
+    /// One line per event, for people.
     #[default]
     Text,
+    /// One JSON object per line, for log collectors.
     Json,
 }
 
@@ -36,6 +38,8 @@ pub struct Args {
     /// Address for /metrics, /healthz and /readyz, e.g. 127.0.0.1:9847.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
+    /// How to write log lines to standard error: `text` for people, `json` (one object
+    /// per line) for log collectors.
     #[arg(long, value_enum, default_value_t)]
     pub log_format: LogFormat,
     /// Append every observation to this trace file, for `nodekeeper replay` later.

@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -13,18 +13,33 @@ use super::EvictionFlags;
 pub struct Args {
     /// Configuration file: a KubeletConfiguration, an AgentConfiguration, or both; or a
     /// ControllerConfiguration (recognised by its kind).
-    pub file: PathBuf,
+    #[arg(value_name = "FILE", required_unless_present = "config")]
+    pub file: Option<PathBuf>,
+    /// The configuration file, given the way the other commands take it (instead of FILE).
+    #[arg(long, short, value_name = "FILE", conflicts_with = "file")]
+    pub config: Option<PathBuf>,
     #[command(flatten)]
     pub eviction: EvictionFlags,
 }
 
+impl Args {
+    fn file(&self) -> &Path {
+        // clap requires one of the two.
+        self.file
+            .as_deref()
+            .or(self.config.as_deref())
+            .unwrap_or(Path::new(""))
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if let Ok(text) = std::fs::read_to_string(&args.file)
+    let file = args.file();
+    if let Ok(text) = std::fs::read_to_string(file)
         && nodekeeper::controller::policy::is_controller_configuration(&text)
     {
         return check_controller(&args, &text);
     }
-    let loaded = config::load_with_warnings(Some(&args.file), &args.eviction.overrides())?;
+    let loaded = config::load_with_warnings(Some(file), &args.eviction.overrides())?;
     for warning in &loaded.warnings {
         eprintln!("warning: {warning}");
     }
@@ -32,9 +47,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .context("rendering the effective configuration")?;
     println!(
         "# Effective configuration of {}, defaults filled in.",
-        args.file.display()
+        file.display()
     );
     print!("{yaml}");
+    let unset = config::unset_settings(&loaded.config);
+    if !unset.is_empty() {
+        println!("# Not set, so:");
+        for (field, meaning) in unset {
+            println!("#   {field}: {meaning}");
+        }
+    }
     println!("# Thresholds in force (derived ones included):");
     for threshold in &loaded.config.eviction.thresholds {
         let kind = if threshold.is_hard() {
@@ -59,7 +81,7 @@ fn check_controller(args: &Args, text: &str) -> anyhow::Result<ExitCode> {
             "the eviction flags apply to agent configurations, not to a ControllerConfiguration"
         );
     }
-    let origin = args.file.display().to_string();
+    let origin = args.file().display().to_string();
     let policy = nodekeeper::controller::policy::parse(text, &origin)?;
     let yaml = serde_yaml_ng::to_string(&policy.effective_document())
         .context("rendering the effective configuration")?;

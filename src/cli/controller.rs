@@ -20,7 +20,7 @@ pub struct Args {
     pub command: Option<Command>,
     /// The ControllerConfiguration (see config/controller.yaml); without one, every
     /// default applies.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, short, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Kubeconfig for the Kubernetes API (default: KUBECONFIG, then the in-cluster
     /// service account).
@@ -29,6 +29,8 @@ pub struct Args {
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9848")]
     pub metrics_addr: String,
+    /// How to write log lines to standard error: `text` for people, `json` (one object
+    /// per line) for log collectors.
     #[arg(long, value_enum, default_value_t)]
     pub log_format: LogFormat,
 }
@@ -41,17 +43,23 @@ pub enum Command {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  nodekeeper controller status --config /etc/nodekeeper/controller.yaml\n  nodekeeper controller status --kubeconfig ~/.kube/config --output json\n  nodekeeper controller status --controller-url http://127.0.0.1:9848"
+)]
 pub struct StatusArgs {
     /// The ControllerConfiguration the controller runs with (its node selector and storm
     /// guard settings); without one, the defaults.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, short, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Kubeconfig for the Kubernetes API (default: KUBECONFIG, then the in-cluster
+    /// service account).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// The controller's metrics address (e.g. http://127.0.0.1:9848 through `kubectl
     /// port-forward`), to show each node's latest agent report from its `/reports`.
     #[arg(long, value_name = "URL")]
     pub controller_url: Option<String>,
+    /// How to print the result: `table` for people, `json` for programs.
     #[arg(long, value_enum, default_value = "table")]
     pub output: super::OutputFormat,
 }

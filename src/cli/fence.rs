@@ -7,6 +7,9 @@ use nodekeeper::fencing::{self, FenceRunner, Step, report, run_step};
 use super::{FenceSourceArgs, OutputFormat};
 
 #[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  nodekeeper fence run --node worker-1 --step power-management --from ./fencing/\n  nodekeeper fence run --node worker-1 --step power-management --namespace nodekeeper --yes"
+)]
 pub struct Args {
     #[command(subcommand)]
     pub command: Command,
@@ -23,7 +26,7 @@ pub enum Command {
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "The Job executor's wrapper: the controller writes this command into each Job it creates. It reads the credentials the execution document names from the Secret volume, gives the agent every option on its standard input, confirms every off and on with status, and writes the outcome (JSON) to the result file, which Kubernetes reports as the container's termination message, and to standard output.\n\nExit status: 0 when the execution succeeded; 1 otherwise (the result file says why)."
+    after_help = "The Job executor's wrapper: the controller writes this command into each Job it creates. It reads the credentials the execution document names from the Secret volume, gives the agent every option on its standard input, confirms every off and on with status, and writes the outcome (JSON) to the result file, which Kubernetes reports as the container's termination message, and to standard output.\n\nExit status: 0 when the execution succeeded; 1 otherwise (the result file says why).\n\nExample (as a Job's container runs it):\n  nodekeeper fence execute --execution \"$(cat execution.json)\" --secrets-dir /run/nodekeeper/secrets"
 )]
 pub struct ExecuteArgs {
     /// The execution document (JSON) the controller wrote into the Job.
@@ -59,7 +62,7 @@ pub struct RunArgs {
     /// How long `status` may take to confirm an off or on the agent reported done.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::parse_duration)]
     pub verify_timeout: std::time::Duration,
-    /// Table for people, JSON for programs.
+    /// How to print the result: `table` for people, `json` for programs.
     #[arg(long, value_enum, default_value = "table")]
     pub output: OutputFormat,
 }

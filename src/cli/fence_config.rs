@@ -6,6 +6,9 @@ use nodekeeper::fencing::{self, FenceRunner, report};
 use super::{FenceSourceArgs, OutputFormat};
 
 #[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  nodekeeper fence-config check --node worker-1 --from ./fencing/\n  nodekeeper fence-config check --node worker-1 --namespace nodekeeper --probe"
+)]
 pub struct Args {
     #[command(subcommand)]
     pub command: Command,
@@ -32,7 +35,7 @@ pub struct CheckArgs {
     /// power state. Never changes power.
     #[arg(long)]
     pub probe: bool,
-    /// Table for people, JSON for programs.
+    /// How to print the result: `table` for people, `json` for programs.
     #[arg(long, value_enum, default_value = "table")]
     pub output: OutputFormat,
 }

@@ -55,8 +55,10 @@ impl EvictionFlags {
 /// `--output` for commands that print either for people or for programs.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OutputFormat {
+    /// Aligned columns, for people.
     #[default]
     Table,
+    /// One JSON document, for programs.
     Json,
 }
 

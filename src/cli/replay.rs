@@ -20,7 +20,7 @@ Examples:
   nodekeeper replay --config /etc/nodekeeper/agent.yaml last-night.yaml | jq -c 'select(.evicted != [])'")]
 pub struct Args {
     /// Configuration file to replay with when the trace has no inline `config`.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, short, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Trace file, YAML or JSON.
     #[arg(value_name = "TRACE")]

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 pub struct Args {
     /// Agent configuration (shutdownGracePeriod, shutdownGracePeriodCriticalPods or
     /// shutdownGracePeriodByPodPriority).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, short, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Directory holding `<namespace>/<name>` workload cgroups (a v2 directory or one in
     /// the v1 freezer hierarchy).
@@ -33,8 +33,10 @@ pub struct Args {
     /// begins. Without it, every `<namespace>/<name>` cgroup is a pod of priority 0.
     #[arg(long, value_name = "FILE")]
     pub pods: Option<PathBuf>,
+    /// Where the shutdown record is kept, so a restarted manager resumes its phases.
     #[arg(long, value_name = "FILE", default_value = DEFAULT_STATE_PATH)]
     pub state_file: PathBuf,
+    /// The logind drop-in written when InhibitDelayMaxSec must grow to fit the phases.
     #[arg(long, value_name = "FILE", default_value = DEFAULT_DROPIN_PATH)]
     pub logind_dropin: PathBuf,
     /// D-Bus address to use instead of the system bus (also `DBUS_SYSTEM_BUS_ADDRESS`).

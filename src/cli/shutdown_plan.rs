@@ -7,11 +7,7 @@ use nodekeeper::config::{self, Overrides};
 use nodekeeper::shutdown::plan::{ShutdownPlan, phases_from_config, plan};
 use nodekeeper::shutdown::pod_list::{pods_from_path, pods_from_str};
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    Table,
-    Json,
-}
+use super::OutputFormat;
 
 #[derive(clap::Args)]
 #[command(
@@ -20,10 +16,11 @@ pub enum Output {
 pub struct Args {
     /// Agent configuration file (shutdownGracePeriod, shutdownGracePeriodCriticalPods,
     /// shutdownGracePeriodByPodPriority); built-in defaults when omitted.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, short, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// How to print the result: `table` for people, `json` for programs.
     #[arg(long, value_enum, default_value = "table")]
-    pub output: Output,
+    pub output: OutputFormat,
     /// Pods to plan for.
     #[arg(value_name = "PODS")]
     pub pods: PathBuf,
@@ -42,8 +39,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let shutdown_plan = plan(&phases_from_config(&config.shutdown), &pods);
     match args.output {
-        Output::Json => println!("{}", serde_json::to_string(&shutdown_plan)?),
-        Output::Table => print!("{}", render_table(&shutdown_plan)),
+        OutputFormat::Json => println!("{}", serde_json::to_string(&shutdown_plan)?),
+        OutputFormat::Table => print!("{}", render_table(&shutdown_plan)),
     }
     Ok(ExitCode::SUCCESS)
 }

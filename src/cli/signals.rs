@@ -3,30 +3,29 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use nodekeeper::config::{self, Overrides};
+use nodekeeper::config;
 use nodekeeper::signals::{SignalCollector, probe, report};
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum Output {
-    Table,
-    Json,
-}
+use super::{EvictionFlags, OutputFormat};
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Exit status is 1 when a signal could not be read (the output names the file), else 0.\n\nExamples:\n  nodekeeper signals\n  nodekeeper signals --config config/agent.yaml --output json"
+    after_help = "Exit status is 1 when a signal could not be read (the output names the file), else 0.\n\nExamples:\n  nodekeeper signals\n  nodekeeper signals --config config/agent.yaml --output json\n  nodekeeper signals --eviction-hard='memory.available<1Gi,nodefs.available<10%'"
 )]
 pub struct Args {
     /// Configuration file (KubeletConfiguration and/or AgentConfiguration); built-in defaults
     /// when omitted.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, short, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// How to print the result: `table` for people, `json` for programs.
     #[arg(long, value_enum, default_value = "table")]
-    pub output: Output,
+    pub output: OutputFormat,
+    #[command(flatten)]
+    pub eviction: EvictionFlags,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config = config::load(args.config.as_deref(), &Overrides::default())?;
+    let config = config::load(args.config.as_deref(), &args.eviction.overrides())?;
     let collector = SignalCollector::new(&config.paths);
     let collection = collector.collect();
     let support = probe(&config.paths);
@@ -34,16 +33,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut problems = collector.notes().to_vec();
     problems.extend(report::other_problems(&collection));
     let text = match args.output {
-        Output::Table => {
-            let layout = collector
-                .layout()
-                .map_or("none found".to_string(), |layout| layout.to_string());
+        OutputFormat::Table => {
             format!(
-                "cgroup layout: {layout}\n\n{}",
+                "cgroup layout: {}\n\n{}",
+                collector.describe_layout(),
                 report::render_table(&rows, &collection.pressure, &support, &problems)
             )
         }
-        Output::Json => {
+        OutputFormat::Json => {
             let mut json = report::render_json(&rows, &collection.pressure, &support, &problems);
             json["cgroupLayout"] =
                 serde_json::to_value(collector.layout()).context("rendering the cgroup layout")?;

@@ -1028,5 +1028,104 @@ fn effective_document(mut doc: AgentDocument, config: &AgentConfig) -> AgentDocu
             watchdog_timeout: Some(report.isolation.watchdog_timeout.to_string()),
         }),
     });
+    doc.node_reclaim = Some(RawNodeReclaim {
+        commands: config.node_reclaim.commands.clone(),
+        timeout: Some(config.node_reclaim.timeout.to_string()),
+    });
+    let kubernetes = &config.kubernetes;
+    doc.kubernetes = Some(RawKubernetes {
+        enabled: kubernetes.enabled,
+        kubeconfig: kubernetes
+            .kubeconfig
+            .as_ref()
+            .map(|p| p.display().to_string()),
+        cgroup_driver: kubernetes.cgroup_driver.map(|driver| driver.to_string()),
+        pods_cgroup_name: Some(kubernetes.pods_cgroup_name.clone()),
+        pod_logs_path: path(&kubernetes.pod_logs_path),
+        kubelet_root_path: path(&kubernetes.kubelet_root_path),
+        writable_layer_path: kubernetes.writable_layer_path.clone(),
+        disk_walk_max_entries: Some(kubernetes.disk_walk_max_entries),
+        taints: Some(kubernetes.taints),
+        condition_heartbeat: Some(kubernetes.condition_heartbeat.to_string()),
+        api_probe_interval: Some(kubernetes.api_probe_interval.to_string()),
+        api_probe_timeout: Some(kubernetes.api_probe_timeout.to_string()),
+        outbox_size: Some(kubernetes.outbox_size),
+        local_kill: Some(kubernetes.local_kill),
+    });
     doc
+}
+
+/// The optional settings `config` leaves unset, each with what unset means, for
+/// `check-config` to show beside the effective document (they have no value to print).
+pub fn unset_settings(config: &AgentConfig) -> Vec<(&'static str, &'static str)> {
+    let kubernetes = &config.kubernetes;
+    [
+        (
+            config.paths.imagefs.is_none(),
+            "imagefsPath",
+            "images are on the nodefs filesystem",
+        ),
+        (
+            config.paths.containerfs.is_none(),
+            "containerfsPath",
+            "writable layers are on the imagefs filesystem",
+        ),
+        (
+            config.paths.pods_cgroup.is_none(),
+            "podsCgroup",
+            "no allocatableMemory.available threshold and no pod-level kernel notifiers",
+        ),
+        (
+            config.node_name.is_none(),
+            "nodeName",
+            "the NODE_NAME variable, then the hostname",
+        ),
+        (
+            config.dbus_address.is_none(),
+            "dbusAddress",
+            "the system bus (DBUS_SYSTEM_BUS_ADDRESS, else its standard socket)",
+        ),
+        (
+            config.workloads.is_none(),
+            "workloads",
+            "standalone mode has no pods to evict, only signals and metrics",
+        ),
+        (
+            config.report.is_none(),
+            "report",
+            "no reports to a fence controller, and no self-isolation",
+        ),
+        (
+            config
+                .report
+                .as_ref()
+                .is_some_and(|report| report.ca_file.is_none()),
+            "report.caFile",
+            "the controller's certificate is checked against the system's root certificates",
+        ),
+        (
+            kubernetes.enabled.is_none(),
+            "kubernetes.enabled",
+            "Kubernetes mode when a kubeconfig or the in-cluster service account is found",
+        ),
+        (
+            kubernetes.kubeconfig.is_none(),
+            "kubernetes.kubeconfig",
+            "the --kubeconfig flag, then KUBECONFIG, then the in-cluster service account",
+        ),
+        (
+            kubernetes.cgroup_driver.is_none(),
+            "kubernetes.cgroupDriver",
+            "detected from the cgroup tree (a KubeletConfiguration's cgroupDriver is not read)",
+        ),
+        (
+            kubernetes.writable_layer_path.is_none(),
+            "kubernetes.writableLayerPath",
+            "containers' writable layers are not measured",
+        ),
+    ]
+    .into_iter()
+    .filter(|(unset, _, _)| *unset)
+    .map(|(_, field, meaning)| (field, meaning))
+    .collect()
 }

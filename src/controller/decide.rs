@@ -136,6 +136,18 @@ pub enum TaintChange {
     RemoveOutOfService,
 }
 
+impl TaintChange {
+    /// For the log: which taint, added or removed.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            TaintChange::AddRemediation => "remediation taint added",
+            TaintChange::RemoveRemediation => "remediation taint removed",
+            TaintChange::AddOutOfService => "out-of-service taint added",
+            TaintChange::RemoveOutOfService => "out-of-service taint removed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub enum Action {
     Start(ExecutionRequest),

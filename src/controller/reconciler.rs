@@ -530,11 +530,15 @@ pub async fn reconcile(
 }
 
 fn log_decision(fence: &str, node: &str, decision: &Decision) {
+    let step = decision
+        .status
+        .step
+        .map_or_else(|| "none".to_string(), |step| step.to_string());
     for event in &decision.events {
         if event.warning {
-            tracing::warn!(%fence, %node, step = ?decision.status.step, reason = event.reason, "{}", event.message);
+            tracing::warn!(%fence, %node, %step, reason = event.reason, "{}", event.message);
         } else {
-            tracing::info!(%fence, %node, step = ?decision.status.step, reason = event.reason, "{}", event.message);
+            tracing::info!(%fence, %node, %step, reason = event.reason, "{}", event.message);
         }
     }
 }
@@ -648,7 +652,8 @@ async fn change_taints(
             fence,
             format!("changing the taints of node {node}"),
         ))?;
-    tracing::info!(%fence, %node, ?changes, "taints changed");
+    let changes: Vec<&str> = changes.iter().map(TaintChange::describe).collect();
+    tracing::info!(%fence, %node, changes = %changes.join(", "), "taints changed");
     Ok(())
 }
 

@@ -224,7 +224,16 @@ impl ApiAction {
         }
     }
 
-    /// A short label for logs and metrics.
+    /// Every [`ApiAction::kind`].
+    pub const KINDS: [&'static str; 5] = [
+        "event",
+        "pod_condition",
+        "pod_delete",
+        "node_conditions",
+        "node_taints",
+    ];
+
+    /// A short label for logs and metrics, one of [`ApiAction::KINDS`].
     pub fn kind(&self) -> &'static str {
         match self {
             ApiAction::CreateEvent(_) => "event",
@@ -540,6 +549,19 @@ pub(crate) mod tests {
             name: format!("pod-{uid}"),
             uid: uid.to_string(),
         }
+    }
+
+    #[test]
+    fn every_action_kind_is_listed_for_the_metric_series() {
+        let one_of_each = [
+            event("web.1", 1),
+            condition("u1"),
+            delete("u1", 30),
+            ApiAction::SetNodeConditions(Vec::new()),
+            ApiAction::SetNodeTaints(Vec::new()),
+        ];
+        let kinds: Vec<&str> = one_of_each.iter().map(ApiAction::kind).collect();
+        assert_eq!(kinds, ApiAction::KINDS);
     }
 
     pub(crate) fn delete(uid: &str, grace: i64) -> ApiAction {

@@ -14,6 +14,9 @@ use super::api::ApiWriter;
 use super::outbox::{ApiAction, Lane, Outbox, Outcome, Pushed, retry_delay};
 use crate::metrics::{ApiActionLabels, Metrics};
 
+/// The `outcome` labels of the API actions counter.
+const OUTCOMES: [&str; 5] = ["done", "retried", "rejected", "dropped", "dry_run"];
+
 /// Shared access to the outbox, cheap to clone.
 #[derive(Clone)]
 pub struct OutboxHandle {
@@ -48,8 +51,10 @@ impl OutboxHandle {
         self.lock().is_dry_run()
     }
 
-    /// Export counts to `metrics` from now on, from every clone of this handle.
+    /// Export counts to `metrics` from now on, from every clone of this handle, every
+    /// series starting at zero.
     pub fn set_metrics(&self, metrics: Arc<Metrics>) {
+        metrics.start_api_action_series(&ApiAction::KINDS, &OUTCOMES);
         let _ = self.metrics.set(metrics);
     }
 
@@ -67,7 +72,8 @@ impl OutboxHandle {
         }
     }
 
-    fn count(&self, action: &str, outcome: &str) {
+    fn count(&self, action: &str, outcome: &'static str) {
+        debug_assert!(OUTCOMES.contains(&outcome), "{outcome}");
         if let Some(metrics) = self.metrics.get() {
             metrics
                 .api_actions
@@ -163,7 +169,7 @@ impl OutboxHandle {
                 tracing::warn!(
                     lane = lane.as_str(),
                     count = owed.len(),
-                    left = ?owed,
+                    left = %owed.join(", "),
                     "API writes not sent before the flush deadline"
                 );
             }
@@ -238,7 +244,7 @@ async fn run_lane<W: ActionWriter>(
                 handle.count(kind, "done");
             }
             Outcome::Rejected(reason) => {
-                tracing::error!(action = kind, target = %action.target(), %reason, ?action, "API server refused a write; dropping it");
+                tracing::error!(action = kind, target = %action.target(), %reason, write = %action.describe(), "API server refused a write; dropping it");
                 handle.count(kind, "rejected");
             }
             Outcome::Retry(reason) | Outcome::Unreachable(reason) => {

@@ -193,18 +193,10 @@ impl Metrics {
             "1 while a graceful node shutdown is draining pods (or waiting for power-off)",
             shutdown_in_progress.clone(),
         );
+        // The inhibitor lock's gauges are registered by `export_inhibitor_lock`, only
+        // where graceful shutdown is on: a 0 for a lock never wanted would page for nothing.
         let shutdown_inhibit_lock_held = Gauge::default();
-        registry.register(
-            "shutdown_inhibit_lock_held",
-            "1 while the agent holds its systemd-logind delay inhibitor lock",
-            shutdown_inhibit_lock_held.clone(),
-        );
         let shutdown_inhibit_delay_sufficient = Gauge::default();
-        registry.register(
-            "shutdown_inhibit_delay_sufficient",
-            "0 when logind's InhibitDelayMaxSec stayed below the shutdown budget, else 1",
-            shutdown_inhibit_delay_sufficient.clone(),
-        );
         let graceful_shutdown_start_time = FloatGauge::default();
         registry.register(
             "graceful_shutdown_start_time_seconds",
@@ -268,6 +260,57 @@ impl Metrics {
         }
     }
 
+    /// Export the logind inhibitor lock's gauges: call at startup when graceful shutdown
+    /// handling is on. Both read 0 until the shutdown manager has taken the lock and
+    /// checked logind's delay, so a manager that never starts shows as a problem.
+    pub fn export_inhibitor_lock(&mut self) {
+        self.registry.register(
+            "shutdown_inhibit_lock_held",
+            "1 while the agent holds its systemd-logind delay inhibitor lock (exported only when graceful shutdown is on)",
+            self.shutdown_inhibit_lock_held.clone(),
+        );
+        self.registry.register(
+            "shutdown_inhibit_delay_sufficient",
+            "0 when logind's InhibitDelayMaxSec stayed below the shutdown budget, else 1 (exported only when graceful shutdown is on)",
+            self.shutdown_inhibit_delay_sufficient.clone(),
+        );
+    }
+
+    /// Start each of these counters' series at zero, so a rate or an alert sees them
+    /// before their first event: evictions and collection errors per signal.
+    pub fn start_signal_series<'a>(&self, signals: impl IntoIterator<Item = &'a str>) {
+        for signal in signals {
+            let labels = Metrics::signal(signal);
+            self.evictions.get_or_create(&labels).inc_by(0);
+            self.collection_errors.get_or_create(&labels).inc_by(0);
+        }
+    }
+
+    /// Start every action × outcome series of `api_actions` at zero (Kubernetes mode).
+    pub fn start_api_action_series(&self, actions: &[&str], outcomes: &[&str]) {
+        for action in actions {
+            for outcome in outcomes {
+                self.api_actions
+                    .get_or_create(&ApiActionLabels {
+                        action: action.to_string(),
+                        outcome: outcome.to_string(),
+                    })
+                    .inc_by(0);
+            }
+        }
+    }
+
+    /// Start the report results' series at zero (reporting to a fence controller on).
+    pub fn start_report_series(&self, results: &[&str]) {
+        for result in results {
+            self.reports
+                .get_or_create(&ReportResultLabels {
+                    result: result.to_string(),
+                })
+                .inc_by(0);
+        }
+    }
+
     /// The registry, for subsystems that register their own metrics at startup.
     pub fn registry_mut(&mut self) -> &mut Registry {
         &mut self.registry
@@ -319,5 +362,43 @@ mod tests {
         );
         assert!(text.contains("nodekeeper_build_info{version=\""), "{text}");
         assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    }
+
+    #[test]
+    fn the_inhibitor_lock_is_exported_only_where_graceful_shutdown_is_on() {
+        let off = Metrics::new().encode();
+        assert!(!off.contains("inhibit"), "{off}");
+        assert!(off.contains("nodekeeper_shutdown_in_progress 0"), "{off}");
+        let mut on = Metrics::new();
+        on.export_inhibitor_lock();
+        let text = on.encode();
+        // Nothing checked yet: not known to be sufficient.
+        assert!(
+            text.contains("nodekeeper_shutdown_inhibit_delay_sufficient 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodekeeper_shutdown_inhibit_lock_held 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn known_counter_series_exist_at_zero_before_their_first_event() {
+        let metrics = Metrics::new();
+        metrics.start_signal_series(["memory.available", "nodefs.available"]);
+        metrics.start_api_action_series(&["pod_delete"], &["done", "dry_run"]);
+        metrics.start_report_series(&["accepted", "failed"]);
+        let text = metrics.encode();
+        for series in [
+            "nodekeeper_evictions_total{signal=\"memory.available\"} 0",
+            "nodekeeper_evictions_total{signal=\"nodefs.available\"} 0",
+            "nodekeeper_collection_errors_total{signal=\"nodefs.available\"} 0",
+            "nodekeeper_api_actions_total{action=\"pod_delete\",outcome=\"done\"} 0",
+            "nodekeeper_api_actions_total{action=\"pod_delete\",outcome=\"dry_run\"} 0",
+            "nodekeeper_agent_reports_total{result=\"failed\"} 0",
+        ] {
+            assert!(text.contains(series), "{series} missing from {text}");
+        }
     }
 }

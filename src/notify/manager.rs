@@ -72,6 +72,8 @@ pub struct ArmedNotifier {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NotifierCounts {
     pub memcg_crossings: u64,
+    /// memcg thresholds registered, first registrations and refreshes alike.
+    pub memcg_registrations: u64,
     pub psi_events: u64,
     pub memory_events: u64,
     /// Notifications that reached the storm limiter (bursts are already merged).
@@ -112,6 +114,7 @@ pub struct Notifiers {
     reader: Option<CgroupReader>,
     refresh: RefreshPolicy,
     epoch: std::time::Instant,
+    memcg_registrations: u64,
 }
 
 impl Notifiers {
@@ -146,6 +149,7 @@ impl Notifiers {
             reader: CgroupReader::detect(&config.paths.cgroup_root).ok(),
             refresh: settings.memcg_refresh,
             epoch: std::time::Instant::now(),
+            memcg_registrations: 0,
         };
         let memory_thresholds: Vec<_> = config
             .eviction
@@ -241,13 +245,25 @@ impl Notifiers {
                         self.source.notify_one();
                     }
                     let watch = &mut self.memcg[index];
-                    tracing::info!(
-                        mechanism = Mechanism::MemcgThreshold.as_str(),
-                        signal = %watch.signal,
-                        cgroup = %watch.dir.display(),
-                        trigger_bytes = wanted,
-                        "memcg threshold registered"
-                    );
+                    self.memcg_registrations += 1;
+                    // The trigger follows usage, so it is refreshed every few cycles: only
+                    // the first registration, and one after a failure, are news.
+                    if watch.registered.is_none() || watch.last_error.is_some() {
+                        tracing::info!(
+                            mechanism = Mechanism::MemcgThreshold.as_str(),
+                            signal = %watch.signal,
+                            cgroup = %watch.dir.display(),
+                            trigger_bytes = wanted,
+                            "memcg threshold registered; refreshed as usage moves (logged at debug)"
+                        );
+                    } else {
+                        tracing::debug!(
+                            mechanism = Mechanism::MemcgThreshold.as_str(),
+                            signal = %watch.signal,
+                            trigger_bytes = wanted,
+                            "memcg threshold refreshed"
+                        );
+                    }
                     let registered = Registered {
                         trigger_bytes: wanted,
                         at: now,
@@ -283,6 +299,7 @@ impl Notifiers {
     pub fn counts(&self) -> NotifierCounts {
         NotifierCounts {
             memcg_crossings: self.sources.memcg.load(Ordering::Relaxed),
+            memcg_registrations: self.memcg_registrations,
             psi_events: self.sources.psi.load(Ordering::Relaxed),
             memory_events: self.sources.memory_events.load(Ordering::Relaxed),
             wakeups: self.forwarded.wakeups(),

@@ -337,6 +337,12 @@ fn count_contact(
     }
 }
 
+/// The `result` labels of the reports counter: the controller accepted the report,
+/// answered with an error, or did not answer.
+const ACCEPTED: &str = "accepted";
+const REFUSED: &str = "refused";
+const FAILED: &str = "failed";
+
 /// Reports until `stop` resolves; the instructions in the controller's answers go to
 /// `instructions`, and each answer (from this node's controller) is a contact on
 /// `contact`, from the moment its report was sent.
@@ -355,6 +361,7 @@ pub async fn run_sender(
     // The last failure's kind, so a new kind of failure is logged as a warning again.
     let mut last_failure = String::new();
     let mut trigger = Trigger::Start;
+    metrics.start_report_series(&[ACCEPTED, REFUSED, FAILED]);
     tracing::info!(controller = %settings.controller_url, node = %settings.node, interval = ?settings.interval, "reporting to the fence controller");
     loop {
         sequence = next_sequence(sequence);
@@ -377,9 +384,9 @@ pub async fn run_sender(
             Err(error) => Err(error),
         };
         let label = match &result {
-            Ok(_) => "accepted",
-            Err(SendError::Refused { .. }) => "refused",
-            Err(_) => "failed",
+            Ok(_) => ACCEPTED,
+            Err(SendError::Refused { .. }) => REFUSED,
+            Err(_) => FAILED,
         };
         metrics
             .reports

@@ -253,7 +253,15 @@ impl<T: PodTerminator> Manager<T> {
             )
             .await;
         match &report {
-            Ok(report) => tracing::info!(?report, "logind inhibit delay checked"),
+            Ok(report) => tracing::info!(
+                before = %crate::config::GoDuration::from(report.before),
+                after = %crate::config::GoDuration::from(report.after),
+                drop_in = %report
+                    .dropin_written
+                    .as_ref()
+                    .map_or_else(|| "not needed".to_string(), |path| path.display().to_string()),
+                "logind inhibit delay checked"
+            ),
             Err(error) => tracing::error!(%error, "logind will not wait long enough"),
         }
         self.status.send_modify(|status| {

@@ -25,6 +25,17 @@ pub enum Termination {
     DryRun,
 }
 
+impl std::fmt::Display for Termination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Termination::Graceful => "stopped within its grace period",
+            Termination::Killed => "killed when its grace period ran out",
+            Termination::NotFound => "nothing to stop",
+            Termination::DryRun => "dry run, not stopped",
+        })
+    }
+}
+
 /// The terminator of a dry run: says which pod it would stop, with which grace period,
 /// and touches nothing.
 #[derive(Debug, Default, Clone, Copy)]
@@ -142,7 +153,7 @@ pub async fn run_phases<T: PodTerminator>(
                 joined = terminations.join_next() => match joined {
                     None => break PhaseStatus::Completed,
                     Some(Ok((key, Ok(outcome)))) => {
-                        tracing::info!(pod = %key, ?outcome, "pod terminated for node shutdown");
+                        tracing::info!(pod = %key, %outcome, "pod terminated for node shutdown");
                     }
                     Some(Ok((key, Err(error)))) => {
                         tracing::warn!(pod = %key, %error, "pod termination failed");
@@ -169,7 +180,7 @@ pub async fn run_phases<T: PodTerminator>(
         failed.sort();
         state.end_phase(index, status, failed, clock.now_unix_ms());
         persist(store, state).await;
-        tracing::info!(priority, ?status, "shutdown phase ended");
+        tracing::info!(priority, %status, "shutdown phase ended");
     }
     state.finish(clock.now_unix_ms());
     persist(store, state).await;

@@ -37,6 +37,19 @@ pub enum PhaseStatus {
     Cancelled,
 }
 
+impl std::fmt::Display for PhaseStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PhaseStatus::Pending => "pending",
+            PhaseStatus::Running => "running",
+            PhaseStatus::Completed => "completed",
+            PhaseStatus::TimedOut => "timed out",
+            PhaseStatus::Skipped => "skipped (no pods)",
+            PhaseStatus::Cancelled => "cancelled",
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StoredPod {

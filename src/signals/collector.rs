@@ -101,6 +101,12 @@ impl SignalCollector {
         self.cgroups().map(CgroupReader::layout)
     }
 
+    /// The layout for people: `hybrid (cgroup v1 memory, v2 at unified/)`, or `none found`.
+    pub fn describe_layout(&self) -> String {
+        self.layout()
+            .map_or_else(|| "none found".to_string(), |layout| layout.to_string())
+    }
+
     /// Things an operator should know about how this host is measured (path fallbacks),
     /// worked out once at construction.
     pub fn notes(&self) -> &[String] {

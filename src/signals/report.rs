@@ -238,19 +238,24 @@ pub fn render_json(
     let pressure: Vec<Value> = pressure
         .iter()
         .map(|reading| {
-            let scope = match &reading.scope {
-                PressureScope::Node => json!({"node": true}),
-                PressureScope::Cgroup(path) => json!({"cgroup": path.display().to_string()}),
+            // `scope` is `node` or `cgroup`; a cgroup reading also names its cgroup.
+            let cgroup = match &reading.scope {
+                PressureScope::Node => None,
+                PressureScope::Cgroup(path) => Some(path.display().to_string()),
             };
-            json!({
+            let mut reading_json = json!({
                 "resource": reading.resource.as_str(),
-                "scope": scope,
+                "scope": if cgroup.is_some() { "cgroup" } else { "node" },
                 "kind": reading.kind.to_string(),
                 "avg10": reading.avg10,
                 "avg60": reading.avg60,
                 "avg300": reading.avg300,
                 "totalMicroseconds": reading.total_microseconds,
-            })
+            });
+            if let Some(cgroup) = cgroup {
+                reading_json["cgroup"] = json!(cgroup);
+            }
+            reading_json
         })
         .collect();
     json!({
@@ -440,6 +445,8 @@ mod tests {
         );
         assert_eq!(json["signals"][1]["thresholds"][0]["gracePeriod"], "1m30s");
         assert_eq!(json["pressure"][0]["totalMicroseconds"], 2_500_000);
+        assert_eq!(json["pressure"][0]["scope"], "node");
+        assert!(json["pressure"][0].get("cgroup").is_none());
         assert_eq!(json["notifications"]["memcgEventfdV1"]["supported"], true);
     }
 }

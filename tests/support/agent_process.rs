@@ -24,6 +24,8 @@ pub struct AgentProcess {
     pub address: String,
     /// Log lines not read yet, with the time each was read.
     lines: mpsc::Receiver<(Instant, String)>,
+    /// Every log line so far, read or not.
+    history: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Drop for AgentProcess {
@@ -55,8 +57,11 @@ impl AgentProcess {
             .expect("start nodekeeper agent");
         let stderr = child.stderr.take().expect("the agent's stderr is piped");
         let (tx, lines) = mpsc::channel();
+        let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = history.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                kept.lock().expect("log history").push(line.clone());
                 if tx.send((Instant::now(), line)).is_err() {
                     break;
                 }
@@ -66,6 +71,7 @@ impl AgentProcess {
             child,
             address: String::new(),
             lines,
+            history,
         };
         let (_, line) = agent.wait_for_line("serving /metrics", START_WAIT);
         agent.address = line
@@ -197,6 +203,12 @@ impl AgentProcess {
             "no log line with {text:?} within {within:?}; log:\n{}",
             seen.join("\n")
         );
+    }
+
+    /// Every log line the agent wrote so far, consumed or not.
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn whole_log(&self) -> Vec<String> {
+        self.history.lock().expect("log history").clone()
     }
 
     /// Every log line read so far and not consumed by [`AgentProcess::wait_for_line`].

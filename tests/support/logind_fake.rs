@@ -87,7 +87,10 @@ impl PrivateBus {
             .spawn()
             .expect("start dbus-daemon");
         self.daemon = Some(child);
-        wait_for("the bus socket", || self.socket.exists());
+        // The socket file appears at bind(), before listen(): wait until it accepts.
+        wait_for("the bus socket to accept connections", || {
+            std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+        });
     }
 
     pub fn stop(&mut self) {
