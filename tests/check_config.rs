@@ -48,25 +48,31 @@ fn accepts_kubelet_documented_configs_and_prints_effective_settings() {
 
 #[test]
 fn the_effective_output_is_itself_a_valid_config() {
-    let dir = tempfile::tempdir().unwrap();
     let out = check_config(&fixture("kubelet-plus-agent.yaml"));
     assert!(out.status.success());
+    assert_round_trips(&out);
+}
+
+/// `first`, check-config's output, read back by check-config gives the same settings.
+fn assert_round_trips(first: &Output) {
+    let dir = tempfile::tempdir().unwrap();
     let again = dir.path().join("effective.yaml");
-    std::fs::write(&again, &out.stdout).unwrap();
+    std::fs::write(&again, &first.stdout).unwrap();
     let second = check_config(&again);
     assert!(
         second.status.success(),
         "{}",
         String::from_utf8_lossy(&second.stderr)
     );
-    let strip = |o: &Output| {
+    // The first line names the file read.
+    let body = |o: &Output| {
         String::from_utf8_lossy(&o.stdout)
             .lines()
             .skip(1)
             .collect::<Vec<_>>()
             .join("\n")
     };
-    assert_eq!(strip(&out), strip(&second));
+    assert_eq!(body(first), body(&second));
 }
 
 #[test]
@@ -202,22 +208,7 @@ report:
     }
     assert!(!stdout.contains("#   kubernetes."), "{stdout}");
     assert!(!stdout.contains("#   report.caFile"), "{stdout}");
-    let again = dir.path().join("effective.yaml");
-    std::fs::write(&again, &first.stdout).unwrap();
-    let second = check_config(&again);
-    assert!(
-        second.status.success(),
-        "{}",
-        String::from_utf8_lossy(&second.stderr)
-    );
-    let body = |o: &Output| {
-        String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .skip(1)
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    assert_eq!(body(&first), body(&second));
+    assert_round_trips(&first);
 }
 
 #[test]

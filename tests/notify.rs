@@ -70,6 +70,20 @@ async fn memcg_threshold_fires_when_a_real_cgroup_crosses_it() {
     );
 }
 
+/// An agent configuration whose one threshold is `allocatableMemory.available<150Mi`,
+/// measured on the pods cgroup `parent`.
+fn allocatable_threshold_on(parent: &Path) -> AgentConfig {
+    let mut config = AgentConfig::default();
+    config.paths.pods_cgroup = Some(parent.to_path_buf());
+    config.eviction.thresholds = vec![Threshold {
+        signal: Signal::AllocatableMemoryAvailable,
+        value: ThresholdValue::Quantity(Quantity::from_value((150 * MIB) as i64)),
+        grace_period: Default::default(),
+        min_reclaim: None,
+    }];
+    config
+}
+
 #[tokio::test]
 async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
     let mut cgroups = require!(
@@ -79,14 +93,7 @@ async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
     let parent = cgroups.parent.clone();
     cgroups.set_memory_limit(&parent, 256 * MIB);
 
-    let mut config = AgentConfig::default();
-    config.paths.pods_cgroup = Some(parent.clone());
-    config.eviction.thresholds = vec![Threshold {
-        signal: Signal::AllocatableMemoryAvailable,
-        value: ThresholdValue::Quantity(Quantity::from_value((150 * MIB) as i64)),
-        grace_period: Default::default(),
-        min_reclaim: None,
-    }];
+    let config = allocatable_threshold_on(&parent);
     let support = probe(&config.paths);
     assert!(support.memcg_eventfd_v1, "{support}");
     let wake = Arc::new(Notify::new());
@@ -367,14 +374,7 @@ async fn a_memcg_trigger_is_logged_once_and_its_refreshes_only_at_debug() {
             .finish(),
     );
 
-    let mut config = AgentConfig::default();
-    config.paths.pods_cgroup = Some(parent.clone());
-    config.eviction.thresholds = vec![Threshold {
-        signal: Signal::AllocatableMemoryAvailable,
-        value: ThresholdValue::Quantity(Quantity::from_value((150 * MIB) as i64)),
-        grace_period: Default::default(),
-        min_reclaim: None,
-    }];
+    let config = allocatable_threshold_on(&parent);
     let support = probe(&config.paths);
     // Refresh whenever the trigger moves at all, as a busy node's does every few cycles.
     let settings = NotifierSettings {
