@@ -47,7 +47,7 @@ impl std::fmt::Display for KillMethod {
         f.write_str(match self {
             KillMethod::CgroupKill => "cgroup.kill",
             KillMethod::FreezeKillThaw => "freeze, SIGKILL each task, thaw",
-            KillMethod::SignalEach => "SIGKILL each task until none is left",
+            KillMethod::SignalEach => "SIGKILL each task, and each new one that appears",
             KillMethod::Terminate => "SIGTERM each task",
         })
     }
