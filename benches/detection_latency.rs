@@ -29,9 +29,10 @@ use std::time::Duration;
 
 use nodekeeper::act::CgroupEvictor;
 use nodekeeper::config::{AgentConfig, GoDuration, Quantity, Threshold, ThresholdValue};
-use nodekeeper::eviction::{EvictionState, Evictor, Millis, SyncOptions, synchronize};
+use nodekeeper::eviction::{EvictionState, Millis, SyncOptions, synchronize};
 use nodekeeper::notify::{Mechanism, NotifierSettings, Notifiers};
 use nodekeeper::pods::{Pod, PodUsage};
+use nodekeeper::ports::Evictor;
 use nodekeeper::signals::{CgroupReader, Observations, Signal, SignalCollector, probe};
 use support::allocator::{AllocatorPlan, monotonic_nanos};
 use support::cgroups::TestCgroups;

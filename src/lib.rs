@@ -5,6 +5,7 @@
 
 pub mod act;
 pub mod agent;
+pub mod backoff;
 pub mod config;
 pub mod controller;
 pub mod eviction;
@@ -14,10 +15,13 @@ pub mod kubernetes;
 pub mod metrics;
 pub mod notify;
 pub mod pods;
+pub mod ports;
 pub mod process;
 pub mod report;
 pub mod shutdown;
+pub mod signal_names;
 pub mod signals;
+pub mod state_file;
 pub mod systemd;
 pub mod text;
 pub mod trace;

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nodekeeper::act::{CgroupEvictor, DryRunEvictor, KillMethod, KillTarget, Stopped, kill_target};
-use nodekeeper::eviction::{EvictionOrder, EvictionReason, Evictor};
+use nodekeeper::eviction::{EvictionOrder, EvictionReason};
 use nodekeeper::pods::Pod;
+use nodekeeper::ports::Evictor;
 use nodekeeper::shutdown::cgroup_kill::CgroupTerminator;
 use nodekeeper::shutdown::plan::PlannedPod;
 use nodekeeper::shutdown::runner::{PodTerminator, Termination};

@@ -108,7 +108,14 @@ async fn a_lost_node_is_isolated_powered_off_released_and_recovered() {
         "{node_events:?}"
     );
 
-    let metrics = controller.metrics();
+    // The counters follow the status write that reported the step done (the reconcile
+    // counts what it wrote), so wait for the power-off's execution to be counted.
+    let power_off_counted = "nodekeeper_fence_executions_total{step=\"PowerManagement\",method=\"ipmi-off\",agent=\"fence_ipmilan\",result=\"Succeeded\"} 1";
+    let metrics = wait_for(&controller, "the power-off to be counted", || {
+        let metrics = controller.metrics();
+        metrics.contains(power_off_counted).then_some(metrics)
+    })
+    .await;
     for line in [
         "nodekeeper_fences_started_total 1",
         "nodekeeper_fences_confirmed_total{step=\"Isolation\"} 1",
@@ -117,10 +124,6 @@ async fn a_lost_node_is_isolated_powered_off_released_and_recovered() {
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
-    assert!(
-        metrics.contains("nodekeeper_fence_executions_total{step=\"PowerManagement\",method=\"ipmi-off\",agent=\"fence_ipmilan\",result=\"Succeeded\"} 1"),
-        "{metrics}"
-    );
 
     // An operator powers the machine back on; the kubelet reports Ready again.
     controller

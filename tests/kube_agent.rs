@@ -293,8 +293,9 @@ async fn scenario_through(extra_config: &str, retry: RetryPolicy, proxied: bool)
     runtime.set_local_killer(Some(Box::new(kills.clone())));
     runtime.wait_until_ready().await;
     let outbox = runtime.outbox();
+    let cgroup_root = config.paths.cgroup_root.clone();
     let mut agent = Agent::new(config, Arc::new(Metrics::new()));
-    runtime.install(&mut agent);
+    agent.integrate(runtime.integration(agent.metrics(), &cgroup_root));
     Scenario {
         server,
         host,

@@ -12,7 +12,7 @@ mod support {
 use nodekeeper::pods::Pod;
 use nodekeeper::shutdown::logind::{Backoff, BusAddress, INHIBITOR_WHO};
 use nodekeeper::shutdown::manager::{
-    ManagerOptions, ManagerStatus, PodSource, run_shutdown_manager,
+    ManagerOptions, ManagerStatus, PodLister, run_shutdown_manager,
 };
 use nodekeeper::shutdown::plan::{PhaseSpec, PlannedPod};
 use nodekeeper::shutdown::runner::{PodTerminator, SystemClock, TerminateError, Termination};
@@ -95,7 +95,7 @@ impl Agent {
         bus: &PrivateBus,
         dir: &Path,
         phases: &[(i32, i64)],
-        source: PodSource,
+        source: PodLister,
         tune: impl FnOnce(&mut ManagerOptions),
     ) -> Agent {
         let phases: Vec<PhaseSpec> = phases

@@ -10,7 +10,8 @@ use tokio::task::JoinHandle;
 use super::error::ActError;
 use super::kill::{CgroupKiller, StopTiming, Stopped, escalate_after_sigterm, terminate_target};
 use super::scope::{workload_cgroup, workload_parent};
-use crate::eviction::{EvictError, EvictionOrder, Evictor, IMMEDIATE_GRACE_PERIOD_SECONDS};
+use crate::eviction::{EvictError, Evictor};
+use crate::eviction::{EvictionOrder, IMMEDIATE_GRACE_PERIOD_SECONDS};
 use crate::pods::Pod;
 use crate::signals::CgroupLayout;
 

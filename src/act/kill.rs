@@ -21,7 +21,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use super::error::ActError;
-use crate::signals::{CgroupLayout, CgroupPaths};
+use crate::signals::{CgroupLayout, CgroupPaths, join_relative};
 
 /// How long to wait for a freezer to report frozen. Tasks stuck in uninterruptible sleep
 /// can hold it in FREEZING; the kill goes ahead regardless.
@@ -111,7 +111,7 @@ impl CgroupKiller {
                 .paths
                 .layout()
                 .memory_is_v1()
-                .then(|| under(&self.root.join("freezer"), cgroup)),
+                .then(|| join_relative(&self.root.join("freezer"), cgroup)),
         }
     }
 
@@ -120,17 +120,6 @@ impl CgroupKiller {
     pub fn kill(&self, cgroup: &Path) -> Result<KillReport, ActError> {
         kill_target(&self.target(cgroup))
     }
-}
-
-/// `cgroup` below a hierarchy root, even when written absolute (`/kubepods`).
-fn under(hierarchy: &Path, cgroup: &Path) -> PathBuf {
-    let mut dir = hierarchy.to_path_buf();
-    dir.extend(
-        cgroup
-            .components()
-            .filter(|c| matches!(c, std::path::Component::Normal(_))),
-    );
-    dir
 }
 
 /// Every process that may be signalled in the target and below it. A cgroup removed

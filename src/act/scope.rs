@@ -2,14 +2,16 @@
 //! configured workload parent. Checked on the path text alone, before any file is opened,
 //! so a bad pod list can never point the evictor at the agent, the kubelet or the host.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
+
+use crate::signals::relative_cgroup;
 
 use super::error::ActError;
 
 /// The workload parent as a normalized relative path; the hierarchy root is refused,
 /// since it would put every process on the host in scope.
 pub fn workload_parent(parent: &Path) -> Result<PathBuf, ActError> {
-    let normalized = normalize(parent).ok_or_else(|| ActError::InvalidWorkloadParent {
+    let normalized = relative_cgroup(parent).ok_or_else(|| ActError::InvalidWorkloadParent {
         parent: parent.to_path_buf(),
     })?;
     if normalized.as_os_str().is_empty() {
@@ -27,7 +29,7 @@ pub fn workload_cgroup(parent: &Path, cgroup: &Path) -> Result<PathBuf, ActError
         cgroup: cgroup.to_path_buf(),
         parent: parent.to_path_buf(),
     };
-    let normalized = normalize(cgroup).ok_or_else(outside)?;
+    let normalized = relative_cgroup(cgroup).ok_or_else(outside)?;
     if normalized.starts_with(parent) && normalized != parent {
         Ok(normalized)
     } else {
@@ -40,19 +42,6 @@ pub fn workload_cgroup(parent: &Path, cgroup: &Path) -> Result<PathBuf, ActError
 /// to a host path, or an absolute name would replace the base and `..` would climb out.
 pub fn is_path_component(text: &str) -> bool {
     !text.is_empty() && text != "." && text != ".." && !text.contains(['/', '\0'])
-}
-
-/// Drop leading `/` and `.`; refuse `..`, which could climb out of the parent.
-fn normalize(path: &Path) -> Option<PathBuf> {
-    let mut normalized = PathBuf::new();
-    for component in path.components() {
-        match component {
-            Component::Normal(part) => normalized.push(part),
-            Component::RootDir | Component::CurDir => {}
-            Component::ParentDir | Component::Prefix(_) => return None,
-        }
-    }
-    Some(normalized)
 }
 
 #[cfg(test)]

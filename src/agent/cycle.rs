@@ -6,35 +6,25 @@ use std::time::Instant;
 
 use std::time::Duration;
 
-use super::hooks::{CycleObserver, PodSource};
 use super::record::Recorder;
+use super::standalone::workload_pods;
 use crate::act::CgroupEvictor;
 use crate::config::AgentConfig;
 use crate::eviction::{
-    CommandReclaimer, Decision, EvictionState, Evictor, Millis, NodeReclaimer, ReclaimCommand,
-    SyncOptions, pressure_remains_after_reclaim, synchronize,
+    CommandReclaimer, Decision, EvictionState, Millis, NodeReclaimer, ReclaimCommand, SyncOptions,
+    pressure_remains_after_reclaim, synchronize,
 };
 use crate::metrics::{ConditionLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels};
 use crate::notify::{NotifierSettings, Notifiers};
-use crate::pods::{Pod, workload_pods};
-use crate::signals::{
-    Collection, NodeCondition, NotificationSupport, Observations, SignalCollector, probe,
-};
+use crate::pods::Pod;
+use crate::ports::{CycleObserver, CycleReport, Evictor, Integration, PodSource};
+use crate::signals::{Collection, NodeCondition, NotificationSupport, SignalCollector, probe};
 
 const CONDITIONS: [NodeCondition; 3] = [
     NodeCondition::MemoryPressure,
     NodeCondition::DiskPressure,
     NodeCondition::PidPressure,
 ];
-
-/// What one cycle saw and decided, for logs and tests.
-#[derive(Debug, Clone)]
-pub struct CycleReport {
-    pub observations: Observations,
-    pub pods: Vec<Pod>,
-    pub decision: Decision,
-    pub collection_errors: usize,
-}
 
 /// The kubelet's `podCleanupTimeout`: how long to wait for an evicted pod's resources
 /// to be released before choosing the next victim.
@@ -158,6 +148,33 @@ impl Agent {
     /// Show every cycle's report to `observer` once the decision is made.
     pub fn add_cycle_observer(&mut self, observer: Box<dyn CycleObserver>) {
         self.observers.push(observer);
+    }
+
+    /// Take pods, evictions, cycle observers and the report's inputs from an
+    /// integration (the Kubernetes API) instead of the standalone workload cgroups.
+    pub fn integrate(&mut self, integration: Integration) {
+        let Integration {
+            pod_source,
+            evictor,
+            observers,
+            api_reachability,
+            node_lease,
+            pods_cgroup,
+        } = integration;
+        self.set_pod_source(pod_source);
+        self.set_evictor(evictor);
+        for observer in observers {
+            self.add_cycle_observer(observer);
+        }
+        if let Some(reachability) = api_reachability {
+            self.set_api_reachability(reachability);
+        }
+        if let Some(lease) = node_lease {
+            self.set_node_lease(lease);
+        }
+        if let Some(pods) = pods_cgroup {
+            self.set_pods_cgroup(pods);
+        }
     }
 
     pub fn metrics(&self) -> Arc<Metrics> {

@@ -4,14 +4,13 @@
 
 mod cycle;
 mod evicted;
-mod hooks;
 mod record;
 mod report;
 mod shutdown;
+mod standalone;
 mod summary;
 
-pub use cycle::{Agent, CycleReport};
-pub use hooks::{CycleObserver, PodSource};
+pub use cycle::Agent;
 pub use record::{RecordError, Recorder};
 pub use shutdown::start as start_shutdown_manager;
 
@@ -55,9 +54,9 @@ pub struct RunHandles {
 /// disk walks, cgroup kills and trace writes block, and a hung filesystem or a memory-
 /// starved disk must not stall what the async runtime serves meanwhile (logind's
 /// PrepareForShutdown, `/healthz` and `/metrics`, the pod watch and the API writes).
-pub async fn run(
+pub async fn run<T: crate::shutdown::runner::PodTerminator>(
     config: AgentConfig,
-    kube_shutdown: Option<crate::kubernetes::shutdown::ShutdownHooks>,
+    kube_shutdown: Option<crate::ports::ShutdownHooks<T>>,
     shutdown: impl Future<Output = ()>,
     customize: impl FnOnce(&mut Agent),
     on_start: impl FnOnce(RunHandles),

@@ -8,12 +8,12 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{CycleObserver, CycleReport};
 use crate::config::AgentConfig;
 use crate::isolation::guardian::{Guardian, GuardianLinks, SelfRequest, Withdrawal, unarmed};
 use crate::isolation::self_isolation::SelfIsolationPlan;
 use crate::isolation::watchdog::{DeviceWatchdog, RebootNode, Watchdog};
 use crate::isolation::{Isolator, IsolatorSettings, PodsCgroup};
+use crate::ports::{CycleObserver, CycleReport};
 use crate::report::contact::{ContactClock, follow_lease};
 use crate::report::protocol::{ApiServerState, EvictionReport, ShutdownPhase, ShutdownReport};
 use crate::report::sender::{SenderSettings, run_sender};

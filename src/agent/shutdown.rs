@@ -8,17 +8,17 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::standalone::workload_pods;
 use crate::config::AgentConfig;
-use crate::kubernetes::shutdown::{NodeShutdownPublisher, ShutdownHooks};
 use crate::metrics::{Metrics, PhaseLabels};
-use crate::pods::workload_pods;
+use crate::ports::{ShutdownHooks, ShutdownObserver};
 use crate::shutdown::cgroup_kill::CgroupTerminator;
 use crate::shutdown::logind::BusAddress;
 use crate::shutdown::manager::{
-    ManagerOptions, ManagerStatus, PodSource, read_boot_id, run_shutdown_manager,
+    ManagerOptions, ManagerStatus, PodLister, read_boot_id, run_shutdown_manager,
 };
 use crate::shutdown::plan::phases_from_config;
-use crate::shutdown::runner::{DryRunTerminator, SystemClock};
+use crate::shutdown::runner::{DryRunTerminator, PodTerminator, SystemClock};
 use crate::shutdown::state::metrics_from_state;
 use crate::signals::{CgroupLayout, CgroupReader};
 
@@ -26,9 +26,9 @@ use crate::signals::{CgroupLayout, CgroupReader};
 /// drains this node's pods through the API, else the agent's workload cgroups. In dry-run
 /// mode it holds the lock and plans the phases as usual, but only logs each pod it would
 /// stop. Returns the tasks to await on stop; `None` when the feature is off or cannot run here (logged).
-pub fn start(
+pub fn start<T: PodTerminator>(
     config: &AgentConfig,
-    kube: Option<ShutdownHooks>,
+    kube: Option<ShutdownHooks<T>>,
     reader: Option<&CgroupReader>,
     metrics: Arc<Metrics>,
     board: Option<Arc<crate::report::ReportBoard>>,
@@ -126,13 +126,13 @@ pub fn start(
 fn workload_terminator(
     config: &AgentConfig,
     reader: Option<&CgroupReader>,
-) -> (CgroupTerminator, PodSource) {
+) -> (CgroupTerminator, PodLister) {
     match (&config.workloads, reader) {
         (Some(workloads), Some(reader)) => {
             let dir = workload_dir(&config.paths.cgroup_root, reader, &workloads.parent_cgroup);
             let terminator = CgroupTerminator::flat(dir, &workloads.namespace);
             let (reader, workloads) = (reader.clone(), workloads.clone());
-            let pods: PodSource = Arc::new(move || {
+            let pods: PodLister = Arc::new(move || {
                 workload_pods(&reader, &workloads)
                     .map(|(pods, _)| pods)
                     .map_err(|e| e.to_string())
@@ -173,7 +173,7 @@ struct ReportTo {
 async fn publish_status(
     mut status: watch::Receiver<ManagerStatus>,
     metrics: Arc<Metrics>,
-    mut node_status: Option<NodeShutdownPublisher>,
+    mut node_status: Option<Box<dyn ShutdownObserver>>,
     report: Option<ReportTo>,
 ) {
     let mut was_shutting_down = false;

@@ -127,7 +127,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 agent.set_recorder(recorder);
             }
             if let Some(runtime) = kube {
-                runtime.install(agent);
+                let cgroup_root = agent.config().paths.cgroup_root.clone();
+                agent.integrate(runtime.integration(agent.metrics(), &cgroup_root));
             }
         };
         nodekeeper::agent::run(

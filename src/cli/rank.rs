@@ -2,9 +2,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use super::replay::last_step;
 use anyhow::Context;
 use nodekeeper::eviction::rank;
-use nodekeeper::eviction::replay::last_step;
 use nodekeeper::signals::Signal;
 
 #[derive(Clone, Copy, clap::ValueEnum)]

@@ -1,9 +1,16 @@
+//! `nodekeeper replay`: run a trace's steps through the eviction core's `synchronize`
+//! with the step offsets as the clock, printing what the agent would have reported and
+//! evicted at each step.
+
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use nodekeeper::eviction::replay::replay_file;
+use nodekeeper::config::{AgentConfig, ConfigError, EvictionConfig, Overrides, load, parse_inline};
+use nodekeeper::eviction::{EvictionState, Millis, SyncOptions, synchronize};
+use nodekeeper::trace::{ParsedStep, TraceError, TraceFile};
+use serde::Serialize;
 
 /// Replay a trace through the eviction core and print one JSON line per step.
 #[derive(clap::Args)]
@@ -35,4 +42,157 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     out.flush().context("writing to standard output")?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// Names the trace's inline config or the configuration file and the field.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(
+        "trace {trace}: steps[{index}].at: {at} is earlier than the previous step's {previous}; steps must be in time order"
+    )]
+    OutOfOrder {
+        trace: String,
+        index: usize,
+        at: String,
+        previous: String,
+    },
+    #[error("trace {trace}: it has no steps")]
+    NoSteps { trace: String },
+}
+
+/// One output line of `nodekeeper replay`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayLine {
+    /// The step offset, in Go duration form.
+    pub at: String,
+    /// Node conditions after transition damping, sorted by name.
+    pub conditions: Vec<String>,
+    /// Thresholds met after grace periods, as `signal<value>`, sorted.
+    pub thresholds_met: Vec<String>,
+    pub evicted: Vec<ReplayEviction>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayEviction {
+    pub namespace: String,
+    pub name: String,
+    /// The threshold signal, or a local-storage label such as `ephemeralpodfs.limit`.
+    pub signal: String,
+    pub grace_period_seconds: i64,
+}
+
+impl ReplayLine {
+    pub fn to_json(&self) -> String {
+        // Plain strings and integers always serialize.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// The configuration a trace is replayed with: its inline `config`, else the given
+/// configuration file, else the built-in defaults.
+pub fn trace_config(
+    trace: &TraceFile,
+    trace_name: &str,
+    config_file: Option<&Path>,
+) -> Result<AgentConfig, ReplayError> {
+    let result = match (&trace.config, config_file) {
+        (Some(inline), _) => parse_inline(inline, &format!("{trace_name}: config")),
+        (None, Some(path)) => load(Some(path), &Overrides::default()),
+        (None, None) => Ok(AgentConfig::default()),
+    };
+    Ok(result?)
+}
+
+/// Parse every step and check they are in time order.
+pub fn parse_steps(trace: &TraceFile, trace_name: &str) -> Result<Vec<ParsedStep>, ReplayError> {
+    let steps = trace.parsed_steps(trace_name)?;
+    for (index, pair) in steps.windows(2).enumerate() {
+        if pair[1].at < pair[0].at {
+            return Err(ReplayError::OutOfOrder {
+                trace: trace_name.to_string(),
+                index: index + 1,
+                at: pair[1].at.to_string(),
+                previous: pair[0].at.to_string(),
+            });
+        }
+    }
+    Ok(steps)
+}
+
+/// Run the steps in order. Each step's pod list is authoritative: a pod evicted at one
+/// step that is listed again at the next is simply still there. (The agent records the
+/// pods it may choose, without those it evicted that have ended but are still listed, so
+/// the replay of its own trace makes its decisions.)
+pub fn replay(
+    config: &EvictionConfig,
+    steps: &[ParsedStep],
+    options: &SyncOptions,
+) -> Vec<ReplayLine> {
+    let mut state = EvictionState::default();
+    steps
+        .iter()
+        .map(|step| {
+            let now = Millis::from_duration(step.at);
+            let decision =
+                synchronize(config, &state, &step.observations, &step.pods, now, options);
+            state = decision.state;
+            let mut thresholds_met: Vec<String> = decision
+                .thresholds_met
+                .iter()
+                .map(|t| t.describe())
+                .collect();
+            thresholds_met.sort();
+            thresholds_met.dedup();
+            let mut conditions: Vec<String> =
+                decision.conditions.iter().map(|c| c.to_string()).collect();
+            conditions.sort();
+            ReplayLine {
+                at: step.at.to_string(),
+                conditions,
+                thresholds_met,
+                evicted: decision
+                    .evictions
+                    .into_iter()
+                    .map(|order| ReplayEviction {
+                        signal: order.reason.label().to_string(),
+                        namespace: order.namespace,
+                        name: order.name,
+                        grace_period_seconds: order.grace_period_seconds,
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// Load, configure and replay a trace file: what `nodekeeper replay` prints.
+pub fn replay_file(
+    trace_path: &Path,
+    config_file: Option<&Path>,
+) -> Result<Vec<ReplayLine>, ReplayError> {
+    let trace_name = trace_path.display().to_string();
+    let trace = TraceFile::from_path(trace_path)?;
+    let config = trace_config(&trace, &trace_name, config_file)?;
+    let steps = parse_steps(&trace, &trace_name)?;
+    Ok(replay(
+        &config.eviction,
+        &steps,
+        &SyncOptions::for_paths(&config.paths, false),
+    ))
+}
+
+/// The pods of a trace's last step, for `nodekeeper rank`.
+pub fn last_step(trace_path: &Path) -> Result<ParsedStep, ReplayError> {
+    let trace_name = trace_path.display().to_string();
+    let trace = TraceFile::from_path(trace_path)?;
+    let mut steps = parse_steps(&trace, &trace_name)?;
+    steps
+        .pop()
+        .ok_or(ReplayError::NoSteps { trace: trace_name })
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use super::shutdown_plan::pods_from_path;
 use anyhow::Context;
 use nodekeeper::config::{self, Overrides};
 use nodekeeper::pods::Pod;
@@ -15,7 +16,6 @@ use nodekeeper::shutdown::manager::{
     DEFAULT_STATE_PATH, ManagerOptions, ManagerStatus, read_boot_id, run_shutdown_manager,
 };
 use nodekeeper::shutdown::plan::phases_from_config;
-use nodekeeper::shutdown::pod_list::pods_from_path;
 use nodekeeper::shutdown::runner::SystemClock;
 use tokio::sync::watch;
 

@@ -7,7 +7,7 @@ use super::documents::ScalarMap;
 use super::duration::GoDuration;
 use super::model::{Threshold, ThresholdValue};
 use super::quantity::Quantity;
-use crate::signals::Signal;
+use crate::signal_names::Signal;
 
 /// A validation failure tied to one configuration field.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,9 +37,10 @@ pub struct ThresholdMaps<'a> {
 }
 
 fn parse_signal(field: &'static str, key: &str) -> Result<Signal, FieldError> {
-    key.parse().map_err(|e: crate::signals::UnknownSignal| {
-        FieldError::new(field, Some(key), e.to_string())
-    })
+    key.parse()
+        .map_err(|e: crate::signal_names::UnknownSignal| {
+            FieldError::new(field, Some(key), e.to_string())
+        })
 }
 
 /// Parse a percentage like the kubelet: trailing `%` trimmed, float32, divided by 100.

@@ -298,8 +298,7 @@ fn terminal(job: &Job) -> Option<Ended<'_>> {
 
 /// Whether a pod of the Job may still be running its agent.
 pub fn pod_may_run(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    !matches!(phase, Some("Succeeded") | Some("Failed"))
+    !crate::kubernetes::convert::has_finished(pod)
 }
 
 /// When every agent of the Job (or of a pod of it) has certainly ended: the

@@ -160,10 +160,6 @@ pub fn pod_facts(pod: &Pod, single_node_claims: &BTreeSet<(String, String)>) -> 
         .filter(|owner| owner.controller == Some(true))
         .map(|owner| owner.kind.clone())
         .collect();
-    let phase = pod
-        .status
-        .as_ref()
-        .and_then(|status| status.phase.as_deref());
     let mirror = is_mirror(pod);
     PodFacts {
         labels: pod.metadata.labels.clone().unwrap_or_default(),
@@ -172,7 +168,7 @@ pub fn pod_facts(pod: &Pod, single_node_claims: &BTreeSet<(String, String)>) -> 
         uses_single_node_volume: claims(pod)
             .iter()
             .any(|claim| single_node_claims.contains(claim)),
-        finished: matches!(phase, Some("Succeeded" | "Failed")),
+        finished: crate::kubernetes::convert::has_finished(pod),
     }
 }
 

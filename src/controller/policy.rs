@@ -147,10 +147,7 @@ impl Default for FencePolicy {
 impl FencePolicy {
     /// The wait before retry number `retry` (1-based).
     pub fn backoff(&self, retry: u32) -> Duration {
-        let factor = 2u32.saturating_pow(retry.saturating_sub(1));
-        self.retry_backoff
-            .saturating_mul(factor)
-            .min(self.retry_backoff_max)
+        crate::backoff::doubling(self.retry_backoff, retry, self.retry_backoff_max)
     }
 }
 

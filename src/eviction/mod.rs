@@ -10,7 +10,6 @@ mod local_storage;
 mod message;
 mod rank;
 mod reclaim;
-pub mod replay;
 mod synchronize;
 mod thresholds;
 

@@ -508,8 +508,7 @@ fn unreadable(settings: &IsolatorSettings, message: String) -> IsolationRecord {
 }
 
 fn save(path: &std::path::Path, record: &IsolationRecord) -> std::io::Result<()> {
-    let text = serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?;
-    crate::shutdown::state::atomic_write(path, &text)
+    crate::state_file::write_json(path, record)
 }
 
 fn remove(path: &std::path::Path) {

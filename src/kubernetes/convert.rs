@@ -40,15 +40,18 @@ fn amounts(list: &Amounts) -> ResourceAmounts {
     }
 }
 
+/// Whether the pod has finished: its phase is terminal (`Succeeded` or `Failed`), so no
+/// container of it runs or will run again. The one test of this, for the agent and the
+/// controller alike.
+pub fn has_finished(pod: &ApiPod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
+}
+
 /// Whether the kubelet still counts the pod as active: not terminal, and no deletion
 /// requested (the kubelet stops considering a pod for eviction once it is terminating).
 pub fn is_active(pod: &ApiPod) -> bool {
-    let terminal = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|phase| phase == "Succeeded" || phase == "Failed");
-    !terminal && pod.metadata.deletion_timestamp.is_none()
+    !has_finished(pod) && pod.metadata.deletion_timestamp.is_none()
 }
 
 /// Static (`config.source` other than `api`) or mirror pod.
@@ -279,6 +282,24 @@ mod tests {
         let mut pod = api_pod(&[], None);
         pod.status.as_mut().unwrap().qos_class = Some("Guaranteed".to_string());
         assert_eq!(convert_pod(&pod).unwrap().qos, QosClass::Guaranteed);
+    }
+
+    #[test]
+    fn only_a_terminal_phase_is_finished() {
+        let mut pod = api_pod(&[], None);
+        for (phase, finished) in [
+            (Some("Succeeded"), true),
+            (Some("Failed"), true),
+            (Some("Running"), false),
+            (Some("Pending"), false),
+            (Some("Unknown"), false),
+            (None, false),
+        ] {
+            pod.status.as_mut().unwrap().phase = phase.map(str::to_string);
+            assert_eq!(has_finished(&pod), finished, "{phase:?}");
+        }
+        pod.status = None;
+        assert!(!has_finished(&pod));
     }
 
     #[test]

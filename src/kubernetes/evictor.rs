@@ -13,10 +13,9 @@ use super::api::event_name;
 use super::outbox::{ApiAction, ConditionRecord, EventRecord, EventType, InvolvedObject, PodRef};
 use super::worker::OutboxHandle;
 use crate::act::CgroupKiller;
-use crate::eviction::{
-    EVICTED_REASON, EvictError, EvictionOrder, Evictor, IMMEDIATE_GRACE_PERIOD_SECONDS,
-};
+use crate::eviction::{EVICTED_REASON, EvictionOrder, IMMEDIATE_GRACE_PERIOD_SECONDS};
 use crate::pods::Pod;
+use crate::ports::{EvictError, Evictor};
 
 pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
 pub const TERMINATION_BY_KUBELET: &str = "TerminationByKubelet";

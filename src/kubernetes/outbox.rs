@@ -15,7 +15,7 @@
 //! and reports back through [`Outbox::finish`].
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// A reference to the pod an action is about; the UID guards against acting on a
 /// replacement pod with the same name.
@@ -532,16 +532,10 @@ impl Outbox {
     }
 }
 
-/// Delay before retrying after `attempts` consecutive failures: doubling from `base`,
-/// capped at `max`.
-pub fn retry_delay(attempts: u32, base: Duration, max: Duration) -> Duration {
-    let factor = 1u32 << attempts.saturating_sub(1).min(16);
-    base.saturating_mul(factor).min(max)
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::time::Duration;
 
     pub(crate) fn pod(uid: &str) -> PodRef {
         PodRef {
@@ -858,16 +852,5 @@ pub(crate) mod tests {
         outbox.finish(id, Outcome::Rejected("403 forbidden".into()));
         assert_eq!(outbox.counters().rejected.get("pod_delete"), Some(&1));
         assert_eq!(drain(&mut outbox), vec![delete("b", 1)]);
-    }
-
-    #[test]
-    fn retry_delay_doubles_up_to_the_cap() {
-        let base = Duration::from_millis(100);
-        let max = Duration::from_secs(1);
-        let delays: Vec<_> = (1..=6)
-            .map(|n| retry_delay(n, base, max).as_millis())
-            .collect();
-        assert_eq!(delays, vec![100, 200, 400, 800, 1000, 1000]);
-        assert_eq!(retry_delay(u32::MAX, base, max), max);
     }
 }

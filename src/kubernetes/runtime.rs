@@ -11,13 +11,14 @@ use super::api::ApiWriter;
 use super::cgroups::PodCgroupNaming;
 use super::evictor::{KubeEvictor, LocalKiller};
 use super::node::NodeStatusTracker;
-use super::shutdown::{KubeTerminator, NodeShutdownPublisher, ShutdownHooks, node_pods};
+use super::shutdown::{KubeTerminator, NodeShutdownPublisher, node_pods};
 use super::source::{ApiPodSource, TaskGuard, start_pod_reflector};
 use super::usage::PodUsageReader;
 use super::worker::{OutboxHandle, RetryPolicy, run_outbox};
 use crate::act::CgroupKiller;
-use crate::agent::{Agent, CycleObserver, CycleReport};
 use crate::config::AgentConfig;
+use crate::metrics::Metrics;
+use crate::ports::{CycleObserver, CycleReport, Integration, ShutdownHooks};
 use crate::signals::CgroupReader;
 
 #[derive(Debug, thiserror::Error)]
@@ -240,8 +241,8 @@ impl KubeRuntime {
     }
 
     /// What the shutdown manager needs to drain this node through the API and show the
-    /// shutdown on the Node. Call before [`KubeRuntime::install`].
-    pub fn shutdown_hooks(&self) -> ShutdownHooks {
+    /// shutdown on the Node. Call before [`KubeRuntime::integration`].
+    pub fn shutdown_hooks(&self) -> ShutdownHooks<KubeTerminator> {
         ShutdownHooks {
             terminator: Arc::new(KubeTerminator::new(
                 self.outbox.clone(),
@@ -249,40 +250,39 @@ impl KubeRuntime {
                 self.tasks.clone(),
             )),
             pods: node_pods(self.store.clone()),
-            node_status: NodeShutdownPublisher::new(self.tracker.clone(), self.outbox.clone()),
+            node_status: Box::new(NodeShutdownPublisher::new(
+                self.tracker.clone(),
+                self.outbox.clone(),
+            )),
         }
     }
 
-    /// Make `agent` take its pods from the API, evict through it, and publish node
-    /// conditions and events after every cycle.
-    pub fn install(self, agent: &mut Agent) {
-        self.outbox.set_metrics(agent.metrics());
-        agent.set_api_reachability(self.outbox.reachability.clone());
-        if let Some(lease) = &self.node_lease {
-            agent.set_node_lease(lease.clone());
+    /// What makes the agent take its pods from the API, evict through it, and publish
+    /// node conditions and events after every cycle (see [`crate::ports::Integration`]).
+    /// `metrics` count the API writes; `cgroup_root` is where the pods cgroup is killed
+    /// from when the node isolates itself.
+    pub fn integration(self, metrics: Arc<Metrics>, cgroup_root: &Path) -> Integration {
+        self.outbox.set_metrics(metrics);
+        let pods_cgroup = self.usage.as_ref().map(|usage| {
+            let killer = CgroupKiller::new(cgroup_root, usage.cgroups().layout());
+            crate::isolation::PodsCgroup::new(&killer, &usage.naming().pods_cgroup())
+        });
+        Integration {
+            pod_source: Box::new(ApiPodSource::new(
+                self.store,
+                self.usage,
+                self.tasks.clone(),
+            )),
+            evictor: Box::new(KubeEvictor::new(self.outbox.clone(), self.local_killer)),
+            observers: vec![Box::new(NodeStatusObserver {
+                tracker: self.tracker,
+                outbox: self.outbox.clone(),
+                _tasks: self.tasks,
+            })],
+            api_reachability: Some(self.outbox.reachability.clone()),
+            node_lease: self.node_lease,
+            pods_cgroup,
         }
-        if let Some(usage) = &self.usage {
-            let killer =
-                CgroupKiller::new(&agent.config().paths.cgroup_root, usage.cgroups().layout());
-            agent.set_pods_cgroup(crate::isolation::PodsCgroup::new(
-                &killer,
-                &usage.naming().pods_cgroup(),
-            ));
-        }
-        agent.set_evictor(Box::new(KubeEvictor::new(
-            self.outbox.clone(),
-            self.local_killer,
-        )));
-        agent.set_pod_source(Box::new(ApiPodSource::new(
-            self.store,
-            self.usage,
-            self.tasks.clone(),
-        )));
-        agent.add_cycle_observer(Box::new(NodeStatusObserver {
-            tracker: self.tracker,
-            outbox: self.outbox,
-            _tasks: self.tasks,
-        }));
     }
 }
 

@@ -9,13 +9,14 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::Pod as ApiPod;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::convert::convert_pod;
+use super::convert::{convert_pod, has_finished};
 use super::evictor::disruption_target;
 use super::node::NodeStatusTracker;
 use super::outbox::{ApiAction, PodRef};
 use super::source::TaskGuard;
 use super::worker::OutboxHandle;
-use crate::shutdown::manager::{ManagerStatus, PodSource};
+use crate::ports::ShutdownObserver;
+use crate::shutdown::manager::{ManagerStatus, PodLister};
 use crate::shutdown::plan::PlannedPod;
 use crate::shutdown::runner::{PodTerminator, TerminateError, Termination};
 
@@ -25,13 +26,6 @@ pub const SHUTDOWN_DISRUPTION_MESSAGE: &str =
 /// How long past its grace period a deleted pod may take to leave the watch cache.
 const DELETE_SLACK: Duration = Duration::from_secs(2);
 const POLL: Duration = Duration::from_millis(100);
-
-/// What the shutdown manager needs in Kubernetes mode.
-pub struct ShutdownHooks {
-    pub terminator: Arc<KubeTerminator>,
-    pub pods: PodSource,
-    pub node_status: NodeShutdownPublisher,
-}
 
 /// Deletes pods through the API and waits for them to leave the watch cache.
 pub struct KubeTerminator {
@@ -57,12 +51,7 @@ impl KubeTerminator {
         if found.metadata.uid.as_deref() != Some(pod.uid.as_str()) {
             return None;
         }
-        let finished = found
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|phase| phase == "Succeeded" || phase == "Failed");
-        (!finished).then_some(found.metadata.deletion_timestamp.is_some())
+        (!has_finished(&found)).then_some(found.metadata.deletion_timestamp.is_some())
     }
 }
 
@@ -117,7 +106,7 @@ impl PodTerminator for KubeTerminator {
 
 /// Every pod bound to this node that has not finished, critical and static ones
 /// included: at shutdown the kubelet stops them all.
-pub fn node_pods(store: Store<ApiPod>) -> PodSource {
+pub fn node_pods(store: Store<ApiPod>) -> PodLister {
     Arc::new(move || {
         // An empty cache before the first list is not "no pods".
         use futures::FutureExt;
@@ -126,12 +115,7 @@ pub fn node_pods(store: Store<ApiPod>) -> PodSource {
         }
         let mut pods = Vec::new();
         for api_pod in store.state() {
-            let finished = api_pod
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .is_some_and(|phase| phase == "Succeeded" || phase == "Failed");
-            if finished {
+            if has_finished(&api_pod) {
                 continue;
             }
             match convert_pod(&api_pod) {
@@ -154,8 +138,10 @@ impl NodeShutdownPublisher {
     pub fn new(tracker: Arc<Mutex<NodeStatusTracker>>, outbox: OutboxHandle) -> Self {
         NodeShutdownPublisher { tracker, outbox }
     }
+}
 
-    pub fn observe(&mut self, status: &ManagerStatus) {
+impl ShutdownObserver for NodeShutdownPublisher {
+    fn observe(&mut self, status: &ManagerStatus) {
         let mut tracker = self.tracker.lock().unwrap_or_else(PoisonError::into_inner);
         // Pushed under the lock: a cycle's taint set cannot overtake this one.
         for action in tracker.set_shutting_down(status.shutting_down, SystemTime::now()) {

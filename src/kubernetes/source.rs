@@ -16,8 +16,8 @@ use tokio::task::JoinHandle;
 
 use super::convert::{convert_pod, is_active};
 use super::usage::PodUsageReader;
-use crate::agent::PodSource;
 use crate::pods::Pod;
+use crate::ports::PodSource;
 
 /// Aborts the background tasks when the last owner goes away.
 pub struct TaskGuard(pub Vec<JoinHandle<()>>);

@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::api::ApiWriter;
-use super::outbox::{ApiAction, Lane, Outbox, Outcome, Pushed, retry_delay};
+use super::outbox::{ApiAction, Lane, Outbox, Outcome, Pushed};
 use crate::metrics::{ApiActionLabels, Metrics};
 
 /// The `outcome` labels of the API actions counter.
@@ -252,7 +252,7 @@ async fn run_lane<W: ActionWriter>(
                     tracing::warn!(action = kind, target = %action.target(), lane = lane.as_str(), %reason, pending, "API write failed; queued for retry");
                 }
                 handle.count(kind, "retried");
-                tokio::time::sleep(retry_delay(attempts, retry.base, retry.max)).await;
+                tokio::time::sleep(crate::backoff::doubling(retry.base, attempts, retry.max)).await;
             }
         }
     }

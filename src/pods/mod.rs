@@ -2,10 +2,6 @@
 //! It is the same shape whether pods come from the API server, from workload cgroups
 //! in standalone mode, or from a recorded trace.
 
-mod standalone;
-
-pub use standalone::workload_pods;
-
 /// Amounts of the resources eviction reasons about, in bytes (memory, storage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ResourceAmounts {

@@ -229,9 +229,7 @@ impl ContactClock {
                 promised_within_millis: inner.promised_within.map(millis),
             }
         };
-        let written = serde_json::to_vec(&record)
-            .map_err(std::io::Error::other)
-            .and_then(|text| crate::shutdown::state::atomic_write(path, &text));
+        let written = crate::state_file::write_json(path, &record);
         if written.is_err() {
             self.lock().dirty = true;
         }

@@ -280,7 +280,7 @@ pub async fn send_report(
 
 /// The pause after `failures` failed attempts in a row.
 pub fn backoff(interval: Duration, failures: u32) -> Duration {
-    crate::kubernetes::outbox::retry_delay(failures, interval, MAX_BACKOFF).max(interval)
+    crate::backoff::doubling(interval, failures, MAX_BACKOFF).max(interval)
 }
 
 /// Hands the instructions of an accepted answer to whoever follows them: the latest

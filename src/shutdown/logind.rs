@@ -180,10 +180,13 @@ impl Logind {
         write_dropin(dropin, required)?;
         self.reload_logind().await?;
         let mut current = before;
-        let mut wait = backoff.initial;
-        for _ in 0..backoff.attempts {
-            tokio::time::sleep(wait).await;
-            wait = wait.saturating_mul(2);
+        for attempt in 1..=backoff.attempts {
+            tokio::time::sleep(crate::backoff::doubling(
+                backoff.initial,
+                attempt,
+                Duration::MAX,
+            ))
+            .await;
             current = self.inhibit_delay_max().await?;
             if current >= required {
                 return Ok(InhibitDelayReport {
@@ -235,7 +238,7 @@ pub fn dropin_contents(delay: Duration) -> String {
 }
 
 pub fn write_dropin(path: &Path, delay: Duration) -> Result<(), LogindError> {
-    super::state::atomic_write(path, dropin_contents(delay).as_bytes()).map_err(|error| {
+    crate::state_file::atomic_write(path, dropin_contents(delay).as_bytes()).map_err(|error| {
         LogindError::DropIn {
             path: path.display().to_string(),
             error,

@@ -70,7 +70,7 @@ pub struct ManagerStatus {
 }
 
 /// The pods to drain, read when a shutdown begins.
-pub type PodSource = Arc<dyn Fn() -> Result<Vec<Pod>, String> + Send + Sync>;
+pub type PodLister = Arc<dyn Fn() -> Result<Vec<Pod>, String> + Send + Sync>;
 
 pub fn read_boot_id() -> std::io::Result<String> {
     Ok(std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?
@@ -87,7 +87,7 @@ struct Manager<T: PodTerminator> {
     options: ManagerOptions,
     store: StateStore,
     terminator: Arc<T>,
-    pods: PodSource,
+    pods: PodLister,
     clock: Arc<dyn WallClock>,
     status: watch::Sender<ManagerStatus>,
     lock: Option<InhibitLock>,
@@ -102,7 +102,7 @@ struct Manager<T: PodTerminator> {
 pub async fn run_shutdown_manager<T: PodTerminator>(
     options: ManagerOptions,
     terminator: Arc<T>,
-    pods: PodSource,
+    pods: PodLister,
     clock: Arc<dyn WallClock>,
     status: watch::Sender<ManagerStatus>,
     mut stop: watch::Receiver<bool>,

@@ -6,6 +6,5 @@ pub mod cgroup_kill;
 pub mod logind;
 pub mod manager;
 pub mod plan;
-pub mod pod_list;
 pub mod runner;
 pub mod state;

@@ -2,7 +2,6 @@
 //! is about to power off. Written atomically after every step so a restarted agent can
 //! resume, and so a controller can tell a cleanly drained node from a lost one.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -337,43 +336,8 @@ impl StateStore {
             path: self.path.display().to_string(),
             error,
         };
-        let mut bytes =
-            serde_json::to_vec_pretty(state).map_err(|e| write_error(std::io::Error::other(e)))?;
-        bytes.push(b'\n');
-        atomic_write(&self.path, &bytes).map_err(write_error)
+        crate::state_file::write_json(&self.path, state).map_err(write_error)
     }
-}
-
-/// Replace `path` with `contents` atomically (mode 0644), creating the parent directory.
-pub fn atomic_write(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir)?;
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = dir.join(format!(".tmp-{file_name}-{}", std::process::id()));
-    let result = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644)
-            .open(&temp)?;
-        file.write_all(contents)?;
-        file.sync_all()?;
-        drop(file);
-        std::fs::rename(&temp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
 }
 
 #[cfg(test)]

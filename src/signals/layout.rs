@@ -117,8 +117,11 @@ impl CgroupPaths {
 }
 
 /// Join a cgroup path onto a hierarchy root. Cgroup paths are often written absolute
-/// (`/kubepods`), and `Path::join` would then discard the root.
-pub(crate) fn join_relative(base: &Path, cgroup: &Path) -> PathBuf {
+/// (`/kubepods`), and `Path::join` would then discard the root. Only the path's names are
+/// joined: `/`, `.` and `..` parts are dropped, so the result never leaves `base`; where a
+/// `..` must be refused rather than dropped (anything that kills), check the path with
+/// [`relative_cgroup`] first. The one place cgroup paths are normalized.
+pub fn join_relative(base: &Path, cgroup: &Path) -> PathBuf {
     let mut joined = base.to_path_buf();
     for component in cgroup.components() {
         if let Component::Normal(part) = component {
@@ -126,6 +129,16 @@ pub(crate) fn join_relative(base: &Path, cgroup: &Path) -> PathBuf {
         }
     }
     joined
+}
+
+/// A cgroup path relative to its hierarchy's root (`/kubepods`, `kubepods` and
+/// `./kubepods` are the same cgroup, `kubepods`); `None` when it has a `..` part, which
+/// could climb out of the cgroup it seems to name.
+pub fn relative_cgroup(cgroup: &Path) -> Option<PathBuf> {
+    let climbs = cgroup
+        .components()
+        .any(|part| matches!(part, Component::ParentDir | Component::Prefix(_)));
+    (!climbs).then(|| join_relative(Path::new(""), cgroup))
 }
 
 #[cfg(test)]
@@ -166,5 +179,24 @@ mod tests {
         );
         let legacy = CgroupPaths::new(Path::new("/cg"), CgroupLayout::Legacy);
         assert_eq!(legacy.v2_dir(Path::new("x")), None);
+    }
+
+    #[test]
+    fn a_path_that_climbs_is_refused_by_the_check_and_kept_inside_by_the_join() {
+        for same in ["/kubepods/pod-a", "kubepods/pod-a", "./kubepods/./pod-a/"] {
+            assert_eq!(
+                relative_cgroup(Path::new(same)).unwrap(),
+                Path::new("kubepods/pod-a"),
+                "{same}"
+            );
+        }
+        assert_eq!(relative_cgroup(Path::new("/")).unwrap(), Path::new(""));
+        for climbing in ["../etc", "/kubepods/../..", "kubepods/.."] {
+            assert_eq!(relative_cgroup(Path::new(climbing)), None, "{climbing}");
+            assert!(
+                join_relative(Path::new("/cg"), Path::new(climbing)).starts_with("/cg"),
+                "{climbing}"
+            );
+        }
     }
 }

@@ -8,19 +8,19 @@ mod fileio;
 mod filesystem;
 mod layout;
 mod memory;
-mod name;
 mod parse;
 mod pressure;
 mod probe;
-pub mod report;
 
+pub use crate::signal_names::{NodeCondition, Resource, Signal, UnknownSignal};
 pub use cgroup::{CgroupReader, CgroupUsage};
 pub use collector::{Collection, SignalCollector};
 pub use error::{ErrorSubject, FileError, FileProblem, SignalError};
 pub use filesystem::{FsStats, FsTarget};
-pub use layout::{CgroupLayout, CgroupPaths, LayoutError, detect_layout};
+pub use layout::{
+    CgroupLayout, CgroupPaths, LayoutError, detect_layout, join_relative, relative_cgroup,
+};
 pub use memory::{MemoryController, MemoryUsage, V1Memory, V2Memory};
-pub use name::{NodeCondition, Resource, Signal, UnknownSignal};
 pub use parse::MemInfo;
 pub use pressure::{
     PressureKind, PressureReading, PressureResource, PressureScope, parse_pressure,

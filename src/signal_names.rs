@@ -1,3 +1,6 @@
+//! The kubelet's eviction signals, the resources they starve and the node conditions they
+//! set, by name: a leaf every layer can use (the config model keys thresholds by them).
+
 use std::fmt;
 use std::str::FromStr;
 

@@ -4,7 +4,7 @@
 use crate::config::WorkloadsConfig;
 use crate::signals::{CgroupReader, SignalError};
 
-use super::{Pod, PodUsage};
+use crate::pods::{Pod, PodUsage};
 
 /// The workloads under the configured parent. A workload whose files cannot be read is
 /// still listed, without stats, exactly as the kubelet treats a pod without stats; the

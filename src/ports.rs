@@ -1,0 +1,65 @@
+//! The seams between the agent loop and what plugs into it. The agent depends on these
+//! traits and plain types; the Kubernetes integration (and the standalone cgroup code)
+//! implements them; the command line wires one to the other. Nothing here does I/O.
+
+use std::sync::Arc;
+
+// The evictor is the decision core's own seam, so the cgroup killer below the agent can
+// implement it; it is listed here with the others.
+pub use crate::eviction::{EvictError, Evictor};
+
+use crate::eviction::Decision;
+use crate::isolation::PodsCgroup;
+use crate::pods::Pod;
+use crate::report::ApiReachability;
+use crate::report::contact::LeaseSource;
+use crate::shutdown::manager::{ManagerStatus, PodLister};
+use crate::shutdown::runner::PodTerminator;
+use crate::signals::Observations;
+
+/// Where the agent's pods come from, instead of standalone workload cgroups. Called
+/// once per cycle on the loop's thread; it must not block on the network (serve from a
+/// cache kept fresh elsewhere).
+pub trait PodSource: Send {
+    fn pods(&mut self) -> Vec<Pod>;
+}
+
+/// What one cycle saw and decided, for logs, observers and tests.
+#[derive(Debug, Clone)]
+pub struct CycleReport {
+    pub observations: Observations,
+    pub pods: Vec<Pod>,
+    pub decision: Decision,
+    pub collection_errors: usize,
+}
+
+/// Sees every cycle's observations and decision, after the decision is made and before
+/// the agent acts on it. Must not block.
+pub trait CycleObserver: Send {
+    fn observe(&mut self, report: &CycleReport);
+}
+
+/// Sees every change of the graceful shutdown's status (to show it on the Node). Must
+/// not block.
+pub trait ShutdownObserver: Send {
+    fn observe(&mut self, status: &ManagerStatus);
+}
+
+/// What the shutdown manager uses instead of the agent's own workload cgroups: pods
+/// listed and stopped elsewhere (through the API server), and an observer of its status.
+pub struct ShutdownHooks<T: PodTerminator> {
+    pub terminator: Arc<T>,
+    pub pods: PodLister,
+    pub node_status: Box<dyn ShutdownObserver>,
+}
+
+/// Everything an integration hands the agent loop at once: where pods come from, how
+/// they are evicted, who sees each cycle, and what the report to the controller needs.
+pub struct Integration {
+    pub pod_source: Box<dyn PodSource>,
+    pub evictor: Box<dyn Evictor + Send>,
+    pub observers: Vec<Box<dyn CycleObserver>>,
+    pub api_reachability: Option<ApiReachability>,
+    pub node_lease: Option<Arc<dyn LeaseSource>>,
+    pub pods_cgroup: Option<PodsCgroup>,
+}
