@@ -2,7 +2,11 @@
 //! traits and plain types; the Kubernetes integration (and the standalone cgroup code)
 //! implements them; the command line wires one to the other. Nothing here does I/O.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+
+use tokio::time::Instant;
 
 // The evictor is the decision core's own seam, so the cgroup killer below the agent can
 // implement it; it is listed here with the others.
@@ -53,6 +57,14 @@ pub struct ShutdownHooks<T: PodTerminator> {
     pub node_status: Box<dyn ShutdownObserver>,
 }
 
+/// Writes an integration still owes the cluster (events, conditions, deletes) when the
+/// agent stops.
+pub trait PendingWrites: Send + Sync {
+    /// Send what is queued until everything is out or `deadline` passes; whether all
+    /// went out. What is left is logged, not lost silently.
+    fn flush(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = bool> + Send + '_>>;
+}
+
 /// Everything an integration hands the agent loop at once: where pods come from, how
 /// they are evicted, who sees each cycle, and what the report to the controller needs.
 pub struct Integration {
@@ -62,4 +74,6 @@ pub struct Integration {
     pub api_reachability: Option<ApiReachability>,
     pub node_lease: Option<Arc<dyn LeaseSource>>,
     pub pods_cgroup: Option<PodsCgroup>,
+    /// Flushed, bounded in time, when the agent stops.
+    pub pending_writes: Option<Arc<dyn PendingWrites>>,
 }

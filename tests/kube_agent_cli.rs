@@ -74,3 +74,102 @@ async fn agent_with_a_kubeconfig_watches_its_node_pods_through_the_api() {
     }
     assert!(status.success(), "agent exited with {status}:\n{log}");
 }
+
+/// Writes still queued when the agent stops go out before it exits: the API server
+/// refuses the node's conditions until the moment the agent gets SIGTERM, and the
+/// conditions must be on the Node when the agent has exited, though the sender was
+/// waiting out a backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_writes_still_queued_at_stop_are_sent_before_the_agent_exits() {
+    use k8s_openapi::api::core::v1::Node;
+    use support::apiserver::RequestMatcher;
+
+    let server = FakeApiServer::start().await;
+    server.seed(&Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some("worker-7".to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let status_patch = RequestMatcher::method("PATCH").and_path("/api/v1/nodes/worker-7/status");
+    server.fail_matching(status_patch, 500, None);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let config = dir.path().join("agent.yaml");
+    // Not a dry run (a dry run writes nothing to flush), and no pods, so nothing is
+    // evicted: the only writes are the node's own conditions.
+    std::fs::write(
+        &config,
+        "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nhousekeepingInterval: 1s\nmetricsAddress: 127.0.0.1:0\n",
+    )
+    .unwrap();
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["agent", "--node-name", "worker-7", "--config"])
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBECONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = agent.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+
+    // Three refusals: the sender's next try is 0.8 s away when the agent is told to stop.
+    let refused = || {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path == "/api/v1/nodes/worker-7/status")
+            .filter(|r| r.status == 500)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while refused() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refusals = refused();
+    server.clear_failures();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = agent.wait().unwrap();
+    let log = log.join().unwrap().join("\n");
+    assert!(
+        refusals >= 3,
+        "the conditions were not refused 3 times:\n{log}"
+    );
+    assert!(status.success(), "agent exited with {status}:\n{log}");
+    let conditions: Vec<String> = server
+        .object::<Node>("", "worker-7")
+        .and_then(|node| node.status?.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|condition| condition.type_)
+        .collect();
+    for ours in [
+        "NodekeeperMemoryPressure",
+        "NodekeeperDiskPressure",
+        "NodekeeperPIDPressure",
+    ] {
+        assert!(
+            conditions.iter().any(|c| c == ours),
+            "{ours} in {conditions:?}; agent log:\n{log}"
+        );
+    }
+    assert!(
+        log.contains("sending the API writes still queued before stopping"),
+        "{log}"
+    );
+}

@@ -17,7 +17,7 @@ use crate::eviction::{
 use crate::metrics::{ConditionLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels};
 use crate::notify::{NotifierSettings, Notifiers};
 use crate::pods::Pod;
-use crate::ports::{CycleObserver, CycleReport, Evictor, Integration, PodSource};
+use crate::ports::{CycleObserver, CycleReport, Evictor, Integration, PendingWrites, PodSource};
 use crate::signals::{Collection, NodeCondition, NotificationSupport, SignalCollector, probe};
 
 const CONDITIONS: [NodeCondition; 3] = [
@@ -47,6 +47,7 @@ pub struct Agent {
     recorder: Option<Recorder>,
     pod_source: Option<Box<dyn PodSource>>,
     observers: Vec<Box<dyn CycleObserver>>,
+    pending_writes: Option<Arc<dyn PendingWrites>>,
     notifiers: Option<Notifiers>,
     /// Whether the API server answers, when the agent uses one (for its reports).
     api_reachability: Option<crate::report::ApiReachability>,
@@ -93,6 +94,7 @@ impl Agent {
             recorder: None,
             pod_source: None,
             observers: Vec::new(),
+            pending_writes: None,
             api_reachability: None,
             pods_cgroup: None,
             node_lease: None,
@@ -160,7 +162,9 @@ impl Agent {
             api_reachability,
             node_lease,
             pods_cgroup,
+            pending_writes,
         } = integration;
+        self.pending_writes = pending_writes;
         self.set_pod_source(pod_source);
         self.set_evictor(evictor);
         for observer in observers {
@@ -175,6 +179,11 @@ impl Agent {
         if let Some(pods) = pods_cgroup {
             self.set_pods_cgroup(pods);
         }
+    }
+
+    /// What the integration still owes the cluster, to flush when the agent stops.
+    pub fn pending_writes(&self) -> Option<Arc<dyn PendingWrites>> {
+        self.pending_writes.clone()
     }
 
     pub fn metrics(&self) -> Arc<Metrics> {

@@ -26,6 +26,10 @@ use crate::metrics::{self, Health, Metrics};
 
 /// How long a stop waits for the running cycle.
 pub const CYCLE_STOP_WAIT: Duration = Duration::from_secs(10);
+/// How long the API writes still queued at stop (an eviction's event, the node's
+/// conditions) may take to go out: long enough for a few retries, short enough to stay
+/// well inside a pod's default 30 s termination grace and a unit's stop timeout.
+pub const API_FLUSH_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -120,6 +124,9 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
     );
     let support = agent.announce();
     agent.start_notifiers(&support, wake.clone());
+    // Taken before the agent moves to its thread: it keeps the API senders alive after
+    // the agent is gone, until the queue is flushed.
+    let pending_writes = agent.pending_writes();
     let cycles = start_cycle_thread(agent, interval, wake, health, stop_tx.subscribe())?;
     shutdown.await;
     tracing::info!("agent stopping");
@@ -137,9 +144,24 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
         let _ = manager.await;
         publisher.abort();
     }
-    if let Some(reporting) = reporting {
-        reporting.stop().await;
-    }
+    // The last report (a finished drain) and the last API writes go out together: an
+    // unreachable API server must not hold up the report, nor the other way round.
+    let flush = async {
+        if let Some(pending) = pending_writes {
+            let deadline = tokio::time::Instant::now() + API_FLUSH_WAIT;
+            if !pending.flush(deadline).await {
+                tracing::warn!(
+                    "stopping with API writes still queued after {API_FLUSH_WAIT:?} (listed above)"
+                );
+            }
+        }
+    };
+    let last_report = async {
+        if let Some(reporting) = reporting {
+            reporting.stop().await;
+        }
+    };
+    tokio::join!(flush, last_report);
     match server.await {
         Ok(Err(error)) => tracing::warn!(%error, "metrics server ended with an error"),
         Err(error) => tracing::warn!(%error, "metrics server task failed"),

@@ -1,6 +1,8 @@
 //! Connecting to the cluster and plugging the Kubernetes parts into the agent.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod as ApiPod;
@@ -18,7 +20,7 @@ use super::worker::{OutboxHandle, RetryPolicy, run_outbox};
 use crate::act::CgroupKiller;
 use crate::config::AgentConfig;
 use crate::metrics::Metrics;
-use crate::ports::{CycleObserver, CycleReport, Integration, ShutdownHooks};
+use crate::ports::{CycleObserver, CycleReport, Integration, PendingWrites, ShutdownHooks};
 use crate::signals::CgroupReader;
 
 #[derive(Debug, thiserror::Error)]
@@ -277,12 +279,41 @@ impl KubeRuntime {
             observers: vec![Box::new(NodeStatusObserver {
                 tracker: self.tracker,
                 outbox: self.outbox.clone(),
-                _tasks: self.tasks,
+                _tasks: self.tasks.clone(),
             })],
             api_reachability: Some(self.outbox.reachability.clone()),
             node_lease: self.node_lease,
             pods_cgroup,
+            pending_writes: Some(Arc::new(OutboxFlusher {
+                outbox: self.outbox.clone(),
+                _tasks: self.tasks,
+            })),
         }
+    }
+}
+
+/// Flushes the outbox when the agent stops; holds the senders' tasks until then, since
+/// they end with the last holder of the task guard.
+struct OutboxFlusher {
+    outbox: OutboxHandle,
+    _tasks: Arc<TaskGuard>,
+}
+
+impl PendingWrites for OutboxFlusher {
+    fn flush(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(async move {
+            let pending = self.outbox.pending().len();
+            if pending > 0 {
+                tracing::info!(
+                    pending,
+                    "sending the API writes still queued before stopping"
+                );
+            }
+            self.outbox.flush(deadline).await
+        })
     }
 }
 

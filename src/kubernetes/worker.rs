@@ -4,6 +4,7 @@
 //! never wait on the API.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -26,6 +27,9 @@ pub struct OutboxHandle {
     wake: Arc<[Notify; 2]>,
     /// Signalled whenever an attempt ends, for [`OutboxHandle::flush`].
     progress: Arc<Notify>,
+    /// Set by [`OutboxHandle::flush`]: the agent is stopping, so a sender waiting out a
+    /// long backoff tries again at once, and from then on every `retry.base`.
+    hurry: Arc<(AtomicBool, Notify)>,
     metrics: Arc<OnceLock<Arc<Metrics>>>,
     /// Every attempt's outcome says whether the API server answers.
     pub reachability: crate::report::ApiReachability,
@@ -37,6 +41,7 @@ impl OutboxHandle {
             outbox: Arc::new(Mutex::new(Outbox::new(capacity))),
             wake: Arc::new([Notify::new(), Notify::new()]),
             progress: Arc::new(Notify::new()),
+            hurry: Arc::new((AtomicBool::new(false), Notify::new())),
             metrics: Arc::new(OnceLock::new()),
             reachability: Default::default(),
         }
@@ -141,8 +146,12 @@ impl OutboxHandle {
 
     /// Wait until both lanes are empty or `deadline` passes, for a bounded flush on stop:
     /// `handle.flush(Instant::now() + Duration::from_secs(5)).await` before aborting the
-    /// sender. Returns whether everything went out; what is left is logged.
+    /// sender. The senders stop waiting out their backoff: each retries at once, then
+    /// every `retry.base`. Returns whether everything went out; what is left is logged.
     pub async fn flush(&self, deadline: Instant) -> bool {
+        let (hurrying, hurry) = &*self.hurry;
+        hurrying.store(true, Ordering::SeqCst);
+        hurry.notify_waiters();
         loop {
             // Registered before looking, so progress between the look and the wait wakes us.
             let progress = self.progress.notified();
@@ -252,7 +261,19 @@ async fn run_lane<W: ActionWriter>(
                     tracing::warn!(action = kind, target = %action.target(), lane = lane.as_str(), %reason, pending, "API write failed; queued for retry");
                 }
                 handle.count(kind, "retried");
-                tokio::time::sleep(crate::backoff::doubling(retry.base, attempts, retry.max)).await;
+                let (hurrying, hurry) = &*handle.hurry;
+                let woken = hurry.notified();
+                tokio::pin!(woken);
+                woken.as_mut().enable();
+                let wait = if hurrying.load(Ordering::SeqCst) {
+                    retry.base
+                } else {
+                    crate::backoff::doubling(retry.base, attempts, retry.max)
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = woken => {}
+                }
             }
         }
     }
@@ -357,6 +378,56 @@ mod tests {
         writer.events_fail.store(false, Ordering::SeqCst);
         assert!(handle.flush(Instant::now() + Duration::from_secs(60)).await);
         assert!(handle.is_empty());
+        sender.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_cuts_a_long_backoff_short() {
+        let handle = OutboxHandle::new(10);
+        let writer = Scripted::default();
+        writer.events_fail.store(true, Ordering::SeqCst);
+        let retry = RetryPolicy {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(60),
+        };
+        let sender = tokio::spawn(run_outbox(handle.clone(), writer.clone(), retry));
+        handle.push(evicted_event());
+        // Eight failures: the sender now waits 25.6 s before its ninth try.
+        let attempts = || {
+            let sent = writer.sent.lock().unwrap();
+            sent.iter().filter(|kind| **kind == "event").count()
+        };
+        while attempts() < 8 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The API server recovers as the agent stops.
+        writer.events_fail.store(false, Ordering::SeqCst);
+        let started = Instant::now();
+        assert!(handle.flush(started + Duration::from_secs(5)).await);
+        assert!(
+            started.elapsed() < Duration::from_millis(10),
+            "retried at once, not after the backoff: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(attempts(), 9);
+        sender.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_flushing_a_failing_write_is_retried_every_base_interval() {
+        let handle = OutboxHandle::new(10);
+        let writer = Scripted::default();
+        writer.events_fail.store(true, Ordering::SeqCst);
+        let retry = RetryPolicy {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(60),
+        };
+        let sender = tokio::spawn(run_outbox(handle.clone(), writer.clone(), retry));
+        handle.push(evicted_event());
+        assert!(!handle.flush(Instant::now() + Duration::from_secs(2)).await);
+        let tries = writer.sent.lock().unwrap().len();
+        // One at once, then one every 200 ms: no hot loop, no doubling.
+        assert!((9..=12).contains(&tries), "{tries} tries in 2 s");
         sender.abort();
     }
 
