@@ -33,7 +33,7 @@ use nodekeeper::eviction::{EvictionState, Millis, SyncOptions, synchronize};
 use nodekeeper::notify::{Mechanism, NotifierSettings, Notifiers};
 use nodekeeper::pods::{Pod, PodUsage};
 use nodekeeper::ports::Evictor;
-use nodekeeper::signals::{CgroupReader, Observations, Signal, SignalCollector, probe};
+use nodekeeper::signals::{CgroupReader, Collection, Signal, SignalCollector, probe};
 use support::allocator::{AllocatorPlan, monotonic_nanos};
 use support::cgroups::TestCgroups;
 use tokio::sync::Notify;
@@ -126,7 +126,7 @@ impl Harness {
 
     /// One agent cycle: collect, list the workload pod, decide; kill if decided. Returns
     /// the decision and kill timestamps when an eviction happened.
-    fn cycle(&mut self) -> (Observations, Option<(u64, u64)>) {
+    fn cycle(&mut self) -> (Collection, Option<(u64, u64)>) {
         let collection = self.collector.collect();
         let usage = self.reader.read_cgroup_usage(&self.workload).ok();
         let pod = Pod {
@@ -150,12 +150,12 @@ impl Harness {
         );
         self.state = decision.state.clone();
         let Some(order) = decision.evictions.first() else {
-            return (collection.observations, None);
+            return (collection, None);
         };
         let decided = monotonic_nanos();
         self.evictor.evict(order, &pods[0]).unwrap();
         let signalled = monotonic_nanos();
-        (collection.observations, Some((decided, signalled)))
+        (collection, Some((decided, signalled)))
     }
 
     /// Start a workload after a random delay below `phase_spread` (so crossings fall at
@@ -209,12 +209,13 @@ async fn run(cgroups: TestCgroups, crossings: usize, slow_crossings: usize) {
     let wake = Arc::new(Notify::new());
     let mut notifiers = Notifiers::start(
         &harness.config,
+        CgroupReader::detect(&harness.config.paths.cgroup_root).ok(),
         &support,
         NotifierSettings::default(),
         wake.clone(),
     );
-    let (observations, _) = harness.cycle();
-    notifiers.update(&observations);
+    let (collection, _) = harness.cycle();
+    notifiers.update(&collection);
     let trigger = notifiers
         .armed()
         .iter()
@@ -238,8 +239,8 @@ async fn run(cgroups: TestCgroups, crossings: usize, slow_crossings: usize) {
                 missed += 1;
             }
             let woke = monotonic_nanos();
-            let (observations, outcome) = harness.cycle();
-            notifiers.update(&observations);
+            let (collection, outcome) = harness.cycle();
+            notifiers.update(&collection);
             if let Some((decided, signalled)) = outcome {
                 break (woke, decided, signalled, decided - woke);
             }

@@ -288,13 +288,20 @@ async fn scenario_through(extra_config: &str, retry: RetryPolicy, proxied: bool)
     );
     let client =
         nodekeeper::kubernetes::build_client(kube::Config::new(url.parse().unwrap())).unwrap();
-    let mut runtime = KubeRuntime::start(client, NODE.to_string(), &config, retry);
+    let host_facts = nodekeeper::signals::Host::detect(&config.paths);
+    let mut runtime = KubeRuntime::start(
+        client,
+        NODE.to_string(),
+        &config,
+        host_facts.cgroups().cloned(),
+        retry,
+    );
     let kills = KillLog(Arc::default(), Some(host.dir.path().join("cgroup")));
     runtime.set_local_killer(Some(Box::new(kills.clone())));
     runtime.wait_until_ready().await;
     let outbox = runtime.outbox();
     let cgroup_root = config.paths.cgroup_root.clone();
-    let mut agent = Agent::new(config, Arc::new(Metrics::new()));
+    let mut agent = Agent::on_host(config, host_facts, Arc::new(Metrics::new()));
     agent.integrate(runtime.integration(agent.metrics(), &cgroup_root));
     Scenario {
         server,

@@ -25,6 +25,7 @@ use nodekeeper::config::{AgentConfig, Overrides, from_yaml_str};
 use nodekeeper::kubernetes::KubeRuntime;
 use nodekeeper::kubernetes::worker::RetryPolicy;
 use nodekeeper::metrics::Metrics;
+use nodekeeper::signals::Host;
 use serde_json::Value;
 use support::apiserver::{FakeApiServer, eventually};
 use support::logind_fake::{FakeLogind, PrivateBus, fake_state, wait_until};
@@ -112,10 +113,12 @@ impl Cluster {
             server.seed(&api_pod(fixture));
         }
         let config = config(dir.path(), &bus.address());
+        let host = Host::detect(&config.paths);
         let runtime = KubeRuntime::start(
             server.client(),
             NODE.to_string(),
             &config,
+            host.cgroups().cloned(),
             RetryPolicy {
                 base: Duration::from_millis(20),
                 max: Duration::from_millis(200),
@@ -126,7 +129,7 @@ impl Cluster {
         let tasks = start_shutdown_manager(
             &config,
             Some(runtime.shutdown_hooks()),
-            None,
+            &host,
             Arc::new(Metrics::new()),
             None,
             stop_rx,
@@ -248,6 +251,10 @@ impl Cluster {
 }
 
 fn config(dir: &std::path::Path, bus_address: &str) -> AgentConfig {
+    // The shutdown record names the boot it began in, read under procRoot.
+    let random = dir.join("proc/sys/kernel/random");
+    std::fs::create_dir_all(&random).unwrap();
+    std::fs::write(random.join("boot_id"), "kube-shutdown-test-boot\n").unwrap();
     let root = dir.display();
     let yaml = format!(
         "apiVersion: nodekeeper.io/v1alpha1
@@ -387,6 +394,7 @@ async fn the_api_terminator_reports_missing_replaced_and_outliving_pods() {
         server.client(),
         NODE.to_string(),
         &config,
+        None,
         RetryPolicy::default(),
     );
     runtime.wait_until_ready().await;

@@ -13,7 +13,7 @@ use nodekeeper::notify::{
     Mechanism, MemcgThreshold, MemoryEventsWatch, NotifierSettings, Notifiers, PsiReadiness,
     PsiTrigger, PsiTriggerSpec,
 };
-use nodekeeper::signals::{NotificationSupport, SignalCollector};
+use nodekeeper::signals::{CgroupReader, NotificationSupport, SignalCollector};
 use nodekeeper::signals::{Signal, probe};
 use support::allocator::AllocatorPlan;
 use support::cgroups::TestCgroups;
@@ -84,6 +84,45 @@ fn allocatable_threshold_on(parent: &Path) -> AgentConfig {
     config
 }
 
+/// The trigger is set from the cycle's own collection: the notifiers read no memory file
+/// of their own, so a figure the collection holds (here, 20 MiB of inactive file pages
+/// the new cgroup does not really have) is the one the trigger follows.
+#[tokio::test]
+async fn the_memcg_trigger_follows_the_collections_figures_without_reading_again() {
+    let cgroups = require!(
+        "the cgroup v1 memory hierarchy",
+        TestCgroups::create(&["memory"])
+    );
+    let parent = cgroups.parent.clone();
+    cgroups.set_memory_limit(&parent, 256 * MIB);
+    let config = allocatable_threshold_on(&parent);
+    let support = probe(&config.paths);
+    assert!(support.memcg_eventfd_v1, "{support}");
+    let mut notifiers = Notifiers::start(
+        &config,
+        CgroupReader::detect(&config.paths.cgroup_root).ok(),
+        &support,
+        NotifierSettings::default(),
+        Arc::new(Notify::new()),
+    );
+    let mut collection = SignalCollector::new(&config.paths).collect();
+    let usage = collection
+        .memory_usage
+        .get_mut(&Signal::AllocatableMemoryAvailable)
+        .expect("the pods cgroup's memory figures are in the collection");
+    assert!(usage.inactive_file_bytes < MIB, "{usage:?}");
+    usage.inactive_file_bytes = 20 * MIB;
+    notifiers.update(&collection);
+    let armed = notifiers.armed();
+    assert_eq!(armed.len(), 1, "{armed:?}");
+    // 256 MiB capacity − 150 MiB threshold + the collection's 20 MiB.
+    let trigger: u64 = armed[0].trigger.parse().unwrap();
+    assert!(
+        (126 * MIB..127 * MIB).contains(&trigger),
+        "trigger {trigger}"
+    );
+}
+
 #[tokio::test]
 async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
     let mut cgroups = require!(
@@ -97,10 +136,15 @@ async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
     let support = probe(&config.paths);
     assert!(support.memcg_eventfd_v1, "{support}");
     let wake = Arc::new(Notify::new());
-    let mut notifiers =
-        Notifiers::start(&config, &support, NotifierSettings::default(), wake.clone());
+    let mut notifiers = Notifiers::start(
+        &config,
+        CgroupReader::detect(&config.paths.cgroup_root).ok(),
+        &support,
+        NotifierSettings::default(),
+        wake.clone(),
+    );
     let collection = SignalCollector::new(&config.paths).collect();
-    notifiers.update(&collection.observations);
+    notifiers.update(&collection);
 
     let armed = notifiers.armed();
     assert_eq!(armed.len(), 1, "{armed:?}");
@@ -253,6 +297,7 @@ async fn notifiers_on_a_v2_host_arm_psi_and_memory_events_and_wake_the_agent() {
     let wake = Arc::new(Notify::new());
     let notifiers = Notifiers::start(
         &config,
+        CgroupReader::detect(&config.paths.cgroup_root).ok(),
         &v2_support(true),
         fake_file_settings(),
         wake.clone(),
@@ -305,6 +350,7 @@ async fn a_failing_mechanism_is_skipped_and_the_others_still_run() {
     let wake = Arc::new(Notify::new());
     let notifiers = Notifiers::start(
         &config,
+        CgroupReader::detect(&config.paths.cgroup_root).ok(),
         &v2_support(true),
         fake_file_settings(),
         wake.clone(),
@@ -326,6 +372,7 @@ async fn without_memory_thresholds_nothing_is_armed() {
     config.eviction.thresholds.retain(|t| !t.signal.is_memory());
     let notifiers = Notifiers::start(
         &config,
+        CgroupReader::detect(&config.paths.cgroup_root).ok(),
         &v2_support(true),
         fake_file_settings(),
         Arc::new(Notify::new()),
@@ -384,15 +431,22 @@ async fn a_memcg_trigger_is_logged_once_and_its_refreshes_only_at_debug() {
         },
         ..NotifierSettings::default()
     };
-    let mut notifiers = Notifiers::start(&config, &support, settings, Arc::new(Notify::new()));
-    let mut observations = SignalCollector::new(&config.paths).collect().observations;
-    notifiers.update(&observations);
+    let mut notifiers = Notifiers::start(
+        &config,
+        CgroupReader::detect(&config.paths.cgroup_root).ok(),
+        &support,
+        settings,
+        Arc::new(Notify::new()),
+    );
+    let mut collection = SignalCollector::new(&config.paths).collect();
+    notifiers.update(&collection);
     for _ in 0..3 {
-        let observation = observations
+        let observation = collection
+            .observations
             .get_mut(&Signal::AllocatableMemoryAvailable)
             .expect("the pods cgroup's memory is observed");
         observation.capacity += 4 * MIB as i64;
-        notifiers.update(&observations);
+        notifiers.update(&collection);
     }
 
     assert_eq!(notifiers.counts().memcg_registrations, 4);

@@ -18,7 +18,9 @@ use crate::metrics::{ConditionLabels, MechanismLabels, Metrics, PressureLabels, 
 use crate::notify::{NotifierSettings, Notifiers};
 use crate::pods::Pod;
 use crate::ports::{CycleObserver, CycleReport, Evictor, Integration, PendingWrites, PodSource};
-use crate::signals::{Collection, NodeCondition, NotificationSupport, SignalCollector, probe};
+use crate::signals::{
+    Collection, Host, NodeCondition, NotificationSupport, SignalCollector, probe_host,
+};
 
 const CONDITIONS: [NodeCondition; 3] = [
     NodeCondition::MemoryPressure,
@@ -34,6 +36,7 @@ const POD_CLEANUP_POLL: Duration = Duration::from_millis(50);
 /// The agent's state between cycles.
 pub struct Agent {
     config: AgentConfig,
+    host: Host,
     collector: SignalCollector,
     metrics: Arc<Metrics>,
     state: EvictionState,
@@ -63,8 +66,16 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// An agent for the host under the configured paths, detected here.
     pub fn new(config: AgentConfig, metrics: Arc<Metrics>) -> Self {
-        let collector = SignalCollector::new(&config.paths);
+        let host = Host::detect(&config.paths);
+        Self::on_host(config, host, metrics)
+    }
+
+    /// An agent for a host already detected (with `config.paths`): every part of the agent
+    /// that reads the host uses this one detection.
+    pub fn on_host(config: AgentConfig, host: Host, metrics: Arc<Metrics>) -> Self {
+        let collector = SignalCollector::for_host(&host);
         let commands: Vec<ReclaimCommand> = config
             .node_reclaim
             .commands
@@ -83,6 +94,7 @@ impl Agent {
         );
         Agent {
             config,
+            host,
             collector,
             metrics,
             state: EvictionState::default(),
@@ -133,7 +145,13 @@ impl Agent {
         wake: std::sync::Arc<tokio::sync::Notify>,
     ) {
         // Each notifier logs itself as it is armed.
-        let notifiers = Notifiers::start(&self.config, support, NotifierSettings::default(), wake);
+        let notifiers = Notifiers::start(
+            &self.config,
+            self.host.cgroups().cloned(),
+            support,
+            NotifierSettings::default(),
+            wake,
+        );
         self.notifiers = Some(notifiers);
     }
 
@@ -219,7 +237,12 @@ impl Agent {
 
     /// The cgroup reader the agent measures with, when the host has a cgroup tree.
     pub fn cgroup_reader(&self) -> Option<&crate::signals::CgroupReader> {
-        self.collector.cgroups()
+        self.host.cgroups()
+    }
+
+    /// The host as detected when the agent was made.
+    pub fn host(&self) -> &Host {
+        &self.host
     }
 
     /// Append every observation to a trace file (`agent --record`).
@@ -231,7 +254,7 @@ impl Agent {
     /// notification mechanisms it offers. The probe result is returned so the notifiers
     /// start from the same verdict without probing (and writing a PSI trigger) again.
     pub fn announce(&self) -> NotificationSupport {
-        let support = probe(&self.config.paths);
+        let support = probe_host(&self.host);
         tracing::info!(
             layout = %self.collector.describe_layout(),
             dry_run = self.config.dry_run,
@@ -337,7 +360,7 @@ impl Agent {
             .observe(started.elapsed().as_secs_f64());
         self.publish_collection(&collection);
         if let Some(notifiers) = self.notifiers.as_mut() {
-            notifiers.update(&collection.observations);
+            notifiers.update(&collection);
         }
         let now = self.now();
         if let Some(recorder) = self.recorder.as_mut()

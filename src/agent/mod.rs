@@ -60,6 +60,7 @@ pub struct RunHandles {
 /// PrepareForShutdown, `/healthz` and `/metrics`, the pod watch and the API writes).
 pub async fn run<T: crate::shutdown::runner::PodTerminator>(
     config: AgentConfig,
+    host: crate::signals::Host,
     kube_shutdown: Option<crate::ports::ShutdownHooks<T>>,
     shutdown: impl Future<Output = ()>,
     customize: impl FnOnce(&mut Agent),
@@ -111,13 +112,13 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
         metrics_bound: bound_rx,
     });
 
-    let mut agent = Agent::new(config, metrics.clone());
+    let mut agent = Agent::on_host(config, host, metrics.clone());
     customize(&mut agent);
     let reporting = report::start(&mut agent, stop_tx.subscribe());
     let shutdown_manager = shutdown::start(
         agent.config(),
         kube_shutdown,
-        agent.cgroup_reader(),
+        agent.host(),
         metrics.clone(),
         reporting.as_ref().map(|reporting| reporting.board.clone()),
         stop_tx.subscribe(),

@@ -20,6 +20,7 @@ use crate::report::sender::{SenderSettings, run_sender};
 use crate::report::{ApiReachability, ReportBoard};
 use crate::shutdown::manager::ManagerStatus;
 use crate::shutdown::state::ShutdownOutcome;
+use crate::signals::Host;
 use crate::systemd::{BusAddress, LazySystemd};
 
 /// Posts each cycle's conditions, and the pod it evicts, to the board.
@@ -153,7 +154,7 @@ const SENDER_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// Starts reporting when `report:` is configured: installs the cycle observer and
 /// returns the board (for the shutdown manager) and the tasks to stop with the agent.
 pub fn start(agent: &mut super::Agent, stop: watch::Receiver<bool>) -> Option<Reporting> {
-    let settings = sender_settings(agent.config())?;
+    let settings = sender_settings(agent.config(), agent.host())?;
     let board = Arc::new(ReportBoard::new());
     agent.add_cycle_observer(Box::new(BoardObserver {
         board: board.clone(),
@@ -380,7 +381,7 @@ fn isolation_refusal(
 
 /// The sender's settings from the configuration and this boot; `None` (logged) when
 /// reports are off or cannot name their node and boot.
-fn sender_settings(config: &AgentConfig) -> Option<SenderSettings> {
+fn sender_settings(config: &AgentConfig, host: &Host) -> Option<SenderSettings> {
     let report = config.report.as_ref()?;
     let Some(node) = config.node_name.clone() else {
         tracing::error!(
@@ -388,14 +389,14 @@ fn sender_settings(config: &AgentConfig) -> Option<SenderSettings> {
         );
         return None;
     };
-    let boot_id = match crate::shutdown::manager::read_boot_id() {
-        Ok(id) => id,
+    let boot_id = match host.boot_id() {
+        Ok(id) => id.to_string(),
         Err(error) => {
             tracing::error!(%error, "report: cannot read this boot's id; not reporting");
             return None;
         }
     };
-    let boot_time = match crate::report::sender::read_boot_time() {
+    let boot_time = match crate::report::sender::read_boot_time(&host.paths().proc_root) {
         Ok(time) => time,
         Err(error) => {
             tracing::error!(%error, "report: cannot read when this boot began; not reporting");
@@ -437,6 +438,32 @@ mod tests {
     use crate::shutdown::state::{PhaseStatus, ShutdownState};
 
     const BOOT: &str = "this-boot";
+
+    #[test]
+    fn the_report_names_the_boot_found_under_the_configured_proc_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc_root = dir.path().join("proc");
+        std::fs::create_dir_all(proc_root.join("sys/kernel/random")).unwrap();
+        std::fs::write(proc_root.join("sys/kernel/random/boot_id"), "fake-boot-1\n").unwrap();
+        std::fs::write(proc_root.join("stat"), "cpu  1 2 3\nbtime 1700000000\n").unwrap();
+        let yaml = format!(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nnodeName: worker-1\n\
+             procRoot: {}\nreport:\n  controllerURL: http://127.0.0.1:9\n",
+            proc_root.display()
+        );
+        let config =
+            crate::config::from_yaml_str(&yaml, "agent.yaml", &Default::default()).unwrap();
+        let settings = sender_settings(&config, &Host::detect(&config.paths)).expect("reports on");
+        assert_eq!(settings.boot_id, "fake-boot-1");
+        assert_eq!(
+            settings.boot_time,
+            Timestamp::from_second(1_700_000_000).unwrap()
+        );
+
+        // Without a boot id there is no report: a report must name its boot.
+        std::fs::remove_file(proc_root.join("sys/kernel/random/boot_id")).unwrap();
+        assert!(sender_settings(&config, &Host::detect(&config.paths)).is_none());
+    }
 
     #[test]
     fn an_agent_isolates_its_node_only_in_kubernetes_mode_over_tls_for_real_and_when_allowed() {

@@ -14,13 +14,11 @@ use crate::metrics::{Metrics, PhaseLabels};
 use crate::ports::{ShutdownHooks, ShutdownObserver};
 use crate::shutdown::cgroup_kill::CgroupTerminator;
 use crate::shutdown::logind::BusAddress;
-use crate::shutdown::manager::{
-    ManagerOptions, ManagerStatus, PodLister, read_boot_id, run_shutdown_manager,
-};
+use crate::shutdown::manager::{ManagerOptions, ManagerStatus, PodLister, run_shutdown_manager};
 use crate::shutdown::plan::phases_from_config;
 use crate::shutdown::runner::{DryRunTerminator, PodTerminator, SystemClock};
 use crate::shutdown::state::metrics_from_state;
-use crate::signals::{CgroupLayout, CgroupReader};
+use crate::signals::{CgroupLayout, CgroupReader, Host, join_relative};
 
 /// Start the shutdown manager when graceful shutdown is configured: with `kube` hooks it
 /// drains this node's pods through the API, else the agent's workload cgroups. In dry-run
@@ -29,7 +27,7 @@ use crate::signals::{CgroupLayout, CgroupReader};
 pub fn start<T: PodTerminator>(
     config: &AgentConfig,
     kube: Option<ShutdownHooks<T>>,
-    reader: Option<&CgroupReader>,
+    host: &Host,
     metrics: Arc<Metrics>,
     board: Option<Arc<crate::report::ReportBoard>>,
     stop: watch::Receiver<bool>,
@@ -41,8 +39,8 @@ pub fn start<T: PodTerminator>(
         );
         return None;
     }
-    let boot_id = match read_boot_id() {
-        Ok(id) => id,
+    let boot_id = match host.boot_id() {
+        Ok(id) => id.to_string(),
         Err(error) => {
             tracing::error!(%error, "cannot read this boot's id; graceful node shutdown disabled");
             return None;
@@ -83,7 +81,7 @@ pub fn start<T: PodTerminator>(
             Some(hooks.node_status),
         ),
         None => {
-            let (terminator, pods) = workload_terminator(config, reader);
+            let (terminator, pods) = workload_terminator(config, host.cgroups());
             let manager = if dry_run {
                 tokio::spawn(run_shutdown_manager(
                     options,
@@ -155,7 +153,7 @@ fn workload_dir(
     parent: &std::path::Path,
 ) -> PathBuf {
     if reader.layout() != CgroupLayout::Unified {
-        let freezer = cgroup_root.join("freezer").join(parent);
+        let freezer = join_relative(&cgroup_root.join("freezer"), parent);
         if freezer.is_dir() {
             return freezer;
         }

@@ -107,9 +107,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
             }
         };
-        let kube = nodekeeper::kubernetes::connect(&loaded.config, args.kubeconfig.as_deref())
-            .await
-            .context("connecting to the Kubernetes API")?;
+        // The one look at the host: its cgroup layout and boot id, shared by the pod
+        // usage reader, the collector, the notifiers, the shutdown manager and the reports.
+        let host = nodekeeper::signals::Host::detect(&loaded.config.paths);
+        let kube =
+            nodekeeper::kubernetes::connect(&loaded.config, &host, args.kubeconfig.as_deref())
+                .await
+                .context("connecting to the Kubernetes API")?;
         match &kube {
             Some(runtime) => tracing::info!(
                 node = runtime.node_name(),
@@ -133,6 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         nodekeeper::agent::run(
             loaded.config,
+            host,
             kube_shutdown,
             shutdown,
             customize,

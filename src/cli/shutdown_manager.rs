@@ -13,10 +13,11 @@ use nodekeeper::pods::Pod;
 use nodekeeper::shutdown::cgroup_kill::CgroupTerminator;
 use nodekeeper::shutdown::logind::{BusAddress, DEFAULT_DROPIN_PATH};
 use nodekeeper::shutdown::manager::{
-    DEFAULT_STATE_PATH, ManagerOptions, ManagerStatus, read_boot_id, run_shutdown_manager,
+    DEFAULT_STATE_PATH, ManagerOptions, ManagerStatus, run_shutdown_manager,
 };
 use nodekeeper::shutdown::plan::phases_from_config;
 use nodekeeper::shutdown::runner::SystemClock;
+use nodekeeper::signals::read_boot_id;
 use tokio::sync::watch;
 
 #[derive(clap::Args)]
@@ -48,7 +49,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     super::init_stderr_logging("info");
     let config = config::load(args.config.as_deref(), &Overrides::default())?;
     let phases = phases_from_config(&config.shutdown);
-    let boot_id = read_boot_id().context("cannot read this boot's id")?;
+    let boot_id = read_boot_id(&config.paths.proc_root).with_context(|| {
+        format!(
+            "cannot read this boot's id under procRoot {}",
+            config.paths.proc_root.display()
+        )
+    })?;
     let mut options = ManagerOptions::new(phases, boot_id);
     options.state_path = args.state_file;
     options.logind_dropin_path = args.logind_dropin;

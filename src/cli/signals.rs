@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use nodekeeper::config::{self, Threshold, ThresholdValue};
 use nodekeeper::signals::{
-    Collection, NotificationSupport, PressureReading, PressureScope, Resource, Signal,
-    SignalCollector, probe,
+    Collection, Host, NotificationSupport, PressureReading, PressureScope, Resource, Signal,
+    SignalCollector, probe_host,
 };
 use serde_json::{Value, json};
 
@@ -34,9 +34,10 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = config::load(args.config.as_deref(), &args.eviction.overrides())?;
-    let collector = SignalCollector::new(&config.paths);
+    let host = Host::detect(&config.paths);
+    let collector = SignalCollector::for_host(&host);
     let collection = collector.collect();
-    let support = probe(&config.paths);
+    let support = probe_host(&host);
     let rows = report_rows(&collection, &config.eviction.thresholds);
     let mut problems = collector.notes().to_vec();
     problems.extend(other_problems(&collection));

@@ -21,7 +21,7 @@ use crate::act::CgroupKiller;
 use crate::config::AgentConfig;
 use crate::metrics::Metrics;
 use crate::ports::{CycleObserver, CycleReport, Integration, PendingWrites, ShutdownHooks};
-use crate::signals::CgroupReader;
+use crate::signals::{CgroupReader, Host};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -61,6 +61,7 @@ pub fn node_name(config: &AgentConfig) -> Result<String, KubeError> {
 /// when running in a pod. `Ok(None)` means standalone mode.
 pub async fn connect(
     config: &AgentConfig,
+    host: &Host,
     kubeconfig_flag: Option<&Path>,
 ) -> Result<Option<KubeRuntime>, KubeError> {
     if config.kubernetes.enabled == Some(false) {
@@ -85,6 +86,7 @@ pub async fn connect(
         client,
         node,
         config,
+        host.cgroups().cloned(),
         RetryPolicy::default(),
     )))
 }
@@ -149,10 +151,14 @@ pub struct KubeRuntime {
 }
 
 impl KubeRuntime {
+    /// Start the pod watch, the API probe and the write senders for `node_name`. `cgroups`
+    /// is the host's cgroup reader as the agent detected it (`None`: no cgroup tree, so
+    /// pods have no stats and nothing is killed locally).
     pub fn start(
         client: kube::Client,
         node_name: String,
         config: &AgentConfig,
+        cgroups: Option<CgroupReader>,
         retry: RetryPolicy,
     ) -> Self {
         let settings = &config.kubernetes;
@@ -180,13 +186,13 @@ impl KubeRuntime {
             });
         let writer = ApiWriter::new(client, node_name.clone());
         let sender_task = tokio::spawn(run_outbox(outbox.clone(), writer, retry));
-        let reader = match CgroupReader::detect(&config.paths.cgroup_root) {
-            Ok(reader) => Some(reader),
-            Err(error) => {
-                tracing::warn!(%error, "no cgroup tree; pods will have no stats");
-                None
-            }
-        };
+        let reader = cgroups;
+        if reader.is_none() {
+            tracing::warn!(
+                cgroup_root = %config.paths.cgroup_root.display(),
+                "no cgroup tree; pods will have no stats"
+            );
+        }
         let usage = reader.as_ref().map(|reader| {
             let naming = match settings.cgroup_driver {
                 Some(driver) => PodCgroupNaming::new(driver, &settings.pods_cgroup_name),

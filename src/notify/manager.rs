@@ -16,7 +16,7 @@ use super::limiter::{ForwardCounts, forward_limited};
 use super::memcg::{MemcgThreshold, RefreshPolicy, Registered, memcg_trigger_bytes};
 use super::psi::{PsiReadiness, PsiTrigger, PsiTriggerSpec};
 use crate::config::{AgentConfig, ThresholdValue};
-use crate::signals::{CgroupReader, NotificationSupport, Observations, Signal};
+use crate::signals::{CgroupReader, Collection, NotificationSupport, Signal};
 
 /// Tunables of the notifiers; the defaults suit production.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +125,7 @@ impl Notifiers {
     /// runtime.
     pub fn start(
         config: &AgentConfig,
+        cgroups: Option<CgroupReader>,
         support: &NotificationSupport,
         settings: NotifierSettings,
         wake: Arc<Notify>,
@@ -146,7 +147,7 @@ impl Notifiers {
             tasks: vec![forwarder],
             armed: Vec::new(),
             memcg: Vec::new(),
-            reader: CgroupReader::detect(&config.paths.cgroup_root).ok(),
+            reader: cgroups,
             refresh: settings.memcg_refresh,
             epoch: std::time::Instant::now(),
             memcg_registrations: 0,
@@ -203,10 +204,12 @@ impl Notifiers {
     }
 
     /// Refresh memcg thresholds from a fresh collection: the capacity comes from the
-    /// observation of each threshold's signal, the inactive file pages from the watched
-    /// cgroup. Re-registers only when the trigger moved and the refresh interval passed.
-    /// Cheap enough to call every cycle.
-    pub fn update(&mut self, observations: &Observations) {
+    /// observation of each threshold's signal, the inactive file pages from the same
+    /// collection's read of the watched cgroup (no file is read again here). Re-registers
+    /// only when the trigger moved and the refresh interval passed. Cheap enough to call
+    /// every cycle.
+    pub fn update(&mut self, collection: &Collection) {
+        let observations = &collection.observations;
         let now = self.epoch.elapsed();
         let _runtime = self.runtime.enter();
         for index in 0..self.memcg.len() {
@@ -214,12 +217,13 @@ impl Notifiers {
             let Some(observation) = observations.get(&watch.signal) else {
                 continue;
             };
-            let inactive_file = match self.inactive_file(&watch.cgroup) {
-                Ok(bytes) => bytes,
-                Err(error) => {
-                    report_failure(&mut self.memcg[index], error);
-                    continue;
-                }
+            // Read together with the observation, so present whenever it is.
+            let Some(inactive_file) = collection
+                .memory_usage
+                .get(&watch.signal)
+                .map(|usage| usage.inactive_file_bytes)
+            else {
+                continue;
             };
             let wanted = memcg_trigger_bytes(observation.capacity, watch.value, inactive_file);
             let current = watch.registered.as_ref().map(|(registered, _)| *registered);
@@ -314,20 +318,6 @@ impl Notifiers {
     fn usage_bytes(&self, cgroup: &Path) -> Option<u64> {
         let usage = self.reader.as_ref()?.memory_usage(cgroup).ok()?;
         Some(usage.usage_bytes)
-    }
-
-    fn inactive_file(&self, cgroup: &Path) -> Result<u64, NotifyError> {
-        let reader = self.reader.as_ref().ok_or_else(|| NotifyError::Malformed {
-            path: cgroup.to_path_buf(),
-            reason: "no cgroup hierarchy detected".to_string(),
-        })?;
-        reader
-            .memory_usage(cgroup)
-            .map(|usage| usage.inactive_file_bytes)
-            .map_err(|e| NotifyError::Malformed {
-                path: e.path.clone(),
-                reason: e.problem.to_string(),
-            })
     }
 
     fn watch_memcg(&mut self, signal: Signal, value: ThresholdValue, pods: Option<&Path>) {

@@ -155,12 +155,14 @@ fn next_sequence(last: u64) -> u64 {
 }
 
 /// When this boot began: `btime` (seconds since the epoch) in `/proc/stat`.
-pub fn read_boot_time() -> std::io::Result<Timestamp> {
-    let stat = std::fs::read_to_string("/proc/stat")?;
+/// When this boot began: the `btime` line of `<proc_root>/stat`.
+pub fn read_boot_time(proc_root: &std::path::Path) -> std::io::Result<Timestamp> {
+    let path = proc_root.join("stat");
+    let stat = std::fs::read_to_string(&path)?;
     parse_boot_time(&stat).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            "/proc/stat has no btime line",
+            format!("{} has no btime line", path.display()),
         )
     })
 }
@@ -495,7 +497,7 @@ mod tests {
         );
         assert_eq!(parse_boot_time("cpu 1\n"), None);
         assert!(
-            read_boot_time().is_ok(),
+            read_boot_time(std::path::Path::new("/proc")).is_ok(),
             "this machine's /proc/stat has btime"
         );
     }

@@ -72,12 +72,6 @@ pub struct ManagerStatus {
 /// The pods to drain, read when a shutdown begins.
 pub type PodLister = Arc<dyn Fn() -> Result<Vec<Pod>, String> + Send + Sync>;
 
-pub fn read_boot_id() -> std::io::Result<String> {
-    Ok(std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?
-        .trim()
-        .to_string())
-}
-
 struct ActiveRun {
     cancel: watch::Sender<bool>,
     handle: JoinHandle<(ShutdownState, RunOutcome)>,

@@ -1,11 +1,13 @@
 //! The live collector: reads cgroupfs, procfs and statvfs into [`Observations`] once per call.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::cgroup::CgroupReader;
 use super::error::{ErrorSubject, FileError, FileProblem, SignalError};
 use super::fileio::{is_not_found, read_u64, with_file_text};
 use super::filesystem::{FsStats, FsTarget, stat_filesystem};
+use super::host::Host;
 use super::layout::{CgroupLayout, LayoutError};
 use super::memory::MemoryUsage;
 use super::parse::{MemInfo, flat_keyed_u64, loadavg_process_count, meminfo};
@@ -18,6 +20,11 @@ use crate::config::HostPaths;
 #[derive(Debug, Default)]
 pub struct Collection {
     pub observations: Observations,
+    /// The cgroup memory figures behind each memory signal's observation (the root
+    /// cgroup's for `memory.available`, the pods cgroup's for
+    /// `allocatableMemory.available`), so the memcg notifiers set their triggers from
+    /// this collection's reads instead of reading the same files again.
+    pub memory_usage: BTreeMap<Signal, MemoryUsage>,
     pub pressure: Vec<PressureReading>,
     pub errors: Vec<SignalError>,
 }
@@ -41,8 +48,22 @@ pub struct SignalCollector {
 }
 
 impl SignalCollector {
+    /// A collector for the host under `paths`, detecting its cgroup layout itself: for
+    /// one-off commands and tests. The agent detects its host once and uses
+    /// [`SignalCollector::for_host`].
     pub fn new(paths: &HostPaths) -> Self {
-        let cgroups = CgroupReader::detect(&paths.cgroup_root);
+        Self::for_host(&Host::detect(paths))
+    }
+
+    /// A collector for a host already detected.
+    pub fn for_host(host: &Host) -> Self {
+        let paths = host.paths();
+        let cgroups = match host.cgroups() {
+            Some(reader) => Ok(reader.clone()),
+            None => Err(host.cgroup_error().cloned().unwrap_or_else(|| LayoutError {
+                cgroup_root: paths.cgroup_root.clone(),
+            })),
+        };
         let proc_root = &paths.proc_root;
         let mut notes = Vec::new();
         let mut resolve = |name: &str, configured: &Path| {
@@ -116,6 +137,7 @@ impl SignalCollector {
     pub fn collect(&self) -> Collection {
         let mut collection = Collection {
             observations: Observations::new(),
+            memory_usage: BTreeMap::new(),
             pressure: Vec::with_capacity(8),
             errors: Vec::new(),
         };
@@ -132,9 +154,9 @@ impl SignalCollector {
         let result = self.reader().and_then(|reader| {
             let info = meminfo.as_ref().map_err(FileError::duplicate)?;
             let usage = root_memory_usage(reader, info)?;
-            Ok(memory_observation(info.total, usage))
+            Ok((memory_observation(info.total, usage), usage))
         });
-        record(out, Signal::MemoryAvailable, result);
+        record_memory(out, Signal::MemoryAvailable, result);
     }
 
     fn collect_allocatable(&self, meminfo: &Result<MemInfo, FileError>, out: &mut Collection) {
@@ -147,9 +169,9 @@ impl SignalCollector {
                 Some(limit) => limit,
                 None => meminfo.as_ref().map_err(FileError::duplicate)?.total,
             };
-            Ok(memory_observation(capacity, usage))
+            Ok((memory_observation(capacity, usage), usage))
         });
-        record(out, Signal::AllocatableMemoryAvailable, result);
+        record_memory(out, Signal::AllocatableMemoryAvailable, result);
     }
 
     fn collect_filesystems(&self, out: &mut Collection) {
@@ -279,6 +301,18 @@ fn to_i64(value: u64) -> i64 {
 
 fn copy_result(result: &Result<FsStats, FileError>) -> Result<FsStats, FileError> {
     result.as_ref().copied().map_err(FileError::duplicate)
+}
+
+fn record_memory(
+    out: &mut Collection,
+    signal: Signal,
+    result: Result<(Observation, MemoryUsage), FileError>,
+) {
+    let observation = result.map(|(observation, usage)| {
+        out.memory_usage.insert(signal, usage);
+        observation
+    });
+    record(out, signal, observation);
 }
 
 fn record(out: &mut Collection, signal: Signal, result: Result<Observation, FileError>) {

@@ -6,17 +6,20 @@ mod collector;
 mod error;
 mod fileio;
 mod filesystem;
+mod host;
 mod layout;
 mod memory;
 mod parse;
 mod pressure;
 mod probe;
+pub mod readers;
 
 pub use crate::signal_names::{NodeCondition, Resource, Signal, UnknownSignal};
 pub use cgroup::{CgroupReader, CgroupUsage};
 pub use collector::{Collection, SignalCollector};
 pub use error::{ErrorSubject, FileError, FileProblem, SignalError};
 pub use filesystem::{FsStats, FsTarget};
+pub use host::{Host, read_boot_id};
 pub use layout::{
     CgroupLayout, CgroupPaths, LayoutError, detect_layout, join_relative, relative_cgroup,
 };
@@ -25,7 +28,7 @@ pub use parse::MemInfo;
 pub use pressure::{
     PressureKind, PressureReading, PressureResource, PressureScope, parse_pressure,
 };
-pub use probe::{NotificationSupport, probe};
+pub use probe::{NotificationSupport, probe, probe_host};
 
 use std::collections::BTreeMap;
 

@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use super::error::FileProblem;
 use super::fileio::with_file_text;
-use super::layout::{CgroupLayout, CgroupPaths, detect_layout};
+use super::host::Host;
+use super::layout::{CgroupLayout, CgroupPaths};
 use super::pressure::{PressureResource, PressureScope, parse_pressure, psi_unavailable};
 use crate::config::HostPaths;
 
@@ -36,11 +37,16 @@ pub struct NotificationSupport {
     pub memory_events_v2_detail: String,
 }
 
+/// Probe the host under `paths`, detecting its cgroup layout itself: for one-off commands
+/// and tests. The agent probes the host it detected once, with [`probe_host`].
 pub fn probe(paths: &HostPaths) -> NotificationSupport {
+    probe_host(&Host::detect(paths))
+}
+
+pub fn probe_host(host: &Host) -> NotificationSupport {
+    let paths = host.paths();
     let (psi, psi_detail) = probe_psi(&paths.proc_root);
-    let cgroups = detect_layout(&paths.cgroup_root)
-        .ok()
-        .map(|layout| CgroupPaths::new(&paths.cgroup_root, layout));
+    let cgroups = host.cgroups().map(|reader| reader.paths().clone());
     let (memcg_eventfd_v1, memcg_eventfd_v1_detail) = probe_memcg_eventfd(cgroups.as_ref());
     let (memory_events_v2, memory_events_v2_detail) =
         probe_memory_events(cgroups.as_ref(), paths.pods_cgroup.as_deref());
