@@ -117,8 +117,14 @@ fn prepare_for_shutdown_and_healthz_are_answered_while_a_cycle_is_stuck_on_a_hun
 
     let proc_root = dir.path().join("proc");
     let cgroup_root = dir.path().join("cgroup");
-    std::fs::create_dir_all(&proc_root).unwrap();
+    std::fs::create_dir_all(proc_root.join("sys/kernel/random")).unwrap();
     std::fs::create_dir_all(&cgroup_root).unwrap();
+    // The shutdown record names its boot, read under procRoot like every proc file.
+    std::fs::write(
+        proc_root.join("sys/kernel/random/boot_id"),
+        "hung-file-test-boot\n",
+    )
+    .unwrap();
     let meminfo = proc_root.join("meminfo");
     nix::unistd::mkfifo(&meminfo, Mode::S_IRUSR | Mode::S_IWUSR).unwrap();
     let root = dir.path().display();

@@ -53,19 +53,45 @@ fn top_level_modules() -> BTreeSet<String> {
     let lib = std::fs::read_to_string(src().join("lib.rs")).expect("src/lib.rs");
     let modules: BTreeSet<String> = strip_comments_and_strings(&lib)
         .lines()
-        .filter_map(|line| {
-            let line = line.trim();
-            let rest = line
-                .strip_prefix("pub mod ")
-                .or_else(|| line.strip_prefix("mod "))?;
-            Some(rest.trim_end_matches(';').trim().to_string())
-        })
+        .filter_map(declared_module)
         .collect();
-    assert!(
-        modules.len() > 5,
-        "read too few modules from src/lib.rs: {modules:?}"
-    );
+    // Every file and directory beside lib.rs must be one of them (or the binary's), so a
+    // module the reader failed to see cannot hide a circle.
+    for entry in std::fs::read_dir(src()).expect("read src") {
+        let path = entry.expect("dir entry").path();
+        let name = path.file_stem().unwrap_or_default().to_string_lossy();
+        let is_module = path.is_dir() || path.extension().is_some_and(|e| e == "rs");
+        if is_module && !["lib", "main", "cli"].contains(&name.as_ref()) {
+            assert!(
+                modules.contains(name.as_ref()),
+                "{} is not among the modules read from src/lib.rs: {modules:?}",
+                path.display()
+            );
+        }
+    }
     modules
+}
+
+/// The module a line of `lib.rs` declares: `mod x;`, `pub mod x;`, `pub(crate) mod x {`,
+/// after any attributes on the same line, with `r#` dropped.
+fn declared_module(line: &str) -> Option<String> {
+    let mut line = line.trim();
+    while line.starts_with("#[") {
+        line = line[line.find(']')? + 1..].trim_start();
+    }
+    if let Some(rest) = line.strip_prefix("pub") {
+        line = rest.trim_start();
+        if line.starts_with('(') {
+            line = line[line.find(')')? + 1..].trim_start();
+        }
+    }
+    let name = line.strip_prefix("mod ")?.trim_start();
+    let name = name.strip_prefix("r#").unwrap_or(name);
+    let end = name
+        .bytes()
+        .position(|b| !is_ident_byte(b))
+        .unwrap_or(name.len());
+    (end > 0).then(|| name[..end].to_string())
 }
 
 /// Blank out comments, string and char literals (keeping line breaks), so paths in
@@ -202,11 +228,54 @@ fn is_ident_byte(byte: u8) -> bool {
 
 /// The identifier starting at `at`.
 fn ident_at(code: &str, at: usize) -> &str {
+    let at = if code[at..].starts_with("r#") {
+        at + 2
+    } else {
+        at
+    };
+    if code[at..].starts_with('*') {
+        return "*";
+    }
     let end = code[at..]
         .bytes()
         .position(|b| !is_ident_byte(b))
         .map_or(code.len(), |n| at + n);
     &code[at..end]
+}
+
+/// The brace spans of inline modules (`mod tests { … }`), from `{` to its `}`.
+fn inline_module_spans(code: &str) -> Vec<(usize, usize)> {
+    let bytes = code.as_bytes();
+    let mut spans = Vec::new();
+    let mut search = 0;
+    while let Some(offset) = code[search..].find("mod ") {
+        let start = search + offset;
+        search = start + "mod ".len();
+        if start > 0 && is_ident_byte(bytes[start - 1]) {
+            continue;
+        }
+        let name_at = skip_space(code, search);
+        let name = ident_at(code, name_at);
+        let after = skip_space(code, name_at + name.len());
+        if name.is_empty() || !code[after..].starts_with('{') {
+            continue;
+        }
+        let mut depth = 0usize;
+        for (index, &byte) in bytes.iter().enumerate().skip(after) {
+            match byte {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        spans.push((after, index));
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    spans
 }
 
 fn skip_space(code: &str, mut at: usize) -> usize {
@@ -238,7 +307,10 @@ fn first_segments(code: &str, at: usize) -> Vec<(String, usize)> {
                     }
                 }
                 ',' if depth == 1 => expect_name = true,
-                c if expect_name && depth == 1 && (c.is_ascii_alphabetic() || c == '_') => {
+                c if expect_name
+                    && depth == 1
+                    && (c.is_ascii_alphabetic() || c == '_' || c == '*') =>
+                {
                     names.push((ident_at(code, here).to_string(), here));
                     expect_name = false;
                 }
@@ -258,18 +330,25 @@ fn references(code: &str, module: &[String], modules: &BTreeSet<String>) -> Vec<
     let mut found = Vec::new();
     let line_of = |at: usize| code[..at].matches('\n').count() + 1;
     let bytes = code.as_bytes();
+    let inline_modules = inline_module_spans(code);
     let mut at = 0;
     while at < code.len() {
-        let preceded_by_ident = at > 0 && (is_ident_byte(bytes[at - 1]) || bytes[at - 1] == b'$');
+        // `$crate::x` in a macro counts as the defining module's own import of `x`.
+        let preceded_by_ident = at > 0 && is_ident_byte(bytes[at - 1]);
         if !preceded_by_ident && code[at..].starts_with("crate::") {
             for (name, position) in first_segments(code, at + "crate::".len()) {
                 found.push((name, line_of(position)));
             }
             at += "crate::".len();
         } else if !preceded_by_ident && code[at..].starts_with("super::") {
-            // Climb from the file's module; past the crate root, the next segment is a
+            // Climb from the module the path is written in (the file's, plus any inline
+            // `mod x { … }` around it); past the crate root, the next segment is a
             // top-level module.
-            let mut depth = module.len();
+            let mut depth = module.len()
+                + inline_modules
+                    .iter()
+                    .filter(|(open, close)| *open < at && at < *close)
+                    .count();
             let mut cursor = at;
             while code[cursor..].starts_with("super::") {
                 depth = depth.saturating_sub(1);
@@ -285,10 +364,30 @@ fn references(code: &str, module: &[String], modules: &BTreeSet<String>) -> Vec<
             at += code[at..].chars().next().map_or(1, char::len_utf8);
         }
     }
+    // `use crate as root;` names the crate under another name the reader cannot follow.
+    let mut at = 0;
+    while let Some(offset) = code[at..].find("crate") {
+        let start = at + offset;
+        at = start + "crate".len();
+        let standalone = (start == 0 || !is_ident_byte(bytes[start - 1]))
+            && !code[at..].starts_with(|c: char| c == ':' || c.is_ascii_alphanumeric() || c == '_');
+        if standalone && code[skip_space(code, at)..].starts_with("as ") {
+            found.push((HIDDEN.to_string(), line_of(start)));
+        }
+    }
     let own = module.first().cloned().unwrap_or_default();
-    found.retain(|(name, _)| modules.contains(name) && *name != own);
+    for (name, _) in &mut found {
+        if name == "*" || name == "self" {
+            *name = HIDDEN.to_string();
+        }
+    }
+    found.retain(|(name, _)| (modules.contains(name) && *name != own) || name == HIDDEN);
     found
 }
+
+/// Where a module imports the crate root in a way that hides which modules it then uses
+/// (`use crate::*`, `crate::{self as x}`, `use crate as x`).
+const HIDDEN: &str = "<glob or alias of the crate root>";
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("read src") {
@@ -309,6 +408,7 @@ fn module_graph() -> Graph {
     rust_files(&root, &mut files);
     let mut graph: Graph = modules
         .iter()
+        .chain(std::iter::once(&HIDDEN.to_string()))
         .map(|m| (m.clone(), BTreeMap::new()))
         .collect();
     for file in files {
@@ -429,6 +529,22 @@ fn the_top_level_modules_form_no_circle() {
 }
 
 #[test]
+fn no_module_imports_the_crate_root_by_glob_or_alias() {
+    let graph = module_graph();
+    let hidden: Vec<String> = graph
+        .values()
+        .filter_map(|edges| edges.get(HIDDEN))
+        .flatten()
+        .map(|s| format!("{}:{}", s.file, s.line))
+        .collect();
+    assert!(
+        hidden.is_empty(),
+        "name the modules you import, so the module graph can see them: {}",
+        hidden.join(", ")
+    );
+}
+
+#[test]
 fn the_named_boundaries_hold() {
     let graph = module_graph();
     let mut broken = Vec::new();
@@ -463,6 +579,8 @@ const S: &str = "crate::agent in a \"string\"";
 const R: &str = r#"crate::agent in a "raw" string"#;
 fn g<'a>(c: char) -> bool { c == '"' || c == '\\' || c == '\'' }
 fn h() { crate::pods::count(); }
+pub(crate) use crate::r#agent::Agent;
+macro_rules! m { () => { $crate::config::load() } }
 "##,
     );
     let module = vec!["eviction".to_string(), "rank".to_string()];
@@ -475,11 +593,57 @@ fn h() { crate::pods::count(); }
             ("signals".to_string(), 2),
             ("text".to_string(), 3),
             ("pods".to_string(), 9),
+            ("agent".to_string(), 10),
+            ("config".to_string(), 11),
         ]
     );
     // A module's references to itself are not edges.
     let own = vec!["pods".to_string()];
     assert!(references("use crate::pods::Pod;", &own, &modules).is_empty());
+    // Imports that hide which modules are used are reported as such.
+    for hiding in [
+        "use crate::*;",
+        "use crate::{*, pods::Pod};",
+        "use crate::{self as root};",
+        "use crate as root;",
+    ] {
+        let found = references(hiding, &own, &modules);
+        assert!(
+            found.iter().any(|(name, _)| name == HIDDEN),
+            "{hiding}: {found:?}"
+        );
+    }
+    // In a top-level module's own file, `super::*` is the crate root too; inside its
+    // inline `mod tests`, it is the module itself.
+    let top = vec!["signals".to_string()];
+    assert!(
+        references("use super::*;", &top, &modules)
+            .iter()
+            .any(|(name, _)| name == HIDDEN)
+    );
+    assert!(references("mod tests { use super::*; }", &top, &modules).is_empty());
+    assert_eq!(
+        references(
+            "mod tests { fn f() {} mod deeper { use super::super::super::pods; } }",
+            &top,
+            &modules
+        ),
+        vec![("pods".to_string(), 1)]
+    );
+}
+
+#[test]
+fn lib_rs_declarations_are_read_whatever_their_visibility_or_attributes() {
+    for (line, module) in [
+        ("pub mod agent;", Some("agent")),
+        ("mod text;", Some("text")),
+        ("pub(crate) mod ports;", Some("ports")),
+        ("#[cfg(unix)] pub mod systemd;", Some("systemd")),
+        ("pub mod r#trace {", Some("trace")),
+        ("pub use agent::Agent;", None),
+    ] {
+        assert_eq!(declared_module(line).as_deref(), module, "{line}");
+    }
 }
 
 #[test]

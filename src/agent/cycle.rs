@@ -75,6 +75,11 @@ impl Agent {
     /// An agent for a host already detected (with `config.paths`): every part of the agent
     /// that reads the host uses this one detection.
     pub fn on_host(config: AgentConfig, host: Host, metrics: Arc<Metrics>) -> Self {
+        debug_assert_eq!(
+            host.paths(),
+            &config.paths,
+            "the host must be detected with the agent's own paths"
+        );
         let collector = SignalCollector::for_host(&host);
         let commands: Vec<ReclaimCommand> = config
             .node_reclaim

@@ -27,8 +27,8 @@ pub struct OutboxHandle {
     wake: Arc<[Notify; 2]>,
     /// Signalled whenever an attempt ends, for [`OutboxHandle::flush`].
     progress: Arc<Notify>,
-    /// Set by [`OutboxHandle::flush`]: the agent is stopping, so a sender waiting out a
-    /// long backoff tries again at once, and from then on every `retry.base`.
+    /// Set while [`OutboxHandle::flush`] runs (the agent is stopping): a sender waiting
+    /// out a long backoff tries again at once, and meanwhile every `retry.base`.
     hurry: Arc<(AtomicBool, Notify)>,
     metrics: Arc<OnceLock<Arc<Metrics>>>,
     /// Every attempt's outcome says whether the API server answers.
@@ -149,8 +149,16 @@ impl OutboxHandle {
     /// sender. The senders stop waiting out their backoff: each retries at once, then
     /// every `retry.base`. Returns whether everything went out; what is left is logged.
     pub async fn flush(&self, deadline: Instant) -> bool {
+        /// Ends the hurry however the flush ends (returned or dropped).
+        struct Hurrying<'a>(&'a AtomicBool);
+        impl Drop for Hurrying<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
         let (hurrying, hurry) = &*self.hurry;
         hurrying.store(true, Ordering::SeqCst);
+        let _hurrying = Hurrying(hurrying);
         hurry.notify_waiters();
         loop {
             // Registered before looking, so progress between the look and the wait wakes us.
@@ -428,6 +436,10 @@ mod tests {
         let tries = writer.sent.lock().unwrap().len();
         // One at once, then one every 200 ms: no hot loop, no doubling.
         assert!((9..=12).contains(&tries), "{tries} tries in 2 s");
+        // Once the flush is over, the backoff doubles again: far fewer tries in 20 s.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let later = writer.sent.lock().unwrap().len() - tries;
+        assert!(later <= 3, "{later} tries in the 20 s after the flush");
         sender.abort();
     }
 

@@ -154,8 +154,7 @@ fn next_sequence(last: u64) -> u64 {
     since_boot.max(last + 1)
 }
 
-/// When this boot began: `btime` (seconds since the epoch) in `/proc/stat`.
-/// When this boot began: the `btime` line of `<proc_root>/stat`.
+/// When this boot began: the `btime` line (seconds since the epoch) of `<proc_root>/stat`.
 pub fn read_boot_time(proc_root: &std::path::Path) -> std::io::Result<Timestamp> {
     let path = proc_root.join("stat");
     let stat = std::fs::read_to_string(&path)?;
