@@ -10,36 +10,70 @@ use std::time::{Duration, Instant};
 
 use support::apiserver::FakeApiServer;
 
+/// `nodekeeper agent --kubeconfig` for node worker-7 against `server`, with `settings`
+/// added to a minimal configuration (1 s cycles, metrics on a free port); its log is
+/// collected until it exits.
+struct AgentProcess {
+    child: std::process::Child,
+    log: std::thread::JoinHandle<Vec<String>>,
+    _dir: tempfile::TempDir,
+}
+
+impl AgentProcess {
+    fn start(server: &FakeApiServer, settings: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).unwrap();
+        let config = dir.path().join("agent.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n\
+                 housekeepingInterval: 1s\nmetricsAddress: 127.0.0.1:0\n{settings}"
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+            .args(["agent", "--node-name", "worker-7", "--config"])
+            .arg(&config)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .env("RUST_LOG", "info")
+            .env_remove("KUBECONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = std::thread::spawn(move || {
+            BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+                .collect::<Vec<_>>()
+        });
+        AgentProcess {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// SIGTERM, then wait for the exit: its status and the whole log.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = self.child.wait().unwrap();
+        (status, self.log.join().unwrap().join("\n"))
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_with_a_kubeconfig_watches_its_node_pods_through_the_api() {
     let server = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let config = dir.path().join("agent.yaml");
-    std::fs::write(
-        &config,
-        "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\ndryRun: true\nhousekeepingInterval: 1s\nmetricsAddress: 127.0.0.1:0\n",
-    )
-    .unwrap();
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["agent", "--node-name", "worker-7", "--config"])
-        .arg(&config)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .env("RUST_LOG", "info")
-        .env_remove("KUBECONFIG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = agent.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<_>>()
-    });
+    let agent = AgentProcess::start(&server, "dryRun: true\n");
 
     let deadline = Instant::now() + Duration::from_secs(30);
     let watched = loop {
@@ -52,13 +86,7 @@ async fn agent_with_a_kubeconfig_watches_its_node_pods_through_the_api() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = agent.wait().unwrap();
-    let log = log.join().unwrap().join("\n");
+    let (status, log) = agent.stop();
     assert!(
         watched.is_some(),
         "no pod list/watch for the node; agent log:\n{log}"
@@ -94,35 +122,9 @@ async fn api_writes_still_queued_at_stop_are_sent_before_the_agent_exits() {
     });
     let status_patch = RequestMatcher::method("PATCH").and_path("/api/v1/nodes/worker-7/status");
     server.fail_matching(status_patch, 500, None);
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let config = dir.path().join("agent.yaml");
     // Not a dry run (a dry run writes nothing to flush), and no pods, so nothing is
     // evicted: the only writes are the node's own conditions.
-    std::fs::write(
-        &config,
-        "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\nhousekeepingInterval: 1s\nmetricsAddress: 127.0.0.1:0\n",
-    )
-    .unwrap();
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["agent", "--node-name", "worker-7", "--config"])
-        .arg(&config)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .env("RUST_LOG", "info")
-        .env_remove("KUBECONFIG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = agent.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<_>>()
-    });
+    let agent = AgentProcess::start(&server, "");
 
     // Three refusals: the sender's next try is 0.8 s away when the agent is told to stop.
     let refused = || {
@@ -139,13 +141,7 @@ async fn api_writes_still_queued_at_stop_are_sent_before_the_agent_exits() {
     }
     let refusals = refused();
     server.clear_failures();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = agent.wait().unwrap();
-    let log = log.join().unwrap().join("\n");
+    let (status, log) = agent.stop();
     assert!(
         refusals >= 3,
         "the conditions were not refused 3 times:\n{log}"

@@ -84,24 +84,40 @@ fn allocatable_threshold_on(parent: &Path) -> AgentConfig {
     config
 }
 
+/// A v1 memory cgroup of 256 MiB standing for the pods cgroup, with the 150 MiB
+/// `allocatableMemory.available` threshold of [`allocatable_threshold_on`] on it.
+fn pods_cgroup_of_256_mib() -> Result<(TestCgroups, AgentConfig), String> {
+    let cgroups = TestCgroups::create(&["memory"])?;
+    let parent = cgroups.parent.clone();
+    cgroups.set_memory_limit(&parent, 256 * MIB);
+    Ok((cgroups, allocatable_threshold_on(&parent)))
+}
+
+/// The notifiers for `config` as the agent starts them, on a host with memcg thresholds.
+fn memcg_notifiers(
+    config: &AgentConfig,
+    settings: NotifierSettings,
+    wake: Arc<Notify>,
+) -> Notifiers {
+    let support = probe(&config.paths);
+    assert!(support.memcg_eventfd_v1, "{support}");
+    Notifiers::start(
+        config,
+        CgroupReader::detect(&config.paths.cgroup_root).ok(),
+        &support,
+        settings,
+        wake,
+    )
+}
+
 /// The trigger is set from the cycle's own collection: the notifiers read no memory file
 /// of their own, so a figure the collection holds (here, 20 MiB of inactive file pages
 /// the new cgroup does not really have) is the one the trigger follows.
 #[tokio::test]
 async fn the_memcg_trigger_follows_the_collections_figures_without_reading_again() {
-    let cgroups = require!(
-        "the cgroup v1 memory hierarchy",
-        TestCgroups::create(&["memory"])
-    );
-    let parent = cgroups.parent.clone();
-    cgroups.set_memory_limit(&parent, 256 * MIB);
-    let config = allocatable_threshold_on(&parent);
-    let support = probe(&config.paths);
-    assert!(support.memcg_eventfd_v1, "{support}");
-    let mut notifiers = Notifiers::start(
+    let (_cgroups, config) = require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
+    let mut notifiers = memcg_notifiers(
         &config,
-        CgroupReader::detect(&config.paths.cgroup_root).ok(),
-        &support,
         NotifierSettings::default(),
         Arc::new(Notify::new()),
     );
@@ -125,24 +141,11 @@ async fn the_memcg_trigger_follows_the_collections_figures_without_reading_again
 
 #[tokio::test]
 async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
-    let mut cgroups = require!(
-        "the cgroup v1 memory hierarchy",
-        TestCgroups::create(&["memory"])
-    );
+    let (mut cgroups, config) =
+        require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
     let parent = cgroups.parent.clone();
-    cgroups.set_memory_limit(&parent, 256 * MIB);
-
-    let config = allocatable_threshold_on(&parent);
-    let support = probe(&config.paths);
-    assert!(support.memcg_eventfd_v1, "{support}");
     let wake = Arc::new(Notify::new());
-    let mut notifiers = Notifiers::start(
-        &config,
-        CgroupReader::detect(&config.paths.cgroup_root).ok(),
-        &support,
-        NotifierSettings::default(),
-        wake.clone(),
-    );
+    let mut notifiers = memcg_notifiers(&config, NotifierSettings::default(), wake.clone());
     let collection = SignalCollector::new(&config.paths).collect();
     notifiers.update(&collection);
 
@@ -405,12 +408,7 @@ impl CapturedLog {
 
 #[tokio::test]
 async fn a_memcg_trigger_is_logged_once_and_its_refreshes_only_at_debug() {
-    let cgroups = require!(
-        "the cgroup v1 memory hierarchy",
-        TestCgroups::create(&["memory"])
-    );
-    let parent = cgroups.parent.clone();
-    cgroups.set_memory_limit(&parent, 256 * MIB);
+    let (_cgroups, config) = require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
     let log = CapturedLog::default();
     let writer = log.clone();
     let _logging = tracing::subscriber::set_default(
@@ -421,8 +419,6 @@ async fn a_memcg_trigger_is_logged_once_and_its_refreshes_only_at_debug() {
             .finish(),
     );
 
-    let config = allocatable_threshold_on(&parent);
-    let support = probe(&config.paths);
     // Refresh whenever the trigger moves at all, as a busy node's does every few cycles.
     let settings = NotifierSettings {
         memcg_refresh: nodekeeper::notify::RefreshPolicy {
@@ -431,13 +427,7 @@ async fn a_memcg_trigger_is_logged_once_and_its_refreshes_only_at_debug() {
         },
         ..NotifierSettings::default()
     };
-    let mut notifiers = Notifiers::start(
-        &config,
-        CgroupReader::detect(&config.paths.cgroup_root).ok(),
-        &support,
-        settings,
-        Arc::new(Notify::new()),
-    );
+    let mut notifiers = memcg_notifiers(&config, settings, Arc::new(Notify::new()));
     let mut collection = SignalCollector::new(&config.paths).collect();
     notifiers.update(&collection);
     for _ in 0..3 {

@@ -389,8 +389,10 @@ mod tests {
         sender.abort();
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_flush_cuts_a_long_backoff_short() {
+    /// A sender whose backoff may grow to a minute, with one Evicted event that fails
+    /// until `events_fail` is cleared.
+    fn an_event_failing_with_a_minute_ceiling()
+    -> (OutboxHandle, Scripted, tokio::task::JoinHandle<()>) {
         let handle = OutboxHandle::new(10);
         let writer = Scripted::default();
         writer.events_fail.store(true, Ordering::SeqCst);
@@ -400,6 +402,12 @@ mod tests {
         };
         let sender = tokio::spawn(run_outbox(handle.clone(), writer.clone(), retry));
         handle.push(evicted_event());
+        (handle, writer, sender)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_cuts_a_long_backoff_short() {
+        let (handle, writer, sender) = an_event_failing_with_a_minute_ceiling();
         // Eight failures: the sender now waits 25.6 s before its ninth try.
         let attempts = || {
             let sent = writer.sent.lock().unwrap();
@@ -423,15 +431,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn while_flushing_a_failing_write_is_retried_every_base_interval() {
-        let handle = OutboxHandle::new(10);
-        let writer = Scripted::default();
-        writer.events_fail.store(true, Ordering::SeqCst);
-        let retry = RetryPolicy {
-            base: Duration::from_millis(200),
-            max: Duration::from_secs(60),
-        };
-        let sender = tokio::spawn(run_outbox(handle.clone(), writer.clone(), retry));
-        handle.push(evicted_event());
+        let (handle, writer, sender) = an_event_failing_with_a_minute_ceiling();
         assert!(!handle.flush(Instant::now() + Duration::from_secs(2)).await);
         let tries = writer.sent.lock().unwrap().len();
         // One at once, then one every 200 ms: no hot loop, no doubling.
