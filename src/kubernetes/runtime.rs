@@ -311,7 +311,7 @@ impl PendingWrites for OutboxFlusher {
         deadline: tokio::time::Instant,
     ) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
         Box::pin(async move {
-            let pending = self.outbox.pending().len();
+            let pending = self.outbox.len();
             if pending > 0 {
                 tracing::info!(
                     pending,

@@ -144,6 +144,11 @@ impl OutboxHandle {
         self.lock().is_empty()
     }
 
+    /// How many writes are still owed (the one being sent included).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
     /// Wait until both lanes are empty or `deadline` passes, for a bounded flush on stop:
     /// `handle.flush(Instant::now() + Duration::from_secs(5)).await` before aborting the
     /// sender. The senders stop waiting out their backoff: each retries at once, then

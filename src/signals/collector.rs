@@ -58,12 +58,7 @@ impl SignalCollector {
     /// A collector for a host already detected.
     pub fn for_host(host: &Host) -> Self {
         let paths = host.paths();
-        let cgroups = match host.cgroups() {
-            Some(reader) => Ok(reader.clone()),
-            None => Err(host.cgroup_error().cloned().unwrap_or_else(|| LayoutError {
-                cgroup_root: paths.cgroup_root.clone(),
-            })),
-        };
+        let cgroups = host.cgroup_detection().clone();
         let proc_root = &paths.proc_root;
         let mut notes = Vec::new();
         let mut resolve = |name: &str, configured: &Path| {

@@ -44,6 +44,11 @@ impl Host {
         self.cgroups.as_ref().err()
     }
 
+    /// The detection itself: the reader, or why there is none.
+    pub fn cgroup_detection(&self) -> &Result<CgroupReader, LayoutError> {
+        &self.cgroups
+    }
+
     pub fn layout(&self) -> Option<CgroupLayout> {
         self.cgroups().map(CgroupReader::layout)
     }
