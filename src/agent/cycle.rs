@@ -65,6 +65,13 @@ pub struct Agent {
     summary: super::summary::Summary,
 }
 
+/// What a cycle keeps from deciding to its bookkeeping after the act.
+struct Aftermath {
+    collection: Collection,
+    previous_conditions: BTreeSet<NodeCondition>,
+    now: Millis,
+}
+
 impl Agent {
     /// An agent for the host under the configured paths, detected here.
     pub fn new(config: AgentConfig, metrics: Arc<Metrics>) -> Self {
@@ -316,8 +323,8 @@ impl Agent {
     /// when a pod that ran here was evicted (evicting pods with no cgroup here freed
     /// nothing on this node, and deciding again at once would only evict the next one).
     pub async fn run_cycle(&mut self) -> (CycleReport, bool) {
-        let report = self.observe_and_decide();
-        let evicted = self.act(&report).await;
+        let (report, aftermath) = self.observe_and_decide();
+        let evicted = self.act(&report, aftermath).await;
         self.summarize(&report);
         (report, evicted)
     }
@@ -354,26 +361,18 @@ impl Agent {
         );
     }
 
-    /// Collect signals and pods, run the eviction core, publish metrics. No side effects
-    /// on the node.
-    pub fn observe_and_decide(&mut self) -> CycleReport {
+    /// Collect signals and pods, run the eviction core and show the decision to the
+    /// observers. No side effects on the node; what is only bookkeeping (metrics, the
+    /// notifiers' triggers, the trace) is left to [`publish`](Self::publish), so none of
+    /// it stands between a crossing and the evictions.
+    fn observe_and_decide(&mut self) -> (CycleReport, Aftermath) {
         let started = Instant::now();
         let collection = self.collector.collect();
         let pods = self.collect_pods();
         self.metrics
             .collection_duration
             .observe(started.elapsed().as_secs_f64());
-        self.publish_collection(&collection);
-        if let Some(notifiers) = self.notifiers.as_mut() {
-            notifiers.update(&collection);
-        }
         let now = self.now();
-        if let Some(recorder) = self.recorder.as_mut()
-            && let Err(error) = recorder.record(now.0, &collection.observations, &pods)
-        {
-            tracing::warn!(%error, "cannot record trace step");
-        }
-
         let decision_started = Instant::now();
         let decision = synchronize(
             &self.config.eviction,
@@ -388,9 +387,8 @@ impl Agent {
             .observe(decision_started.elapsed().as_secs_f64());
         let previous_conditions =
             std::mem::replace(&mut self.state, decision.state.clone()).node_conditions;
-        self.publish_decision(&decision, &previous_conditions);
         let report = CycleReport {
-            observations: collection.observations,
+            observations: collection.observations.clone(),
             collection_errors: collection.errors.len(),
             pods,
             decision,
@@ -398,7 +396,35 @@ impl Agent {
         for observer in &mut self.observers {
             observer.observe(&report);
         }
-        report
+        let aftermath = Aftermath {
+            collection,
+            previous_conditions,
+            now,
+        };
+        (report, aftermath)
+    }
+
+    /// The cycle's bookkeeping: metrics, the memcg triggers refreshed from this
+    /// collection, the trace step. `None`: already published.
+    fn publish(&mut self, report: &CycleReport, aftermath: Option<Aftermath>) {
+        let Some(Aftermath {
+            collection,
+            previous_conditions,
+            now,
+        }) = aftermath
+        else {
+            return;
+        };
+        self.publish_collection(&collection);
+        self.publish_decision(&report.decision, &previous_conditions);
+        if let Some(notifiers) = self.notifiers.as_mut() {
+            notifiers.update(&collection);
+        }
+        if let Some(recorder) = self.recorder.as_mut()
+            && let Err(error) = recorder.record(now.0, &report.observations, &report.pods)
+        {
+            tracing::warn!(%error, "cannot record trace step");
+        }
     }
 
     /// The pods that may be chosen: those listed, less those evicted that have ended
@@ -524,16 +550,38 @@ impl Agent {
         }
     }
 
-    async fn act(&mut self, report: &CycleReport) -> bool {
+    /// Act on the decision: node-level reclaim when the core asks for it, then the
+    /// evictions, then the wait for the evicted workloads to be gone. The cycle's
+    /// bookkeeping is published as soon as nothing urgent is left, and before anything
+    /// that waits (reclaim commands, the cleanup wait). Returns whether to start the
+    /// next cycle at once.
+    async fn act(&mut self, report: &CycleReport, aftermath: Aftermath) -> bool {
         let decision = &report.decision;
         if let Some(starved) = decision.starved {
             tracing::warn!(signal = %starved.signal, "Attempting to reclaim {}", starved.resource);
         }
-        if let Some(signal) = decision.reclaim_requested
-            && !self.reclaim_node_resources(signal).await
-        {
-            return false;
+        let mut aftermath = Some(aftermath);
+        if let Some(signal) = decision.reclaim_requested {
+            self.publish(report, aftermath.take());
+            if !self.reclaim_node_resources(signal).await {
+                return false;
+            }
         }
+        let attempted = self.evict(report);
+        self.publish(report, aftermath.take());
+        match attempted {
+            Some(cgroups) => {
+                self.wait_for_cleanup(&cgroups).await;
+                !cgroups.is_empty()
+            }
+            None => false,
+        }
+    }
+
+    /// Issue this cycle's evictions (or, in dry-run mode, log them). Returns the cgroups
+    /// of the pods evicted here when any eviction succeeded.
+    fn evict(&mut self, report: &CycleReport) -> Option<Vec<std::path::PathBuf>> {
+        let decision = &report.decision;
         let mut evicted_any = false;
         let mut attempted_cgroups = Vec::new();
         for order in &decision.evictions {
@@ -579,10 +627,7 @@ impl Agent {
                 Err(error) => tracing::error!(pod = %order.key(), %error, "eviction failed"),
             }
         }
-        if evicted_any {
-            self.wait_for_cleanup(&attempted_cgroups).await;
-        }
-        evicted_any && !attempted_cgroups.is_empty()
+        evicted_any.then_some(attempted_cgroups)
     }
 
     /// Run node-level reclaim (the commands are awaited, not polled), then re-check. Returns whether pods

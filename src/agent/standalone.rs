@@ -23,7 +23,7 @@ pub fn workload_pods(
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let settings = workloads.pods.iter().find(|p| p.matches(&name));
-            let usage = match reader.read_cgroup_usage(&cgroup) {
+            let usage = match reader.read_pod_usage(&cgroup) {
                 Ok(usage) => PodUsage {
                     memory: Some(saturating_i64(usage.working_set_bytes)),
                     pids: Some(saturating_i64(usage.process_count)),

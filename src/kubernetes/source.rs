@@ -117,7 +117,11 @@ impl PodSource for ApiPodSource {
         if let Some(usage) = &self.usage {
             usage.retain_pods(&uids);
         }
-        pods.sort_by_key(Pod::key);
+        // A stable order for traces and logs. Comparing the fields, not `Pod::key()`,
+        // allocates nothing: a key per comparison cost milliseconds at 10,000 pods.
+        pods.sort_unstable_by(|a, b| {
+            (a.namespace.as_str(), a.name.as_str()).cmp(&(b.namespace.as_str(), b.name.as_str()))
+        });
         pods
     }
 }

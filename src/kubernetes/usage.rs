@@ -85,7 +85,7 @@ impl PodUsageReader {
             return;
         }
         let pod = &mut node_pod.pod;
-        match self.reader.read_cgroup_usage(&cgroup) {
+        match self.reader.read_pod_usage(&cgroup) {
             Ok(usage) => {
                 pod.usage.memory = Some(saturating(usage.working_set_bytes));
                 pod.usage.pids = Some(saturating(usage.process_count));

@@ -22,6 +22,15 @@ pub struct CgroupUsage {
     pub process_count: u64,
 }
 
+/// A pod's cgroup as ranking reads it every cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodCgroupUsage {
+    pub working_set_bytes: u64,
+    pub usage_bytes: u64,
+    /// Processes and threads in the cgroup and all its descendants.
+    pub process_count: u64,
+}
+
 /// The memory backend for a layout: an enum dispatcher, so readers need no trait objects.
 #[derive(Debug, Clone, Copy)]
 enum AnyMemory {
@@ -89,16 +98,34 @@ impl CgroupReader {
 
     /// Working set, usage, limit and process count of one cgroup.
     pub fn read_cgroup_usage(&self, cgroup: &Path) -> Result<CgroupUsage, SignalError> {
-        let usage_error = |e: FileError| e.for_subject(ErrorSubject::CgroupUsage);
-        let memory_dir = self.paths.memory_dir(cgroup);
-        let controller = self.memory.controller();
-        let usage = controller.usage(&memory_dir).map_err(usage_error)?;
-        let limit_bytes = controller.limit(&memory_dir).map_err(usage_error)?;
-        let process_count = self.process_count(cgroup).map_err(usage_error)?;
+        let usage = self.read_pod_usage(cgroup)?;
+        let limit_bytes = self
+            .memory_limit(cgroup)
+            .map_err(|e| e.for_subject(ErrorSubject::CgroupUsage))?;
         Ok(CgroupUsage {
-            working_set_bytes: usage.working_set_bytes(),
+            working_set_bytes: usage.working_set_bytes,
             usage_bytes: usage.usage_bytes,
             limit_bytes,
+            process_count: usage.process_count,
+        })
+    }
+
+    /// What ranking a pod needs of its cgroup each cycle: working set, usage and process
+    /// count, without the limit that [`read_cgroup_usage`](Self::read_cgroup_usage) also
+    /// reads. Every cycle reads this for every pod, so each file left out is a file per
+    /// pod per cycle between a memory crossing and the decision.
+    pub fn read_pod_usage(&self, cgroup: &Path) -> Result<PodCgroupUsage, SignalError> {
+        let usage_error = |e: FileError| e.for_subject(ErrorSubject::CgroupUsage);
+        let memory_dir = self.paths.memory_dir(cgroup);
+        let usage = self
+            .memory
+            .controller()
+            .usage(&memory_dir)
+            .map_err(usage_error)?;
+        let process_count = self.process_count(cgroup).map_err(usage_error)?;
+        Ok(PodCgroupUsage {
+            working_set_bytes: usage.working_set_bytes(),
+            usage_bytes: usage.usage_bytes,
             process_count,
         })
     }

@@ -15,7 +15,7 @@ mod probe;
 pub mod readers;
 
 pub use crate::signal_names::{NodeCondition, Resource, Signal, UnknownSignal};
-pub use cgroup::{CgroupReader, CgroupUsage};
+pub use cgroup::{CgroupReader, CgroupUsage, PodCgroupUsage};
 pub use collector::{Collection, SignalCollector};
 pub use error::{ErrorSubject, FileError, FileProblem, SignalError};
 pub use filesystem::{FsStats, FsTarget};

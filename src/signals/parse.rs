@@ -11,15 +11,23 @@ pub(crate) fn single_u64(text: &str) -> Result<u64, FileProblem> {
 }
 
 /// The value of `key` in a flat keyed file (`memory.stat`: one `key value` per line).
+/// Every cycle reads it for every pod, so it searches for the key itself instead of
+/// splitting every line: v1 puts `total_inactive_file` some thirty lines down.
 pub(crate) fn flat_keyed_u64(text: &str, key: &'static str) -> Result<u64, FileProblem> {
-    for line in text.lines() {
-        let mut fields = line.split_ascii_whitespace();
-        if fields.next() == Some(key) {
-            let value = fields.next().unwrap_or("");
-            return value.parse().map_err(|_| {
-                FileProblem::Malformed(format!("`{key}` has non-integer value {value:?}"))
-            });
+    for (at, _) in text.match_indices(key) {
+        let line_start = text[..at].rfind('\n').map_or(0, |newline| newline + 1);
+        let first_field = text[line_start..at]
+            .bytes()
+            .all(|b| b.is_ascii_whitespace());
+        let rest = &text[at + key.len()..];
+        let line = &rest[..rest.find('\n').unwrap_or(rest.len())];
+        if !first_field || !(line.is_empty() || line.starts_with([' ', '\t'])) {
+            continue;
         }
+        let value = line.split_ascii_whitespace().next().unwrap_or("");
+        return value.parse().map_err(|_| {
+            FileProblem::Malformed(format!("`{key}` has non-integer value {value:?}"))
+        });
     }
     Err(FileProblem::MissingKey(key))
 }
@@ -122,6 +130,31 @@ mod tests {
         assert!(matches!(
             flat_keyed_u64("inactive_file x\n", "inactive_file"),
             Err(FileProblem::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn flat_keyed_takes_the_key_only_as_a_line_s_first_field() {
+        // Longer keys that contain it, and the key as a later field, do not count.
+        let stat =
+            "inactive_files 1\nfoo inactive_file 2\ninactive_file_x 3\n  inactive_file\t4 5\n";
+        assert_eq!(flat_keyed_u64(stat, "inactive_file").unwrap(), 4);
+        assert_eq!(
+            flat_keyed_u64("a 1\ninactive_file 7", "inactive_file").unwrap(),
+            7
+        );
+        for missing_value in ["inactive_file\n", "inactive_file", "inactive_file \nx 1\n"] {
+            assert!(
+                matches!(
+                    flat_keyed_u64(missing_value, "inactive_file"),
+                    Err(FileProblem::Malformed(_))
+                ),
+                "{missing_value:?}"
+            );
+        }
+        assert!(matches!(
+            flat_keyed_u64("", "inactive_file"),
+            Err(FileProblem::MissingKey("inactive_file"))
         ));
     }
 

@@ -1,12 +1,19 @@
-//! A memory-hungry child process for real-cgroup tests and the detection benchmark. The
-//! test (or bench) binary re-executes itself with `NODEKEEPER_ALLOCATOR` set; the child
-//! waits for one byte on stdin (sent once the parent has moved it into its cgroups), then
-//! touches memory at a controlled rate and holds it until killed.
+//! Memory-hungry child processes for real-cgroup tests and the detection benchmark. The
+//! test (or bench) binary re-executes itself with `NODEKEEPER_ALLOCATOR` (or
+//! `NODEKEEPER_OSCILLATOR`) set; the child waits for one byte on stdin (sent once the
+//! parent has moved it into its cgroups), then:
+//! - the allocator touches memory at a controlled rate and holds it until killed;
+//! - the oscillator swings its memory across a trigger and back on command, so one
+//!   process gives a benchmark as many crossings as it asks for.
 
 use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 pub const ALLOCATOR_ENV: &str = "NODEKEEPER_ALLOCATOR";
+pub const OSCILLATOR_ENV: &str = "NODEKEEPER_OSCILLATOR";
 
 /// What the child does, passed through the environment as
 /// `bytes,rate,ignore_sigterm[,usage_file,trigger]`.
@@ -61,8 +68,12 @@ pub fn monotonic_nanos() -> u64 {
 const STEP: usize = 64 << 10;
 const PAGE: usize = 4096;
 
-/// Become the allocator if the environment asks for it; otherwise return.
+/// Become the allocator or the oscillator if the environment asks for it; otherwise
+/// return.
 pub fn run_if_requested() {
+    if let Ok(plan) = std::env::var(OSCILLATOR_ENV) {
+        run_oscillator(&OscillatorPlan::from_env(&plan));
+    }
     let Ok(plan) = std::env::var(ALLOCATOR_ENV) else {
         return;
     };
@@ -109,5 +120,157 @@ pub fn run_if_requested() {
     }
     loop {
         std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// What the oscillator does, passed as `base,top,usage_file`: it holds `base` bytes, and
+/// on each grow command touches pages from `base` up to `top` at the rate the command
+/// names (bytes per second, 0: as fast as it can), timing its crossing of the trigger
+/// the command names against `usage_file`; on each release command it returns the pages above `base` to
+/// the kernel. Both sizes are multiples of 64 KiB.
+#[derive(Debug, Clone)]
+pub struct OscillatorPlan {
+    pub base: u64,
+    pub top: u64,
+    pub usage_file: PathBuf,
+}
+
+impl OscillatorPlan {
+    pub fn to_env(&self) -> String {
+        format!("{},{},{}", self.base, self.top, self.usage_file.display())
+    }
+
+    fn from_env(text: &str) -> OscillatorPlan {
+        let parts: Vec<&str> = text.splitn(3, ',').collect();
+        OscillatorPlan {
+            base: parts[0].parse().unwrap(),
+            top: parts[1].parse().unwrap(),
+            usage_file: parts[2].into(),
+        }
+    }
+}
+
+/// Parent side: wait until a started oscillator holds its base.
+pub fn oscillator_ready(child: &mut Child) {
+    read_report(child);
+}
+
+/// Parent side: grow across `trigger` (bytes of the usage file) at `rate` bytes per
+/// second. Returns the CLOCK_MONOTONIC nanoseconds at which the step that crossed it
+/// started, or `None` when usage never reached the trigger.
+pub fn oscillator_grow(child: &mut Child, trigger: u64, rate: u64) -> Option<u64> {
+    let mut command = [0u8; 17];
+    command[0] = b'g';
+    command[1..9].copy_from_slice(&trigger.to_le_bytes());
+    command[9..].copy_from_slice(&rate.to_le_bytes());
+    child.stdin.as_mut().unwrap().write_all(&command).unwrap();
+    let crossed_at = read_report(child);
+    (crossed_at != 0).then_some(crossed_at)
+}
+
+/// Parent side: shrink back to the base; returns once the pages are uncharged.
+pub fn oscillator_release(child: &mut Child) {
+    child.stdin.as_mut().unwrap().write_all(b"r").unwrap();
+    read_report(child);
+}
+
+fn read_report(child: &mut Child) -> u64 {
+    let mut report = [0u8; 8];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut report)
+        .expect("the oscillator died");
+    u64::from_le_bytes(report)
+}
+
+fn run_oscillator(plan: &OscillatorPlan) -> ! {
+    let mut stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    let mut report = |value: u64| {
+        stdout.write_all(&value.to_le_bytes()).unwrap();
+        stdout.flush().unwrap();
+    };
+    let mut go = [0u8; 1];
+    if stdin.read_exact(&mut go).is_err() {
+        std::process::exit(2);
+    }
+    let (base, top) = (plan.base as usize, plan.top as usize);
+    assert!(base % STEP == 0 && top % STEP == 0 && base < top);
+    // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+    let region = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            top,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(region, libc::MAP_FAILED, "mmap of {top} bytes failed");
+    let region = region.cast::<u8>();
+    let touch = |from: usize, to: usize| {
+        for offset in (from..to).step_by(PAGE) {
+            // SAFETY: `offset` is inside the mapping of `top` bytes.
+            unsafe { region.add(offset).write_volatile(1) };
+        }
+    };
+    touch(0, base);
+    let usage_file = std::fs::File::open(&plan.usage_file).unwrap();
+    let read_usage = || {
+        let mut text = [0u8; 32];
+        let read = usage_file.read_at(&mut text, 0).unwrap();
+        std::str::from_utf8(&text[..read])
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    report(0);
+    loop {
+        let mut command = [0u8; 1];
+        if stdin.read_exact(&mut command).is_err() {
+            std::process::exit(0);
+        }
+        match command[0] {
+            b'g' => {
+                let mut arguments = [0u8; 16];
+                stdin.read_exact(&mut arguments).unwrap();
+                let (trigger, rate) = arguments.split_at(8);
+                let trigger = u64::from_le_bytes(trigger.try_into().unwrap());
+                let rate = u64::from_le_bytes(rate.try_into().unwrap());
+                let started = Instant::now();
+                let mut crossed_at = 0;
+                for from in (base..top).step_by(STEP) {
+                    let step_started = monotonic_nanos();
+                    touch(from, from + STEP);
+                    if crossed_at == 0 && read_usage() >= trigger {
+                        crossed_at = step_started;
+                    }
+                    if rate > 0 {
+                        let grown = (from + STEP - base) as f64;
+                        let due = Duration::from_secs_f64(grown / rate as f64);
+                        // Spin rather than sleep: a sleep's timer slack would pace the
+                        // growth in bursts and blur the crossing.
+                        while started.elapsed() < due {
+                            std::hint::spin_loop();
+                        }
+                    }
+                }
+                report(crossed_at);
+            }
+            b'r' => {
+                // SAFETY: the range is inside the mapping; DONTNEED frees and uncharges
+                // its pages, which read back as zeros if touched again.
+                let rc = unsafe {
+                    libc::madvise(region.add(base).cast(), top - base, libc::MADV_DONTNEED)
+                };
+                assert_eq!(rc, 0, "madvise(MADV_DONTNEED) failed");
+                report(0);
+            }
+            other => panic!("unknown oscillator command {other}"),
+        }
     }
 }

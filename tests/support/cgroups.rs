@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::allocator::{ALLOCATOR_ENV, AllocatorPlan};
+use super::allocator::{ALLOCATOR_ENV, AllocatorPlan, OSCILLATOR_ENV, OscillatorPlan};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -224,9 +224,24 @@ impl TestCgroups {
     /// Start an allocator child inside `relative` in every hierarchy, waiting until
     /// [`release_allocator`](Self::release_allocator) lets it allocate; returns its PID.
     pub fn spawn_held_allocator(&mut self, relative: &Path, plan: &AllocatorPlan) -> u32 {
+        self.spawn_held_child(relative, ALLOCATOR_ENV, &plan.to_env())
+    }
+
+    /// Start an oscillator child inside `relative` in every hierarchy and let it go;
+    /// returns its PID once it holds its base memory.
+    pub fn spawn_oscillator(&mut self, relative: &Path, plan: &OscillatorPlan) -> u32 {
+        let pid = self.spawn_held_child(relative, OSCILLATOR_ENV, &plan.to_env());
+        self.release_allocator(pid);
+        super::allocator::oscillator_ready(self.child_mut(pid));
+        pid
+    }
+
+    /// Re-execute this binary as the child that `env` (set to `value`) selects, inside
+    /// `relative`, waiting for its go byte.
+    fn spawn_held_child(&mut self, relative: &Path, env: &str, value: &str) -> u32 {
         let child = Command::new(std::env::current_exe().unwrap())
             .args(&self.allocator_args)
-            .env(ALLOCATOR_ENV, plan.to_env())
+            .env(env, value)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
