@@ -319,38 +319,30 @@ impl Bench {
         let (events, notified) = mpsc::channel();
         let dir = self.parent_dir.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let listener = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let mut threshold = MemcgThreshold::register(&dir, trigger).unwrap();
-                let _ = events.send(0);
-                let listen = async {
-                    while threshold.crossed().await.is_ok() {
-                        if events.send(monotonic_nanos()).is_err() {
-                            break;
-                        }
+        let listener = on_runtime_thread(move || async move {
+            let mut threshold = MemcgThreshold::register(&dir, trigger).unwrap();
+            let _ = events.send(0);
+            let listen = async {
+                while threshold.crossed().await.is_ok() {
+                    if events.send(monotonic_nanos()).is_err() {
+                        break;
                     }
-                };
-                tokio::select! {
-                    () = listen => {}
-                    _ = stopped => {}
                 }
-            });
+            };
+            tokio::select! {
+                () = listen => {}
+                _ = stopped => {}
+            }
         });
         notified.recv().unwrap();
-        let mut samples = Vec::with_capacity(crossings);
-        for _ in 0..crossings {
-            self.rest(Duration::from_millis(20));
-            while notified.try_recv().is_ok() {}
-            let crossed = self.cross(rate, trigger);
-            let at = first_after(&notified, crossed)
-                .unwrap_or_else(|| panic!("no kernel notification within {MISSED_AFTER:?}"));
-            samples.push(at - crossed);
-            self.release();
-        }
+        let samples = self.time_crossings(
+            &notified,
+            rate,
+            crossings,
+            Duration::from_millis(20),
+            Some(trigger),
+            "kernel notification",
+        );
         let _ = stop.send(());
         listener.join().unwrap();
         samples
@@ -363,33 +355,27 @@ impl Bench {
         let config = self.config.clone();
         let trace = tempfile::tempdir().unwrap();
         let trace_path = trace.path().join("trace.jsonl");
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let host = Host::detect(&config.paths);
-                let customize = move |agent: &mut nodekeeper::agent::Agent| {
-                    agent.set_recorder(nodekeeper::agent::Recorder::new(trace_path, 64 << 20));
-                    agent.add_cycle_observer(Box::new(DecisionClock(decided_tx)));
-                };
-                let on_start = move |_: RunHandles| {
-                    let _ = started_tx.send(());
-                };
-                nodekeeper::agent::run(
-                    config,
-                    host,
-                    None::<ShutdownHooks<DryRunTerminator>>,
-                    async {
-                        let _ = stopped.await;
-                    },
-                    customize,
-                    on_start,
-                )
-                .await
-                .unwrap();
-            });
+        let thread = on_runtime_thread(move || async move {
+            let host = Host::detect(&config.paths);
+            let customize = move |agent: &mut nodekeeper::agent::Agent| {
+                agent.set_recorder(nodekeeper::agent::Recorder::new(trace_path, 64 << 20));
+                agent.add_cycle_observer(Box::new(DecisionClock(decided_tx)));
+            };
+            let on_start = move |_: RunHandles| {
+                let _ = started_tx.send(());
+            };
+            nodekeeper::agent::run(
+                config,
+                host,
+                None::<ShutdownHooks<DryRunTerminator>>,
+                async {
+                    let _ = stopped.await;
+                },
+                customize,
+                on_start,
+            )
+            .await
+            .unwrap();
         });
         started.recv().unwrap();
         RunningAgent {
@@ -402,16 +388,41 @@ impl Bench {
 
     /// Crossing → the agent's decision to evict the workload, through its own cycle.
     fn agent_decisions(&mut self, agent: &RunningAgent, rate: u64, crossings: usize) -> Vec<u64> {
+        // The release's own crossing woke the agent, and the notifier's storm limiter
+        // holds a wake-up within 100 ms of that one for a trailing evaluation at its end:
+        // rest past both, so the next crossing is news. The agent's trigger follows the
+        // inactive file pages, so each crossing's is computed afresh.
+        self.time_crossings(
+            &agent.decided,
+            rate,
+            crossings,
+            AFTER_RELEASE,
+            None,
+            "agent decision",
+        )
+    }
+
+    /// Cross the trigger `crossings` times at `rate`, resting `rest` (plus up to 100 ms)
+    /// before each; each sample is the first of `events` after the crossing, in ns from
+    /// it. `fixed_trigger`: the trigger registered for `events`; `None`: computed from
+    /// the cgroup before each crossing.
+    fn time_crossings(
+        &mut self,
+        events: &mpsc::Receiver<u64>,
+        rate: u64,
+        crossings: usize,
+        rest: Duration,
+        fixed_trigger: Option<u64>,
+        what: &str,
+    ) -> Vec<u64> {
         let mut samples = Vec::with_capacity(crossings);
         for _ in 0..crossings {
-            // The release's own crossing woke the agent, and the notifier's storm limiter
-            // holds a wake-up within 100 ms of that one for a trailing evaluation at its
-            // end: rest past both, so the next crossing is news.
-            self.rest(AFTER_RELEASE);
-            while agent.decided.try_recv().is_ok() {}
-            let crossed = self.cross(rate, trigger(&self.parent_dir));
-            let at = first_after(&agent.decided, crossed)
-                .unwrap_or_else(|| panic!("the agent decided nothing within {MISSED_AFTER:?}"));
+            self.rest(rest);
+            while events.try_recv().is_ok() {}
+            let trigger = fixed_trigger.unwrap_or_else(|| trigger(&self.parent_dir));
+            let crossed = self.cross(rate, trigger);
+            let at = first_after(events, crossed)
+                .unwrap_or_else(|| panic!("no {what} within {MISSED_AFTER:?}"));
             samples.push(at - crossed);
             self.release();
         }
@@ -431,6 +442,22 @@ impl RunningAgent {
         let _ = self.stop.send(());
         self.thread.join().unwrap();
     }
+}
+
+/// Run the future `make` builds on a current-thread runtime of its own thread (as the
+/// agent binary runs), until it completes.
+fn on_runtime_thread<F, Fut>(make: F) -> std::thread::JoinHandle<()>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(make());
+    })
 }
 
 /// Timestamps every cycle whose decision evicts the workload, as the cycle hands its
