@@ -12,7 +12,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput};
-use nodekeeper::config::{EvictionConfig, GoDuration, Quantity, Threshold, ThresholdValue};
+use nodekeeper::config::{
+    EvictionConfig, FilesystemLayout, GoDuration, Quantity, Threshold, ThresholdValue,
+};
 use nodekeeper::eviction::{EvictionState, Millis, SyncOptions, rank, synchronize};
 use nodekeeper::pods::{
     ContainerStats, ContainerUsage, EmptyDirStats, Pod, PodUsage, ResourceAmounts,
@@ -55,6 +57,7 @@ fn pods(count: usize) -> Vec<Pod> {
                     ephemeral_storage: Some(next(1024) * MI),
                     inodes: Some(next(100_000)),
                     pids: Some(next(500)),
+                    storage: Default::default(),
                 },
                 containers: vec![ContainerStats {
                     name: "app".into(),
@@ -76,6 +79,7 @@ fn pods(count: usize) -> Vec<Pod> {
                     name: "scratch".into(),
                     size_limit: Some(GI),
                     used: Some(MI),
+                    memory_backed: false,
                 }],
                 cgroup: None,
             }
@@ -196,7 +200,7 @@ fn linear_pass(pods: &[Pod]) -> usize {
 
 /// Baseline: the sort-based choice, ranking every pod and taking the first evictable.
 fn sort_then_pick(pods: &[Pod]) -> usize {
-    let ranked = rank(Signal::MemoryAvailable, pods);
+    let ranked = rank(Signal::MemoryAvailable, FilesystemLayout::SingleDisk, pods);
     let victim = ranked.iter().position(|pod| !pod.is_critical());
     victim.unwrap_or(ranked.len())
 }
@@ -226,7 +230,16 @@ fn bench(c: &mut Criterion) {
             });
         }
         group.bench_with_input(BenchmarkId::new("rank_only", count), &scenario, |b, s| {
-            b.iter(|| black_box(rank(Signal::MemoryAvailable, black_box(&s.template)).len()))
+            b.iter(|| {
+                black_box(
+                    rank(
+                        Signal::MemoryAvailable,
+                        FilesystemLayout::SingleDisk,
+                        black_box(&s.template),
+                    )
+                    .len(),
+                )
+            })
         });
     }
     group.finish();

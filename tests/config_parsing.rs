@@ -18,7 +18,9 @@ fn parse(body: &str) -> Result<AgentConfig, String> {
     .map_err(|e| e.to_string())
 }
 
-/// Thresholds as sorted `signal<value/grace/reclaim` strings, easy to compare in a table.
+/// The configured thresholds as sorted `signal<value/grace/reclaim` strings, easy to
+/// compare in a table; the copies the kubelet derives (allocatable, containerfs) are
+/// checked by their own tests.
 fn summary(config: &AgentConfig) -> Vec<String> {
     let mut out: Vec<String> = config
         .eviction
@@ -27,7 +29,9 @@ fn summary(config: &AgentConfig) -> Vec<String> {
         .filter(|t| {
             !matches!(
                 t.signal,
-                Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
+                Signal::ContainerFsAvailable
+                    | Signal::ContainerFsInodesFree
+                    | Signal::AllocatableMemoryAvailable
             )
         })
         .map(|t| {
@@ -455,17 +459,130 @@ fn unsupported_documents_are_named() {
     );
 }
 
+/// `addAllocatableThresholds` (kubelet eviction helpers.go), called by
+/// `ParseThresholdConfig` when `enforceNodeAllocatable` contains `pods`, whose v1beta1
+/// default is `[pods]`: each hard `memory.available` threshold gets an
+/// `allocatableMemory.available` copy with its value and minimum reclaim. Soft
+/// thresholds get none, and the agent's podsCgroup option plays no part.
 #[test]
-fn pods_cgroup_enables_allocatable_copies_of_hard_memory_thresholds() {
-    let text = format!(
-        "{AGENT}podsCgroup: kubepods\nevictionHard: {{memory.available: 1Gi}}\nevictionMinimumReclaim: {{memory.available: 100Mi}}\n"
-    );
-    let config = from_yaml_str(&text, "a.yaml", &Overrides::default()).unwrap();
+fn enforce_node_allocatable_pods_adds_allocatable_copies_of_hard_memory_thresholds() {
+    let allocatable = |config: &AgentConfig| -> Vec<String> {
+        let mut out: Vec<String> = config
+            .eviction
+            .thresholds
+            .iter()
+            .filter(|t| t.signal == Signal::AllocatableMemoryAvailable)
+            .map(|t| {
+                let reclaim = t.min_reclaim.map(|r| format!(" reclaim={r}"));
+                format!("{}{}", t.describe(), reclaim.unwrap_or_default())
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let thresholds = "evictionHard: {memory.available: 1Gi}\nevictionSoft: {memory.available: 2Gi}\nevictionSoftGracePeriod: {memory.available: 1m}\nevictionMinimumReclaim: {memory.available: 100Mi}\n";
+    let copy = ["allocatableMemory.available<1Gi reclaim=100Mi"];
+    for (name, extra, expected) in [
+        ("the default", "", &copy[..]),
+        (
+            "pods listed",
+            "enforceNodeAllocatable: [pods, system-reserved]\n",
+            &copy[..],
+        ),
+        (
+            "an explicit empty list",
+            "enforceNodeAllocatable: []\n",
+            &[][..],
+        ),
+        (
+            "pods left out",
+            "enforceNodeAllocatable: [kube-reserved]\n",
+            &[][..],
+        ),
+        ("none", "enforceNodeAllocatable: [none]\n", &[][..]),
+    ] {
+        let config =
+            parse(&format!("{thresholds}{extra}")).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(allocatable(&config), expected, "{name}");
+    }
+    // Without any file: the kubelet's default memory.available<100Mi is copied too.
+    let defaults = config::load(None, &Overrides::default()).unwrap();
     assert_eq!(
-        summary(&config),
+        allocatable(&defaults),
+        ["allocatableMemory.available<100Mi"]
+    );
+    // The agent document may set it as well, and it wins like any other field.
+    let text = format!("{KUBELET}{thresholds}---\n{AGENT}enforceNodeAllocatable: []\n");
+    let config = from_yaml_str(&text, "a.yaml", &Overrides::default()).unwrap();
+    assert_eq!(allocatable(&config), Vec::<String>::new());
+}
+
+#[test]
+fn values_the_kubelet_would_refuse_in_enforce_node_allocatable_are_warnings() {
+    let text = format!("{KUBELET}enforceNodeAllocatable: [pods, everything, none]\n");
+    let loaded =
+        config::from_yaml_str_with_warnings(&text, "k.yaml", &Overrides::default()).unwrap();
+    assert_eq!(loaded.warnings.len(), 2, "{:?}", loaded.warnings);
+    assert!(
+        loaded.warnings[0]
+            .starts_with("enforceNodeAllocatable: \"everything\" is not one of pods,"),
+        "{:?}",
+        loaded.warnings
+    );
+    assert!(loaded.warnings[1].contains("\"none\" may not be combined"));
+    assert!(
+        loaded
+            .config
+            .eviction
+            .thresholds
+            .iter()
+            .any(|t| t.signal == Signal::AllocatableMemoryAvailable),
+        "pods is still read"
+    );
+}
+
+/// `localStorageCapacityIsolation` (v1beta1 default true): false turns off the
+/// eviction manager's local-storage limit checks (`synchronize` step 16).
+#[test]
+fn local_storage_capacity_isolation_is_read_from_the_kubelet_configuration() {
+    assert!(parse("").unwrap().eviction.local_storage_capacity_isolation);
+    let off = parse("localStorageCapacityIsolation: false\n").unwrap();
+    assert!(!off.eviction.local_storage_capacity_isolation);
+}
+
+/// An empty file, a file with an empty AgentConfiguration, no file at all, and the
+/// built-in default all give one configuration: `replay`, `rank` and the agent start
+/// from the same thresholds, derived copies included.
+#[test]
+fn no_file_an_empty_file_and_the_built_in_default_agree() {
+    let none = config::load(None, &Overrides::default()).unwrap();
+    assert_eq!(none, AgentConfig::default());
+    for (name, text) in [
+        ("empty", String::new()),
+        ("agent", AGENT.to_string()),
+        ("kubelet", KUBELET.to_string()),
+    ] {
+        let config = from_yaml_str(&text, "e.yaml", &Overrides::default()).unwrap();
+        assert_eq!(config, none, "{name}");
+    }
+    let mut signals: Vec<&str> = none
+        .eviction
+        .thresholds
+        .iter()
+        .map(|t| t.signal.as_str())
+        .collect();
+    signals.sort();
+    assert_eq!(
+        signals,
         [
-            "allocatableMemory.available<1Gi reclaim=100Mi",
-            "memory.available<1Gi reclaim=100Mi"
+            "allocatableMemory.available",
+            "containerfs.available",
+            "containerfs.inodesFree",
+            "imagefs.available",
+            "imagefs.inodesFree",
+            "memory.available",
+            "nodefs.available",
+            "nodefs.inodesFree",
         ]
     );
 }

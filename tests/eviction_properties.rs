@@ -2,9 +2,13 @@
 
 use std::cmp::Ordering;
 
-use nodekeeper::config::{EvictionConfig, GoDuration, Quantity, Threshold, ThresholdValue};
-use nodekeeper::eviction::{EvictionState, Millis, SyncOptions, rank, rank_cmp, synchronize};
-use nodekeeper::pods::{Pod, PodUsage, ResourceAmounts};
+use nodekeeper::config::{
+    EvictionConfig, FilesystemLayout, GoDuration, Quantity, Threshold, ThresholdValue,
+};
+use nodekeeper::eviction::{
+    EvictionState, Millis, SyncOptions, measured_storage, rank, rank_cmp, synchronize,
+};
+use nodekeeper::pods::{DiskAmount, Pod, PodUsage, ResourceAmounts, StorageUsage};
 use nodekeeper::signals::{Observation, Observations, Signal};
 use proptest::prelude::*;
 
@@ -16,6 +20,33 @@ fn signal() -> impl Strategy<Value = Signal> {
 
 fn amount() -> impl Strategy<Value = Option<i64>> {
     prop_oneof![1 => Just(None), 4 => (0i64..8).prop_map(|n| Some(n * 64 * MI))]
+}
+
+fn layout() -> impl Strategy<Value = FilesystemLayout> {
+    proptest::sample::select(vec![
+        FilesystemLayout::SingleDisk,
+        FilesystemLayout::ImageFs,
+        FilesystemLayout::SplitImageFs,
+    ])
+}
+
+fn part() -> impl Strategy<Value = Option<DiskAmount>> {
+    (amount(), amount()).prop_map(|(bytes, inodes)| {
+        bytes.map(|bytes| DiskAmount {
+            bytes,
+            inodes: inodes.unwrap_or(0) / MI,
+        })
+    })
+}
+
+/// Local storage by part, or (an older trace) only as a total.
+fn storage() -> impl Strategy<Value = StorageUsage> {
+    prop_oneof![
+        1 => Just(StorageUsage::default()),
+        2 => (part(), part(), part()).prop_map(|(writable_layers, logs, local_volumes)| {
+            StorageUsage { writable_layers, logs, local_volumes }
+        }),
+    ]
 }
 
 fn priority() -> impl Strategy<Value = i32> {
@@ -33,13 +64,14 @@ prop_compose! {
         storage in amount(),
         inodes in amount(),
         pids in amount(),
+        parts in storage(),
     ) -> Pod {
         Pod {
             namespace: namespace.to_string(),
             priority,
             critical,
             requests: ResourceAmounts { memory: memory_request, ephemeral_storage: storage_request },
-            usage: PodUsage { memory, ephemeral_storage: storage, inodes, pids },
+            usage: PodUsage { memory, ephemeral_storage: storage, inodes, pids, storage: parts },
             ..Pod::default()
         }
     }
@@ -97,18 +129,23 @@ proptest! {
     fn ranking_does_not_depend_on_input_order(
         (pods, shuffled) in pods(24).prop_flat_map(|p| (Just(p.clone()), Just(p).prop_shuffle())),
         signal in signal(),
+        layout in layout(),
     ) {
-        let ranked = rank(signal, &pods);
-        prop_assert_eq!(keys(&ranked), keys(&rank(signal, &shuffled)));
-        let cmp = rank_cmp(signal);
+        let ranked = rank(signal, layout, &pods);
+        prop_assert_eq!(keys(&ranked), keys(&rank(signal, layout, &shuffled)));
+        let cmp = rank_cmp(signal, layout);
         for pair in ranked.windows(2) {
             prop_assert_eq!(cmp(pair[0], pair[1]), Ordering::Less, "rank agrees with rank_cmp");
         }
     }
 
     #[test]
-    fn the_rank_comparator_is_a_total_order(pods in pods(8), signal in signal()) {
-        let cmp = rank_cmp(signal);
+    fn the_rank_comparator_is_a_total_order(
+        pods in pods(8),
+        signal in signal(),
+        layout in layout(),
+    ) {
+        let cmp = rank_cmp(signal, layout);
         for a in &pods {
             for b in &pods {
                 prop_assert_eq!(cmp(a, b), cmp(b, a).reverse());
@@ -129,16 +166,31 @@ proptest! {
             Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable,
             Signal::NodeFsAvailable, Signal::ImageFsAvailable, Signal::ContainerFsAvailable,
         ]),
+        layout in layout(),
     ) {
+        // `None` for a pod without stats, which ranks first whatever its figures.
         let exceeds = |pod: &Pod| -> Option<bool> {
+            if !pod.has_stats() {
+                return None;
+            }
+            let parts = measured_storage(signal, layout);
             let (usage, request) = if signal.is_memory() {
-                (pod.usage.memory, pod.requests.memory)
+                (pod.usage.memory.unwrap_or(0), pod.requests.memory)
+            } else if parts.is_empty() {
+                (0, pod.requests.ephemeral_storage)
+            } else if pod.usage.storage.is_measured() {
+                let bytes = parts
+                    .iter()
+                    .filter_map(|part| pod.usage.storage.part(*part))
+                    .map(|amount| amount.bytes)
+                    .sum();
+                (bytes, pod.requests.ephemeral_storage)
             } else {
-                (pod.usage.ephemeral_storage, pod.requests.ephemeral_storage)
+                (pod.usage.ephemeral_storage.unwrap_or(0), pod.requests.ephemeral_storage)
             };
-            usage.map(|u| u > request.unwrap_or(0))
+            Some(usage > request.unwrap_or(0))
         };
-        let ranked = rank(signal, &pods);
+        let ranked = rank(signal, layout, &pods);
         for (i, earlier) in ranked.iter().enumerate() {
             for later in &ranked[i + 1..] {
                 if earlier.priority == later.priority {
@@ -156,9 +208,10 @@ proptest! {
     fn no_critical_pod_is_ever_chosen_and_decisions_ignore_input_order(
         (pods, shuffled) in pods(16).prop_flat_map(|p| (Just(p.clone()), Just(p).prop_shuffle())),
         cycles in proptest::collection::vec(observations(), 1..5),
+        layout in layout(),
     ) {
         let config = hard_thresholds();
-        let options = SyncOptions::default();
+        let options = SyncOptions { fs_layout: layout, ..SyncOptions::default() };
         let (mut state, mut state_shuffled) = (EvictionState::default(), EvictionState::default());
         for (i, observations) in cycles.iter().enumerate() {
             let now = Millis(i as u64 * 10_000);

@@ -169,3 +169,62 @@ async fn api_writes_still_queued_at_stop_are_sent_before_the_agent_exits() {
         "{log}"
     );
 }
+
+/// The kubelet measures `allocatableMemory.available` on its pods cgroup whenever
+/// `enforceNodeAllocatable` holds `pods` (its default). With the API the agent finds that
+/// cgroup from the pod cgroup naming, so the default threshold is observed without the
+/// podsCgroup option: 4Gi limit, 1Gi working set, 3Gi available.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_kubernetes_mode_allocatable_memory_is_measured_on_the_pods_cgroup() {
+    use support::agent_process::{AgentProcess as Agent, http_get};
+    let server = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // A cgroup v2 tree with the cgroupfs driver's pods cgroup.
+    let cgroups = dir.path().join("cgroup");
+    let pods = cgroups.join("kubepods");
+    std::fs::create_dir_all(&pods).unwrap();
+    std::fs::write(cgroups.join("cgroup.controllers"), "memory pids\n").unwrap();
+    std::fs::write(pods.join("memory.current"), "1073741824\n").unwrap();
+    std::fs::write(pods.join("memory.stat"), "inactive_file 0\n").unwrap();
+    std::fs::write(pods.join("memory.max"), "4294967296\n").unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n\
+             housekeepingInterval: 1s\ncgroupRoot: {}\n",
+            cgroups.display()
+        ),
+    )
+    .unwrap();
+    let mut agent = Agent::dry_run_from(
+        Command::new(support::agent_process::BINARY),
+        &config,
+        &[
+            "--node-name".as_ref(),
+            "worker-7".as_ref(),
+            "--kubeconfig".as_ref(),
+            kubeconfig.as_os_str(),
+        ],
+    );
+    let expected = "nodekeeper_signal_available{signal=\"allocatableMemory.available\"} 3221225472";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let (_, body) = http_get(&agent.address, "/metrics");
+        if body.contains(expected) || Instant::now() > deadline {
+            break body;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let status = agent.stop(Duration::from_secs(20));
+    let log = agent.whole_log().join("\n");
+    assert!(metrics.contains(expected), "{metrics}\nagent log:\n{log}");
+    assert!(
+        log.contains("allocatableMemory.available is measured on the pods cgroup")
+            && log.contains("pods_cgroup=/kubepods"),
+        "{log}"
+    );
+    assert!(status.success(), "agent exited with {status}:\n{log}");
+}

@@ -82,6 +82,52 @@ fn rank_orders_inodes_by_priority_first() {
 }
 
 #[test]
+fn rank_counts_only_the_storage_on_the_signals_own_filesystem() {
+    // The trace's inline config sets imagefsPath: writable layers live on imagefs.
+    let trace = "tests/traces/dedicated-imagefs.yaml";
+    for (signal, order) in [
+        ("nodefs.available", "default/cache\ndefault/builder\n"),
+        ("nodefs.inodesFree", "default/cache\ndefault/builder\n"),
+        ("imagefs.available", "default/builder\ndefault/cache\n"),
+        ("containerfs.inodesFree", "default/builder\ndefault/cache\n"),
+    ] {
+        let out = nodekeeper(&["rank", "--signal", signal, trace]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(stdout(&out), order, "{signal}");
+    }
+}
+
+#[test]
+fn rank_takes_the_filesystem_layout_from_config_when_the_trace_has_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write(
+        dir.path(),
+        "t.yaml",
+        "steps:\n- at: 0s\n  pods:\n  \
+         - {namespace: a, name: layer, requests: {ephemeral-storage: 2Gi}, storage: {writableLayers: {bytes: 9Gi}}}\n  \
+         - {namespace: a, name: volume, requests: {ephemeral-storage: 1Gi}, storage: {localVolumes: {bytes: 1Gi}}}\n",
+    );
+    let split = write(
+        dir.path(),
+        "split.yaml",
+        "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n\
+         imagefsPath: /var/lib/images\ncontainerfsPath: /var/lib/kubelet\n",
+    );
+    let rank = |extra: &[&str]| {
+        let mut args = vec!["rank", "--signal", "imagefs.available"];
+        args.extend_from_slice(extra);
+        args.push(&trace);
+        let out = nodekeeper(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out).to_string()
+    };
+    // One filesystem (the default): the 9Gi layer is 7Gi over its request.
+    assert_eq!(rank(&[]), "a/layer\na/volume\n");
+    // Split: imagefs holds only images, so the smaller storage request goes first.
+    assert_eq!(rank(&["--config", &split]), "a/volume\na/layer\n");
+}
+
+#[test]
 fn an_unknown_signal_is_rejected_with_the_valid_names() {
     let out = nodekeeper(&[
         "rank",
@@ -204,4 +250,31 @@ fn a_missing_trace_file_is_named() {
         "{}",
         stderr(&out)
     );
+}
+
+/// `localStorageCapacityIsolation: false` turns off the local-storage limit evictions
+/// (the kubelet's synchronize skips `localStorageEviction`), here from a trace's inline
+/// configuration as the agent reads it from a KubeletConfiguration.
+#[test]
+fn local_storage_capacity_isolation_false_turns_off_limit_evictions() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = "steps:\n- at: 0s\n  pods:\n  \
+                 - {namespace: a, name: hog, limits: {ephemeral-storage: 1Gi}, usage: {ephemeral-storage: 2Gi}}\n";
+    let on = write(dir.path(), "on.yaml", steps);
+    let off = write(
+        dir.path(),
+        "off.yaml",
+        &format!("config:\n  localStorageCapacityIsolation: false\n{steps}"),
+    );
+    let replay = |path: &str| {
+        let out = nodekeeper(&["replay", path]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out).to_string()
+    };
+    assert!(
+        replay(&on).contains(r#""name":"hog","signal":"ephemeralpodfs.limit""#),
+        "{}",
+        replay(&on)
+    );
+    assert!(replay(&off).contains(r#""evicted":[]"#), "{}", replay(&off));
 }

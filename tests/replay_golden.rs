@@ -54,6 +54,11 @@ fn critical_pods() {
 }
 
 #[test]
+fn a_dedicated_imagefs_ranks_each_disk_signal_by_its_own_storage() {
+    insta::assert_snapshot!(trace("dedicated-imagefs"));
+}
+
+#[test]
 fn local_storage_limits() {
     insta::assert_snapshot!(trace("local-storage"));
 }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use crate::config::GoDuration;
 use crate::pods::Pod;
 use crate::signals::Observations;
-use crate::trace::{Amount, TracePod, TraceSignal, TraceStep};
+use crate::trace::{Amount, TracePod, TraceSignal, TraceStep, TraceStorage};
 
 #[derive(Debug, thiserror::Error)]
 #[error("trace recording {path}: {error}")]
@@ -161,6 +161,7 @@ fn trace_pod(pod: &Pod) -> TracePod {
             ("inodes", pod.usage.inodes),
             ("pids", pod.usage.pids),
         ]),
+        storage: TraceStorage::from_usage(&pod.usage.storage),
         ..TracePod::default()
     }
 }
@@ -196,10 +197,23 @@ mod tests {
             usage: crate::pods::PodUsage {
                 memory: Some(300 << 20),
                 pids: Some(4),
-                ..Default::default()
+                ephemeral_storage: Some(7 << 20),
+                inodes: Some(30),
+                storage: crate::pods::StorageUsage {
+                    writable_layers: Some(crate::pods::DiskAmount {
+                        bytes: 5 << 20,
+                        inodes: 20,
+                    }),
+                    logs: Some(crate::pods::DiskAmount {
+                        bytes: 2 << 20,
+                        inodes: 10,
+                    }),
+                    local_volumes: None,
+                },
             },
             ..Pod::default()
         };
+        let usage = pod.usage;
         recorder
             .record(1_000, &observations(1 << 30), std::slice::from_ref(&pod))
             .unwrap();
@@ -215,7 +229,10 @@ mod tests {
             steps[1].observations[&Signal::MemoryAvailable].available,
             512 << 20
         );
-        assert_eq!(steps[1].pods[0].usage.memory, Some(300 << 20));
+        assert_eq!(
+            steps[1].pods[0].usage, usage,
+            "every figure, storage parts included, reads back"
+        );
         assert_eq!(steps[1].pods[0].priority, 5);
     }
 

@@ -121,6 +121,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ),
             None => tracing::info!("no Kubernetes API configured: standalone mode"),
         }
+        // The kubelet measures allocatableMemory.available on its pods cgroup; with the
+        // API the agent knows that cgroup too, so podsCgroup need not repeat it.
+        let pods_cgroup = kube.as_ref().and_then(|runtime| runtime.pods_cgroup());
+        let host = match pods_cgroup {
+            Some(pods) if loaded.config.paths.pods_cgroup.is_none() => {
+                tracing::info!(pods_cgroup = %pods.display(), "allocatableMemory.available is measured on the pods cgroup");
+                loaded.config.paths.pods_cgroup = Some(pods.clone());
+                host.with_pods_cgroup(pods)
+            }
+            _ => host,
+        };
         let record = args
             .record
             .clone()

@@ -23,13 +23,20 @@ Pods are listed first-evicted first, using the kubelet's ranking for the signal:
   pid.available: priority, process count
   nodefs/imagefs/containerfs.available: usage above request, priority, usage - request
   *.inodesFree: the same, but inodes have no request, so in effect priority comes first
-Pods without stats for the signal's resource come first; ties go by namespace/name.
+Disk signals count the parts of a pod's storage on their own filesystem: with one
+filesystem all of it; when imagefsPath is set, nodefs.* counts logs and local volumes
+and imagefs.*/containerfs.* the writable layers; when containerfsPath differs from it
+too, nodefs.*/containerfs.* count all of it and imagefs.* nothing. The layout comes
+from the trace's inline config, else --config.
+Pods without any stats come first; a pod with stats but without the figure being
+ranked counts it as 0. Ties go by namespace/name.
 Critical pods (static, mirror, priority >= 2000000000) are never evicted, so they are
 left out; a note on standard error names them.
 
 Examples:
   nodekeeper rank --signal memory.available incident.yaml
-  nodekeeper rank --signal nodefs.inodesFree --output json incident.yaml")]
+  nodekeeper rank --signal nodefs.inodesFree --output json incident.yaml
+  nodekeeper rank --signal imagefs.available --config /etc/nodekeeper/agent.yaml incident.yaml")]
 pub struct Args {
     /// The eviction signal to rank for, e.g. memory.available or pid.available.
     #[arg(long, value_name = "SIGNAL", value_parser = parse_signal)]
@@ -37,6 +44,10 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     output: Output,
+    /// Configuration file (for the filesystem layout) when the trace has no inline
+    /// `config`.
+    #[arg(long, short, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Trace file, YAML or JSON; its last step is ranked.
     #[arg(value_name = "TRACE")]
     trace: PathBuf,
@@ -50,8 +61,9 @@ fn parse_signal(text: &str) -> Result<Signal, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let step = last_step(&args.trace)?;
-    let (critical, ranked): (Vec<_>, Vec<_>) = rank(args.signal, &step.pods)
+    let (step, config) = last_step(&args.trace, args.config.as_deref())?;
+    let layout = config.paths.fs_layout();
+    let (critical, ranked): (Vec<_>, Vec<_>) = rank(args.signal, layout, &step.pods)
         .into_iter()
         .partition(|pod| pod.is_critical());
     let keys: Vec<String> = ranked.iter().map(|pod| pod.key()).collect();

@@ -104,7 +104,8 @@ pub fn trace_config(
     let result = match (&trace.config, config_file) {
         (Some(inline), _) => parse_inline(inline, &format!("{trace_name}: config")),
         (None, Some(path)) => load(Some(path), &Overrides::default()),
-        (None, None) => Ok(AgentConfig::default()),
+        // The same defaults the agent starts with when it has no file.
+        (None, None) => load(None, &Overrides::default()),
     };
     Ok(result?)
 }
@@ -187,12 +188,18 @@ pub fn replay_file(
     ))
 }
 
-/// The pods of a trace's last step, for `nodekeeper rank`.
-pub fn last_step(trace_path: &Path) -> Result<ParsedStep, ReplayError> {
+/// The pods of a trace's last step and the configuration it is read with, for
+/// `nodekeeper rank`.
+pub fn last_step(
+    trace_path: &Path,
+    config_file: Option<&Path>,
+) -> Result<(ParsedStep, AgentConfig), ReplayError> {
     let trace_name = trace_path.display().to_string();
     let trace = TraceFile::from_path(trace_path)?;
+    let config = trace_config(&trace, &trace_name, config_file)?;
     let mut steps = parse_steps(&trace, &trace_name)?;
-    steps
+    let last = steps
         .pop()
-        .ok_or(ReplayError::NoSteps { trace: trace_name })
+        .ok_or(ReplayError::NoSteps { trace: trace_name })?;
+    Ok((last, config))
 }

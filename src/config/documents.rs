@@ -75,6 +75,8 @@ pub struct KubeletDocument {
     pub shutdown_grace_period: Option<String>,
     pub shutdown_grace_period_critical_pods: Option<String>,
     pub shutdown_grace_period_by_pod_priority: Option<Vec<RawShutdownPhase>>,
+    pub enforce_node_allocatable: Option<Vec<String>>,
+    pub local_storage_capacity_isolation: Option<bool>,
 }
 
 /// nodekeeper's own document. Unknown fields are errors: a typo must not silently
@@ -106,6 +108,10 @@ pub struct AgentDocument {
     pub shutdown_grace_period_critical_pods: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shutdown_grace_period_by_pod_priority: Option<Vec<RawShutdownPhase>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enforce_node_allocatable: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_storage_capacity_isolation: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub housekeeping_interval: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -280,6 +286,8 @@ impl From<KubeletDocument> for AgentDocument {
             shutdown_grace_period: k.shutdown_grace_period,
             shutdown_grace_period_critical_pods: k.shutdown_grace_period_critical_pods,
             shutdown_grace_period_by_pod_priority: k.shutdown_grace_period_by_pod_priority,
+            enforce_node_allocatable: k.enforce_node_allocatable,
+            local_storage_capacity_isolation: k.local_storage_capacity_isolation,
             ..AgentDocument::default()
         }
     }
@@ -339,6 +347,8 @@ impl AgentDocument {
             shutdown_grace_period,
             shutdown_grace_period_critical_pods,
             shutdown_grace_period_by_pod_priority,
+            enforce_node_allocatable,
+            local_storage_capacity_isolation,
             housekeeping_interval,
             cgroup_root,
             proc_root,

@@ -285,6 +285,41 @@ fn kebab(camel: &str) -> String {
     out
 }
 
+/// The `enforceNodeAllocatable` value that makes the kubelet guard the pods cgroup, and
+/// with it every hard `memory.available` threshold also applies to
+/// `allocatableMemory.available`.
+const ENFORCE_PODS: &str = "pods";
+
+/// What the kubelet's configuration validation would refuse in `enforceNodeAllocatable`.
+/// The agent only reads `pods` from it, so it warns and goes on.
+fn enforce_node_allocatable_warnings(values: &[String]) -> Vec<String> {
+    const KNOWN: [&str; 6] = [
+        ENFORCE_PODS,
+        "system-reserved",
+        "kube-reserved",
+        "system-reserved-compressible",
+        "kube-reserved-compressible",
+        "none",
+    ];
+    let mut warnings: Vec<String> = values
+        .iter()
+        .filter(|value| !KNOWN.contains(&value.as_str()))
+        .map(|value| {
+            format!(
+                "enforceNodeAllocatable: {value:?} is not one of {}; the kubelet refuses to start with it",
+                KNOWN.join(", ")
+            )
+        })
+        .collect();
+    if values.len() > 1 && values.iter().any(|value| value == "none") {
+        warnings.push(
+            "enforceNodeAllocatable: \"none\" may not be combined with other values; the kubelet refuses to start with it"
+                .to_string(),
+        );
+    }
+    warnings
+}
+
 fn default_hard_map() -> ScalarMap {
     [
         ("memory.available", "100Mi"),
@@ -408,11 +443,19 @@ fn build(
             ));
         }
     }
-    if paths.pods_cgroup.is_some() {
+    let mut warnings = Vec::new();
+    // The kubelet's default, also when the field is absent; an explicit empty list
+    // enforces nothing.
+    let enforce_node_allocatable = doc
+        .enforce_node_allocatable
+        .get_or_insert_with(|| vec![ENFORCE_PODS.to_string()]);
+    warnings.extend(enforce_node_allocatable_warnings(enforce_node_allocatable));
+    if enforce_node_allocatable.iter().any(|v| v == ENFORCE_PODS) {
         add_allocatable_thresholds(&mut thresholds);
     }
-    let mut warnings = Vec::new();
     mirror_containerfs_thresholds(&mut thresholds, paths.fs_layout(), &mut warnings);
+    let local_storage_capacity_isolation =
+        *doc.local_storage_capacity_isolation.get_or_insert(true);
 
     let metrics_address = doc
         .metrics_address
@@ -449,7 +492,7 @@ fn build(
             thresholds,
             max_pod_grace_period_seconds,
             pressure_transition_period,
-            local_storage_capacity_isolation: true,
+            local_storage_capacity_isolation,
         },
         shutdown,
         housekeeping_interval,
@@ -1073,7 +1116,7 @@ pub fn unset_settings(config: &AgentConfig) -> Vec<(&'static str, &'static str)>
         (
             config.paths.pods_cgroup.is_none(),
             "podsCgroup",
-            "no allocatableMemory.available threshold and no pod-level kernel notifiers",
+            "allocatableMemory.available is not observed (its threshold never fires) and there are no pod-level kernel notifiers",
         ),
         (
             config.node_name.is_none(),

@@ -358,7 +358,10 @@ impl Default for KubernetesConfig {
 
 impl Default for EvictionConfig {
     /// The kubelet's Linux defaults: `memory.available<100Mi, nodefs.available<10%,
-    /// nodefs.inodesFree<5%, imagefs.available<15%, imagefs.inodesFree<5%`, all hard.
+    /// nodefs.inodesFree<5%, imagefs.available<15%, imagefs.inodesFree<5%`, all hard,
+    /// with the copies the kubelet derives on one filesystem under its default
+    /// `enforceNodeAllocatable: [pods]`: `allocatableMemory.available<100Mi` and
+    /// `containerfs.*` mirroring `nodefs.*`. The same as loading an empty file.
     fn default() -> Self {
         let hard = |signal, value| Threshold {
             signal,
@@ -366,17 +369,25 @@ impl Default for EvictionConfig {
             grace_period: GoDuration::ZERO,
             min_reclaim: None,
         };
+        // In the loader's order: the hard map by signal name, then the derived copies.
+        let mut thresholds = vec![
+            hard(Signal::ImageFsAvailable, ThresholdValue::Percentage(0.15)),
+            hard(Signal::ImageFsInodesFree, ThresholdValue::Percentage(0.05)),
+            hard(
+                Signal::MemoryAvailable,
+                ThresholdValue::Quantity(Quantity::from_value(100 << 20)),
+            ),
+            hard(Signal::NodeFsAvailable, ThresholdValue::Percentage(0.10)),
+            hard(Signal::NodeFsInodesFree, ThresholdValue::Percentage(0.05)),
+        ];
+        super::thresholds::add_allocatable_thresholds(&mut thresholds);
+        super::thresholds::mirror_containerfs_thresholds(
+            &mut thresholds,
+            super::FilesystemLayout::SingleDisk,
+            &mut Vec::new(),
+        );
         EvictionConfig {
-            thresholds: vec![
-                hard(
-                    Signal::MemoryAvailable,
-                    ThresholdValue::Quantity(Quantity::from_value(100 << 20)),
-                ),
-                hard(Signal::NodeFsAvailable, ThresholdValue::Percentage(0.10)),
-                hard(Signal::NodeFsInodesFree, ThresholdValue::Percentage(0.05)),
-                hard(Signal::ImageFsAvailable, ThresholdValue::Percentage(0.15)),
-                hard(Signal::ImageFsInodesFree, ThresholdValue::Percentage(0.05)),
-            ],
+            thresholds,
             max_pod_grace_period_seconds: 0,
             pressure_transition_period: GoDuration::from_secs(300),
             local_storage_capacity_isolation: true,

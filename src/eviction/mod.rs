@@ -15,7 +15,7 @@ mod thresholds;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-pub use rank::{rank, rank_cmp};
+pub use rank::{measured_storage, rank, rank_cmp};
 pub use reclaim::{CommandReclaimer, NodeReclaimer, ReclaimCommand, ReclaimError};
 pub use synchronize::{pressure_remains_after_reclaim, synchronize};
 

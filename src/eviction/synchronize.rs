@@ -91,7 +91,7 @@ pub fn synchronize(
     if options.node_reclaimer_configured && reclaim_applies(threshold.signal, options.fs_layout) {
         decision.reclaim_requested = Some(threshold.signal);
     }
-    if let Some(pod) = first_evictable(threshold.signal, pods) {
+    if let Some(pod) = first_evictable(threshold.signal, options.fs_layout, pods) {
         let (message, annotations) =
             threshold_eviction_message(resource, pod, &acting, observations);
         decision.evictions.push(EvictionOrder {

@@ -6,7 +6,10 @@ use super::*;
 use crate::config::{
     EvictionConfig, FilesystemLayout, GoDuration, Quantity, Threshold, ThresholdValue,
 };
-use crate::pods::{ContainerStats, ContainerUsage, EmptyDirStats, Pod, PodUsage, ResourceAmounts};
+use crate::pods::{
+    ContainerStats, ContainerUsage, DiskAmount, EmptyDirStats, Pod, PodUsage, ResourceAmounts,
+    StorageUsage,
+};
 use crate::signals::{NodeCondition, Observation, Observations, Signal};
 
 const MI: i64 = 1 << 20;
@@ -686,11 +689,13 @@ fn every_local_storage_offender_is_evicted_in_one_cycle_with_the_kubelet_message
             name: "ok".into(),
             size_limit: Some(GI),
             used: Some(MI),
+            memory_backed: false,
         },
         EmptyDirStats {
             name: "cache".into(),
             size_limit: Some(100 * MI),
             used: Some(101 * MI),
+            memory_backed: false,
         },
     ];
     let mut pod_limit = storage_pod("pod-limit");
@@ -982,7 +987,11 @@ fn memory_rank_exceeds_request_then_priority_then_usage_above_request() {
         },
     ];
     assert_eq!(
-        names(rank(Signal::MemoryAvailable, &pods)),
+        names(rank(
+            Signal::MemoryAvailable,
+            FilesystemLayout::SingleDisk,
+            &pods
+        )),
         [
             "no-stats",
             "over-low-prio",
@@ -994,8 +1003,16 @@ fn memory_rank_exceeds_request_then_priority_then_usage_above_request() {
         ]
     );
     assert_eq!(
-        names(rank(Signal::AllocatableMemoryAvailable, &pods)),
-        names(rank(Signal::MemoryAvailable, &pods))
+        names(rank(
+            Signal::AllocatableMemoryAvailable,
+            FilesystemLayout::SingleDisk,
+            &pods
+        )),
+        names(rank(
+            Signal::MemoryAvailable,
+            FilesystemLayout::SingleDisk,
+            &pods
+        ))
     );
 }
 
@@ -1017,7 +1034,11 @@ fn pid_rank_is_priority_first_then_process_count() {
         pids("no-stats-low", 0, None),
     ];
     assert_eq!(
-        names(rank(Signal::PidAvailable, &pods)),
+        names(rank(
+            Signal::PidAvailable,
+            FilesystemLayout::SingleDisk,
+            &pods
+        )),
         [
             "no-stats-low",
             "many-low",
@@ -1055,7 +1076,11 @@ fn disk_rank_exceeds_request_then_priority_then_usage_above_request() {
         Signal::ImageFsAvailable,
         Signal::ContainerFsAvailable,
     ] {
-        assert_eq!(names(rank(signal, &pods)), order, "{signal}");
+        assert_eq!(
+            names(rank(signal, FilesystemLayout::SingleDisk, &pods)),
+            order,
+            "{signal}"
+        );
     }
 }
 
@@ -1082,9 +1107,147 @@ fn inode_rank_is_priority_first_and_subtracts_the_storage_request() {
         inodes("blind", 10, None, None),
     ];
     assert_eq!(
-        names(rank(Signal::NodeFsInodesFree, &pods)),
+        names(rank(
+            Signal::NodeFsInodesFree,
+            FilesystemLayout::SingleDisk,
+            &pods
+        )),
         ["blind", "plain", "quirk", "high", "none-used"]
     );
+}
+
+/// A pod's storage by part: `gib` GiB and 1000 inodes per GiB in each part.
+fn stored(name: &str, layers: i64, logs: i64, volumes: i64) -> Pod {
+    let part = |gib: i64| {
+        Some(DiskAmount {
+            bytes: gib * GI,
+            inodes: gib * 1000,
+        })
+    };
+    Pod {
+        usage: PodUsage {
+            storage: StorageUsage {
+                writable_layers: part(layers),
+                logs: part(logs),
+                local_volumes: part(volumes),
+            },
+            ..PodUsage::default()
+        },
+        ..pod(name)
+    }
+}
+
+/// The kubelet's `buildSignalToRankFunc`: each disk signal ranks with
+/// `rankDiskPressureFunc` over the stats of its own filesystem. One filesystem: root,
+/// logs and local volumes for every signal. imagefs holding the writable layers
+/// (`withImageFs && !imageContainerSplitFs`): nodefs.* counts logs and local volumes,
+/// imagefs.* the root (writable layer), containerfs.* the same as imagefs.*. Split
+/// (`withImageFs && imageContainerSplitFs`): nodefs.* counts all three, containerfs.*
+/// the same as nodefs.*, imagefs.* only images, which no pod is charged for.
+#[test]
+fn each_disk_signal_ranks_the_storage_on_its_own_filesystem() {
+    use FilesystemLayout::{ImageFs, SingleDisk, SplitImageFs};
+    let pods = [
+        stored("layers", 10, 0, 0),
+        stored("logs", 0, 6, 0),
+        stored("volume", 0, 0, 8),
+    ];
+    let everything = ["layers", "volume", "logs"];
+    let node_only = ["volume", "logs", "layers"];
+    // Only `layers` uses any; the other two tie at 0 and go by name.
+    let layers_only = ["layers", "logs", "volume"];
+    let nothing = ["layers", "logs", "volume"];
+    let cases = [
+        (SingleDisk, Signal::NodeFsAvailable, everything),
+        (SingleDisk, Signal::ImageFsAvailable, everything),
+        (SingleDisk, Signal::ContainerFsAvailable, everything),
+        (ImageFs, Signal::NodeFsAvailable, node_only),
+        (ImageFs, Signal::ImageFsAvailable, layers_only),
+        (ImageFs, Signal::ContainerFsAvailable, layers_only),
+        (SplitImageFs, Signal::NodeFsAvailable, everything),
+        (SplitImageFs, Signal::ContainerFsAvailable, everything),
+        (SplitImageFs, Signal::ImageFsAvailable, nothing),
+    ];
+    for (layout, signal, order) in cases {
+        assert_eq!(
+            names(rank(signal, layout, &pods)),
+            order,
+            "{layout:?} {signal}"
+        );
+        let inodes = match signal {
+            Signal::NodeFsAvailable => Signal::NodeFsInodesFree,
+            Signal::ImageFsAvailable => Signal::ImageFsInodesFree,
+            _ => Signal::ContainerFsInodesFree,
+        };
+        assert_eq!(
+            names(rank(inodes, layout, &pods)),
+            order,
+            "{layout:?} {inodes}"
+        );
+    }
+}
+
+/// On a split image filesystem `imagefs.*` charges no pod anything (`fsStatsImages` only),
+/// so `exceedDiskRequests` is false for all, `priority` decides, and `disk` puts the
+/// smaller ephemeral-storage request first (0 minus the request).
+#[test]
+fn on_a_split_layout_imagefs_orders_by_priority_then_storage_request_alone() {
+    let with = |mut pod: Pod, priority, request| {
+        pod.priority = priority;
+        pod.requests.ephemeral_storage = Some(request);
+        pod
+    };
+    let pods = [
+        with(stored("huge-layer", 50, 0, 0), 0, GI),
+        with(stored("small-request", 0, 0, 0), 0, 100 * MI),
+        with(stored("low-priority", 0, 0, 0), -5, 5 * GI),
+    ];
+    let layout = FilesystemLayout::SplitImageFs;
+    assert_eq!(
+        names(rank(Signal::ImageFsAvailable, layout, &pods)),
+        ["low-priority", "small-request", "huge-layer"]
+    );
+    assert_eq!(
+        names(rank(Signal::NodeFsAvailable, layout, &pods)),
+        ["huge-layer", "low-priority", "small-request"],
+        "nodefs holds the writable layers here"
+    );
+}
+
+/// `memoryUsage`, `diskUsage`, `inodeUsage` (helpers.go) return 0 for a nil figure, and
+/// `process` counts a nil `ProcessStats` as 0; only a pod missing from the stats summary
+/// (`!found`) goes first in each comparator.
+#[test]
+fn a_pod_with_stats_but_without_the_ranked_figure_counts_it_as_zero() {
+    let pids_only = Pod {
+        usage: PodUsage {
+            pids: Some(3),
+            ..PodUsage::default()
+        },
+        ..pod("pids-only")
+    };
+    let pods = [
+        pids_only,
+        mem_pod("small-memory", 10 * MI, None, 0),
+        pod("no-stats"),
+    ];
+    let layout = FilesystemLayout::SingleDisk;
+    assert_eq!(
+        names(rank(Signal::MemoryAvailable, layout, &pods)),
+        ["no-stats", "small-memory", "pids-only"],
+        "10Mi exceeds a request of 0; a missing figure of 0 does not"
+    );
+    assert_eq!(
+        names(rank(Signal::PidAvailable, layout, &pods)),
+        ["no-stats", "pids-only", "small-memory"]
+    );
+    for signal in [Signal::NodeFsAvailable, Signal::NodeFsInodesFree] {
+        assert_eq!(
+            names(rank(signal, layout, &pods)),
+            ["no-stats", "pids-only", "small-memory"],
+            "{signal}: no storage figures means 0 for both"
+        );
+    }
 }
 
 #[test]
@@ -1100,7 +1263,7 @@ fn ties_are_broken_by_namespace_then_name() {
         })
         .collect();
     let keys = |pods: &[Pod]| {
-        rank(Signal::MemoryAvailable, pods)
+        rank(Signal::MemoryAvailable, FilesystemLayout::SingleDisk, pods)
             .iter()
             .map(|p| p.key())
             .collect::<Vec<_>>()

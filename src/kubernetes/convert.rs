@@ -141,6 +141,7 @@ pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
                 name: volume.name.clone(),
                 size_limit,
                 used: None,
+                memory_backed: empty_dir.medium.as_deref() == Some("Memory"),
             })
         })
         .collect();

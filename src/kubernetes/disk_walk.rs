@@ -78,10 +78,10 @@ pub struct PodDirectories {
 /// What the last walk of one pod found; `None` where a directory does not exist.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodDiskFigures {
-    /// Per container name: log bytes and writable-layer bytes.
-    pub containers: HashMap<String, (Option<i64>, Option<i64>)>,
-    /// Per volume name: bytes used.
-    pub volumes: HashMap<String, i64>,
+    /// Per container name: its logs and its writable layer.
+    pub containers: HashMap<String, (Option<DiskUsage>, Option<DiskUsage>)>,
+    /// Per volume name: what it holds.
+    pub volumes: HashMap<String, DiskUsage>,
     /// Everything above together; `None` when no directory existed.
     pub total: Option<DiskUsage>,
 }
@@ -98,7 +98,7 @@ impl PodDirectories {
                     .get_or_insert_with(DiskUsage::default)
                     .add(usage);
             }
-            usage.map(|u| u.bytes)
+            usage
         };
         let mut containers = HashMap::new();
         for (name, logs, layer) in &self.containers {
@@ -112,8 +112,8 @@ impl PodDirectories {
         }
         let mut volumes = HashMap::new();
         for (name, dir) in &self.volumes {
-            if let Some(bytes) = count(disk_usage(dir, &mut budget)) {
-                volumes.insert(name.clone(), bytes);
+            if let Some(usage) = count(disk_usage(dir, &mut budget)) {
+                volumes.insert(name.clone(), usage);
             }
         }
         figures.containers = containers;
@@ -306,7 +306,8 @@ mod tests {
         assert_eq!(walker.track("u1", volume(dir.path())), None);
         walker.walk_all();
         let figures = walker.track("u1", volume(dir.path())).unwrap();
-        assert!(figures.volumes["scratch"] >= 32 * 1024, "{figures:?}");
+        assert!(figures.volumes["scratch"].bytes >= 32 * 1024, "{figures:?}");
+        assert_eq!(figures.volumes["scratch"].inodes, 2);
         assert_eq!(figures.total.unwrap().inodes, 2);
 
         walker.retain(&HashSet::new());

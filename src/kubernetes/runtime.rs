@@ -233,6 +233,20 @@ impl KubeRuntime {
         &self.node_name
     }
 
+    /// The kubelet's pods cgroup (`kubepods` or `kubepods.slice`, as the pod cgroup
+    /// naming found it), when it exists in the memory hierarchy: where the kubelet
+    /// measures `allocatableMemory.available`.
+    pub fn pods_cgroup(&self) -> Option<PathBuf> {
+        let usage = self.usage.as_ref()?;
+        let pods = usage.naming().pods_cgroup();
+        usage
+            .cgroups()
+            .paths()
+            .memory_dir(&pods)
+            .is_dir()
+            .then_some(pods)
+    }
+
     /// Replace how hard-evicted pods are killed locally (`None`: not at all).
     pub fn set_local_killer(&mut self, killer: Option<Box<dyn LocalKiller>>) {
         self.local_killer = killer;

@@ -8,9 +8,10 @@ use std::path::PathBuf;
 
 use super::cgroups::{PodCgroupNaming, container_cgroup};
 use super::convert::NodePod;
-use super::disk_walk::{DiskWalker, PodDirectories};
+use super::disk_walk::{DiskUsage, DiskWalker, PodDirectories};
 use crate::act::is_path_component;
 use crate::config::KubernetesConfig;
+use crate::pods::DiskAmount;
 use crate::signals::CgroupReader;
 
 /// Where one pod's files are. Cgroup figures are read by the cycle; disk figures come
@@ -136,19 +137,40 @@ impl PodUsageReader {
         let Some(figures) = self.disk.track(&uid, directories) else {
             return;
         };
+        let storage = &mut pod.usage.storage;
         for container in &mut pod.containers {
-            if let Some((logs, rootfs)) = figures.containers.get(&container.name) {
-                container.usage.logs = *logs;
-                container.usage.rootfs = *rootfs;
+            if let Some((logs, layer)) = figures.containers.get(&container.name) {
+                container.usage.logs = logs.map(|usage| usage.bytes);
+                container.usage.rootfs = layer.map(|usage| usage.bytes);
+                add_part(&mut storage.logs, *logs);
+                add_part(&mut storage.writable_layers, *layer);
             }
         }
         for volume in &mut pod.empty_dirs {
-            volume.used = figures.volumes.get(&volume.name).copied();
+            let usage = figures.volumes.get(&volume.name).copied();
+            volume.used = usage.map(|usage| usage.bytes);
+            // A tmpfs volume is memory, not local storage (the kubelet's
+            // IsLocalEphemeralVolume); its sizeLimit is still checked against `used`.
+            if !volume.memory_backed {
+                add_part(&mut storage.local_volumes, usage);
+            }
         }
-        if let Some(total) = figures.total {
+        if let Some(total) = storage.total() {
             pod.usage.ephemeral_storage = Some(total.bytes);
             pod.usage.inodes = Some(total.inodes);
         }
+    }
+}
+
+/// Add one directory's figures to a storage part; a part stays unmeasured until one of
+/// its directories exists.
+fn add_part(part: &mut Option<DiskAmount>, usage: Option<DiskUsage>) {
+    if let Some(usage) = usage {
+        let amount = DiskAmount {
+            bytes: usage.bytes,
+            inodes: usage.inodes,
+        };
+        *part = Some(part.unwrap_or_default().saturating_add(amount));
     }
 }
 
@@ -228,6 +250,7 @@ mod tests {
                     name: "scratch".to_string(),
                     size_limit: None,
                     used: None,
+                    memory_backed: false,
                 }],
                 ..Default::default()
             },
@@ -329,15 +352,29 @@ mod tests {
             .join("kubelet/pods/1-2/volumes/kubernetes.io~empty-dir/scratch");
         std::fs::create_dir_all(&volume).unwrap();
         std::fs::write(volume.join("data"), vec![b'z'; 32 * 1024]).unwrap();
+        let tmpfs = files
+            .path()
+            .join("kubelet/pods/1-2/volumes/kubernetes.io~empty-dir/shm");
+        std::fs::create_dir_all(&tmpfs).unwrap();
+        std::fs::write(tmpfs.join("data"), vec![b'm'; 16 * 1024]).unwrap();
+        let with_tmpfs = || {
+            let mut pod = node_pod(QosClass::Guaranteed);
+            pod.pod.empty_dirs.push(EmptyDirStats {
+                name: "shm".to_string(),
+                memory_backed: true,
+                ..Default::default()
+            });
+            pod
+        };
         let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
-        let mut pod = node_pod(QosClass::Guaranteed);
+        let mut pod = with_tmpfs();
         usage_reader.measure(&mut pod);
         assert_eq!(
             pod.pod.usage.ephemeral_storage, None,
             "the cycle never walks the disk itself"
         );
         usage_reader.walk_disks_now();
-        let mut pod = node_pod(QosClass::Guaranteed);
+        let mut pod = with_tmpfs();
         usage_reader.measure(&mut pod);
         let container = &pod.pod.containers[0].usage;
         let logs_bytes = container.logs.unwrap();
@@ -355,6 +392,14 @@ mod tests {
         );
         // Directories count as inodes: app/ + 0.log, diff/ + tmp/ + big, scratch/ + data.
         assert_eq!(pod.pod.usage.inodes, Some(7));
+        // The same storage by part, for the disk signals of a dedicated imagefs.
+        let storage = pod.pod.usage.storage;
+        let part = |bytes, inodes| Some(DiskAmount { bytes, inodes });
+        assert_eq!(storage.logs, part(logs_bytes, 2));
+        assert_eq!(storage.writable_layers, part(rootfs_bytes, 3));
+        assert_eq!(storage.local_volumes, part(volume_bytes, 2));
+        // The memory-backed volume is measured for its sizeLimit but is not storage.
+        assert!(pod.pod.empty_dirs[1].used.unwrap() >= 16 * 1024);
     }
 
     #[test]

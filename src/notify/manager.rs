@@ -325,8 +325,9 @@ impl Notifiers {
             Signal::AllocatableMemoryAvailable => match pods {
                 Some(pods) => pods.to_path_buf(),
                 None => {
-                    tracing::warn!(
-                        "allocatableMemory.available needs podsCgroup; no memcg threshold for it"
+                    // The default threshold set has it; it is simply not observed here.
+                    tracing::info!(
+                        "allocatableMemory.available is not observed without podsCgroup; no memcg threshold for it"
                     );
                     return;
                 }

@@ -9,14 +9,79 @@ pub struct ResourceAmounts {
     pub ephemeral_storage: Option<i64>,
 }
 
-/// Measured usage; `None` means "no stats" for that resource.
+/// Measured usage; `None` means "no stats" for that resource. A pod that has stats but
+/// lacks one figure ranks as if that figure were 0, as in the kubelet; only a pod with
+/// no stats at all ([`Pod::has_stats`]) ranks first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PodUsage {
     /// Working set in bytes.
     pub memory: Option<i64>,
+    /// The pod's total local storage (the kubelet's `PodStats.EphemeralStorage`): what
+    /// its ephemeral-storage limit is checked against.
     pub ephemeral_storage: Option<i64>,
+    /// Inodes used by the same storage.
     pub inodes: Option<i64>,
     pub pids: Option<i64>,
+    /// The same storage by where it lives, which decides what each disk signal ranks.
+    pub storage: StorageUsage,
+}
+
+/// Bytes and inodes on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiskAmount {
+    pub bytes: i64,
+    pub inodes: i64,
+}
+
+impl DiskAmount {
+    pub fn saturating_add(self, other: DiskAmount) -> DiskAmount {
+        DiskAmount {
+            bytes: self.bytes.saturating_add(other.bytes),
+            inodes: self.inodes.saturating_add(other.inodes),
+        }
+    }
+}
+
+/// A pod's local storage split the way the kubelet's stats split it: its containers'
+/// writable layers (`rootfs`), its containers' logs, and its local volumes (emptyDir
+/// not backed by memory). With a dedicated image filesystem each disk signal counts
+/// only the parts on its own filesystem. `None` means "not measured".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StorageUsage {
+    pub writable_layers: Option<DiskAmount>,
+    pub logs: Option<DiskAmount>,
+    pub local_volumes: Option<DiskAmount>,
+}
+
+/// One part of [`StorageUsage`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoragePart {
+    WritableLayers,
+    Logs,
+    LocalVolumes,
+}
+
+impl StorageUsage {
+    /// Whether any part was measured.
+    pub fn is_measured(&self) -> bool {
+        self.writable_layers.is_some() || self.logs.is_some() || self.local_volumes.is_some()
+    }
+
+    pub fn part(&self, part: StoragePart) -> Option<DiskAmount> {
+        match part {
+            StoragePart::WritableLayers => self.writable_layers,
+            StoragePart::Logs => self.logs,
+            StoragePart::LocalVolumes => self.local_volumes,
+        }
+    }
+
+    /// The measured parts together; `None` when none was measured.
+    pub fn total(&self) -> Option<DiskAmount> {
+        [self.writable_layers, self.logs, self.local_volumes]
+            .into_iter()
+            .flatten()
+            .reduce(DiskAmount::saturating_add)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -67,6 +132,9 @@ pub struct EmptyDirStats {
     pub name: String,
     pub size_limit: Option<i64>,
     pub used: Option<i64>,
+    /// `medium: Memory`: a tmpfs, which counts toward memory, not local storage (the
+    /// kubelet's `localVolumeNames` leaves it out of disk ranking).
+    pub memory_backed: bool,
 }
 
 /// `SystemCriticalPriority` in the kubelet.
@@ -91,6 +159,7 @@ impl Pod {
             || usage.ephemeral_storage.is_some()
             || usage.inodes.is_some()
             || usage.pids.is_some()
+            || usage.storage.is_measured()
             || !self.containers.is_empty()
             || self.empty_dirs.iter().any(|volume| volume.used.is_some())
     }

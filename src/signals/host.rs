@@ -34,6 +34,13 @@ impl Host {
         &self.paths
     }
 
+    /// The same host with its pods cgroup found after detection (from the Kubernetes pod
+    /// cgroup naming), for `allocatableMemory.available` and the pod-level notifiers.
+    pub fn with_pods_cgroup(mut self, pods: std::path::PathBuf) -> Host {
+        self.paths.pods_cgroup = Some(pods);
+        self
+    }
+
     /// The cgroup reader, when a cgroup hierarchy was found.
     pub fn cgroups(&self) -> Option<&CgroupReader> {
         self.cgroups.as_ref().ok()

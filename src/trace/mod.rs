@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 /// same scalar the configuration documents accept.
 pub use crate::config::ScalarText as Amount;
 use crate::config::{GoDuration, Quantity};
-use crate::pods::{ContainerStats, ContainerUsage, EmptyDirStats, Pod, PodUsage, ResourceAmounts};
+use crate::pods::{
+    ContainerStats, ContainerUsage, DiskAmount, EmptyDirStats, Pod, PodUsage, ResourceAmounts,
+    StorageUsage,
+};
 use crate::signals::{Observation, Observations, Signal};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -61,6 +64,10 @@ pub struct TracePod {
     pub limits: BTreeMap<String, Amount>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub usage: BTreeMap<String, Amount>,
+    /// Optional: the pod's local storage by where it lives, which decides what each
+    /// disk signal ranks when images have their own filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<TraceStorage>,
     /// Optional per-container detail (eviction messages, container storage limits).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<TraceContainer>,
@@ -90,6 +97,72 @@ pub struct TraceEmptyDir {
     pub size_limit: Option<Amount>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used: Option<Amount>,
+    /// `Memory` for a tmpfs volume; absent or empty for one on disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub medium: Option<String>,
+}
+
+/// A pod's local storage by part; a part left out was not measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TraceStorage {
+    /// Its containers' writable layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writable_layers: Option<TraceDiskAmount>,
+    /// Its containers' logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<TraceDiskAmount>,
+    /// Its local volumes (emptyDir not backed by memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_volumes: Option<TraceDiskAmount>,
+}
+
+/// Bytes and inodes of one storage part; a missing figure is 0.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TraceDiskAmount {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<Amount>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inodes: Option<Amount>,
+}
+
+impl TraceStorage {
+    pub fn from_usage(storage: &StorageUsage) -> Option<TraceStorage> {
+        let part = |amount: Option<DiskAmount>| {
+            amount.map(|amount| TraceDiskAmount {
+                bytes: Some(Amount::from(amount.bytes)),
+                inodes: Some(Amount::from(amount.inodes)),
+            })
+        };
+        storage.is_measured().then(|| TraceStorage {
+            writable_layers: part(storage.writable_layers),
+            logs: part(storage.logs),
+            local_volumes: part(storage.local_volumes),
+        })
+    }
+
+    fn to_usage(&self, who: &str) -> Result<StorageUsage, String> {
+        let part = |field: &str, amount: &Option<TraceDiskAmount>| {
+            let Some(amount) = amount else {
+                return Ok(None);
+            };
+            let figure = |name: &str, value: &Option<Amount>| {
+                value.as_ref().map_or(Ok(0), |text| {
+                    parse_amount(&text.0).map_err(|e| format!("{who}: storage.{field}.{name}: {e}"))
+                })
+            };
+            Ok::<_, String>(Some(DiskAmount {
+                bytes: figure("bytes", &amount.bytes)?,
+                inodes: figure("inodes", &amount.inodes)?,
+            }))
+        };
+        Ok(StorageUsage {
+            writable_layers: part("writableLayers", &self.writable_layers)?,
+            logs: part("logs", &self.logs)?,
+            local_volumes: part("localVolumes", &self.local_volumes)?,
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -233,10 +306,20 @@ impl TraceEmptyDir {
                 .map(|text| parse_amount(&text.0).map_err(|e| format!("{who}: {field}: {e}")))
                 .transpose()
         };
+        let memory_backed = match self.medium.as_deref() {
+            None | Some("") => false,
+            Some("Memory") => true,
+            Some(other) => {
+                return Err(format!(
+                    "{who}: medium: {other:?} is not a medium (expected Memory, or none for disk)"
+                ));
+            }
+        };
         Ok(EmptyDirStats {
             name: self.name.clone(),
             size_limit: amount("sizeLimit", &self.size_limit)?,
             used: amount("used", &self.used)?,
+            memory_backed,
         })
     }
 }
@@ -257,6 +340,14 @@ impl TracePod {
                 "pids" => usage.pids = Some(value),
                 "cpu" => {}
                 other => return Err(format!("{who}: usage: unknown resource {other:?}")),
+            }
+        }
+        if let Some(storage) = &self.storage {
+            usage.storage = storage.to_usage(&who)?;
+            // Given only by part, the pod's total is the parts together.
+            if let Some(total) = usage.storage.total() {
+                usage.ephemeral_storage.get_or_insert(total.bytes);
+                usage.inodes.get_or_insert(total.inodes);
             }
         }
         Ok(Pod {
@@ -330,6 +421,71 @@ steps:
         assert_eq!(pod.usage.memory, Some(150 << 20));
         assert_eq!(pod.requests.ephemeral_storage, Some(1 << 30));
         assert_eq!(pod.termination_grace_period_seconds, Some(30));
+    }
+
+    #[test]
+    fn storage_given_by_part_also_gives_the_pods_total() {
+        let trace = TraceFile::from_str(
+            r#"
+steps:
+- at: 0s
+  pods:
+  - namespace: a
+    name: by-part
+    storage:
+      writableLayers: {bytes: 3Gi, inodes: 30}
+      logs: {bytes: 1Gi}
+  - namespace: a
+    name: total-wins
+    usage: {ephemeral-storage: 10Gi}
+    storage:
+      localVolumes: {bytes: 1Gi, inodes: 5}
+    emptyDirs:
+    - {name: shm, medium: Memory, used: 1Mi}
+"#,
+            "t",
+        )
+        .unwrap();
+        let pods = &trace.parsed_steps("t").unwrap()[0].pods;
+        let by_part = &pods[0].usage;
+        assert_eq!(by_part.ephemeral_storage, Some(4 << 30));
+        assert_eq!(by_part.inodes, Some(30), "a missing inode figure is 0");
+        assert_eq!(
+            by_part.storage.logs,
+            Some(DiskAmount {
+                bytes: 1 << 30,
+                inodes: 0
+            })
+        );
+        assert_eq!(by_part.storage.local_volumes, None, "not measured");
+        assert_eq!(pods[1].usage.ephemeral_storage, Some(10 << 30));
+        assert_eq!(pods[1].usage.inodes, Some(5));
+        assert!(pods[1].empty_dirs[0].memory_backed);
+    }
+
+    #[test]
+    fn a_bad_storage_figure_or_medium_is_named() {
+        for (pod, expected) in [
+            (
+                "{namespace: a, name: b, storage: {logs: {bytes: -1}}}",
+                "a/b: storage.logs.bytes",
+            ),
+            (
+                "{namespace: a, name: b, storage: {images: {bytes: 1}}}",
+                "unknown field `images`",
+            ),
+            (
+                "{namespace: a, name: b, emptyDirs: [{name: v, medium: HugePages}]}",
+                "a/b: emptyDirs[v]: medium: \"HugePages\" is not a medium",
+            ),
+        ] {
+            let text = format!("steps:\n- at: 0s\n  pods:\n  - {pod}\n");
+            let error = match TraceFile::from_str(&text, "t.yaml") {
+                Err(error) => error.to_string(),
+                Ok(trace) => trace.parsed_steps("t.yaml").unwrap_err().to_string(),
+            };
+            assert!(error.contains(expected), "{pod}: {error}");
+        }
     }
 
     #[test]
