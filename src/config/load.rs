@@ -1116,7 +1116,7 @@ pub fn unset_settings(config: &AgentConfig) -> Vec<(&'static str, &'static str)>
         (
             config.paths.pods_cgroup.is_none(),
             "podsCgroup",
-            "allocatableMemory.available is not observed (its threshold never fires) and there are no pod-level kernel notifiers",
+            "in Kubernetes mode the kubelet's pods cgroup (kubernetes.podsCgroupName); standalone, allocatableMemory.available is not observed (its threshold never fires) and there are no pod-level kernel notifiers",
         ),
         (
             config.node_name.is_none(),
