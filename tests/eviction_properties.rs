@@ -205,6 +205,26 @@ proptest! {
     }
 
     #[test]
+    fn pods_without_stats_rank_ahead_of_pods_with_stats_except_by_priority_for_pids(
+        pods in pods(16),
+        signal in signal(),
+        layout in layout(),
+    ) {
+        let ranked = rank(signal, layout, &pods);
+        for (i, earlier) in ranked.iter().enumerate() {
+            for later in &ranked[i + 1..] {
+                let out_of_order = earlier.has_stats() && !later.has_stats();
+                let pid_priority = signal == Signal::PidAvailable && earlier.priority < later.priority;
+                prop_assert!(
+                    !out_of_order || pid_priority,
+                    "{signal}: {} (stats) ranked ahead of {} (no stats)",
+                    earlier.key(), later.key()
+                );
+            }
+        }
+    }
+
+    #[test]
     fn no_critical_pod_is_ever_chosen_and_decisions_ignore_input_order(
         (pods, shuffled) in pods(16).prop_flat_map(|p| (Just(p.clone()), Just(p).prop_shuffle())),
         cycles in proptest::collection::vec(observations(), 1..5),

@@ -130,6 +130,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 loaded.config.paths.pods_cgroup = Some(pods.clone());
                 host.with_pods_cgroup(pods)
             }
+            None if kube.is_some() && loaded.config.paths.pods_cgroup.is_none() => {
+                tracing::warn!(
+                    pods_cgroup_name = %loaded.config.kubernetes.pods_cgroup_name,
+                    "the kubelet's pods cgroup was not found at start; allocatableMemory.available is not observed until the agent restarts (podsCgroup names it explicitly)"
+                );
+                host
+            }
             _ => host,
         };
         let record = args

@@ -1147,31 +1147,35 @@ fn stored(name: &str, layers: i64, logs: i64, volumes: i64) -> Pod {
 #[test]
 fn each_disk_signal_ranks_the_storage_on_its_own_filesystem() {
     use FilesystemLayout::{ImageFs, SingleDisk, SplitImageFs};
-    let pods = [
-        stored("layers", 10, 0, 0),
-        stored("logs", 0, 6, 0),
-        stored("volume", 0, 0, 8),
-    ];
-    let everything = ["layers", "volume", "logs"];
+    let mut layers = stored("layers", 10, 0, 0);
+    layers.requests.ephemeral_storage = Some(GI);
+    let pods = [layers, stored("logs", 0, 6, 0), stored("volume", 0, 0, 8)];
+    // Bytes and inodes order alike except where everything counts: there the inode
+    // chain subtracts the 1Gi *byte* request from `layers`' 10,000 inodes (the kubelet's
+    // quirk), which puts it last.
+    let everything = (["layers", "volume", "logs"], ["volume", "logs", "layers"]);
+    // `layers` uses nothing here, which does not exceed its request.
     let node_only = ["volume", "logs", "layers"];
     // Only `layers` uses any; the other two tie at 0 and go by name.
     let layers_only = ["layers", "logs", "volume"];
-    let nothing = ["layers", "logs", "volume"];
+    // Nobody uses any: 0 minus the request puts the pod with a request last.
+    let nothing = ["logs", "volume", "layers"];
+    let same = |order| (order, order);
     let cases = [
         (SingleDisk, Signal::NodeFsAvailable, everything),
         (SingleDisk, Signal::ImageFsAvailable, everything),
         (SingleDisk, Signal::ContainerFsAvailable, everything),
-        (ImageFs, Signal::NodeFsAvailable, node_only),
-        (ImageFs, Signal::ImageFsAvailable, layers_only),
-        (ImageFs, Signal::ContainerFsAvailable, layers_only),
+        (ImageFs, Signal::NodeFsAvailable, same(node_only)),
+        (ImageFs, Signal::ImageFsAvailable, same(layers_only)),
+        (ImageFs, Signal::ContainerFsAvailable, same(layers_only)),
         (SplitImageFs, Signal::NodeFsAvailable, everything),
         (SplitImageFs, Signal::ContainerFsAvailable, everything),
-        (SplitImageFs, Signal::ImageFsAvailable, nothing),
+        (SplitImageFs, Signal::ImageFsAvailable, same(nothing)),
     ];
-    for (layout, signal, order) in cases {
+    for (layout, signal, (bytes, inodes_order)) in cases {
         assert_eq!(
             names(rank(signal, layout, &pods)),
-            order,
+            bytes,
             "{layout:?} {signal}"
         );
         let inodes = match signal {
@@ -1181,7 +1185,7 @@ fn each_disk_signal_ranks_the_storage_on_its_own_filesystem() {
         };
         assert_eq!(
             names(rank(inodes, layout, &pods)),
-            order,
+            inodes_order,
             "{layout:?} {inodes}"
         );
     }
@@ -1241,12 +1245,58 @@ fn a_pod_with_stats_but_without_the_ranked_figure_counts_it_as_zero() {
         names(rank(Signal::PidAvailable, layout, &pods)),
         ["no-stats", "pids-only", "small-memory"]
     );
+    // A pod with stats but no storage figure uses 0 bytes and 0 inodes: below a pod
+    // that uses some, which exceeds its request of 0.
+    let small_disk = Pod {
+        usage: PodUsage {
+            ephemeral_storage: Some(MI),
+            inodes: Some(10),
+            ..PodUsage::default()
+        },
+        ..pod("small-disk")
+    };
+    let pods = [pods[0].clone(), small_disk, pod("no-stats")];
     for signal in [Signal::NodeFsAvailable, Signal::NodeFsInodesFree] {
         assert_eq!(
             names(rank(signal, layout, &pods)),
-            ["no-stats", "pids-only", "small-memory"],
-            "{signal}: no storage figures means 0 for both"
+            ["no-stats", "small-disk", "pids-only"],
+            "{signal}"
         );
+    }
+}
+
+/// Whatever the signal, a pod the stats summary does not know ranks ahead of every pod
+/// it knows, even one of lower priority, except for PIDs where priority comes first.
+/// A pod whose containers are listed without usage has no stats.
+#[test]
+fn a_pod_without_stats_goes_first_except_before_lower_priority_for_pids() {
+    let unmeasured = Pod {
+        priority: 100,
+        containers: vec![ContainerStats {
+            name: "app".into(),
+            ..ContainerStats::default()
+        }],
+        ..pod("unmeasured")
+    };
+    let measured = Pod {
+        priority: -100,
+        ..mem_pod("measured", MI, Some(GI), 0)
+    };
+    let pods = [measured, unmeasured];
+    assert!(!pods[1].has_stats(), "listed containers are not stats");
+    let found = Pod {
+        cgroup: Some("/kubepods/pod1".into()),
+        ..pod("found")
+    };
+    assert!(found.has_stats(), "a pod whose cgroup was found has stats");
+    for signal in Signal::ALL {
+        let order = names(rank(signal, FilesystemLayout::SingleDisk, &pods));
+        let expected = if signal == Signal::PidAvailable {
+            ["measured", "unmeasured"]
+        } else {
+            ["unmeasured", "measured"]
+        };
+        assert_eq!(order, expected, "{signal}");
     }
 }
 

@@ -141,7 +141,8 @@ pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
                 name: volume.name.clone(),
                 size_limit,
                 used: None,
-                memory_backed: empty_dir.medium.as_deref() == Some("Memory"),
+                // Memory or HugePages: only the default medium is on the node's disk.
+                memory_backed: empty_dir.medium.as_deref().is_some_and(|m| !m.is_empty()),
             })
         })
         .collect();
@@ -249,11 +250,38 @@ mod tests {
             vec![("app".to_string(), "abc123".to_string())]
         );
         assert_eq!(pod.empty_dirs[0].size_limit, Some(500 << 20));
+        assert!(
+            !pod.empty_dirs[0].memory_backed,
+            "the default medium is the disk"
+        );
+        assert!(!pod.has_stats(), "a spec is not stats");
         assert_eq!(
             pod.usage,
             Default::default(),
             "usage comes from cgroups, not the API"
         );
+    }
+
+    /// Only an emptyDir with the default medium is local storage (the kubelet's
+    /// `IsLocalEphemeralVolume`); Memory and HugePages volumes are not.
+    #[test]
+    fn empty_dirs_not_on_the_default_medium_are_not_local_storage() {
+        for (medium, backed) in [
+            (None, false),
+            (Some(""), false),
+            (Some("Memory"), true),
+            (Some("HugePages"), true),
+            (Some("HugePages-2Mi"), true),
+        ] {
+            let mut api = api_pod(&[], None);
+            let spec = api.spec.as_mut().unwrap();
+            spec.volumes.as_mut().unwrap()[0].empty_dir = Some(EmptyDirVolumeSource {
+                medium: medium.map(str::to_string),
+                ..Default::default()
+            });
+            let pod = convert_pod(&api).unwrap().pod;
+            assert_eq!(pod.empty_dirs[0].memory_backed, backed, "{medium:?}");
+        }
     }
 
     #[test]

@@ -132,8 +132,9 @@ pub struct EmptyDirStats {
     pub name: String,
     pub size_limit: Option<i64>,
     pub used: Option<i64>,
-    /// `medium: Memory`: a tmpfs, which counts toward memory, not local storage (the
-    /// kubelet's `localVolumeNames` leaves it out of disk ranking).
+    /// `medium: Memory` or `HugePages*`: memory, not the node's disk. The kubelet counts
+    /// an emptyDir as local storage only with the default medium
+    /// (`IsLocalEphemeralVolume`); its sizeLimit is checked all the same.
     pub memory_backed: bool,
 }
 
@@ -151,16 +152,22 @@ impl Pod {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    /// Whether any measurement exists for this pod: the kubelet skips pods without a
-    /// stats entry for local-storage checks and leaves their eviction events bare.
+    /// Whether the pod has a stats entry, as the kubelet's summary would: its cgroup was
+    /// found, or any figure was measured. A pod without one ranks first for every signal;
+    /// the kubelet also skips it for local-storage checks and leaves its eviction events
+    /// bare. Containers listed only for their requests and limits are not stats.
     pub fn has_stats(&self) -> bool {
         let usage = &self.usage;
-        usage.memory.is_some()
+        self.cgroup.is_some()
+            || usage.memory.is_some()
             || usage.ephemeral_storage.is_some()
             || usage.inodes.is_some()
             || usage.pids.is_some()
             || usage.storage.is_measured()
-            || !self.containers.is_empty()
+            || self.containers.iter().any(|container| {
+                let usage = &container.usage;
+                usage.memory.is_some() || usage.rootfs.is_some() || usage.logs.is_some()
+            })
             || self.empty_dirs.iter().any(|volume| volume.used.is_some())
     }
 }

@@ -97,7 +97,8 @@ pub struct TraceEmptyDir {
     pub size_limit: Option<Amount>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used: Option<Amount>,
-    /// `Memory` for a tmpfs volume; absent or empty for one on disk.
+    /// `Memory` for a tmpfs volume, `HugePages` or `HugePages-<size>` for a hugetlbfs
+    /// one; absent or empty for one on disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub medium: Option<String>,
 }
@@ -308,10 +309,11 @@ impl TraceEmptyDir {
         };
         let memory_backed = match self.medium.as_deref() {
             None | Some("") => false,
-            Some("Memory") => true,
+            Some("Memory" | "HugePages") => true,
+            Some(huge) if huge.starts_with("HugePages-") => true,
             Some(other) => {
                 return Err(format!(
-                    "{who}: medium: {other:?} is not a medium (expected Memory, or none for disk)"
+                    "{who}: medium: {other:?} is not a medium (expected Memory, HugePages, HugePages-<size>, or none for disk)"
                 ));
             }
         };
@@ -442,6 +444,8 @@ steps:
       localVolumes: {bytes: 1Gi, inodes: 5}
     emptyDirs:
     - {name: shm, medium: Memory, used: 1Mi}
+    - {name: huge, medium: HugePages-2Mi, used: 2Mi}
+    - {name: disk, used: 1Mi}
 "#,
             "t",
         )
@@ -460,7 +464,8 @@ steps:
         assert_eq!(by_part.storage.local_volumes, None, "not measured");
         assert_eq!(pods[1].usage.ephemeral_storage, Some(10 << 30));
         assert_eq!(pods[1].usage.inodes, Some(5));
-        assert!(pods[1].empty_dirs[0].memory_backed);
+        let backed: Vec<bool> = pods[1].empty_dirs.iter().map(|v| v.memory_backed).collect();
+        assert_eq!(backed, [true, true, false]);
     }
 
     #[test]
@@ -475,8 +480,8 @@ steps:
                 "unknown field `images`",
             ),
             (
-                "{namespace: a, name: b, emptyDirs: [{name: v, medium: HugePages}]}",
-                "a/b: emptyDirs[v]: medium: \"HugePages\" is not a medium",
+                "{namespace: a, name: b, emptyDirs: [{name: v, medium: Disk}]}",
+                "a/b: emptyDirs[v]: medium: \"Disk\" is not a medium",
             ),
         ] {
             let text = format!("steps:\n- at: 0s\n  pods:\n  - {pod}\n");
