@@ -19,20 +19,31 @@ struct AgentProcess {
     _dir: tempfile::TempDir,
 }
 
+/// Writes `dir/kubeconfig` for `server` and `dir/agent.yaml` (1 s cycles, metrics on a
+/// free port, then `settings`); returns both paths.
+fn write_files(
+    dir: &std::path::Path,
+    server: &FakeApiServer,
+    settings: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let config = dir.join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n\
+             housekeepingInterval: 1s\nmetricsAddress: 127.0.0.1:0\n{settings}"
+        ),
+    )
+    .unwrap();
+    (kubeconfig, config)
+}
+
 impl AgentProcess {
     fn start(server: &FakeApiServer, settings: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).unwrap();
-        let config = dir.path().join("agent.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n\
-                 housekeepingInterval: 1s\nmetricsAddress: 127.0.0.1:0\n{settings}"
-            ),
-        )
-        .unwrap();
+        let (kubeconfig, config) = write_files(dir.path(), server, settings);
         let mut child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
             .args(["agent", "--node-name", "worker-7", "--config"])
             .arg(&config)
@@ -187,18 +198,8 @@ async fn in_kubernetes_mode_allocatable_memory_is_measured_on_the_pods_cgroup() 
     std::fs::write(pods.join("memory.current"), "1073741824\n").unwrap();
     std::fs::write(pods.join("memory.stat"), "inactive_file 0\n").unwrap();
     std::fs::write(pods.join("memory.max"), "4294967296\n").unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let config = dir.path().join("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n\
-             housekeepingInterval: 1s\ncgroupRoot: {}\n",
-            cgroups.display()
-        ),
-    )
-    .unwrap();
+    let settings = format!("cgroupRoot: {}\n", cgroups.display());
+    let (kubeconfig, config) = write_files(dir.path(), &server, &settings);
     let mut agent = Agent::dry_run_from(
         Command::new(support::agent_process::BINARY),
         &config,
