@@ -405,16 +405,13 @@ impl Agent {
     }
 
     /// The cycle's bookkeeping: metrics, the memcg triggers refreshed from this
-    /// collection, the trace step. `None`: already published.
-    fn publish(&mut self, report: &CycleReport, aftermath: Option<Aftermath>) {
-        let Some(Aftermath {
+    /// collection, the trace step.
+    fn publish(&mut self, report: &CycleReport, aftermath: Aftermath) {
+        let Aftermath {
             collection,
             previous_conditions,
             now,
-        }) = aftermath
-        else {
-            return;
-        };
+        } = aftermath;
         self.publish_collection(&collection);
         self.publish_decision(&report.decision, &previous_conditions);
         if let Some(notifiers) = self.notifiers.as_mut() {
@@ -560,15 +557,21 @@ impl Agent {
         if let Some(starved) = decision.starved {
             tracing::warn!(signal = %starved.signal, "Attempting to reclaim {}", starved.resource);
         }
-        let mut aftermath = Some(aftermath);
-        if let Some(signal) = decision.reclaim_requested {
-            self.publish(report, aftermath.take());
-            if !self.reclaim_node_resources(signal).await {
-                return false;
+        let attempted = match decision.reclaim_requested {
+            Some(signal) => {
+                // The reclaim commands are awaited: publish before them.
+                self.publish(report, aftermath);
+                if !self.reclaim_node_resources(signal).await {
+                    return false;
+                }
+                self.evict(report)
             }
-        }
-        let attempted = self.evict(report);
-        self.publish(report, aftermath.take());
+            None => {
+                let attempted = self.evict(report);
+                self.publish(report, aftermath);
+                attempted
+            }
+        };
         match attempted {
             Some(cgroups) => {
                 self.wait_for_cleanup(&cgroups).await;

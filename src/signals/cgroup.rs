@@ -116,12 +116,7 @@ impl CgroupReader {
     /// pod per cycle between a memory crossing and the decision.
     pub fn read_pod_usage(&self, cgroup: &Path) -> Result<PodCgroupUsage, SignalError> {
         let usage_error = |e: FileError| e.for_subject(ErrorSubject::CgroupUsage);
-        let memory_dir = self.paths.memory_dir(cgroup);
-        let usage = self
-            .memory
-            .controller()
-            .usage(&memory_dir)
-            .map_err(usage_error)?;
+        let usage = self.memory_usage(cgroup).map_err(usage_error)?;
         let process_count = self.process_count(cgroup).map_err(usage_error)?;
         Ok(PodCgroupUsage {
             working_set_bytes: usage.working_set_bytes(),
