@@ -240,8 +240,10 @@ fn rejects_each_class_of_bad_file_naming_the_field() {
         ),
         (
             "negative-duration",
-            format!("{kubelet}evictionPressureTransitionPeriod: -1m\n"),
-            "evictionPressureTransitionPeriod: -1m must not be negative",
+            format!(
+                "{kubelet}evictionSoft: {{memory.available: 1Gi}}\nevictionSoftGracePeriod: {{memory.available: -1m}}\n"
+            ),
+            "evictionSoftGracePeriod[\"memory.available\"]: invalid eviction grace period specified: -1m, must be a positive value",
         ),
         (
             "unknown-field",
@@ -291,4 +293,66 @@ fn rejects_each_class_of_bad_file_naming_the_field() {
     let missing = check_config(&dir.path().join("absent.yaml"));
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
+}
+
+/// A node's own kubelet config with values the kubelet runs with although they are surely
+/// mistakes: `check-config` accepts it (the agent would start) and warns naming the file
+/// and each field; `--strict` refuses it with the same findings; a clean file passes
+/// `--strict`.
+#[test]
+fn strict_turns_warnings_into_a_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let warned = dir.path().join("kubelet.yaml");
+    std::fs::write(
+        &warned,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionMaxPodGracePeriod: -1\nevictionMinimumReclaim: {memory.available: 120%}\n",
+    )
+    .unwrap();
+    let run = |strict: bool, path: &Path| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_nodekeeper"));
+        command.arg("check-config");
+        if strict {
+            command.arg("--strict");
+        }
+        command.arg(path).output().expect("run nodekeeper")
+    };
+    let findings = [
+        "kubelet.yaml document 1 (KubeletConfiguration): evictionMaxPodGracePeriod: -1 is negative",
+        "kubelet.yaml document 1 (KubeletConfiguration): evictionMinimumReclaim[\"memory.available\"]: 120% is more than the whole capacity",
+    ];
+
+    let lenient = run(false, &warned);
+    let stderr = String::from_utf8_lossy(&lenient.stderr);
+    assert!(lenient.status.success(), "{stderr}");
+    for finding in findings {
+        assert!(stderr.contains(finding), "{stderr}");
+    }
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("warning: "))
+            .count(),
+        2,
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&lenient.stdout).contains("evictionMaxPodGracePeriod: -1"));
+
+    let strict = run(true, &warned);
+    let stderr = String::from_utf8_lossy(&strict.stderr);
+    assert_eq!(strict.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("refused by --strict"), "{stderr}");
+    for finding in findings {
+        assert!(stderr.contains(finding), "{stderr}");
+    }
+    assert!(
+        strict.stdout.is_empty(),
+        "printed settings despite refusing"
+    );
+
+    let clean = run(true, &fixture("eviction-example.yaml"));
+    assert!(
+        clean.status.success(),
+        "{}",
+        String::from_utf8_lossy(&clean.stderr)
+    );
 }

@@ -226,17 +226,29 @@ fn rejected_threshold_configurations_name_field_value_and_rule() {
             &["negative eviction minimum reclaim specified for memory.available"],
         ),
         (
-            "negative pressure transition period",
-            "evictionPressureTransitionPeriod: -5m",
+            "infinite percentage (Go's ParseFloat reads it; the range check refuses it)",
+            "evictionHard: {nodefs.available: Inf%}",
+            &["eviction percentage threshold nodefs.available must be <= 100%: Inf%"],
+        ),
+        (
+            "negative infinite percentage",
+            "evictionHard: {nodefs.available: -inf%}",
+            &["eviction percentage threshold nodefs.available must be >= 0%: -inf%"],
+        ),
+        (
+            "shutdown periods with graceful shutdown turned off",
+            "featureGates: {GracefulNodeShutdown: false}\nshutdownGracePeriod: 30s",
             &[
-                "evictionPressureTransitionPeriod",
-                "-5m must not be negative",
+                "featureGates",
+                "invalid configuration: specifying shutdownGracePeriod or shutdownGracePeriodCriticalPods requires feature gate GracefulNodeShutdown",
             ],
         ),
         (
-            "negative max pod grace period",
-            "evictionMaxPodGracePeriod: -1",
-            &["evictionMaxPodGracePeriod", "-1 must not be negative"],
+            "phases by priority with their gate turned off",
+            "featureGates: {GracefulNodeShutdownBasedOnPodPriority: false}\nshutdownGracePeriodByPodPriority: [{priority: 0, shutdownGracePeriodSeconds: 10}]",
+            &[
+                "invalid configuration: Specifying shutdownGracePeriodByPodPriority requires feature gate GracefulNodeShutdownBasedOnPodPriority",
+            ],
         ),
         (
             "critical shutdown period above the total",
@@ -663,11 +675,216 @@ fn shutdown_settings_both_forms() {
     );
     let config = parse("shutdownGracePeriodByPodPriority:\n- {priority: 100000, shutdownGracePeriodSeconds: 20}\n- {priority: 0, shutdownGracePeriodSeconds: 60}").unwrap();
     assert_eq!(config.shutdown.by_pod_priority.len(), 2);
-    let error = parse("shutdownGracePeriodByPodPriority:\n- {priority: 0, shutdownGracePeriodSeconds: 1}\n- {priority: 0, shutdownGracePeriodSeconds: 2}").unwrap_err();
+}
+
+/// Load `body` under a KubeletConfiguration header and return the config and warnings.
+fn parse_warned(body: &str) -> (AgentConfig, Vec<String>) {
+    let loaded = config::from_yaml_str_with_warnings(
+        &format!("{KUBELET}{body}"),
+        "test.yaml",
+        &Overrides::default(),
+    )
+    .unwrap_or_else(|e| panic!("{body:?} refused: {e}"));
+    (loaded.config, loaded.warnings)
+}
+
+/// Values the kubelet's parsing and `ValidateKubeletConfiguration` let through although
+/// they are surely mistakes. An agent given the node's own config must start where the
+/// kubelet starts, so each loads, behaves as in the kubelet, and draws one warning that
+/// names the document and the field (`check-config --strict` refuses them).
+#[test]
+fn values_the_kubelet_accepts_load_with_a_warning_naming_the_field() {
+    type Check = fn(&AgentConfig);
+    let cases: &[(&str, &str, &[&str], Check)] = &[
+        (
+            "a key given twice (the kubelet falls back to lenient decoding: the last wins)",
+            "evictionHard:\n  memory.available: 1Gi\n  memory.available: 2Gi\n",
+            &[
+                "evictionHard[\"memory.available\"] is given more than once",
+                "the last value is used",
+            ],
+            |c| assert_eq!(summary(c), ["memory.available<2Gi"]),
+        ),
+        (
+            "negative evictionMaxPodGracePeriod (not validated by the kubelet)",
+            "evictionMaxPodGracePeriod: -1",
+            &[
+                "evictionMaxPodGracePeriod: -1 is negative",
+                "1 s grace period",
+            ],
+            |c| assert_eq!(c.eviction.max_pod_grace_period_seconds, -1),
+        ),
+        (
+            "minimum reclaim above 100% (parseMinimumReclaims has no upper bound)",
+            "evictionMinimumReclaim: {memory.available: 150%}",
+            &["evictionMinimumReclaim[\"memory.available\"]: 150% is more than the whole capacity"],
+            |c| {
+                let memory = c
+                    .eviction
+                    .thresholds
+                    .iter()
+                    .find(|t| t.signal == Signal::MemoryAvailable)
+                    .unwrap();
+                assert_eq!(memory.min_reclaim, Some(ThresholdValue::Percentage(1.5)));
+            },
+        ),
+        (
+            "threshold quantity beyond 2^63 (ParseQuantity caps it)",
+            "evictionHard: {memory.available: 10Ei}",
+            &[
+                "evictionHard[\"memory.available\"]: 10Ei is 2^63-1 or more",
+                "always met",
+            ],
+            |c| assert_eq!(summary(c), ["memory.available<9223372036854775807"]),
+        ),
+        (
+            "minimum reclaim quantity beyond 2^63",
+            "evictionMinimumReclaim: {memory.available: \"1e30\"}",
+            &["evictionMinimumReclaim[\"memory.available\"]: 1e30 is 2^63-1 or more"],
+            |c| {
+                assert!(
+                    c.eviction
+                        .thresholds
+                        .iter()
+                        .any(|t| t.min_reclaim == Some(ThresholdValue::Quantity(Quantity::MAX)))
+                )
+            },
+        ),
+        (
+            "NaN percentage threshold (passes both range checks; never met)",
+            "evictionHard: {nodefs.available: NaN%, memory.available: 1Gi}",
+            &[
+                "evictionHard[\"nodefs.available\"]: NaN% is not a number",
+                "ignored",
+            ],
+            |c| assert_eq!(summary(c), ["memory.available<1Gi"]),
+        ),
+        (
+            "NaN percentage minimum reclaim",
+            "evictionMinimumReclaim: {memory.available: nan%}",
+            &["evictionMinimumReclaim[\"memory.available\"]: nan% is not a number"],
+            |c| {
+                assert!(
+                    c.eviction
+                        .thresholds
+                        .iter()
+                        .all(|t| t.min_reclaim.is_none())
+                )
+            },
+        ),
+        (
+            "negative evictionPressureTransitionPeriod (nodeConditionsObservedSince: never a condition)",
+            "evictionPressureTransitionPeriod: -5m",
+            &[
+                "evictionPressureTransitionPeriod: -5m0s is not positive",
+                "no pressure condition",
+            ],
+            |c| assert!(c.eviction.pressure_transition_period.is_negative()),
+        ),
+        (
+            "zero evictionPressureTransitionPeriod",
+            "evictionPressureTransitionPeriod: 0s",
+            &["evictionPressureTransitionPeriod: 0s is not positive"],
+            |c| assert!(c.eviction.pressure_transition_period.is_zero()),
+        ),
+        (
+            "a priority listed twice",
+            "shutdownGracePeriodByPodPriority:\n- {priority: 0, shutdownGracePeriodSeconds: 1}\n- {priority: 0, shutdownGracePeriodSeconds: 2}",
+            &[
+                "shutdownGracePeriodByPodPriority: priority 0 is listed more than once",
+                "first of these entries",
+            ],
+            |c| assert_eq!(c.shutdown.by_pod_priority.len(), 2),
+        ),
+        (
+            "a negative phase",
+            "shutdownGracePeriodByPodPriority:\n- {priority: 0, shutdownGracePeriodSeconds: -10}\n- {priority: 1000, shutdownGracePeriodSeconds: 20}",
+            &[
+                "shutdownGracePeriodByPodPriority: priority 0: shutdownGracePeriodSeconds -10 is negative",
+            ],
+            |c| {
+                assert_eq!(
+                    c.shutdown.by_pod_priority[0].shutdown_grace_period_seconds,
+                    -10
+                )
+            },
+        ),
+        (
+            "phases by priority with graceful shutdown turned off (the kubelet's stub manager)",
+            "featureGates: {GracefulNodeShutdown: false}\nshutdownGracePeriodByPodPriority: [{priority: 0, shutdownGracePeriodSeconds: 10}]",
+            &[
+                "featureGates: GracefulNodeShutdown is off, so shutdownGracePeriodByPodPriority is ignored",
+            ],
+            |c| assert_eq!(c.shutdown, Default::default()),
+        ),
+    ];
+    for (name, body, needles, check) in cases {
+        let (config, warnings) = parse_warned(body);
+        assert_eq!(warnings.len(), 1, "{name}: {warnings:?}");
+        assert!(
+            warnings[0].starts_with("test.yaml document 1 (KubeletConfiguration): "),
+            "{name}: {warnings:?}"
+        );
+        for needle in *needles {
+            assert!(
+                warnings[0].contains(needle),
+                "{name}: {warnings:?} lacks {needle:?}"
+            );
+        }
+        check(&config);
+    }
+    // nodekeeper's own document stays strict, as it is with unknown fields.
+    let error = from_yaml_str(
+        &format!("{AGENT}dryRun: true\ndryRun: false\n"),
+        "a.yaml",
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
-        error.contains("priority 0 is listed more than once"),
+        error.contains("a.yaml document 1 (AgentConfiguration): dryRun is given more than once"),
         "{error}"
     );
+}
+
+/// The kubelet feature gates that change eviction or shutdown, read from either document
+/// and merged gate by gate; gates the agent does not know are the kubelet's business.
+#[test]
+fn feature_gates_are_read_merged_and_shown() {
+    // Defaults: all three on, as in the kubelet since 1.31.
+    let (config, warnings) = parse_warned("shutdownGracePeriod: 30s");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(config.shutdown.grace_period, GoDuration::from_secs(30));
+
+    // GracefulNodeShutdown off with no periods: the kubelet runs a stub, so no shutdown
+    // handling at all; an unknown gate from another kubelet version is ignored.
+    let (config, warnings) =
+        parse_warned("featureGates: {GracefulNodeShutdown: false, SomeFutureGate: true}");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(config.shutdown, Default::default());
+
+    // The agent document changes only the gates it names.
+    let text = format!(
+        "{KUBELET}featureGates: {{GracefulNodeShutdownBasedOnPodPriority: false, KubeletSeparateDiskGC: false}}\n---\n{AGENT}featureGates: {{GracefulNodeShutdownBasedOnPodPriority: true}}\nshutdownGracePeriodByPodPriority: [{{priority: 0, shutdownGracePeriodSeconds: 10}}]\nimagefsPath: /var/lib/containerd\ncontainerfsPath: /var/lib/containers\n"
+    );
+    let loaded = config::from_yaml_str_with_warnings(&text, "k.yaml", &Overrides::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(loaded.config.shutdown.by_pod_priority.len(), 1);
+    // KubeletSeparateDiskGC stayed off from the kubelet document: on a split image
+    // filesystem the kubelet's eviction manager stops; the agent warns and goes on.
+    assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+    assert!(
+        loaded.warnings[0].contains("featureGates: KubeletSeparateDiskGC is off but containerfsPath is a separate filesystem"),
+        "{:?}",
+        loaded.warnings
+    );
+    let gates = loaded.effective_document.feature_gates.unwrap();
+    assert_eq!(gates.get("GracefulNodeShutdown"), Some(&true));
+    assert_eq!(
+        gates.get("GracefulNodeShutdownBasedOnPodPriority"),
+        Some(&true)
+    );
+    assert_eq!(gates.get("KubeletSeparateDiskGC"), Some(&false));
 }
 
 #[test]

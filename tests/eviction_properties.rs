@@ -252,4 +252,44 @@ proptest! {
             state_shuffled = other.state;
         }
     }
+
+    /// The kubelet's grace periods: a soft eviction asks for
+    /// min(evictionMaxPodGracePeriod, terminationGracePeriodSeconds) and the pod worker
+    /// (`calculateEffectiveGracePeriod`) never goes below 1 s; hard thresholds and storage
+    /// limits ask for 1 s. Whatever the configuration and the pods say, no order is below
+    /// 1 s or above what was asked.
+    #[test]
+    fn every_eviction_gets_at_least_one_second_and_never_more_than_asked(
+        pods in pods(12),
+        own in proptest::collection::vec(proptest::option::of(-10i64..120), 12),
+        max_pod_grace in -100i64..120,
+        cycles in proptest::collection::vec(observations(), 2..5),
+    ) {
+        let pods: Vec<Pod> = pods
+            .into_iter()
+            .zip(own)
+            .map(|(pod, own)| Pod { termination_grace_period_seconds: own, ..pod })
+            .collect();
+        let mut config = hard_thresholds();
+        for threshold in &mut config.thresholds {
+            threshold.grace_period = GoDuration::from_secs(5);
+        }
+        config.max_pod_grace_period_seconds = max_pod_grace;
+        let mut state = EvictionState::default();
+        for (i, observations) in cycles.iter().enumerate() {
+            let now = Millis(i as u64 * 10_000);
+            let decision = synchronize(&config, &state, observations, &pods, now, &SyncOptions::default());
+            for order in &decision.evictions {
+                prop_assert!(order.grace_period_seconds >= 1, "{}: {}", order.key(), order.grace_period_seconds);
+                let pod = pods.iter().find(|p| p.key() == order.key()).unwrap();
+                let asked = if order.disruption_target {
+                    pod.termination_grace_period_seconds.map_or(max_pod_grace, |own| own.min(max_pod_grace))
+                } else {
+                    1
+                };
+                prop_assert_eq!(order.grace_period_seconds, asked.max(1));
+            }
+            state = decision.state;
+        }
+    }
 }

@@ -454,6 +454,41 @@ async fn memory_pressure_evicts_the_right_pod_through_the_api() {
     );
 }
 
+/// A soft eviction with the kubelet's default `evictionMaxPodGracePeriod: 0`: the eviction
+/// manager asks for min(0, 30) = 0 s and the pod worker's `calculateEffectiveGracePeriod`
+/// raises it to 1 s. Through the API that must be a delete with `gracePeriodSeconds: 1`,
+/// so the pod object stays until the kubelet has stopped it; a 0 would be a forced
+/// delete that removes the object at once.
+#[tokio::test]
+async fn a_soft_eviction_with_the_default_maximum_deletes_with_one_second_not_forced() {
+    let mut s = scenario(
+        "evictionSoft:\n  memory.available: 200Mi\nevictionSoftGracePeriod:\n  memory.available: 1s\n",
+    )
+    .await;
+    // Below the soft threshold, above the hard one.
+    s.host.set_free_memory(150 * MI);
+    let (report, evicted) = s.agent.run_cycle().await;
+    assert!(
+        !evicted,
+        "the grace period has only begun: {:?}",
+        report.decision
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (report, evicted) = s.agent.run_cycle().await;
+    assert!(evicted, "{:?}", report.decision);
+    let hog = eventually(WAIT, "hog deleted gracefully", || {
+        let hog = pod(&s.server, "hog");
+        hog.metadata.deletion_timestamp.is_some().then_some(hog)
+    })
+    .await;
+    assert_eq!(hog.metadata.deletion_grace_period_seconds, Some(1));
+    let graces: Vec<Option<i64>> = successful_deletes(&s.server, "hog")
+        .iter()
+        .map(|r| r.json_body().and_then(|b| b["gracePeriodSeconds"].as_i64()))
+        .collect();
+    assert_eq!(graces, vec![Some(1)]);
+}
+
 #[tokio::test]
 async fn an_api_outage_keeps_local_protection_and_flushes_every_action_once() {
     let mut s = scenario("").await;

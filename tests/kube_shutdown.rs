@@ -340,6 +340,26 @@ async fn a_shutdown_taints_the_node_and_deletes_pods_phase_by_phase_through_the_
     cluster.stop().await;
 }
 
+/// A pod asking for `terminationGracePeriodSeconds: 0`: `killPods` passes the 0 on and
+/// the pod worker's `calculateEffectiveGracePeriod` raises it to 1 s. Through the API
+/// that is a delete with `gracePeriodSeconds: 1`, never 0, which the API server would
+/// take as a forced delete that does not wait for the kubelet to stop the containers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_asking_for_no_grace_is_deleted_with_one_second_not_forced() {
+    let pods: [Fixture; 1] = [("quick", "uid-quick", 0, 0, false)];
+    let cluster = require!("a private dbus-daemon", Cluster::start(&pods).await);
+    cluster.logind.announce(true).await;
+    eventually(WAIT, "the pod to be gone", || {
+        cluster.server.objects::<ApiPod>().is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(
+        cluster.deletes(),
+        vec![("quick".into(), 1, "uid-quick".into())]
+    );
+    cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_shutdown_removes_the_taint_and_stops_deleting() {
     let pods: [Fixture; 2] = [

@@ -8,7 +8,7 @@ use super::EvictionFlags;
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  nodekeeper check-config config/agent.yaml\n  nodekeeper check-config /var/lib/kubelet/config.yaml\n  nodekeeper check-config config/controller.yaml\n  nodekeeper check-config config/agent.yaml --eviction-hard='memory.available<1Gi'"
+    after_help = "Examples:\n  nodekeeper check-config config/agent.yaml\n  nodekeeper check-config /var/lib/kubelet/config.yaml\n  nodekeeper check-config --strict /var/lib/kubelet/config.yaml\n  nodekeeper check-config config/controller.yaml\n  nodekeeper check-config config/agent.yaml --eviction-hard='memory.available<1Gi'"
 )]
 pub struct Args {
     /// Configuration file: a KubeletConfiguration, an AgentConfiguration, or both; or a
@@ -18,6 +18,11 @@ pub struct Args {
     /// The configuration file, given the way the other commands take it (instead of FILE).
     #[arg(long, short, value_name = "FILE", conflicts_with = "file")]
     pub config: Option<PathBuf>,
+    /// Refuse an agent configuration that draws warnings: values the kubelet accepts
+    /// but that are surely mistakes (a negative evictionMaxPodGracePeriod, an
+    /// evictionMinimumReclaim above 100%, a priority listed twice, ...).
+    #[arg(long)]
+    pub strict: bool,
     #[command(flatten)]
     pub eviction: EvictionFlags,
 }
@@ -40,6 +45,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return check_controller(&args, &text);
     }
     let loaded = config::load_with_warnings(Some(file), &args.eviction.overrides())?;
+    if args.strict && !loaded.warnings.is_empty() {
+        anyhow::bail!(
+            "{} refused by --strict; the agent would start with it, but:\n  {}",
+            file.display(),
+            loaded.warnings.join("\n  ")
+        );
+    }
     for warning in &loaded.warnings {
         eprintln!("warning: {warning}");
     }

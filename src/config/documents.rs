@@ -52,6 +52,9 @@ impl From<i64> for ScalarText {
     }
 }
 
+/// `featureGates`: gate name to on or off.
+pub type FeatureGateMap = BTreeMap<String, bool>;
+
 /// `shutdownGracePeriodByPodPriority` entries, spelled as in the kubelet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -77,6 +80,7 @@ pub struct KubeletDocument {
     pub shutdown_grace_period_by_pod_priority: Option<Vec<RawShutdownPhase>>,
     pub enforce_node_allocatable: Option<Vec<String>>,
     pub local_storage_capacity_isolation: Option<bool>,
+    pub feature_gates: Option<FeatureGateMap>,
 }
 
 /// nodekeeper's own document. Unknown fields are errors: a typo must not silently
@@ -112,6 +116,10 @@ pub struct AgentDocument {
     pub enforce_node_allocatable: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local_storage_capacity_isolation: Option<bool>,
+    /// The kubelet's feature gates; only those that change eviction or shutdown are
+    /// read, and a name the agent does not know is ignored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub feature_gates: Option<FeatureGateMap>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub housekeeping_interval: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -288,6 +296,7 @@ impl From<KubeletDocument> for AgentDocument {
             shutdown_grace_period_by_pod_priority: k.shutdown_grace_period_by_pod_priority,
             enforce_node_allocatable: k.enforce_node_allocatable,
             local_storage_capacity_isolation: k.local_storage_capacity_isolation,
+            feature_gates: k.feature_gates,
             ..AgentDocument::default()
         }
     }
@@ -316,13 +325,20 @@ fn camel_case(snake: &str) -> String {
 impl AgentDocument {
     /// Field-by-field override: every field set in `over` replaces the one in `self`, and
     /// `origins` records `origin` for it. Maps are replaced whole, as a kubelet flag
-    /// replaces its config-file field.
+    /// replaces its config-file field; feature gates alone merge gate by gate.
     pub fn overridden_by(
-        self,
-        over: AgentDocument,
+        mut self,
+        mut over: AgentDocument,
         origin: &str,
         origins: &mut Origins,
     ) -> AgentDocument {
+        // Feature gates merge gate by gate, as the kubelet's `--feature-gates` flag
+        // merges with its file: a later document changes only the gates it names.
+        if let Some(later) = over.feature_gates.as_mut() {
+            for (gate, enabled) in self.feature_gates.take().unwrap_or_default() {
+                later.entry(gate).or_insert(enabled);
+            }
+        }
         macro_rules! pick {
             ($($field:ident),*) => {
                 AgentDocument { $($field: match over.$field {
@@ -349,6 +365,7 @@ impl AgentDocument {
             shutdown_grace_period_by_pod_priority,
             enforce_node_allocatable,
             local_storage_capacity_isolation,
+            feature_gates,
             housekeeping_interval,
             cgroup_root,
             proc_root,

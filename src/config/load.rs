@@ -5,14 +5,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
 use super::documents::{
-    AGENT_API_VERSION, AGENT_KIND, AgentDocument, KUBELET_API_VERSION, KUBELET_KIND,
-    KubeletDocument, Origins, RawIsolation, RawKubernetes, RawNodeReclaim, RawReport, RawWorkloads,
-    ScalarMap, ScalarText,
+    AGENT_API_VERSION, AGENT_KIND, AgentDocument, FeatureGateMap, KUBELET_API_VERSION,
+    KUBELET_KIND, KubeletDocument, Origins, RawIsolation, RawKubernetes, RawNodeReclaim, RawReport,
+    RawWorkloads, ScalarMap, ScalarText,
 };
 use super::duration::GoDuration;
+use super::lenient_yaml::{self, LenientDocument};
 use super::model::{
     AgentConfig, CgroupDriver, DEFAULT_LOGIND_DROP_IN_PATH, DEFAULT_SHUTDOWN_STATE_FILE,
     EvictionConfig, HostPaths, IsolationConfig, KubernetesConfig, NodeReclaimConfig, ReportConfig,
@@ -20,8 +19,8 @@ use super::model::{
 };
 use super::quantity::Quantity;
 use super::thresholds::{
-    FieldError, ThresholdMaps, add_allocatable_thresholds, mirror_containerfs_thresholds,
-    parse_thresholds,
+    FieldError, FieldWarning, FilesystemLayout, ThresholdMaps, add_allocatable_thresholds,
+    mirror_containerfs_thresholds, parse_thresholds,
 };
 use crate::pods::ResourceAmounts;
 
@@ -102,13 +101,16 @@ pub fn from_yaml_str_with_warnings(
 ) -> Result<LoadedConfig, ConfigError> {
     let mut kubelet: Option<(AgentDocument, String)> = None;
     let mut agent: Option<(AgentDocument, String)> = None;
+    let mut document_warnings = Vec::new();
     for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let label = format!("{source_name} document {}", index + 1);
-        let value =
-            serde_yaml_ng::Value::deserialize(document).map_err(|e| ConfigError::Document {
-                origin: label.clone(),
-                message: format!("invalid YAML: {e}"),
-            })?;
+        let LenientDocument {
+            value,
+            repeated_keys,
+        } = lenient_yaml::read(document).map_err(|e| ConfigError::Document {
+            origin: label.clone(),
+            message: format!("invalid YAML: {e}"),
+        })?;
         if value.is_null() {
             continue;
         }
@@ -120,6 +122,12 @@ pub fn from_yaml_str_with_warnings(
                 if kubelet.is_some() {
                     return Err(duplicate(label));
                 }
+                // The kubelet falls back to lenient decoding, where the last one wins.
+                document_warnings.extend(repeated_keys.iter().map(|key| {
+                    format!(
+                        "{label}: {key} is given more than once; as in the kubelet (lenient decoding), the last value is used"
+                    )
+                }));
                 let doc: KubeletDocument = decode(value, &label)?;
                 kubelet = Some((doc.into(), label));
             }
@@ -127,6 +135,15 @@ pub fn from_yaml_str_with_warnings(
                 let label = format!("{label} ({AGENT_KIND})");
                 if agent.is_some() {
                     return Err(duplicate(label));
+                }
+                // nodekeeper's own document is strict, as it is with unknown fields.
+                if let Some(key) = repeated_keys.first() {
+                    return Err(ConfigError::Document {
+                        origin: label,
+                        message: format!(
+                            "{key} is given more than once; keep one (the kubelet's document tolerates this, nodekeeper's does not)"
+                        ),
+                    });
                 }
                 agent = Some((decode(value, &label)?, label));
             }
@@ -147,7 +164,9 @@ pub fn from_yaml_str_with_warnings(
     for (doc, label) in [kubelet, agent].into_iter().flatten() {
         merged = merged.overridden_by(doc, &label, &mut origins);
     }
-    build(merged, origins, overrides)
+    let mut loaded = build(merged, origins, overrides)?;
+    loaded.warnings.splice(0..0, document_warnings);
+    Ok(loaded)
 }
 
 /// Parse an inline `AgentConfiguration` body (as embedded in a trace file), where
@@ -320,6 +339,54 @@ fn enforce_node_allocatable_warnings(values: &[String]) -> Vec<String> {
     warnings
 }
 
+/// The kubelet feature gates that change what the agent decides, each at the kubelet's
+/// default unless `featureGates` names it. Other gates are the kubelet's business: the
+/// agent ignores them, whatever kubelet version they come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FeatureGates {
+    /// Graceful node shutdown at all; on by default since 1.21.
+    graceful_node_shutdown: bool,
+    /// `shutdownGracePeriodByPodPriority`; on by default since 1.24.
+    graceful_node_shutdown_based_on_pod_priority: bool,
+    /// Eviction on a split image filesystem; on by default since 1.31.
+    kubelet_separate_disk_gc: bool,
+}
+
+impl FeatureGates {
+    const GRACEFUL_NODE_SHUTDOWN: &str = "GracefulNodeShutdown";
+    const GRACEFUL_NODE_SHUTDOWN_BASED_ON_POD_PRIORITY: &str =
+        "GracefulNodeShutdownBasedOnPodPriority";
+    const KUBELET_SEPARATE_DISK_GC: &str = "KubeletSeparateDiskGC";
+
+    fn from_map(map: Option<&FeatureGateMap>) -> FeatureGates {
+        let enabled = |gate: &str| map.and_then(|m| m.get(gate)).copied().unwrap_or(true);
+        FeatureGates {
+            graceful_node_shutdown: enabled(Self::GRACEFUL_NODE_SHUTDOWN),
+            graceful_node_shutdown_based_on_pod_priority: enabled(
+                Self::GRACEFUL_NODE_SHUTDOWN_BASED_ON_POD_PRIORITY,
+            ),
+            kubelet_separate_disk_gc: enabled(Self::KUBELET_SEPARATE_DISK_GC),
+        }
+    }
+
+    /// The map with every gate the agent reads written out, for the effective document.
+    fn fill_in(&self, map: &mut FeatureGateMap) {
+        for (gate, enabled) in [
+            (Self::GRACEFUL_NODE_SHUTDOWN, self.graceful_node_shutdown),
+            (
+                Self::GRACEFUL_NODE_SHUTDOWN_BASED_ON_POD_PRIORITY,
+                self.graceful_node_shutdown_based_on_pod_priority,
+            ),
+            (
+                Self::KUBELET_SEPARATE_DISK_GC,
+                self.kubelet_separate_disk_gc,
+            ),
+        ] {
+            map.insert(gate.to_string(), enabled);
+        }
+    }
+}
+
 fn default_hard_map() -> ScalarMap {
     [
         ("memory.available", "100Mi"),
@@ -355,6 +422,12 @@ fn build(
     };
     let simple_error =
         |field: &'static str, message: String| field_error(FieldError::new(field, None, message));
+    // A warning reads like an error, naming the document and the field.
+    let warning = |finding: FieldWarning| field_error(finding).to_string();
+    let simple_warning =
+        |field: &'static str, message: String| warning(FieldWarning::new(field, None, message));
+    let mut warnings = Vec::new();
+    let gates = FeatureGates::from_map(doc.feature_gates.as_ref());
 
     // Defaults, with the kubelet's rule: setting evictionHard at all drops the other
     // default signals unless mergeDefaultEvictionSettings is true.
@@ -371,13 +444,14 @@ fn build(
     });
     doc.merge_default_eviction_settings = Some(merge_defaults);
     let empty = ScalarMap::new();
-    let mut thresholds = parse_thresholds(&ThresholdMaps {
+    let (mut thresholds, threshold_warnings) = parse_thresholds(&ThresholdMaps {
         hard: doc.eviction_hard.as_ref().unwrap_or(&empty),
         soft: doc.eviction_soft.as_ref().unwrap_or(&empty),
         soft_grace_period: doc.eviction_soft_grace_period.as_ref().unwrap_or(&empty),
         minimum_reclaim: doc.eviction_minimum_reclaim.as_ref().unwrap_or(&empty),
     })
     .map_err(field_error)?;
+    warnings.extend(threshold_warnings.into_iter().map(warning));
 
     let duration_field = |field: &'static str, text: &Option<String>, default: GoDuration| {
         let Some(text) = text else { return Ok(default) };
@@ -387,17 +461,29 @@ fn build(
         }
         Ok(value)
     };
-    let pressure_transition_period = duration_field(
-        "evictionPressureTransitionPeriod",
-        &doc.eviction_pressure_transition_period,
-        GoDuration::from_secs(300),
-    )?;
+    // The kubelet validates neither of these two; it runs with any value.
+    const TRANSITION: &str = "evictionPressureTransitionPeriod";
+    let pressure_transition_period = match &doc.eviction_pressure_transition_period {
+        None => GoDuration::from_secs(300),
+        Some(text) => {
+            GoDuration::parse(text).map_err(|e| simple_error(TRANSITION, e.to_string()))?
+        }
+    };
+    if pressure_transition_period.nanos() <= 0 {
+        // `nodeConditionsObservedSince` keeps a condition while `now - seen < period`.
+        warnings.push(simple_warning(
+            TRANSITION,
+            format!(
+                "{pressure_transition_period} is not positive; as in the kubelet, no pressure condition is then ever reported, although pods are still evicted"
+            ),
+        ));
+    }
     let max_pod_grace_period_seconds = doc.eviction_max_pod_grace_period.unwrap_or(0);
     if max_pod_grace_period_seconds < 0 {
-        return Err(simple_error(
+        warnings.push(simple_warning(
             "evictionMaxPodGracePeriod",
             format!(
-                "{max_pod_grace_period_seconds} must not be negative (the kubelet would kill soft-evicted pods at once); set it to the longest grace period a soft eviction may use"
+                "{max_pod_grace_period_seconds} is negative; as in the kubelet, soft evictions then give every pod a 1 s grace period (the pod worker's floor), not its own terminationGracePeriodSeconds"
             ),
         ));
     }
@@ -413,7 +499,8 @@ fn build(
         ));
     }
 
-    let shutdown = build_shutdown(&doc, &simple_error)?;
+    let (shutdown, shutdown_warnings) = build_shutdown(&doc, gates, &simple_error)?;
+    warnings.extend(shutdown_warnings.into_iter().map(warning));
 
     let defaults = HostPaths::default();
     let path_field = |text: &Option<String>, default: PathBuf| {
@@ -443,7 +530,6 @@ fn build(
             ));
         }
     }
-    let mut warnings = Vec::new();
     // The kubelet's default, also when the field is absent; an explicit empty list
     // enforces nothing.
     let enforce_node_allocatable = doc
@@ -454,6 +540,18 @@ fn build(
         add_allocatable_thresholds(&mut thresholds);
     }
     mirror_containerfs_thresholds(&mut thresholds, paths.fs_layout(), &mut warnings);
+    if !gates.kubelet_separate_disk_gc && paths.fs_layout() == FilesystemLayout::SplitImageFs {
+        // The kubelet's first synchronize fails with "KubeletSeparateDiskGC is turned off
+        // but we still have a split filesystem" and it never ranks pods for a threshold
+        // again. An agent that did the same would protect nothing.
+        warnings.push(simple_warning(
+            "featureGates",
+            format!(
+                "{} is off but containerfsPath is a separate filesystem; the kubelet's eviction manager stops evicting for thresholds on such a node, nodekeeper evicts by the split layout's rules",
+                FeatureGates::KUBELET_SEPARATE_DISK_GC
+            ),
+        ));
+    }
     let local_storage_capacity_isolation =
         *doc.local_storage_capacity_isolation.get_or_insert(true);
 
@@ -514,6 +612,7 @@ fn build(
         kubernetes,
         report,
     };
+    gates.fill_in(doc.feature_gates.get_or_insert_with(FeatureGateMap::new));
     let effective_document = effective_document(doc, &config);
     Ok(LoadedConfig {
         config,
@@ -944,38 +1043,26 @@ fn build_kubernetes(
     Ok(config)
 }
 
+/// The shutdown settings, validated as the kubelet's `ValidateKubeletConfiguration`
+/// validates them against its feature gates, and resolved as its node shutdown manager
+/// resolves them.
 fn build_shutdown(
     doc: &AgentDocument,
+    gates: FeatureGates,
     simple_error: &dyn Fn(&'static str, String) -> ConfigError,
-) -> Result<ShutdownConfig, ConfigError> {
-    let parse_period = |field: &'static str, text: &Option<String>| {
-        let Some(raw) = text else {
-            return Ok(GoDuration::ZERO);
-        };
-        let value = GoDuration::parse(raw).map_err(|e| simple_error(field, e.to_string()))?;
-        if value.is_negative() || (!value.is_zero() && value.nanos() < 1_000_000_000) {
-            return Err(simple_error(
-                field,
-                format!(
-                    "invalid configuration: {field} {value} must be either zero or otherwise >= 1 sec"
-                ),
-            ));
-        }
-        Ok(value)
+) -> Result<(ShutdownConfig, Vec<FieldWarning>), ConfigError> {
+    const BY_PRIORITY: &str = "shutdownGracePeriodByPodPriority";
+    let mut warnings = Vec::new();
+    let parse = |field: &'static str, text: &Option<String>| match text {
+        None => Ok(GoDuration::ZERO),
+        Some(raw) => GoDuration::parse(raw).map_err(|e| simple_error(field, e.to_string())),
     };
-    let grace_period = parse_period("shutdownGracePeriod", &doc.shutdown_grace_period)?;
-    let grace_period_critical_pods = parse_period(
+    let grace_period = parse("shutdownGracePeriod", &doc.shutdown_grace_period)?;
+    let grace_period_critical_pods = parse(
         "shutdownGracePeriodCriticalPods",
         &doc.shutdown_grace_period_critical_pods,
     )?;
-    if grace_period_critical_pods > grace_period {
-        return Err(simple_error(
-            "shutdownGracePeriodCriticalPods",
-            format!(
-                "invalid configuration: shutdownGracePeriodCriticalPods {grace_period_critical_pods} must be <= shutdownGracePeriod {grace_period}"
-            ),
-        ));
-    }
+    let either_period_set = grace_period.nanos() > 0 || grace_period_critical_pods.nanos() > 0;
     let by_pod_priority: Vec<ShutdownPhaseConfig> = doc
         .shutdown_grace_period_by_pod_priority
         .iter()
@@ -985,35 +1072,103 @@ fn build_shutdown(
             shutdown_grace_period_seconds: p.shutdown_grace_period_seconds,
         })
         .collect();
-    if !by_pod_priority.is_empty() && !grace_period.is_zero() {
-        return Err(simple_error(
-            "shutdownGracePeriodByPodPriority",
-            "invalid configuration: Cannot specify both shutdownGracePeriodByPodPriority and shutdownGracePeriod at the same time".to_string(),
-        ));
-    }
-    for phase in &by_pod_priority {
-        if phase.shutdown_grace_period_seconds < 0 {
+
+    if gates.graceful_node_shutdown {
+        // The kubelet reports every failed check; the first is named here.
+        for (field, value) in [
+            ("shutdownGracePeriod", grace_period),
+            (
+                "shutdownGracePeriodCriticalPods",
+                grace_period_critical_pods,
+            ),
+        ] {
+            if value.is_negative() || (!value.is_zero() && value.nanos() < 1_000_000_000) {
+                return Err(simple_error(
+                    field,
+                    format!(
+                        "invalid configuration: {field} {value} must be either zero or otherwise >= 1 sec"
+                    ),
+                ));
+            }
+        }
+        if grace_period_critical_pods > grace_period {
             return Err(simple_error(
-                "shutdownGracePeriodByPodPriority",
+                "shutdownGracePeriodCriticalPods",
                 format!(
-                    "priority {}: shutdownGracePeriodSeconds {} must not be negative",
-                    phase.priority, phase.shutdown_grace_period_seconds
+                    "invalid configuration: shutdownGracePeriodCriticalPods {grace_period_critical_pods} must be <= shutdownGracePeriod {grace_period}"
                 ),
             ));
         }
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    if let Some(dup) = by_pod_priority.iter().find(|p| !seen.insert(p.priority)) {
+    } else if either_period_set {
         return Err(simple_error(
-            "shutdownGracePeriodByPodPriority",
-            format!("priority {} is listed more than once", dup.priority),
+            "featureGates",
+            format!(
+                "invalid configuration: specifying shutdownGracePeriod or shutdownGracePeriodCriticalPods requires feature gate {}",
+                FeatureGates::GRACEFUL_NODE_SHUTDOWN
+            ),
         ));
     }
-    Ok(ShutdownConfig {
-        grace_period,
-        grace_period_critical_pods,
-        by_pod_priority,
-    })
+    if gates.graceful_node_shutdown_based_on_pod_priority {
+        if !by_pod_priority.is_empty() && either_period_set {
+            return Err(simple_error(
+                BY_PRIORITY,
+                "invalid configuration: Cannot specify both shutdownGracePeriodByPodPriority and shutdownGracePeriod at the same time".to_string(),
+            ));
+        }
+    } else if !by_pod_priority.is_empty() {
+        return Err(simple_error(
+            "featureGates",
+            format!(
+                "invalid configuration: Specifying shutdownGracePeriodByPodPriority requires feature gate {}",
+                FeatureGates::GRACEFUL_NODE_SHUTDOWN_BASED_ON_POD_PRIORITY
+            ),
+        ));
+    }
+
+    // The kubelet checks the entries no further; these are surely mistakes, and they run
+    // as they run there (see shutdown::plan).
+    let warn = |message: String| FieldWarning::new(BY_PRIORITY, None, message);
+    for phase in by_pod_priority
+        .iter()
+        .filter(|p| p.shutdown_grace_period_seconds < 0)
+    {
+        warnings.push(warn(format!(
+            "priority {}: shutdownGracePeriodSeconds {} is negative; as in the kubelet, that phase does not wait and its pods get a 1 s grace period",
+            phase.priority, phase.shutdown_grace_period_seconds
+        )));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut reported = std::collections::BTreeSet::new();
+    for phase in &by_pod_priority {
+        if !seen.insert(phase.priority) && reported.insert(phase.priority) {
+            warnings.push(warn(format!(
+                "priority {} is listed more than once; as in the kubelet, a pod of exactly that priority goes to the first of these entries, a pod above it (below the next entry) to the last, and every entry's seconds count toward the delay asked of logind",
+                phase.priority
+            )));
+        }
+    }
+
+    if !gates.graceful_node_shutdown {
+        if !by_pod_priority.is_empty() {
+            warnings.push(FieldWarning::new(
+                "featureGates",
+                None,
+                format!(
+                    "{} is off, so shutdownGracePeriodByPodPriority is ignored: like the kubelet, the agent does not delay a node shutdown",
+                    FeatureGates::GRACEFUL_NODE_SHUTDOWN
+                ),
+            ));
+        }
+        return Ok((ShutdownConfig::default(), warnings));
+    }
+    Ok((
+        ShutdownConfig {
+            grace_period,
+            grace_period_critical_pods,
+            by_pod_priority,
+        },
+        warnings,
+    ))
 }
 
 /// The merged settings rendered back as one complete `AgentConfiguration`, so that

@@ -3,6 +3,7 @@
 
 mod documents;
 pub mod duration;
+mod lenient_yaml;
 mod load;
 mod model;
 pub mod quantity;

@@ -23,12 +23,17 @@ pub enum QuantityError {
     Numeric,
     #[error("unable to parse quantity's suffix")]
     Suffix,
-    #[error("quantity is too large: the magnitude must not exceed 2^63-1")]
-    TooLarge,
 }
 
 impl Quantity {
     pub const ZERO: Quantity = Quantity { nanos: 0 };
+    /// 2^63-1 units, where Kubernetes caps what it parses.
+    pub const MAX: Quantity = Quantity { nanos: MAX_NANOS };
+
+    /// Whether the magnitude reached the cap: the text asked for 2^63-1 or more.
+    pub fn is_capped(&self) -> bool {
+        self.nanos.abs() >= MAX_NANOS
+    }
 
     pub fn from_value(value: i64) -> Self {
         Quantity {
@@ -107,55 +112,93 @@ impl FromStr for Quantity {
         }
         let suffix = &text[pos..];
         let (base, exponent) = parse_suffix(suffix)?;
-
-        // Exact arithmetic: mantissa * 10^-fraction_digits * base^exponent, kept as a
-        // fraction numerator/denominator and rounded up to nano-units at the end.
-        let digits: String = format!("{integer_part}{fraction_part}");
-        let digits = digits.trim_start_matches('0');
-        if digits.len() > 30 {
-            return Err(QuantityError::TooLarge);
-        }
-        let mantissa: i128 = if digits.is_empty() {
-            0
-        } else {
-            digits.parse().map_err(|_| QuantityError::Numeric)?
-        };
-        let mut numerator: i128 = mantissa * NANOS_PER_UNIT;
-        let mut denominator: i128 = 10i128.pow(fraction_part.len().min(30) as u32);
-        if fraction_part.len() > 30 {
-            return Err(QuantityError::Numeric);
-        }
-        if exponent >= 0 {
-            for _ in 0..exponent {
-                numerator = numerator
-                    .checked_mul(base)
-                    .filter(|n| *n <= i128::from(i64::MAX) * NANOS_PER_UNIT * 10)
-                    .ok_or(QuantityError::TooLarge)?;
-            }
-        } else {
-            for _ in 0..(-exponent) {
-                denominator = denominator
-                    .checked_mul(base)
-                    .ok_or(QuantityError::Numeric)?;
-                if denominator > 10i128.pow(36) {
-                    // Far below a nano-unit: the value rounds up to one nano (or is zero).
-                    let nanos = if numerator == 0 { 0 } else { 1 };
-                    return Ok(Quantity {
-                        nanos: if negative { -nanos } else { nanos },
-                    });
-                }
-            }
-        }
-        let mut nanos = numerator / denominator;
-        if numerator % denominator != 0 {
-            nanos += 1;
-        }
-        if nanos > i128::from(i64::MAX) * NANOS_PER_UNIT {
-            return Err(QuantityError::TooLarge);
-        }
+        let magnitude = magnitude_nanos(integer_part, fraction_part, base, exponent);
         Ok(Quantity {
-            nanos: if negative { -nanos } else { nanos },
+            nanos: if negative { -magnitude } else { magnitude },
         })
+    }
+}
+
+/// The largest magnitude a quantity holds: 2^63-1 units. `resource.ParseQuantity` caps
+/// binary-suffixed values there; a larger decimal one compares above every int64 the
+/// kubelet measures, so capping decides the same.
+const MAX_NANOS: i128 = i64::MAX as i128 * NANOS_PER_UNIT;
+
+/// Significant digits kept exactly; anything finer is far below a nano-unit for every
+/// value under the cap, and only marks the result for rounding up.
+const MAX_DIGITS: usize = 28;
+
+/// `integer.fraction × base^exponent` in nano-units, rounded up, capped at [`MAX_NANOS`].
+fn magnitude_nanos(integer_part: &str, fraction_part: &str, base: i128, exponent: i32) -> i128 {
+    let all_digits = format!("{integer_part}{fraction_part}");
+    let significant = all_digits.trim_start_matches('0');
+    if significant.is_empty() {
+        return 0;
+    }
+    // digits × 10^decimal_shift, with trailing zeros and excess digits folded into the
+    // shift; `inexact` remembers dropped non-zero digits.
+    let mut decimal_shift = -(fraction_part.len() as i64);
+    let trimmed = significant.trim_end_matches('0');
+    decimal_shift += (significant.len() - trimmed.len()) as i64;
+    let (kept, dropped) = trimmed.split_at(trimmed.len().min(MAX_DIGITS));
+    decimal_shift += dropped.len() as i64;
+    let inexact = !dropped.is_empty();
+
+    // The order of magnitude decides the cap and the tiny end without overflow:
+    // the value lies in [10^magnitude, 10^(magnitude+1)).
+    let base_log10 = (base as f64).log10();
+    let magnitude =
+        (kept.len() as f64 - 1.0) + decimal_shift as f64 + f64::from(exponent) * base_log10;
+    if magnitude >= 19.0 {
+        return MAX_NANOS;
+    }
+    if magnitude < -10.0 {
+        // Below a nano-unit: rounds up to one, as Kubernetes rounds up.
+        return 1;
+    }
+    exact_nanos(kept, decimal_shift, base, exponent, inexact)
+        .unwrap_or_else(|| approximate_nanos(kept, decimal_shift, base, exponent))
+        .min(MAX_NANOS)
+}
+
+/// The exact value in nano-units, rounded up, or `None` when an intermediate overflows.
+/// `digits × 10^(decimal_shift + 9) × base^exponent` is kept as powers of 2 and 5 so
+/// that a fraction and a binary suffix cancel before anything is multiplied out.
+fn exact_nanos(
+    digits: &str,
+    decimal_shift: i64,
+    base: i128,
+    exponent: i32,
+    inexact: bool,
+) -> Option<i128> {
+    let mantissa: i128 = digits.parse().ok()?;
+    let exponent = i64::from(exponent);
+    let nano_shift = decimal_shift + 9;
+    let twos = nano_shift + exponent;
+    let fives = nano_shift + if base == 10 { exponent } else { 0 };
+    let power = |prime: i128, count: i64| -> Option<i128> {
+        prime.checked_pow(u32::try_from(count.max(0)).ok()?)
+    };
+    let numerator = mantissa
+        .checked_mul(power(2, twos)?)?
+        .checked_mul(power(5, fives)?)?;
+    let denominator = power(2, -twos)?.checked_mul(power(5, -fives)?)?;
+    let mut nanos = numerator / denominator;
+    if numerator % denominator != 0 || inexact {
+        nanos += 1;
+    }
+    Some(nanos)
+}
+
+/// A value whose exact arithmetic would overflow i128 (many digits and a large binary
+/// suffix): close enough, since it is either capped or far above nano precision.
+fn approximate_nanos(digits: &str, decimal_shift: i64, base: i128, exponent: i32) -> i128 {
+    let mantissa: f64 = digits.parse().unwrap_or(f64::MAX);
+    let value = mantissa * 10f64.powi(decimal_shift as i32 + 9) * (base as f64).powi(exponent);
+    if value >= MAX_NANOS as f64 {
+        MAX_NANOS
+    } else {
+        value.ceil() as i128
     }
 }
 
@@ -197,14 +240,9 @@ fn parse_suffix(suffix: &str) -> Result<(i128, i32), QuantityError> {
             if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(QuantityError::Suffix);
             }
+            // An exponent beyond int32 is a suffix error in Kubernetes too; any other
+            // exponent is accepted, its value capped or rounded up to a nano-unit.
             let exponent: i32 = rest.parse().map_err(|_| QuantityError::Suffix)?;
-            if exponent.abs() > 60 {
-                return Err(if exponent > 0 {
-                    QuantityError::TooLarge
-                } else {
-                    QuantityError::Numeric
-                });
-            }
             decimal(exponent)
         }
     }
@@ -283,12 +321,67 @@ mod tests {
             ("1KiB", QuantityError::Format),
             ("1e", QuantityError::Suffix),
             ("1ki", QuantityError::Suffix),
-            ("10Ei", QuantityError::TooLarge),
             ("abc", QuantityError::Format),
             (" 1", QuantityError::Format),
         ] {
             assert_eq!(Quantity::parse(text), Err(error.clone()), "{text}");
         }
+    }
+
+    /// `resource.ParseQuantity` caps a binary-suffixed value at 2^63-1 and keeps a larger
+    /// decimal one, which then compares above every int64 availability; either way the
+    /// kubelet starts with it, so the parser caps instead of refusing.
+    #[test]
+    fn values_beyond_int64_are_capped_not_refused() {
+        for text in [
+            "10Ei",
+            "8Ei",
+            "9223372036854775808",
+            "1e19",
+            "1e300",
+            "-10Ei",
+            "123456789012345678901234567890123456789",
+        ] {
+            let quantity = Quantity::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(quantity.is_capped(), "{text}");
+            assert_eq!(quantity.value().unsigned_abs(), i64::MAX as u64, "{text}");
+        }
+        for text in ["7Ei", "9223372036854775806", "1e18", "0.5Ei"] {
+            assert!(!Quantity::parse(text).unwrap().is_capped(), "{text}");
+        }
+        assert_eq!(Quantity::parse("7Ei").unwrap().value(), 7 << 60);
+        assert_eq!(Quantity::parse("0.5Ei").unwrap().value(), 1 << 59);
+    }
+
+    /// Digits beyond what i128 holds exactly, and exponents far out either way, still
+    /// parse as Kubernetes parses them: rounded up to a nano-unit at the small end.
+    #[test]
+    fn long_and_extreme_inputs_round_like_kubernetes() {
+        let cases: &[(&str, i128)] = &[
+            ("1e-300", 1),
+            ("0.0000000000000000000000000000000000001", 1),
+            ("0", 0),
+            ("0e99", 0),
+            ("0.000000000Ei", 0),
+            ("1.0000000000000000000000000000000001", NANOS_PER_UNIT + 1),
+            (
+                "1000000000000000000000000000000000000e-30",
+                1_000_000 * NANOS_PER_UNIT,
+            ),
+            (
+                "0.123456789012345678Ei",
+                142_335_986_942_043_632_726_471_714,
+            ),
+            ("1.5Gi", 3 * (1 << 29) * NANOS_PER_UNIT),
+        ];
+        for (text, nanos) in cases {
+            assert_eq!(
+                Quantity::parse(text).map(|q| q.nanos()),
+                Ok(*nanos),
+                "{text}"
+            );
+        }
+        assert_eq!(Quantity::parse("1e99999999999"), Err(QuantityError::Suffix));
     }
 
     #[test]

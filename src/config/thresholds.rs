@@ -29,6 +29,10 @@ impl FieldError {
     }
 }
 
+/// A value the kubelet accepts although it is surely a mistake: the agent behaves as the
+/// kubelet does and says so, naming the field (`check-config --strict` refuses it).
+pub type FieldWarning = FieldError;
+
 pub struct ThresholdMaps<'a> {
     pub hard: &'a ScalarMap,
     pub soft: &'a ScalarMap,
@@ -44,18 +48,17 @@ fn parse_signal(field: &'static str, key: &str) -> Result<Signal, FieldError> {
 }
 
 /// Parse a percentage like the kubelet: trailing `%` trimmed, float32, divided by 100.
+/// `Inf` and `NaN` parse, as Go's `ParseFloat` parses them; the callers' range checks
+/// then refuse an infinity, and a NaN passes them as it passes the kubelet's.
 fn parse_percentage(text: &str) -> Result<f32, String> {
     let number = text.trim_end_matches('%');
     let value: f32 = number
         .parse()
         .map_err(|_| format!("invalid percentage {text:?}: not a number"))?;
-    if !value.is_finite() {
-        return Err(format!(
-            "invalid percentage {text:?}: must be a finite number"
-        ));
-    }
     Ok(value / 100.0)
 }
+
+const CAPPED: &str = "is 2^63-1 or more, where Kubernetes caps a quantity";
 
 /// One `signal: value` statement of evictionHard/evictionSoft. `Ok(None)` is a threshold
 /// disabled by the exact strings `0%` or `100%`.
@@ -63,6 +66,7 @@ fn parse_statement(
     field: &'static str,
     key: &str,
     text: &str,
+    warnings: &mut Vec<FieldWarning>,
 ) -> Result<Option<(Signal, ThresholdValue)>, FieldError> {
     let signal = parse_signal(field, key)?;
     let err = |message: String| FieldError::new(field, Some(key), message);
@@ -71,6 +75,14 @@ fn parse_statement(
             return Ok(None);
         }
         let fraction = parse_percentage(text).map_err(&err)?;
+        if fraction.is_nan() {
+            // The kubelet's range checks let NaN through, and its quantity (int64 of
+            // NaN) is below every availability: a threshold that is never met.
+            warnings.push(err(format!(
+                "{text} is not a number; the kubelet accepts it and never meets this threshold, so it is ignored"
+            )));
+            return Ok(None);
+        }
         if fraction < 0.0 {
             return Err(err(format!(
                 "eviction percentage threshold {signal} must be >= 0%: {text}"
@@ -89,26 +101,46 @@ fn parse_statement(
             "eviction threshold {signal} must be positive: {text}"
         )));
     }
+    if quantity.is_capped() {
+        warnings.push(err(format!(
+            "{text} {CAPPED}: the threshold is always met, so pods are evicted one after another"
+        )));
+    }
     Ok(Some((signal, ThresholdValue::Quantity(quantity))))
 }
 
-fn parse_minimum_reclaim(key: &str, text: &str) -> Result<(Signal, ThresholdValue), FieldError> {
+/// `Ok(None)` is a NaN percentage, which the kubelet accepts and which reclaims nothing
+/// extra.
+fn parse_minimum_reclaim(
+    key: &str,
+    text: &str,
+    warnings: &mut Vec<FieldWarning>,
+) -> Result<Option<(Signal, ThresholdValue)>, FieldError> {
     const FIELD: &str = "evictionMinimumReclaim";
     let signal = parse_signal(FIELD, key)?;
     let err = |message: String| FieldError::new(FIELD, Some(key), message);
+    const ALWAYS_HELD: &str = "once its threshold is crossed it stays met, so pods are evicted one after another until none is left";
     if text.ends_with('%') {
         let fraction = parse_percentage(text).map_err(&err)?;
+        if fraction.is_nan() {
+            // int64 of capacity × NaN is far below zero: no hysteresis at all.
+            warnings.push(err(format!(
+                "{text} is not a number; the kubelet accepts it and reclaims nothing beyond the threshold, so it is ignored"
+            )));
+            return Ok(None);
+        }
         if fraction <= 0.0 {
             return Err(err(format!(
                 "eviction percentage minimum reclaim {signal} must be positive: {text}"
             )));
         }
         if fraction > 1.0 {
-            return Err(err(format!(
-                "eviction percentage minimum reclaim {signal} must be <= 100%: {text}"
+            // The kubelet has no upper bound here (`parseMinimumReclaims`).
+            warnings.push(err(format!(
+                "{text} is more than the whole capacity; the kubelet accepts it, and {ALWAYS_HELD}"
             )));
         }
-        return Ok((signal, ThresholdValue::Percentage(fraction)));
+        return Ok(Some((signal, ThresholdValue::Percentage(fraction))));
     }
     let quantity = Quantity::parse(text).map_err(|e| err(format!("{text:?}: {e}")))?;
     if quantity.is_negative() {
@@ -116,11 +148,18 @@ fn parse_minimum_reclaim(key: &str, text: &str) -> Result<(Signal, ThresholdValu
             "negative eviction minimum reclaim specified for {signal}"
         )));
     }
-    Ok((signal, ThresholdValue::Quantity(quantity)))
+    if quantity.is_capped() {
+        warnings.push(err(format!("{text} {CAPPED}; {ALWAYS_HELD}")));
+    }
+    Ok(Some((signal, ThresholdValue::Quantity(quantity))))
 }
 
-/// Build the threshold list from the four kubelet maps.
-pub fn parse_thresholds(maps: &ThresholdMaps<'_>) -> Result<Vec<Threshold>, FieldError> {
+/// Build the threshold list from the four kubelet maps, with the warnings for values the
+/// kubelet accepts but that are surely mistakes.
+pub fn parse_thresholds(
+    maps: &ThresholdMaps<'_>,
+) -> Result<(Vec<Threshold>, Vec<FieldWarning>), FieldError> {
+    let mut warnings = Vec::new();
     let mut grace_periods = BTreeMap::new();
     for (key, text) in maps.soft_grace_period {
         const FIELD: &str = "evictionSoftGracePeriod";
@@ -141,13 +180,15 @@ pub fn parse_thresholds(maps: &ThresholdMaps<'_>) -> Result<Vec<Threshold>, Fiel
     }
     let mut minimum_reclaims = BTreeMap::new();
     for (key, text) in maps.minimum_reclaim {
-        let (signal, value) = parse_minimum_reclaim(key, &text.0)?;
-        minimum_reclaims.insert(signal, value);
+        if let Some((signal, value)) = parse_minimum_reclaim(key, &text.0, &mut warnings)? {
+            minimum_reclaims.insert(signal, value);
+        }
     }
 
     let mut thresholds = Vec::new();
     for (key, text) in maps.hard {
-        if let Some((signal, value)) = parse_statement("evictionHard", key, &text.0)? {
+        if let Some((signal, value)) = parse_statement("evictionHard", key, &text.0, &mut warnings)?
+        {
             thresholds.push(Threshold {
                 signal,
                 value,
@@ -157,7 +198,8 @@ pub fn parse_thresholds(maps: &ThresholdMaps<'_>) -> Result<Vec<Threshold>, Fiel
         }
     }
     for (key, text) in maps.soft {
-        if let Some((signal, value)) = parse_statement("evictionSoft", key, &text.0)? {
+        if let Some((signal, value)) = parse_statement("evictionSoft", key, &text.0, &mut warnings)?
+        {
             let grace_period = grace_periods.get(&signal).copied().ok_or_else(|| {
                 FieldError::new(
                     "evictionSoft",
@@ -175,7 +217,7 @@ pub fn parse_thresholds(maps: &ThresholdMaps<'_>) -> Result<Vec<Threshold>, Fiel
             });
         }
     }
-    Ok(thresholds)
+    Ok((thresholds, warnings))
 }
 
 /// `addAllocatableThresholds`: every hard `memory.available` threshold also guards the

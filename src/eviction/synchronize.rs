@@ -14,7 +14,7 @@ use super::{
     Starvation, SyncOptions,
 };
 use crate::config::{EvictionConfig, Threshold};
-use crate::pods::Pod;
+use crate::pods::{Pod, effective_grace_period_seconds};
 use crate::signals::Observations;
 
 /// Decide one cycle from the previous state, fresh observations and the active pods.
@@ -109,15 +109,18 @@ pub fn synchronize(
 }
 
 /// Hard: 1 s. Soft: `evictionMaxPodGracePeriod`, capped by the pod's own
-/// terminationGracePeriodSeconds when set. A negative maximum passes through, as
-/// in the kubelet.
+/// terminationGracePeriodSeconds when set (the eviction manager's override), then
+/// raised to the pod worker's floor of 1 s: the default maximum of 0, and a negative
+/// one, stop a soft-evicted pod in 1 s, as in the kubelet.
 fn grace_period_seconds(config: &EvictionConfig, threshold: &Threshold, pod: &Pod) -> i64 {
     if threshold.is_hard() {
         return IMMEDIATE_GRACE_PERIOD_SECONDS;
     }
     let max = config.max_pod_grace_period_seconds;
-    pod.termination_grace_period_seconds
-        .map_or(max, |pod_grace| max.min(pod_grace))
+    let requested = pod
+        .termination_grace_period_seconds
+        .map_or(max, |pod_grace| max.min(pod_grace));
+    effective_grace_period_seconds(requested)
 }
 
 /// After node-level reclaim: whether any configured threshold is still met on fresh

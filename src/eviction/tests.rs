@@ -328,15 +328,23 @@ fn soft_threshold_raises_the_condition_at_once_but_evicts_only_after_grace() {
     assert_eq!(ds[3].evictions[0].grace_period_seconds, 60);
 }
 
+/// The eviction manager's override is `min(evictionMaxPodGracePeriod, the pod's
+/// terminationGracePeriodSeconds)`; the pod worker (`calculateEffectiveGracePeriod`)
+/// then raises anything below 1 to 1. So the default maximum of 0 and a negative one
+/// stop the pod in 1 s: never 0, which the API server would take as a forced delete.
 #[test]
-fn soft_grace_is_the_minimum_of_max_pod_grace_and_the_pods_own() {
+fn soft_grace_is_the_minimum_of_max_pod_grace_and_the_pods_own_but_at_least_one_second() {
     let soft_now = soft(Signal::MemoryAvailable, quantity(GI), 1);
     for (max, pod_grace, expected) in [
         (60, Some(30), 30),
         (60, Some(120), 60),
         (60, None, 60),
-        (0, Some(30), 0),
-        (-1, Some(30), -1),
+        (0, Some(30), 1),
+        (0, None, 1),
+        (-1, Some(30), 1),
+        (-1, None, 1),
+        (60, Some(0), 1),
+        (60, Some(-7), 1),
     ] {
         let cfg = EvictionConfig {
             max_pod_grace_period_seconds: max,

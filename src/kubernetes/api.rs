@@ -17,6 +17,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use serde_json::{Value, json};
 
 use super::outbox::{ApiAction, ConditionRecord, EventRecord, Outcome, PodRef, TaintRecord};
+use crate::pods::effective_grace_period_seconds;
 
 /// The field manager of every write, visible in `managedFields`.
 pub const FIELD_MANAGER: &str = "nodekeeper";
@@ -122,7 +123,12 @@ impl ApiWriter {
     async fn delete_pod(&self, pod: &PodRef, grace_period_seconds: i64) -> Outcome {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let params = DeleteParams {
-            grace_period_seconds: u32::try_from(grace_period_seconds.max(0)).ok(),
+            // Never 0: to the API server that is a forced delete that does not wait for
+            // the kubelet to stop the containers.
+            grace_period_seconds: u32::try_from(effective_grace_period_seconds(
+                grace_period_seconds,
+            ))
+            .ok(),
             preconditions: Some(Preconditions {
                 uid: Some(pod.uid.clone()),
                 resource_version: None,

@@ -138,6 +138,18 @@ pub struct EmptyDirStats {
     pub memory_backed: bool,
 }
 
+/// The shortest grace period a pod is ever stopped with. The kubelet's pod worker
+/// (`calculateEffectiveGracePeriod`): "no matter what, we always supply a grace period
+/// of 1". A 0 would also mean something else to the API server: deletion without waiting
+/// for the kubelet at all.
+pub const MIN_GRACE_PERIOD_SECONDS: i64 = 1;
+
+/// The grace period a pod is actually stopped with when `requested` is asked for (an
+/// eviction's override or a shutdown phase's): never below [`MIN_GRACE_PERIOD_SECONDS`].
+pub fn effective_grace_period_seconds(requested: i64) -> i64 {
+    requested.max(MIN_GRACE_PERIOD_SECONDS)
+}
+
 /// `SystemCriticalPriority` in the kubelet.
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 

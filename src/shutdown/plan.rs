@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::ShutdownConfig;
-use crate::pods::{Pod, SYSTEM_CRITICAL_PRIORITY};
+use crate::pods::{Pod, SYSTEM_CRITICAL_PRIORITY, effective_grace_period_seconds};
 
 /// One configured phase: pods grouped under `priority` get at most `seconds` to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,20 +143,31 @@ pub fn plan(phases: &[PhaseSpec], pods: &[Pod]) -> ShutdownPlan {
     }
 }
 
-/// The greatest phase priority not above the pod's; pods below every phase go to the first.
+/// The kubelet's `groupByPriority` on phases sorted by priority: the first phase whose
+/// priority is the pod's own; otherwise the last phase below it; pods below every phase
+/// go to the first, pods above every phase to the last. With a priority listed twice, a
+/// pod of exactly that priority takes the first of the two and a pod above it the
+/// second, as the kubelet's binary search does.
 fn phase_index_for(phases: &[PhaseSpec], pod_priority: i32) -> usize {
-    phases
-        .iter()
-        .rposition(|phase| phase.priority <= pod_priority)
-        .unwrap_or(0)
+    let first_not_below = phases.partition_point(|phase| phase.priority < pod_priority);
+    if first_not_below == phases.len() {
+        phases.len().saturating_sub(1)
+    } else if first_not_below > 0 && phases[first_not_below].priority > pod_priority {
+        first_not_below - 1
+    } else {
+        first_not_below
+    }
 }
 
-/// The phase's period, or the pod's own terminationGracePeriodSeconds when it is shorter.
+/// The phase's period, or the pod's own terminationGracePeriodSeconds when it is not
+/// longer (`killPods`), raised to the pod worker's floor of 1 s: a phase of 0 s, a
+/// negative one, or a pod asking for 0 s still gives the pod 1 s.
 fn pod_grace_seconds(phase_seconds: i64, own: Option<i64>) -> i64 {
-    match own {
+    let requested = match own {
         Some(own) if own <= phase_seconds => own,
         _ => phase_seconds,
-    }
+    };
+    effective_grace_period_seconds(requested)
 }
 
 #[cfg(test)]
@@ -305,13 +316,16 @@ mod tests {
                 ("long".into(), 20),
                 ("short".into(), 3),
                 ("unset".into(), 20),
-                ("zero".into(), 0),
+                // killPods passes 0 on, and the pod worker raises it to 1.
+                ("zero".into(), 1),
             ]
         );
     }
 
+    /// `killPods` hands the phase's 0 s to the pod worker, whose
+    /// `calculateEffectiveGracePeriod` raises it to 1 s; the phase itself does not wait.
     #[test]
-    fn a_critical_phase_of_zero_seconds_still_lists_critical_pods_with_zero_grace() {
+    fn a_critical_phase_of_zero_seconds_gives_its_pods_the_one_second_floor() {
         let phases = phases_from_config(&legacy("30s", "0s"));
         let result = plan(
             &phases,
@@ -325,7 +339,76 @@ mod tests {
         assert_eq!(result.total_seconds, 30);
         assert!(result.phases[0].pods.is_empty());
         assert_eq!(result.phases[1].seconds, 0);
-        assert_eq!(result.phases[1].pods[0].grace_period_seconds, 0);
+        assert_eq!(result.phases[1].pods[0].grace_period_seconds, 1);
+    }
+
+    /// `groupByPriority` searches the sorted entries for the first priority not below the
+    /// pod's and steps back one when that entry is above it. A priority listed twice
+    /// therefore takes pods of exactly that priority in its first entry, and pods above
+    /// it (below the next priority) in its second. The kubelet's `sort.Slice` keeps the
+    /// file order of equal priorities for lists this short; so does the stable sort here.
+    #[test]
+    fn a_priority_listed_twice_splits_pods_as_the_kubelet_binary_search_does() {
+        let phases = phases_from_config(&by_priority(&[(1000, 30), (0, 10), (1000, 5), (5000, 7)]));
+        assert_eq!(
+            phases,
+            vec![spec(0, 10), spec(1000, 30), spec(1000, 5), spec(5000, 7)]
+        );
+        let pods = [
+            pod("a", "low", 10, None),
+            pod("a", "exact", 1000, None),
+            pod("a", "above", 2000, None),
+            pod("a", "top", 9000, None),
+        ];
+        let result = plan(&phases, &pods);
+        let grouped: Vec<Vec<String>> = result.phases.iter().map(names).collect();
+        assert_eq!(
+            grouped,
+            vec![
+                vec!["a/low"],
+                vec!["a/exact"],
+                vec!["a/above"],
+                vec!["a/top"]
+            ]
+        );
+        assert_eq!(result.phases[1].pods[0].grace_period_seconds, 30);
+        assert_eq!(result.phases[2].pods[0].grace_period_seconds, 5);
+        // Every entry counts toward the delay asked of logind (`periodRequested`).
+        assert_eq!(result.total_seconds, 52);
+
+        // With only the two equal entries, a pod above them lands in the last.
+        let phases = phases_from_config(&by_priority(&[(100, 1), (100, 2)]));
+        let result = plan(
+            &phases,
+            &[
+                pod("b", "equal", 100, None),
+                pod("b", "above", 101, None),
+                pod("b", "below", 0, None),
+            ],
+        );
+        let grouped: Vec<Vec<String>> = result.phases.iter().map(names).collect();
+        assert_eq!(grouped, vec![vec!["b/below", "b/equal"], vec!["b/above"]]);
+    }
+
+    /// A negative `shutdownGracePeriodSeconds` (accepted by the kubelet's validation):
+    /// its pods get the pod worker's 1 s, the phase does not wait, and unlike the
+    /// kubelet's `periodRequested`, which would subtract it, it adds nothing to the
+    /// delay asked of logind, so the other phases keep all their time.
+    #[test]
+    fn a_negative_phase_gives_one_second_and_takes_no_budget() {
+        let phases = phases_from_config(&by_priority(&[(0, -5), (1000, 20)]));
+        let result = plan(
+            &phases,
+            &[pod("c", "p", 0, Some(30)), pod("c", "q", 0, Some(-3))],
+        );
+        assert_eq!(result.phases[0].seconds, -5);
+        assert!(
+            result.phases[0]
+                .pods
+                .iter()
+                .all(|p| p.grace_period_seconds == 1)
+        );
+        assert_eq!(result.total_seconds, 20);
     }
 
     #[test]
