@@ -231,6 +231,19 @@ fn rejected_threshold_configurations_name_field_value_and_rule() {
             &["eviction percentage threshold nodefs.available must be <= 100%: Inf%"],
         ),
         (
+            "NaN with a sign (Go's ParseFloat reads a sign only before Inf)",
+            "evictionHard: {nodefs.available: -NaN%}",
+            &[
+                "evictionHard[\"nodefs.available\"]",
+                "invalid percentage \"-NaN%\"",
+            ],
+        ),
+        (
+            "a NaN soft threshold still needs its grace period",
+            "evictionSoft: {nodefs.available: NaN%}",
+            &["grace period must be specified for the soft eviction threshold nodefs.available"],
+        ),
+        (
             "negative infinite percentage",
             "evictionHard: {nodefs.available: -inf%}",
             &["eviction percentage threshold nodefs.available must be >= 0%: -inf%"],
@@ -755,21 +768,41 @@ fn values_the_kubelet_accepts_load_with_a_warning_naming_the_field() {
             "evictionHard: {nodefs.available: NaN%, memory.available: 1Gi}",
             &[
                 "evictionHard[\"nodefs.available\"]: NaN% is not a number",
-                "ignored",
+                "never meets",
             ],
-            |c| assert_eq!(summary(c), ["memory.available<1Gi"]),
+            |c| {
+                assert_eq!(
+                    summary(c),
+                    ["memory.available<1Gi", "nodefs.available<NaN%"]
+                );
+                let nan = c
+                    .eviction
+                    .thresholds
+                    .iter()
+                    .find(|t| t.signal == Signal::NodeFsAvailable)
+                    .unwrap();
+                // int64(NaN) on amd64: below every availability.
+                assert_eq!(nan.value.resolve(1 << 40).value(), i64::MIN);
+            },
         ),
         (
             "NaN percentage minimum reclaim",
             "evictionMinimumReclaim: {memory.available: nan%}",
-            &["evictionMinimumReclaim[\"memory.available\"]: nan% is not a number"],
+            &[
+                "evictionMinimumReclaim[\"memory.available\"]: nan% is not a number",
+                "counts as relieved",
+            ],
             |c| {
-                assert!(
-                    c.eviction
-                        .thresholds
-                        .iter()
-                        .all(|t| t.min_reclaim.is_none())
-                )
+                let memory = c
+                    .eviction
+                    .thresholds
+                    .iter()
+                    .find(|t| t.signal == Signal::MemoryAvailable)
+                    .unwrap();
+                assert_eq!(
+                    memory.min_reclaim.map(|r| r.resolve(1 << 30).value()),
+                    Some(i64::MIN)
+                );
             },
         ),
         (
@@ -780,12 +813,6 @@ fn values_the_kubelet_accepts_load_with_a_warning_naming_the_field() {
                 "no pressure condition",
             ],
             |c| assert!(c.eviction.pressure_transition_period.is_negative()),
-        ),
-        (
-            "zero evictionPressureTransitionPeriod",
-            "evictionPressureTransitionPeriod: 0s",
-            &["evictionPressureTransitionPeriod: 0s is not positive"],
-            |c| assert!(c.eviction.pressure_transition_period.is_zero()),
         ),
         (
             "a priority listed twice",
@@ -844,6 +871,31 @@ fn values_the_kubelet_accepts_load_with_a_warning_naming_the_field() {
     assert!(
         error.contains("a.yaml document 1 (AgentConfiguration): dryRun is given more than once"),
         "{error}"
+    );
+}
+
+/// The kubelet's v1beta1 defaulting (`SetDefaults_KubeletConfiguration`) turns a zero
+/// `evictionPressureTransitionPeriod` in the file into 5m; the flag, applied after
+/// defaulting, can make it zero, and then no pressure condition is ever reported.
+#[test]
+fn a_zero_transition_period_is_the_default_in_a_file_and_zero_from_the_flag() {
+    let (config, warnings) = parse_warned("evictionPressureTransitionPeriod: 0s");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(
+        config.eviction.pressure_transition_period,
+        GoDuration::from_secs(300)
+    );
+    let flag = Overrides {
+        eviction_pressure_transition_period: Some("0s".to_string()),
+        ..Overrides::default()
+    };
+    let loaded = config::from_yaml_str_with_warnings(KUBELET, "k.yaml", &flag).unwrap();
+    assert!(loaded.config.eviction.pressure_transition_period.is_zero());
+    assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+    assert!(
+        loaded.warnings[0].starts_with("flag --eviction-pressure-transition-period: evictionPressureTransitionPeriod: 0s is not positive"),
+        "{:?}",
+        loaded.warnings
     );
 }
 

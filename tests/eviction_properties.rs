@@ -254,10 +254,11 @@ proptest! {
     }
 
     /// The kubelet's grace periods: a soft eviction asks for
-    /// min(evictionMaxPodGracePeriod, terminationGracePeriodSeconds) and the pod worker
-    /// (`calculateEffectiveGracePeriod`) never goes below 1 s; hard thresholds and storage
-    /// limits ask for 1 s. Whatever the configuration and the pods say, no order is below
-    /// 1 s or above what was asked.
+    /// min(evictionMaxPodGracePeriod, terminationGracePeriodSeconds), the pod worker
+    /// (`calculateEffectiveGracePeriod`) reads a 0 as the pod's own value and never goes
+    /// below 1 s; storage limits ask for 1 s. Whatever the configuration and the pods say,
+    /// no order is below 1 s, above the pod's own grace period or above a positive
+    /// maximum.
     #[test]
     fn every_eviction_gets_at_least_one_second_and_never_more_than_asked(
         pods in pods(12),
@@ -280,14 +281,24 @@ proptest! {
             let now = Millis(i as u64 * 10_000);
             let decision = synchronize(&config, &state, observations, &pods, now, &SyncOptions::default());
             for order in &decision.evictions {
-                prop_assert!(order.grace_period_seconds >= 1, "{}: {}", order.key(), order.grace_period_seconds);
+                let grace = order.grace_period_seconds;
+                prop_assert!(grace >= 1, "{}: {}", order.key(), grace);
                 let pod = pods.iter().find(|p| p.key() == order.key()).unwrap();
-                let asked = if order.disruption_target {
-                    pod.termination_grace_period_seconds.map_or(max_pod_grace, |own| own.min(max_pod_grace))
-                } else {
-                    1
-                };
-                prop_assert_eq!(order.grace_period_seconds, asked.max(1));
+                if !order.disruption_target {
+                    prop_assert_eq!(grace, 1, "storage limits ask for 1 s");
+                    continue;
+                }
+                // Never longer than the pod's own grace period, nor than a positive
+                // maximum; a negative maximum always means 1 s.
+                if let Some(own) = pod.termination_grace_period_seconds {
+                    prop_assert!(grace <= own.max(1), "{}: {} above its own {}", order.key(), grace, own);
+                }
+                if max_pod_grace > 0 {
+                    prop_assert!(grace <= max_pod_grace);
+                }
+                if max_pod_grace < 0 {
+                    prop_assert_eq!(grace, 1);
+                }
             }
             state = decision.state;
         }

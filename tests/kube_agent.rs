@@ -455,12 +455,12 @@ async fn memory_pressure_evicts_the_right_pod_through_the_api() {
 }
 
 /// A soft eviction with the kubelet's default `evictionMaxPodGracePeriod: 0`: the eviction
-/// manager asks for min(0, 30) = 0 s and the pod worker's `calculateEffectiveGracePeriod`
-/// raises it to 1 s. Through the API that must be a delete with `gracePeriodSeconds: 1`,
-/// so the pod object stays until the kubelet has stopped it; a 0 would be a forced
-/// delete that removes the object at once.
+/// manager asks for min(0, 30) = 0 s, and the pod worker's `calculateEffectiveGracePeriod`
+/// takes 0 as "no value" and uses the pod's own 30 s. Through the API that must be a
+/// delete with `gracePeriodSeconds: 30`, so the pod object stays until the kubelet has
+/// stopped it; a 0 would be a forced delete that removes the object at once.
 #[tokio::test]
-async fn a_soft_eviction_with_the_default_maximum_deletes_with_one_second_not_forced() {
+async fn a_soft_eviction_with_the_default_maximum_gives_the_pods_own_grace_not_a_forced_delete() {
     let mut s = scenario(
         "evictionSoft:\n  memory.available: 200Mi\nevictionSoftGracePeriod:\n  memory.available: 1s\n",
     )
@@ -481,12 +481,12 @@ async fn a_soft_eviction_with_the_default_maximum_deletes_with_one_second_not_fo
         hog.metadata.deletion_timestamp.is_some().then_some(hog)
     })
     .await;
-    assert_eq!(hog.metadata.deletion_grace_period_seconds, Some(1));
+    assert_eq!(hog.metadata.deletion_grace_period_seconds, Some(30));
     let graces: Vec<Option<i64>> = successful_deletes(&s.server, "hog")
         .iter()
         .map(|r| r.json_body().and_then(|b| b["gracePeriodSeconds"].as_i64()))
         .collect();
-    assert_eq!(graces, vec![Some(1)]);
+    assert_eq!(graces, vec![Some(30)]);
 }
 
 #[tokio::test]

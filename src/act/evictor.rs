@@ -12,7 +12,7 @@ use super::kill::{CgroupKiller, StopTiming, Stopped, escalate_after_sigterm, ter
 use super::scope::{workload_cgroup, workload_parent};
 use crate::eviction::{EvictError, Evictor};
 use crate::eviction::{EvictionOrder, IMMEDIATE_GRACE_PERIOD_SECONDS};
-use crate::pods::{Pod, effective_grace_period_seconds};
+use crate::pods::{MIN_GRACE_PERIOD_SECONDS, Pod};
 use crate::signals::CgroupLayout;
 
 /// How a soft eviction ended.
@@ -100,7 +100,10 @@ impl CgroupEvictor {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| ActError::NoRuntime { pod: pod.key() })?;
         let grace = Duration::from_secs(
-            effective_grace_period_seconds(order.grace_period_seconds).unsigned_abs(),
+            order
+                .grace_period_seconds
+                .max(MIN_GRACE_PERIOD_SECONDS)
+                .unsigned_abs(),
         );
         let target = self.killer.target(&cgroup);
         // SIGTERM now, so the eviction happens when it is decided; only the wait for the

@@ -13,7 +13,19 @@ pub mod shutdown_manager;
 pub mod shutdown_plan;
 pub mod signals;
 
-use nodekeeper::config::Overrides;
+use std::path::Path;
+
+use nodekeeper::config::{self, AgentConfig, ConfigError, Overrides};
+
+/// Load the agent configuration as every command does, printing its warnings (values the
+/// kubelet accepts but that are surely mistakes) on standard error.
+pub fn load_config(path: Option<&Path>, overrides: &Overrides) -> Result<AgentConfig, ConfigError> {
+    let loaded = config::load_with_warnings(path, overrides)?;
+    for warning in &loaded.warnings {
+        eprintln!("warning: {warning}");
+    }
+    Ok(loaded.config)
+}
 
 /// Kubelet-form eviction flags; each replaces the matching field of the config file.
 #[derive(clap::Args, Debug, Default, Clone)]

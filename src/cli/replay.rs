@@ -103,7 +103,7 @@ pub fn trace_config(
 ) -> Result<AgentConfig, ReplayError> {
     let result = match (&trace.config, config_file) {
         (Some(inline), _) => parse_inline(inline, &format!("{trace_name}: config")),
-        (None, Some(path)) => load(Some(path), &Overrides::default()),
+        (None, Some(path)) => super::load_config(Some(path), &Overrides::default()),
         // The same defaults the agent starts with when it has no file.
         (None, None) => load(None, &Overrides::default()),
     };

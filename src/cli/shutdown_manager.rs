@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::shutdown_plan::pods_from_path;
 use anyhow::Context;
-use nodekeeper::config::{self, Overrides};
+use nodekeeper::config::Overrides;
 use nodekeeper::pods::Pod;
 use nodekeeper::shutdown::cgroup_kill::CgroupTerminator;
 use nodekeeper::shutdown::logind::{BusAddress, DEFAULT_DROPIN_PATH};
@@ -47,7 +47,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     super::init_stderr_logging("info");
-    let config = config::load(args.config.as_deref(), &Overrides::default())?;
+    let config = super::load_config(args.config.as_deref(), &Overrides::default())?;
     let phases = phases_from_config(&config.shutdown);
     let boot_id = read_boot_id(&config.paths.proc_root).with_context(|| {
         format!(

@@ -3,7 +3,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use nodekeeper::config::{self, Overrides};
+use nodekeeper::config::Overrides;
 use nodekeeper::pods::Pod;
 use nodekeeper::shutdown::plan::{ShutdownPlan, phases_from_config, plan};
 use nodekeeper::trace::{TraceFile, TracePod};
@@ -28,7 +28,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config = config::load(args.config.as_deref(), &Overrides::default())?;
+    let config = super::load_config(args.config.as_deref(), &Overrides::default())?;
     let pods = if args.pods.as_os_str() == "-" {
         let mut text = String::new();
         std::io::stdin()

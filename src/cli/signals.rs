@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use nodekeeper::config::{self, Threshold, ThresholdValue};
+use nodekeeper::config::{Threshold, ThresholdValue};
 use nodekeeper::signals::{
     Collection, Host, NotificationSupport, PressureReading, PressureScope, Resource, Signal,
     SignalCollector, probe_host,
@@ -33,7 +33,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config = config::load(args.config.as_deref(), &args.eviction.overrides())?;
+    let config = super::load_config(args.config.as_deref(), &args.eviction.overrides())?;
     let host = Host::detect(&config.paths);
     let collector = SignalCollector::for_host(&host);
     let collection = collector.collect();

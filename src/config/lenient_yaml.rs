@@ -6,7 +6,8 @@
 use std::cell::RefCell;
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor};
+use serde_yaml_ng::value::{Tag, TaggedValue};
 use serde_yaml_ng::{Mapping, Number, Value};
 
 /// One YAML document as a value, with the dotted paths of keys that appeared more than
@@ -121,10 +122,10 @@ impl<'de> Visitor<'de> for Node<'_> {
         while let Some(key) = map.next_key_seed(self.at(self.path.clone()))? {
             let segment = match &key {
                 Value::String(text) => text.clone(),
-                other => serde_yaml_ng::to_string(other)
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string(),
+                Value::Number(number) => number.to_string(),
+                Value::Bool(flag) => flag.to_string(),
+                Value::Null => "null".to_string(),
+                _ => "(a complex key)".to_string(),
             };
             let node = self.field(&segment);
             let path = node.path.clone();
@@ -137,6 +138,16 @@ impl<'de> Visitor<'de> for Node<'_> {
             }
         }
         Ok(Value::Mapping(mapping))
+    }
+
+    /// A tagged value (`!custom 5`), which serde_yaml_ng hands over as an enum.
+    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<Value, A::Error> {
+        let (tag, variant) = data.variant::<String>()?;
+        let value = variant.newtype_variant_seed(self)?;
+        Ok(Value::Tagged(Box::new(TaggedValue {
+            tag: Tag::new(tag),
+            value,
+        })))
     }
 }
 
@@ -169,7 +180,7 @@ mod tests {
 
     #[test]
     fn without_repeats_the_value_is_what_serde_yaml_ng_reads() {
-        let text = "kind: K\nn: 1.5\nb: true\nnothing: ~\nnested: {list: [a, 2, -3]}\n";
+        let text = "kind: K\nn: 1.5\nb: true\nnothing: ~\nnested: {list: [a, 2, -3]}\ntagged: !custom {x: 1}\n3: three\n";
         let document = read_str(text);
         let plain: Value = serde_yaml_ng::from_str(text).unwrap();
         assert_eq!(document.value, plain);

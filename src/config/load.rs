@@ -463,10 +463,22 @@ fn build(
     };
     // The kubelet validates neither of these two; it runs with any value.
     const TRANSITION: &str = "evictionPressureTransitionPeriod";
+    let default_transition = GoDuration::from_secs(300);
+    // The v1beta1 defaulting turns a zero period in the file into the default; only
+    // the command-line flag can set it to zero.
+    let transition_from_flag = origins
+        .get(TRANSITION)
+        .is_some_and(|origin| origin.starts_with("flag"));
     let pressure_transition_period = match &doc.eviction_pressure_transition_period {
-        None => GoDuration::from_secs(300),
+        None => default_transition,
         Some(text) => {
-            GoDuration::parse(text).map_err(|e| simple_error(TRANSITION, e.to_string()))?
+            let period =
+                GoDuration::parse(text).map_err(|e| simple_error(TRANSITION, e.to_string()))?;
+            if period.is_zero() && !transition_from_flag {
+                default_transition
+            } else {
+                period
+            }
         }
     };
     if pressure_transition_period.nanos() <= 0 {

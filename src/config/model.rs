@@ -18,10 +18,13 @@ pub enum ThresholdValue {
 
 impl ThresholdValue {
     /// The absolute amount against a capacity, like `GetThresholdQuantity`:
-    /// `int64(float64(capacity) * float64(pct))` for percentages.
+    /// `int64(float64(capacity) * float64(pct))` for percentages. A `NaN%` (which the
+    /// kubelet's parser lets through) converts as Go converts it on amd64, to the
+    /// smallest int64: a threshold never met, a minimum reclaim that relieves.
     pub fn resolve(&self, capacity: i64) -> Quantity {
         match self {
             ThresholdValue::Quantity(q) => *q,
+            ThresholdValue::Percentage(p) if p.is_nan() => Quantity::from_value(i64::MIN),
             ThresholdValue::Percentage(p) => {
                 Quantity::from_value((capacity as f64 * f64::from(*p)) as i64)
             }

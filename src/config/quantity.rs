@@ -124,9 +124,10 @@ impl FromStr for Quantity {
 /// kubelet measures, so capping decides the same.
 const MAX_NANOS: i128 = i64::MAX as i128 * NANOS_PER_UNIT;
 
-/// Significant digits kept exactly; anything finer is far below a nano-unit for every
-/// value under the cap, and only marks the result for rounding up.
-const MAX_DIGITS: usize = 28;
+/// Significant digits kept exactly. The rest (beyond any value a person writes) only
+/// marks the result for rounding up; what they stand for is below 10^-40 of a nano-unit
+/// for every value under the cap.
+const MAX_DIGITS: usize = 60;
 
 /// `integer.fraction × base^exponent` in nano-units, rounded up, capped at [`MAX_NANOS`].
 fn magnitude_nanos(integer_part: &str, fraction_part: &str, base: i128, exponent: i32) -> i128 {
@@ -135,8 +136,8 @@ fn magnitude_nanos(integer_part: &str, fraction_part: &str, base: i128, exponent
     if significant.is_empty() {
         return 0;
     }
-    // digits × 10^decimal_shift, with trailing zeros and excess digits folded into the
-    // shift; `inexact` remembers dropped non-zero digits.
+    // digits × 10^decimal_shift, trailing zeros and excess digits folded into the shift;
+    // `inexact` remembers dropped non-zero digits.
     let mut decimal_shift = -(fraction_part.len() as i64);
     let trimmed = significant.trim_end_matches('0');
     decimal_shift += (significant.len() - trimmed.len()) as i64;
@@ -144,11 +145,11 @@ fn magnitude_nanos(integer_part: &str, fraction_part: &str, base: i128, exponent
     decimal_shift += dropped.len() as i64;
     let inexact = !dropped.is_empty();
 
-    // The order of magnitude decides the cap and the tiny end without overflow:
-    // the value lies in [10^magnitude, 10^(magnitude+1)).
-    let base_log10 = (base as f64).log10();
-    let magnitude =
-        (kept.len() as f64 - 1.0) + decimal_shift as f64 + f64::from(exponent) * base_log10;
+    // The order of magnitude bounds the arithmetic below: the value lies in
+    // [10^magnitude, 10^(magnitude+1)).
+    let magnitude = (kept.len() as f64 - 1.0)
+        + decimal_shift as f64
+        + f64::from(exponent) * (base as f64).log10();
     if magnitude >= 19.0 {
         return MAX_NANOS;
     }
@@ -156,49 +157,96 @@ fn magnitude_nanos(integer_part: &str, fraction_part: &str, base: i128, exponent
         // Below a nano-unit: rounds up to one, as Kubernetes rounds up.
         return 1;
     }
-    exact_nanos(kept, decimal_shift, base, exponent, inexact)
-        .unwrap_or_else(|| approximate_nanos(kept, decimal_shift, base, exponent))
-        .min(MAX_NANOS)
-}
-
-/// The exact value in nano-units, rounded up, or `None` when an intermediate overflows.
-/// `digits × 10^(decimal_shift + 9) × base^exponent` is kept as powers of 2 and 5 so
-/// that a fraction and a binary suffix cancel before anything is multiplied out.
-fn exact_nanos(
-    digits: &str,
-    decimal_shift: i64,
-    base: i128,
-    exponent: i32,
-    inexact: bool,
-) -> Option<i128> {
-    let mantissa: i128 = digits.parse().ok()?;
+    // nanos = digits × 10^(decimal_shift + 9) × base^exponent, as powers of 2 and 5.
     let exponent = i64::from(exponent);
     let nano_shift = decimal_shift + 9;
     let twos = nano_shift + exponent;
     let fives = nano_shift + if base == 10 { exponent } else { 0 };
-    let power = |prime: i128, count: i64| -> Option<i128> {
-        prime.checked_pow(u32::try_from(count.max(0)).ok()?)
-    };
-    let numerator = mantissa
-        .checked_mul(power(2, twos)?)?
-        .checked_mul(power(5, fives)?)?;
-    let denominator = power(2, -twos)?.checked_mul(power(5, -fives)?)?;
-    let mut nanos = numerator / denominator;
-    if numerator % denominator != 0 || inexact {
-        nanos += 1;
+    let mut value = Natural::from_decimal(kept);
+    for _ in 0..twos.max(0) {
+        value.multiply(2);
     }
-    Some(nanos)
+    for _ in 0..fives.max(0) {
+        value.multiply(5);
+    }
+    let mut remainder = false;
+    for _ in 0..(-twos).max(0) {
+        remainder |= value.divide(2) != 0;
+    }
+    for _ in 0..(-fives).max(0) {
+        remainder |= value.divide(5) != 0;
+    }
+    let whole = value.to_i128().unwrap_or(MAX_NANOS);
+    let rounded = if remainder || inexact {
+        whole.saturating_add(1)
+    } else {
+        whole
+    };
+    rounded.min(MAX_NANOS)
 }
 
-/// A value whose exact arithmetic would overflow i128 (many digits and a large binary
-/// suffix): close enough, since it is either capped or far above nano precision.
-fn approximate_nanos(digits: &str, decimal_shift: i64, base: i128, exponent: i32) -> i128 {
-    let mantissa: f64 = digits.parse().unwrap_or(f64::MAX);
-    let value = mantissa * 10f64.powi(decimal_shift as i32 + 9) * (base as f64).powi(exponent);
-    if value >= MAX_NANOS as f64 {
-        MAX_NANOS
-    } else {
-        value.ceil() as i128
+/// A natural number in base-2^32 limbs, least significant first: just enough arithmetic
+/// for an exact quantity (the magnitude check keeps it to a few limbs).
+struct Natural(Vec<u32>);
+
+impl Natural {
+    fn from_decimal(digits: &str) -> Natural {
+        let mut value = Natural(vec![0]);
+        for digit in digits.bytes() {
+            value.multiply(10);
+            value.add(u32::from(digit - b'0'));
+        }
+        value
+    }
+
+    fn multiply(&mut self, factor: u32) {
+        let mut carry = 0u64;
+        for limb in &mut self.0 {
+            let product = u64::from(*limb) * u64::from(factor) + carry;
+            *limb = product as u32;
+            carry = product >> 32;
+        }
+        if carry != 0 {
+            self.0.push(carry as u32);
+        }
+    }
+
+    fn add(&mut self, addend: u32) {
+        let mut carry = u64::from(addend);
+        for limb in &mut self.0 {
+            let sum = u64::from(*limb) + carry;
+            *limb = sum as u32;
+            carry = sum >> 32;
+            if carry == 0 {
+                return;
+            }
+        }
+        self.0.push(carry as u32);
+    }
+
+    /// Divide in place; the remainder.
+    fn divide(&mut self, divisor: u32) -> u32 {
+        let mut remainder = 0u64;
+        for limb in self.0.iter_mut().rev() {
+            let current = (remainder << 32) | u64::from(*limb);
+            *limb = (current / u64::from(divisor)) as u32;
+            remainder = current % u64::from(divisor);
+        }
+        remainder as u32
+    }
+
+    fn to_i128(&self) -> Option<i128> {
+        let mut out: u128 = 0;
+        for (index, limb) in self.0.iter().enumerate() {
+            if *limb == 0 {
+                continue;
+            }
+            if index >= 4 {
+                return None;
+            }
+            out |= u128::from(*limb) << (32 * index);
+        }
+        i128::try_from(out).ok()
     }
 }
 
@@ -373,6 +421,19 @@ mod tests {
                 142_335_986_942_043_632_726_471_714,
             ),
             ("1.5Gi", 3 * (1 << 29) * NANOS_PER_UNIT),
+            // Long digit strings with binary suffixes, checked against exact rationals.
+            (
+                "0.461993599993138072951980566Ei",
+                532_642_356_422_822_555_834_648_615,
+            ),
+            (
+                "5005063674579.0920088605000039Mi",
+                5_248_189_647_635_445_982_282_907_653,
+            ),
+            (
+                "1.000000000000000000000000000000000000000000000000000000000000000000001",
+                NANOS_PER_UNIT + 1,
+            ),
         ];
         for (text, nanos) in cases {
             assert_eq!(
@@ -382,6 +443,42 @@ mod tests {
             );
         }
         assert_eq!(Quantity::parse("1e99999999999"), Err(QuantityError::Suffix));
+    }
+
+    proptest::proptest! {
+        /// Against exact rational arithmetic (in i128, which holds these sizes): every
+        /// suffix up to Gi, up to 9 integer and 9 fraction digits, rounded up to a nano-unit.
+        #[test]
+        fn matches_exact_arithmetic_rounded_up(
+            integer in 0u64..1_000_000_000,
+            fraction in proptest::option::of((1usize..10, 0u64..1_000_000_000)),
+            suffix in proptest::sample::select(vec![
+                ("", 10i128, 0i32), ("Ki", 2, 10), ("Mi", 2, 20), ("Gi", 2, 30),
+                ("n", 10, -9), ("u", 10, -6), ("m", 10, -3), ("k", 10, 3), ("M", 10, 6),
+                ("e-4", 10, -4), ("e2", 10, 2),
+            ]),
+        ) {
+            let (suffix, base, exponent) = suffix;
+            let (fraction_text, fraction_value, fraction_digits) = match fraction {
+                None => (String::new(), 0i128, 0u32),
+                Some((digits, value)) => {
+                    let value = value % 10u64.pow(digits as u32);
+                    (format!(".{value:0digits$}"), i128::from(value), digits as u32)
+                }
+            };
+            let text = format!("{integer}{fraction_text}{suffix}");
+            // (integer + fraction / 10^d) × base^exponent × 10^9, as numerator / denominator.
+            let mut numerator = (i128::from(integer) * 10i128.pow(fraction_digits) + fraction_value)
+                * NANOS_PER_UNIT;
+            let mut denominator = 10i128.pow(fraction_digits);
+            if exponent >= 0 {
+                numerator *= base.pow(exponent as u32);
+            } else {
+                denominator *= base.pow(exponent.unsigned_abs());
+            }
+            let expected = (numerator + denominator - 1) / denominator;
+            proptest::prop_assert_eq!(Quantity::parse(&text).map(|q| q.nanos()), Ok(expected), "{}", text);
+        }
     }
 
     #[test]

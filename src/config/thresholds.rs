@@ -54,7 +54,10 @@ fn parse_percentage(text: &str) -> Result<f32, String> {
     let number = text.trim_end_matches('%');
     let value: f32 = number
         .parse()
-        .map_err(|_| format!("invalid percentage {text:?}: not a number"))?;
+        .ok()
+        // Go reads a sign before "Inf" but not before "NaN"; Rust reads both.
+        .filter(|value: &f32| !(value.is_nan() && number.starts_with(['+', '-'])))
+        .ok_or_else(|| format!("invalid percentage {text:?}: not a number"))?;
     Ok(value / 100.0)
 }
 
@@ -77,11 +80,10 @@ fn parse_statement(
         let fraction = parse_percentage(text).map_err(&err)?;
         if fraction.is_nan() {
             // The kubelet's range checks let NaN through, and its quantity (int64 of
-            // NaN) is below every availability: a threshold that is never met.
+            // NaN, see `ThresholdValue::resolve`) is below every availability.
             warnings.push(err(format!(
-                "{text} is not a number; the kubelet accepts it and never meets this threshold, so it is ignored"
+                "{text} is not a number; the kubelet accepts it and never meets this threshold"
             )));
-            return Ok(None);
         }
         if fraction < 0.0 {
             return Err(err(format!(
@@ -109,13 +111,11 @@ fn parse_statement(
     Ok(Some((signal, ThresholdValue::Quantity(quantity))))
 }
 
-/// `Ok(None)` is a NaN percentage, which the kubelet accepts and which reclaims nothing
-/// extra.
 fn parse_minimum_reclaim(
     key: &str,
     text: &str,
     warnings: &mut Vec<FieldWarning>,
-) -> Result<Option<(Signal, ThresholdValue)>, FieldError> {
+) -> Result<(Signal, ThresholdValue), FieldError> {
     const FIELD: &str = "evictionMinimumReclaim";
     let signal = parse_signal(FIELD, key)?;
     let err = |message: String| FieldError::new(FIELD, Some(key), message);
@@ -123,11 +123,10 @@ fn parse_minimum_reclaim(
     if text.ends_with('%') {
         let fraction = parse_percentage(text).map_err(&err)?;
         if fraction.is_nan() {
-            // int64 of capacity × NaN is far below zero: no hysteresis at all.
+            // int64 of capacity × NaN is far below zero (`ThresholdValue::resolve`).
             warnings.push(err(format!(
-                "{text} is not a number; the kubelet accepts it and reclaims nothing beyond the threshold, so it is ignored"
+                "{text} is not a number; the kubelet accepts it, and then wherever minimum reclaim is checked (holding a crossed threshold, re-checking after node-level reclaim) this threshold counts as relieved"
             )));
-            return Ok(None);
         }
         if fraction <= 0.0 {
             return Err(err(format!(
@@ -140,7 +139,7 @@ fn parse_minimum_reclaim(
                 "{text} is more than the whole capacity; the kubelet accepts it, and {ALWAYS_HELD}"
             )));
         }
-        return Ok(Some((signal, ThresholdValue::Percentage(fraction))));
+        return Ok((signal, ThresholdValue::Percentage(fraction)));
     }
     let quantity = Quantity::parse(text).map_err(|e| err(format!("{text:?}: {e}")))?;
     if quantity.is_negative() {
@@ -151,7 +150,7 @@ fn parse_minimum_reclaim(
     if quantity.is_capped() {
         warnings.push(err(format!("{text} {CAPPED}; {ALWAYS_HELD}")));
     }
-    Ok(Some((signal, ThresholdValue::Quantity(quantity))))
+    Ok((signal, ThresholdValue::Quantity(quantity)))
 }
 
 /// Build the threshold list from the four kubelet maps, with the warnings for values the
@@ -180,9 +179,8 @@ pub fn parse_thresholds(
     }
     let mut minimum_reclaims = BTreeMap::new();
     for (key, text) in maps.minimum_reclaim {
-        if let Some((signal, value)) = parse_minimum_reclaim(key, &text.0, &mut warnings)? {
-            minimum_reclaims.insert(signal, value);
-        }
+        let (signal, value) = parse_minimum_reclaim(key, &text.0, &mut warnings)?;
+        minimum_reclaims.insert(signal, value);
     }
 
     let mut thresholds = Vec::new();

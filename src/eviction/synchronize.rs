@@ -109,18 +109,17 @@ pub fn synchronize(
 }
 
 /// Hard: 1 s. Soft: `evictionMaxPodGracePeriod`, capped by the pod's own
-/// terminationGracePeriodSeconds when set (the eviction manager's override), then
-/// raised to the pod worker's floor of 1 s: the default maximum of 0, and a negative
-/// one, stop a soft-evicted pod in 1 s, as in the kubelet.
+/// terminationGracePeriodSeconds when set (the eviction manager's override), then as the
+/// pod worker applies it: a 0 (the default maximum) gives the pod its own grace period,
+/// and a negative maximum gives 1 s, as in the kubelet.
 fn grace_period_seconds(config: &EvictionConfig, threshold: &Threshold, pod: &Pod) -> i64 {
     if threshold.is_hard() {
         return IMMEDIATE_GRACE_PERIOD_SECONDS;
     }
     let max = config.max_pod_grace_period_seconds;
-    let requested = pod
-        .termination_grace_period_seconds
-        .map_or(max, |pod_grace| max.min(pod_grace));
-    effective_grace_period_seconds(requested)
+    let own = pod.termination_grace_period_seconds;
+    let requested = own.map_or(max, |pod_grace| max.min(pod_grace));
+    effective_grace_period_seconds(requested, own)
 }
 
 /// After node-level reclaim: whether any configured threshold is still met on fresh

@@ -330,16 +330,18 @@ fn soft_threshold_raises_the_condition_at_once_but_evicts_only_after_grace() {
 
 /// The eviction manager's override is `min(evictionMaxPodGracePeriod, the pod's
 /// terminationGracePeriodSeconds)`; the pod worker (`calculateEffectiveGracePeriod`)
-/// then raises anything below 1 to 1. So the default maximum of 0 and a negative one
-/// stop the pod in 1 s: never 0, which the API server would take as a forced delete.
+/// then takes a 0 as "no value" and uses the pod's own grace period, and raises
+/// anything below 1 to 1. So the default maximum of 0 lets the pod use its own grace
+/// period, a negative one stops it in 1 s, and the result is never 0, which the API
+/// server would take as a forced delete.
 #[test]
-fn soft_grace_is_the_minimum_of_max_pod_grace_and_the_pods_own_but_at_least_one_second() {
+fn soft_grace_is_the_minimum_of_max_pod_grace_and_the_pods_own_as_the_pod_worker_applies_it() {
     let soft_now = soft(Signal::MemoryAvailable, quantity(GI), 1);
     for (max, pod_grace, expected) in [
         (60, Some(30), 30),
         (60, Some(120), 60),
         (60, None, 60),
-        (0, Some(30), 1),
+        (0, Some(30), 30),
         (0, None, 1),
         (-1, Some(30), 1),
         (-1, None, 1),
@@ -976,6 +978,30 @@ fn the_post_reclaim_check_uses_min_reclaim_and_every_threshold() {
         check(15 * GI, 0),
         "a soft memory threshold counts, without its grace period"
     );
+}
+
+/// `evictionMinimumReclaim: NaN%` passes the kubelet's parser, and `GetThresholdQuantity`
+/// turns it into int64(NaN), the smallest int64 on amd64. `thresholdsMet` with
+/// `enforceMinReclaim` then never finds the threshold met: after node-level reclaim the
+/// node counts as relieved however little is free, and a crossed threshold is not held.
+#[test]
+fn a_nan_minimum_reclaim_counts_as_relieved_wherever_minimum_reclaim_is_checked() {
+    let cfg = config(vec![Threshold {
+        min_reclaim: Some(ThresholdValue::Percentage(f32::NAN)),
+        ..hard(Signal::NodeFsAvailable, quantity(10 * GI))
+    }]);
+    let nearly_full = observe(&[(Signal::NodeFsAvailable, GI, 100 * GI)]);
+    assert!(!pressure_remains_after_reclaim(&cfg, &nearly_full));
+    // The threshold itself is still crossed without minimum reclaim.
+    let d = synchronize(
+        &cfg,
+        &EvictionState::default(),
+        &nearly_full,
+        &[pod("a")],
+        at(0),
+        &SyncOptions::default(),
+    );
+    assert_eq!(d.thresholds_met.len(), 1);
 }
 
 // ---- ranking ---------------------------------------------------------------------------

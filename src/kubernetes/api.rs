@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use serde_json::{Value, json};
 
 use super::outbox::{ApiAction, ConditionRecord, EventRecord, Outcome, PodRef, TaintRecord};
-use crate::pods::effective_grace_period_seconds;
+use crate::pods::MIN_GRACE_PERIOD_SECONDS;
 
 /// The field manager of every write, visible in `managedFields`.
 pub const FIELD_MANAGER: &str = "nodekeeper";
@@ -125,10 +125,8 @@ impl ApiWriter {
         let params = DeleteParams {
             // Never 0: to the API server that is a forced delete that does not wait for
             // the kubelet to stop the containers.
-            grace_period_seconds: u32::try_from(effective_grace_period_seconds(
-                grace_period_seconds,
-            ))
-            .ok(),
+            grace_period_seconds: u32::try_from(grace_period_seconds.max(MIN_GRACE_PERIOD_SECONDS))
+                .ok(),
             preconditions: Some(Preconditions {
                 uid: Some(pod.uid.clone()),
                 resource_version: None,

@@ -145,9 +145,17 @@ pub struct EmptyDirStats {
 pub const MIN_GRACE_PERIOD_SECONDS: i64 = 1;
 
 /// The grace period a pod is actually stopped with when `requested` is asked for (an
-/// eviction's override or a shutdown phase's): never below [`MIN_GRACE_PERIOD_SECONDS`].
-pub fn effective_grace_period_seconds(requested: i64) -> i64 {
-    requested.max(MIN_GRACE_PERIOD_SECONDS)
+/// eviction's override or a shutdown phase's), as the kubelet's pod worker
+/// (`calculateEffectiveGracePeriod`) computes it for a pod not yet terminating: a request
+/// of exactly 0 counts as "no value" and the pod's own `terminationGracePeriodSeconds`
+/// applies (which is why the kubelet's hard evictions ask for 1, not 0, since
+/// kubernetes#124063); anything below 1 is then raised to 1.
+pub fn effective_grace_period_seconds(requested: i64, own: Option<i64>) -> i64 {
+    let grace = match (requested, own) {
+        (0, Some(own)) => own,
+        _ => requested,
+    };
+    grace.max(MIN_GRACE_PERIOD_SECONDS)
 }
 
 /// `SystemCriticalPriority` in the kubelet.

@@ -160,14 +160,15 @@ fn phase_index_for(phases: &[PhaseSpec], pod_priority: i32) -> usize {
 }
 
 /// The phase's period, or the pod's own terminationGracePeriodSeconds when it is not
-/// longer (`killPods`), raised to the pod worker's floor of 1 s: a phase of 0 s, a
-/// negative one, or a pod asking for 0 s still gives the pod 1 s.
+/// longer (`killPods`), as the pod worker applies it: a request of 0 s (a `0s` phase, a
+/// pod asking for 0 s) falls back to the pod's own grace period, and the result is never
+/// below 1 s (a negative phase, a pod whose own grace is 0).
 fn pod_grace_seconds(phase_seconds: i64, own: Option<i64>) -> i64 {
     let requested = match own {
         Some(own) if own <= phase_seconds => own,
         _ => phase_seconds,
     };
-    effective_grace_period_seconds(requested)
+    effective_grace_period_seconds(requested, own)
 }
 
 #[cfg(test)]
@@ -316,30 +317,31 @@ mod tests {
                 ("long".into(), 20),
                 ("short".into(), 3),
                 ("unset".into(), 20),
-                // killPods passes 0 on, and the pod worker raises it to 1.
+                // killPods passes 0 on; the pod worker's fallback, the pod's own 0, is
+                // raised to 1.
                 ("zero".into(), 1),
             ]
         );
     }
 
     /// `killPods` hands the phase's 0 s to the pod worker, whose
-    /// `calculateEffectiveGracePeriod` raises it to 1 s; the phase itself does not wait.
+    /// `calculateEffectiveGracePeriod` takes 0 as "no value" and uses the pod's own grace
+    /// period (1 s when the pod has none); the phase itself does not wait.
     #[test]
-    fn a_critical_phase_of_zero_seconds_gives_its_pods_the_one_second_floor() {
+    fn a_critical_phase_of_zero_seconds_leaves_its_pods_their_own_grace() {
         let phases = phases_from_config(&legacy("30s", "0s"));
         let result = plan(
             &phases,
-            &[pod(
-                "kube-system",
-                "dns",
-                SYSTEM_CRITICAL_PRIORITY,
-                Some(30),
-            )],
+            &[
+                pod("kube-system", "dns", SYSTEM_CRITICAL_PRIORITY, Some(30)),
+                pod("kube-system", "proxy", SYSTEM_CRITICAL_PRIORITY, None),
+            ],
         );
         assert_eq!(result.total_seconds, 30);
         assert!(result.phases[0].pods.is_empty());
         assert_eq!(result.phases[1].seconds, 0);
-        assert_eq!(result.phases[1].pods[0].grace_period_seconds, 1);
+        assert_eq!(result.phases[1].pods[0].grace_period_seconds, 30);
+        assert_eq!(result.phases[1].pods[1].grace_period_seconds, 1);
     }
 
     /// `groupByPriority` searches the sorted entries for the first priority not below the

@@ -11,7 +11,6 @@ use tokio::task::JoinSet;
 
 use super::plan::PlannedPod;
 use super::state::{PhaseStatus, ShutdownState, StateError, StateStore};
-use crate::pods::MIN_GRACE_PERIOD_SECONDS;
 
 /// How a pod ended up after [`PodTerminator::terminate`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,11 +136,11 @@ pub async fn run_phases<T: PodTerminator>(
             let grace_ms = u64::try_from(pod.grace_period_seconds.max(0))
                 .unwrap_or(0)
                 .saturating_mul(1000);
-            // The phase's remaining time bounds the grace period, but never below the pod
-            // worker's floor: a pod is not stopped (or deleted) without any grace.
-            let grace = Duration::from_millis(grace_ms)
-                .min(budget)
-                .max(Duration::from_secs(MIN_GRACE_PERIOD_SECONDS.unsigned_abs()));
+            // The phase's remaining time bounds the grace period, even below the pod
+            // worker's 1 s (the plan already applied it): once the budget is spent logind
+            // powers off regardless, so a pod must be gone before the lock is released.
+            // The API terminator still never asks for a 0 s delete (kubernetes::api).
+            let grace = Duration::from_millis(grace_ms).min(budget);
             pod.grace_period_seconds = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
             let terminator = Arc::clone(&terminator);
             terminations.spawn(async move {
