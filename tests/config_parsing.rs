@@ -690,6 +690,16 @@ fn shutdown_settings_both_forms() {
     assert_eq!(config.shutdown.by_pod_priority.len(), 2);
 }
 
+/// The first threshold on `signal`.
+fn threshold_for(config: &AgentConfig, signal: Signal) -> &nodekeeper::config::Threshold {
+    config
+        .eviction
+        .thresholds
+        .iter()
+        .find(|t| t.signal == signal)
+        .unwrap_or_else(|| panic!("no {signal} threshold"))
+}
+
 /// Load `body` under a KubeletConfiguration header and return the config and warnings.
 fn parse_warned(body: &str) -> (AgentConfig, Vec<String>) {
     let loaded = config::from_yaml_str_with_warnings(
@@ -732,12 +742,7 @@ fn values_the_kubelet_accepts_load_with_a_warning_naming_the_field() {
             "evictionMinimumReclaim: {memory.available: 150%}",
             &["evictionMinimumReclaim[\"memory.available\"]: 150% is more than the whole capacity"],
             |c| {
-                let memory = c
-                    .eviction
-                    .thresholds
-                    .iter()
-                    .find(|t| t.signal == Signal::MemoryAvailable)
-                    .unwrap();
+                let memory = threshold_for(c, Signal::MemoryAvailable);
                 assert_eq!(memory.min_reclaim, Some(ThresholdValue::Percentage(1.5)));
             },
         ),
@@ -775,12 +780,7 @@ fn values_the_kubelet_accepts_load_with_a_warning_naming_the_field() {
                     summary(c),
                     ["memory.available<1Gi", "nodefs.available<NaN%"]
                 );
-                let nan = c
-                    .eviction
-                    .thresholds
-                    .iter()
-                    .find(|t| t.signal == Signal::NodeFsAvailable)
-                    .unwrap();
+                let nan = threshold_for(c, Signal::NodeFsAvailable);
                 // int64(NaN) on amd64: below every availability.
                 assert_eq!(nan.value.resolve(1 << 40).value(), i64::MIN);
             },
@@ -793,12 +793,7 @@ fn values_the_kubelet_accepts_load_with_a_warning_naming_the_field() {
                 "counts as relieved",
             ],
             |c| {
-                let memory = c
-                    .eviction
-                    .thresholds
-                    .iter()
-                    .find(|t| t.signal == Signal::MemoryAvailable)
-                    .unwrap();
+                let memory = threshold_for(c, Signal::MemoryAvailable);
                 assert_eq!(
                     memory.min_reclaim.map(|r| r.resolve(1 << 30).value()),
                     Some(i64::MIN)
