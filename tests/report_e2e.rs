@@ -473,7 +473,10 @@ async fn slow_and_flooding_clients_do_not_keep_good_agents_out() {
         .collect();
 
     // Meanwhile worker-1's agent reports every 100 ms for 4 s: every report is taken,
-    // each within a second.
+    // each within the default report interval (2 s), so under attack the controller
+    // still hears the agent as often as it normally would. (Answers take a few ms when
+    // idle; a CI machine running other heavy tests on its two cores has been measured
+    // at just over 1 s.)
     let mut slowest = Duration::ZERO;
     for sequence in 2..=41u64 {
         let started = Instant::now();
@@ -484,8 +487,8 @@ async fn slow_and_flooding_clients_do_not_keep_good_agents_out() {
     }
     println!("slowest good report under attack: {slowest:?}");
     assert!(
-        slowest < Duration::from_secs(1),
-        "slowest good report took {slowest:?}"
+        slowest < Duration::from_secs(2),
+        "slowest good report took {slowest:?}, longer than the default report interval"
     );
 
     for task in flood {
