@@ -52,9 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             loaded.warnings.join("\n  ")
         );
     }
-    for warning in &loaded.warnings {
-        eprintln!("warning: {warning}");
-    }
+    super::print_warnings(&loaded.warnings);
     let yaml = serde_yaml_ng::to_string(&loaded.effective_document)
         .context("rendering the effective configuration")?;
     println!(

@@ -21,10 +21,15 @@ use nodekeeper::config::{self, AgentConfig, ConfigError, Overrides};
 /// kubelet accepts but that are surely mistakes) on standard error.
 pub fn load_config(path: Option<&Path>, overrides: &Overrides) -> Result<AgentConfig, ConfigError> {
     let loaded = config::load_with_warnings(path, overrides)?;
-    for warning in &loaded.warnings {
+    print_warnings(&loaded.warnings);
+    Ok(loaded.config)
+}
+
+/// Configuration warnings on standard error, one `warning: ` line each.
+pub fn print_warnings(warnings: &[String]) {
+    for warning in warnings {
         eprintln!("warning: {warning}");
     }
-    Ok(loaded.config)
 }
 
 /// Kubelet-form eviction flags; each replaces the matching field of the config file.

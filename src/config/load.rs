@@ -358,31 +358,43 @@ impl FeatureGates {
         "GracefulNodeShutdownBasedOnPodPriority";
     const KUBELET_SEPARATE_DISK_GC: &str = "KubeletSeparateDiskGC";
 
-    fn from_map(map: Option<&FeatureGateMap>) -> FeatureGates {
-        let enabled = |gate: &str| map.and_then(|m| m.get(gate)).copied().unwrap_or(true);
-        FeatureGates {
-            graceful_node_shutdown: enabled(Self::GRACEFUL_NODE_SHUTDOWN),
-            graceful_node_shutdown_based_on_pod_priority: enabled(
-                Self::GRACEFUL_NODE_SHUTDOWN_BASED_ON_POD_PRIORITY,
+    /// Each gate's name beside its setting: the one place that pairs them.
+    fn named(&mut self) -> [(&'static str, &mut bool); 3] {
+        [
+            (
+                Self::GRACEFUL_NODE_SHUTDOWN,
+                &mut self.graceful_node_shutdown,
             ),
-            kubelet_separate_disk_gc: enabled(Self::KUBELET_SEPARATE_DISK_GC),
-        }
-    }
-
-    /// The map with every gate the agent reads written out, for the effective document.
-    fn fill_in(&self, map: &mut FeatureGateMap) {
-        for (gate, enabled) in [
-            (Self::GRACEFUL_NODE_SHUTDOWN, self.graceful_node_shutdown),
             (
                 Self::GRACEFUL_NODE_SHUTDOWN_BASED_ON_POD_PRIORITY,
-                self.graceful_node_shutdown_based_on_pod_priority,
+                &mut self.graceful_node_shutdown_based_on_pod_priority,
             ),
             (
                 Self::KUBELET_SEPARATE_DISK_GC,
-                self.kubelet_separate_disk_gc,
+                &mut self.kubelet_separate_disk_gc,
             ),
-        ] {
-            map.insert(gate.to_string(), enabled);
+        ]
+    }
+
+    /// The gates `map` sets, the others on (the kubelet's defaults for these three).
+    fn from_map(map: Option<&FeatureGateMap>) -> FeatureGates {
+        let mut gates = FeatureGates {
+            graceful_node_shutdown: true,
+            graceful_node_shutdown_based_on_pod_priority: true,
+            kubelet_separate_disk_gc: true,
+        };
+        for (gate, enabled) in gates.named() {
+            if let Some(set) = map.and_then(|m| m.get(gate)) {
+                *enabled = *set;
+            }
+        }
+        gates
+    }
+
+    /// The map with every gate the agent reads written out, for the effective document.
+    fn fill_in(mut self, map: &mut FeatureGateMap) {
+        for (gate, enabled) in self.named() {
+            map.insert(gate.to_string(), *enabled);
         }
     }
 }
@@ -453,13 +465,8 @@ fn build(
     .map_err(field_error)?;
     warnings.extend(threshold_warnings.into_iter().map(warning));
 
-    let duration_field = |field: &'static str, text: &Option<String>, default: GoDuration| {
-        let Some(text) = text else { return Ok(default) };
-        let value = GoDuration::parse(text).map_err(|e| simple_error(field, e.to_string()))?;
-        if value.is_negative() {
-            return Err(simple_error(field, format!("{text} must not be negative")));
-        }
-        Ok(value)
+    let duration = |field: &'static str, text: &str| {
+        GoDuration::parse(text).map_err(|e| simple_error(field, e.to_string()))
     };
     // The kubelet validates neither of these two; it runs with any value.
     const TRANSITION: &str = "evictionPressureTransitionPeriod";
@@ -472,8 +479,7 @@ fn build(
     let pressure_transition_period = match &doc.eviction_pressure_transition_period {
         None => default_transition,
         Some(text) => {
-            let period =
-                GoDuration::parse(text).map_err(|e| simple_error(TRANSITION, e.to_string()))?;
+            let period = duration(TRANSITION, text)?;
             if period.is_zero() && !transition_from_flag {
                 default_transition
             } else {
@@ -499,14 +505,23 @@ fn build(
             ),
         ));
     }
-    let housekeeping_interval = duration_field(
-        "housekeepingInterval",
-        &doc.housekeeping_interval,
-        GoDuration::from_secs(10),
-    )?;
+    const HOUSEKEEPING: &str = "housekeepingInterval";
+    let housekeeping_interval = match &doc.housekeeping_interval {
+        None => GoDuration::from_secs(10),
+        Some(text) => {
+            let interval = duration(HOUSEKEEPING, text)?;
+            if interval.is_negative() {
+                return Err(simple_error(
+                    HOUSEKEEPING,
+                    format!("{text} must not be negative"),
+                ));
+            }
+            interval
+        }
+    };
     if housekeeping_interval.is_zero() {
         return Err(simple_error(
-            "housekeepingInterval",
+            HOUSEKEEPING,
             "must be greater than zero".to_string(),
         ));
     }

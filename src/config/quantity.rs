@@ -162,7 +162,34 @@ fn magnitude_nanos(integer_part: &str, fraction_part: &str, base: i128, exponent
     let nano_shift = decimal_shift + 9;
     let twos = nano_shift + exponent;
     let fives = nano_shift + if base == 10 { exponent } else { 0 };
-    let mut value = Natural::from_decimal(kept);
+    let (whole, remainder) =
+        nanos_in_i128(kept, twos, fives).unwrap_or_else(|| nanos_in_natural(kept, twos, fives));
+    let rounded = if remainder || inexact {
+        whole.saturating_add(1)
+    } else {
+        whole
+    };
+    rounded.min(MAX_NANOS)
+}
+
+/// `digits × 2^twos × 5^fives`, truncated, and whether anything was cut off: the fast
+/// path every quantity a person writes takes (each pod's quantities are read every
+/// cycle). `None` when an intermediate does not fit in i128.
+fn nanos_in_i128(digits: &str, twos: i64, fives: i64) -> Option<(i128, bool)> {
+    let power = |prime: i128, count: i64| prime.checked_pow(u32::try_from(count.max(0)).ok()?);
+    let numerator = digits
+        .parse::<i128>()
+        .ok()?
+        .checked_mul(power(2, twos)?)?
+        .checked_mul(power(5, fives)?)?;
+    let denominator = power(2, -twos)?.checked_mul(power(5, -fives)?)?;
+    Some((numerator / denominator, numerator % denominator != 0))
+}
+
+/// [`nanos_in_i128`] for what does not fit there, with a big integer; a result beyond
+/// i128 is above the cap anyway.
+fn nanos_in_natural(digits: &str, twos: i64, fives: i64) -> (i128, bool) {
+    let mut value = Natural::from_decimal(digits);
     for _ in 0..twos.max(0) {
         value.multiply(2);
     }
@@ -176,13 +203,7 @@ fn magnitude_nanos(integer_part: &str, fraction_part: &str, base: i128, exponent
     for _ in 0..(-fives).max(0) {
         remainder |= value.divide(5) != 0;
     }
-    let whole = value.to_i128().unwrap_or(MAX_NANOS);
-    let rounded = if remainder || inexact {
-        whole.saturating_add(1)
-    } else {
-        whole
-    };
-    rounded.min(MAX_NANOS)
+    (value.to_i128().unwrap_or(MAX_NANOS), remainder)
 }
 
 /// A natural number in base-2^32 limbs, least significant first: just enough arithmetic
