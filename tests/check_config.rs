@@ -1,14 +1,20 @@
 //! `nodekeeper check-config` as an operator runs it: exit codes and messages.
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn check_config(path: &Path) -> Output {
+/// `nodekeeper check-config ARGS...`.
+fn check_config_with(args: &[&OsStr]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
         .arg("check-config")
-        .arg(path)
+        .args(args)
         .output()
         .expect("run nodekeeper")
+}
+
+fn check_config(path: &Path) -> Output {
+    check_config_with(&[path.as_os_str()])
 }
 
 fn fixture(name: &str) -> std::path::PathBuf {
@@ -78,11 +84,10 @@ fn assert_round_trips(first: &Output) {
 #[test]
 fn sections_left_unset_show_their_defaults_and_optional_fields_say_what_unset_means() {
     // `-c FILE`, the way every other command takes its configuration.
-    let out = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["check-config", "-c"])
-        .arg(fixture("kubeadm-kubelet-config.yaml"))
-        .output()
-        .unwrap();
+    let out = check_config_with(&[
+        "-c".as_ref(),
+        fixture("kubeadm-kubelet-config.yaml").as_os_str(),
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -135,23 +140,14 @@ fn sections_left_unset_show_their_defaults_and_optional_fields_say_what_unset_me
 #[test]
 fn check_config_takes_its_file_once() {
     let file = fixture("kubeadm-kubelet-config.yaml");
-    let out = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .arg("check-config")
-        .arg(&file)
-        .arg("--config")
-        .arg(&file)
-        .output()
-        .unwrap();
+    let out = check_config_with(&[file.as_os_str(), "--config".as_ref(), file.as_os_str()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("cannot be used with"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .arg("check-config")
-        .output()
-        .unwrap();
+    let out = check_config_with(&[]);
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -308,20 +304,12 @@ fn strict_turns_warnings_into_a_refusal() {
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionMaxPodGracePeriod: -1\nevictionMinimumReclaim: {memory.available: 120%}\n",
     )
     .unwrap();
-    let run = |strict: bool, path: &Path| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_nodekeeper"));
-        command.arg("check-config");
-        if strict {
-            command.arg("--strict");
-        }
-        command.arg(path).output().expect("run nodekeeper")
-    };
     let findings = [
         "kubelet.yaml document 1 (KubeletConfiguration): evictionMaxPodGracePeriod: -1 is negative",
         "kubelet.yaml document 1 (KubeletConfiguration): evictionMinimumReclaim[\"memory.available\"]: 120% is more than the whole capacity",
     ];
 
-    let lenient = run(false, &warned);
+    let lenient = check_config(&warned);
     let stderr = String::from_utf8_lossy(&lenient.stderr);
     assert!(lenient.status.success(), "{stderr}");
     for finding in findings {
@@ -337,7 +325,7 @@ fn strict_turns_warnings_into_a_refusal() {
     );
     assert!(String::from_utf8_lossy(&lenient.stdout).contains("evictionMaxPodGracePeriod: -1"));
 
-    let strict = run(true, &warned);
+    let strict = check_config_with(&["--strict".as_ref(), warned.as_os_str()]);
     let stderr = String::from_utf8_lossy(&strict.stderr);
     assert_eq!(strict.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("refused by --strict"), "{stderr}");
@@ -349,7 +337,10 @@ fn strict_turns_warnings_into_a_refusal() {
         "printed settings despite refusing"
     );
 
-    let clean = run(true, &fixture("eviction-example.yaml"));
+    let clean = check_config_with(&[
+        "--strict".as_ref(),
+        fixture("eviction-example.yaml").as_os_str(),
+    ]);
     assert!(
         clean.status.success(),
         "{}",
