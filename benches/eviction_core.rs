@@ -47,10 +47,12 @@ fn pods(count: usize) -> Vec<Pod> {
                 requests: ResourceAmounts {
                     memory: Some((next(1024) + 1) * MI),
                     ephemeral_storage: Some(GI),
+                    ..Default::default()
                 },
                 limits: ResourceAmounts {
                     memory: None,
                     ephemeral_storage: Some(4 * GI),
+                    ..Default::default()
                 },
                 usage: PodUsage {
                     memory: Some(memory),
@@ -61,13 +63,16 @@ fn pods(count: usize) -> Vec<Pod> {
                 },
                 containers: vec![ContainerStats {
                     name: "app".into(),
+                    kind: Default::default(),
                     requests: ResourceAmounts {
                         memory: Some(256 * MI),
                         ephemeral_storage: None,
+                        ..Default::default()
                     },
                     limits: ResourceAmounts {
                         memory: None,
                         ephemeral_storage: Some(2 * GI),
+                        ..Default::default()
                     },
                     usage: ContainerUsage {
                         memory: Some(memory),
@@ -77,11 +82,12 @@ fn pods(count: usize) -> Vec<Pod> {
                 }],
                 empty_dirs: vec![EmptyDirStats {
                     name: "scratch".into(),
-                    size_limit: Some(GI),
+                    size_limit: Some(nodekeeper::quantity::Quantity::from_value(GI)),
                     used: Some(MI),
                     memory_backed: false,
                 }],
                 cgroup: None,
+                terminating: false,
             }
         })
         .collect()

@@ -17,6 +17,7 @@ pub mod notify;
 pub mod pods;
 pub mod ports;
 pub mod process;
+pub mod quantity;
 pub mod report;
 pub mod shutdown;
 pub mod signal_names;

@@ -95,12 +95,16 @@ fn accepted_threshold_configurations() {
             &["nodefs.available<0%"],
         ),
         (
+            // Printed as `Quantity.String()` prints them: canonical, in the format
+            // written. A bare YAML 1e5 is a number, 100000, so it prints as `100k`;
+            // quoted it stays an exponent, brought to a multiple of three.
             "fractional quantities and exponents",
-            "evictionHard: {memory.available: 1.5Gi, nodefs.inodesFree: 1e5, pid.available: 2k}",
+            "evictionHard: {memory.available: 1.5Gi, nodefs.inodesFree: 1e5, imagefs.inodesFree: \"1e5\", pid.available: 2k}",
             &[
+                "imagefs.inodesFree<100e3",
                 "memory.available<1536Mi",
-                "nodefs.inodesFree<100000",
-                "pid.available<2000",
+                "nodefs.inodesFree<100k",
+                "pid.available<2k",
             ],
         ),
         (

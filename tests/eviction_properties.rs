@@ -70,7 +70,7 @@ prop_compose! {
             namespace: namespace.to_string(),
             priority,
             critical,
-            requests: ResourceAmounts { memory: memory_request, ephemeral_storage: storage_request },
+            requests: ResourceAmounts { memory: memory_request, ephemeral_storage: storage_request, ..Default::default() },
             usage: PodUsage { memory, ephemeral_storage: storage, inodes, pids, storage: parts },
             ..Pod::default()
         }

@@ -454,6 +454,86 @@ async fn memory_pressure_evicts_the_right_pod_through_the_api() {
     );
 }
 
+/// Delete `name` as a rollout would, with 30 s of grace, and run cycles without pressure
+/// until the agent's candidates show that its watch has delivered the deletion (`seen`).
+async fn delete_gracefully_and_wait_until(
+    s: &mut Scenario,
+    name: &str,
+    seen: impl Fn(&[Pod]) -> bool,
+) {
+    s.host.set_free_memory(4096 * MI);
+    let client =
+        nodekeeper::kubernetes::build_client(kube::Config::new(s.server.url().parse().unwrap()))
+            .unwrap();
+    kube::Api::<ApiPod>::namespaced(client, "default")
+        .delete(
+            name,
+            &kube::api::DeleteParams {
+                grace_period_seconds: Some(30),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    for _ in 0..250 {
+        let (report, evicted) = s.agent.run_cycle().await;
+        assert!(!evicted, "no pressure yet: {:?}", report.decision);
+        if seen(&report.pods) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the agent never saw the deletion of {name}");
+}
+
+/// The kubelet keeps a pod whose deletion was requested among its active pods until it
+/// is known terminated (`filterOutInactivePods`), so a pod a rollout is deleting, still
+/// running, is ranked like any other: the hard eviction kills it and shortens its grace
+/// to 1 s (a repeated delete may only shorten it). Once no process of it is left, it is
+/// passed over for the next pod.
+#[tokio::test]
+async fn a_pod_being_deleted_that_still_runs_is_still_evicted_first() {
+    let mut s = scenario("").await;
+    s.host.start_pod_processes("burstable", "11111111-aaaa");
+    delete_gracefully_and_wait_until(&mut s, "hog", |pods| {
+        pods.iter().any(|pod| pod.name == "hog" && pod.terminating)
+    })
+    .await;
+    assert_eq!(
+        pod(&s.server, "hog").metadata.deletion_grace_period_seconds,
+        Some(30)
+    );
+    s.host.set_free_memory(50 * MI);
+    let (report, evicted) = s.agent.run_cycle().await;
+    assert!(evicted, "{:?}", report.decision);
+    assert_eq!(report.decision.evictions[0].name, "hog");
+    assert_eq!(s.kills.kills(), vec!["default/hog"]);
+    eventually(WAIT, "hog's grace shortened to 1 s", || {
+        (pod(&s.server, "hog").metadata.deletion_grace_period_seconds == Some(1)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_pod_being_deleted_with_no_process_left_is_passed_over() {
+    let mut s = scenario("").await;
+    // The fake hog's cgroup has no process: its containers have already stopped.
+    delete_gracefully_and_wait_until(&mut s, "hog", |pods| {
+        pods.iter().all(|pod| pod.name != "hog")
+    })
+    .await;
+    s.host.set_free_memory(50 * MI);
+    let (report, evicted) = s.agent.run_cycle().await;
+    assert!(evicted, "{:?}", report.decision);
+    assert!(report.pods.iter().all(|pod| pod.name != "hog"));
+    assert_eq!(s.kills.kills(), vec!["default/modest"]);
+    assert_eq!(
+        successful_deletes(&s.server, "hog").len(),
+        1,
+        "only the rollout's"
+    );
+}
+
 /// A soft eviction with the kubelet's default `evictionMaxPodGracePeriod: 0`: the eviction
 /// manager asks for min(0, 30) = 0 s, and the pod worker's `calculateEffectiveGracePeriod`
 /// takes 0 as "no value" and uses the pod's own 30 s. Through the API that must be a

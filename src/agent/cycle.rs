@@ -424,10 +424,11 @@ impl Agent {
         }
     }
 
-    /// The pods that may be chosen: those listed, less those evicted that have ended
-    /// here.
+    /// The pods that may be chosen: those listed, less those evicted or being deleted
+    /// that have ended here. A pod being deleted that still runs stays a candidate, as
+    /// in the kubelet, whose active pods keep it until it is known terminated.
     fn collect_pods(&mut self) -> Vec<Pod> {
-        let listed = self.list_pods();
+        let mut listed = self.list_pods();
         let reader = self.collector.cgroups();
         let running = |pod: &Pod| {
             let (Some(reader), Some(cgroup)) = (reader, pod.cgroup.as_ref()) else {
@@ -435,6 +436,7 @@ impl Agent {
             };
             reader.process_count(cgroup).is_ok_and(|count| count > 0)
         };
+        listed.retain(|pod| !pod.terminating || running(pod));
         self.evicted.active(listed, running)
     }
 

@@ -17,12 +17,12 @@ use super::model::{
     EvictionConfig, HostPaths, IsolationConfig, KubernetesConfig, NodeReclaimConfig, ReportConfig,
     ShutdownConfig, ShutdownPhaseConfig, WorkloadPodConfig, WorkloadsConfig,
 };
-use super::quantity::Quantity;
 use super::thresholds::{
     FieldError, FieldWarning, FilesystemLayout, ThresholdMaps, add_allocatable_thresholds,
     mirror_containerfs_thresholds, parse_thresholds,
 };
 use crate::pods::ResourceAmounts;
+use crate::quantity::Quantity;
 
 /// Command-line settings that override the file, in the kubelet's flag syntax.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -6,9 +6,9 @@ pub mod duration;
 mod lenient_yaml;
 mod load;
 mod model;
-pub mod quantity;
 mod thresholds;
 
+pub use crate::quantity::{Quantity, QuantityFormat};
 pub use documents::{AgentDocument, ScalarText};
 pub use duration::GoDuration;
 pub use load::{
@@ -20,5 +20,4 @@ pub use model::{
     NodeReclaimConfig, ReportConfig, ShutdownConfig, ShutdownPhaseConfig, Threshold,
     ThresholdValue, WorkloadPodConfig, WorkloadsConfig, lease_read_interval,
 };
-pub use quantity::Quantity;
 pub use thresholds::FilesystemLayout;

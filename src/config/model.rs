@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::duration::GoDuration;
-use super::quantity::Quantity;
+use crate::quantity::Quantity;
 use crate::signal_names::Signal;
 
 /// A threshold or minimum-reclaim amount: an absolute quantity or a fraction of capacity.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::documents::ScalarMap;
 use super::duration::GoDuration;
 use super::model::{Threshold, ThresholdValue};
-use super::quantity::Quantity;
+use crate::quantity::Quantity;
 use crate::signal_names::Signal;
 
 /// A validation failure tied to one configuration field.

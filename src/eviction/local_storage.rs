@@ -8,7 +8,8 @@ use super::message::{
     container_ephemeral_storage_message, empty_dir_message, pod_ephemeral_storage_message,
 };
 use super::{EvictionOrder, EvictionReason, IMMEDIATE_GRACE_PERIOD_SECONDS};
-use crate::pods::Pod;
+use crate::pods::{ContainerKind, Pod};
+use crate::quantity::Quantity;
 
 /// The local-storage evictions for this cycle; critical pods and pods without stats
 /// are never included.
@@ -38,8 +39,8 @@ pub(super) fn local_storage_evictions(
 
 fn empty_dir_violation(pod: &Pod) -> Option<(EvictionReason, String)> {
     pod.empty_dirs.iter().find_map(|volume| {
-        let limit = volume.size_limit.filter(|limit| *limit > 0)?;
-        (volume.used? > limit).then(|| {
+        let limit = volume.size_limit.filter(|limit| limit.is_positive())?;
+        (Quantity::from_value(volume.used?) > limit).then(|| {
             (
                 EvictionReason::EmptyDirLimit,
                 empty_dir_message(&volume.name, limit),
@@ -48,16 +49,15 @@ fn empty_dir_violation(pod: &Pod) -> Option<(EvictionReason, String)> {
     })
 }
 
-/// The pod's limit is its own when given, else the sum of its containers' limits; a
-/// pod with no ephemeral-storage limit anywhere is never checked. Missing usage is 0.
+/// The pod's limit (`podEphemeralStorageLimitEviction`, from `PodLimits`) is its own
+/// when given, else its containers' limits added up as `PodLimits` adds them; a pod
+/// with no ephemeral-storage limit anywhere is never checked. Missing usage is 0.
 fn pod_limit_violation(pod: &Pod) -> Option<(EvictionReason, String)> {
-    let limit = pod.limits.ephemeral_storage.or_else(|| {
-        pod.containers
-            .iter()
-            .filter_map(|c| c.limits.ephemeral_storage)
-            .reduce(|a, b| a.saturating_add(b))
-    })?;
-    (pod.usage.ephemeral_storage.unwrap_or(0) > limit).then(|| {
+    let limit = pod
+        .limits
+        .ephemeral_storage_quantity()
+        .or_else(|| containers_limit(pod))?;
+    (Quantity::from_value(pod.usage.ephemeral_storage.unwrap_or(0)) > limit).then(|| {
         (
             EvictionReason::PodEphemeralStorageLimit,
             pod_ephemeral_storage_message(limit),
@@ -65,25 +65,79 @@ fn pod_limit_violation(pod: &Pod) -> Option<(EvictionReason, String)> {
     })
 }
 
-/// A container's use is its logs, plus its writable layer when that shares nodefs.
+/// `PodLimits` over the listed containers: the regular containers add up, then, in spec
+/// order, sidecars add to that; an init container counts alone, beside the sidecars
+/// started before it, and only its peak matters. Sums keep the first figure's format,
+/// as Go's `Quantity.Add` does.
+fn containers_limit(pod: &Pod) -> Option<Quantity> {
+    let add = |sum: Option<Quantity>, more: Quantity| Some(sum.map_or(more, |s| s.plus(more)));
+    let max = |peak: Option<Quantity>, other: Quantity| match peak {
+        Some(peak) if peak >= other => Some(peak),
+        _ => Some(other),
+    };
+    let mut total = pod
+        .containers
+        .iter()
+        .filter(|container| container.kind == ContainerKind::Regular)
+        .filter_map(|container| container.limits.ephemeral_storage_quantity())
+        .fold(None, add);
+    let mut sidecars: Option<Quantity> = None;
+    let mut init_peak: Option<Quantity> = None;
+    for container in &pod.containers {
+        let own = container.limits.ephemeral_storage_quantity();
+        match container.kind {
+            ContainerKind::Regular => {}
+            ContainerKind::Sidecar => {
+                if let Some(own) = own {
+                    total = add(total, own);
+                    sidecars = add(sidecars, own);
+                }
+                if let Some(running) = sidecars {
+                    init_peak = max(init_peak, running);
+                }
+            }
+            ContainerKind::Init => {
+                let running = match (own, sidecars) {
+                    (Some(own), Some(sidecars)) => Some(own.plus(sidecars)),
+                    (own, sidecars) => own.or(sidecars),
+                };
+                if let Some(running) = running {
+                    init_peak = max(init_peak, running);
+                }
+            }
+        }
+    }
+    match (total, init_peak) {
+        (Some(total), Some(peak)) if peak > total => Some(peak),
+        (total, peak) => total.or(peak),
+    }
+}
+
+/// A regular container's use is its logs, plus its writable layer when that shares
+/// nodefs. Init containers and sidecars are not checked one by one
+/// (`containerEphemeralStorageLimitEviction` reads `pod.Spec.Containers` only); their
+/// limits still count in the pod's total.
 fn container_limit_violation(
     pod: &Pod,
     dedicated_image_fs: bool,
 ) -> Option<(EvictionReason, String)> {
-    pod.containers.iter().find_map(|container| {
-        let limit = container
-            .limits
-            .ephemeral_storage
-            .filter(|limit| *limit != 0)?;
-        let mut used = container.usage.logs.unwrap_or(0);
-        if !dedicated_image_fs {
-            used = used.saturating_add(container.usage.rootfs.unwrap_or(0));
-        }
-        (used > limit).then(|| {
-            (
-                EvictionReason::ContainerEphemeralStorageLimit,
-                container_ephemeral_storage_message(&container.name, limit),
-            )
+    pod.containers
+        .iter()
+        .filter(|container| container.kind == ContainerKind::Regular)
+        .find_map(|container| {
+            let limit = container
+                .limits
+                .ephemeral_storage_quantity()
+                .filter(|limit| *limit != Quantity::ZERO)?;
+            let mut used = container.usage.logs.unwrap_or(0);
+            if !dedicated_image_fs {
+                used = used.saturating_add(container.usage.rootfs.unwrap_or(0));
+            }
+            (Quantity::from_value(used) > limit).then(|| {
+                (
+                    EvictionReason::ContainerEphemeralStorageLimit,
+                    container_ephemeral_storage_message(&container.name, limit),
+                )
+            })
         })
-    })
 }

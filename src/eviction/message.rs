@@ -6,12 +6,24 @@ use super::{
     ANNOTATION_OFFENDING_CONTAINERS, ANNOTATION_OFFENDING_CONTAINERS_USAGE,
     ANNOTATION_STARVED_RESOURCE,
 };
-use crate::config::{Quantity, Threshold};
+use crate::config::Threshold;
 use crate::pods::{ContainerStats, Pod};
+use crate::quantity::{Quantity, QuantityFormat};
 use crate::signals::{Observations, Resource};
 
+/// A measured byte count as the kubelet prints it (`NewQuantity(n, BinarySI)`).
 fn quantity(value: i64) -> String {
     Quantity::from_value(value).to_string()
+}
+
+/// What is left of `resource`, as the kubelet's observations print it: bytes in
+/// `BinarySI`, inode and PID counts in `DecimalSI` (`makeSignalObservations`).
+fn available(resource: Resource, value: i64) -> String {
+    let format = match resource {
+        Resource::Memory | Resource::EphemeralStorage => QuantityFormat::BinarySi,
+        Resource::Inodes | Resource::Pids => QuantityFormat::DecimalSi,
+    };
+    Quantity::from_value_in(value, format).to_string()
 }
 
 /// The message and annotations for a threshold eviction (`evictionMessage`).
@@ -32,7 +44,7 @@ pub(super) fn threshold_eviction_message(
         message += &format!(
             "Threshold quantity: {}, available: {}. ",
             threshold.value.resolve(observed.capacity),
-            quantity(observed.available),
+            available(resource, observed.available),
         );
     }
     let mut annotations = BTreeMap::new();
@@ -46,12 +58,11 @@ pub(super) fn threshold_eviction_message(
             continue;
         };
         let request = container_request(container, resource);
-        if usage > request {
+        if Quantity::from_value(usage) > request {
             message += &format!(
-                "Container {} was using {}, request is {}, has larger consumption of {resource}. ",
+                "Container {} was using {}, request is {request}, has larger consumption of {resource}. ",
                 container.name,
                 quantity(usage),
-                quantity(request),
             );
             offenders.push(container.name.as_str());
             offender_usage.push(quantity(usage));
@@ -82,32 +93,30 @@ fn container_usage(container: &ContainerStats, resource: Resource) -> Option<i64
     }
 }
 
-fn container_request(container: &ContainerStats, resource: Resource) -> i64 {
+/// The container's own request as its spec wrote it; none is 0.
+fn container_request(container: &ContainerStats, resource: Resource) -> Quantity {
     match resource {
-        Resource::Memory => container.requests.memory,
-        Resource::EphemeralStorage => container.requests.ephemeral_storage,
+        Resource::Memory => container.requests.memory_quantity(),
+        Resource::EphemeralStorage => container.requests.ephemeral_storage_quantity(),
         Resource::Inodes | Resource::Pids => None,
     }
-    .unwrap_or(0)
+    .unwrap_or(Quantity::ZERO)
 }
 
-pub(super) fn empty_dir_message(volume: &str, size_limit: i64) -> String {
+pub(super) fn empty_dir_message(volume: &str, size_limit: Quantity) -> String {
     format!(
         "Usage of EmptyDir volume {volume:?} exceeds the limit {:?}. ",
-        quantity(size_limit)
+        size_limit.to_string()
     )
 }
 
-pub(super) fn pod_ephemeral_storage_message(limit: i64) -> String {
-    format!(
-        "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
-        quantity(limit)
-    )
+pub(super) fn pod_ephemeral_storage_message(limit: Quantity) -> String {
+    format!("Pod ephemeral local storage usage exceeds the total limit of containers {limit}. ")
 }
 
-pub(super) fn container_ephemeral_storage_message(container: &str, limit: i64) -> String {
+pub(super) fn container_ephemeral_storage_message(container: &str, limit: Quantity) -> String {
     format!(
         "Container {container} exceeded its local ephemeral storage limit {:?}. ",
-        quantity(limit)
+        limit.to_string()
     )
 }

@@ -7,8 +7,8 @@ use crate::config::{
     EvictionConfig, FilesystemLayout, GoDuration, Quantity, Threshold, ThresholdValue,
 };
 use crate::pods::{
-    ContainerStats, ContainerUsage, DiskAmount, EmptyDirStats, Pod, PodUsage, ResourceAmounts,
-    StorageUsage,
+    AmountFormats, ContainerKind, ContainerStats, ContainerUsage, DiskAmount, EmptyDirStats, Pod,
+    PodUsage, ResourceAmounts, StorageUsage,
 };
 use crate::signals::{NodeCondition, Observation, Observations, Signal};
 
@@ -280,6 +280,69 @@ fn hard_threshold_evicts_at_once_with_one_second_grace_and_the_kubelet_message()
             .collect(),
             disruption_target: true,
         }
+    );
+}
+
+#[test]
+fn messages_print_quantities_in_the_format_the_user_wrote_them() {
+    // `evictionMessage` prints the threshold and the container's request as the
+    // `Quantity` values they are (`String()`: the canonical form in the format they were
+    // written in), usage and what is available as `NewQuantity(n, BinarySI)`, and inodes
+    // as `NewQuantity(n, DecimalSI)` (`makeSignalObservations`).
+    let parsed = |text: &str| Quantity::parse(text).unwrap();
+    let cfg = config(vec![hard(
+        Signal::MemoryAvailable,
+        ThresholdValue::Quantity(parsed("1000M")),
+    )]);
+    let mut p = mem_pod("web-1", 1_500_000_000, None, 0);
+    let request = parsed("1G");
+    p.containers = vec![ContainerStats {
+        name: "app".into(),
+        requests: ResourceAmounts {
+            memory: Some(request.value()),
+            formats: AmountFormats {
+                memory: request.format(),
+                ..AmountFormats::default()
+            },
+            ..ResourceAmounts::default()
+        },
+        usage: ContainerUsage {
+            memory: Some(1_500_000_000),
+            ..ContainerUsage::default()
+        },
+        ..ContainerStats::default()
+    }];
+    let d = synchronize(
+        &cfg,
+        &EvictionState::default(),
+        &memory(900_000_000),
+        &[p],
+        at(0),
+        &SyncOptions::default(),
+    );
+    assert_eq!(
+        d.evictions[0].message,
+        "The node was low on resource: memory. Threshold quantity: 1G, available: 900000000. \
+         Container app was using 1500000000, request is 1G, has larger consumption of memory. "
+    );
+
+    let cfg = config(vec![hard(
+        Signal::NodeFsInodesFree,
+        ThresholdValue::Quantity(parsed("40k")),
+    )]);
+    let mut p = pod("files");
+    p.usage.inodes = Some(5);
+    let d = synchronize(
+        &cfg,
+        &EvictionState::default(),
+        &observe(&[(Signal::NodeFsInodesFree, 30_000, 1_000_000)]),
+        &[p],
+        at(0),
+        &SyncOptions::default(),
+    );
+    assert_eq!(
+        d.evictions[0].message,
+        "The node was low on resource: inodes. Threshold quantity: 40k, available: 30k. "
     );
 }
 
@@ -697,13 +760,13 @@ fn every_local_storage_offender_is_evicted_in_one_cycle_with_the_kubelet_message
     empty_dir.empty_dirs = vec![
         EmptyDirStats {
             name: "ok".into(),
-            size_limit: Some(GI),
+            size_limit: Some(Quantity::from_value(GI)),
             used: Some(MI),
             memory_backed: false,
         },
         EmptyDirStats {
             name: "cache".into(),
-            size_limit: Some(100 * MI),
+            size_limit: Some(Quantity::parse("100Mi").unwrap()),
             used: Some(101 * MI),
             memory_backed: false,
         },
@@ -795,6 +858,120 @@ fn every_local_storage_offender_is_evicted_in_one_cycle_with_the_kubelet_message
     );
     assert!(d.evictions.iter().all(|o| o.annotations.is_empty()));
     assert_eq!(d.conditions, conditions(&[NodeCondition::MemoryPressure]));
+}
+
+/// A container with an ephemeral-storage limit written as `limit` and the given use of
+/// its writable layer and logs.
+fn storage_container(name: &str, kind: ContainerKind, limit: &str, used: i64) -> ContainerStats {
+    let limit = Quantity::parse(limit).unwrap();
+    ContainerStats {
+        name: name.into(),
+        kind,
+        limits: ResourceAmounts {
+            ephemeral_storage: Some(limit.value()),
+            formats: AmountFormats {
+                ephemeral_storage: limit.format(),
+                ..AmountFormats::default()
+            },
+            ..ResourceAmounts::default()
+        },
+        usage: ContainerUsage {
+            rootfs: Some(used),
+            logs: Some(0),
+            ..ContainerUsage::default()
+        },
+        ..ContainerStats::default()
+    }
+}
+
+fn local_storage_summary(pods: &[Pod]) -> Vec<(String, String)> {
+    let d = synchronize(
+        &config(vec![]),
+        &EvictionState::default(),
+        &Observations::new(),
+        pods,
+        at(0),
+        &SyncOptions::default(),
+    );
+    d.evictions
+        .iter()
+        .map(|o| (o.name.clone(), o.message.clone()))
+        .collect()
+}
+
+#[test]
+fn only_regular_containers_are_held_to_their_own_storage_limit() {
+    // `containerEphemeralStorageLimitEviction` builds its limits from
+    // `pod.Spec.Containers` alone: an init container or a sidecar over its own limit is
+    // not evicted for it, though its limit counts in the pod's total (`PodLimits`).
+    let mut sidecar = storage_pod("sidecar");
+    sidecar.containers = vec![
+        storage_container("log-shipper", ContainerKind::Sidecar, "100Mi", 200 * MI),
+        storage_container("app", ContainerKind::Regular, "1Gi", MI),
+    ];
+    sidecar.usage.ephemeral_storage = Some(201 * MI);
+    let mut init = storage_pod("init");
+    init.containers = vec![
+        storage_container("unpack", ContainerKind::Init, "100Mi", 200 * MI),
+        storage_container("app", ContainerKind::Regular, "1Gi", MI),
+    ];
+    init.usage.ephemeral_storage = Some(201 * MI);
+    let mut regular = storage_pod("regular");
+    regular.containers = vec![storage_container(
+        "app",
+        ContainerKind::Regular,
+        "100Mi",
+        200 * MI,
+    )];
+    regular.usage.ephemeral_storage = Some(200 * MI);
+    // The pod's own total is not what is tested here.
+    regular.limits.ephemeral_storage = Some(2 * GI);
+    assert_eq!(
+        local_storage_summary(&[sidecar, init, regular]),
+        [(
+            "regular".to_string(),
+            "Container app exceeded its local ephemeral storage limit \"100Mi\". ".to_string()
+        )]
+    );
+}
+
+#[test]
+fn the_pod_storage_limit_adds_up_containers_as_pod_limits_does() {
+    // `PodLimits`: regular containers and sidecars add up; an init container counts with
+    // the sidecars started before it, and the larger of that and the sum wins. The sum
+    // prints in the first figure's format (`Quantity.Add`).
+    let mut summed = storage_pod("summed");
+    summed.containers = vec![
+        storage_container("proxy", ContainerKind::Sidecar, "500M", 0),
+        storage_container("app", ContainerKind::Regular, "1G", 0),
+    ];
+    summed.usage.ephemeral_storage = Some(1_500_000_001);
+    let mut init_peak = storage_pod("init-peak");
+    init_peak.containers = vec![
+        storage_container("proxy", ContainerKind::Sidecar, "1Gi", 0),
+        storage_container("restore", ContainerKind::Init, "2Gi", 0),
+        storage_container("app", ContainerKind::Regular, "1Gi", 0),
+    ];
+    // The restore step ran beside the proxy: 3Gi, more than 2Gi for proxy and app.
+    init_peak.usage.ephemeral_storage = Some(3 * GI);
+    let mut over_peak = init_peak.clone();
+    over_peak.name = "over-peak".into();
+    over_peak.usage.ephemeral_storage = Some(3 * GI + 1);
+    assert_eq!(
+        local_storage_summary(&[summed, init_peak, over_peak]),
+        [
+            (
+                "summed".to_string(),
+                "Pod ephemeral local storage usage exceeds the total limit of containers 1500M. "
+                    .to_string()
+            ),
+            (
+                "over-peak".to_string(),
+                "Pod ephemeral local storage usage exceeds the total limit of containers 3Gi. "
+                    .to_string()
+            ),
+        ]
+    );
 }
 
 #[test]
@@ -1360,7 +1537,9 @@ fn ties_are_broken_by_namespace_then_name() {
 
 #[test]
 fn the_evicted_pod_is_the_first_ranked_non_critical_pod() {
-    let cfg = config(vec![hard(Signal::PidAvailable, quantity(1000))]);
+    // `pid.available: "1000"` in the kubelet's file.
+    let threshold = ThresholdValue::Quantity(Quantity::parse("1000").unwrap());
+    let cfg = config(vec![hard(Signal::PidAvailable, threshold)]);
     let obs = observe(&[(Signal::PidAvailable, 10, 32768)]);
     let pids = |name: &str, priority, count| Pod {
         priority,
@@ -1386,7 +1565,8 @@ fn the_evicted_pod_is_the_first_ranked_non_critical_pod() {
     );
     assert_eq!(
         d.evictions[0].message,
-        "The node was low on resource: pids. Threshold quantity: 1000, available: 10. "
+        // `Quantity.String()` of "1000" is its canonical "1k".
+        "The node was low on resource: pids. Threshold quantity: 1k, available: 10. "
     );
     assert_eq!(d.evictions[0].annotations["starved_resource"], "pids");
 }

@@ -5,10 +5,13 @@
 use k8s_openapi::api::core::v1::Pod as ApiPod;
 
 use super::resources::{
-    Amounts, QosClass, QuantityReader, QuantityWarning, compute_qos, pod_limits, pod_requests,
-    whole_units,
+    Amounts, QosClass, QuantityReader, QuantityWarning, compute_qos, is_sidecar, pod_limits,
+    pod_requests,
 };
-use crate::pods::{ContainerStats, EmptyDirStats, Pod, ResourceAmounts};
+use crate::pods::{
+    AmountFormats, ContainerKind, ContainerStats, EmptyDirStats, Pod, ResourceAmounts,
+};
+use crate::quantity::Quantity;
 
 /// The annotation naming where the kubelet got a pod from; anything but `api` is static.
 pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
@@ -34,9 +37,15 @@ pub struct ConvertError {
 }
 
 fn amounts(list: &Amounts) -> ResourceAmounts {
+    let memory = list.get("memory");
+    let ephemeral_storage = list.get("ephemeral-storage");
     ResourceAmounts {
-        memory: list.get("memory").map(|n| whole_units(*n)),
-        ephemeral_storage: list.get("ephemeral-storage").map(|n| whole_units(*n)),
+        memory: memory.map(Quantity::value),
+        ephemeral_storage: ephemeral_storage.map(Quantity::value),
+        formats: AmountFormats {
+            memory: memory.map(Quantity::format).unwrap_or_default(),
+            ephemeral_storage: ephemeral_storage.map(Quantity::format).unwrap_or_default(),
+        },
     }
 }
 
@@ -48,10 +57,12 @@ pub fn has_finished(pod: &ApiPod) -> bool {
     matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-/// Whether the kubelet still counts the pod as active: not terminal, and no deletion
-/// requested (the kubelet stops considering a pod for eviction once it is terminating).
+/// Whether the pod may still be an eviction candidate: it has not finished. A pod being
+/// deleted stays one while it still runs here, as the kubelet's active pods keep a pod
+/// whose termination was requested until it is known terminated
+/// (`filterOutInactivePods`); the agent leaves it out once no process of it is left.
 pub fn is_active(pod: &ApiPod) -> bool {
-    !has_finished(pod) && pod.metadata.deletion_timestamp.is_none()
+    !has_finished(pod)
 }
 
 /// Static (`config.source` other than `api`) or mirror pod.
@@ -96,15 +107,27 @@ pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
         .init_containers
         .iter()
         .flatten()
-        .map(|c| ("spec.initContainers", c))
-        .chain(spec.containers.iter().map(|c| ("spec.containers", c)));
-    for (field, container) in all_containers {
+        .map(|c| {
+            let kind = if is_sidecar(c) {
+                ContainerKind::Sidecar
+            } else {
+                ContainerKind::Init
+            };
+            ("spec.initContainers", kind, c)
+        })
+        .chain(
+            spec.containers
+                .iter()
+                .map(|c| ("spec.containers", ContainerKind::Regular, c)),
+        );
+    for (field, kind, container) in all_containers {
         let (requests, limits) = reader.requirements(
             &format!("{field}[{}].resources", container.name),
             container.resources.as_ref(),
         );
         containers.push(ContainerStats {
             name: container.name.clone(),
+            kind,
             requests: amounts(&requests),
             limits: amounts(&limits),
             ..ContainerStats::default()
@@ -135,8 +158,7 @@ pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
             let size_limit = empty_dir
                 .size_limit
                 .as_ref()
-                .and_then(|q| crate::config::Quantity::parse(&q.0).ok())
-                .map(|q| whole_units(q.nanos()));
+                .and_then(|q| Quantity::parse(&q.0).ok());
             Some(EmptyDirStats {
                 name: volume.name.clone(),
                 size_limit,
@@ -162,6 +184,7 @@ pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
             containers,
             empty_dirs,
             cgroup: None,
+            terminating: api.metadata.deletion_timestamp.is_some(),
         },
         qos,
         container_ids,
@@ -249,7 +272,9 @@ mod tests {
             converted.container_ids,
             vec![("app".to_string(), "abc123".to_string())]
         );
-        assert_eq!(pod.empty_dirs[0].size_limit, Some(500 << 20));
+        let size_limit = pod.empty_dirs[0].size_limit.expect("a size limit");
+        assert_eq!(size_limit.value(), 500 << 20);
+        assert_eq!(size_limit.to_string(), "500Mi");
         assert!(
             !pod.empty_dirs[0].memory_backed,
             "the default medium is the disk"
@@ -282,6 +307,63 @@ mod tests {
             let pod = convert_pod(&api).unwrap().pod;
             assert_eq!(pod.empty_dirs[0].memory_backed, backed, "{medium:?}");
         }
+    }
+
+    #[test]
+    fn containers_keep_their_kind_and_the_format_of_their_quantities() {
+        let resources = |requests: &str, limits: &str| {
+            let list = |text: &str| {
+                text.split_once('=').map(|(resource, amount)| {
+                    BTreeMap::from([(resource.to_string(), K8sQuantity(amount.to_string()))])
+                })
+            };
+            Some(ResourceRequirements {
+                requests: list(requests),
+                limits: list(limits),
+                ..Default::default()
+            })
+        };
+        let mut api = api_pod(&[], None);
+        let spec = api.spec.as_mut().unwrap();
+        spec.containers[0].resources = resources("memory=1G", "ephemeral-storage=40k");
+        spec.init_containers = Some(vec![
+            Container {
+                name: "unpack".to_string(),
+                ..Default::default()
+            },
+            Container {
+                name: "proxy".to_string(),
+                restart_policy: Some("Always".to_string()),
+                resources: resources("memory=64Mi", ""),
+                ..Default::default()
+            },
+        ]);
+        let pod = convert_pod(&api).unwrap().pod;
+        let kinds: Vec<(&str, ContainerKind)> = pod
+            .containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("unpack", ContainerKind::Init),
+                ("proxy", ContainerKind::Sidecar),
+                ("app", ContainerKind::Regular),
+            ]
+        );
+        let app = &pod.containers[2];
+        let shown = |q: Option<Quantity>| q.map(|q| q.to_string());
+        assert_eq!(shown(app.requests.memory_quantity()).as_deref(), Some("1G"));
+        assert_eq!(
+            shown(app.limits.ephemeral_storage_quantity()).as_deref(),
+            Some("40k")
+        );
+        // `GetResourceRequestQuantity` sums in the first figure's format: 1G + 64Mi.
+        assert_eq!(
+            shown(pod.requests.memory_quantity()).as_deref(),
+            Some("1067108864")
+        );
     }
 
     #[test]
@@ -332,14 +414,16 @@ mod tests {
     }
 
     #[test]
-    fn terminal_and_terminating_pods_are_inactive() {
+    fn terminal_pods_are_inactive_and_terminating_ones_are_marked() {
         let mut pod = api_pod(&[], None);
         assert!(is_active(&pod));
+        assert!(!convert_pod(&pod).unwrap().pod.terminating);
         pod.status.as_mut().unwrap().phase = Some("Failed".to_string());
         assert!(!is_active(&pod));
         let mut pod = api_pod(&[], None);
         pod.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-        assert!(!is_active(&pod));
+        assert!(is_active(&pod), "a pod being deleted may still run");
+        assert!(convert_pod(&pod).unwrap().pod.terminating);
     }
 
     #[test]

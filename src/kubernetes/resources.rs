@@ -1,7 +1,9 @@
 //! Pod-effective requests and limits and the QoS class, computed from the pod spec the
 //! way the kubelet's resource helpers do: init containers run one at a time, restartable
 //! init containers (sidecars) keep running beside everything started after them, pod
-//! overhead is added on top, and pod-level resources replace the container sums.
+//! overhead is added on top of what is already non-zero, and pod-level resources replace
+//! the container sums. Each total keeps the format Go's `Quantity.Add` would leave it
+//! in, so messages print it as the kubelet does.
 
 use std::collections::BTreeMap;
 
@@ -9,9 +11,9 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
 
 use crate::config::Quantity;
 
-/// Resource name to amount in nano-units, exact for every Kubernetes quantity that
-/// matters here (`500m` CPU is 500_000_000).
-pub type Amounts = BTreeMap<String, i128>;
+/// Resource name to amount, exact for every Kubernetes quantity that matters here
+/// (`500m` CPU is 500,000,000 nano-units), with the format it prints in.
+pub type Amounts = BTreeMap<String, Quantity>;
 
 /// Resources pod-level `resources` may set (the rest still come from containers).
 const POD_LEVEL_RESOURCES: [&str; 2] = ["cpu", "memory"];
@@ -77,7 +79,7 @@ impl QuantityReader {
         for (resource, quantity) in list.into_iter().flatten() {
             match Quantity::parse(&quantity.0) {
                 Ok(parsed) => {
-                    out.insert(resource.clone(), parsed.nanos());
+                    out.insert(resource.clone(), parsed);
                 }
                 Err(_) => self.warnings.push(QuantityWarning {
                     field: field.to_string(),
@@ -114,20 +116,28 @@ impl QuantityReader {
     }
 }
 
+/// `addResourceList`: a resource new to `total` is copied, an existing one summed.
 fn add_into(total: &mut Amounts, more: &Amounts) {
     for (resource, amount) in more {
-        *total.entry(resource.clone()).or_insert(0) += amount;
+        total
+            .entry(resource.clone())
+            .and_modify(|sum| *sum = sum.plus(*amount))
+            .or_insert(*amount);
     }
 }
 
+/// `maxResourceList`: a larger amount replaces the total, format and all.
 fn max_into(total: &mut Amounts, other: &Amounts) {
     for (resource, amount) in other {
         let slot = total.entry(resource.clone()).or_insert(*amount);
-        *slot = (*slot).max(*amount);
+        if amount > slot {
+            *slot = *amount;
+        }
     }
 }
 
-fn is_sidecar(container: &Container) -> bool {
+/// A restartable init container: `restartPolicy: Always`.
+pub(super) fn is_sidecar(container: &Container) -> bool {
     container.restart_policy.as_deref() == Some("Always")
 }
 
@@ -178,13 +188,21 @@ fn pod_level(reader: &mut QuantityReader, spec: &PodSpec) -> (Amounts, Amounts) 
     (requests, limits)
 }
 
-/// `PodRequests`: container sum (init-aware), pod-level values where set, plus overhead.
+/// The requests eviction ranks by (`GetResourceRequestQuantity`): the container sum
+/// (init-aware), pod-level values where set, and the pod overhead only on top of a
+/// request that is not zero. A pod that requests no memory keeps a memory request of 0
+/// whatever its RuntimeClass's overhead, as in the kubelet.
 pub fn pod_requests(reader: &mut QuantityReader, spec: &PodSpec) -> Amounts {
     let mut requests = aggregate(reader, spec, Which::Requests);
     let (pod_requests, _) = pod_level(reader, spec);
     requests.extend(pod_requests);
-    let overhead = reader.overhead(spec);
-    add_into(&mut requests, &overhead);
+    for (resource, amount) in reader.overhead(spec) {
+        if let Some(request) = requests.get_mut(&resource)
+            && *request != Quantity::ZERO
+        {
+            *request = request.plus(amount);
+        }
+    }
     requests
 }
 
@@ -196,7 +214,7 @@ pub fn pod_limits(reader: &mut QuantityReader, spec: &PodSpec) -> Amounts {
     limits.extend(pod_limits);
     for (resource, amount) in reader.overhead(spec) {
         if let Some(limit) = limits.get_mut(&resource) {
-            *limit += amount;
+            *limit = limit.plus(amount);
         }
     }
     limits
@@ -209,7 +227,9 @@ pub fn compute_qos(reader: &mut QuantityReader, spec: &PodSpec) -> QosClass {
     let positive_qos = |amounts: Amounts| -> Amounts {
         amounts
             .into_iter()
-            .filter(|(resource, amount)| QOS_RESOURCES.contains(&resource.as_str()) && *amount > 0)
+            .filter(|(resource, amount)| {
+                QOS_RESOURCES.contains(&resource.as_str()) && amount.is_positive()
+            })
             .collect()
     };
     let mut requests = Amounts::new();
@@ -255,12 +275,6 @@ pub fn compute_qos(reader: &mut QuantityReader, spec: &PodSpec) -> QosClass {
     }
 }
 
-/// Nano-units to whole units, rounding up like `Quantity.Value()`.
-pub fn whole_units(nanos: i128) -> i64 {
-    let units = nanos.div_euclid(1_000_000_000) + i128::from(nanos.rem_euclid(1_000_000_000) != 0);
-    i64::try_from(units).unwrap_or(if units > 0 { i64::MAX } else { i64::MIN })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,7 +312,7 @@ mod tests {
     }
 
     fn memory(amounts: &Amounts) -> Option<i64> {
-        amounts.get("memory").map(|n| whole_units(*n))
+        amounts.get("memory").map(Quantity::value)
     }
 
     const MI: i64 = 1 << 20;
@@ -381,6 +395,28 @@ mod tests {
                 limits: None,
             },
             Case {
+                // `GetResourceRequestQuantity`: "Add overhead for running a pod to the
+                // total requests if the resource total is non-zero".
+                name: "overhead never turns no memory request into one",
+                spec: PodSpec {
+                    containers: vec![container("a", "cpu=1", "")],
+                    overhead: list("memory=10Mi,cpu=250m"),
+                    ..Default::default()
+                },
+                requests: None,
+                limits: None,
+            },
+            Case {
+                name: "nor an explicit zero request",
+                spec: PodSpec {
+                    containers: vec![container("a", "memory=0", "")],
+                    overhead: list("memory=10Mi"),
+                    ..Default::default()
+                },
+                requests: Some(0),
+                limits: None,
+            },
+            Case {
                 name: "limits default requests",
                 spec: PodSpec {
                     containers: vec![container("a", "", "memory=64Mi")],
@@ -449,13 +485,13 @@ mod tests {
         let mut reader = QuantityReader::default();
         let requests = pod_requests(&mut reader, &spec);
         assert_eq!(
-            requests.get("ephemeral-storage").map(|n| whole_units(*n)),
+            requests.get("ephemeral-storage").map(Quantity::value),
             Some(2 << 30)
         );
         // Only the regular container has a limit: the sidecar's absence is not summed.
         let limits = pod_limits(&mut reader, &spec);
         assert_eq!(
-            limits.get("ephemeral-storage").map(|n| whole_units(*n)),
+            limits.get("ephemeral-storage").map(Quantity::value),
             Some(2 << 30)
         );
     }
@@ -569,14 +605,5 @@ mod tests {
             reader.warnings[0].to_string(),
             "spec.containers[0].resources.requests[\"memory\"]: invalid quantity \"lots\""
         );
-    }
-
-    #[test]
-    fn whole_units_round_up() {
-        assert_eq!(whole_units(1), 1);
-        assert_eq!(whole_units(1_000_000_000), 1);
-        assert_eq!(whole_units(1_500_000_000), 2);
-        assert_eq!(whole_units(0), 0);
-        assert_eq!(whole_units(-1_500_000_000), -1);
     }
 }

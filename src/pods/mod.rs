@@ -2,11 +2,38 @@
 //! It is the same shape whether pods come from the API server, from workload cgroups
 //! in standalone mode, or from a recorded trace.
 
+use crate::quantity::{Quantity, QuantityFormat};
+
 /// Amounts of the resources eviction reasons about, in bytes (memory, storage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ResourceAmounts {
     pub memory: Option<i64>,
     pub ephemeral_storage: Option<i64>,
+    /// How the pod spec wrote each amount, so that messages print a request or limit as
+    /// the kubelet prints the API object's own quantity (`1G` stays `1G`).
+    pub formats: AmountFormats,
+}
+
+/// The format of each of [`ResourceAmounts`]' figures; binary (a plain byte count or a
+/// `Ki`..`Ei` multiple) unless the pod spec said otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AmountFormats {
+    pub memory: QuantityFormat,
+    pub ephemeral_storage: QuantityFormat,
+}
+
+impl ResourceAmounts {
+    /// The memory figure as the quantity the kubelet would print.
+    pub fn memory_quantity(&self) -> Option<Quantity> {
+        self.memory
+            .map(|value| Quantity::from_value_in(value, self.formats.memory))
+    }
+
+    /// The ephemeral-storage figure as the quantity the kubelet would print.
+    pub fn ephemeral_storage_quantity(&self) -> Option<Quantity> {
+        self.ephemeral_storage
+            .map(|value| Quantity::from_value_in(value, self.formats.ephemeral_storage))
+    }
 }
 
 /// Measured usage; `None` means "no stats" for that resource. A pod that has stats but
@@ -105,6 +132,10 @@ pub struct Pod {
     /// The pod's cgroup, relative to the cgroup hierarchy root (for v1, the same path in
     /// every controller hierarchy), when known. The standalone evictor kills it.
     pub cgroup: Option<std::path::PathBuf>,
+    /// Its deletion was requested (the API object has a `deletionTimestamp`), but it may
+    /// still run here. The kubelet keeps such a pod among its active pods, so among the
+    /// eviction candidates, until it is known to have stopped (`filterOutInactivePods`).
+    pub terminating: bool,
 }
 
 /// Measured usage of one container; `None` means "no stats".
@@ -118,9 +149,24 @@ pub struct ContainerUsage {
     pub logs: Option<i64>,
 }
 
+/// Where a container sits in the pod spec, which decides which of the kubelet's rules
+/// apply to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContainerKind {
+    /// In `spec.containers`: its own ephemeral-storage limit is enforced.
+    #[default]
+    Regular,
+    /// In `spec.initContainers`, run to completion before the next one starts.
+    Init,
+    /// In `spec.initContainers` with `restartPolicy: Always`: runs beside the regular
+    /// containers.
+    Sidecar,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ContainerStats {
     pub name: String,
+    pub kind: ContainerKind,
     pub requests: ResourceAmounts,
     pub limits: ResourceAmounts,
     pub usage: ContainerUsage,
@@ -130,7 +176,8 @@ pub struct ContainerStats {
 pub struct EmptyDirStats {
     /// The volume name in the pod spec.
     pub name: String,
-    pub size_limit: Option<i64>,
+    /// Exact, in the format the pod spec wrote it (the kubelet prints it back).
+    pub size_limit: Option<Quantity>,
     pub used: Option<i64>,
     /// `medium: Memory` or `HugePages*`: memory, not the node's disk. The kubelet counts
     /// an emptyDir as local storage only with the default medium

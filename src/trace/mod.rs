@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 pub use crate::config::ScalarText as Amount;
 use crate::config::{GoDuration, Quantity};
 use crate::pods::{
-    ContainerStats, ContainerUsage, DiskAmount, EmptyDirStats, Pod, PodUsage, ResourceAmounts,
-    StorageUsage,
+    ContainerKind, ContainerStats, ContainerUsage, DiskAmount, EmptyDirStats, Pod, PodUsage,
+    ResourceAmounts, StorageUsage,
 };
 use crate::signals::{Observation, Observations, Signal};
 
@@ -80,6 +80,10 @@ pub struct TracePod {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TraceContainer {
     pub name: String,
+    /// `regular` (the default), `init` or `sidecar`: where the container sits in the
+    /// pod spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub requests: BTreeMap<String, Amount>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -260,10 +264,18 @@ fn resource_amounts(
 ) -> Result<ResourceAmounts, String> {
     let mut out = ResourceAmounts::default();
     for (resource, text) in map {
-        let value = parse_amount(&text.0).map_err(|e| format!("{who}: {field}.{resource}: {e}"))?;
+        let quantity =
+            parse_quantity(&text.0).map_err(|e| format!("{who}: {field}.{resource}: {e}"))?;
+        let value = Some(quantity.value());
         match resource.as_str() {
-            "memory" => out.memory = Some(value),
-            "ephemeral-storage" => out.ephemeral_storage = Some(value),
+            "memory" => {
+                out.memory = value;
+                out.formats.memory = quantity.format();
+            }
+            "ephemeral-storage" => {
+                out.ephemeral_storage = value;
+                out.formats.ephemeral_storage = quantity.format();
+            }
             "cpu" => {}
             other => return Err(format!("{who}: {field}: unknown resource {other:?}")),
         }
@@ -289,8 +301,19 @@ impl TraceContainer {
                 }
             }
         }
+        let kind = match self.kind.as_deref() {
+            None | Some("regular") => ContainerKind::Regular,
+            Some("init") => ContainerKind::Init,
+            Some("sidecar") => ContainerKind::Sidecar,
+            Some(other) => {
+                return Err(format!(
+                    "{who}: kind: {other:?} is not a container kind (expected regular, init or sidecar)"
+                ));
+            }
+        };
         Ok(ContainerStats {
             name: self.name.clone(),
+            kind,
             requests: resource_amounts(&who, "requests", &self.requests)?,
             limits: resource_amounts(&who, "limits", &self.limits)?,
             usage,
@@ -301,10 +324,10 @@ impl TraceContainer {
 impl TraceEmptyDir {
     fn to_stats(&self, who: &str) -> Result<EmptyDirStats, String> {
         let who = format!("{who}: emptyDirs[{}]", self.name);
-        let amount = |field: &str, value: &Option<Amount>| {
+        let quantity = |field: &str, value: &Option<Amount>| {
             value
                 .as_ref()
-                .map(|text| parse_amount(&text.0).map_err(|e| format!("{who}: {field}: {e}")))
+                .map(|text| parse_quantity(&text.0).map_err(|e| format!("{who}: {field}: {e}")))
                 .transpose()
         };
         let memory_backed = match self.medium.as_deref() {
@@ -319,8 +342,8 @@ impl TraceEmptyDir {
         };
         Ok(EmptyDirStats {
             name: self.name.clone(),
-            size_limit: amount("sizeLimit", &self.size_limit)?,
-            used: amount("used", &self.used)?,
+            size_limit: quantity("sizeLimit", &self.size_limit)?,
+            used: quantity("used", &self.used)?.map(|used| used.value()),
             memory_backed,
         })
     }
@@ -353,6 +376,9 @@ impl TracePod {
             }
         }
         Ok(Pod {
+            // A trace holds the candidates the agent saw: a pod being deleted was
+            // recorded only while it still ran, so it is a candidate on replay too.
+            terminating: false,
             namespace: self.namespace.clone(),
             name: self.name.clone(),
             uid: self.uid.clone(),
@@ -379,11 +405,16 @@ impl TracePod {
 
 /// A non-negative integer amount in quantity syntax (bytes, inodes, pids).
 fn parse_amount(text: &str) -> Result<i64, String> {
+    parse_quantity(text).map(|quantity| quantity.value())
+}
+
+/// A figure of a trace, kept in the format it was written in for messages.
+fn parse_quantity(text: &str) -> Result<Quantity, String> {
     let quantity = Quantity::parse(text).map_err(|e| format!("{text:?}: {e}"))?;
     if quantity.is_negative() {
         return Err(format!("{text:?} must not be negative"));
     }
-    Ok(quantity.value())
+    Ok(quantity)
 }
 
 #[cfg(test)]
@@ -469,6 +500,33 @@ steps:
     }
 
     #[test]
+    fn containers_carry_their_kind_and_figures_keep_their_format() {
+        let text = "steps:\n- at: 0s\n  pods:\n  - namespace: a\n    name: b\n    containers:\n    - {name: init, kind: init}\n    - {name: proxy, kind: sidecar, requests: {memory: 1G}}\n    - {name: app, limits: {ephemeral-storage: 40k}}\n    emptyDirs:\n    - {name: scratch, sizeLimit: \"1e3\"}\n";
+        let trace = TraceFile::from_str(text, "t.yaml").unwrap();
+        let steps = trace.parsed_steps("t.yaml").unwrap();
+        let pod = &steps[0].pods[0];
+        let kinds: Vec<ContainerKind> = pod.containers.iter().map(|c| c.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                ContainerKind::Init,
+                ContainerKind::Sidecar,
+                ContainerKind::Regular
+            ]
+        );
+        let shown = |q: Option<Quantity>| q.map(|q| q.to_string());
+        assert_eq!(
+            shown(pod.containers[1].requests.memory_quantity()).as_deref(),
+            Some("1G")
+        );
+        assert_eq!(
+            shown(pod.containers[2].limits.ephemeral_storage_quantity()).as_deref(),
+            Some("40k")
+        );
+        assert_eq!(shown(pod.empty_dirs[0].size_limit).as_deref(), Some("1e3"));
+    }
+
+    #[test]
     fn a_bad_storage_figure_or_medium_is_named() {
         for (pod, expected) in [
             (
@@ -482,6 +540,10 @@ steps:
             (
                 "{namespace: a, name: b, emptyDirs: [{name: v, medium: Disk}]}",
                 "a/b: emptyDirs[v]: medium: \"Disk\" is not a medium",
+            ),
+            (
+                "{namespace: a, name: b, containers: [{name: c, kind: ephemeral}]}",
+                "a/b: containers[c]: kind: \"ephemeral\" is not a container kind",
             ),
         ] {
             let text = format!("steps:\n- at: 0s\n  pods:\n  - {pod}\n");

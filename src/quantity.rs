@@ -8,9 +8,49 @@ const NANOS_PER_UNIT: i128 = 1_000_000_000;
 
 /// A parsed quantity. The exact value is held in nano-units so that `1.5Gi`, `500m` and
 /// `1e-3` compare exactly; values finer than a nano-unit round up, as in Kubernetes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// The format the text was written in is kept for printing (`1G` stays `1G`, `1Gi`
+/// stays `1Gi`) but never takes part in a comparison, as `Quantity.Cmp` ignores it.
+#[derive(Debug, Clone, Copy)]
 pub struct Quantity {
     nanos: i128,
+    format: QuantityFormat,
+}
+
+/// How a quantity prints, from the suffix it was written with (`resource.Format`):
+/// `e`/`E` exponents, binary suffixes (`Ki`..`Ei`), or decimal SI suffixes and none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuantityFormat {
+    DecimalExponent,
+    /// What the kubelet builds measured byte counts with (`NewQuantity(n, BinarySI)`).
+    #[default]
+    BinarySi,
+    DecimalSi,
+}
+
+impl PartialEq for Quantity {
+    fn eq(&self, other: &Self) -> bool {
+        self.nanos == other.nanos
+    }
+}
+
+impl Eq for Quantity {}
+
+impl PartialOrd for Quantity {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Quantity {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.nanos.cmp(&other.nanos)
+    }
+}
+
+impl std::hash::Hash for Quantity {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.nanos.hash(state);
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,18 +66,54 @@ pub enum QuantityError {
 }
 
 impl Quantity {
-    pub const ZERO: Quantity = Quantity { nanos: 0 };
+    pub const ZERO: Quantity = Quantity {
+        nanos: 0,
+        format: QuantityFormat::BinarySi,
+    };
     /// 2^63-1 units, where Kubernetes caps what it parses.
-    pub const MAX: Quantity = Quantity { nanos: MAX_NANOS };
+    pub const MAX: Quantity = Quantity {
+        nanos: MAX_NANOS,
+        format: QuantityFormat::DecimalSi,
+    };
 
     /// Whether the magnitude reached the cap: the text asked for 2^63-1 or more.
     pub fn is_capped(&self) -> bool {
         self.nanos.abs() >= MAX_NANOS
     }
 
+    /// A whole number of units printed as a byte count (`NewQuantity(value, BinarySI)`).
     pub fn from_value(value: i64) -> Self {
+        Quantity::from_value_in(value, QuantityFormat::BinarySi)
+    }
+
+    /// A whole number of units in the given format (`NewQuantity(value, format)`): the
+    /// kubelet counts inodes and PIDs in `DecimalSI`.
+    pub fn from_value_in(value: i64, format: QuantityFormat) -> Self {
         Quantity {
             nanos: i128::from(value) * NANOS_PER_UNIT,
+            format,
+        }
+    }
+
+    /// An exact amount in nano-units, in the given format.
+    pub fn from_nanos(nanos: i128, format: QuantityFormat) -> Self {
+        Quantity { nanos, format }
+    }
+
+    pub fn format(&self) -> QuantityFormat {
+        self.format
+    }
+
+    /// The sum, in the format `Quantity.Add` leaves: the left side's, unless it is zero,
+    /// when the right side's format is taken.
+    pub fn plus(self, other: Quantity) -> Quantity {
+        Quantity {
+            nanos: self.nanos.saturating_add(other.nanos),
+            format: if self.nanos == 0 {
+                other.format
+            } else {
+                self.format
+            },
         }
     }
 
@@ -113,8 +189,16 @@ impl FromStr for Quantity {
         let suffix = &text[pos..];
         let (base, exponent) = parse_suffix(suffix)?;
         let magnitude = magnitude_nanos(integer_part, fraction_part, base, exponent);
+        let format = if base == 2 {
+            QuantityFormat::BinarySi
+        } else if suffix.len() > 1 && suffix.starts_with(['e', 'E']) {
+            QuantityFormat::DecimalExponent
+        } else {
+            QuantityFormat::DecimalSi
+        };
         Ok(Quantity {
             nanos: if negative { -magnitude } else { magnitude },
+            format,
         })
     }
 }
@@ -318,35 +402,64 @@ fn parse_suffix(suffix: &str) -> Result<(i128, i32), QuantityError> {
 }
 
 impl fmt::Display for Quantity {
-    /// Canonical-enough rendering: binary suffixes for exact multiples of 1024, otherwise
-    /// the plain integer, or a milli-unit form for fractions.
+    /// The canonical form `Quantity.String()` prints, so messages read as the kubelet's:
+    /// a binary quantity takes the largest binary suffix that divides it exactly
+    /// (`1536Mi`, `1Gi`), but prints as decimal when it is under 1024 or not whole; a
+    /// decimal one takes the largest SI suffix (or `e` exponent) that leaves a whole
+    /// mantissa (`1G`, `1500m`, `40k`, `1e3`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.nanos % NANOS_PER_UNIT != 0 {
-            let millis = self.nanos / 1_000_000;
-            if self.nanos % 1_000_000 == 0 {
-                return write!(f, "{millis}m");
-            }
-            return write!(f, "{}n", self.nanos);
+        if self.nanos == 0 {
+            return f.write_str("0");
         }
-        let value = self.nanos / NANOS_PER_UNIT;
-        if value == 0 {
-            return write!(f, "0");
+        let whole = self.nanos % NANOS_PER_UNIT == 0;
+        let units = self.nanos / NANOS_PER_UNIT;
+        if self.format == QuantityFormat::BinarySi && whole && units.abs() >= 1024 {
+            let (mantissa, thousands_of_twos) = remove_factors(units, 1024);
+            let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+                .get(thousands_of_twos)
+                .copied()
+                .unwrap_or("Ei");
+            return write!(f, "{mantissa}{suffix}");
         }
-        for (suffix, shift) in [
-            ("Ei", 60),
-            ("Pi", 50),
-            ("Ti", 40),
-            ("Gi", 30),
-            ("Mi", 20),
-            ("Ki", 10),
-        ] {
-            let unit = 1i128 << shift;
-            if value % unit == 0 {
-                return write!(f, "{}{suffix}", value / unit);
-            }
+        // Decimal: the exponent of ten, brought down to a multiple of three.
+        let (mut mantissa, tens) = remove_factors(self.nanos, 10);
+        let mut exponent = tens as i32 - 9;
+        while exponent.rem_euclid(3) != 0 {
+            mantissa *= 10;
+            exponent -= 1;
         }
-        write!(f, "{value}")
+        if self.format == QuantityFormat::DecimalExponent {
+            return if exponent == 0 {
+                write!(f, "{mantissa}")
+            } else {
+                write!(f, "{mantissa}e{exponent}")
+            };
+        }
+        let suffix = match exponent {
+            -9 => "n",
+            -6 => "u",
+            -3 => "m",
+            0 => "",
+            3 => "k",
+            6 => "M",
+            9 => "G",
+            12 => "T",
+            15 => "P",
+            18 => "E",
+            _ => return write!(f, "{mantissa}e{exponent}"),
+        };
+        write!(f, "{mantissa}{suffix}")
     }
+}
+
+/// `value` without its factors of `base`, and how many were removed.
+fn remove_factors(mut value: i128, base: i128) -> (i128, usize) {
+    let mut count = 0;
+    while value != 0 && value % base == 0 {
+        value /= base;
+        count += 1;
+    }
+    (value, count)
 }
 
 #[cfg(test)]
@@ -511,9 +624,71 @@ mod tests {
     }
 
     #[test]
-    fn displays_binary_multiples_compactly() {
+    fn prints_the_canonical_form_in_the_format_it_was_written() {
+        // `Quantity.String()` after `ParseQuantity`, as `kubectl get -o yaml` shows a
+        // request the API server stored, and as the kubelet prints it in its messages.
+        let cases = [
+            ("1G", "1G"),
+            ("1000M", "1G"),
+            ("1500M", "1500M"),
+            ("40k", "40k"),
+            ("40000", "40k"),
+            ("1500", "1500"),
+            ("1.5", "1500m"),
+            ("500m", "500m"),
+            ("0.5", "500m"),
+            ("1n", "1n"),
+            ("1u", "1u"),
+            ("1024Mi", "1Gi"),
+            ("1000Mi", "1000Mi"),
+            ("0.5Gi", "512Mi"),
+            ("1536Ki", "1536Ki"),
+            ("1.5Ki", "1536"),
+            ("0.5Ki", "512"),
+            ("0.1Ki", "102400m"),
+            ("1Ki", "1Ki"),
+            ("1e3", "1e3"),
+            ("1000e0", "1e3"),
+            ("12e6", "12e6"),
+            ("1E", "1E"),
+            ("1E3", "1e3"),
+            ("-1G", "-1G"),
+            ("-2Ki", "-2Ki"),
+            ("0", "0"),
+            ("0Gi", "0"),
+        ];
+        for (text, printed) in cases {
+            assert_eq!(
+                Quantity::parse(text).unwrap().to_string(),
+                printed,
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn measured_amounts_print_as_the_kubelet_builds_them() {
+        // Bytes: `NewQuantity(n, BinarySI)`, decimal below 1024 or when no binary
+        // suffix divides; inodes and PIDs: `NewQuantity(n, DecimalSI)`.
         assert_eq!(Quantity::from_value(100 << 20).to_string(), "100Mi");
-        assert_eq!(Quantity::from_value(1000).to_string(), "1000");
-        assert_eq!(Quantity::parse("500m").unwrap().to_string(), "500m");
+        assert_eq!(Quantity::from_value(1000).to_string(), "1k");
+        assert_eq!(Quantity::from_value(1023).to_string(), "1023");
+        assert_eq!(Quantity::from_value(2000).to_string(), "2000");
+        assert_eq!(Quantity::from_value(-1000).to_string(), "-1k");
+        let decimal = |n| Quantity::from_value_in(n, QuantityFormat::DecimalSi).to_string();
+        assert_eq!(decimal(1_000_000), "1M");
+        assert_eq!(decimal(1 << 20), "1048576");
+    }
+
+    #[test]
+    fn the_format_never_changes_a_comparison_and_a_sum_keeps_the_first_non_zero_format() {
+        let decimal = Quantity::parse("1024").unwrap();
+        let binary = Quantity::parse("1Ki").unwrap();
+        assert_eq!(decimal, binary);
+        assert_eq!(decimal.to_string(), "1024");
+        assert_eq!(binary.to_string(), "1Ki");
+        assert_eq!(decimal.plus(binary).to_string(), "2048");
+        assert_eq!(binary.plus(decimal).to_string(), "2Ki");
+        assert_eq!(Quantity::ZERO.plus(binary).to_string(), "1Ki");
     }
 }
