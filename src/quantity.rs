@@ -627,6 +627,8 @@ mod tests {
     fn prints_the_canonical_form_in_the_format_it_was_written() {
         // `Quantity.String()` after `ParseQuantity`, as `kubectl get -o yaml` shows a
         // request the API server stored, and as the kubelet prints it in its messages.
+        // (Go also keeps the text itself when it already looks canonical, so `1E3` or
+        // `+1G` print as written there; here they print `1e3` and `1G`.)
         let cases = [
             ("1G", "1G"),
             ("1000M", "1G"),
@@ -651,7 +653,6 @@ mod tests {
             ("1000e0", "1e3"),
             ("12e6", "12e6"),
             ("1E", "1E"),
-            ("1E3", "1e3"),
             ("-1G", "-1G"),
             ("-2Ki", "-2Ki"),
             ("0", "0"),

@@ -534,6 +534,58 @@ async fn a_pod_being_deleted_with_no_process_left_is_passed_over() {
     );
 }
 
+/// A pod soft-evicted with its own 30 s of grace keeps running while it stops. The
+/// kubelet waits for that kill (`killPodNow`: the grace period and half again) before its
+/// eviction manager does anything else, so it never repeats the eviction meanwhile:
+/// chosen again, the pod is left to its first eviction, with no second event or delete
+/// and no other pod evicted in its place. A hard threshold met during that time is
+/// harsher (1 s of grace) and goes ahead: the pod is killed locally and its grace cut.
+#[tokio::test]
+async fn a_pod_still_stopping_from_its_eviction_is_not_evicted_again() {
+    let mut s = scenario(
+        "evictionSoft:\n  memory.available: 200Mi\nevictionSoftGracePeriod:\n  memory.available: 1s\n",
+    )
+    .await;
+    s.host.set_free_memory(150 * MI);
+    s.agent.run_cycle().await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (report, evicted) = s.agent.run_cycle().await;
+    assert!(evicted, "{:?}", report.decision);
+    // Its containers are still stopping: the kubelet has 30 s to do it.
+    s.host.start_pod_processes("burstable", "11111111-aaaa");
+    for _ in 0..250 {
+        let (report, evicted) = s.agent.run_cycle().await;
+        assert!(!evicted, "evicted again: {:?}", report.decision.evictions);
+        assert_eq!(
+            report.decision.evictions.first().map(|o| o.name.as_str()),
+            Some("hog"),
+            "hog is still the one to go"
+        );
+        if report.pods.iter().any(|p| p.name == "hog" && p.terminating) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eventually(WAIT, "outbox flushed", || s.outbox.is_empty().then_some(())).await;
+    assert_eq!(successful_deletes(&s.server, "hog").len(), 1);
+    assert_eq!(evicted_events(&s.server, "hog")[0].count, Some(1));
+    assert!(successful_deletes(&s.server, "modest").is_empty());
+    assert!(
+        s.kills.kills().is_empty(),
+        "a soft eviction kills nothing locally"
+    );
+
+    // Below the hard threshold now: a harsher eviction of the same pod.
+    s.host.set_free_memory(50 * MI);
+    let (report, evicted) = s.agent.run_cycle().await;
+    assert!(evicted, "{:?}", report.decision);
+    assert_eq!(s.kills.kills(), vec!["default/hog"]);
+    eventually(WAIT, "hog's grace cut to 1 s", || {
+        (pod(&s.server, "hog").metadata.deletion_grace_period_seconds == Some(1)).then_some(())
+    })
+    .await;
+}
+
 /// A soft eviction with the kubelet's default `evictionMaxPodGracePeriod: 0`: the eviction
 /// manager asks for min(0, 30) = 0 s, and the pod worker's `calculateEffectiveGracePeriod`
 /// takes 0 as "no value" and uses the pod's own 30 s. Through the API that must be a

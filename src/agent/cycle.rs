@@ -597,6 +597,18 @@ impl Agent {
             else {
                 continue;
             };
+            if self
+                .evicted
+                .already_stopping(pod, order.grace_period_seconds, Instant::now())
+            {
+                // The kubelet waits for a kill before anything else (`killPodNow`); a
+                // repeat would only add an event and a delete that change nothing.
+                tracing::debug!(
+                    pod = %order.key(),
+                    "still stopping from its eviction; not evicted again yet"
+                );
+                continue;
+            }
             self.metrics
                 .evictions
                 .get_or_create(&Metrics::signal(order.reason.label()))
@@ -626,7 +638,8 @@ impl Agent {
                         message = %order.message,
                         "evicted pod"
                     );
-                    self.evicted.remember(pod);
+                    self.evicted
+                        .remember(pod, order.grace_period_seconds, Instant::now());
                     evicted_any = true;
                 }
                 Err(error) => tracing::error!(pod = %order.key(), %error, "eviction failed"),

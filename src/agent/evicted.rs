@@ -7,22 +7,69 @@
 //! server yet (an outage, a partition: the delete waits in the outbox), or that has no
 //! cgroup on this node, would be chosen again at once, every cycle, and the agent would
 //! spin on it instead of moving on to the next pod.
+//!
+//! A pod evicted but still running is given the time the kubelet's eviction gives it
+//! before anything else happens: `killPodNow` waits for the kill up to its grace period
+//! and a half (at least 10 s), and the eviction manager does nothing else meanwhile.
+//! Chosen again within that window, it is not evicted again (no second event, condition
+//! or delete) unless the new eviction is harsher, a shorter grace period, as a hard
+//! threshold met during a soft eviction's grace is.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use crate::pods::Pod;
+
+/// The least time `killPodNow` waits for a kill.
+const MIN_KILL_WAIT: Duration = Duration::from_secs(10);
 
 /// Evicted pods, by UID (by `namespace/name` for a pod without one, as standalone
 /// workloads are).
 #[derive(Debug, Default)]
 pub struct Evicted {
-    pods: BTreeSet<String>,
+    pods: BTreeMap<String, Stopping>,
+}
+
+/// One eviction: the grace period it gave, until when the pod is left to it, and whether
+/// the pod has been seen without a process since (the kill is done; a pod running after
+/// that was started again and is a new run).
+#[derive(Debug, Clone, Copy)]
+struct Stopping {
+    grace_period_seconds: i64,
+    until: Instant,
+    ended: bool,
+}
+
+/// How long `killPodNow` waits for a pod stopped with `grace_period_seconds`: the grace
+/// period and half again (in whole seconds, as Go divides), at least 10 s.
+fn kill_wait(grace_period_seconds: i64) -> Duration {
+    let grace = u64::try_from(grace_period_seconds).unwrap_or(0);
+    Duration::from_secs(grace.saturating_add(grace / 2)).max(MIN_KILL_WAIT)
 }
 
 impl Evicted {
-    /// `pod` was evicted: leave it out from now on.
-    pub fn remember(&mut self, pod: &Pod) {
-        self.pods.insert(identity(pod));
+    /// `pod` was evicted at `now` with `grace_period_seconds`: leave it out once it has
+    /// ended, and to this eviction until its kill wait is over.
+    pub fn remember(&mut self, pod: &Pod, grace_period_seconds: i64, now: Instant) {
+        self.pods.insert(
+            identity(pod),
+            Stopping {
+                grace_period_seconds,
+                until: now + kill_wait(grace_period_seconds),
+                ended: false,
+            },
+        );
+    }
+
+    /// Whether evicting `pod` with `grace_period_seconds` at `now` would only repeat an
+    /// eviction still under way: one as harsh or harsher, whose kill wait is not over,
+    /// of a pod not seen ended since.
+    pub fn already_stopping(&self, pod: &Pod, grace_period_seconds: i64, now: Instant) -> bool {
+        self.pods.get(&identity(pod)).is_some_and(|stopping| {
+            !stopping.ended
+                && now < stopping.until
+                && grace_period_seconds >= stopping.grace_period_seconds
+        })
     }
 
     /// The pods that may be chosen: `listed` without the evicted ones that have ended
@@ -32,11 +79,18 @@ impl Evicted {
         if self.pods.is_empty() {
             return listed;
         }
-        let present: BTreeSet<String> = listed.iter().map(identity).collect();
-        self.pods.retain(|pod| present.contains(pod));
+        let present: std::collections::BTreeSet<String> = listed.iter().map(identity).collect();
+        self.pods.retain(|pod, _| present.contains(pod));
         listed
             .into_iter()
-            .filter(|pod| !self.pods.contains(&identity(pod)) || running(pod))
+            .filter(|pod| match self.pods.get_mut(&identity(pod)) {
+                None => true,
+                Some(stopping) => {
+                    let runs = running(pod);
+                    stopping.ended |= !runs;
+                    runs
+                }
+            })
             .collect()
     }
 
@@ -74,11 +128,56 @@ mod tests {
 
     const ENDED: fn(&Pod) -> bool = |_| false;
 
+    fn now() -> Instant {
+        Instant::now()
+    }
+
+    #[test]
+    fn a_pod_still_stopping_is_not_evicted_again_until_its_kill_wait_is_over() {
+        // `killPodNow`: the grace period and half again, at least 10 s.
+        let mut evicted = Evicted::default();
+        let (db, web) = (pod("db-0", Some("u-db")), pod("web", Some("u-web")));
+        let start = now();
+        evicted.remember(&db, 30, start);
+        let at = |seconds| start + Duration::from_secs(seconds);
+        assert!(evicted.already_stopping(&db, 30, at(0)));
+        assert!(evicted.already_stopping(&db, 30, at(44)));
+        assert!(
+            !evicted.already_stopping(&db, 30, at(45)),
+            "its kill wait is over"
+        );
+        assert!(!evicted.already_stopping(&web, 30, at(0)), "another pod");
+        // A harsher eviction (a hard threshold met meanwhile) goes ahead, and starts its
+        // own wait: 1 s of grace waits the minimum 10 s.
+        assert!(!evicted.already_stopping(&db, 1, at(5)));
+        evicted.remember(&db, 1, at(5));
+        assert!(evicted.already_stopping(&db, 1, at(14)));
+        assert!(evicted.already_stopping(&db, 30, at(14)));
+        assert!(!evicted.already_stopping(&db, 1, at(15)));
+        // Go's integer division: 7 s waits 10 s, 21 s waits 31 s.
+        assert_eq!(kill_wait(7), Duration::from_secs(10));
+        assert_eq!(kill_wait(21), Duration::from_secs(31));
+        assert_eq!(kill_wait(-1), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_pod_seen_ended_and_running_again_is_a_new_run() {
+        // Killed locally, its containers started again by the kubelet: the eviction is
+        // over, and the new run may be evicted at once.
+        let mut evicted = Evicted::default();
+        let db = pod("db-0", Some("u-db"));
+        let start = now();
+        evicted.remember(&db, 1, start);
+        assert!(evicted.active(vec![db.clone()], ENDED).is_empty());
+        assert_eq!(names(&evicted.active(vec![db.clone()], |_| true)), ["db-0"]);
+        assert!(!evicted.already_stopping(&db, 1, start));
+    }
+
     #[test]
     fn an_evicted_pod_that_ended_is_left_out_while_it_is_still_listed() {
         let mut evicted = Evicted::default();
         let (db, web) = (pod("db-0", Some("u-db")), pod("web", Some("u-web")));
-        evicted.remember(&db);
+        evicted.remember(&db, 30, now());
         for _ in 0..3 {
             let active = evicted.active(vec![db.clone(), web.clone()], ENDED);
             assert_eq!(names(&active), ["web"]);
@@ -91,7 +190,7 @@ mod tests {
         // kubelet's pod workers count a pod not yet known terminated.
         let mut evicted = Evicted::default();
         let db = pod("db-0", Some("u-db"));
-        evicted.remember(&db);
+        evicted.remember(&db, 30, now());
         let active = evicted.active(vec![db.clone()], |_| true);
         assert_eq!(names(&active), ["db-0"]);
         // Once it has ended it is left out again.
@@ -101,11 +200,11 @@ mod tests {
     #[test]
     fn an_evicted_pod_that_went_is_forgotten_and_a_new_pod_of_its_name_is_active() {
         let mut evicted = Evicted::default();
-        evicted.remember(&pod("db-0", Some("u-old")));
+        evicted.remember(&pod("db-0", Some("u-old")), 30, now());
         assert!(evicted.active(vec![pod("web", Some("u-web"))], ENDED).len() == 1);
         assert!(evicted.is_empty(), "the evicted pod ended and is forgotten");
         // The StatefulSet's replacement has the same name and a new UID.
-        evicted.remember(&pod("db-0", Some("u-old")));
+        evicted.remember(&pod("db-0", Some("u-old")), 30, now());
         let active = evicted.active(vec![pod("db-0", Some("u-new"))], ENDED);
         assert_eq!(names(&active), ["db-0"]);
     }
@@ -113,7 +212,7 @@ mod tests {
     #[test]
     fn a_pod_without_a_uid_is_known_by_its_name() {
         let mut evicted = Evicted::default();
-        evicted.remember(&pod("job", None));
+        evicted.remember(&pod("job", None), 30, now());
         assert!(evicted.active(vec![pod("job", None)], ENDED).is_empty());
         assert_eq!(evicted.len(), 1);
     }

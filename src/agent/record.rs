@@ -140,6 +140,17 @@ fn trace_pod(pod: &Pod) -> TracePod {
             .filter_map(|(k, v)| v.map(|v| (k.to_string(), Amount::from(v))))
             .collect()
     };
+    // Requests and limits as the pod spec wrote them (`1G`, `1Gi`), so that a replay
+    // words its messages as the live agent did.
+    let quantities = |amounts: &crate::pods::ResourceAmounts| -> BTreeMap<String, Amount> {
+        [
+            ("memory", amounts.memory_quantity()),
+            ("ephemeral-storage", amounts.ephemeral_storage_quantity()),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k.to_string(), Amount(v.to_string()))))
+        .collect()
+    };
     TracePod {
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
@@ -147,14 +158,8 @@ fn trace_pod(pod: &Pod) -> TracePod {
         priority: Some(pod.priority),
         termination_grace_period_seconds: pod.termination_grace_period_seconds,
         critical: pod.critical.then_some(true),
-        requests: amounts(&[
-            ("memory", pod.requests.memory),
-            ("ephemeral-storage", pod.requests.ephemeral_storage),
-        ]),
-        limits: amounts(&[
-            ("memory", pod.limits.memory),
-            ("ephemeral-storage", pod.limits.ephemeral_storage),
-        ]),
+        requests: quantities(&pod.requests),
+        limits: quantities(&pod.limits),
         usage: amounts(&[
             ("memory", pod.usage.memory),
             ("ephemeral-storage", pod.usage.ephemeral_storage),
@@ -190,10 +195,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("incident.yaml");
         let mut recorder = Recorder::new(path.clone(), 1 << 20);
+        let decimal = crate::quantity::Quantity::parse("1G").unwrap().format();
         let pod = Pod {
             namespace: "default".into(),
             name: "web-1".into(),
             priority: 5,
+            // A request the pod spec wrote as 1G, a limit of 1Gi.
+            requests: crate::pods::ResourceAmounts {
+                memory: Some(1_000_000_000),
+                formats: crate::pods::AmountFormats {
+                    memory: decimal,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            limits: crate::pods::ResourceAmounts {
+                ephemeral_storage: Some(1 << 30),
+                ..Default::default()
+            },
             usage: crate::pods::PodUsage {
                 memory: Some(300 << 20),
                 pids: Some(4),
@@ -234,6 +253,16 @@ mod tests {
             "every figure, storage parts included, reads back"
         );
         assert_eq!(steps[1].pods[0].priority, 5);
+        let shown = |q: Option<crate::quantity::Quantity>| q.map(|q| q.to_string());
+        let read = &steps[1].pods[0];
+        assert_eq!(
+            shown(read.requests.memory_quantity()).as_deref(),
+            Some("1G")
+        );
+        assert_eq!(
+            shown(read.limits.ephemeral_storage_quantity()).as_deref(),
+            Some("1Gi")
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use super::message::{
     container_ephemeral_storage_message, empty_dir_message, pod_ephemeral_storage_message,
 };
 use super::{EvictionOrder, EvictionReason, IMMEDIATE_GRACE_PERIOD_SECONDS};
-use crate::pods::{ContainerKind, Pod};
+use crate::pods::{ContainerKind, Pod, aggregate_containers};
 use crate::quantity::Quantity;
 
 /// The local-storage evictions for this cycle; critical pods and pods without stats
@@ -65,52 +65,14 @@ fn pod_limit_violation(pod: &Pod) -> Option<(EvictionReason, String)> {
     })
 }
 
-/// `PodLimits` over the listed containers: the regular containers add up, then, in spec
-/// order, sidecars add to that; an init container counts alone, beside the sidecars
-/// started before it, and only its peak matters. Sums keep the first figure's format,
-/// as Go's `Quantity.Add` does.
+/// `PodLimits` over the listed containers.
 fn containers_limit(pod: &Pod) -> Option<Quantity> {
-    let add = |sum: Option<Quantity>, more: Quantity| Some(sum.map_or(more, |s| s.plus(more)));
-    let max = |peak: Option<Quantity>, other: Quantity| match peak {
-        Some(peak) if peak >= other => Some(peak),
-        _ => Some(other),
-    };
-    let mut total = pod
-        .containers
-        .iter()
-        .filter(|container| container.kind == ContainerKind::Regular)
-        .filter_map(|container| container.limits.ephemeral_storage_quantity())
-        .fold(None, add);
-    let mut sidecars: Option<Quantity> = None;
-    let mut init_peak: Option<Quantity> = None;
-    for container in &pod.containers {
-        let own = container.limits.ephemeral_storage_quantity();
-        match container.kind {
-            ContainerKind::Regular => {}
-            ContainerKind::Sidecar => {
-                if let Some(own) = own {
-                    total = add(total, own);
-                    sidecars = add(sidecars, own);
-                }
-                if let Some(running) = sidecars {
-                    init_peak = max(init_peak, running);
-                }
-            }
-            ContainerKind::Init => {
-                let running = match (own, sidecars) {
-                    (Some(own), Some(sidecars)) => Some(own.plus(sidecars)),
-                    (own, sidecars) => own.or(sidecars),
-                };
-                if let Some(running) = running {
-                    init_peak = max(init_peak, running);
-                }
-            }
-        }
-    }
-    match (total, init_peak) {
-        (Some(total), Some(peak)) if peak > total => Some(peak),
-        (total, peak) => total.or(peak),
-    }
+    aggregate_containers(pod.containers.iter().map(|container| {
+        (
+            container.kind,
+            container.limits.ephemeral_storage_quantity(),
+        )
+    }))
 }
 
 /// A regular container's use is its logs, plus its writable layer when that shares

@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::Pod as ApiPod;
 
 use super::resources::{
-    Amounts, QosClass, QuantityReader, QuantityWarning, compute_qos, is_sidecar, pod_limits,
+    Amounts, QosClass, QuantityReader, QuantityWarning, compute_qos, init_kind, pod_limits,
     pod_requests,
 };
 use crate::pods::{
@@ -107,14 +107,7 @@ pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
         .init_containers
         .iter()
         .flatten()
-        .map(|c| {
-            let kind = if is_sidecar(c) {
-                ContainerKind::Sidecar
-            } else {
-                ContainerKind::Init
-            };
-            ("spec.initContainers", kind, c)
-        })
+        .map(|c| ("spec.initContainers", init_kind(c), c))
         .chain(
             spec.containers
                 .iter()

@@ -5,11 +5,12 @@
 //! the container sums. Each total keeps the format Go's `Quantity.Add` would leave it
 //! in, so messages print it as the kubelet does.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
 
 use crate::config::Quantity;
+use crate::pods::{ContainerKind, aggregate_containers};
 
 /// Resource name to amount, exact for every Kubernetes quantity that matters here
 /// (`500m` CPU is 500,000,000 nano-units), with the format it prints in.
@@ -126,18 +127,8 @@ fn add_into(total: &mut Amounts, more: &Amounts) {
     }
 }
 
-/// `maxResourceList`: a larger amount replaces the total, format and all.
-fn max_into(total: &mut Amounts, other: &Amounts) {
-    for (resource, amount) in other {
-        let slot = total.entry(resource.clone()).or_insert(*amount);
-        if amount > slot {
-            *slot = *amount;
-        }
-    }
-}
-
 /// A restartable init container: `restartPolicy: Always`.
-pub(super) fn is_sidecar(container: &Container) -> bool {
+fn is_sidecar(container: &Container) -> bool {
     container.restart_policy.as_deref() == Some("Always")
 }
 
@@ -147,7 +138,8 @@ enum Which {
     Limits,
 }
 
-/// The container sum with the init-container rule, for requests or limits.
+/// The container sum with the init-container rule, for requests or limits, each
+/// resource added up by [`aggregate_containers`].
 fn aggregate(reader: &mut QuantityReader, spec: &PodSpec, which: Which) -> Amounts {
     let mut pick = |field: String, container: &Container| {
         let (requests, limits) = reader.requirements(&field, container.resources.as_ref());
@@ -156,29 +148,37 @@ fn aggregate(reader: &mut QuantityReader, spec: &PodSpec, which: Which) -> Amoun
             Which::Limits => limits,
         }
     };
-    let mut total = Amounts::new();
+    let mut containers: Vec<(ContainerKind, Amounts)> = Vec::new();
     for (index, container) in spec.containers.iter().enumerate() {
-        add_into(
-            &mut total,
-            &pick(format!("spec.containers[{index}].resources"), container),
-        );
+        let own = pick(format!("spec.containers[{index}].resources"), container);
+        containers.push((ContainerKind::Regular, own));
     }
-    let mut sidecars = Amounts::new();
-    let mut init_peak = Amounts::new();
     for (index, container) in spec.init_containers.iter().flatten().enumerate() {
         let own = pick(format!("spec.initContainers[{index}].resources"), container);
-        if is_sidecar(container) {
-            add_into(&mut total, &own);
-            add_into(&mut sidecars, &own);
-            max_into(&mut init_peak, &sidecars);
-        } else {
-            let mut while_running = own;
-            add_into(&mut while_running, &sidecars);
-            max_into(&mut init_peak, &while_running);
-        }
+        containers.push((init_kind(container), own));
     }
-    max_into(&mut total, &init_peak);
-    total
+    let resources: BTreeSet<&String> = containers
+        .iter()
+        .flat_map(|(_, amounts)| amounts.keys())
+        .collect();
+    resources
+        .into_iter()
+        .filter_map(|resource| {
+            let amounts = containers
+                .iter()
+                .map(|(kind, amounts)| (*kind, amounts.get(resource).copied()));
+            Some((resource.clone(), aggregate_containers(amounts)?))
+        })
+        .collect()
+}
+
+/// What an init container is: a sidecar when it restarts always, else run once.
+pub(super) fn init_kind(container: &Container) -> ContainerKind {
+    if is_sidecar(container) {
+        ContainerKind::Sidecar
+    } else {
+        ContainerKind::Init
+    }
 }
 
 fn pod_level(reader: &mut QuantityReader, spec: &PodSpec) -> (Amounts, Amounts) {

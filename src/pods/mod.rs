@@ -163,6 +163,58 @@ pub enum ContainerKind {
     Sidecar,
 }
 
+/// One resource added up over a pod's containers as the kubelet's resource helpers add
+/// it (`AggregateContainerRequests`, `AggregateContainerLimits`), from each container's
+/// kind and amount in spec order: the regular containers sum, then, in order, each
+/// sidecar adds to that sum; an init container runs beside the sidecars started before
+/// it, and the peak of those moments wins over the sum if larger. A container without
+/// the resource adds nothing. Sums keep the first figure's format (`Quantity.Add`); a
+/// larger peak replaces the sum, format and all (`maxResourceList`).
+pub fn aggregate_containers(
+    containers: impl IntoIterator<Item = (ContainerKind, Option<Quantity>)>,
+) -> Option<Quantity> {
+    let containers: Vec<(ContainerKind, Option<Quantity>)> = containers.into_iter().collect();
+    let add = |sum: Option<Quantity>, more: Quantity| Some(sum.map_or(more, |s| s.plus(more)));
+    let max = |peak: Option<Quantity>, other: Quantity| match peak {
+        Some(peak) if peak >= other => Some(peak),
+        _ => Some(other),
+    };
+    let mut total = containers
+        .iter()
+        .filter(|(kind, _)| *kind == ContainerKind::Regular)
+        .filter_map(|(_, amount)| *amount)
+        .fold(None, add);
+    let mut sidecars: Option<Quantity> = None;
+    let mut init_peak: Option<Quantity> = None;
+    for (kind, own) in containers {
+        match kind {
+            ContainerKind::Regular => {}
+            ContainerKind::Sidecar => {
+                if let Some(own) = own {
+                    total = add(total, own);
+                    sidecars = add(sidecars, own);
+                }
+                if let Some(running) = sidecars {
+                    init_peak = max(init_peak, running);
+                }
+            }
+            ContainerKind::Init => {
+                let running = match (own, sidecars) {
+                    (Some(own), Some(sidecars)) => Some(own.plus(sidecars)),
+                    (own, sidecars) => own.or(sidecars),
+                };
+                if let Some(running) = running {
+                    init_peak = max(init_peak, running);
+                }
+            }
+        }
+    }
+    match (total, init_peak) {
+        (Some(total), Some(peak)) if peak > total => Some(peak),
+        (total, peak) => total.or(peak),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ContainerStats {
     pub name: String,
