@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    Container, Event, Node, NodeCondition, NodeSpec, NodeStatus, Pod as ApiPod, PodSpec, PodStatus,
-    ResourceRequirements, Taint,
+    Container, ContainerStatus, Event, Node, NodeCondition, NodeSpec, NodeStatus, Pod as ApiPod,
+    PodSpec, PodStatus, ResourceRequirements, Taint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -104,7 +104,8 @@ kubernetes:
   cgroupDriver: cgroupfs
   podLogsPath: {root}/logs
   kubeletRootPath: {root}/kubelet
-{extra}"
+{extra}",
+            extra = extra.replace("{root}", &root.to_string())
         );
         from_yaml_str(&yaml, "test.yaml", &Overrides::default()).unwrap()
     }
@@ -176,6 +177,11 @@ fn api_pod(fixture: &PodFixture) -> ApiPod {
         }),
         status: Some(PodStatus {
             phase: Some("Running".to_string()),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "app".to_string(),
+                container_id: Some(format!("containerd://{}", container_id(fixture.uid))),
+                ..Default::default()
+            }]),
             qos_class: Some(
                 if fixture.memory_request.is_some() {
                     "Burstable"
@@ -187,6 +193,11 @@ fn api_pod(fixture: &PodFixture) -> ApiPod {
             ..Default::default()
         }),
     }
+}
+
+/// The runtime's id of a fixture pod's one container.
+fn container_id(uid: &str) -> String {
+    format!("{uid}-app")
 }
 
 /// hog: over its request (first to go). static and critical: bigger, never evicted.
@@ -372,6 +383,8 @@ async fn memory_pressure_evicts_the_right_pod_through_the_api() {
     let body = deletes[0].json_body().unwrap();
     assert_eq!(body["preconditions"]["uid"], "11111111-aaaa", "{body}");
 
+    // Pod actions have their own queue, so the event may land after the delete.
+    eventually(WAIT, "outbox flushed", || s.outbox.is_empty().then_some(())).await;
     let events = evicted_events(&s.server, "hog");
     assert_eq!(events.len(), 1);
     let event = &events[0];
@@ -584,6 +597,76 @@ async fn a_pod_still_stopping_from_its_eviction_is_not_evicted_again() {
         (pod(&s.server, "hog").metadata.deletion_grace_period_seconds == Some(1)).then_some(())
     })
     .await;
+}
+
+/// Which pod goes for nodefs pressure depends on what lives on the node filesystem, and
+/// the kubelet decides that by devices (`HasDedicatedImageFs`), not by the configured
+/// paths. hog has an 8 MiB writable layer and no logs, modest 2 MiB of logs. With
+/// imagefsPath on the nodefs device the node has one filesystem: nodefs counts
+/// writable layers too (`buildSignalToRankFunc` without an imagefs), so hog goes. With
+/// imagefsPath on another filesystem the layers are there, nodefs counts logs and
+/// volumes only, and modest goes.
+#[tokio::test]
+async fn nodefs_pressure_ranks_by_the_filesystems_the_devices_make() {
+    let on_disk = "{root}/images".to_string();
+    let tmpfs = require!(
+        "a separate filesystem (tmpfs) at /dev/shm",
+        support::real::tmpfs_dir_apart_from(&std::env::temp_dir())
+    );
+    for (imagefs, expected) in [
+        (on_disk, "hog"),
+        (tmpfs.path().display().to_string(), "modest"),
+    ] {
+        let mut s = scenario(&format!(
+            "  writableLayerPath: {{root}}/layers/{{containerId}}/diff
+imagefsPath: {imagefs}
+dryRun: true
+evictionSoft:
+  nodefs.available: 1Ei
+evictionSoftGracePeriod:
+  nodefs.available: 0s
+"
+        ))
+        .await;
+        let root = s.host.dir.path().to_path_buf();
+        std::fs::create_dir_all(root.join("images")).unwrap();
+        s.host.set_free_memory(4096 * MI);
+        let write = |dir: PathBuf, file: &str, bytes: usize| {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(file), vec![7u8; bytes]).unwrap();
+        };
+        let hog_layer = root
+            .join("layers")
+            .join(container_id("11111111-aaaa"))
+            .join("diff");
+        write(hog_layer, "blob", 8 << 20);
+        let modest_logs = root.join("logs/default_modest_22222222-bbbb/app");
+        write(modest_logs, "0.log", 2 << 20);
+        // The disk walk runs in the background; a dry run decides without acting.
+        let measured = |pods: &[Pod]| {
+            let storage = |name: &str| {
+                pods.iter()
+                    .find(|pod| pod.name == name)
+                    .map(|pod| pod.usage.storage)
+            };
+            storage("hog").is_some_and(|s| s.writable_layers.is_some())
+                && storage("modest").is_some_and(|s| s.logs.is_some())
+        };
+        let mut chosen = None;
+        for _ in 0..200 {
+            let (report, _) = s.agent.run_cycle().await;
+            if measured(&report.pods) {
+                chosen = report
+                    .decision
+                    .evictions
+                    .first()
+                    .map(|order| order.name.clone());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(chosen.as_deref(), Some(expected), "imagefsPath {imagefs}");
+    }
 }
 
 /// A soft eviction with the kubelet's default `evictionMaxPodGracePeriod: 0`: the eviction

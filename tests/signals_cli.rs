@@ -1,5 +1,10 @@
 //! `nodekeeper signals` end to end, pointed at the fake cgroup v2 tree by a config file.
 
+mod support {
+    #[allow(dead_code)]
+    pub mod real;
+}
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -163,4 +168,74 @@ fn the_kubelets_eviction_flags_replace_the_files_thresholds() {
     );
     assert!(!line("memory.available").contains("100Mi"), "{stdout}");
     assert!(line("nodefs.available").contains("<20%"), "{stdout}");
+}
+
+/// `signals` shows the filesystem layout the devices make, and compares containerfs with
+/// the thresholds that layout gives it, as the agent does: the kubelet's
+/// `UpdateContainerFsThresholds` copies imagefs's thresholds where the image filesystem is
+/// dedicated, else nodefs's. The same file with imagefsPath on the nodefs disk and on a
+/// tmpfs.
+#[test]
+fn the_filesystem_layout_and_the_containerfs_thresholds_follow_the_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmpfs = require!(
+        "a separate filesystem (tmpfs) at /dev/shm",
+        support::real::tmpfs_dir_apart_from(dir.path())
+    );
+    let on_disk = dir.path().join("images");
+    std::fs::create_dir(&on_disk).unwrap();
+    for (imagefs, layout, containerfs_threshold) in [
+        (on_disk.as_path(), "singleDisk", "10%"),
+        (tmpfs.path(), "imageFs", "15%"),
+    ] {
+        let config = dir.path().join("agent.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\ncgroupRoot: {}\nprocRoot: {}\nnodefsPath: {}\nimagefsPath: {}\nevictionHard:\n  nodefs.available: 10%\n  imagefs.available: 15%\n",
+                fixtures().join("cgroup-v2").display(),
+                fixtures().join("proc").display(),
+                dir.path().display(),
+                imagefs.display()
+            ),
+        )
+        .unwrap();
+        let config = config.to_str().unwrap();
+        let (code, stdout) = run(&["signals", "--config", config, "--output", "json"]);
+        assert_eq!(code, 0, "{stdout}");
+        let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(json["filesystemLayout"], layout, "{stdout}");
+        let filesystems = json["filesystems"].as_array().unwrap();
+        assert_eq!(filesystems[1]["filesystem"], "imagefs");
+        assert_eq!(filesystems[1]["path"], imagefs.display().to_string());
+        let same_device = filesystems[0]["device"] == filesystems[1]["device"];
+        assert_eq!(same_device, layout == "singleDisk", "{filesystems:?}");
+        let containerfs = json["signals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["signal"] == "containerfs.available")
+            .unwrap();
+        assert_eq!(
+            containerfs["thresholds"][0]["value"],
+            containerfs_threshold,
+            "imagefsPath {}",
+            imagefs.display()
+        );
+        let (_, table) = run(&["signals", "--config", config]);
+        let line = table
+            .lines()
+            .find(|line| line.starts_with("filesystems: "))
+            .unwrap_or_default();
+        let expected = if layout == "singleDisk" {
+            "filesystems: one filesystem"
+        } else {
+            "filesystems: a dedicated image filesystem"
+        };
+        assert!(line.starts_with(expected), "{table}");
+        assert!(
+            line.contains(&format!("imagefs {} on ", imagefs.display())),
+            "{line}"
+        );
+    }
 }

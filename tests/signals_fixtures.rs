@@ -19,23 +19,6 @@ const MEMINFO_INACTIVE_FILE: i64 = 2_000_000 * 1024;
 const GIB: i64 = 1 << 30;
 const MIB: i64 = 1 << 20;
 
-/// `dir` exists and is on another filesystem than the fixtures (the fake nodefs).
-fn separate_filesystem(dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let device = |path: &Path| {
-        std::fs::metadata(path)
-            .map(|meta| meta.dev())
-            .map_err(|e| format!("{}: {e}", path.display()))
-    };
-    if device(dir)? == device(&fixtures())? {
-        return Err(format!(
-            "{} is on the same filesystem as the fixtures",
-            dir.display()
-        ));
-    }
-    Ok(())
-}
-
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
@@ -218,15 +201,14 @@ fn filesystem_signals_follow_nodefs_without_dedicated_imagefs() {
 
 #[test]
 fn containerfs_follows_a_dedicated_imagefs() {
-    let shm = Path::new("/dev/shm");
-    require!(
+    let shm = require!(
         "a separate filesystem (tmpfs) at /dev/shm",
-        separate_filesystem(shm)
+        support::real::tmpfs_dir_apart_from(&fixtures())
     );
     let mut paths = fixture_host("cgroup-v1", "kubepods");
-    paths.imagefs = Some(shm.to_path_buf());
+    paths.imagefs = Some(shm.path().to_path_buf());
     let collection = SignalCollector::new(&paths).collect();
-    let stat = nix::sys::statvfs::statvfs(shm).unwrap();
+    let stat = nix::sys::statvfs::statvfs(shm.path()).unwrap();
     let imagefs = observed(&collection, Signal::ImageFsAvailable);
     assert_eq!(
         imagefs.capacity,

@@ -202,3 +202,77 @@ fn test_cgroups_find_each_hierarchy_in_mountinfo() {
         ]
     );
 }
+
+/// The kubelet tells its filesystems apart by device, not by path: `HasDedicatedImageFs`
+/// compares the image filesystem's device with the root filesystem's, and
+/// `HasDedicatedContainerFs` the container filesystem's with the image filesystem's
+/// (pkg/kubelet/stats/provider.go); `buildSignalToRankFunc` and
+/// `UpdateContainerFsThresholds` test the dedicated image filesystem first. Each case
+/// marked `paths differ` is one where the configured paths alone suggest another layout.
+#[test]
+fn the_filesystem_layout_is_decided_by_devices_not_by_paths() {
+    use nodekeeper::config::FilesystemLayout::{ImageFs, SingleDisk, SplitImageFs};
+    use nodekeeper::signals::Host;
+    let disk = tempfile::tempdir().unwrap();
+    let tmpfs = require!(
+        "a separate filesystem (tmpfs) at /dev/shm",
+        support::real::tmpfs_dir_apart_from(disk.path())
+    );
+    let (on_disk, on_tmpfs) = (disk.path(), tmpfs.path());
+    for sub in ["kubelet", "containerd", "layers"] {
+        std::fs::create_dir(on_disk.join(sub)).unwrap();
+        std::fs::create_dir(on_tmpfs.join(sub)).unwrap();
+    }
+    let nodefs = on_disk.join("kubelet");
+    let cases: [(Option<PathBuf>, Option<PathBuf>, _, bool); 7] = [
+        (None, None, SingleDisk, false),
+        // imagefsPath on the nodefs device: one filesystem (paths differ).
+        (Some(on_disk.join("containerd")), None, SingleDisk, true),
+        (Some(on_tmpfs.join("containerd")), None, ImageFs, false),
+        // Not created yet: its nearest existing ancestor's device.
+        (Some(on_tmpfs.join("not/yet")), None, ImageFs, false),
+        (
+            Some(on_tmpfs.join("containerd")),
+            Some(on_disk.join("layers")),
+            SplitImageFs,
+            false,
+        ),
+        // Writable layers on the image filesystem's device (paths differ).
+        (
+            Some(on_tmpfs.join("containerd")),
+            Some(on_tmpfs.join("layers")),
+            ImageFs,
+            true,
+        ),
+        // Images on nodefs, layers apart: not a dedicated image filesystem, so one
+        // filesystem to the kubelet (paths differ).
+        (
+            Some(on_disk.join("containerd")),
+            Some(on_tmpfs.join("layers")),
+            SingleDisk,
+            true,
+        ),
+    ];
+    for (imagefs, containerfs, expected, paths_differ) in cases {
+        let paths = HostPaths {
+            nodefs: nodefs.clone(),
+            imagefs: imagefs.clone(),
+            containerfs: containerfs.clone(),
+            ..this_host()
+        };
+        let host = Host::detect(&paths);
+        let label = format!("imagefs {imagefs:?}, containerfs {containerfs:?}");
+        assert_eq!(host.fs_layout(), expected, "{label}");
+        assert_eq!(paths.fs_layout() != expected, paths_differ, "{label}");
+        let found = host.filesystems().unwrap();
+        let names: Vec<&str> = found.devices.iter().map(|(name, _, _)| *name).collect();
+        let expected_names = std::iter::once("nodefs")
+            .chain(imagefs.as_ref().map(|_| "imagefs"))
+            .chain(containerfs.as_ref().map(|_| "containerfs"));
+        assert!(
+            names.iter().copied().eq(expected_names),
+            "{label}: {names:?}"
+        );
+        assert!(found.describe().starts_with(expected.describe()), "{label}");
+    }
+}

@@ -81,7 +81,7 @@ impl Agent {
 
     /// An agent for a host already detected (with `config.paths`): every part of the agent
     /// that reads the host uses this one detection.
-    pub fn on_host(config: AgentConfig, host: Host, metrics: Arc<Metrics>) -> Self {
+    pub fn on_host(mut config: AgentConfig, host: Host, metrics: Arc<Metrics>) -> Self {
         debug_assert_eq!(
             host.paths(),
             &config.paths,
@@ -96,7 +96,28 @@ impl Agent {
             .collect();
         let reclaimer = (!commands.is_empty())
             .then(|| CommandReclaimer::new(commands, config.node_reclaim.timeout.to_std()));
-        let sync_options = SyncOptions::for_paths(&config.paths, reclaimer.is_some());
+        // The layout by the filesystems' devices, as the kubelet's first synchronize finds
+        // it: the containerfs thresholds and the disk ranking follow it, not the paths.
+        let fs_layout = host.fs_layout();
+        match host.filesystems() {
+            Ok(found) => tracing::info!("filesystems: {}", found.describe()),
+            Err(error) => tracing::warn!(
+                layout = fs_layout.describe(),
+                "{error}; the filesystem layout is taken from the configured paths"
+            ),
+        }
+        if fs_layout != config.paths.fs_layout() {
+            tracing::info!(
+                by_paths = config.paths.fs_layout().describe(),
+                by_devices = fs_layout.describe(),
+                "the configured filesystem paths are not on the devices they suggest; evicting by the devices, as the kubelet does"
+            );
+        }
+        config.eviction.use_fs_layout(fs_layout);
+        let sync_options = SyncOptions {
+            fs_layout,
+            node_reclaimer_configured: reclaimer.is_some(),
+        };
         metrics.start_signal_series(
             config
                 .eviction

@@ -67,7 +67,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             println!("#   {field}: {meaning}");
         }
     }
-    println!("# Thresholds in force (derived ones included):");
+    println!(
+        "# Thresholds in force (derived ones included), for {} as the paths tell it; the agent",
+        loaded.config.paths.fs_layout().describe()
+    );
+    println!(
+        "# compares the paths' devices at start, as the kubelet does (`nodekeeper signals` shows the result):"
+    );
     for threshold in &loaded.config.eviction.thresholds {
         let kind = if threshold.is_hard() {
             "hard".to_string()

@@ -33,8 +33,17 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config = super::load_config(args.config.as_deref(), &args.eviction.overrides())?;
+    let mut config = super::load_config(args.config.as_deref(), &args.eviction.overrides())?;
     let host = Host::detect(&config.paths);
+    // The containerfs thresholds follow the layout the devices make, as in the agent.
+    config.eviction.use_fs_layout(host.fs_layout());
+    let filesystems = match host.filesystems() {
+        Ok(found) => found.describe(),
+        Err(error) => format!(
+            "{} (by the configured paths: {error})",
+            host.fs_layout().describe()
+        ),
+    };
     let collector = SignalCollector::for_host(&host);
     let collection = collector.collect();
     let support = probe_host(&host);
@@ -44,7 +53,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let text = match args.output {
         OutputFormat::Table => {
             format!(
-                "cgroup layout: {}\n\n{}",
+                "cgroup layout: {}\nfilesystems: {filesystems}\n\n{}",
                 collector.describe_layout(),
                 render_table(&rows, &collection.pressure, &support, &problems)
             )
@@ -53,6 +62,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let mut json = render_json(&rows, &collection.pressure, &support, &problems);
             json["cgroupLayout"] =
                 serde_json::to_value(collector.layout()).context("rendering the cgroup layout")?;
+            json["filesystemLayout"] = serde_json::to_value(host.fs_layout())
+                .context("rendering the filesystem layout")?;
+            json["filesystems"] = match host.filesystems() {
+                Ok(found) => found
+                    .devices
+                    .iter()
+                    .map(|(name, path, device)| {
+                        json!({"filesystem": name, "path": path, "device": device.to_string()})
+                    })
+                    .collect(),
+                Err(error) => json!({ "error": error }),
+            };
             serde_json::to_string_pretty(&json).context("rendering the report")? + "\n"
         }
     };

@@ -75,6 +75,15 @@ pub struct EvictionConfig {
     pub local_storage_capacity_isolation: bool,
 }
 
+impl EvictionConfig {
+    /// Derive the `containerfs.*` thresholds for `layout` instead of the one they were
+    /// loaded for: the agent learns the real layout only when it compares the
+    /// filesystems' devices at start, as the kubelet's first synchronize does.
+    pub fn use_fs_layout(&mut self, layout: super::FilesystemLayout) {
+        super::thresholds::derive_containerfs_thresholds(&mut self.thresholds, layout);
+    }
+}
+
 /// One entry of `shutdownGracePeriodByPodPriority`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShutdownPhaseConfig {
@@ -104,16 +113,18 @@ pub struct HostPaths {
 }
 
 impl HostPaths {
-    /// Which filesystem holds images and writable layers, from the configured paths:
-    /// no imagefs path means one disk; an imagefs path without a different
-    /// containerfs path means the image filesystem also holds the writable layers.
+    /// Which filesystem holds images and writable layers, as far as the configured paths
+    /// tell: no imagefs path (or the nodefs path again) means one disk; an imagefs path
+    /// without a different containerfs path means the image filesystem also holds the
+    /// writable layers. Tools that read no host (`replay`, `rank`, `check-config`) use
+    /// this; the agent compares the paths' devices instead, as the kubelet does
+    /// (`signals::Host::fs_layout`).
     pub fn fs_layout(&self) -> super::FilesystemLayout {
-        use super::FilesystemLayout;
-        match (&self.imagefs, &self.containerfs) {
-            (None, _) => FilesystemLayout::SingleDisk,
-            (Some(image), Some(container)) if image != container => FilesystemLayout::SplitImageFs,
-            (Some(_), _) => FilesystemLayout::ImageFs,
-        }
+        super::FilesystemLayout::of(
+            self.nodefs.as_path(),
+            self.imagefs.as_deref(),
+            self.containerfs.as_deref(),
+        )
     }
 }
 

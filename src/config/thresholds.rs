@@ -233,15 +233,63 @@ pub fn add_allocatable_thresholds(thresholds: &mut Vec<Threshold>) {
 }
 
 /// How images and container writable layers are laid out on disk, which decides what
-/// the `containerfs.*` thresholds mirror.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// the `containerfs.*` thresholds mirror, what each disk signal ranks pods by and what
+/// node-level reclaim can relieve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub enum FilesystemLayout {
     /// Everything on the node filesystem.
     SingleDisk,
     /// A dedicated image filesystem that also holds container writable layers.
     ImageFs,
-    /// A dedicated image filesystem, with writable layers on the node filesystem.
+    /// A dedicated image filesystem, with writable layers on another filesystem.
     SplitImageFs,
+}
+
+impl FilesystemLayout {
+    /// The kubelet's two questions, asked of any way to tell filesystems apart (the
+    /// agent compares devices, offline tools the configured paths): the image
+    /// filesystem is dedicated when it is not the node filesystem
+    /// (`HasDedicatedImageFs`), and split when the writable layers are not on it
+    /// (`HasDedicatedContainerFs`). No image filesystem means the node filesystem's; no
+    /// container filesystem means the image filesystem's. A split without a dedicated
+    /// image filesystem is one disk to the kubelet (`buildSignalToRankFunc` and
+    /// `UpdateContainerFsThresholds` both test the dedicated image filesystem first).
+    pub fn of<F: PartialEq + ?Sized>(
+        nodefs: &F,
+        imagefs: Option<&F>,
+        containerfs: Option<&F>,
+    ) -> Self {
+        let imagefs = imagefs.unwrap_or(nodefs);
+        let containerfs = containerfs.unwrap_or(imagefs);
+        match (imagefs != nodefs, containerfs != imagefs) {
+            (false, _) => FilesystemLayout::SingleDisk,
+            (true, false) => FilesystemLayout::ImageFs,
+            (true, true) => FilesystemLayout::SplitImageFs,
+        }
+    }
+
+    /// For people: `one filesystem`, `a dedicated image filesystem`, ...
+    pub fn describe(self) -> &'static str {
+        match self {
+            FilesystemLayout::SingleDisk => {
+                "one filesystem (nodefs holds images and writable layers)"
+            }
+            FilesystemLayout::ImageFs => {
+                "a dedicated image filesystem (imagefs holds images and writable layers)"
+            }
+            FilesystemLayout::SplitImageFs => {
+                "a split image filesystem (imagefs holds images, containerfs writable layers)"
+            }
+        }
+    }
+}
+
+fn is_containerfs(signal: Signal) -> bool {
+    matches!(
+        signal,
+        Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
+    )
 }
 
 /// `UpdateContainerFsThresholds`: user `containerfs.*` thresholds are dropped (with a
@@ -252,16 +300,18 @@ pub fn mirror_containerfs_thresholds(
     layout: FilesystemLayout,
     warnings: &mut Vec<String>,
 ) {
-    let is_containerfs = |s: Signal| {
-        matches!(
-            s,
-            Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
-        )
-    };
     for t in thresholds.iter().filter(|t| is_containerfs(t.signal)) {
         let kind = if t.is_hard() { "hard" } else { "soft" };
         warnings.push(format!("found {} for {kind} eviction. ignoring", t.signal));
     }
+    derive_containerfs_thresholds(thresholds, layout);
+}
+
+/// The `containerfs.*` thresholds for `layout`, in place of any there: copies of the
+/// nodefs thresholds, or of the imagefs ones where the image filesystem also holds the
+/// writable layers. Applying it again for another layout (once the agent has compared
+/// the devices) replaces the earlier copies.
+pub fn derive_containerfs_thresholds(thresholds: &mut Vec<Threshold>, layout: FilesystemLayout) {
     thresholds.retain(|t| !is_containerfs(t.signal));
     let source = |s: Signal| match (layout, s) {
         (FilesystemLayout::ImageFs, Signal::ImageFsAvailable) => Some(Signal::ContainerFsAvailable),
@@ -283,4 +333,77 @@ pub fn mirror_containerfs_thresholds(
         })
         .collect();
     thresholds.extend(copies);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use FilesystemLayout::{ImageFs, SingleDisk, SplitImageFs};
+
+    #[test]
+    fn the_layout_asks_the_kubelets_two_questions_of_whatever_tells_filesystems_apart() {
+        // HasDedicatedImageFs: imagefs device != root fs device. HasDedicatedContainerFs:
+        // imagefs device != containerfs device. buildSignalToRankFunc and
+        // UpdateContainerFsThresholds take "no dedicated imagefs" as one disk whatever
+        // the container filesystem is.
+        let (node, disk2, disk3) = ("sda1", "sdb1", "sdc1");
+        let cases = [
+            (None, None, SingleDisk),
+            (Some(node), None, SingleDisk),
+            (Some(disk2), None, ImageFs),
+            (Some(disk2), Some(disk2), ImageFs),
+            (Some(disk2), Some(node), SplitImageFs),
+            (Some(disk2), Some(disk3), SplitImageFs),
+            (Some(node), Some(disk2), SingleDisk),
+            (None, Some(disk2), SingleDisk),
+        ];
+        for (imagefs, containerfs, expected) in cases {
+            assert_eq!(
+                FilesystemLayout::of(node, imagefs, containerfs),
+                expected,
+                "imagefs {imagefs:?}, containerfs {containerfs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn deriving_again_for_another_layout_replaces_the_earlier_copies() {
+        let hard = |signal, percent| Threshold {
+            signal,
+            value: ThresholdValue::Percentage(percent),
+            grace_period: GoDuration::ZERO,
+            min_reclaim: None,
+        };
+        let user = vec![
+            hard(Signal::NodeFsAvailable, 0.10),
+            hard(Signal::ImageFsAvailable, 0.15),
+            hard(Signal::ContainerFsAvailable, 0.50),
+        ];
+        let containerfs = |thresholds: &[Threshold]| -> Vec<f32> {
+            thresholds
+                .iter()
+                .filter(|t| t.signal == Signal::ContainerFsAvailable)
+                .map(|t| match t.value {
+                    ThresholdValue::Percentage(p) => p,
+                    ThresholdValue::Quantity(_) => f32::NAN,
+                })
+                .collect()
+        };
+        let mut thresholds = user.clone();
+        let mut warnings = Vec::new();
+        mirror_containerfs_thresholds(&mut thresholds, ImageFs, &mut warnings);
+        assert_eq!(
+            warnings,
+            ["found containerfs.available for hard eviction. ignoring"]
+        );
+        assert_eq!(containerfs(&thresholds), [0.15], "imagefs's copy");
+        // The devices say one disk: nodefs's copy instead, and only one.
+        derive_containerfs_thresholds(&mut thresholds, SingleDisk);
+        assert_eq!(containerfs(&thresholds), [0.10]);
+        derive_containerfs_thresholds(&mut thresholds, SplitImageFs);
+        assert_eq!(containerfs(&thresholds), [0.10]);
+        derive_containerfs_thresholds(&mut thresholds, ImageFs);
+        assert_eq!(containerfs(&thresholds), [0.15]);
+        assert_eq!(thresholds.len(), 3, "nodefs, imagefs and one copy");
+    }
 }

@@ -62,8 +62,9 @@ impl Default for SyncOptions {
 }
 
 impl SyncOptions {
-    /// The layout implied by the configured filesystem paths, as the configuration
-    /// loader derives it for the containerfs thresholds.
+    /// The layout implied by the configured filesystem paths, for tools that read no
+    /// node (`replay`); the agent takes the layout its devices make
+    /// (`signals::Host::fs_layout`).
     pub fn for_paths(paths: &HostPaths, node_reclaimer_configured: bool) -> Self {
         let fs_layout = paths.fs_layout();
         SyncOptions {

@@ -7,8 +7,9 @@
 use std::path::Path;
 
 use super::cgroup::CgroupReader;
+use super::filesystem::Filesystems;
 use super::layout::{CgroupLayout, LayoutError};
-use crate::config::HostPaths;
+use crate::config::{FilesystemLayout, HostPaths};
 
 #[derive(Debug, Clone)]
 pub struct Host {
@@ -16,17 +17,21 @@ pub struct Host {
     cgroups: Result<CgroupReader, LayoutError>,
     /// This boot's id, or why it could not be read.
     boot_id: Result<String, String>,
+    /// The filesystems' devices and the layout they make, or why they could not be told.
+    filesystems: Result<Filesystems, String>,
 }
 
 impl Host {
-    /// Look at the host under `paths`: the cgroup layout under `cgroupRoot` and the boot
-    /// id under `procRoot`. Never fails; what is missing is kept as its error.
+    /// Look at the host under `paths`: the cgroup layout under `cgroupRoot`, the boot id
+    /// under `procRoot` and the filesystems' devices. Never fails; what is missing is kept
+    /// as its error.
     pub fn detect(paths: &HostPaths) -> Host {
         Host {
             paths: paths.clone(),
             cgroups: CgroupReader::detect(&paths.cgroup_root),
             boot_id: read_boot_id(&paths.proc_root)
                 .map_err(|error| format!("{}: {error}", paths.proc_root.join(BOOT_ID).display())),
+            filesystems: Filesystems::detect(paths),
         }
     }
 
@@ -58,6 +63,19 @@ impl Host {
 
     pub fn layout(&self) -> Option<CgroupLayout> {
         self.cgroups().map(CgroupReader::layout)
+    }
+
+    /// The filesystem layout, by the devices of the configured paths as the kubelet
+    /// decides it; where they could not be told apart, by the paths themselves.
+    pub fn fs_layout(&self) -> FilesystemLayout {
+        self.filesystems
+            .as_ref()
+            .map_or_else(|_| self.paths.fs_layout(), |found| found.layout)
+    }
+
+    /// The filesystems found, or why their devices could not be told.
+    pub fn filesystems(&self) -> Result<&Filesystems, &str> {
+        self.filesystems.as_ref().map_err(String::as_str)
     }
 
     /// This boot's id (`<procRoot>/sys/kernel/random/boot_id`), or a message naming the

@@ -18,7 +18,7 @@ pub use crate::signal_names::{NodeCondition, Resource, Signal, UnknownSignal};
 pub use cgroup::{CgroupReader, CgroupUsage, PodCgroupUsage};
 pub use collector::{Collection, SignalCollector};
 pub use error::{ErrorSubject, FileError, FileProblem, SignalError};
-pub use filesystem::{FsStats, FsTarget};
+pub use filesystem::{Filesystems, FsDevice, FsStats, FsTarget, Mount, device_of, parse_mountinfo};
 pub use host::{Host, read_boot_id};
 pub use layout::{
     CgroupLayout, CgroupPaths, LayoutError, detect_layout, join_relative, relative_cgroup,

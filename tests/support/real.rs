@@ -156,3 +156,25 @@ pub fn debian_kubectl() -> Result<std::path::PathBuf, String> {
         )),
     }
 }
+
+/// A fresh directory on a tmpfs (under `/dev/shm`) that is another filesystem than
+/// `apart_from`: a second device for tests of what lives on which filesystem. Removed
+/// when dropped.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub fn tmpfs_dir_apart_from(apart_from: &std::path::Path) -> Result<tempfile::TempDir, String> {
+    use std::os::unix::fs::MetadataExt;
+    let shm = std::path::Path::new("/dev/shm");
+    let device = |path: &std::path::Path| {
+        std::fs::metadata(path)
+            .map(|meta| meta.dev())
+            .map_err(|e| format!("{}: {e}", path.display()))
+    };
+    if device(shm)? == device(apart_from)? {
+        return Err(format!(
+            "{} is on the same filesystem as {}",
+            shm.display(),
+            apart_from.display()
+        ));
+    }
+    tempfile::tempdir_in(shm).map_err(|e| format!("a directory in {}: {e}", shm.display()))
+}
