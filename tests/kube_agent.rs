@@ -25,6 +25,7 @@ use nodekeeper::kubernetes::evictor::LocalKiller;
 use nodekeeper::kubernetes::worker::RetryPolicy;
 use nodekeeper::metrics::Metrics;
 use nodekeeper::pods::Pod;
+use nodekeeper::ports::CycleReport;
 use support::apiserver::{FakeApiServer, RecordedRequest, RequestMatcher, eventually};
 
 const NODE: &str = "node-a";
@@ -426,17 +427,10 @@ async fn memory_pressure_evicts_the_right_pod_through_the_api() {
     // The next cycles never touch the static or the critical pod, even though they use
     // the most memory: the terminating hog is skipped and modest goes next.
     // Cycles until the watch delivers the hog's deletion and modest is chosen.
-    for _ in 0..250 {
-        s.agent.run_cycle().await;
-        if pod(&s.server, "modest")
-            .metadata
-            .deletion_timestamp
-            .is_some()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    cycles_until(&mut s.agent, 250, |_, _| {
+        pod(&s.server, "modest").metadata.deletion_timestamp
+    })
+    .await;
     eventually(WAIT, "modest deleted", || {
         pod(&s.server, "modest").metadata.deletion_timestamp
     })
@@ -467,6 +461,23 @@ async fn memory_pressure_evicts_the_right_pod_through_the_api() {
     );
 }
 
+/// Runs cycles 20 ms apart, at most `rounds` of them, until `done` finds what it waits
+/// for in a cycle's report (and whether that cycle evicted); `None` if it never did.
+async fn cycles_until<T>(
+    agent: &mut Agent,
+    rounds: usize,
+    mut done: impl FnMut(&CycleReport, bool) -> Option<T>,
+) -> Option<T> {
+    for _ in 0..rounds {
+        let (report, evicted) = agent.run_cycle().await;
+        if let Some(found) = done(&report, evicted) {
+            return Some(found);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
 /// Delete `name` as a rollout would, with 30 s of grace, and run cycles without pressure
 /// until the agent's candidates show that its watch has delivered the deletion (`seen`).
 async fn delete_gracefully_and_wait_until(
@@ -488,15 +499,12 @@ async fn delete_gracefully_and_wait_until(
         )
         .await
         .unwrap();
-    for _ in 0..250 {
-        let (report, evicted) = s.agent.run_cycle().await;
+    cycles_until(&mut s.agent, 250, |report, evicted| {
         assert!(!evicted, "no pressure yet: {:?}", report.decision);
-        if seen(&report.pods) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the agent never saw the deletion of {name}");
+        seen(&report.pods).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("the agent never saw the deletion of {name}"));
 }
 
 /// The kubelet keeps a pod whose deletion was requested among its active pods until it
@@ -566,19 +574,17 @@ async fn a_pod_still_stopping_from_its_eviction_is_not_evicted_again() {
     assert!(evicted, "{:?}", report.decision);
     // Its containers are still stopping: the kubelet has 30 s to do it.
     s.host.start_pod_processes("burstable", "11111111-aaaa");
-    for _ in 0..250 {
-        let (report, evicted) = s.agent.run_cycle().await;
+    cycles_until(&mut s.agent, 250, |report, evicted| {
         assert!(!evicted, "evicted again: {:?}", report.decision.evictions);
         assert_eq!(
             report.decision.evictions.first().map(|o| o.name.as_str()),
             Some("hog"),
             "hog is still the one to go"
         );
-        if report.pods.iter().any(|p| p.name == "hog" && p.terminating) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        let terminating = report.pods.iter().any(|p| p.name == "hog" && p.terminating);
+        terminating.then_some(())
+    })
+    .await;
     eventually(WAIT, "outbox flushed", || s.outbox.is_empty().then_some(())).await;
     assert_eq!(successful_deletes(&s.server, "hog").len(), 1);
     assert_eq!(evicted_events(&s.server, "hog")[0].count, Some(1));
@@ -652,19 +658,12 @@ evictionSoftGracePeriod:
             storage("hog").is_some_and(|s| s.writable_layers.is_some())
                 && storage("modest").is_some_and(|s| s.logs.is_some())
         };
-        let mut chosen = None;
-        for _ in 0..200 {
-            let (report, _) = s.agent.run_cycle().await;
-            if measured(&report.pods) {
-                chosen = report
-                    .decision
-                    .evictions
-                    .first()
-                    .map(|order| order.name.clone());
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let chosen = cycles_until(&mut s.agent, 200, |report, _| {
+            let first = report.decision.evictions.first();
+            measured(&report.pods).then(|| first.map(|order| order.name.clone()))
+        })
+        .await
+        .flatten();
         assert_eq!(chosen.as_deref(), Some(expected), "imagefsPath {imagefs}");
     }
 }
@@ -815,16 +814,18 @@ async fn watch_expiry_relists_and_a_status_conflict_is_retried() {
     s.server.seed(&api_pod(&newcomer));
     s.host
         .add_pod_cgroup("burstable", newcomer.uid, newcomer.working_set);
-    let mut seen = false;
-    for _ in 0..250 {
-        let (report, _) = s.agent.run_cycle().await;
-        if report.pods.iter().any(|p| p.name == "newcomer") {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(seen, "the pod created after the expired watch is listed");
+    let seen = cycles_until(&mut s.agent, 250, |report, _| {
+        report
+            .pods
+            .iter()
+            .any(|p| p.name == "newcomer")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        seen.is_some(),
+        "the pod created after the expired watch is listed"
+    );
     assert!(
         s.server
             .requests()

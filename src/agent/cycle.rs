@@ -106,9 +106,10 @@ impl Agent {
                 "{error}; the filesystem layout is taken from the configured paths"
             ),
         }
-        if fs_layout != config.paths.fs_layout() {
+        let by_paths = config.paths.fs_layout();
+        if fs_layout != by_paths {
             tracing::info!(
-                by_paths = config.paths.fs_layout().describe(),
+                by_paths = by_paths.describe(),
                 by_devices = fs_layout.describe(),
                 "the configured filesystem paths are not on the devices they suggest; evicting by the devices, as the kubelet does"
             );

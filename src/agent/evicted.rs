@@ -15,7 +15,7 @@
 //! or delete) unless the new eviction is harsher, a shorter grace period, as a hard
 //! threshold met during a soft eviction's grace is.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::pods::Pod;
@@ -79,7 +79,7 @@ impl Evicted {
         if self.pods.is_empty() {
             return listed;
         }
-        let present: std::collections::BTreeSet<String> = listed.iter().map(identity).collect();
+        let present: BTreeSet<String> = listed.iter().map(identity).collect();
         self.pods.retain(|pod, _| present.contains(pod));
         listed
             .into_iter()

@@ -170,19 +170,21 @@ pub enum ContainerKind {
 /// it, and the peak of those moments wins over the sum if larger. A container without
 /// the resource adds nothing. Sums keep the first figure's format (`Quantity.Add`); a
 /// larger peak replaces the sum, format and all (`maxResourceList`).
+/// The containers are walked twice (regular ones first, for the sum's format), hence a
+/// cloneable iterator rather than a collected list: this runs for every pod every cycle.
 pub fn aggregate_containers(
-    containers: impl IntoIterator<Item = (ContainerKind, Option<Quantity>)>,
+    containers: impl IntoIterator<Item = (ContainerKind, Option<Quantity>), IntoIter: Clone>,
 ) -> Option<Quantity> {
-    let containers: Vec<(ContainerKind, Option<Quantity>)> = containers.into_iter().collect();
+    let containers = containers.into_iter();
     let add = |sum: Option<Quantity>, more: Quantity| Some(sum.map_or(more, |s| s.plus(more)));
     let max = |peak: Option<Quantity>, other: Quantity| match peak {
         Some(peak) if peak >= other => Some(peak),
         _ => Some(other),
     };
     let mut total = containers
-        .iter()
+        .clone()
         .filter(|(kind, _)| *kind == ContainerKind::Regular)
-        .filter_map(|(_, amount)| *amount)
+        .filter_map(|(_, amount)| amount)
         .fold(None, add);
     let mut sidecars: Option<Quantity> = None;
     let mut init_peak: Option<Quantity> = None;

@@ -212,22 +212,24 @@ impl Filesystems {
                 )),
             }
         };
-        let mut devices = vec![device("nodefs", &paths.nodefs)?];
-        for (name, path) in [
-            ("imagefs", &paths.imagefs),
-            ("containerfs", &paths.containerfs),
-        ] {
-            if let Some(path) = path {
-                devices.push(device(name, path)?);
-            }
-        }
-        let named = |wanted: &str| {
-            devices
-                .iter()
-                .find(|(name, _, _)| *name == wanted)
-                .map(|(_, _, device)| device)
-        };
-        let layout = FilesystemLayout::of(&devices[0].2, named("imagefs"), named("containerfs"));
+        let nodefs = device("nodefs", &paths.nodefs)?;
+        let imagefs = paths
+            .imagefs
+            .as_deref()
+            .map(|p| device("imagefs", p))
+            .transpose()?;
+        let containerfs = (paths.containerfs.as_deref())
+            .map(|p| device("containerfs", p))
+            .transpose()?;
+        let layout = FilesystemLayout::of(
+            &nodefs.2,
+            imagefs.as_ref().map(|found| &found.2),
+            containerfs.as_ref().map(|found| &found.2),
+        );
+        let devices = [Some(nodefs), imagefs, containerfs]
+            .into_iter()
+            .flatten()
+            .collect();
         Ok(Filesystems { layout, devices })
     }
 
