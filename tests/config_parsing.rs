@@ -896,10 +896,17 @@ fn a_zero_transition_period_is_the_default_in_a_file_and_zero_from_the_flag() {
 /// and merged gate by gate; gates the agent does not know are the kubelet's business.
 #[test]
 fn feature_gates_are_read_merged_and_shown() {
-    // Defaults: all three on, as in the kubelet since 1.31.
+    // Defaults: all four on, as in the kubelet from 1.37 (HugepageAwareEviction, PR
+    // #138127, beta and on by default from then).
     let (config, warnings) = parse_warned("shutdownGracePeriod: 30s");
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(config.shutdown.grace_period, GoDuration::from_secs(30));
+    assert!(config.eviction.hugepage_aware);
+    // Turned off in the kubelet's document, memory.available keeps the huge page pool
+    // again, as a kubelet before 1.37 measures it.
+    let (config, warnings) = parse_warned("featureGates: {HugepageAwareEviction: false}");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(!config.eviction.hugepage_aware);
 
     // GracefulNodeShutdown off with no periods: the kubelet runs a stub, so no shutdown
     // handling at all; an unknown gate from another kubelet version is ignored.
@@ -930,6 +937,7 @@ fn feature_gates_are_read_merged_and_shown() {
         Some(&true)
     );
     assert_eq!(gates.get("KubeletSeparateDiskGC"), Some(&false));
+    assert_eq!(gates.get("HugepageAwareEviction"), Some(&true));
 }
 
 #[test]

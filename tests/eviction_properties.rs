@@ -106,6 +106,7 @@ fn hard_thresholds() -> EvictionConfig {
         max_pod_grace_period_seconds: 30,
         pressure_transition_period: GoDuration::from_secs(300),
         local_storage_capacity_isolation: true,
+        hugepage_aware: true,
     }
 }
 

@@ -26,6 +26,7 @@ use nodekeeper::kubernetes::worker::RetryPolicy;
 use nodekeeper::metrics::Metrics;
 use nodekeeper::pods::Pod;
 use nodekeeper::ports::CycleReport;
+use nodekeeper::signals::Signal;
 use support::apiserver::{FakeApiServer, RecordedRequest, RequestMatcher, eventually};
 
 const NODE: &str = "node-a";
@@ -52,13 +53,20 @@ impl Host {
     }
 
     fn set_free_memory(&self, free: u64) {
+        self.set_memory(free, 0);
+    }
+
+    /// Free memory, and `hugepages` of 2 MiB reserved (which the kernel takes from the
+    /// free pages, so they are in MemTotal but not in MemFree).
+    fn set_memory(&self, free: u64, hugepages: u64) {
         let total_kib = 8192 * 1024;
         std::fs::write(
             self.dir.path().join("proc/meminfo"),
             format!(
-                "MemTotal: {total_kib} kB\nMemFree: {} kB\nMemAvailable: {} kB\nInactive(file): 0 kB\n",
+                "MemTotal: {total_kib} kB\nMemFree: {} kB\nMemAvailable: {} kB\nInactive(file): 0 kB\nHugePages_Total: {hugepages}\nHugePages_Surp: 0\nHugepagesize: 2048 kB\nHugetlb: {} kB\n",
                 free / 1024,
-                free / 1024
+                free / 1024,
+                hugepages * 2048
             ),
         )
         .unwrap();
@@ -459,6 +467,30 @@ async fn memory_pressure_evicts_the_right_pod_through_the_api() {
         kills,
         BTreeSet::from(["default/hog".to_string(), "default/modest".to_string()])
     );
+}
+
+/// `HugepageAwareEviction` (kubelet PR #138127, on by default from 1.37): the summary
+/// provider's `adjustForHugePages` takes the huge page pool out of the node's available
+/// memory before the eviction manager compares it. With 300 MiB free and 256 MiB of huge
+/// pages reserved, memory.available is 44 MiB, under the 100 MiB hard threshold, and the
+/// agent evicts; a kubelet with the gate off sees 300 MiB and evicts nothing.
+#[tokio::test]
+async fn a_reserved_huge_page_pool_counts_as_used_unless_the_gate_is_off() {
+    for (extra, pressure) in [
+        ("", true),
+        ("featureGates:\n  HugepageAwareEviction: false\n", false),
+    ] {
+        let mut s = scenario(extra).await;
+        s.host.set_memory(300 * MI, 128);
+        let (report, evicted) = s.agent.run_cycle().await;
+        let available = report.observations[&Signal::MemoryAvailable].available;
+        let expected = if pressure { 44 * MI } else { 300 * MI };
+        assert_eq!(available, expected as i64, "gate config {extra:?}");
+        assert_eq!(evicted, pressure, "{extra:?}: {:?}", report.decision);
+        if pressure {
+            assert_eq!(report.decision.evictions[0].name, "hog");
+        }
+    }
 }
 
 /// Runs cycles 20 ms apart, at most `rounds` of them, until `done` finds what it waits

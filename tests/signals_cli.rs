@@ -239,3 +239,79 @@ fn the_filesystem_layout_and_the_containerfs_thresholds_follow_the_devices() {
         );
     }
 }
+
+/// A node with huge pages reserved: `signals` shows memory.available without the pool,
+/// says how much it left out and why, and gives the figure a kubelet before 1.37 would
+/// when the kubelet's configuration turns `HugepageAwareEviction` off.
+#[test]
+fn the_huge_page_pool_is_shown_and_left_out_unless_the_gate_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let proc_root = dir.path().join("proc");
+    std::fs::create_dir_all(proc_root.join("sys/kernel")).unwrap();
+    for file in ["loadavg", "sys/kernel/pid_max", "sys/kernel/threads-max"] {
+        std::fs::copy(fixtures().join("proc").join(file), proc_root.join(file)).unwrap();
+    }
+    // The fixture meminfo with 512 pages of 2 MiB reserved (1 GiB).
+    let meminfo = std::fs::read_to_string(fixtures().join("proc/meminfo"))
+        .unwrap()
+        .replace("HugePages_Total:       0", "HugePages_Total:     512")
+        .replace(
+            "Hugepagesize:       2048 kB",
+            "Hugepagesize:       2048 kB\nHugetlb:     1048576 kB",
+        );
+    std::fs::write(proc_root.join("meminfo"), meminfo).unwrap();
+    let config = config_for(dir.path(), &fixtures().join("cgroup-v2"), &proc_root);
+    let memory_available = |stdout: &str| {
+        let json: serde_json::Value = serde_json::from_str(stdout).unwrap();
+        let memory = json["signals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["signal"] == "memory.available")
+            .unwrap()
+            .clone();
+        (
+            memory["available"].as_i64().unwrap(),
+            memory["capacity"].as_i64().unwrap(),
+            json["hugepagesSubtractedBytes"].as_u64().unwrap(),
+        )
+    };
+    let (code, stdout) = run(&["signals", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.contains(
+            "huge pages: 1Gi reserved, left out of memory.available (HugepageAwareEviction)"
+        ),
+        "{stdout}"
+    );
+    let args = [
+        "signals",
+        "--config",
+        config.to_str().unwrap(),
+        "--output",
+        "json",
+    ];
+    let (code, stdout) = run(&args);
+    assert_eq!(code, 0, "{stdout}");
+    // The fixture's figures (json_report_carries_fixture_numbers_and_thresholds) less 1 GiB.
+    assert_eq!(
+        memory_available(&stdout),
+        (
+            10_339_483_648 - (1 << 30),
+            16_777_216_000 - (1 << 30),
+            1 << 30
+        )
+    );
+
+    let gate_off = std::fs::read_to_string(&config).unwrap()
+        + "featureGates:\n  HugepageAwareEviction: false\n";
+    std::fs::write(&config, gate_off).unwrap();
+    let (code, stdout) = run(&args);
+    assert_eq!(code, 0, "{stdout}");
+    assert_eq!(
+        memory_available(&stdout),
+        (10_339_483_648, 16_777_216_000, 0)
+    );
+    let (_, table) = run(&["signals", "--config", config.to_str().unwrap()]);
+    assert!(!table.contains("huge pages:"), "{table}");
+}

@@ -511,3 +511,98 @@ fn probe_without_pressure_files_says_psi_is_unavailable() {
     // The v2 root cgroup has no memory.events of its own.
     assert!(!support.memory_events_v2);
 }
+
+/// Writes the fixture meminfo with a huge page pool: `pages` of 2 MiB in the default
+/// size, `gib_pages` of 1 GiB beside them (seen only in `Hugetlb`), `surplus` of the
+/// 2 MiB ones overcommitted.
+fn with_hugepages(proc_root: &Path, pages: u64, gib_pages: u64, surplus: u64) {
+    let meminfo = proc_root.join("meminfo");
+    let text = std::fs::read_to_string(&meminfo).unwrap();
+    let hugetlb_kib = (pages * 2048) + (gib_pages << 20);
+    let text = text
+        .replace(
+            "HugePages_Total:       0",
+            &format!("HugePages_Total:       {pages}\nHugePages_Surp:        {surplus}"),
+        )
+        .replace(
+            "Hugepagesize:       2048 kB",
+            &format!("Hugepagesize:       2048 kB\nHugetlb:        {hugetlb_kib} kB"),
+        );
+    std::fs::write(meminfo, text).unwrap();
+}
+
+/// `HugepageAwareEviction` (kubelet PR #138127, on by default from 1.37): the summary
+/// provider's `adjustForHugePages` takes the node's `hugepages-*` capacity, every size,
+/// out of the node's `AvailableBytes`, floored at zero; the eviction helpers then make
+/// capacity `AvailableBytes + WorkingSetBytes`. The pods container's figure is left
+/// alone. The kubelet's e2e test checks `available + workingSet + hugepages ≈ capacity`.
+#[test]
+fn the_huge_page_pool_is_left_out_of_memory_available_on_v1_and_v2() {
+    let copy = copy_of_fixtures();
+    let proc_root = copy.path().join("proc");
+    // 32 × 2 MiB (the kubelet e2e test's reservation) and 2 × 1 GiB.
+    with_hugepages(&proc_root, 32, 2, 0);
+    let pool = 64 * MIB + 2 * GIB;
+    for (tree, pods, working_set, allocatable) in [
+        // v1: root usage 6Gi − total_inactive_file 1Gi; kubepods limit 14Gi.
+        (
+            "cgroup-v1",
+            "kubepods",
+            5 * GIB,
+            memory(14 * GIB - (4 * GIB - 512 * MIB), 14 * GIB),
+        ),
+        // v2 root: MemTotal − MemFree − inactive_file 2Gi; kubepods.slice unlimited.
+        (
+            "cgroup-v2",
+            "kubepods.slice",
+            MEM_TOTAL - MEM_FREE - 2 * GIB,
+            memory(MEM_TOTAL - (4 * GIB - GIB), MEM_TOTAL),
+        ),
+    ] {
+        let paths = host(&copy.path().join(tree), &proc_root, Some(pods));
+        let collection = SignalCollector::new(&paths).collect();
+        assert!(
+            collection.errors.is_empty(),
+            "{tree}: {:?}",
+            collection.errors
+        );
+        let available = MEM_TOTAL - working_set - pool;
+        assert_eq!(
+            pair(observed(&collection, Signal::MemoryAvailable)),
+            memory(available, available + working_set),
+            "{tree}"
+        );
+        assert_eq!(collection.hugepages_subtracted, pool as u64, "{tree}");
+        assert_eq!(
+            pair(observed(&collection, Signal::AllocatableMemoryAvailable)),
+            allocatable,
+            "{tree}: the pods cgroup is not adjusted"
+        );
+
+        // With the gate off, the figure is the one kubelets before 1.37 report.
+        let collection = SignalCollector::new(&paths).hugepage_aware(false).collect();
+        assert_eq!(
+            pair(observed(&collection, Signal::MemoryAvailable)),
+            memory(MEM_TOTAL - working_set, MEM_TOTAL),
+            "{tree}"
+        );
+        assert_eq!(collection.hugepages_subtracted, 0);
+    }
+}
+
+#[test]
+fn a_huge_page_pool_larger_than_what_is_left_floors_memory_available_at_zero() {
+    let copy = copy_of_fixtures();
+    let proc_root = copy.path().join("proc");
+    // v1 root: 16,384,000 KiB less a 5 GiB working set leaves about 10.6 GiB; a pool
+    // of 12 × 1 GiB is more than that. 8 surplus 2 MiB pages are not part of the pool.
+    with_hugepages(&proc_root, 8, 12, 8);
+    let collection =
+        SignalCollector::new(&host(&copy.path().join("cgroup-v1"), &proc_root, None)).collect();
+    assert_eq!(
+        pair(observed(&collection, Signal::MemoryAvailable)),
+        memory(0, 5 * GIB),
+        "available 0, capacity the working set alone"
+    );
+    assert_eq!(collection.hugepages_subtracted, (12 * GIB) as u64);
+}

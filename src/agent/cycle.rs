@@ -87,7 +87,8 @@ impl Agent {
             &config.paths,
             "the host must be detected with the agent's own paths"
         );
-        let collector = SignalCollector::for_host(&host);
+        let collector =
+            SignalCollector::for_host(&host).hugepage_aware(config.eviction.hugepage_aware);
         let commands: Vec<ReclaimCommand> = config
             .node_reclaim
             .commands

@@ -44,7 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             host.fs_layout().describe()
         ),
     };
-    let collector = SignalCollector::for_host(&host);
+    let collector = SignalCollector::for_host(&host).hugepage_aware(config.eviction.hugepage_aware);
     let collection = collector.collect();
     let support = probe_host(&host);
     let rows = report_rows(&collection, &config.eviction.thresholds);
@@ -52,8 +52,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     problems.extend(other_problems(&collection));
     let text = match args.output {
         OutputFormat::Table => {
+            let hugepages = match collection.hugepages_subtracted {
+                0 => String::new(),
+                bytes => format!(
+                    "huge pages: {} reserved, left out of memory.available (HugepageAwareEviction)\n",
+                    human_bytes(i64::try_from(bytes).unwrap_or(i64::MAX))
+                ),
+            };
             format!(
-                "cgroup layout: {}\nfilesystems: {filesystems}\n\n{}",
+                "cgroup layout: {}\nfilesystems: {filesystems}\n{hugepages}\n{}",
                 collector.describe_layout(),
                 render_table(&rows, &collection.pressure, &support, &problems)
             )
@@ -62,6 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let mut json = render_json(&rows, &collection.pressure, &support, &problems);
             json["cgroupLayout"] =
                 serde_json::to_value(collector.layout()).context("rendering the cgroup layout")?;
+            json["hugepagesSubtractedBytes"] = json!(collection.hugepages_subtracted);
             json["filesystemLayout"] = serde_json::to_value(host.fs_layout())
                 .context("rendering the filesystem layout")?;
             json["filesystems"] = match host.filesystems() {

@@ -350,6 +350,8 @@ struct FeatureGates {
     graceful_node_shutdown_based_on_pod_priority: bool,
     /// Eviction on a split image filesystem; on by default since 1.31.
     kubelet_separate_disk_gc: bool,
+    /// The huge page pool left out of `memory.available`; on by default from 1.37.
+    hugepage_aware_eviction: bool,
 }
 
 impl FeatureGates {
@@ -357,9 +359,10 @@ impl FeatureGates {
     const GRACEFUL_NODE_SHUTDOWN_BASED_ON_POD_PRIORITY: &str =
         "GracefulNodeShutdownBasedOnPodPriority";
     const KUBELET_SEPARATE_DISK_GC: &str = "KubeletSeparateDiskGC";
+    const HUGEPAGE_AWARE_EVICTION: &str = "HugepageAwareEviction";
 
     /// Each gate's name beside its setting: the one place that pairs them.
-    fn named(&mut self) -> [(&'static str, &mut bool); 3] {
+    fn named(&mut self) -> [(&'static str, &mut bool); 4] {
         [
             (
                 Self::GRACEFUL_NODE_SHUTDOWN,
@@ -373,15 +376,20 @@ impl FeatureGates {
                 Self::KUBELET_SEPARATE_DISK_GC,
                 &mut self.kubelet_separate_disk_gc,
             ),
+            (
+                Self::HUGEPAGE_AWARE_EVICTION,
+                &mut self.hugepage_aware_eviction,
+            ),
         ]
     }
 
-    /// The gates `map` sets, the others on (the kubelet's defaults for these three).
+    /// The gates `map` sets, the others on (the kubelet's defaults for these four).
     fn from_map(map: Option<&FeatureGateMap>) -> FeatureGates {
         let mut gates = FeatureGates {
             graceful_node_shutdown: true,
             graceful_node_shutdown_based_on_pod_priority: true,
             kubelet_separate_disk_gc: true,
+            hugepage_aware_eviction: true,
         };
         for (gate, enabled) in gates.named() {
             if let Some(set) = map.and_then(|m| m.get(gate)) {
@@ -618,6 +626,7 @@ fn build(
             max_pod_grace_period_seconds,
             pressure_transition_period,
             local_storage_capacity_isolation,
+            hugepage_aware: gates.hugepage_aware_eviction,
         },
         shutdown,
         housekeeping_interval,

@@ -73,6 +73,9 @@ pub struct EvictionConfig {
     pub max_pod_grace_period_seconds: i64,
     pub pressure_transition_period: GoDuration,
     pub local_storage_capacity_isolation: bool,
+    /// `memory.available` leaves out the huge page pool (the kubelet's
+    /// `HugepageAwareEviction` gate, on by default from 1.37).
+    pub hugepage_aware: bool,
 }
 
 impl EvictionConfig {
@@ -405,6 +408,7 @@ impl Default for EvictionConfig {
             max_pod_grace_period_seconds: 0,
             pressure_transition_period: GoDuration::from_secs(300),
             local_storage_capacity_isolation: true,
+            hugepage_aware: true,
         }
     }
 }

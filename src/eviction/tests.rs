@@ -41,6 +41,7 @@ fn config(thresholds: Vec<Threshold>) -> EvictionConfig {
         max_pod_grace_period_seconds: 0,
         pressure_transition_period: GoDuration::from_secs(300),
         local_storage_capacity_isolation: true,
+        hugepage_aware: true,
     }
 }
 

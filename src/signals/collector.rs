@@ -27,6 +27,10 @@ pub struct Collection {
     pub memory_usage: BTreeMap<Signal, MemoryUsage>,
     pub pressure: Vec<PressureReading>,
     pub errors: Vec<SignalError>,
+    /// The huge page pool taken out of `memory.available` (0 when there is none, or the
+    /// gate is off), so a person reading the figure knows why it is lower than
+    /// `MemTotal` less the working set.
+    pub hugepages_subtracted: u64,
 }
 
 /// Reads the node's eviction signals. Paths are resolved once, at construction, so a
@@ -44,6 +48,8 @@ pub struct SignalCollector {
     containerfs: Option<FsTarget>,
     node_pressure: [(PressureResource, PathBuf); 3],
     pods_pressure: Option<(PressureScope, PathBuf)>,
+    /// Take the huge page pool out of `memory.available` (`HugepageAwareEviction`).
+    hugepage_aware: bool,
     notes: Vec<String>,
 }
 
@@ -104,8 +110,17 @@ impl SignalCollector {
             containerfs,
             node_pressure,
             pods_pressure,
+            hugepage_aware: true,
             notes,
         }
+    }
+
+    /// Whether `memory.available` leaves out the huge page pool, as the kubelet's
+    /// `HugepageAwareEviction` gate (on by default from 1.37) makes it; on unless turned
+    /// off here.
+    pub fn hugepage_aware(mut self, enabled: bool) -> Self {
+        self.hugepage_aware = enabled;
+        self
     }
 
     /// The cgroup reader, when a cgroup hierarchy was found; per-pod usage goes through it.
@@ -135,6 +150,7 @@ impl SignalCollector {
             memory_usage: BTreeMap::new(),
             pressure: Vec::with_capacity(8),
             errors: Vec::new(),
+            hugepages_subtracted: 0,
         };
         let meminfo = with_file_text(&self.meminfo, meminfo);
         self.collect_memory(&meminfo, &mut collection);
@@ -149,7 +165,21 @@ impl SignalCollector {
         let result = self.reader().and_then(|reader| {
             let info = meminfo.as_ref().map_err(FileError::duplicate)?;
             let usage = root_memory_usage(reader, info)?;
-            Ok((memory_observation(info.total, usage), usage))
+            // The pool is in MemTotal but in no memory cgroup's working set.
+            let hugepages = if self.hugepage_aware {
+                info.hugepage_pool
+            } else {
+                0
+            };
+            Ok((
+                memory_observation(info.total, hugepages, usage),
+                usage,
+                hugepages,
+            ))
+        });
+        let result = result.map(|(observation, usage, hugepages)| {
+            out.hugepages_subtracted = hugepages;
+            (observation, usage)
         });
         record_memory(out, Signal::MemoryAvailable, result);
     }
@@ -164,7 +194,8 @@ impl SignalCollector {
                 Some(limit) => limit,
                 None => meminfo.as_ref().map_err(FileError::duplicate)?.total,
             };
-            Ok((memory_observation(capacity, usage), usage))
+            // The kubelet adjusts only the node's figure, not the pods container's.
+            Ok((memory_observation(capacity, 0, usage), usage))
         });
         record_memory(out, Signal::AllocatableMemoryAvailable, result);
     }
@@ -276,10 +307,15 @@ fn root_memory_usage(reader: &CgroupReader, info: &MemInfo) -> Result<MemoryUsag
     }
 }
 
-/// Available is capacity minus working set, floored at zero, as the kubelet's summary
-/// computes `AvailableBytes`.
-fn memory_observation(capacity: u64, usage: MemoryUsage) -> Observation {
-    observation(capacity.saturating_sub(usage.working_set_bytes()), capacity)
+/// As the kubelet's summary and eviction helpers compute it: available is the limit
+/// less the working set (and less the huge page pool when that is subtracted), floored
+/// at zero; capacity is available plus the working set. Capacity is the limit itself
+/// unless the floor was hit, and the limit less the pool when one is subtracted, so
+/// percentage thresholds and memcg triggers apply to the memory pods can really use.
+fn memory_observation(limit: u64, hugepages: u64, usage: MemoryUsage) -> Observation {
+    let working_set = usage.working_set_bytes();
+    let available = limit.saturating_sub(working_set).saturating_sub(hugepages);
+    observation(available, available.saturating_add(working_set))
 }
 
 fn observation(available: u64, capacity: u64) -> Observation {

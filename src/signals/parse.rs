@@ -52,12 +52,18 @@ pub struct MemInfo {
     pub free: u64,
     pub available: Option<u64>,
     pub inactive_file: Option<u64>,
+    /// The persistent huge page pool of every page size, in bytes: what the kubelet
+    /// reports as the node's `hugepages-<size>` capacity (from each size's
+    /// `nr_hugepages`). The memory controller does not count these pages in any working
+    /// set, so `HugepageAwareEviction` takes them out of `memory.available`.
+    pub hugepage_pool: u64,
 }
 
 pub(crate) fn meminfo(text: &str) -> Result<MemInfo, FileProblem> {
     let mut total = None;
     let mut free = None;
     let mut info = MemInfo::default();
+    let mut huge = HugePageLines::default();
     for line in text.lines() {
         let Some((key, rest)) = line.split_once(':') else {
             continue;
@@ -67,13 +73,44 @@ pub(crate) fn meminfo(text: &str) -> Result<MemInfo, FileProblem> {
             "MemFree" => &mut free,
             "MemAvailable" => &mut info.available,
             "Inactive(file)" => &mut info.inactive_file,
+            "Hugetlb" => &mut huge.hugetlb_bytes,
+            "HugePages_Total" => &mut huge.default_size_pages,
+            "HugePages_Surp" => &mut huge.default_size_surplus,
+            "Hugepagesize" => &mut huge.default_size_bytes,
             _ => continue,
         };
         *slot = Some(meminfo_bytes(key, rest)?);
     }
     info.total = total.ok_or(FileProblem::MissingKey("MemTotal"))?;
     info.free = free.ok_or(FileProblem::MissingKey("MemFree"))?;
+    info.hugepage_pool = huge.persistent_pool();
     Ok(info)
+}
+
+/// meminfo's huge page lines. `Hugetlb` (Linux 4.16 and later) counts the pages of every
+/// size; the `HugePages_*` counts are of the default size only. Both include surplus
+/// pages, which the overcommit setting hands out on demand and takes back when freed;
+/// the node's capacity (`nr_hugepages`) leaves them out, so the default size's surplus
+/// is taken off here too. Other sizes' surplus cannot be seen in meminfo, and a node
+/// that overcommits huge pages of a non-default size is rare enough to accept that.
+#[derive(Default)]
+struct HugePageLines {
+    hugetlb_bytes: Option<u64>,
+    default_size_pages: Option<u64>,
+    default_size_surplus: Option<u64>,
+    default_size_bytes: Option<u64>,
+}
+
+impl HugePageLines {
+    fn persistent_pool(&self) -> u64 {
+        let page = self.default_size_bytes.unwrap_or(0);
+        let surplus = self.default_size_surplus.unwrap_or(0).saturating_mul(page);
+        let all_pages = match self.hugetlb_bytes {
+            Some(bytes) => bytes,
+            None => self.default_size_pages.unwrap_or(0).saturating_mul(page),
+        };
+        all_pages.saturating_sub(surplus)
+    }
 }
 
 fn meminfo_bytes(key: &str, rest: &str) -> Result<u64, FileProblem> {
@@ -180,6 +217,48 @@ mod tests {
         ));
         assert!(matches!(
             meminfo("MemTotal: x kB\nMemFree: 1 kB\n"),
+            Err(FileProblem::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn the_hugepage_pool_is_every_size_less_the_surplus() {
+        let base = "MemTotal: 1000000 kB\nMemFree: 1000 kB\n";
+        let pool = |lines: &str| meminfo(&format!("{base}{lines}")).unwrap().hugepage_pool;
+        // No huge pages at all, or lines the kernel did not write.
+        assert_eq!(pool(""), 0);
+        assert_eq!(
+            pool("HugePages_Total: 0\nHugePages_Surp: 0\nHugepagesize: 2048 kB\nHugetlb: 0 kB\n"),
+            0
+        );
+        // 32 pages of 2 MiB, the kubelet's e2e reservation: 64 MiB either way.
+        assert_eq!(
+            pool("HugePages_Total: 32\nHugePages_Surp: 0\nHugepagesize: 2048 kB\n"),
+            64 << 20
+        );
+        assert_eq!(
+            pool(
+                "HugePages_Total: 32\nHugePages_Surp: 0\nHugepagesize: 2048 kB\nHugetlb: 65536 kB\n"
+            ),
+            64 << 20
+        );
+        // Two sizes (32 × 2 MiB and 2 × 1 GiB): Hugetlb has them all, as the node's
+        // hugepages-2Mi and hugepages-1Gi capacities together.
+        assert_eq!(
+            pool(
+                "HugePages_Total: 32\nHugePages_Surp: 0\nHugepagesize: 2048 kB\nHugetlb: 2162688 kB\n"
+            ),
+            (64 << 20) + (2 << 30)
+        );
+        // 8 of the 32 default-size pages are surplus: not part of the pool.
+        assert_eq!(
+            pool(
+                "HugePages_Total: 32\nHugePages_Surp: 8\nHugepagesize: 2048 kB\nHugetlb: 65536 kB\n"
+            ),
+            48 << 20
+        );
+        assert!(matches!(
+            meminfo(&format!("{base}Hugetlb: lots kB\n")),
             Err(FileProblem::Malformed(_))
         ));
     }
