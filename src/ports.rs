@@ -35,6 +35,8 @@ pub struct CycleReport {
     pub pods: Vec<Pod>,
     pub decision: Decision,
     pub collection_errors: usize,
+    /// The KEP-5394 contention conditions (only those turned on) and their events.
+    pub contention: crate::signals::contention::ContentionReport,
 }
 
 /// Sees every cycle's observations and decision, after the decision is made and before

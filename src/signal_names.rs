@@ -140,3 +140,63 @@ impl fmt::Display for NodeCondition {
         f.write_str(self.as_str())
     }
 }
+
+/// One of the PSI contention node conditions of KEP-5394; `signals::contention` decides
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub enum Contention {
+    SystemMemory,
+    SystemDisk,
+    KubepodsMemory,
+    KubepodsDisk,
+}
+
+impl Contention {
+    pub const ALL: [Contention; 4] = [
+        Contention::SystemMemory,
+        Contention::SystemDisk,
+        Contention::KubepodsMemory,
+        Contention::KubepodsDisk,
+    ];
+
+    /// The node condition type, as the KEP names it.
+    pub fn condition_type(self) -> &'static str {
+        match self {
+            Contention::SystemMemory => "SystemMemoryContentionPressure",
+            Contention::SystemDisk => "SystemDiskContentionPressure",
+            Contention::KubepodsMemory => "KubepodsMemoryContentionPressure",
+            Contention::KubepodsDisk => "KubepodsDiskContentionPressure",
+        }
+    }
+
+    /// The configuration field holding its threshold, as the KEP names it.
+    pub fn threshold_field(self) -> &'static str {
+        match self {
+            Contention::SystemMemory => "systemMemoryContentionThreshold",
+            Contention::SystemDisk => "systemDiskContentionThreshold",
+            Contention::KubepodsMemory => "kubepodsMemoryContentionThreshold",
+            Contention::KubepodsDisk => "kubepodsDiskContentionThreshold",
+        }
+    }
+
+    /// Whether it watches the pods cgroup rather than the whole node.
+    pub fn is_kubepods(self) -> bool {
+        matches!(self, Contention::KubepodsMemory | Contention::KubepodsDisk)
+    }
+
+    /// Whether it watches stalls on IO (the KEP's "disk") rather than on memory.
+    pub fn is_disk(self) -> bool {
+        matches!(self, Contention::SystemDisk | Contention::KubepodsDisk)
+    }
+
+    /// `memory` or `disk`, for the taint a condition of this kind adds.
+    pub fn kind(self) -> &'static str {
+        if self.is_disk() { "disk" } else { "memory" }
+    }
+}
+
+impl fmt::Display for Contention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.condition_type())
+    }
+}

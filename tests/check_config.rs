@@ -94,9 +94,10 @@ fn sections_left_unset_show_their_defaults_and_optional_fields_say_what_unset_me
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // A kubelet file sets none of the agent's sections; their defaults are shown.
+    // A kubelet file sets none of the agent's sections but the cgroup driver (kubeadm
+    // writes `cgroupDriver: systemd`); the defaults are shown beside it.
     for shown in [
-        "\nkubernetes:\n  podsCgroupName: /kubepods\n",
+        "\nkubernetes:\n  cgroupDriver: systemd\n  podsCgroupName: /kubepods\n",
         "  podLogsPath: /var/log/pods\n",
         "  apiProbeInterval: 10s\n",
         "  outboxSize: 1000\n",
@@ -110,10 +111,13 @@ fn sections_left_unset_show_their_defaults_and_optional_fields_say_what_unset_me
     for unset in [
         "#   podsCgroup: ",
         "#   report: no reports to a fence controller",
-        "#   kubernetes.cgroupDriver: detected from the cgroup tree",
     ] {
         assert!(stdout.contains(unset), "{unset:?} missing from\n{stdout}");
     }
+    assert!(
+        !stdout.contains("#   kubernetes.cgroupDriver:"),
+        "the kubelet's file sets the driver:\n{stdout}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("agent.yaml");
@@ -135,6 +139,13 @@ fn sections_left_unset_show_their_defaults_and_optional_fields_say_what_unset_me
     );
     assert!(!stdout.contains("#   report:"), "{stdout}");
     assert!(!stdout.contains("#   podsCgroup:"), "{stdout}");
+    // No kubelet file here: the driver is left to detection, and the output says so.
+    assert!(
+        stdout.contains(
+            "#   kubernetes.cgroupDriver: detected from the cgroup tree (a KubeletConfiguration that sets cgroupDriver decides it)"
+        ),
+        "{stdout}"
+    );
 }
 
 #[test]

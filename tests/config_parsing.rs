@@ -688,6 +688,77 @@ fn agent_settings_are_validated() {
     }
 }
 
+/// The PSI contention conditions of KEP-5394 are nodekeeper's own opt-in: thresholds
+/// are fractions of time (the KEP's kubelet tests compare 0.05 against 4% and 6%), 0
+/// turns a condition off, and nothing is on by default. With the kubelet's own
+/// `PSINodeCondition` gate on, the kubelet writes these conditions, so the agent leaves
+/// them alone and says so.
+#[test]
+fn contention_thresholds_are_fractions_off_by_default_and_yield_to_the_kubelets_gate() {
+    use nodekeeper::signals::Contention;
+    use std::collections::BTreeMap;
+    let agent = |body: &str| {
+        config::from_yaml_str_with_warnings(
+            &format!("{AGENT}{body}\n"),
+            "a.yaml",
+            &Overrides::default(),
+        )
+    };
+    let loaded = agent("").unwrap();
+    assert!(loaded.config.contention_thresholds.is_empty());
+
+    let loaded = agent(
+        "systemMemoryContentionThreshold: 0.1\nsystemDiskContentionThreshold: 0\nkubepodsMemoryContentionThreshold: 0.25\nkubepodsDiskContentionThreshold: 1",
+    )
+    .unwrap();
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    assert_eq!(
+        loaded.config.contention_thresholds,
+        BTreeMap::from([
+            (Contention::SystemMemory, 0.1),
+            (Contention::KubepodsMemory, 0.25),
+            (Contention::KubepodsDisk, 1.0),
+        ])
+    );
+    assert_eq!(
+        loaded.effective_document.system_memory_contention_threshold,
+        Some(0.1)
+    );
+
+    for (body, needle) in [
+        (
+            "systemMemoryContentionThreshold: 10",
+            "systemMemoryContentionThreshold: 10 is not a fraction of time from 0 to 1",
+        ),
+        (
+            "kubepodsDiskContentionThreshold: -0.1",
+            "kubepodsDiskContentionThreshold: -0.1 is not a fraction",
+        ),
+        (
+            "systemDiskContentionThreshold: .nan",
+            "systemDiskContentionThreshold: NaN is not a fraction",
+        ),
+        (
+            "systemDiskContentionThreshold: high",
+            "systemDiskContentionThreshold",
+        ),
+    ] {
+        let error = agent(body).unwrap_err().to_string();
+        assert!(error.contains(needle), "{body}: {error}");
+    }
+
+    let loaded =
+        agent("featureGates: {PSINodeCondition: true}\nsystemMemoryContentionThreshold: 0.1")
+            .unwrap();
+    assert!(loaded.config.contention_thresholds.is_empty());
+    assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+    assert!(
+        loaded.warnings[0].contains("featureGates: PSINodeCondition is on, so the kubelet publishes the contention conditions itself"),
+        "{:?}",
+        loaded.warnings
+    );
+}
+
 #[test]
 fn shutdown_settings_both_forms() {
     let config = parse("shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s").unwrap();

@@ -493,6 +493,138 @@ async fn a_reserved_huge_page_pool_counts_as_used_unless_the_gate_is_off() {
     }
 }
 
+/// Writes a PSI file with the given `full` averages (and a `some` line above them).
+fn write_pressure(path: &Path, avg10: f64, avg60: f64) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(
+        path,
+        format!(
+            "some avg10={:.2} avg60={:.2} avg300=0.00 total=100\nfull avg10={avg10:.2} avg60={avg60:.2} avg300=0.00 total=50\n",
+            avg10 + 1.0,
+            avg60 + 1.0
+        ),
+    )
+    .unwrap();
+}
+
+/// The PSI contention conditions of KEP-5394, turned on: the node's memory stalls
+/// (`/proc/pressure/memory`, 10% threshold) and the pods cgroup's IO stalls
+/// (`io.pressure`, 20%) go onto the Node under the KEP's condition names, with the KEP's
+/// "high" event and the taints; when the 60 s averages fall below, the conditions turn
+/// False and the taints go. The node's IO and the pods' memory stay calm and False.
+#[tokio::test]
+async fn psi_contention_conditions_reach_the_node_when_turned_on() {
+    let mut s = scenario(
+        "  taints: true\npodsCgroup: kubepods\nsystemMemoryContentionThreshold: 0.1\nsystemDiskContentionThreshold: 0.1\nkubepodsMemoryContentionThreshold: 0.1\nkubepodsDiskContentionThreshold: 0.2\n",
+    )
+    .await;
+    s.host.set_free_memory(4096 * MI);
+    let root = s.host.dir.path().to_path_buf();
+    let kubepods = root.join("cgroup/kubepods");
+    for (file, text) in [
+        ("memory.current", "0\n"),
+        ("memory.stat", "inactive_file 0\n"),
+        ("memory.max", "max\n"),
+    ] {
+        std::fs::write(kubepods.join(file), text).unwrap();
+    }
+    let set = |node_memory: (f64, f64), pods_io: (f64, f64)| {
+        write_pressure(
+            &root.join("proc/pressure/memory"),
+            node_memory.0,
+            node_memory.1,
+        );
+        write_pressure(&root.join("proc/pressure/io"), 0.5, 0.5);
+        write_pressure(&kubepods.join("memory.pressure"), 0.0, 0.0);
+        write_pressure(&kubepods.join("io.pressure"), pods_io.0, pods_io.1);
+    };
+    let contention = |node: &Node| -> BTreeMap<String, (String, String)> {
+        let conditions = node
+            .status
+            .as_ref()
+            .and_then(|status| status.conditions.clone());
+        conditions
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.type_.contains("Contention"))
+            .map(|c| (c.type_, (c.status, c.reason.unwrap_or_default())))
+            .collect()
+    };
+    let taints = |node: &Node| -> BTreeSet<String> {
+        let taints = node.spec.as_ref().and_then(|spec| spec.taints.clone());
+        taints
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| t.key)
+            .collect()
+    };
+
+    set((30.0, 15.0), (50.0, 25.0));
+    let (report, evicted) = s.agent.run_cycle().await;
+    assert!(!evicted, "{:?}", report.decision);
+    let on = |name: &str| {
+        (
+            name.to_string(),
+            ("True".to_string(), format!("NodekeeperHas{name}")),
+        )
+    };
+    let off = |name: &str| {
+        (
+            name.to_string(),
+            ("False".to_string(), format!("NodekeeperHasNo{name}")),
+        )
+    };
+    let node = eventually(WAIT, "contention conditions on", || {
+        let node = s.server.object::<Node>("", NODE)?;
+        (contention(&node).len() == 4).then_some(node)
+    })
+    .await;
+    assert_eq!(
+        contention(&node),
+        BTreeMap::from([
+            on("SystemMemoryContentionPressure"),
+            off("SystemDiskContentionPressure"),
+            off("KubepodsMemoryContentionPressure"),
+            on("KubepodsDiskContentionPressure"),
+        ])
+    );
+    assert_eq!(
+        taints(&node),
+        BTreeSet::from([
+            "nodekeeper.io/memory-contention-pressure".to_string(),
+            "nodekeeper.io/disk-contention-pressure".to_string(),
+        ])
+    );
+    eventually(WAIT, "outbox flushed", || s.outbox.is_empty().then_some(())).await;
+    let high: BTreeSet<String> = s
+        .server
+        .objects::<Event>()
+        .into_iter()
+        .filter_map(|event| event.reason)
+        .filter(|reason| reason.ends_with("ContentionHigh"))
+        .collect();
+    assert_eq!(
+        high,
+        BTreeSet::from([
+            "SystemMemoryContentionHigh".to_string(),
+            "KubepodsDiskContentionHigh".to_string(),
+        ])
+    );
+
+    // The 60 s averages fall below the thresholds: False, and the taints go.
+    set((30.0, 9.0), (50.0, 19.0));
+    s.agent.run_cycle().await;
+    let node = eventually(WAIT, "contention conditions off", || {
+        let node = s.server.object::<Node>("", NODE)?;
+        contention(&node)
+            .values()
+            .all(|(status, _)| status == "False")
+            .then_some(node)
+    })
+    .await;
+    assert!(taints(&node).is_empty(), "{:?}", taints(&node));
+}
+
 /// Runs cycles 20 ms apart, at most `rounds` of them, until `done` finds what it waits
 /// for in a cycle's report (and whether that cycle evicted); `None` if it never did.
 async fn cycles_until<T>(

@@ -126,3 +126,44 @@ fn invalid_values_name_the_field() {
         assert!(error.contains("test.yaml"), "{body}: {error}");
     }
 }
+
+/// The kubelet's own `cgroupDriver` decides how pod cgroups are named, so a node's
+/// KubeletConfiguration that sets it is followed, unless the agent's document names
+/// another; an agent `kubernetes:` section that leaves it out keeps the kubelet's.
+#[test]
+fn the_kubelets_cgroup_driver_is_followed_unless_the_agent_names_one() {
+    const KUBELET: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+    let driver = |text: &str| {
+        from_yaml_str(text, "node.yaml", &Overrides::default())
+            .map(|config| config.kubernetes.cgroup_driver)
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        driver(&format!("{KUBELET}cgroupDriver: systemd\n")),
+        Ok(Some(CgroupDriver::Systemd))
+    );
+    // Unset in the kubelet's file (a --cgroup-driver flag may set it): detected.
+    assert_eq!(
+        driver(&format!(
+            "{KUBELET}evictionHard: {{memory.available: 1Gi}}\n"
+        )),
+        Ok(None)
+    );
+    assert_eq!(
+        driver(&format!(
+            "{KUBELET}cgroupDriver: systemd\n---\n{AGENT}kubernetes:\n  taints: true\n"
+        )),
+        Ok(Some(CgroupDriver::Systemd))
+    );
+    assert_eq!(
+        driver(&format!(
+            "{KUBELET}cgroupDriver: systemd\n---\n{AGENT}kubernetes:\n  cgroupDriver: cgroupfs\n"
+        )),
+        Ok(Some(CgroupDriver::Cgroupfs))
+    );
+    let error = driver(&format!("{KUBELET}cgroupDriver: docker\n")).unwrap_err();
+    assert!(
+        error.contains("KubeletConfiguration") && error.contains("cgroupDriver: \"docker\""),
+        "{error}"
+    );
+}

@@ -18,6 +18,7 @@ use crate::metrics::{ConditionLabels, MechanismLabels, Metrics, PressureLabels, 
 use crate::notify::{NotifierSettings, Notifiers};
 use crate::pods::Pod;
 use crate::ports::{CycleObserver, CycleReport, Evictor, Integration, PendingWrites, PodSource};
+use crate::signals::contention::{ContentionReport, ContentionTracker, stall_averages};
 use crate::signals::{
     Collection, Host, NodeCondition, NotificationSupport, SignalCollector, probe_host,
 };
@@ -63,6 +64,8 @@ pub struct Agent {
     /// here (the kubelet's "known terminated").
     evicted: super::evicted::Evicted,
     summary: super::summary::Summary,
+    /// The KEP-5394 contention conditions, when any threshold is set.
+    contention: ContentionTracker,
 }
 
 /// What a cycle keeps from deciding to its bookkeeping after the act.
@@ -120,6 +123,14 @@ impl Agent {
             fs_layout,
             node_reclaimer_configured: reclaimer.is_some(),
         };
+        let contention = ContentionTracker::new(&config.contention_thresholds);
+        for (condition, fraction) in &config.contention_thresholds {
+            tracing::info!(
+                %condition,
+                threshold_percent = fraction * 100.0,
+                "publishing a PSI contention condition (KEP-5394)"
+            );
+        }
         metrics.start_signal_series(
             config
                 .eviction
@@ -148,6 +159,7 @@ impl Agent {
             notifiers: None,
             evicted: super::evicted::Evicted::default(),
             summary: super::summary::Summary::new(super::summary::SUMMARY_PERIOD, Duration::ZERO),
+            contention,
         }
         .with_standalone_evictor()
     }
@@ -410,11 +422,20 @@ impl Agent {
             .observe(decision_started.elapsed().as_secs_f64());
         let previous_conditions =
             std::mem::replace(&mut self.state, decision.state.clone()).node_conditions;
+        let contention = if self.contention.is_enabled() {
+            self.contention.update(&stall_averages(
+                &collection.pressure,
+                self.config.paths.pods_cgroup.as_deref(),
+            ))
+        } else {
+            ContentionReport::default()
+        };
         let report = CycleReport {
             observations: collection.observations.clone(),
             collection_errors: collection.errors.len(),
             pods,
             decision,
+            contention,
         };
         for observer in &mut self.observers {
             observer.observe(&report);
@@ -437,6 +458,7 @@ impl Agent {
         } = aftermath;
         self.publish_collection(&collection);
         self.publish_decision(&report.decision, &previous_conditions);
+        self.publish_contention(&report.contention);
         if let Some(notifiers) = self.notifiers.as_mut() {
             notifiers.update(&collection);
         }
@@ -535,6 +557,29 @@ impl Agent {
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
         m.last_collection_timestamp.set(unix);
+    }
+
+    /// The contention conditions as metrics (beside the pressure conditions), and the
+    /// KEP's events in the log.
+    fn publish_contention(&self, contention: &ContentionReport) {
+        for (condition, on) in &contention.conditions {
+            self.metrics
+                .node_condition
+                .get_or_create(&ConditionLabels {
+                    condition: condition.to_string(),
+                })
+                .set(i64::from(*on));
+        }
+        for event in &contention.events {
+            tracing::warn!(reason = event.reason(), "{}", event.message());
+        }
+        for (condition, on) in &contention.transitions {
+            if *on {
+                tracing::warn!(%condition, "node condition on");
+            } else {
+                tracing::info!(%condition, "node condition off");
+            }
+        }
     }
 
     fn publish_decision(&self, decision: &Decision, previous: &BTreeSet<NodeCondition>) {

@@ -81,6 +81,9 @@ pub struct KubeletDocument {
     pub enforce_node_allocatable: Option<Vec<String>>,
     pub local_storage_capacity_isolation: Option<bool>,
     pub feature_gates: Option<FeatureGateMap>,
+    /// `systemd` or `cgroupfs`: how the kubelet names pod cgroups, which the agent needs
+    /// to find them (its `kubernetes.cgroupDriver`).
+    pub cgroup_driver: Option<String>,
 }
 
 /// nodekeeper's own document. Unknown fields are errors: a typo must not silently
@@ -154,6 +157,16 @@ pub struct AgentDocument {
     pub kubernetes: Option<RawKubernetes>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub report: Option<RawReport>,
+    /// The PSI contention conditions of KEP-5394 (opt-in): each a fraction of wall time
+    /// (0.1 is 10%) in which every task of its scope was stalled; 0 or unset is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_memory_contention_threshold: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_disk_contention_threshold: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubepods_memory_contention_threshold: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubepods_disk_contention_threshold: Option<f64>,
 }
 
 /// Where and how the agent reports to the fence controller (the `report:` section).
@@ -297,6 +310,10 @@ impl From<KubeletDocument> for AgentDocument {
             enforce_node_allocatable: k.enforce_node_allocatable,
             local_storage_capacity_isolation: k.local_storage_capacity_isolation,
             feature_gates: k.feature_gates,
+            kubernetes: k.cgroup_driver.map(|driver| RawKubernetes {
+                cgroup_driver: Some(driver),
+                ..RawKubernetes::default()
+            }),
             ..AgentDocument::default()
         }
     }
@@ -338,6 +355,13 @@ impl AgentDocument {
             for (gate, enabled) in self.feature_gates.take().unwrap_or_default() {
                 later.entry(gate).or_insert(enabled);
             }
+        }
+        // The cgroup driver a KubeletConfiguration names survives an agent document whose
+        // `kubernetes:` section does not name one; the rest of the section is the agent's.
+        if let (Some(later), Some(earlier)) = (over.kubernetes.as_mut(), self.kubernetes.as_ref())
+            && later.cgroup_driver.is_none()
+        {
+            later.cgroup_driver = earlier.cgroup_driver.clone();
         }
         macro_rules! pick {
             ($($field:ident),*) => {
@@ -382,7 +406,11 @@ impl AgentDocument {
             node_reclaim,
             workloads,
             kubernetes,
-            report
+            report,
+            system_memory_contention_threshold,
+            system_disk_contention_threshold,
+            kubepods_memory_contention_threshold,
+            kubepods_disk_contention_threshold
         )
     }
 }

@@ -23,6 +23,7 @@ use super::thresholds::{
 };
 use crate::pods::ResourceAmounts;
 use crate::quantity::Quantity;
+use crate::signal_names::Contention;
 
 /// Command-line settings that override the file, in the kubelet's flag syntax.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -352,6 +353,9 @@ struct FeatureGates {
     kubelet_separate_disk_gc: bool,
     /// The huge page pool left out of `memory.available`; on by default from 1.37.
     hugepage_aware_eviction: bool,
+    /// The kubelet publishes the KEP-5394 contention conditions itself; alpha, off by
+    /// default.
+    psi_node_condition: bool,
 }
 
 impl FeatureGates {
@@ -360,9 +364,10 @@ impl FeatureGates {
         "GracefulNodeShutdownBasedOnPodPriority";
     const KUBELET_SEPARATE_DISK_GC: &str = "KubeletSeparateDiskGC";
     const HUGEPAGE_AWARE_EVICTION: &str = "HugepageAwareEviction";
+    const PSI_NODE_CONDITION: &str = "PSINodeCondition";
 
     /// Each gate's name beside its setting: the one place that pairs them.
-    fn named(&mut self) -> [(&'static str, &mut bool); 4] {
+    fn named(&mut self) -> [(&'static str, &mut bool); 5] {
         [
             (
                 Self::GRACEFUL_NODE_SHUTDOWN,
@@ -380,16 +385,19 @@ impl FeatureGates {
                 Self::HUGEPAGE_AWARE_EVICTION,
                 &mut self.hugepage_aware_eviction,
             ),
+            (Self::PSI_NODE_CONDITION, &mut self.psi_node_condition),
         ]
     }
 
-    /// The gates `map` sets, the others on (the kubelet's defaults for these four).
+    /// The gates `map` sets, the others at the kubelet's defaults: on, but the alpha
+    /// `PSINodeCondition`.
     fn from_map(map: Option<&FeatureGateMap>) -> FeatureGates {
         let mut gates = FeatureGates {
             graceful_node_shutdown: true,
             graceful_node_shutdown_based_on_pod_priority: true,
             kubelet_separate_disk_gc: true,
             hugepage_aware_eviction: true,
+            psi_node_condition: false,
         };
         for (gate, enabled) in gates.named() {
             if let Some(set) = map.and_then(|m| m.get(gate)) {
@@ -611,6 +619,8 @@ fn build(
         ));
     }
 
+    let contention_thresholds =
+        build_contention_thresholds(&doc, gates, &simple_error, &simple_warning, &mut warnings)?;
     let node_reclaim = build_node_reclaim(doc.node_reclaim.as_ref(), &simple_error)?;
     let workloads = build_workloads(doc.workloads.as_ref(), &simple_error)?;
     let kubernetes = build_kubernetes(doc.kubernetes.as_ref(), &simple_error)?;
@@ -647,6 +657,7 @@ fn build(
         workloads,
         kubernetes,
         report,
+        contention_thresholds,
     };
     gates.fill_in(doc.feature_gates.get_or_insert_with(FeatureGateMap::new));
     let effective_document = effective_document(doc, &config);
@@ -655,6 +666,58 @@ fn build(
         warnings,
         effective_document,
     })
+}
+
+/// The KEP-5394 contention thresholds: each a fraction of time from 0 to 1, 0 (or unset)
+/// turning its condition off. When the kubelet's own `PSINodeCondition` gate is on, the
+/// kubelet writes these conditions, so the agent leaves them to it.
+fn build_contention_thresholds(
+    doc: &AgentDocument,
+    gates: FeatureGates,
+    simple_error: &dyn Fn(&'static str, String) -> ConfigError,
+    simple_warning: &dyn Fn(&'static str, String) -> String,
+    warnings: &mut Vec<String>,
+) -> Result<BTreeMap<Contention, f64>, ConfigError> {
+    let mut thresholds = BTreeMap::new();
+    for (contention, value) in [
+        (
+            Contention::SystemMemory,
+            doc.system_memory_contention_threshold,
+        ),
+        (Contention::SystemDisk, doc.system_disk_contention_threshold),
+        (
+            Contention::KubepodsMemory,
+            doc.kubepods_memory_contention_threshold,
+        ),
+        (
+            Contention::KubepodsDisk,
+            doc.kubepods_disk_contention_threshold,
+        ),
+    ] {
+        let Some(value) = value else { continue };
+        if !(0.0..=1.0).contains(&value) {
+            return Err(simple_error(
+                contention.threshold_field(),
+                format!(
+                    "{value} is not a fraction of time from 0 to 1 (0.1 is 10% of the time stalled; 0 turns the condition off)"
+                ),
+            ));
+        }
+        if value > 0.0 {
+            thresholds.insert(contention, value);
+        }
+    }
+    if gates.psi_node_condition && !thresholds.is_empty() {
+        warnings.push(simple_warning(
+            "featureGates",
+            format!(
+                "{} is on, so the kubelet publishes the contention conditions itself; nodekeeper leaves them to it and ignores its contention thresholds",
+                FeatureGates::PSI_NODE_CONDITION
+            ),
+        ));
+        thresholds.clear();
+    }
+    Ok(thresholds)
 }
 
 fn build_node_reclaim(
@@ -1350,7 +1413,7 @@ pub fn unset_settings(config: &AgentConfig) -> Vec<(&'static str, &'static str)>
         (
             kubernetes.cgroup_driver.is_none(),
             "kubernetes.cgroupDriver",
-            "detected from the cgroup tree (a KubeletConfiguration's cgroupDriver is not read)",
+            "detected from the cgroup tree (a KubeletConfiguration that sets cgroupDriver decides it)",
         ),
         (
             kubernetes.writable_layer_path.is_none(),

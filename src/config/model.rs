@@ -2,6 +2,7 @@
 //! Everything downstream (signals, eviction, shutdown, the agent loop) reads only these
 //! plain types, never the raw YAML documents.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::duration::GoDuration;
@@ -217,6 +218,9 @@ pub struct AgentConfig {
     pub kubernetes: KubernetesConfig,
     /// Reports to the fence controller; `None`: the agent does not report.
     pub report: Option<ReportConfig>,
+    /// The KEP-5394 contention conditions that are on, each with its threshold as a
+    /// fraction of wall time; empty (the default) publishes none.
+    pub contention_thresholds: BTreeMap<crate::signal_names::Contention, f64>,
 }
 
 /// Where and how often the agent reports to the fence controller.
@@ -430,6 +434,7 @@ impl Default for AgentConfig {
             workloads: None,
             kubernetes: KubernetesConfig::default(),
             report: None,
+            contention_thresholds: BTreeMap::new(),
         }
     }
 }

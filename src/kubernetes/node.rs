@@ -13,7 +13,8 @@ use super::api::event_name;
 use super::outbox::{
     ApiAction, ConditionRecord, EventRecord, EventType, InvolvedObject, TaintRecord,
 };
-use crate::signals::{NodeCondition, Resource};
+use crate::signals::contention::{ContentionEventKind, ContentionReport};
+use crate::signals::{Contention, NodeCondition, Resource};
 
 /// Every taint key we own starts with this; others' taints are never touched.
 pub const TAINT_PREFIX: &str = "nodekeeper.io/";
@@ -111,6 +112,39 @@ pub struct NodeStatusTracker {
     /// `None` until the shutdown manager reported; then taints are managed even when
     /// pressure taints are off, so a taint left by a shutdown is removed after reboot.
     shutting_down: Option<Published>,
+    /// The KEP-5394 contention conditions that are on in the configuration and have
+    /// been read at least once.
+    contention: BTreeMap<Contention, Published>,
+    /// A contention condition changed since the conditions were last written.
+    contention_changed: bool,
+}
+
+/// The reason of a contention condition, on or off: `NodekeeperHasSystemMemoryContentionPressure`.
+fn contention_reason(contention: Contention, on: bool) -> String {
+    let has = if on { "Has" } else { "HasNo" };
+    format!("Nodekeeper{has}{}", contention.condition_type())
+}
+
+fn contention_message(contention: Contention, on: bool) -> String {
+    let scope = if contention.is_kubepods() {
+        "the pods cgroup"
+    } else {
+        "the node"
+    };
+    let resource = if contention.is_disk() { "IO" } else { "memory" };
+    if on {
+        format!(
+            "nodekeeper: every task of {scope} is stalled on {resource} for more of the time than the threshold (PSI full, 10 s and 60 s averages)"
+        )
+    } else {
+        format!("nodekeeper: {resource} stalls of {scope} are below the threshold")
+    }
+}
+
+/// The taint a contention condition of this kind adds, e.g.
+/// `nodekeeper.io/memory-contention-pressure`.
+pub fn contention_taint_key(contention: Contention) -> String {
+    format!("{TAINT_PREFIX}{}-contention-pressure", contention.kind())
 }
 
 impl NodeStatusTracker {
@@ -124,7 +158,65 @@ impl NodeStatusTracker {
             last_taints: None,
             series: BTreeMap::new(),
             shutting_down: None,
+            contention: BTreeMap::new(),
+            contention_changed: false,
         }
+    }
+
+    /// Take a cycle's contention conditions: the KEP's events and an event for each
+    /// transition now; the conditions themselves go out with the next
+    /// [`update`](Self::update), which must follow.
+    pub fn note_contention(
+        &mut self,
+        report: &ContentionReport,
+        now: SystemTime,
+    ) -> Vec<ApiAction> {
+        let millis = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let mut actions = Vec::new();
+        for event in &report.events {
+            let reason = event.reason();
+            let event_type = match event.kind {
+                ContentionEventKind::High => EventType::Warning,
+                ContentionEventKind::TrendingLower => EventType::Normal,
+            };
+            actions.push(self.node_event(
+                &format!("{reason}/{millis}"),
+                event_type,
+                &reason,
+                &event.message(),
+                (1, now),
+                now,
+            ));
+        }
+        for (&contention, &on) in &report.conditions {
+            let previous = self.contention.get(&contention).copied();
+            if previous.is_some_and(|p| p.on == on) {
+                continue;
+            }
+            self.contention
+                .insert(contention, Published { on, since: now });
+            self.contention_changed = true;
+            if previous.is_none() && !on {
+                continue;
+            }
+            let reason = contention_reason(contention, on);
+            let event_type = if on {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            actions.push(self.node_event(
+                &format!("{reason}/{millis}"),
+                event_type,
+                &reason,
+                &format!("Node {} status is now: {reason}", self.node_name),
+                (1, now),
+                now,
+            ));
+        }
+        actions
     }
 
     /// The writes owed when the shutdown manager's `shutting_down` is `on` at `now`:
@@ -182,6 +274,16 @@ impl NodeStatusTracker {
                 })
             })
             .collect();
+        for (&contention, published) in &self.contention {
+            records.push(ConditionRecord {
+                condition_type: contention.condition_type().to_string(),
+                status: published.on,
+                reason: contention_reason(contention, published.on),
+                message: contention_message(contention, published.on),
+                last_transition: published.since,
+                last_heartbeat: Some(now),
+            });
+        }
         if let Some(shutdown) = self.shutting_down {
             let (reason, message) = if shutdown.on {
                 (
@@ -216,15 +318,21 @@ impl NodeStatusTracker {
             .published
             .iter()
             .filter(|(_, published)| self.taints && published.on)
-            .map(|(condition, _)| taint_key(*condition));
+            .map(|(condition, _)| taint_key(*condition).to_string());
+        let contention = self
+            .contention
+            .iter()
+            .filter(|(_, published)| self.taints && published.on)
+            .map(|(contention, _)| contention_taint_key(*contention));
         let shutdown = self
             .shutting_down
             .filter(|published| published.on)
-            .map(|_| SHUTDOWN_TAINT);
+            .map(|_| SHUTDOWN_TAINT.to_string());
         let desired: BTreeSet<TaintRecord> = pressure
+            .chain(contention)
             .chain(shutdown)
             .map(|key| TaintRecord {
-                key: key.to_string(),
+                key,
                 effect: "NoSchedule".to_string(),
             })
             .collect();
@@ -313,7 +421,8 @@ impl NodeStatusTracker {
         let heartbeat_due = self
             .last_sent
             .is_none_or(|sent| now.duration_since(sent).unwrap_or_default() >= self.heartbeat);
-        if changed || heartbeat_due {
+        let contention_changed = std::mem::take(&mut self.contention_changed);
+        if changed || heartbeat_due || contention_changed {
             self.last_sent = Some(now);
             actions.push(ApiAction::SetNodeConditions(self.condition_records(now)));
         }
@@ -542,5 +651,75 @@ mod tests {
             .collect();
         assert_eq!(names.len(), 3);
         assert!(names.iter().all(|n| *n == names[0]));
+    }
+
+    /// KEP-5394's conditions go out under the KEP's names beside ours, with an event for
+    /// each transition and for each of the KEP's events, and add a
+    /// `nodekeeper.io/<kind>-contention-pressure` taint while on (taints enabled).
+    #[test]
+    fn contention_conditions_are_published_with_their_events_and_taints() {
+        use crate::signals::contention::{ContentionEvent, StallAverages};
+        let mut tracker =
+            NodeStatusTracker::new("node-a".to_string(), Duration::from_secs(300), true);
+        let none = BTreeSet::new();
+        let observe = |tracker: &mut NodeStatusTracker, report: ContentionReport, t| {
+            let mut actions = tracker.note_contention(&report, at(t));
+            actions.extend(tracker.update(&none, None, at(t)));
+            summary(&actions)
+        };
+        let calm = ContentionReport {
+            conditions: BTreeMap::from([(Contention::SystemDisk, false)]),
+            ..Default::default()
+        };
+        assert_eq!(
+            observe(&mut tracker, calm.clone(), 0),
+            vec![
+                "conditions NodekeeperMemoryPressure=false,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false,SystemDiskContentionPressure=false",
+                "taints []",
+            ]
+        );
+        assert!(observe(&mut tracker, calm, 10).is_empty());
+        let high = ContentionReport {
+            conditions: BTreeMap::from([(Contention::SystemDisk, true)]),
+            events: vec![ContentionEvent {
+                contention: Contention::SystemDisk,
+                kind: ContentionEventKind::High,
+                averages: StallAverages {
+                    avg10: 30.0,
+                    avg60: 12.5,
+                },
+                threshold_percent: 10.0,
+            }],
+            transitions: vec![(Contention::SystemDisk, true)],
+        };
+        assert_eq!(
+            observe(&mut tracker, high, 20),
+            vec![
+                "event SystemDiskContentionHigh every task of the node was stalled on io 12.50% of the last 60 s (threshold 10%) count=1",
+                "event NodekeeperHasSystemDiskContentionPressure Node node-a status is now: NodekeeperHasSystemDiskContentionPressure count=1",
+                "conditions NodekeeperMemoryPressure=false,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false,SystemDiskContentionPressure=true",
+                "taints [nodekeeper.io/disk-contention-pressure:NoSchedule]",
+            ]
+        );
+        let records = tracker.condition_records(at(21));
+        let record = records
+            .iter()
+            .find(|r| r.condition_type == "SystemDiskContentionPressure")
+            .unwrap();
+        assert_eq!(record.reason, "NodekeeperHasSystemDiskContentionPressure");
+        assert_eq!(record.last_transition, at(20));
+        let over = ContentionReport {
+            conditions: BTreeMap::from([(Contention::SystemDisk, false)]),
+            transitions: vec![(Contention::SystemDisk, false)],
+            ..Default::default()
+        };
+        assert_eq!(
+            observe(&mut tracker, over, 30),
+            vec![
+                "event NodekeeperHasNoSystemDiskContentionPressure Node node-a status is now: NodekeeperHasNoSystemDiskContentionPressure count=1",
+                "conditions NodekeeperMemoryPressure=false,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false,SystemDiskContentionPressure=false",
+                "taints []",
+            ]
+        );
     }
 }

@@ -348,8 +348,14 @@ impl CycleObserver for NodeStatusObserver {
         let decision = &report.decision;
         let starved = decision.starved.map(|s| s.resource);
         let mut tracker = self.tracker.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = std::time::SystemTime::now();
         // Pushed under the lock, like the shutdown publisher's, so taint sets stay ordered.
-        for action in tracker.update(&decision.conditions, starved, std::time::SystemTime::now()) {
+        let contention = tracker.note_contention(&report.contention, now);
+        for action in
+            contention
+                .into_iter()
+                .chain(tracker.update(&decision.conditions, starved, now))
+        {
             self.outbox.push(action);
         }
     }

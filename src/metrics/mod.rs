@@ -130,7 +130,7 @@ impl Metrics {
         let node_condition = Family::<ConditionLabels, Gauge>::default();
         registry.register(
             "node_condition",
-            "1 while the node pressure condition is on (after transition damping), else 0",
+            "1 while the node condition is on (a pressure condition after transition damping, or an opt-in PSI contention condition), else 0",
             node_condition.clone(),
         );
         let collection_duration = Histogram::new(exponential_buckets(0.000_05, 2.0, 14));

@@ -47,7 +47,8 @@ pub struct SignalCollector {
     imagefs: Option<FsTarget>,
     containerfs: Option<FsTarget>,
     node_pressure: [(PressureResource, PathBuf); 3],
-    pods_pressure: Option<(PressureScope, PathBuf)>,
+    /// The pods cgroup's `memory.pressure` and `io.pressure`, on a v2 hierarchy.
+    pods_pressure: Vec<(PressureResource, PressureScope, PathBuf)>,
     /// Take the huge page pool out of `memory.available` (`HugepageAwareEviction`).
     hugepage_aware: bool,
     notes: Vec<String>,
@@ -90,13 +91,22 @@ impl SignalCollector {
         let node_pressure =
             PressureResource::ALL.map(|resource| (resource, pressure_dir.join(resource.as_str())));
         let pods_pressure = match (&cgroups, &paths.pods_cgroup) {
-            (Ok(reader), Some(pods)) => reader.paths().v2_dir(pods).map(|dir| {
-                (
-                    PressureScope::Cgroup(pods.clone()),
-                    dir.join("memory.pressure"),
-                )
-            }),
-            _ => None,
+            (Ok(reader), Some(pods)) => reader
+                .paths()
+                .v2_dir(pods)
+                .map(|dir| {
+                    [PressureResource::Memory, PressureResource::Io].map(|resource| {
+                        (
+                            resource,
+                            PressureScope::Cgroup(pods.clone()),
+                            dir.join(format!("{resource}.pressure")),
+                        )
+                    })
+                })
+                .into_iter()
+                .flatten()
+                .collect(),
+            _ => Vec::new(),
         };
         SignalCollector {
             cgroups,
@@ -258,11 +268,10 @@ impl SignalCollector {
                     .push(e.for_subject(ErrorSubject::Pressure(*resource)));
             }
         }
-        if let Some((scope, path)) = &self.pods_pressure {
-            let resource = PressureResource::Memory;
-            if let Err(e) = read_pressure_file(path, resource, scope, &mut out.pressure) {
+        for (resource, scope, path) in &self.pods_pressure {
+            if let Err(e) = read_pressure_file(path, *resource, scope, &mut out.pressure) {
                 out.errors
-                    .push(e.for_subject(ErrorSubject::Pressure(resource)));
+                    .push(e.for_subject(ErrorSubject::Pressure(*resource)));
             }
         }
     }

@@ -3,6 +3,7 @@
 
 mod cgroup;
 mod collector;
+pub mod contention;
 mod error;
 mod fileio;
 mod filesystem;
@@ -14,7 +15,7 @@ mod pressure;
 mod probe;
 pub mod readers;
 
-pub use crate::signal_names::{NodeCondition, Resource, Signal, UnknownSignal};
+pub use crate::signal_names::{Contention, NodeCondition, Resource, Signal, UnknownSignal};
 pub use cgroup::{CgroupReader, CgroupUsage, PodCgroupUsage};
 pub use collector::{Collection, SignalCollector};
 pub use error::{ErrorSubject, FileError, FileProblem, SignalError};
