@@ -94,10 +94,9 @@ fn sections_left_unset_show_their_defaults_and_optional_fields_say_what_unset_me
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // A kubelet file sets none of the agent's sections but the cgroup driver (kubeadm
-    // writes `cgroupDriver: systemd`); the defaults are shown beside it.
+    // A kubelet file sets none of the agent's sections; their defaults are shown.
     for shown in [
-        "\nkubernetes:\n  cgroupDriver: systemd\n  podsCgroupName: /kubepods\n",
+        "\nkubernetes:\n  podsCgroupName: /kubepods\n",
         "  podLogsPath: /var/log/pods\n",
         "  apiProbeInterval: 10s\n",
         "  outboxSize: 1000\n",
@@ -108,16 +107,15 @@ fn sections_left_unset_show_their_defaults_and_optional_fields_say_what_unset_me
         assert!(stdout.contains(shown), "{shown:?} missing from\n{stdout}");
     }
     // Optional settings with no default value are named, with what unset means.
+    // The kubeadm file's `cgroupDriver: systemd` is not taken: the kubelet itself asks
+    // the runtime.
     for unset in [
         "#   podsCgroup: ",
         "#   report: no reports to a fence controller",
+        "#   kubernetes.cgroupDriver: detected from the cgroup tree",
     ] {
         assert!(stdout.contains(unset), "{unset:?} missing from\n{stdout}");
     }
-    assert!(
-        !stdout.contains("#   kubernetes.cgroupDriver:"),
-        "the kubelet's file sets the driver:\n{stdout}"
-    );
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("agent.yaml");
@@ -142,7 +140,7 @@ fn sections_left_unset_show_their_defaults_and_optional_fields_say_what_unset_me
     // No kubelet file here: the driver is left to detection, and the output says so.
     assert!(
         stdout.contains(
-            "#   kubernetes.cgroupDriver: detected from the cgroup tree (a KubeletConfiguration that sets cgroupDriver decides it)"
+            "#   kubernetes.cgroupDriver: detected from the cgroup tree (a KubeletConfiguration's cgroupDriver is not read: the kubelet asks the container runtime, which names the cgroups)"
         ),
         "{stdout}"
     );

@@ -57,9 +57,16 @@ impl Host {
     }
 
     /// Free memory, and `hugepages` of 2 MiB reserved (which the kernel takes from the
-    /// free pages, so they are in MemTotal but not in MemFree).
+    /// free pages, so they are in MemTotal but not in MemFree, nor in the root
+    /// memory.stat's `anon`, which holds the rest).
     fn set_memory(&self, free: u64, hugepages: u64) {
         let total_kib = 8192 * 1024;
+        let anon = (total_kib * 1024 - free).saturating_sub(hugepages * 2 * MI);
+        std::fs::write(
+            self.dir.path().join("cgroup/memory.stat"),
+            format!("anon {anon}\nfile 0\ninactive_file 0\n"),
+        )
+        .unwrap();
         std::fs::write(
             self.dir.path().join("proc/meminfo"),
             format!(
@@ -471,9 +478,11 @@ async fn memory_pressure_evicts_the_right_pod_through_the_api() {
 
 /// `HugepageAwareEviction` (kubelet PR #138127, on by default from 1.37): the summary
 /// provider's `adjustForHugePages` takes the huge page pool out of the node's available
-/// memory before the eviction manager compares it. With 300 MiB free and 256 MiB of huge
-/// pages reserved, memory.available is 44 MiB, under the 100 MiB hard threshold, and the
-/// agent evicts; a kubelet with the gate off sees 300 MiB and evicts nothing.
+/// memory before the eviction manager compares it, since no memory cgroup's working set
+/// (here the v2 root's `anon + file`) holds those pages. With 60 MiB really free and
+/// 256 MiB of huge pages reserved, memory.available is 60 MiB, under the 100 MiB hard
+/// threshold, and the agent evicts; a kubelet with the gate off sees 316 MiB and evicts
+/// nothing.
 #[tokio::test]
 async fn a_reserved_huge_page_pool_counts_as_used_unless_the_gate_is_off() {
     for (extra, pressure) in [
@@ -481,10 +490,10 @@ async fn a_reserved_huge_page_pool_counts_as_used_unless_the_gate_is_off() {
         ("featureGates:\n  HugepageAwareEviction: false\n", false),
     ] {
         let mut s = scenario(extra).await;
-        s.host.set_memory(300 * MI, 128);
+        s.host.set_memory(60 * MI, 128);
         let (report, evicted) = s.agent.run_cycle().await;
         let available = report.observations[&Signal::MemoryAvailable].available;
-        let expected = if pressure { 44 * MI } else { 300 * MI };
+        let expected = if pressure { 60 * MI } else { 316 * MI };
         assert_eq!(available, expected as i64, "gate config {extra:?}");
         assert_eq!(evicted, pressure, "{extra:?}: {:?}", report.decision);
         if pressure {
@@ -609,6 +618,27 @@ async fn psi_contention_conditions_reach_the_node_when_turned_on() {
             "SystemMemoryContentionHigh".to_string(),
             "KubepodsDiskContentionHigh".to_string(),
         ])
+    );
+
+    // The pods cgroup's io.pressure cannot be read any more: after three cycles its
+    // condition is withdrawn from the node, with its taint; the others stay.
+    std::fs::remove_file(kubepods.join("io.pressure")).unwrap();
+    for _ in 0..3 {
+        s.agent.run_cycle().await;
+    }
+    let node = eventually(WAIT, "the unreadable condition withdrawn", || {
+        let node = s.server.object::<Node>("", NODE)?;
+        (contention(&node).len() == 3).then_some(node)
+    })
+    .await;
+    assert!(
+        !contention(&node).contains_key("KubepodsDiskContentionPressure"),
+        "{:?}",
+        contention(&node)
+    );
+    assert_eq!(
+        taints(&node),
+        BTreeSet::from(["nodekeeper.io/memory-contention-pressure".to_string()])
     );
 
     // The 60 s averages fall below the thresholds: False, and the taints go.

@@ -127,11 +127,12 @@ fn invalid_values_name_the_field() {
     }
 }
 
-/// The kubelet's own `cgroupDriver` decides how pod cgroups are named, so a node's
-/// KubeletConfiguration that sets it is followed, unless the agent's document names
-/// another; an agent `kubernetes:` section that leaves it out keeps the kubelet's.
+/// Kubelets since 1.34 take the cgroup driver from the container runtime
+/// (`KubeletCgroupDriverFromCRI`) and ignore their own `cgroupDriver` setting, so the
+/// agent does not take it either: a stale value there must not send it to pod cgroups
+/// that do not exist. Only its own `kubernetes.cgroupDriver` overrides detection.
 #[test]
-fn the_kubelets_cgroup_driver_is_followed_unless_the_agent_names_one() {
+fn the_kubelets_cgroup_driver_setting_is_not_taken() {
     const KUBELET: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
     let driver = |text: &str| {
         from_yaml_str(text, "node.yaml", &Overrides::default())
@@ -139,31 +140,13 @@ fn the_kubelets_cgroup_driver_is_followed_unless_the_agent_names_one() {
             .map_err(|e| e.to_string())
     };
     assert_eq!(
-        driver(&format!("{KUBELET}cgroupDriver: systemd\n")),
-        Ok(Some(CgroupDriver::Systemd))
-    );
-    // Unset in the kubelet's file (a --cgroup-driver flag may set it): detected.
-    assert_eq!(
-        driver(&format!(
-            "{KUBELET}evictionHard: {{memory.available: 1Gi}}\n"
-        )),
+        driver(&format!("{KUBELET}cgroupDriver: cgroupfs\n")),
         Ok(None)
     );
     assert_eq!(
         driver(&format!(
-            "{KUBELET}cgroupDriver: systemd\n---\n{AGENT}kubernetes:\n  taints: true\n"
+            "{KUBELET}cgroupDriver: cgroupfs\n---\n{AGENT}kubernetes:\n  cgroupDriver: systemd\n"
         )),
         Ok(Some(CgroupDriver::Systemd))
-    );
-    assert_eq!(
-        driver(&format!(
-            "{KUBELET}cgroupDriver: systemd\n---\n{AGENT}kubernetes:\n  cgroupDriver: cgroupfs\n"
-        )),
-        Ok(Some(CgroupDriver::Cgroupfs))
-    );
-    let error = driver(&format!("{KUBELET}cgroupDriver: docker\n")).unwrap_err();
-    assert!(
-        error.contains("KubeletConfiguration") && error.contains("cgroupDriver: \"docker\""),
-        "{error}"
     );
 }

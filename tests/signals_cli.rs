@@ -62,7 +62,7 @@ fn json_report_carries_fixture_numbers_and_thresholds() {
         .iter()
         .find(|s| s["signal"] == "memory.available")
         .unwrap();
-    assert_eq!(memory["available"], 10_339_483_648i64);
+    assert_eq!(memory["available"], 10_341_318_656i64);
     assert_eq!(memory["capacity"], 16_777_216_000i64);
     let soft = memory["thresholds"]
         .as_array()
@@ -297,7 +297,7 @@ fn the_huge_page_pool_is_shown_and_left_out_unless_the_gate_is_off() {
     assert_eq!(
         memory_available(&stdout),
         (
-            10_339_483_648 - (1 << 30),
+            10_341_318_656 - (1 << 30),
             16_777_216_000 - (1 << 30),
             1 << 30
         )
@@ -310,7 +310,7 @@ fn the_huge_page_pool_is_shown_and_left_out_unless_the_gate_is_off() {
     assert_eq!(code, 0, "{stdout}");
     assert_eq!(
         memory_available(&stdout),
-        (10_339_483_648, 16_777_216_000, 0)
+        (10_341_318_656, 16_777_216_000, 0)
     );
     let (_, table) = run(&["signals", "--config", config.to_str().unwrap()]);
     assert!(!table.contains("huge pages:"), "{table}");

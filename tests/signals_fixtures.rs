@@ -128,14 +128,21 @@ fn cgroup_hybrid_reads_memory_from_v1_and_pressure_from_unified() {
     assert_eq!(pods_pressure[1].kind, PressureKind::Full);
 }
 
+/// The root memory.stat's `anon` and `file` (the fixture's figures).
+const V2_ROOT_ANON_AND_FILE: i64 = 4_288_413_696 + 4 * GIB;
+
+/// The real v2 root has no memory.current: the kubelet's cgroup library
+/// (opencontainers/cgroups `rootStatsFromMeminfo`, runc 1.2 and later, runc#3933) takes
+/// usage as `anon + file` from the root memory.stat, and cAdvisor subtracts its
+/// `inactive_file` for the working set.
 #[test]
-fn cgroup_v2_root_without_memory_current_uses_meminfo_and_root_memory_stat() {
+fn cgroup_v2_root_without_memory_current_uses_anon_and_file_of_the_root_memory_stat() {
     let collector = SignalCollector::new(&fixture_host("cgroup-v2", "kubepods.slice"));
     assert_eq!(collector.layout(), Some(CgroupLayout::Unified));
     let collection = collector.collect();
     assert!(collection.errors.is_empty(), "{:?}", collection.errors);
-    // usage = MemTotal − MemFree; inactive_file 2Gi from the root memory.stat.
-    let working_set = MEM_TOTAL - MEM_FREE - 2 * GIB;
+    // usage = anon + file; inactive_file 2Gi from the root memory.stat.
+    let working_set = V2_ROOT_ANON_AND_FILE - 2 * GIB;
     assert_eq!(
         pair(observed(&collection, Signal::MemoryAvailable)),
         memory(MEM_TOTAL - working_set, MEM_TOTAL)
@@ -147,8 +154,9 @@ fn cgroup_v2_root_without_memory_current_uses_meminfo_and_root_memory_stat() {
     );
 }
 
+/// A kernel without a root memory.stat: usage as runc took it before 1.2.
 #[test]
-fn cgroup_v2_root_without_memory_stat_takes_inactive_file_from_meminfo() {
+fn cgroup_v2_root_without_memory_stat_takes_usage_and_inactive_file_from_meminfo() {
     let copy = copy_of_fixtures();
     std::fs::remove_file(copy.path().join("cgroup-v2/memory.stat")).unwrap();
     let collection = SignalCollector::new(&host(
@@ -551,11 +559,11 @@ fn the_huge_page_pool_is_left_out_of_memory_available_on_v1_and_v2() {
             5 * GIB,
             memory(14 * GIB - (4 * GIB - 512 * MIB), 14 * GIB),
         ),
-        // v2 root: MemTotal − MemFree − inactive_file 2Gi; kubepods.slice unlimited.
+        // v2 root: anon + file − inactive_file 2Gi; kubepods.slice unlimited.
         (
             "cgroup-v2",
             "kubepods.slice",
-            MEM_TOTAL - MEM_FREE - 2 * GIB,
+            V2_ROOT_ANON_AND_FILE - 2 * GIB,
             memory(MEM_TOTAL - (4 * GIB - GIB), MEM_TOTAL),
         ),
     ] {
@@ -588,6 +596,18 @@ fn the_huge_page_pool_is_left_out_of_memory_available_on_v1_and_v2() {
         );
         assert_eq!(collection.hugepages_subtracted, 0);
     }
+
+    // A v2 root whose usage comes from meminfo (no root memory.stat) already counts the
+    // pool as used (it is not in MemFree), so it is not taken out a second time.
+    std::fs::remove_file(copy.path().join("cgroup-v2/memory.stat")).unwrap();
+    let paths = host(&copy.path().join("cgroup-v2"), &proc_root, None);
+    let collection = SignalCollector::new(&paths).collect();
+    let working_set = MEM_TOTAL - MEM_FREE - MEMINFO_INACTIVE_FILE;
+    assert_eq!(
+        pair(observed(&collection, Signal::MemoryAvailable)),
+        memory(MEM_TOTAL - working_set, MEM_TOTAL)
+    );
+    assert_eq!(collection.hugepages_subtracted, 0);
 }
 
 #[test]
@@ -595,7 +615,7 @@ fn a_huge_page_pool_larger_than_what_is_left_floors_memory_available_at_zero() {
     let copy = copy_of_fixtures();
     let proc_root = copy.path().join("proc");
     // v1 root: 16,384,000 KiB less a 5 GiB working set leaves about 10.6 GiB; a pool
-    // of 12 × 1 GiB is more than that. 8 surplus 2 MiB pages are not part of the pool.
+    // of 12 × 1 GiB and 8 × 2 MiB (surplus ones, which count) is more than that.
     with_hugepages(&proc_root, 8, 12, 8);
     let collection =
         SignalCollector::new(&host(&copy.path().join("cgroup-v1"), &proc_root, None)).collect();
@@ -604,5 +624,8 @@ fn a_huge_page_pool_larger_than_what_is_left_floors_memory_available_at_zero() {
         memory(0, 5 * GIB),
         "available 0, capacity the working set alone"
     );
-    assert_eq!(collection.hugepages_subtracted, (12 * GIB) as u64);
+    assert_eq!(
+        collection.hugepages_subtracted,
+        (12 * GIB + 16 * MIB) as u64
+    );
 }

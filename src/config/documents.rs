@@ -81,9 +81,6 @@ pub struct KubeletDocument {
     pub enforce_node_allocatable: Option<Vec<String>>,
     pub local_storage_capacity_isolation: Option<bool>,
     pub feature_gates: Option<FeatureGateMap>,
-    /// `systemd` or `cgroupfs`: how the kubelet names pod cgroups, which the agent needs
-    /// to find them (its `kubernetes.cgroupDriver`).
-    pub cgroup_driver: Option<String>,
 }
 
 /// nodekeeper's own document. Unknown fields are errors: a typo must not silently
@@ -310,10 +307,6 @@ impl From<KubeletDocument> for AgentDocument {
             enforce_node_allocatable: k.enforce_node_allocatable,
             local_storage_capacity_isolation: k.local_storage_capacity_isolation,
             feature_gates: k.feature_gates,
-            kubernetes: k.cgroup_driver.map(|driver| RawKubernetes {
-                cgroup_driver: Some(driver),
-                ..RawKubernetes::default()
-            }),
             ..AgentDocument::default()
         }
     }
@@ -356,13 +349,7 @@ impl AgentDocument {
                 later.entry(gate).or_insert(enabled);
             }
         }
-        // The cgroup driver a KubeletConfiguration names survives an agent document whose
-        // `kubernetes:` section does not name one; the rest of the section is the agent's.
-        if let (Some(later), Some(earlier)) = (over.kubernetes.as_mut(), self.kubernetes.as_ref())
-            && later.cgroup_driver.is_none()
-        {
-            later.cgroup_driver = earlier.cgroup_driver.clone();
-        }
+
         macro_rules! pick {
             ($($field:ident),*) => {
                 AgentDocument { $($field: match over.$field {

@@ -1413,7 +1413,7 @@ pub fn unset_settings(config: &AgentConfig) -> Vec<(&'static str, &'static str)>
         (
             kubernetes.cgroup_driver.is_none(),
             "kubernetes.cgroupDriver",
-            "detected from the cgroup tree (a KubeletConfiguration that sets cgroupDriver decides it)",
+            "detected from the cgroup tree (a KubeletConfiguration's cgroupDriver is not read: the kubelet asks the container runtime, which names the cgroups)",
         ),
         (
             kubernetes.writable_layer_path.is_none(),

@@ -4,7 +4,10 @@
 //! style: `NodekeeperMemoryPressure` and friends, heartbeated every few minutes even
 //! when unchanged, optional `nodekeeper.io/*-pressure:NoSchedule` taints, an
 //! `EvictionThresholdMet` event while a resource is starved, and an event on every
-//! condition transition. Pure: the caller passes the wall clock and sends the actions.
+//! condition transition. The opt-in PSI contention conditions of KEP-5394 go out beside
+//! them under the KEP's own names (the kubelet writes those only with its alpha
+//! `PSINodeCondition` gate, in which case the agent publishes none). Pure: the caller
+//! passes the wall clock and sends the actions.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -117,6 +120,10 @@ pub struct NodeStatusTracker {
     contention: BTreeMap<Contention, Published>,
     /// A contention condition changed since the conditions were last written.
     contention_changed: bool,
+    /// The KEP's contention events by reason: one event object per reason, its count
+    /// raised at most once per heartbeat, so pressure hovering at a threshold cannot
+    /// flood the API server with events.
+    contention_series: BTreeMap<String, ThresholdSeries>,
 }
 
 /// The reason of a contention condition, on or off: `NodekeeperHasSystemMemoryContentionPressure`.
@@ -160,6 +167,7 @@ impl NodeStatusTracker {
             shutting_down: None,
             contention: BTreeMap::new(),
             contention_changed: false,
+            contention_series: BTreeMap::new(),
         }
     }
 
@@ -177,18 +185,52 @@ impl NodeStatusTracker {
         let mut actions = Vec::new();
         for event in &report.events {
             let reason = event.reason();
+            let series = match self.contention_series.get_mut(&reason) {
+                Some(series)
+                    if now.duration_since(series.last_emitted).unwrap_or_default()
+                        < self.heartbeat =>
+                {
+                    continue;
+                }
+                Some(series) => {
+                    series.count += 1;
+                    series.last_emitted = now;
+                    *series
+                }
+                None => {
+                    let series = ThresholdSeries {
+                        started: now,
+                        last_emitted: now,
+                        count: 1,
+                    };
+                    self.contention_series.insert(reason.clone(), series);
+                    series
+                }
+            };
+            let started = series
+                .started
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
             let event_type = match event.kind {
                 ContentionEventKind::High => EventType::Warning,
                 ContentionEventKind::TrendingLower => EventType::Normal,
             };
             actions.push(self.node_event(
-                &format!("{reason}/{millis}"),
+                &format!("{reason}/{started}"),
                 event_type,
                 &reason,
                 &event.message(),
-                (1, now),
+                (series.count, series.started),
                 now,
             ));
+        }
+        // A condition the report no longer has was withdrawn (its PSI file went
+        // unreadable): the next write leaves it out, which removes it from the node.
+        let before = self.contention.len();
+        self.contention
+            .retain(|contention, _| report.conditions.contains_key(contention));
+        if self.contention.len() != before {
+            self.contention_changed = true;
         }
         for (&contention, &on) in &report.conditions {
             let previous = self.contention.get(&contention).copied();
@@ -693,7 +735,7 @@ mod tests {
             transitions: vec![(Contention::SystemDisk, true)],
         };
         assert_eq!(
-            observe(&mut tracker, high, 20),
+            observe(&mut tracker, high.clone(), 20),
             vec![
                 "event SystemDiskContentionHigh every task of the node was stalled on io 12.50% of the last 60 s (threshold 10%) count=1",
                 "event NodekeeperHasSystemDiskContentionPressure Node node-a status is now: NodekeeperHasSystemDiskContentionPressure count=1",
@@ -708,13 +750,33 @@ mod tests {
             .unwrap();
         assert_eq!(record.reason, "NodekeeperHasSystemDiskContentionPressure");
         assert_eq!(record.last_transition, at(20));
+        // The same event again within a heartbeat is not repeated; after one, the same
+        // event object's count goes up.
+        let again = ContentionReport {
+            transitions: Vec::new(),
+            ..high
+        };
+        assert!(observe(&mut tracker, again.clone(), 25).is_empty());
+        let later = tracker.note_contention(&again, at(320));
+        let [ApiAction::CreateEvent(repeated)] = later.as_slice() else {
+            panic!("{later:?}")
+        };
+        assert_eq!(
+            (repeated.reason.as_str(), repeated.count),
+            ("SystemDiskContentionHigh", 2)
+        );
+        let first_name = event_name(
+            "node-a",
+            &format!("SystemDiskContentionHigh/{}", 1_700_000_020_000u64),
+        );
+        assert_eq!(repeated.name, first_name);
         let over = ContentionReport {
             conditions: BTreeMap::from([(Contention::SystemDisk, false)]),
             transitions: vec![(Contention::SystemDisk, false)],
             ..Default::default()
         };
         assert_eq!(
-            observe(&mut tracker, over, 30),
+            observe(&mut tracker, over, 330),
             vec![
                 "event NodekeeperHasNoSystemDiskContentionPressure Node node-a status is now: NodekeeperHasNoSystemDiskContentionPressure count=1",
                 "conditions NodekeeperMemoryPressure=false,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false,SystemDiskContentionPressure=false",

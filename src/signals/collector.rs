@@ -174,9 +174,9 @@ impl SignalCollector {
     fn collect_memory(&self, meminfo: &Result<MemInfo, FileError>, out: &mut Collection) {
         let result = self.reader().and_then(|reader| {
             let info = meminfo.as_ref().map_err(FileError::duplicate)?;
-            let usage = root_memory_usage(reader, info)?;
+            let (usage, counts_hugepages) = root_memory_usage(reader, info)?;
             // The pool is in MemTotal but in no memory cgroup's working set.
-            let hugepages = if self.hugepage_aware {
+            let hugepages = if self.hugepage_aware && !counts_hugepages {
                 info.hugepage_pool
             } else {
                 0
@@ -286,20 +286,40 @@ impl SignalCollector {
     }
 }
 
-/// The root cgroup's memory. A v1 memory root, and a v2 root inside a container, have usage
-/// files; the real v2 root has no `memory.current`, so, like runc, take usage from
-/// `/proc/meminfo` as `MemTotal − MemFree`, and inactive file pages from the root
-/// `memory.stat` when the kernel provides one, else from meminfo's `Inactive(file)`.
-fn root_memory_usage(reader: &CgroupReader, info: &MemInfo) -> Result<MemoryUsage, FileError> {
+/// The root cgroup's memory, and whether its usage already counts the huge page pool.
+///
+/// A v1 memory root, and a v2 root inside a container, have usage files, which leave the
+/// pool out (huge pages are charged to the hugetlb controller). The real v2 root has no
+/// `memory.current`; the kubelet's cgroup library (opencontainers/cgroups, as runc 1.2
+/// and later) then takes usage as `anon + file` from the root `memory.stat`, which also
+/// leaves the pool out. Only where that file lacks them (older kernels) does usage come
+/// from `/proc/meminfo` as `MemTotal − MemFree`, as runc before 1.2 took it; the pool is
+/// not free memory, so that usage already counts it.
+fn root_memory_usage(
+    reader: &CgroupReader,
+    info: &MemInfo,
+) -> Result<(MemoryUsage, bool), FileError> {
     let root = Path::new("/");
     match reader.memory_usage(root) {
-        Ok(usage) => Ok(usage),
+        Ok(usage) => Ok((usage, false)),
         Err(e)
             if reader.layout() == CgroupLayout::Unified
                 && is_not_found(&e)
                 && e.path.ends_with("memory.current") =>
         {
             let stat = reader.paths().memory_dir(root).join("memory.stat");
+            let charged = with_file_text(&stat, |text| {
+                let anon = flat_keyed_u64(text, "anon")?;
+                let file = flat_keyed_u64(text, "file")?;
+                let inactive_file = flat_keyed_u64(text, "inactive_file")?;
+                Ok(MemoryUsage {
+                    usage_bytes: anon.saturating_add(file),
+                    inactive_file_bytes: inactive_file,
+                })
+            });
+            if let Ok(usage) = charged {
+                return Ok((usage, false));
+            }
             let inactive_file_bytes =
                 match with_file_text(&stat, |text| flat_keyed_u64(text, "inactive_file")) {
                     Ok(bytes) => bytes,
@@ -307,10 +327,11 @@ fn root_memory_usage(reader: &CgroupReader, info: &MemInfo) -> Result<MemoryUsag
                         FileError::new(&stat, FileProblem::MissingKey("inactive_file"))
                     })?,
                 };
-            Ok(MemoryUsage {
+            let usage = MemoryUsage {
                 usage_bytes: info.total.saturating_sub(info.free),
                 inactive_file_bytes,
-            })
+            };
+            Ok((usage, true))
         }
         Err(e) => Err(e),
     }

@@ -12,8 +12,11 @@
 //!   that the pressure is trending lower, and the condition stays True;
 //! - the 60 s average below `t` turns it False.
 //!
-//! A threshold of 0 turns the condition off: it is never published. Pure: the agent
-//! passes each cycle's readings.
+//! A threshold of 0 turns the condition off: it is never published. A PSI file that
+//! cannot be read for a cycle or two leaves the condition as it was; one that stays
+//! unreadable for [`MISSED_READINGS_LIMIT`] cycles withdraws it, so a condition (and its
+//! taint) never outlives the evidence for it. Pure: the agent passes each cycle's
+//! readings.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -129,8 +132,13 @@ pub struct ContentionReport {
     pub transitions: Vec<(Contention, bool)>,
 }
 
+/// Consecutive cycles without a reading after which a condition is withdrawn.
+pub const MISSED_READINGS_LIMIT: u32 = 3;
+
 #[derive(Debug, Clone, Copy, Default)]
 struct State {
+    /// Cycles in a row without a reading.
+    missed: u32,
     on: bool,
     /// The 60 s average is at or above the threshold (its event was recorded).
     high: bool,
@@ -150,10 +158,12 @@ impl ContentionTracker {
     /// A tracker for `thresholds` (fractions; a condition at 0 or missing is off).
     pub fn new(thresholds: &BTreeMap<Contention, f64>) -> Self {
         ContentionTracker {
+            // In percent, rounded to the hundredth PSI prints, so that 0.07 compares
+            // with a reading of exactly 7.00 as 7 and not as 7.000000000000001.
             thresholds: thresholds
                 .iter()
                 .filter(|(_, fraction)| **fraction > 0.0)
-                .map(|(contention, fraction)| (*contention, fraction * 100.0))
+                .map(|(contention, fraction)| (*contention, (fraction * 10_000.0).round() / 100.0))
                 .collect(),
             states: BTreeMap::new(),
         }
@@ -164,40 +174,24 @@ impl ContentionTracker {
     }
 
     /// The conditions after this cycle's `averages`. A condition without a reading this
-    /// cycle keeps its state (a PSI file briefly unreadable does not clear it).
+    /// cycle keeps its state for a while (a PSI file briefly unreadable does not clear
+    /// it), then is withdrawn.
     pub fn update(&mut self, averages: &BTreeMap<Contention, StallAverages>) -> ContentionReport {
         let mut report = ContentionReport::default();
         for (&contention, &threshold) in &self.thresholds {
-            if let Some(&reading) = averages.get(&contention) {
-                let state = self.states.entry(contention).or_default();
-                let was_on = state.on;
-                let event = |kind| ContentionEvent {
-                    contention,
-                    kind,
-                    averages: reading,
-                    threshold_percent: threshold,
-                };
-                let high = reading.avg60 >= threshold;
-                if high && !state.high {
-                    report.events.push(event(ContentionEventKind::High));
+            match averages.get(&contention) {
+                Some(&reading) => {
+                    let state = self.states.entry(contention).or_default();
+                    state.observe(contention, reading, threshold, &mut report);
                 }
-                state.high = high;
-                if !high {
-                    state.on = false;
-                } else if reading.avg10 >= threshold {
-                    state.on = true;
-                    state.trending_lower = false;
-                } else if state.on && !state.trending_lower {
-                    state.trending_lower = true;
-                    report
-                        .events
-                        .push(event(ContentionEventKind::TrendingLower));
-                }
-                if !state.on {
-                    state.trending_lower = false;
-                }
-                if state.on != was_on {
-                    report.transitions.push((contention, state.on));
+                None => {
+                    let withdrawn = self.states.get_mut(&contention).is_some_and(|state| {
+                        state.missed += 1;
+                        state.missed >= MISSED_READINGS_LIMIT
+                    });
+                    if withdrawn && self.states.remove(&contention).is_some_and(|s| s.on) {
+                        report.transitions.push((contention, false));
+                    }
                 }
             }
             if let Some(state) = self.states.get(&contention) {
@@ -205,6 +199,46 @@ impl ContentionTracker {
             }
         }
         report
+    }
+}
+
+impl State {
+    /// The KEP's rules for one reading.
+    fn observe(
+        &mut self,
+        contention: Contention,
+        reading: StallAverages,
+        threshold: f64,
+        report: &mut ContentionReport,
+    ) {
+        let event = |kind| ContentionEvent {
+            contention,
+            kind,
+            averages: reading,
+            threshold_percent: threshold,
+        };
+        self.missed = 0;
+        let was_on = self.on;
+        let high = reading.avg60 >= threshold;
+        if high && !self.high {
+            report.events.push(event(ContentionEventKind::High));
+        }
+        self.high = high;
+        if !high {
+            self.on = false;
+            self.trending_lower = false;
+        } else if reading.avg10 >= threshold {
+            self.on = true;
+            self.trending_lower = false;
+        } else if self.on && !self.trending_lower {
+            self.trending_lower = true;
+            report
+                .events
+                .push(event(ContentionEventKind::TrendingLower));
+        }
+        if self.on != was_on {
+            report.transitions.push((contention, self.on));
+        }
     }
 }
 
@@ -265,6 +299,26 @@ mod tests {
         );
     }
 
+    /// A fraction that is not exact in binary still meets a reading equal to it: 0.07
+    /// is 7%, and PSI prints two decimals.
+    #[test]
+    fn thresholds_compare_at_the_precision_psi_prints() {
+        for fraction in [0.07, 0.14, 0.55, 0.29] {
+            let mut t = tracker(fraction);
+            let percent = (fraction * 100.0 * 100.0).round() / 100.0;
+            let (on, events) = step(&mut t, percent, percent);
+            assert!(on, "{fraction}");
+            let report = ContentionEvent {
+                contention: Contention::SystemMemory,
+                kind: ContentionEventKind::High,
+                averages: averages(percent, percent),
+                threshold_percent: t.thresholds[&Contention::SystemMemory],
+            };
+            assert!(!report.message().contains("0000"), "{}", report.message());
+            assert_eq!(events.len(), 1);
+        }
+    }
+
     #[test]
     fn each_transition_is_reported_once() {
         let mut t = tracker(0.1);
@@ -301,13 +355,22 @@ mod tests {
             report.conditions,
             BTreeMap::from([(Contention::SystemMemory, true)])
         );
-        // The file could not be read this cycle: the condition holds.
+        // The file could not be read for a cycle or two: the condition holds.
+        for _ in 1..MISSED_READINGS_LIMIT {
+            let report = t.update(&BTreeMap::new());
+            assert_eq!(
+                report.conditions,
+                BTreeMap::from([(Contention::SystemMemory, true)])
+            );
+            assert!(report.events.is_empty() && report.transitions.is_empty());
+        }
+        // Unreadable for longer: withdrawn, not left True with nothing to show for it.
         let report = t.update(&BTreeMap::new());
-        assert_eq!(
-            report.conditions,
-            BTreeMap::from([(Contention::SystemMemory, true)])
-        );
-        assert!(report.events.is_empty());
+        assert!(report.conditions.is_empty());
+        assert_eq!(report.transitions, [(Contention::SystemMemory, false)]);
+        // Read again: back, from a fresh start.
+        let report = t.update(&all_high);
+        assert_eq!(report.transitions, [(Contention::SystemMemory, true)]);
         // Never read at all: not published.
         let mut fresh = tracker(0.1);
         assert!(fresh.update(&BTreeMap::new()).conditions.is_empty());

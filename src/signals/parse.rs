@@ -52,10 +52,10 @@ pub struct MemInfo {
     pub free: u64,
     pub available: Option<u64>,
     pub inactive_file: Option<u64>,
-    /// The persistent huge page pool of every page size, in bytes: what the kubelet
-    /// reports as the node's `hugepages-<size>` capacity (from each size's
-    /// `nr_hugepages`). The memory controller does not count these pages in any working
-    /// set, so `HugepageAwareEviction` takes them out of `memory.available`.
+    /// The huge page pool of every page size, in bytes: what the kubelet reports as the
+    /// node's `hugepages-<size>` capacities (each size's `nr_hugepages`, surplus pages
+    /// included). The memory controller does not count these pages in any working set,
+    /// so `HugepageAwareEviction` takes them out of `memory.available`.
     pub hugepage_pool: u64,
 }
 
@@ -73,43 +73,46 @@ pub(crate) fn meminfo(text: &str) -> Result<MemInfo, FileProblem> {
             "MemFree" => &mut free,
             "MemAvailable" => &mut info.available,
             "Inactive(file)" => &mut info.inactive_file,
-            "Hugetlb" => &mut huge.hugetlb_bytes,
-            "HugePages_Total" => &mut huge.default_size_pages,
-            "HugePages_Surp" => &mut huge.default_size_surplus,
-            "Hugepagesize" => &mut huge.default_size_bytes,
+            // A huge page line the kernel wrote oddly must not cost memory.available
+            // altogether: it counts as absent.
+            "Hugetlb" => {
+                huge.hugetlb_bytes = meminfo_bytes(key, rest).ok();
+                continue;
+            }
+            "HugePages_Total" => {
+                huge.default_size_pages = meminfo_bytes(key, rest).ok();
+                continue;
+            }
+            "Hugepagesize" => {
+                huge.default_size_bytes = meminfo_bytes(key, rest).ok();
+                continue;
+            }
             _ => continue,
         };
         *slot = Some(meminfo_bytes(key, rest)?);
     }
     info.total = total.ok_or(FileProblem::MissingKey("MemTotal"))?;
     info.free = free.ok_or(FileProblem::MissingKey("MemFree"))?;
-    info.hugepage_pool = huge.persistent_pool();
+    info.hugepage_pool = huge.pool();
     Ok(info)
 }
 
 /// meminfo's huge page lines. `Hugetlb` (Linux 4.16 and later) counts the pages of every
-/// size; the `HugePages_*` counts are of the default size only. Both include surplus
-/// pages, which the overcommit setting hands out on demand and takes back when freed;
-/// the node's capacity (`nr_hugepages`) leaves them out, so the default size's surplus
-/// is taken off here too. Other sizes' surplus cannot be seen in meminfo, and a node
-/// that overcommits huge pages of a non-default size is rare enough to accept that.
+/// size; without it, `HugePages_Total` pages of `Hugepagesize` are the default size's.
+/// Both count surplus pages, as each size's `nr_hugepages` does.
 #[derive(Default)]
 struct HugePageLines {
     hugetlb_bytes: Option<u64>,
     default_size_pages: Option<u64>,
-    default_size_surplus: Option<u64>,
     default_size_bytes: Option<u64>,
 }
 
 impl HugePageLines {
-    fn persistent_pool(&self) -> u64 {
-        let page = self.default_size_bytes.unwrap_or(0);
-        let surplus = self.default_size_surplus.unwrap_or(0).saturating_mul(page);
-        let all_pages = match self.hugetlb_bytes {
-            Some(bytes) => bytes,
-            None => self.default_size_pages.unwrap_or(0).saturating_mul(page),
-        };
-        all_pages.saturating_sub(surplus)
+    fn pool(&self) -> u64 {
+        self.hugetlb_bytes.unwrap_or_else(|| {
+            let pages = self.default_size_pages.unwrap_or(0);
+            pages.saturating_mul(self.default_size_bytes.unwrap_or(0))
+        })
     }
 }
 
@@ -222,7 +225,7 @@ mod tests {
     }
 
     #[test]
-    fn the_hugepage_pool_is_every_size_less_the_surplus() {
+    fn the_hugepage_pool_is_every_size() {
         let base = "MemTotal: 1000000 kB\nMemFree: 1000 kB\n";
         let pool = |lines: &str| meminfo(&format!("{base}{lines}")).unwrap().hugepage_pool;
         // No huge pages at all, or lines the kernel did not write.
@@ -250,17 +253,20 @@ mod tests {
             ),
             (64 << 20) + (2 << 30)
         );
-        // 8 of the 32 default-size pages are surplus: not part of the pool.
+        // Surplus pages count, as they do in nr_hugepages.
         assert_eq!(
-            pool(
-                "HugePages_Total: 32\nHugePages_Surp: 8\nHugepagesize: 2048 kB\nHugetlb: 65536 kB\n"
-            ),
-            48 << 20
+            pool("HugePages_Total: 32\nHugePages_Surp: 8\nHugepagesize: 2048 kB\n"),
+            64 << 20
         );
-        assert!(matches!(
-            meminfo(&format!("{base}Hugetlb: lots kB\n")),
-            Err(FileProblem::Malformed(_))
-        ));
+        // A malformed huge page line counts as absent; the rest of meminfo still reads.
+        let info = meminfo(&format!(
+            "{base}Hugetlb: lots kB\nHugePages_Total: 4\nHugepagesize: 2048 kB\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            (info.total, info.hugepage_pool),
+            (1_000_000 * 1024, 8 << 20)
+        );
     }
 
     #[test]
