@@ -718,12 +718,18 @@ async fn a_pod_being_deleted_that_still_runs_is_still_evicted_first() {
         pod(&s.server, "hog").metadata.deletion_grace_period_seconds,
         Some(30)
     );
+    hard_eviction_kills_hog_and_cuts_its_grace(&mut s).await;
+}
+
+/// Memory below the hard threshold: hog is evicted at once, killed locally, and its
+/// pending deletion's grace is cut to 1 s (a repeated delete may only shorten it).
+async fn hard_eviction_kills_hog_and_cuts_its_grace(s: &mut Scenario) {
     s.host.set_free_memory(50 * MI);
     let (report, evicted) = s.agent.run_cycle().await;
     assert!(evicted, "{:?}", report.decision);
     assert_eq!(report.decision.evictions[0].name, "hog");
     assert_eq!(s.kills.kills(), vec!["default/hog"]);
-    eventually(WAIT, "hog's grace shortened to 1 s", || {
+    eventually(WAIT, "hog's grace cut to 1 s", || {
         (pod(&s.server, "hog").metadata.deletion_grace_period_seconds == Some(1)).then_some(())
     })
     .await;
@@ -789,14 +795,7 @@ async fn a_pod_still_stopping_from_its_eviction_is_not_evicted_again() {
     );
 
     // Below the hard threshold now: a harsher eviction of the same pod.
-    s.host.set_free_memory(50 * MI);
-    let (report, evicted) = s.agent.run_cycle().await;
-    assert!(evicted, "{:?}", report.decision);
-    assert_eq!(s.kills.kills(), vec!["default/hog"]);
-    eventually(WAIT, "hog's grace cut to 1 s", || {
-        (pod(&s.server, "hog").metadata.deletion_grace_period_seconds == Some(1)).then_some(())
-    })
-    .await;
+    hard_eviction_kills_hog_and_cuts_its_grace(&mut s).await;
 }
 
 /// Which pod goes for nodefs pressure depends on what lives on the node filesystem, and

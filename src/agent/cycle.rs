@@ -127,7 +127,7 @@ impl Agent {
         for (condition, fraction) in &config.contention_thresholds {
             tracing::info!(
                 %condition,
-                threshold_percent = fraction * 100.0,
+                threshold = fraction,
                 "publishing a PSI contention condition (KEP-5394)"
             );
         }

@@ -102,6 +102,42 @@ struct ThresholdSeries {
     count: i32,
 }
 
+/// The series under `key` once more at `now`, if its event is due: at once for a new
+/// series, then with the count raised at most once per `heartbeat`. `None` while it
+/// is not due.
+fn next_in_series(
+    series: &mut BTreeMap<String, ThresholdSeries>,
+    key: &str,
+    now: SystemTime,
+    heartbeat: Duration,
+) -> Option<ThresholdSeries> {
+    match series.get_mut(key) {
+        Some(known) if now.duration_since(known.last_emitted).unwrap_or_default() < heartbeat => {
+            None
+        }
+        Some(known) => {
+            known.count += 1;
+            known.last_emitted = now;
+            Some(*known)
+        }
+        None => {
+            let fresh = ThresholdSeries {
+                started: now,
+                last_emitted: now,
+                count: 1,
+            };
+            series.insert(key.to_string(), fresh);
+            Some(fresh)
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch, which keep event names of one moment apart.
+fn unix_millis(time: SystemTime) -> u128 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
 /// What was last published for the node.
 #[derive(Debug)]
 pub struct NodeStatusTracker {
@@ -179,38 +215,15 @@ impl NodeStatusTracker {
         report: &ContentionReport,
         now: SystemTime,
     ) -> Vec<ApiAction> {
-        let millis = now
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
         let mut actions = Vec::new();
         for event in &report.events {
             let reason = event.reason();
-            let series = match self.contention_series.get_mut(&reason) {
-                Some(series)
-                    if now.duration_since(series.last_emitted).unwrap_or_default()
-                        < self.heartbeat =>
-                {
-                    continue;
-                }
-                Some(series) => {
-                    series.count += 1;
-                    series.last_emitted = now;
-                    *series
-                }
-                None => {
-                    let series = ThresholdSeries {
-                        started: now,
-                        last_emitted: now,
-                        count: 1,
-                    };
-                    self.contention_series.insert(reason.clone(), series);
-                    series
-                }
+            let Some(series) =
+                next_in_series(&mut self.contention_series, &reason, now, self.heartbeat)
+            else {
+                continue;
             };
-            let started = series
-                .started
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis());
+            let started = unix_millis(series.started);
             let event_type = match event.kind {
                 ContentionEventKind::High => EventType::Warning,
                 ContentionEventKind::TrendingLower => EventType::Normal,
@@ -243,22 +256,27 @@ impl NodeStatusTracker {
             if previous.is_none() && !on {
                 continue;
             }
-            let reason = contention_reason(contention, on);
-            let event_type = if on {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            };
-            actions.push(self.node_event(
-                &format!("{reason}/{millis}"),
-                event_type,
-                &reason,
-                &format!("Node {} status is now: {reason}", self.node_name),
-                (1, now),
-                now,
-            ));
+            actions.push(self.transition_event(&contention_reason(contention, on), on, now));
         }
         actions
+    }
+
+    /// The event of a condition turning on (Warning) or off (Normal), named for its
+    /// reason and moment, as the kubelet's "status is now" events read.
+    fn transition_event(&self, reason: &str, on: bool, now: SystemTime) -> ApiAction {
+        let event_type = if on {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        self.node_event(
+            &format!("{reason}/{}", unix_millis(now)),
+            event_type,
+            reason,
+            &format!("Node {} status is now: {reason}", self.node_name),
+            (1, now),
+            now,
+        )
     }
 
     /// The writes owed when the shutdown manager's `shutting_down` is `on` at `now`:
@@ -277,9 +295,7 @@ impl NodeStatusTracker {
             } else {
                 SHUTDOWN_CANCELLED_EVENT_MESSAGE
             };
-            let since = now
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis());
+            let since = unix_millis(now);
             actions.push(self.node_event(
                 &format!("{SHUTDOWN_EVENT_REASON}/{on}/{since}"),
                 EventType::Normal,
@@ -443,22 +459,12 @@ impl NodeStatusTracker {
                 continue;
             }
             let words = text(condition);
-            let (event_type, reason) = if on {
-                (EventType::Warning, words.on_reason)
+            let reason = if on {
+                words.on_reason
             } else {
-                (EventType::Normal, words.off_reason)
+                words.off_reason
             };
-            let since = now
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis());
-            actions.push(self.node_event(
-                &format!("{reason}/{since}"),
-                event_type,
-                reason,
-                &format!("Node {} status is now: {reason}", self.node_name),
-                (1, now),
-                now,
-            ));
+            actions.push(self.transition_event(reason, on, now));
         }
         let heartbeat_due = self
             .last_sent
@@ -472,33 +478,8 @@ impl NodeStatusTracker {
         match starved {
             Some(resource) => {
                 let name = resource.to_string();
-                let due = match self.series.get_mut(&name) {
-                    Some(series)
-                        if now.duration_since(series.last_emitted).unwrap_or_default()
-                            < self.heartbeat =>
-                    {
-                        None
-                    }
-                    Some(series) => {
-                        series.count += 1;
-                        series.last_emitted = now;
-                        Some(*series)
-                    }
-                    None => {
-                        let series = ThresholdSeries {
-                            started: now,
-                            last_emitted: now,
-                            count: 1,
-                        };
-                        self.series.insert(name.clone(), series);
-                        Some(series)
-                    }
-                };
-                if let Some(series) = due {
-                    let started = series
-                        .started
-                        .duration_since(SystemTime::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis());
+                if let Some(series) = next_in_series(&mut self.series, &name, now, self.heartbeat) {
+                    let started = unix_millis(series.started);
                     actions.push(self.node_event(
                         &format!("EvictionThresholdMet/{name}/{started}"),
                         EventType::Warning,

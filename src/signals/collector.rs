@@ -181,15 +181,8 @@ impl SignalCollector {
             } else {
                 0
             };
-            Ok((
-                memory_observation(info.total, hugepages, usage),
-                usage,
-                hugepages,
-            ))
-        });
-        let result = result.map(|(observation, usage, hugepages)| {
             out.hugepages_subtracted = hugepages;
-            (observation, usage)
+            Ok((memory_observation(info.total, hugepages, usage), usage))
         });
         record_memory(out, Signal::MemoryAvailable, result);
     }
@@ -308,30 +301,34 @@ fn root_memory_usage(
                 && e.path.ends_with("memory.current") =>
         {
             let stat = reader.paths().memory_dir(root).join("memory.stat");
-            let charged = with_file_text(&stat, |text| {
-                let anon = flat_keyed_u64(text, "anon")?;
-                let file = flat_keyed_u64(text, "file")?;
-                let inactive_file = flat_keyed_u64(text, "inactive_file")?;
-                Ok(MemoryUsage {
-                    usage_bytes: anon.saturating_add(file),
-                    inactive_file_bytes: inactive_file,
-                })
-            });
-            if let Ok(usage) = charged {
-                return Ok((usage, false));
-            }
-            let inactive_file_bytes =
-                match with_file_text(&stat, |text| flat_keyed_u64(text, "inactive_file")) {
-                    Ok(bytes) => bytes,
-                    Err(_) => info.inactive_file.ok_or_else(|| {
-                        FileError::new(&stat, FileProblem::MissingKey("inactive_file"))
-                    })?,
-                };
-            let usage = MemoryUsage {
-                usage_bytes: info.total.saturating_sub(info.free),
-                inactive_file_bytes,
-            };
-            Ok((usage, true))
+            // One read of the file, whichever of its figures turn out to be there.
+            let (anon, file, inactive_file) = with_file_text(&stat, |text| {
+                Ok((
+                    flat_keyed_u64(text, "anon").ok(),
+                    flat_keyed_u64(text, "file").ok(),
+                    flat_keyed_u64(text, "inactive_file").ok(),
+                ))
+            })
+            .unwrap_or((None, None, None));
+            let inactive_file_bytes = inactive_file
+                .or(info.inactive_file)
+                .ok_or_else(|| FileError::new(&stat, FileProblem::MissingKey("inactive_file")))?;
+            Ok(match (anon, file, inactive_file) {
+                (Some(anon), Some(file), Some(_)) => (
+                    MemoryUsage {
+                        usage_bytes: anon.saturating_add(file),
+                        inactive_file_bytes,
+                    },
+                    false,
+                ),
+                _ => (
+                    MemoryUsage {
+                        usage_bytes: info.total.saturating_sub(info.free),
+                        inactive_file_bytes,
+                    },
+                    true,
+                ),
+            })
         }
         Err(e) => Err(e),
     }
