@@ -368,6 +368,7 @@ impl Bench {
                 config,
                 host,
                 None::<ShutdownHooks<DryRunTerminator>>,
+                std::sync::Arc::new(nodekeeper::systemd::notify::ServiceManagerLink::none()),
                 async {
                     let _ = stopped.await;
                 },

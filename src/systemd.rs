@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use zbus::proxy::CacheProperties;
 
+pub mod notify;
+
 #[zbus::proxy(
     interface = "org.freedesktop.systemd1.Manager",
     default_service = "org.freedesktop.systemd1",

@@ -4,7 +4,11 @@
 //!   like a read from a hung NFS mount or a `statvfs` on one. Meanwhile logind's
 //!   PrepareForShutdown and `/healthz` must be answered within 100 ms, and the agent must
 //!   still stop on SIGTERM;
-//! - in dry-run mode a node shutdown is planned and logged, and no workload is stopped.
+//! - in dry-run mode a node shutdown is planned and logged, and no workload is stopped;
+//! - as a systemd service (a test's NOTIFY_SOCKET, WATCHDOG_USEC and LISTEN_FDS), it says
+//!   READY once the lock is held, pings the watchdog from its decision loop only (not
+//!   while a cycle hangs on a FIFO), stores the lock in the file descriptor store, leaves
+//!   it there when it stops, and takes it back when it starts again.
 //!
 //! Needs `dbus-daemon` (and, for the dry-run test, real cgroups); fails under `CI=true`
 //! without them.
@@ -115,31 +119,10 @@ fn prepare_for_shutdown_and_healthz_are_answered_while_a_cycle_is_stuck_on_a_hun
     let dir = tempfile::tempdir().unwrap();
     let (bus, runtime, logind) = require!(DBUS, fake_logind(dir.path()));
 
-    let proc_root = dir.path().join("proc");
-    let cgroup_root = dir.path().join("cgroup");
-    std::fs::create_dir_all(proc_root.join("sys/kernel/random")).unwrap();
-    std::fs::create_dir_all(&cgroup_root).unwrap();
-    // The shutdown record names its boot, read under procRoot like every proc file.
-    std::fs::write(
-        proc_root.join("sys/kernel/random/boot_id"),
-        "hung-file-test-boot\n",
-    )
-    .unwrap();
+    let (proc_root, config) = fake_host(dir.path(), &bus);
     let meminfo = proc_root.join("meminfo");
+    std::fs::remove_file(&meminfo).unwrap();
     nix::unistd::mkfifo(&meminfo, Mode::S_IRUSR | Mode::S_IWUSR).unwrap();
-    let root = dir.path().display();
-    let config = write_config(
-        dir.path(),
-        &bus,
-        &format!(
-            "housekeepingInterval: 100ms
-procRoot: {root}/proc
-cgroupRoot: {root}/cgroup
-nodefsPath: {root}
-shutdownGracePeriod: 30s
-"
-        ),
-    );
 
     let mut agent = AgentProcess::start(&[OsStr::new("--config"), config.as_os_str()]);
     let writer = hold_fifo_writer(&meminfo, Duration::from_secs(10));
@@ -222,5 +205,215 @@ workloads:
         cgroups.child_running(pid),
         "a dry run must not stop the workload"
     );
+    stop(&mut agent);
+}
+
+/// The service manager's end of sd_notify(3): a datagram socket in a temporary
+/// directory; every message is read with the descriptors it carried.
+struct NotifySocket {
+    path: PathBuf,
+    messages: std::sync::mpsc::Receiver<(Instant, String, Vec<std::os::fd::OwnedFd>)>,
+}
+
+impl NotifySocket {
+    fn bind(dir: &Path) -> NotifySocket {
+        let path = dir.join("notify.sock");
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        let (tx, messages) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            while let Ok((text, fds)) =
+                nodekeeper::systemd::notify::receive(std::os::fd::AsFd::as_fd(&socket))
+            {
+                if tx.send((Instant::now(), text, fds)).is_err() {
+                    return;
+                }
+            }
+        });
+        NotifySocket { path, messages }
+    }
+
+    /// The next message starting with `prefix`, skipping others (kept in `skipped`).
+    fn next(
+        &self,
+        prefix: &str,
+        within: Duration,
+        skipped: &mut Vec<String>,
+    ) -> (Instant, String, Vec<std::os::fd::OwnedFd>) {
+        let give_up = Instant::now() + within;
+        loop {
+            let left = give_up.saturating_duration_since(Instant::now());
+            match self.messages.recv_timeout(left) {
+                Ok(message) if message.1.starts_with(prefix) => return message,
+                Ok((_, other, _)) => skipped.push(other),
+                Err(_) => panic!("no {prefix:?} message within {within:?}; others: {skipped:?}"),
+            }
+        }
+    }
+
+    /// Every message so far.
+    fn drain(&self) -> Vec<String> {
+        self.messages.try_iter().map(|(_, text, _)| text).collect()
+    }
+}
+
+/// A dry-run agent's configuration (written by [`write_config`]) on a host of files:
+/// `procRoot` with this machine's meminfo and a boot id, an empty `cgroupRoot`, graceful
+/// shutdown on, a cycle every 100 ms. Returns `procRoot` and the configuration's path.
+fn fake_host(dir: &Path, bus: &PrivateBus) -> (PathBuf, PathBuf) {
+    let proc_root = dir.join("proc");
+    std::fs::create_dir_all(proc_root.join("sys/kernel/random")).unwrap();
+    std::fs::create_dir_all(dir.join("cgroup")).unwrap();
+    // The shutdown record names its boot, read under procRoot like every proc file.
+    std::fs::write(
+        proc_root.join("sys/kernel/random/boot_id"),
+        "fake-host-boot\n",
+    )
+    .unwrap();
+    std::fs::copy("/proc/meminfo", proc_root.join("meminfo")).unwrap();
+    let root = dir.display();
+    let config = write_config(
+        dir,
+        bus,
+        &format!(
+            "housekeepingInterval: 100ms
+procRoot: {root}/proc
+cgroupRoot: {root}/cgroup
+nodefsPath: {root}
+shutdownGracePeriod: 30s
+"
+        ),
+    );
+    (proc_root, config)
+}
+
+#[test]
+fn as_a_systemd_service_it_says_ready_pings_from_its_decision_loop_and_keeps_its_lock_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bus, _runtime, logind) = require!(DBUS, fake_logind(dir.path()));
+    let (proc_root, config) = fake_host(dir.path(), &bus);
+    let manager = NotifySocket::bind(dir.path());
+    let service = |command: &mut std::process::Command| {
+        command
+            .env("NOTIFY_SOCKET", &manager.path)
+            // A ping every 200 ms.
+            .env("WATCHDOG_USEC", "400000");
+    };
+    let mut first = std::process::Command::new(support::agent_process::BINARY);
+    service(&mut first);
+    let mut agent = AgentProcess::start_from(first, &[OsStr::new("--config"), config.as_os_str()]);
+
+    // The lock goes to the store as soon as it is taken, and READY follows it, with a
+    // Status line a person can read.
+    let mut seen = Vec::new();
+    let (stored_at, stored, mut fds) =
+        manager.next("FDSTORE=1", Duration::from_secs(10), &mut seen);
+    let name = stored
+        .strip_prefix("FDSTORE=1\nFDNAME=")
+        .expect("a named descriptor")
+        .to_string();
+    assert!(name.starts_with("nodekeeper-delay-lock."), "{name}");
+    assert_eq!(
+        fds.len(),
+        1,
+        "the lock's descriptor travels with the message"
+    );
+    let kept_by_systemd = fds.remove(0);
+    let (ready_at, ready, _) = manager.next("READY=1", Duration::from_secs(10), &mut seen);
+    assert!(ready_at >= stored_at, "READY before the lock was held");
+    assert!(
+        ready.contains("STATUS=dry run (evicting standalone workloads only in the log)")
+            && ready.contains("logind delay lock held"),
+        "{ready}"
+    );
+
+    // The decision loop pings the watchdog every 200 ms...
+    let pings_from = Instant::now();
+    let mut pings = 0;
+    while pings_from.elapsed() < Duration::from_secs(1) {
+        if let Ok((_, text, _)) = manager.messages.recv_timeout(Duration::from_millis(100))
+            && text == "WATCHDOG=1"
+        {
+            pings += 1;
+        }
+    }
+    assert!(pings >= 3, "{pings} pings in a second");
+
+    // ... and stops when a cycle hangs in the kernel (meminfo becomes a FIFO nobody
+    // writes, as a read from a hung mount blocks), while /healthz still answers: systemd
+    // would restart this agent.
+    let meminfo = proc_root.join("meminfo");
+    let fifo = dir.path().join("meminfo.fifo");
+    nix::unistd::mkfifo(&fifo, Mode::S_IRUSR | Mode::S_IWUSR).unwrap();
+    std::fs::rename(&fifo, &meminfo).unwrap();
+    let writer = hold_fifo_writer(&meminfo, Duration::from_secs(10));
+    manager.drain();
+    std::thread::sleep(Duration::from_secs(1));
+    let (status, _) = http_get(&agent.address, "/healthz");
+    assert_eq!(status, 200, "/healthz while the cycle is stuck");
+    let while_stuck = manager.drain();
+    assert!(
+        !while_stuck.iter().any(|message| message == "WATCHDOG=1"),
+        "pinged while the decision loop was stuck: {while_stuck:?}"
+    );
+    // The read ends: the loop pings again.
+    let real = dir.path().join("meminfo.real");
+    std::fs::copy("/proc/meminfo", &real).unwrap();
+    std::fs::rename(&real, &meminfo).unwrap();
+    let mut writer = std::fs::File::from(writer);
+    writer
+        .write_all(std::fs::read("/proc/meminfo").unwrap().as_slice())
+        .unwrap();
+    drop(writer);
+    manager.next("WATCHDOG=1", Duration::from_secs(2), &mut seen);
+
+    // A stop keeps the stored copy: the lock outlives the agent.
+    stop(&mut agent);
+    let (_, stopping, _) = manager.next("STOPPING=1", Duration::from_secs(1), &mut seen);
+    seen.extend(manager.drain());
+    assert!(
+        !seen
+            .iter()
+            .any(|message| message.starts_with("FDSTOREREMOVE")),
+        "the stopping agent took its lock out of the store: {seen:?} {stopping}"
+    );
+    assert_eq!(logind.held(), 1, "the stored copy holds the lock");
+
+    // The next agent gets it back as systemd passes it (fd 3, LISTEN_FDS), holds it until
+    // it has a new lock, then lets the old one go, in the store too.
+    let mut second = std::process::Command::new("sh");
+    second
+        .args([
+            "-c",
+            "export LISTEN_PID=$$; exec \"$0\" \"$@\" 3<&0 0</dev/null",
+            support::agent_process::BINARY,
+        ])
+        .env("LISTEN_FDS", "1")
+        .env("LISTEN_FDNAMES", &name)
+        .stdin(std::process::Stdio::from(
+            kept_by_systemd.try_clone().unwrap(),
+        ));
+    service(&mut second);
+    let mut agent = AgentProcess::start_from(second, &[OsStr::new("--config"), config.as_os_str()]);
+    agent.wait_for_line(
+        "logind delay lock taken back from the service manager",
+        Duration::from_secs(10),
+    );
+    let mut seen = Vec::new();
+    let (_, new_lock, _) = manager.next("FDSTORE=1", Duration::from_secs(10), &mut seen);
+    assert_ne!(new_lock, stored, "a lock of its own, under its own name");
+    let (_, removed, _) = manager.next("FDSTOREREMOVE=1", Duration::from_secs(10), &mut seen);
+    assert_eq!(removed, format!("FDSTOREREMOVE=1\nFDNAME={name}"));
+    // systemd closes its copy on FDSTOREREMOVE; the agent already closed its own.
+    drop(kept_by_systemd);
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while logind.held() != 1 || logind.inhibit_calls() != 2 {
+        assert!(
+            Instant::now() < give_up,
+            "held {} of {} locks",
+            logind.held(),
+            logind.inhibit_calls()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     stop(&mut agent);
 }

@@ -20,12 +20,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Event, Node, Pod as ApiPod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use nodekeeper::agent::service::ServiceReporter;
 use nodekeeper::agent::start_shutdown_manager;
 use nodekeeper::config::{AgentConfig, Overrides, from_yaml_str};
 use nodekeeper::kubernetes::KubeRuntime;
 use nodekeeper::kubernetes::worker::RetryPolicy;
 use nodekeeper::metrics::Metrics;
 use nodekeeper::signals::Host;
+use nodekeeper::systemd::notify::ServiceManagerLink;
 use serde_json::Value;
 use support::apiserver::{FakeApiServer, eventually};
 use support::logind_fake::{FakeLogind, PrivateBus, fake_state, wait_until};
@@ -132,6 +134,10 @@ impl Cluster {
             &host,
             Arc::new(Metrics::new()),
             None,
+            &Arc::new(ServiceReporter::new(
+                Arc::new(ServiceManagerLink::none()),
+                "test".to_string(),
+            )),
             stop_rx,
         );
         assert!(tasks.is_some(), "graceful shutdown is configured");

@@ -288,6 +288,7 @@ impl Scene {
         let options = BootOptions {
             unified,
             netns: Some(node.path()),
+            ..BootOptions::default()
         };
         let booted = tokio::task::spawn_blocking(move || {
             support::nspawn::boot_with(&units, &files, ready_line, options)

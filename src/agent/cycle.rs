@@ -66,6 +66,10 @@ pub struct Agent {
     summary: super::summary::Summary,
     /// The KEP-5394 contention conditions, when any threshold is set.
     contention: ContentionTracker,
+    /// What systemd shows of the agent (`systemctl status`), when it runs as a service.
+    service: Option<Arc<super::service::ServiceReporter>>,
+    /// The pods this cycle evicted (in dry-run mode: would have), for the service status.
+    evicted_this_cycle: Vec<String>,
 }
 
 /// What a cycle keeps from deciding to its bookkeeping after the act.
@@ -159,6 +163,8 @@ impl Agent {
             notifiers: None,
             evicted: super::evicted::Evicted::default(),
             summary: super::summary::Summary::new(super::summary::SUMMARY_PERIOD, Duration::ZERO),
+            service: None,
+            evicted_this_cycle: Vec::new(),
             contention,
         }
         .with_standalone_evictor()
@@ -297,6 +303,11 @@ impl Agent {
         self.recorder = Some(recorder);
     }
 
+    /// Tell `service` about every cycle (for the service manager's status line).
+    pub fn set_service(&mut self, service: Arc<super::service::ServiceReporter>) {
+        self.service = Some(service);
+    }
+
     /// Log how the agent sees this host, once at startup, and export which kernel
     /// notification mechanisms it offers. The probe result is returned so the notifiers
     /// start from the same verdict without probing (and writing a PSI trigger) again.
@@ -359,8 +370,12 @@ impl Agent {
     /// nothing on this node, and deciding again at once would only evict the next one).
     pub async fn run_cycle(&mut self) -> (CycleReport, bool) {
         let (report, aftermath) = self.observe_and_decide();
+        self.evicted_this_cycle.clear();
         let evicted = self.act(&report, aftermath).await;
         self.summarize(&report);
+        if let Some(service) = &self.service {
+            service.cycle(&report, &self.evicted_this_cycle);
+        }
         (report, evicted)
     }
 
@@ -683,6 +698,7 @@ impl Agent {
                 .inc();
             self.summary.count_eviction();
             if self.config.dry_run {
+                self.evicted_this_cycle.push(order.key());
                 tracing::warn!(
                     pod = %order.key(),
                     signal = order.reason.label(),
@@ -708,6 +724,7 @@ impl Agent {
                     );
                     self.evicted
                         .remember(pod, order.grace_period_seconds, Instant::now());
+                    self.evicted_this_cycle.push(order.key());
                     evicted_any = true;
                 }
                 Err(error) => tracing::error!(pod = %order.key(), %error, "eviction failed"),

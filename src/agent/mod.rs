@@ -6,6 +6,7 @@ mod cycle;
 mod evicted;
 mod record;
 mod report;
+pub mod service;
 mod shutdown;
 mod standalone;
 mod summary;
@@ -23,6 +24,7 @@ use tokio::sync::{Notify, oneshot, watch};
 
 use crate::config::AgentConfig;
 use crate::metrics::{self, Health, Metrics};
+use crate::systemd::notify::ServiceManagerLink;
 
 /// How long a stop waits for the running cycle.
 pub const CYCLE_STOP_WAIT: Duration = Duration::from_secs(10);
@@ -58,10 +60,15 @@ pub struct RunHandles {
 /// disk walks, cgroup kills and trace writes block, and a hung filesystem or a memory-
 /// starved disk must not stall what the async runtime serves meanwhile (logind's
 /// PrepareForShutdown, `/healthz` and `/metrics`, the pod watch and the API writes).
+///
+/// Under systemd (`service` connected) the agent says when it is ready and what it is
+/// doing ([`service::ServiceReporter`]), pings the watchdog from the cycle thread, and
+/// keeps its delay lock in the service manager's file descriptor store.
 pub async fn run<T: crate::shutdown::runner::PodTerminator>(
     config: AgentConfig,
     host: crate::signals::Host,
     kube_shutdown: Option<crate::ports::ShutdownHooks<T>>,
+    service: Arc<ServiceManagerLink>,
     shutdown: impl Future<Output = ()>,
     customize: impl FnOnce(&mut Agent),
     on_start: impl FnOnce(RunHandles),
@@ -112,7 +119,12 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
         metrics_bound: bound_rx,
     });
 
+    let reporter = Arc::new(service::ServiceReporter::new(
+        service.clone(),
+        service::mode_text(kube_shutdown.is_some(), config.dry_run),
+    ));
     let mut agent = Agent::on_host(config, host, metrics.clone());
+    agent.set_service(reporter.clone());
     customize(&mut agent);
     let reporting = report::start(&mut agent, stop_tx.subscribe());
     let shutdown_manager = shutdown::start(
@@ -121,6 +133,7 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
         agent.host(),
         metrics.clone(),
         reporting.as_ref().map(|reporting| reporting.board.clone()),
+        &reporter,
         stop_tx.subscribe(),
     );
     let support = agent.announce();
@@ -128,9 +141,25 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
     // Taken before the agent moves to its thread: it keeps the API senders alive after
     // the agent is gone, until the queue is flushed.
     let pending_writes = agent.pending_writes();
-    let cycles = start_cycle_thread(agent, interval, wake, health, stop_tx.subscribe())?;
+    let cycles = start_cycle_thread(
+        agent,
+        interval,
+        wake,
+        health,
+        service.clone(),
+        stop_tx.subscribe(),
+    )?;
+    let ready_anyway = {
+        let reporter = reporter.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(service::READY_AT_THE_LATEST).await;
+            reporter.ready_anyway();
+        })
+    };
     shutdown.await;
     tracing::info!("agent stopping");
+    ready_anyway.abort();
+    reporter.stopping();
     let _ = stop_tx.send(true);
     // The running cycle completes, so no decision is half-applied; a cycle stuck in the
     // kernel (a hung filesystem) cannot hold the stop up forever.
@@ -175,11 +204,16 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
 /// `wake` fires, until `stop` turns true. It drives its futures through the runtime's
 /// handle, so timers, spawned escalations and channels work as before, while everything
 /// it blocks on blocks this thread only. Resolves when the thread has finished.
+///
+/// The service manager's watchdog is pinged from this thread, between cycles and while a
+/// cycle awaits (a reclaim command, the cleanup after a kill), but not while it is stuck
+/// in a blocking call: a cycle hung in the kernel gets the agent restarted.
 fn start_cycle_thread(
     mut agent: Agent,
     interval: Duration,
     wake: Arc<Notify>,
     health: Arc<Health>,
+    service: Arc<ServiceManagerLink>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<oneshot::Receiver<()>, AgentError> {
     let runtime = tokio::runtime::Handle::current();
@@ -190,14 +224,31 @@ fn start_cycle_thread(
             runtime.block_on(async move {
                 let mut ticker = tokio::time::interval(interval);
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut watchdog = service.watchdog_interval().map(|period| {
+                    let mut pings = tokio::time::interval(period);
+                    pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    pings
+                });
                 loop {
                     tokio::select! {
                         biased;
                         _ = stop.wait_for(|stop| *stop) => break,
+                        () = next_ping(&mut watchdog) => {
+                            service.ping_watchdog();
+                            continue;
+                        }
                         _ = ticker.tick() => {}
                         () = wake.notified() => {}
                     }
-                    let (_, evicted) = agent.run_cycle().await;
+                    let cycle = agent.run_cycle();
+                    tokio::pin!(cycle);
+                    let (_, evicted) = loop {
+                        tokio::select! {
+                            biased;
+                            done = &mut cycle => break done,
+                            () = next_ping(&mut watchdog) => service.ping_watchdog(),
+                        }
+                    };
                     health.tick();
                     if evicted {
                         // Like the kubelet after its cleanup wait: look again at once.
@@ -209,4 +260,14 @@ fn start_cycle_thread(
         })
         .map_err(AgentError::CycleThread)?;
     Ok(done_rx)
+}
+
+/// The next watchdog ping is due; never, without a watchdog.
+async fn next_ping(watchdog: &mut Option<tokio::time::Interval>) {
+    match watchdog {
+        Some(pings) => {
+            pings.tick().await;
+        }
+        None => std::future::pending().await,
+    }
 }

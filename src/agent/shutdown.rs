@@ -8,13 +8,16 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::service::ServiceReporter;
 use super::standalone::workload_pods;
 use crate::config::AgentConfig;
 use crate::metrics::{Metrics, PhaseLabels};
 use crate::ports::{ShutdownHooks, ShutdownObserver};
 use crate::shutdown::cgroup_kill::CgroupTerminator;
 use crate::shutdown::logind::BusAddress;
-use crate::shutdown::manager::{ManagerOptions, ManagerStatus, PodLister, run_shutdown_manager};
+use crate::shutdown::manager::{
+    ManagerOptions, ManagerStatus, PodLister, STORED_LOCK_PREFIX, run_shutdown_manager,
+};
 use crate::shutdown::plan::phases_from_config;
 use crate::shutdown::runner::{DryRunTerminator, PodTerminator, SystemClock};
 use crate::shutdown::state::metrics_from_state;
@@ -30,23 +33,33 @@ pub fn start<T: PodTerminator>(
     host: &Host,
     metrics: Arc<Metrics>,
     board: Option<Arc<crate::report::ReportBoard>>,
+    service: &Arc<ServiceReporter>,
     stop: watch::Receiver<bool>,
 ) -> Option<(JoinHandle<()>, JoinHandle<()>)> {
     let phases = phases_from_config(&config.shutdown);
+    // A delay lock an earlier run kept in the service manager must not delay the node's
+    // shutdown once no manager holds it.
+    let off = |why: &dyn std::fmt::Display| {
+        tracing::info!("{why}");
+        service.link().discard_passed(STORED_LOCK_PREFIX);
+    };
     if phases.is_empty() {
-        tracing::info!(
-            "graceful node shutdown disabled (shutdownGracePeriod is 0 and no shutdownGracePeriodByPodPriority)"
+        off(
+            &"graceful node shutdown disabled (shutdownGracePeriod is 0 and no shutdownGracePeriodByPodPriority)",
         );
         return None;
     }
     let boot_id = match host.boot_id() {
         Ok(id) => id.to_string(),
         Err(error) => {
-            tracing::error!(%error, "cannot read this boot's id; graceful node shutdown disabled");
+            tracing::error!(%error, "cannot read this boot's id");
+            off(&"graceful node shutdown disabled");
             return None;
         }
     };
+    service.expect_lock();
     let mut options = ManagerOptions::new(phases, boot_id.clone());
+    options.service = service.link().clone();
     options.state_path = config.shutdown_state_file.clone();
     options.logind_dropin_path = config.logind_drop_in_path.clone();
     if let Some(address) = &config.dbus_address {
@@ -107,6 +120,7 @@ pub fn start<T: PodTerminator>(
     let publisher = tokio::spawn(publish_status(
         status_rx,
         metrics,
+        service.clone(),
         node_status,
         board.map(|board| ReportTo {
             board,
@@ -171,6 +185,7 @@ struct ReportTo {
 async fn publish_status(
     mut status: watch::Receiver<ManagerStatus>,
     metrics: Arc<Metrics>,
+    service: Arc<ServiceReporter>,
     mut node_status: Option<Box<dyn ShutdownObserver>>,
     report: Option<ReportTo>,
 ) {
@@ -188,6 +203,7 @@ async fn publish_status(
             if let Some(node_status) = node_status.as_mut() {
                 node_status.observe(&current);
             }
+            service.shutdown(&current);
             metrics
                 .shutdown_in_progress
                 .set(i64::from(current.shutting_down));

@@ -67,6 +67,10 @@ pub fn init_logging(format: LogFormat) {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
+    // First, while the process is one thread: what systemd passed (the notification
+    // socket, the watchdog, a delay lock kept from the agent's previous run).
+    let service =
+        std::sync::Arc::new(nodekeeper::systemd::notify::ServiceManagerLink::from_environment());
     let overrides = Overrides {
         node_name: args.node_name.clone(),
         dry_run: args.dry_run.then_some(true),
@@ -157,6 +161,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             loaded.config,
             host,
             kube_shutdown,
+            service,
             shutdown,
             customize,
             |handles| {

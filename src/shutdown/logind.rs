@@ -1,7 +1,7 @@
 //! logind and systemd over D-Bus: the delay inhibitor, the PrepareForShutdown signal, the
 //! InhibitDelayMaxUSec limit, and reloading logind after writing a drop-in.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -69,10 +69,25 @@ pub enum LogindError {
     },
 }
 
-/// A held delay inhibitor. Dropping it closes the fd, which releases the lock.
+/// A held delay inhibitor. Dropping it closes the fd, which releases the lock unless
+/// another copy of the fd is open (the service manager's file descriptor store keeps one
+/// across the agent's restarts).
 #[derive(Debug)]
 pub struct InhibitLock {
-    _fd: OwnedFd,
+    fd: OwnedFd,
+}
+
+impl InhibitLock {
+    /// A lock taken by an earlier run of the agent, handed back by the service manager.
+    pub fn from_fd(fd: OwnedFd) -> InhibitLock {
+        InhibitLock { fd }
+    }
+}
+
+impl AsFd for InhibitLock {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
 }
 
 /// One connection to the bus with the two proxies nodekeeper needs.
@@ -139,7 +154,7 @@ impl Logind {
                 what: "Inhibit",
                 error: Box::new(error),
             })?;
-        Ok(InhibitLock { _fd: fd.into() })
+        Ok(InhibitLock { fd: fd.into() })
     }
 
     /// `PrepareForShutdown` arguments; the stream ends when the connection is lost.

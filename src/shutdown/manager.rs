@@ -2,6 +2,7 @@
 //! the phases, releases the lock, and survives bus restarts, cancellations and its own
 //! restart in the middle of a shutdown.
 
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,8 +20,14 @@ use super::plan::{PhaseSpec, plan, total_budget_seconds};
 use super::runner::{PodTerminator, RunOutcome, WallClock, run_phases};
 use super::state::{ShutdownOutcome, ShutdownState, StateStore};
 use crate::pods::Pod;
+use crate::systemd::notify::ServiceManagerLink;
 
 pub const DEFAULT_STATE_PATH: &str = "/var/lib/nodekeeper/graceful_shutdown_state.json";
+
+/// The names the delay lock is stored under in the service manager's file descriptor
+/// store begin with this (then `.<pid>.<count>`: each lock its own name, so that letting go
+/// of the old one after taking a new one never removes the new one).
+pub const STORED_LOCK_PREFIX: &str = "nodekeeper-delay-lock";
 
 /// Settings the shutdown manager needs beyond the phases. The YAML fields that feed these
 /// belong to the agent configuration (owned by the config module).
@@ -36,6 +43,9 @@ pub struct ManagerOptions {
     pub reload_backoff: Backoff,
     /// This boot's `/proc/sys/kernel/random/boot_id`: only this boot's record is resumed.
     pub boot_id: String,
+    /// The service manager that keeps the lock while the agent restarts (inert outside
+    /// systemd).
+    pub service: Arc<ServiceManagerLink>,
 }
 
 impl ManagerOptions {
@@ -48,6 +58,7 @@ impl ManagerOptions {
             reconnect_period: Duration::from_secs(1),
             reload_backoff: Backoff::default(),
             boot_id,
+            service: Arc::new(ServiceManagerLink::none()),
         }
     }
 }
@@ -62,6 +73,9 @@ pub struct ManagerStatus {
     /// `Err` carries the message for the metric and node condition when logind's limit
     /// stays below the budget.
     pub inhibit_delay: Option<Result<InhibitDelayReport, String>>,
+    /// Why the lock is not held, once an attempt to take it failed (logind unreachable,
+    /// the call refused); `None` while it is held or not yet tried.
+    pub lock_problem: Option<String>,
     pub last_shutdown: Option<ShutdownState>,
     /// This process finished the shutdown's phases and released the lock for the power
     /// off. A restarted agent that finds a finished record (the power off failed, or a
@@ -84,11 +98,20 @@ struct Manager<T: PodTerminator> {
     pods: PodLister,
     clock: Arc<dyn WallClock>,
     status: watch::Sender<ManagerStatus>,
-    lock: Option<InhibitLock>,
+    lock: Option<HeldLock>,
+    /// Locks taken so far by this process, for unique store names.
+    locks_taken: u64,
+    lock_problem: Option<String>,
     run: Option<ActiveRun>,
     /// All phases done and the lock released: logind is powering off.
     released_for_power_off: bool,
     last: Option<ShutdownState>,
+}
+
+/// A lock and the name its copy is kept under in the service manager, if it is.
+struct HeldLock {
+    lock: InhibitLock,
+    stored_as: Option<String>,
 }
 
 /// Run until `stop` turns true. Returns at once when no phases are configured (graceful
@@ -103,6 +126,8 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
 ) {
     if options.phases.is_empty() {
         tracing::info!("no graceful shutdown configured; node shutdown will be immediate");
+        // A lock an earlier run kept must not delay the shutdown now.
+        options.service.discard_passed(STORED_LOCK_PREFIX);
         return;
     }
     let store = StateStore::new(&options.state_path);
@@ -121,10 +146,13 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
         clock,
         status,
         lock: None,
+        locks_taken: 0,
+        lock_problem: None,
         run: None,
         released_for_power_off: false,
         last,
     };
+    manager.take_back_stored_lock();
     manager.settle_previous_boot().await;
     if manager
         .last
@@ -152,10 +180,12 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
                 }
                 if let Err(error) = manager.serve(&logind, &mut stop).await {
                     tracing::warn!(%error, "logind session ended");
+                    manager.lock_problem = Some(error.to_string());
                 }
             }
             Err(error) => {
                 let text = error.to_string();
+                manager.lock_problem = Some(text.clone());
                 if unreachable_since.as_deref() != Some(text.as_str()) {
                     tracing::warn!(error = %text, "logind unreachable; retrying every {:?}", manager.options.reconnect_period);
                 }
@@ -222,9 +252,15 @@ impl<T: PodTerminator> Manager<T> {
         let lock_held = self.lock.is_some();
         let last = self.last.clone();
         let released = self.released_for_power_off;
+        let lock_problem = if lock_held {
+            None
+        } else {
+            self.lock_problem.clone()
+        };
         self.status.send_modify(|status| {
             status.bus_connected = bus_connected;
             status.lock_held = lock_held;
+            status.lock_problem = lock_problem;
             status.shutting_down = shutting_down;
             status.last_shutdown = last;
             status.released_for_power_off = released;
@@ -305,9 +341,77 @@ impl<T: PodTerminator> Manager<T> {
     /// Take a new lock, then let go of the old one, so there is never a gap.
     async fn retake_lock(&mut self, logind: &Logind) -> Result<(), LogindError> {
         let lock = logind.take_delay_lock(INHIBITOR_WHY).await?;
-        self.lock = Some(lock);
+        self.hold(lock);
         tracing::info!("logind delay lock held");
         Ok(())
+    }
+
+    /// Hold `lock` (a copy kept in the service manager, so that it outlives a restart of
+    /// the agent), then let go of the lock held before, in the store too.
+    fn hold(&mut self, lock: InhibitLock) {
+        self.locks_taken += 1;
+        let name = format!(
+            "{STORED_LOCK_PREFIX}.{}.{}",
+            std::process::id(),
+            self.locks_taken
+        );
+        let stored_as = match self.options.service.store_fd(&name, lock.as_fd()) {
+            Ok(true) => Some(name),
+            Ok(false) => None,
+            Err(error) => {
+                tracing::warn!(%error, "the delay lock will not outlive a restart of the agent");
+                None
+            }
+        };
+        let previous = self.lock.replace(HeldLock { lock, stored_as });
+        self.lock_problem = None;
+        if let Some(previous) = previous {
+            self.let_go(previous);
+        }
+    }
+
+    /// Release the lock for good: this process's copy and the service manager's.
+    fn release_lock(&mut self) {
+        if let Some(held) = self.lock.take() {
+            self.let_go(held);
+        }
+    }
+
+    fn let_go(&self, held: HeldLock) {
+        if let Some(name) = &held.stored_as
+            && let Err(error) = self.options.service.remove_stored(name)
+        {
+            tracing::error!(%error, "the service manager still holds a copy of the delay lock");
+        }
+        drop(held.lock);
+    }
+
+    /// A lock an earlier run of the agent kept in the service manager's store: hold it
+    /// until a new one is taken, so a restart leaves no moment without one. Extra copies
+    /// (a run that died between storing a new lock and removing its old one) are let go.
+    fn take_back_stored_lock(&mut self) {
+        let mut stored = self
+            .options
+            .service
+            .claim_passed(STORED_LOCK_PREFIX)
+            .into_iter();
+        let Some(first) = stored.next() else {
+            return;
+        };
+        tracing::info!(
+            stored_as = %first.name,
+            "logind delay lock taken back from the service manager, held across the agent's restart"
+        );
+        self.lock = Some(HeldLock {
+            lock: InhibitLock::from_fd(first.fd),
+            stored_as: Some(first.name),
+        });
+        for extra in stored {
+            self.let_go(HeldLock {
+                lock: InhibitLock::from_fd(extra.fd),
+                stored_as: Some(extra.name),
+            });
+        }
     }
 
     async fn start_shutdown(&mut self) {
@@ -362,7 +466,7 @@ impl<T: PodTerminator> Manager<T> {
                     .flatten()
                     .or_else(|| self.last.clone())
                 else {
-                    self.lock = None;
+                    self.release_lock();
                     self.released_for_power_off = true;
                     return;
                 };
@@ -375,7 +479,7 @@ impl<T: PodTerminator> Manager<T> {
             if let Err(error) = self.store.save_in_background(&state).await {
                 tracing::error!(%error, "final shutdown state not persisted");
             }
-            self.lock = None;
+            self.release_lock();
             self.released_for_power_off = true;
             tracing::info!(
                 "all shutdown phases finished; delay lock released, node will shut down shortly"

@@ -3,7 +3,8 @@
 //! network namespace, so what runs inside reaches the test's servers on loopback, unless
 //! the test boots it in a namespace of its own ([`BootOptions::netns`]). `/shared` inside
 //! is a directory of the test; the `nodekeeper` binary under test is bound at
-//! `/usr/local/bin/nodekeeper`.
+//! `/usr/local/bin/nodekeeper` and at `/usr/bin/nodekeeper`, where the shipped units
+//! expect it.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -58,6 +59,19 @@ impl Container {
             std::thread::sleep(Duration::from_millis(20));
         }
         false
+    }
+
+    /// Runs `systemctl poweroff` inside and waits (up to 60 s, else the test fails) until
+    /// the container is gone. Returns how long that took from the command.
+    pub fn power_off(&mut self) -> Duration {
+        let asked = Instant::now();
+        let poweroff = self.exec("systemctl poweroff");
+        assert!(poweroff.status.success(), "{poweroff:?}");
+        assert!(
+            self.exited_within(Duration::from_secs(60)),
+            "the container did not power off"
+        );
+        asked.elapsed()
     }
 
     /// Kills the container at once, as a power loss stops a machine, and returns whether
@@ -131,6 +145,8 @@ pub struct BootOptions {
     pub unified: bool,
     /// The network namespace it runs in (`/run/netns/<name>`), instead of the test's.
     pub netns: Option<PathBuf>,
+    /// Files written into the tree before it boots: (absolute path inside, contents).
+    pub tree_files: Vec<(String, Vec<u8>)>,
 }
 
 /// [`boot`], with the container's cgroups a writable cgroup v2 tree (a unified
@@ -174,6 +190,12 @@ pub fn boot_with(
     for (name, contents) in files {
         std::fs::write(shared.join(name), contents).expect("a shared file");
     }
+    for (inside, contents) in &options.tree_files {
+        let path = root.join(inside.trim_start_matches('/'));
+        std::fs::create_dir_all(path.parent().expect("a file in a directory"))
+            .expect("the file's directory");
+        std::fs::write(&path, contents).expect("a file in the tree");
+    }
     let unit_dir = root.join("etc/systemd/system");
     let wants = unit_dir.join("multi-user.target.wants");
     std::fs::create_dir_all(&wants).expect("the unit directory");
@@ -202,6 +224,7 @@ pub fn boot_with(
         .arg(&root)
         .arg(format!("--bind={}:/shared", shared.display()))
         .arg(format!("--bind-ro={binary}:/usr/local/bin/nodekeeper"))
+        .arg(format!("--bind-ro={binary}:/usr/bin/nodekeeper"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
