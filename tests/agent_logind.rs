@@ -8,7 +8,8 @@
 //! - as a systemd service (a test's NOTIFY_SOCKET, WATCHDOG_USEC and LISTEN_FDS), it says
 //!   READY once the lock is held, pings the watchdog from its decision loop only (not
 //!   while a cycle hangs on a FIFO), stores the lock in the file descriptor store, leaves
-//!   it there when it stops, and takes it back when it starts again.
+//!   it there when it stops, takes it back when it starts again, and lets a stored lock
+//!   go at once when graceful shutdown is off or it cannot start.
 //!
 //! Needs `dbus-daemon` (and, for the dry-run test, real cgroups); fails under `CI=true`
 //! without them.
@@ -346,6 +347,8 @@ fn as_a_systemd_service_it_says_ready_pings_from_its_decision_loop_and_keeps_its
     nix::unistd::mkfifo(&fifo, Mode::S_IRUSR | Mode::S_IWUSR).unwrap();
     std::fs::rename(&fifo, &meminfo).unwrap();
     let writer = hold_fifo_writer(&meminfo, Duration::from_secs(10));
+    // Pings sent before the cycle blocked may still be on their way to the channel.
+    std::thread::sleep(Duration::from_millis(300));
     manager.drain();
     std::thread::sleep(Duration::from_secs(1));
     let (status, _) = http_get(&agent.address, "/healthz");
@@ -376,31 +379,39 @@ fn as_a_systemd_service_it_says_ready_pings_from_its_decision_loop_and_keeps_its
             .any(|message| message.starts_with("FDSTOREREMOVE")),
         "the stopping agent took its lock out of the store: {seen:?} {stopping}"
     );
-    assert_eq!(logind.held(), 1, "the stored copy holds the lock");
 
     // The next agent gets it back as systemd passes it (fd 3, LISTEN_FDS), holds it until
     // it has a new lock, then lets the old one go, in the store too.
-    let mut second = std::process::Command::new("sh");
-    second
-        .args([
-            "-c",
-            "export LISTEN_PID=$$; exec \"$0\" \"$@\" 3<&0 0</dev/null",
-            support::agent_process::BINARY,
-        ])
-        .env("LISTEN_FDS", "1")
-        .env("LISTEN_FDNAMES", &name)
-        .stdin(std::process::Stdio::from(
-            kept_by_systemd.try_clone().unwrap(),
-        ));
-    service(&mut second);
-    let mut agent = AgentProcess::start_from(second, &[OsStr::new("--config"), config.as_os_str()]);
+    let passing = |name: &str, lock: &std::os::fd::OwnedFd| {
+        let mut command = std::process::Command::new("sh");
+        command
+            .args([
+                "-c",
+                "export LISTEN_PID=$$; exec \"$0\" \"$@\" 3<&0 0</dev/null",
+                support::agent_process::BINARY,
+            ])
+            .env("LISTEN_FDS", "1")
+            .env("LISTEN_FDNAMES", name)
+            .stdin(std::process::Stdio::from(lock.try_clone().unwrap()));
+        service(&mut command);
+        command
+    };
+    let mut agent = AgentProcess::start_from(
+        passing(&name, &kept_by_systemd),
+        &[OsStr::new("--config"), config.as_os_str()],
+    );
     agent.wait_for_line(
         "logind delay lock taken back from the service manager",
         Duration::from_secs(10),
     );
     let mut seen = Vec::new();
-    let (_, new_lock, _) = manager.next("FDSTORE=1", Duration::from_secs(10), &mut seen);
+    let (_, new_lock, mut fds) = manager.next("FDSTORE=1", Duration::from_secs(10), &mut seen);
     assert_ne!(new_lock, stored, "a lock of its own, under its own name");
+    let new_name = new_lock
+        .strip_prefix("FDSTORE=1\nFDNAME=")
+        .expect("a named descriptor")
+        .to_string();
+    let new_kept_by_systemd = fds.remove(0);
     let (_, removed, _) = manager.next("FDSTOREREMOVE=1", Duration::from_secs(10), &mut seen);
     assert_eq!(removed, format!("FDSTOREREMOVE=1\nFDNAME={name}"));
     // systemd closes its copy on FDSTOREREMOVE; the agent already closed its own.
@@ -416,4 +427,60 @@ fn as_a_systemd_service_it_says_ready_pings_from_its_decision_loop_and_keeps_its
         std::thread::sleep(Duration::from_millis(10));
     }
     stop(&mut agent);
+
+    // An agent whose configuration no longer asks for graceful shutdown lets a stored
+    // lock go at once: nothing would release it before logind's limit otherwise.
+    let config = write_config(
+        dir.path(),
+        &bus,
+        &format!(
+            "procRoot: {root}/proc\ncgroupRoot: {root}/cgroup\nnodefsPath: {root}\n",
+            root = dir.path().display()
+        ),
+    );
+    let mut agent = AgentProcess::start_from(
+        passing(&new_name, &new_kept_by_systemd),
+        &[OsStr::new("--config"), config.as_os_str()],
+    );
+    let mut seen = Vec::new();
+    let (_, removed, _) = manager.next("FDSTOREREMOVE=1", Duration::from_secs(10), &mut seen);
+    assert_eq!(removed, format!("FDSTOREREMOVE=1\nFDNAME={new_name}"));
+    drop(new_kept_by_systemd);
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while logind.held() != 0 {
+        assert!(Instant::now() < give_up, "the stored lock is still held");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop(&mut agent);
+}
+
+#[test]
+fn an_agent_that_cannot_start_lets_a_stored_lock_go() {
+    // Restarted again and again by systemd, it could never drain: the lock its previous
+    // run kept must not hold the node's shutdown up until logind's limit.
+    let dir = tempfile::tempdir().unwrap();
+    let manager = NotifySocket::bind(dir.path());
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(&config, "evictionHard: {memory.available: plenty}\n").unwrap();
+    let (_logind_end, lock) = nix::unistd::pipe().unwrap();
+    let name = "nodekeeper-delay-lock.4242.1";
+    let output = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "export LISTEN_PID=$$; exec \"$0\" \"$@\" 3<&0 0</dev/null",
+            support::agent_process::BINARY,
+            "agent",
+            "--config",
+        ])
+        .arg(&config)
+        .env("NOTIFY_SOCKET", &manager.path)
+        .env("LISTEN_FDS", "1")
+        .env("LISTEN_FDNAMES", name)
+        .stdin(std::process::Stdio::from(lock))
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "{output:?}");
+    let mut seen = Vec::new();
+    let (_, removed, _) = manager.next("FDSTOREREMOVE=1", Duration::from_secs(5), &mut seen);
+    assert_eq!(removed, format!("FDSTOREREMOVE=1\nFDNAME={name}"));
 }

@@ -356,3 +356,30 @@ fn strict_turns_warnings_into_a_refusal() {
         String::from_utf8_lossy(&clean.stderr)
     );
 }
+
+#[test]
+fn a_configuration_read_from_a_pipe_is_checked_as_written() {
+    // `check-config -c <(...)` and `-c /dev/stdin` give a pipe, which can be read once.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["check-config", "-c", "/dev/stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("nodekeeper check-config");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(
+                b"apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n\
+                  evictionHard: {memory.available: 1Gi}\nshutdownGracePeriod: 8s\n",
+            )
+            .expect("the configuration");
+    }
+    let output = child.wait_with_output().expect("check-config's output");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(stdout.contains("memory.available: 1Gi"), "{stdout}");
+    assert!(stdout.contains("shutdownGracePeriod: 8s"), "{stdout}");
+}

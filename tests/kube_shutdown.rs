@@ -136,7 +136,8 @@ impl Cluster {
             None,
             &Arc::new(ServiceReporter::new(
                 Arc::new(ServiceManagerLink::none()),
-                "test".to_string(),
+                true,
+                false,
             )),
             stop_rx,
         );

@@ -374,7 +374,7 @@ impl Agent {
         let evicted = self.act(&report, aftermath).await;
         self.summarize(&report);
         if let Some(service) = &self.service {
-            service.cycle(&report, &self.evicted_this_cycle);
+            service.cycle(&report.decision, &self.evicted_this_cycle);
         }
         (report, evicted)
     }

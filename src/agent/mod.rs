@@ -121,7 +121,8 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
 
     let reporter = Arc::new(service::ServiceReporter::new(
         service.clone(),
-        service::mode_text(kube_shutdown.is_some(), config.dry_run),
+        kube_shutdown.is_some(),
+        config.dry_run,
     ));
     let mut agent = Agent::on_host(config, host, metrics.clone());
     agent.set_service(reporter.clone());

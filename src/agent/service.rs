@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::ports::CycleReport;
+use crate::eviction::Decision;
 use crate::shutdown::manager::ManagerStatus;
 use crate::systemd::notify::ServiceManagerLink;
 
@@ -31,6 +31,9 @@ pub struct StatusParts {
     pub shutdown: Option<String>,
     /// Graceful shutdown is on and the first attempt at the lock has not ended yet.
     pub awaiting_lock: bool,
+    /// Nothing is evicted: the same pod would be chosen again each cycle, so evictions
+    /// are not counted, only the latest named.
+    pub dry_run: bool,
     pub evictions: u64,
     pub last_eviction: Option<String>,
 }
@@ -48,13 +51,13 @@ impl StatusParts {
             Some(pressure) => parts.push(pressure.clone()),
             None => parts.push("reading the node's signals".to_string()),
         }
-        if self.evictions > 0 {
-            let last = self
-                .last_eviction
-                .as_deref()
-                .map(|pod| format!(", last {pod}"))
-                .unwrap_or_default();
-            parts.push(format!("{} evicted since start{last}", self.evictions));
+        match (&self.last_eviction, self.dry_run) {
+            (Some(pod), true) => parts.push(format!("would evict {pod}")),
+            (Some(pod), false) => parts.push(format!(
+                "{} evicted since start, last {pod}",
+                self.evictions
+            )),
+            (None, _) => {}
         }
         if let Some(shutdown) = &self.shutdown {
             parts.push(shutdown.clone());
@@ -78,9 +81,8 @@ pub fn mode_text(through_api: bool, dry_run: bool) -> String {
 }
 
 /// The thresholds met after their grace periods, in words.
-pub fn pressure_text(report: &CycleReport) -> String {
-    let met: Vec<String> = report
-        .decision
+pub fn pressure_text(decision: &Decision) -> String {
+    let met: Vec<String> = decision
         .thresholds_met
         .iter()
         .map(|threshold| threshold.signal.to_string())
@@ -129,12 +131,13 @@ struct ReporterState {
 }
 
 impl ServiceReporter {
-    pub fn new(link: Arc<ServiceManagerLink>, mode: String) -> ServiceReporter {
+    pub fn new(link: Arc<ServiceManagerLink>, through_api: bool, dry_run: bool) -> ServiceReporter {
         ServiceReporter {
             link,
             state: Mutex::new(ReporterState {
                 parts: StatusParts {
-                    mode,
+                    mode: mode_text(through_api, dry_run),
+                    dry_run,
                     ..StatusParts::default()
                 },
                 ..ReporterState::default()
@@ -155,11 +158,13 @@ impl ServiceReporter {
     }
 
     /// A decision cycle ended; `evicted` lists the pods it evicted (or would have).
-    pub fn cycle(&self, report: &CycleReport, evicted: &[String]) {
-        let pressure = pressure_text(report);
+    pub fn cycle(&self, decision: &Decision, evicted: &[String]) {
+        let pressure = pressure_text(decision);
         self.update(|parts| {
             parts.pressure = Some(pressure);
-            parts.evictions += evicted.len() as u64;
+            if !parts.dry_run {
+                parts.evictions += evicted.len() as u64;
+            }
             if let Some(last) = evicted.last() {
                 parts.last_eviction = Some(last.clone());
             }
@@ -179,7 +184,7 @@ impl ServiceReporter {
     /// Say ready now, with whatever is still missing on the Status line.
     pub fn ready_anyway(&self) {
         let mut state = self.lock();
-        if !state.ready_sent {
+        if !state.ready_sent && self.link.is_connected() {
             tracing::warn!(
                 status = %state.parts.line(),
                 "telling systemd the agent is ready before everything it waits for is there"
@@ -283,6 +288,112 @@ mod tests {
         assert_eq!(
             mode_text(true, true),
             "dry run (evicting through the Kubernetes API only in the log)"
+        );
+    }
+
+    /// A service manager's socket and a reporter talking to it.
+    fn reporter(
+        dry_run: bool,
+    ) -> (
+        tempfile::TempDir,
+        std::os::unix::net::UnixDatagram,
+        ServiceReporter,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let link = ServiceManagerLink::to(crate::systemd::notify::NotifyTarget::Path(path), None);
+        (
+            dir,
+            socket,
+            ServiceReporter::new(Arc::new(link), false, dry_run),
+        )
+    }
+
+    /// The messages sent so far.
+    fn sent(socket: &std::os::unix::net::UnixDatagram) -> Vec<String> {
+        let mut messages = Vec::new();
+        let mut buffer = [0u8; 1024];
+        while let Ok(length) = socket.recv(&mut buffer) {
+            messages.push(String::from_utf8_lossy(&buffer[..length]).into_owned());
+        }
+        messages
+    }
+
+    fn memory_pressure() -> Decision {
+        let threshold = crate::config::Threshold {
+            signal: crate::signal_names::Signal::MemoryAvailable,
+            value: crate::config::ThresholdValue::Percentage(0.1),
+            grace_period: crate::config::GoDuration::from_secs(0),
+            min_reclaim: None,
+        };
+        Decision {
+            thresholds_met: vec![threshold],
+            ..Decision::default()
+        }
+    }
+
+    #[test]
+    fn ready_is_said_once_when_complete_then_the_status_only_when_it_changes() {
+        let (_dir, socket, reporter) = reporter(false);
+        reporter.expect_lock();
+        reporter.cycle(&Decision::default(), &[]);
+        assert!(
+            sent(&socket).is_empty(),
+            "not ready while the lock's first attempt runs"
+        );
+        reporter.shutdown(&ManagerStatus {
+            lock_held: true,
+            ..ManagerStatus::default()
+        });
+        assert_eq!(
+            sent(&socket),
+            vec![
+                "READY=1\nSTATUS=evicting standalone workloads; no eviction threshold met; logind delay lock held"
+            ]
+        );
+        reporter.cycle(&Decision::default(), &[]);
+        assert!(
+            sent(&socket).is_empty(),
+            "an unchanged status is not sent again"
+        );
+        reporter.cycle(&memory_pressure(), &["default/web".to_string()]);
+        assert_eq!(
+            sent(&socket),
+            vec![
+                "STATUS=evicting standalone workloads; threshold met: memory.available; 1 evicted since start, last default/web; logind delay lock held"
+            ]
+        );
+        reporter.ready_anyway();
+        assert!(sent(&socket).is_empty(), "ready only once");
+    }
+
+    #[test]
+    fn ready_anyway_says_ready_with_what_is_missing() {
+        let (_dir, socket, reporter) = reporter(false);
+        reporter.expect_lock();
+        reporter.cycle(&Decision::default(), &[]);
+        reporter.ready_anyway();
+        assert_eq!(
+            sent(&socket),
+            vec![
+                "READY=1\nSTATUS=evicting standalone workloads; no eviction threshold met; taking the logind delay lock"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_dry_run_names_the_pod_it_would_evict_without_counting_each_cycle() {
+        let (_dir, socket, reporter) = reporter(true);
+        for _ in 0..3 {
+            reporter.cycle(&memory_pressure(), &["default/web".to_string()]);
+        }
+        assert_eq!(
+            sent(&socket),
+            vec![
+                "READY=1\nSTATUS=dry run (evicting standalone workloads only in the log); threshold met: memory.available; would evict default/web"
+            ]
         );
     }
 

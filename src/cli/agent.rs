@@ -1,9 +1,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use nodekeeper::agent::Recorder;
 use nodekeeper::config::{self, Overrides};
+use nodekeeper::shutdown::manager::STORED_LOCK_PREFIX;
+use nodekeeper::systemd::notify::ServiceManagerLink;
 
 use super::EvictionFlags;
 
@@ -69,8 +72,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
     // First, while the process is one thread: what systemd passed (the notification
     // socket, the watchdog, a delay lock kept from the agent's previous run).
-    let service =
-        std::sync::Arc::new(nodekeeper::systemd::notify::ServiceManagerLink::from_environment());
+    let service = Arc::new(ServiceManagerLink::from_environment());
+    let result = run_agent(args, service.clone());
+    if result.is_err() {
+        // An agent that cannot start cannot drain: a lock its previous run kept must not
+        // hold the node's shutdown up while systemd restarts it again and again.
+        service.discard_passed(STORED_LOCK_PREFIX);
+    }
+    result
+}
+
+fn run_agent(args: Args, service: Arc<ServiceManagerLink>) -> anyhow::Result<ExitCode> {
     let overrides = Overrides {
         node_name: args.node_name.clone(),
         dry_run: args.dry_run.then_some(true),

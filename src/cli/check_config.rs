@@ -39,12 +39,20 @@ impl Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = args.file();
-    if let Ok(text) = std::fs::read_to_string(file)
-        && nodekeeper::controller::policy::is_controller_configuration(&text)
-    {
+    // Read once: the file may be a pipe (`-c <(...)`, `-c /dev/stdin`), which a second
+    // read would find empty, showing the defaults as if they were its contents.
+    let text = std::fs::read_to_string(file).map_err(|error| config::ConfigError::Read {
+        path: file.display().to_string(),
+        error,
+    })?;
+    if nodekeeper::controller::policy::is_controller_configuration(&text) {
         return check_controller(&args, &text);
     }
-    let loaded = config::load_with_warnings(Some(file), &args.eviction.overrides())?;
+    let loaded = config::from_yaml_str_with_warnings(
+        &text,
+        &file.display().to_string(),
+        &args.eviction.overrides(),
+    )?;
     if args.strict && !loaded.warnings.is_empty() {
         anyhow::bail!(
             "{} refused by --strict; the agent would start with it, but:\n  {}",

@@ -82,6 +82,27 @@ impl InhibitLock {
     pub fn from_fd(fd: OwnedFd) -> InhibitLock {
         InhibitLock { fd }
     }
+
+    /// Whether logind still holds the other end. An inhibitor is the write end of a pipe
+    /// whose read end logind keeps; once logind lets go (it restarted while the agent
+    /// was away), polling the write end reports an error. Anything but a pipe is no lock.
+    pub fn is_live(&self) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use nix::sys::stat::{SFlag, fstat};
+        let Ok(stat) = fstat(&self.fd) else {
+            return false;
+        };
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFIFO {
+            return false;
+        }
+        let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::empty())];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(_) => !fds[0].revents().is_some_and(|events| {
+                events.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL)
+            }),
+            Err(_) => false,
+        }
+    }
 }
 
 impl AsFd for InhibitLock {
@@ -272,6 +293,20 @@ mod tests {
             "# Written by nodekeeper: graceful node shutdown needs this long.\n[Login]\nInhibitDelayMaxSec=370\n"
         );
         assert!(dropin_contents(Duration::from_millis(1500)).ends_with("InhibitDelayMaxSec=2\n"));
+    }
+
+    #[test]
+    fn a_lock_is_live_while_its_pipe_has_a_reader() {
+        let (read, write) = nix::unistd::pipe().unwrap();
+        let lock = InhibitLock::from_fd(write);
+        assert!(lock.is_live());
+        drop(read); // logind let go
+        assert!(!lock.is_live());
+        let file = tempfile::tempfile().unwrap();
+        assert!(
+            !InhibitLock::from_fd(OwnedFd::from(file)).is_live(),
+            "not a pipe"
+        );
     }
 
     #[test]

@@ -25,8 +25,9 @@ use crate::systemd::notify::ServiceManagerLink;
 pub const DEFAULT_STATE_PATH: &str = "/var/lib/nodekeeper/graceful_shutdown_state.json";
 
 /// The names the delay lock is stored under in the service manager's file descriptor
-/// store begin with this (then `.<pid>.<count>`: each lock its own name, so that letting go
-/// of the old one after taking a new one never removes the new one).
+/// store begin with this (then `.<pid>.<nanoseconds since boot>`: each lock a name of its
+/// own, even for a restarted agent given its predecessor's pid, so that letting go of the
+/// old one after taking a new one never removes the new one).
 pub const STORED_LOCK_PREFIX: &str = "nodekeeper-delay-lock";
 
 /// Settings the shutdown manager needs beyond the phases. The YAML fields that feed these
@@ -99,8 +100,6 @@ struct Manager<T: PodTerminator> {
     clock: Arc<dyn WallClock>,
     status: watch::Sender<ManagerStatus>,
     lock: Option<HeldLock>,
-    /// Locks taken so far by this process, for unique store names.
-    locks_taken: u64,
     lock_problem: Option<String>,
     run: Option<ActiveRun>,
     /// All phases done and the lock released: logind is powering off.
@@ -146,7 +145,6 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
         clock,
         status,
         lock: None,
-        locks_taken: 0,
         lock_problem: None,
         run: None,
         released_for_power_off: false,
@@ -210,6 +208,18 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
     if let Some(run) = manager.run.take() {
         run.handle.abort();
     }
+}
+
+/// The name a lock taken at `nanoseconds` after boot by process `pid` is stored under.
+pub fn stored_lock_name(pid: u32, nanoseconds: u128) -> String {
+    format!("{STORED_LOCK_PREFIX}.{pid}.{nanoseconds}")
+}
+
+/// CLOCK_BOOTTIME, which only grows during a boot and counts suspend too.
+fn nanoseconds_since_boot() -> u128 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(|time| Duration::from(time).as_nanos())
+        .unwrap_or_default()
 }
 
 async fn wait_run(
@@ -349,12 +359,7 @@ impl<T: PodTerminator> Manager<T> {
     /// Hold `lock` (a copy kept in the service manager, so that it outlives a restart of
     /// the agent), then let go of the lock held before, in the store too.
     fn hold(&mut self, lock: InhibitLock) {
-        self.locks_taken += 1;
-        let name = format!(
-            "{STORED_LOCK_PREFIX}.{}.{}",
-            std::process::id(),
-            self.locks_taken
-        );
+        let name = stored_lock_name(std::process::id(), nanoseconds_since_boot());
         let stored_as = match self.options.service.store_fd(&name, lock.as_fd()) {
             Ok(true) => Some(name),
             Ok(false) => None,
@@ -387,30 +392,30 @@ impl<T: PodTerminator> Manager<T> {
     }
 
     /// A lock an earlier run of the agent kept in the service manager's store: hold it
-    /// until a new one is taken, so a restart leaves no moment without one. Extra copies
-    /// (a run that died between storing a new lock and removing its old one) are let go.
+    /// until a new one is taken, so a restart leaves no moment without one. A stored lock
+    /// logind no longer holds (it restarted meanwhile), and extra copies (a run that died
+    /// between storing a new lock and removing its old one), are let go.
     fn take_back_stored_lock(&mut self) {
-        let mut stored = self
-            .options
-            .service
-            .claim_passed(STORED_LOCK_PREFIX)
-            .into_iter();
-        let Some(first) = stored.next() else {
-            return;
-        };
-        tracing::info!(
-            stored_as = %first.name,
-            "logind delay lock taken back from the service manager, held across the agent's restart"
-        );
-        self.lock = Some(HeldLock {
-            lock: InhibitLock::from_fd(first.fd),
-            stored_as: Some(first.name),
-        });
-        for extra in stored {
-            self.let_go(HeldLock {
-                lock: InhibitLock::from_fd(extra.fd),
-                stored_as: Some(extra.name),
-            });
+        for stored in self.options.service.claim_passed(STORED_LOCK_PREFIX) {
+            let held = HeldLock {
+                lock: InhibitLock::from_fd(stored.fd),
+                stored_as: Some(stored.name),
+            };
+            if self.lock.is_none() && held.lock.is_live() {
+                tracing::info!(
+                    stored_as = held.stored_as.as_deref().unwrap_or_default(),
+                    "logind delay lock taken back from the service manager, held across the agent's restart"
+                );
+                self.lock = Some(held);
+            } else {
+                if !held.lock.is_live() {
+                    tracing::warn!(
+                        stored_as = held.stored_as.as_deref().unwrap_or_default(),
+                        "a stored delay lock is no longer held by logind (restarted?); letting it go"
+                    );
+                }
+                self.let_go(held);
+            }
         }
     }
 

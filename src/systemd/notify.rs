@@ -19,6 +19,8 @@ use nix::sys::socket::{
 
 /// The first descriptor a service manager passes (sd_listen_fds(3)).
 const FIRST_PASSED_FD: RawFd = 3;
+/// How long a message may wait for room in the service manager's socket.
+const SEND_TIMEOUT_MICROS: nix::libc::suseconds_t = 100_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NotifyError {
@@ -167,9 +169,11 @@ impl ServiceManagerLink {
     /// What systemd set for this process: `NOTIFY_SOCKET`, `WATCHDOG_USEC`/`WATCHDOG_PID`
     /// and the stored descriptors it passed back (`LISTEN_FDS`, `LISTEN_PID`,
     /// `LISTEN_FDNAMES`), which are taken over here (close-on-exec, so no child inherits
-    /// them). Call once, early, before anything else opens files. Bad values are logged
-    /// and ignored.
+    /// them). Call once, early, before anything else opens files; a later call gets no
+    /// descriptors (they have an owner already). Bad values are logged and ignored.
     pub fn from_environment() -> ServiceManagerLink {
+        static DESCRIPTORS_TAKEN: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
         let var = |name: &str| std::env::var(name).ok();
         let own_pid = std::process::id();
         let target = var("NOTIFY_SOCKET").and_then(|value| {
@@ -186,6 +190,7 @@ impl ServiceManagerLink {
             tracing::warn!(%error, "the service manager's watchdog is not pinged");
             None
         });
+        let first_call = !DESCRIPTORS_TAKEN.swap(true, std::sync::atomic::Ordering::SeqCst);
         let passed = match passed_descriptors(
             var("LISTEN_PID").as_deref(),
             var("LISTEN_FDS").as_deref(),
@@ -198,8 +203,12 @@ impl ServiceManagerLink {
                 Vec::new()
             }
         };
+        if !first_call && !passed.is_empty() {
+            tracing::warn!("the passed descriptors were taken over already; not again");
+        }
         let passed = passed
             .into_iter()
+            .filter(|_| first_call)
             .filter_map(|(fd, name)| adopt(fd).map(|fd| StoredFd { name, fd }))
             .collect();
         ServiceManagerLink {
@@ -343,6 +352,15 @@ impl ServiceManagerLink {
                 None,
             )
             .map_err(|e| failed(e.into()))?;
+            // A service manager too busy to read must not stall the caller (the runtime's
+            // thread, the decision loop): a message it cannot take within this is lost,
+            // and logged.
+            nix::sys::socket::setsockopt(
+                &created,
+                nix::sys::socket::sockopt::SendTimeout,
+                &nix::sys::time::TimeVal::new(0, SEND_TIMEOUT_MICROS),
+            )
+            .map_err(|e| failed(e.into()))?;
             *socket_slot = Some(created);
         }
         let Some(socket) = socket_slot.as_ref() else {
@@ -391,8 +409,8 @@ fn adopt(fd: RawFd) -> Option<OwnedFd> {
 }
 
 /// Reads one message at the service manager's end of the socket, with the descriptors
-/// it carried: what systemd does with what [`ServiceManagerLink`] sends. For tests, and
-/// for a tool standing in for systemd.
+/// it carried (up to 16): what systemd does with what [`ServiceManagerLink`] sends. For
+/// tests, and for a tool standing in for systemd.
 pub fn receive(socket: BorrowedFd<'_>) -> std::io::Result<(String, Vec<OwnedFd>)> {
     let mut buffer = [0u8; 4096];
     let mut control = nix::cmsg_space!([RawFd; 16]);
