@@ -258,7 +258,36 @@ impl NotifySocket {
 }
 
 /// A dry-run agent's configuration (written by [`write_config`]) on a host of files:
-/// `procRoot` with this machine's meminfo and a boot id, an empty `cgroupRoot`, graceful
+/// The agent binary as systemd starts it: messages to `manager`, the watchdog to be
+/// pinged every 200 ms, and `passed` (a stored descriptor's name and a copy of it) handed
+/// over as fd 3 with `LISTEN_FDS`, `LISTEN_FDNAMES` and this process's `LISTEN_PID`.
+fn as_systemd_starts_it(
+    manager: &NotifySocket,
+    passed: Option<(&str, &std::os::fd::OwnedFd)>,
+) -> std::process::Command {
+    let mut command = match passed {
+        None => std::process::Command::new(support::agent_process::BINARY),
+        Some((name, descriptor)) => {
+            let mut command = std::process::Command::new("sh");
+            command
+                .args([
+                    "-c",
+                    "export LISTEN_PID=$$; exec \"$0\" \"$@\" 3<&0 0</dev/null",
+                    support::agent_process::BINARY,
+                ])
+                .env("LISTEN_FDS", "1")
+                .env("LISTEN_FDNAMES", name)
+                .stdin(std::process::Stdio::from(descriptor.try_clone().unwrap()));
+            command
+        }
+    };
+    command
+        .env("NOTIFY_SOCKET", &manager.path)
+        .env("WATCHDOG_USEC", "400000");
+    command
+}
+
+/// A dry-run agent's configuration's meminfo and a boot id, an empty `cgroupRoot`, graceful
 /// shutdown on, a cycle every 100 ms. Returns `procRoot` and the configuration's path.
 fn fake_host(dir: &Path, bus: &PrivateBus) -> (PathBuf, PathBuf) {
     let proc_root = dir.join("proc");
@@ -293,15 +322,10 @@ fn as_a_systemd_service_it_says_ready_pings_from_its_decision_loop_and_keeps_its
     let (bus, _runtime, logind) = require!(DBUS, fake_logind(dir.path()));
     let (proc_root, config) = fake_host(dir.path(), &bus);
     let manager = NotifySocket::bind(dir.path());
-    let service = |command: &mut std::process::Command| {
-        command
-            .env("NOTIFY_SOCKET", &manager.path)
-            // A ping every 200 ms.
-            .env("WATCHDOG_USEC", "400000");
-    };
-    let mut first = std::process::Command::new(support::agent_process::BINARY);
-    service(&mut first);
-    let mut agent = AgentProcess::start_from(first, &[OsStr::new("--config"), config.as_os_str()]);
+    let mut agent = AgentProcess::start_from(
+        as_systemd_starts_it(&manager, None),
+        &[OsStr::new("--config"), config.as_os_str()],
+    );
 
     // The lock goes to the store as soon as it is taken, and READY follows it, with a
     // Status line a person can read.
@@ -382,22 +406,8 @@ fn as_a_systemd_service_it_says_ready_pings_from_its_decision_loop_and_keeps_its
 
     // The next agent gets it back as systemd passes it (fd 3, LISTEN_FDS), holds it until
     // it has a new lock, then lets the old one go, in the store too.
-    let passing = |name: &str, lock: &std::os::fd::OwnedFd| {
-        let mut command = std::process::Command::new("sh");
-        command
-            .args([
-                "-c",
-                "export LISTEN_PID=$$; exec \"$0\" \"$@\" 3<&0 0</dev/null",
-                support::agent_process::BINARY,
-            ])
-            .env("LISTEN_FDS", "1")
-            .env("LISTEN_FDNAMES", name)
-            .stdin(std::process::Stdio::from(lock.try_clone().unwrap()));
-        service(&mut command);
-        command
-    };
     let mut agent = AgentProcess::start_from(
-        passing(&name, &kept_by_systemd),
+        as_systemd_starts_it(&manager, Some((&name, &kept_by_systemd))),
         &[OsStr::new("--config"), config.as_os_str()],
     );
     agent.wait_for_line(
@@ -439,7 +449,7 @@ fn as_a_systemd_service_it_says_ready_pings_from_its_decision_loop_and_keeps_its
         ),
     );
     let mut agent = AgentProcess::start_from(
-        passing(&new_name, &new_kept_by_systemd),
+        as_systemd_starts_it(&manager, Some((&new_name, &new_kept_by_systemd))),
         &[OsStr::new("--config"), config.as_os_str()],
     );
     let mut seen = Vec::new();
@@ -464,19 +474,9 @@ fn an_agent_that_cannot_start_lets_a_stored_lock_go() {
     std::fs::write(&config, "evictionHard: {memory.available: plenty}\n").unwrap();
     let (_logind_end, lock) = nix::unistd::pipe().unwrap();
     let name = "nodekeeper-delay-lock.4242.1";
-    let output = std::process::Command::new("sh")
-        .args([
-            "-c",
-            "export LISTEN_PID=$$; exec \"$0\" \"$@\" 3<&0 0</dev/null",
-            support::agent_process::BINARY,
-            "agent",
-            "--config",
-        ])
+    let output = as_systemd_starts_it(&manager, Some((name, &lock)))
+        .args(["agent", "--config"])
         .arg(&config)
-        .env("NOTIFY_SOCKET", &manager.path)
-        .env("LISTEN_FDS", "1")
-        .env("LISTEN_FDNAMES", name)
-        .stdin(std::process::Stdio::from(lock))
         .output()
         .unwrap();
     assert!(!output.status.success(), "{output:?}");

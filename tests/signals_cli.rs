@@ -103,14 +103,23 @@ fn json_report_carries_fixture_numbers_and_thresholds() {
     );
 }
 
+/// `dir/proc` holding `files` copied from the fixture's proc tree; the test writes the rest.
+fn fixture_proc(dir: &std::path::Path, files: &[&str]) -> std::path::PathBuf {
+    let proc_root = dir.join("proc");
+    std::fs::create_dir_all(proc_root.join("sys/kernel")).unwrap();
+    for file in files {
+        std::fs::copy(fixtures().join("proc").join(file), proc_root.join(file)).unwrap();
+    }
+    proc_root
+}
+
 #[test]
 fn unreadable_signal_exits_1_and_names_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let proc_root = dir.path().join("proc");
-    std::fs::create_dir_all(proc_root.join("sys/kernel")).unwrap();
-    for file in ["meminfo", "sys/kernel/pid_max", "sys/kernel/threads-max"] {
-        std::fs::copy(fixtures().join("proc").join(file), proc_root.join(file)).unwrap();
-    }
+    let proc_root = fixture_proc(
+        dir.path(),
+        &["meminfo", "sys/kernel/pid_max", "sys/kernel/threads-max"],
+    );
     std::fs::write(proc_root.join("loadavg"), "garbage\n").unwrap();
     let config = config_for(dir.path(), &fixtures().join("cgroup-v2"), &proc_root);
     let (code, stdout) = run(&["signals", "--config", config.to_str().unwrap()]);
@@ -246,11 +255,10 @@ fn the_filesystem_layout_and_the_containerfs_thresholds_follow_the_devices() {
 #[test]
 fn the_huge_page_pool_is_shown_and_left_out_unless_the_gate_is_off() {
     let dir = tempfile::tempdir().unwrap();
-    let proc_root = dir.path().join("proc");
-    std::fs::create_dir_all(proc_root.join("sys/kernel")).unwrap();
-    for file in ["loadavg", "sys/kernel/pid_max", "sys/kernel/threads-max"] {
-        std::fs::copy(fixtures().join("proc").join(file), proc_root.join(file)).unwrap();
-    }
+    let proc_root = fixture_proc(
+        dir.path(),
+        &["loadavg", "sys/kernel/pid_max", "sys/kernel/threads-max"],
+    );
     // The fixture meminfo with 512 pages of 2 MiB reserved (1 GiB).
     let meminfo = std::fs::read_to_string(fixtures().join("proc/meminfo"))
         .unwrap()

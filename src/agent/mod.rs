@@ -137,6 +137,11 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
         &reporter,
         stop_tx.subscribe(),
     );
+    if shutdown_manager.is_none() {
+        // No manager holds a delay lock an earlier run kept in the service manager: it
+        // must not delay the node's shutdown now.
+        service.discard_passed(crate::shutdown::manager::STORED_LOCK_PREFIX);
+    }
     let support = agent.announce();
     agent.start_notifiers(&support, wake.clone());
     // Taken before the agent moves to its thread: it keeps the API senders alive after

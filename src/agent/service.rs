@@ -159,6 +159,9 @@ impl ServiceReporter {
 
     /// A decision cycle ended; `evicted` lists the pods it evicted (or would have).
     pub fn cycle(&self, decision: &Decision, evicted: &[String]) {
+        if !self.link.is_connected() {
+            return; // no service manager to tell, no words to make each cycle
+        }
         let pressure = pressure_text(decision);
         self.update(|parts| {
             parts.pressure = Some(pressure);

@@ -15,9 +15,7 @@ use crate::metrics::{Metrics, PhaseLabels};
 use crate::ports::{ShutdownHooks, ShutdownObserver};
 use crate::shutdown::cgroup_kill::CgroupTerminator;
 use crate::shutdown::logind::BusAddress;
-use crate::shutdown::manager::{
-    ManagerOptions, ManagerStatus, PodLister, STORED_LOCK_PREFIX, run_shutdown_manager,
-};
+use crate::shutdown::manager::{ManagerOptions, ManagerStatus, PodLister, run_shutdown_manager};
 use crate::shutdown::plan::phases_from_config;
 use crate::shutdown::runner::{DryRunTerminator, PodTerminator, SystemClock};
 use crate::shutdown::state::metrics_from_state;
@@ -37,23 +35,16 @@ pub fn start<T: PodTerminator>(
     stop: watch::Receiver<bool>,
 ) -> Option<(JoinHandle<()>, JoinHandle<()>)> {
     let phases = phases_from_config(&config.shutdown);
-    // A delay lock an earlier run kept in the service manager must not delay the node's
-    // shutdown once no manager holds it.
-    let off = |why: &dyn std::fmt::Display| {
-        tracing::info!("{why}");
-        service.link().discard_passed(STORED_LOCK_PREFIX);
-    };
     if phases.is_empty() {
-        off(
-            &"graceful node shutdown disabled (shutdownGracePeriod is 0 and no shutdownGracePeriodByPodPriority)",
+        tracing::info!(
+            "graceful node shutdown disabled (shutdownGracePeriod is 0 and no shutdownGracePeriodByPodPriority)"
         );
         return None;
     }
     let boot_id = match host.boot_id() {
         Ok(id) => id.to_string(),
         Err(error) => {
-            tracing::error!(%error, "cannot read this boot's id");
-            off(&"graceful node shutdown disabled");
+            tracing::error!(%error, "cannot read this boot's id; graceful node shutdown disabled");
             return None;
         }
     };

@@ -41,10 +41,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = args.file();
     // Read once: the file may be a pipe (`-c <(...)`, `-c /dev/stdin`), which a second
     // read would find empty, showing the defaults as if they were its contents.
-    let text = std::fs::read_to_string(file).map_err(|error| config::ConfigError::Read {
-        path: file.display().to_string(),
-        error,
-    })?;
+    let text = config::read_file(file)?;
     if nodekeeper::controller::policy::is_controller_configuration(&text) {
         return check_controller(&args, &text);
     }

@@ -77,13 +77,18 @@ pub fn load_with_warnings(
     match path {
         None => build(AgentDocument::default(), Origins::new(), overrides),
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
-                path: path.display().to_string(),
-                error,
-            })?;
+            let text = read_file(path)?;
             from_yaml_str_with_warnings(&text, &path.display().to_string(), overrides)
         }
     }
+}
+
+/// A configuration file's text, read once (it may be a pipe), with an error naming it.
+pub fn read_file(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+        path: path.display().to_string(),
+        error,
+    })
 }
 
 /// Parse the text of a configuration file holding one or more YAML documents.

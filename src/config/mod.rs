@@ -13,7 +13,7 @@ pub use documents::{AgentDocument, ScalarText};
 pub use duration::GoDuration;
 pub use load::{
     ConfigError, LoadedConfig, Overrides, from_yaml_str, from_yaml_str_with_warnings, load,
-    load_with_warnings, parse_inline, unset_settings,
+    load_with_warnings, parse_inline, read_file, unset_settings,
 };
 pub use model::{
     AgentConfig, CgroupDriver, EvictionConfig, HostPaths, IsolationConfig, KubernetesConfig,

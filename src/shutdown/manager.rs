@@ -125,8 +125,6 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
 ) {
     if options.phases.is_empty() {
         tracing::info!("no graceful shutdown configured; node shutdown will be immediate");
-        // A lock an earlier run kept must not delay the shutdown now.
-        options.service.discard_passed(STORED_LOCK_PREFIX);
         return;
     }
     let store = StateStore::new(&options.state_path);
@@ -401,14 +399,15 @@ impl<T: PodTerminator> Manager<T> {
                 lock: InhibitLock::from_fd(stored.fd),
                 stored_as: Some(stored.name),
             };
-            if self.lock.is_none() && held.lock.is_live() {
+            let live = held.lock.is_live();
+            if self.lock.is_none() && live {
                 tracing::info!(
                     stored_as = held.stored_as.as_deref().unwrap_or_default(),
                     "logind delay lock taken back from the service manager, held across the agent's restart"
                 );
                 self.lock = Some(held);
             } else {
-                if !held.lock.is_live() {
+                if !live {
                     tracing::warn!(
                         stored_as = held.stored_as.as_deref().unwrap_or_default(),
                         "a stored delay lock is no longer held by logind (restarted?); letting it go"
