@@ -154,38 +154,65 @@ fn parse_go_duration(original: &str) -> Result<i64, DurationError> {
 }
 
 impl fmt::Display for GoDuration {
-    /// Renders like Go's `Duration.String()` for whole-second or larger values
-    /// (`1h30m0s`, `10s`, `0s`); finer values fall back to milliseconds or nanoseconds.
+    /// Renders exactly as Go's `Duration.String()`: `1h30m0s`, `1m0.5s`, `1.5ms`, `2µs`,
+    /// `0s`. Every digit is kept, so the text reads back as the same duration.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SECOND: u64 = 1_000_000_000;
         if self.nanos == 0 {
-            return write!(f, "0s");
+            return f.write_str("0s");
         }
         let sign = if self.nanos < 0 { "-" } else { "" };
         let abs = self.nanos.unsigned_abs();
-        if !abs.is_multiple_of(1_000_000_000) {
-            if abs.is_multiple_of(1_000_000) && abs < 1_000_000_000 {
-                return write!(f, "{sign}{}ms", abs / 1_000_000);
-            }
-            if abs < 1_000_000_000 {
-                return write!(f, "{sign}{abs}ns");
-            }
-            let secs = abs as f64 / 1e9;
-            let h = (secs / 3600.0).floor();
-            let m = ((secs - h * 3600.0) / 60.0).floor();
-            let s = secs - h * 3600.0 - m * 60.0;
-            return match (h as u64, m as u64) {
-                (0, 0) => write!(f, "{sign}{s}s"),
-                (0, m) => write!(f, "{sign}{m}m{s}s"),
-                (h, m) => write!(f, "{sign}{h}h{m}m{s}s"),
+        if abs < SECOND {
+            // Under a second Go picks the largest unit that leaves a whole part.
+            let (unit, per_unit) = match abs {
+                0..1_000 => ("ns", 1),
+                1_000..1_000_000 => ("\u{b5}s", 1_000),
+                _ => ("ms", 1_000_000),
             };
+            let whole = abs / per_unit;
+            let fraction = Fraction::of(abs % per_unit, per_unit);
+            return write!(f, "{sign}{whole}{fraction}{unit}");
         }
-        let secs = abs / 1_000_000_000;
+        let secs = abs / SECOND;
+        let fraction = Fraction::of(abs % SECOND, SECOND);
         let (h, m, s) = (secs / 3600, (secs / 60) % 60, secs % 60);
         match (h, m) {
-            (0, 0) => write!(f, "{sign}{s}s"),
-            (0, m) => write!(f, "{sign}{m}m{s}s"),
-            (h, m) => write!(f, "{sign}{h}h{m}m{s}s"),
+            (0, 0) => write!(f, "{sign}{s}{fraction}s"),
+            (0, m) => write!(f, "{sign}{m}m{s}{fraction}s"),
+            (h, m) => write!(f, "{sign}{h}h{m}m{s}{fraction}s"),
         }
+    }
+}
+
+/// The digits after the decimal point of `remainder / per_unit` (a power of ten), without
+/// trailing zeros; nothing at all for no remainder.
+struct Fraction {
+    remainder: u64,
+    per_unit: u64,
+}
+
+impl Fraction {
+    fn of(remainder: u64, per_unit: u64) -> Fraction {
+        Fraction {
+            remainder,
+            per_unit,
+        }
+    }
+}
+
+impl fmt::Display for Fraction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.remainder == 0 {
+            return Ok(());
+        }
+        let mut digits = self.per_unit.ilog10() as usize;
+        let mut remainder = self.remainder;
+        while remainder.is_multiple_of(10) {
+            remainder /= 10;
+            digits -= 1;
+        }
+        write!(f, ".{remainder:0digits$}")
     }
 }
 
@@ -257,5 +284,51 @@ mod tests {
         assert_eq!(GoDuration::from_secs(3600).to_string(), "1h0m0s");
         assert_eq!(GoDuration::ZERO.to_string(), "0s");
         assert_eq!(GoDuration::from_nanos(1_500_000_000).to_string(), "1.5s");
+    }
+
+    /// The cases of Go's own `TestDurationString` (src/time/time_test.go): every digit kept,
+    /// the largest unit under a second.
+    #[test]
+    fn displays_every_digit_as_go_does() {
+        let (us, ms, s) = (1_000, 1_000_000, 1_000_000_000i64);
+        for (nanos, text) in [
+            (1, "1ns"),
+            (1_100, "1.1\u{b5}s"),
+            (2_200 * us, "2.2ms"),
+            (3_300 * ms, "3.3s"),
+            (4 * 60 * s + 5 * s, "4m5s"),
+            (4 * 60 * s + 5_001 * ms, "4m5.001s"),
+            (5 * 3600 * s + 6 * 60 * s + 7_001 * ms, "5h6m7.001s"),
+            (8 * 60 * s + 1, "8m0.000000001s"),
+            (i64::MAX, "2562047h47m16.854775807s"),
+            (i64::MIN, "-2562047h47m16.854775808s"),
+        ] {
+            assert_eq!(
+                GoDuration::from_nanos(nanos).to_string(),
+                text,
+                "{nanos} ns"
+            );
+        }
+    }
+
+    /// Found by the quantity fuzz target: 6113.2s printed through a float as
+    /// 1h41m53.200000000000273s, a different duration from the one configured.
+    #[test]
+    fn what_it_prints_reads_back_as_the_same_duration() {
+        for text in [
+            "006113.2s",
+            "1.000000001s",
+            "-59m59.999999999s",
+            "1.5us",
+            "7h0.1ms",
+        ] {
+            let parsed = GoDuration::parse(text).expect(text);
+            let printed = parsed.to_string();
+            assert_eq!(
+                GoDuration::parse(&printed),
+                Ok(parsed),
+                "{text} printed as {printed}"
+            );
+        }
     }
 }

@@ -10,7 +10,7 @@ mod filesystem;
 mod host;
 mod layout;
 mod memory;
-mod parse;
+pub mod parse;
 mod pressure;
 mod probe;
 pub mod readers;

@@ -1,9 +1,11 @@
 //! Parsers for the kernel's text formats, free of I/O so they can be tested on strings.
+//! Public so the fuzz targets (fuzz/) can feed them any text a broken or hostile kernel
+//! file could hold.
 
 use super::error::FileProblem;
 
 /// A file holding one unsigned integer, with the kernel's trailing newline.
-pub(crate) fn single_u64(text: &str) -> Result<u64, FileProblem> {
+pub fn single_u64(text: &str) -> Result<u64, FileProblem> {
     let value = text.trim();
     value
         .parse()
@@ -13,7 +15,7 @@ pub(crate) fn single_u64(text: &str) -> Result<u64, FileProblem> {
 /// The value of `key` in a flat keyed file (`memory.stat`: one `key value` per line).
 /// Every cycle reads it for every pod, so it searches for the key itself instead of
 /// splitting every line: v1 puts `total_inactive_file` some thirty lines down.
-pub(crate) fn flat_keyed_u64(text: &str, key: &'static str) -> Result<u64, FileProblem> {
+pub fn flat_keyed_u64(text: &str, key: &'static str) -> Result<u64, FileProblem> {
     for (at, _) in text.match_indices(key) {
         let line_start = text[..at].rfind('\n').map_or(0, |newline| newline + 1);
         let first_field = text[line_start..at]
@@ -33,7 +35,7 @@ pub(crate) fn flat_keyed_u64(text: &str, key: &'static str) -> Result<u64, FileP
 }
 
 /// A memory limit: v2 writes `max` for "no limit"; v1 writes a huge page-rounded number.
-pub(crate) fn memory_limit(text: &str) -> Result<Option<u64>, FileProblem> {
+pub fn memory_limit(text: &str) -> Result<Option<u64>, FileProblem> {
     let value = text.trim();
     if value == "max" {
         return Ok(None);
@@ -59,7 +61,7 @@ pub struct MemInfo {
     pub hugepage_pool: u64,
 }
 
-pub(crate) fn meminfo(text: &str) -> Result<MemInfo, FileProblem> {
+pub fn meminfo(text: &str) -> Result<MemInfo, FileProblem> {
     let mut total = None;
     let mut free = None;
     let mut info = MemInfo::default();
@@ -133,7 +135,7 @@ fn meminfo_bytes(key: &str, rest: &str) -> Result<u64, FileProblem> {
 
 /// The number of processes and threads from `/proc/loadavg`: the denominator of the 4th
 /// field (`0.51 0.58 0.27 1/84 6799` gives 84), as the kubelet reads it.
-pub(crate) fn loadavg_process_count(text: &str) -> Result<u64, FileProblem> {
+pub fn loadavg_process_count(text: &str) -> Result<u64, FileProblem> {
     let field = text
         .split_ascii_whitespace()
         .nth(3)
@@ -150,7 +152,7 @@ pub(crate) fn loadavg_process_count(text: &str) -> Result<u64, FileProblem> {
 }
 
 /// Number of non-empty lines: the entries of `cgroup.procs`.
-pub(crate) fn count_lines(text: &str) -> Result<u64, FileProblem> {
+pub fn count_lines(text: &str) -> Result<u64, FileProblem> {
     Ok(text.lines().filter(|line| !line.trim().is_empty()).count() as u64)
 }
 
