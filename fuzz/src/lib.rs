@@ -102,8 +102,8 @@ pub fn config(data: &[u8]) {
     }
 }
 
-/// The kernel files the collector reads: every parser on the same text, as a corrupt or
-/// truncated file could reach any of them.
+/// The kernel files the collector and the cgroup killer read: every parser on the same
+/// text, as a corrupt or truncated file could reach any of them.
 pub fn kernel_files(data: &[u8]) {
     use nodekeeper::signals::parse;
     use nodekeeper::signals::{PressureResource, PressureScope, parse_mountinfo, parse_pressure};
@@ -120,6 +120,18 @@ pub fn kernel_files(data: &[u8]) {
         if let Ok(value) = parse::flat_keyed_u64(text, key) {
             // The value is a number written after the key, never made up.
             assert!(text.contains(&value.to_string()) || value == 0 || text.contains('+'));
+        }
+    }
+    // Whatever a cgroup.procs file holds, the one cgroup killer signals no process group,
+    // no task outside the agent's PID namespace, not init and not the agent itself.
+    let own = i32::try_from(std::process::id()).expect("a pid fits in i32");
+    for line in text.lines() {
+        if let Some(pid) = nodekeeper::act::signalable(line) {
+            let raw = pid.as_raw();
+            assert!(
+                raw > 1 && raw != own,
+                "cgroup.procs line {line:?} would signal {raw}"
+            );
         }
     }
     let mut readings = Vec::new();

@@ -447,8 +447,9 @@ pub fn count_processes(target: &KillTarget) -> Result<usize, ActError> {
 
 /// A `cgroup.procs` line as a pid that may be signalled: never 0 (our process group, or
 /// a task outside our PID namespace), a negative number (a process group; -1 is every
-/// process), init, or the agent itself, whatever the file says.
-fn signalable(line: &str) -> Option<Pid> {
+/// process), init, or the agent itself, whatever the file says. Public so the
+/// `kernel_files` fuzz target can hold it to that on any text.
+pub fn signalable(line: &str) -> Option<Pid> {
     let pid: i32 = line.trim().parse().ok()?;
     let own = i32::try_from(std::process::id()).ok();
     (pid > 1 && Some(pid) != own).then(|| Pid::from_raw(pid))
