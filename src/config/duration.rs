@@ -312,7 +312,7 @@ mod tests {
     }
 
     /// Found by the quantity fuzz target: 6113.2s printed through a float as
-    /// 1h41m53.200000000000273s, a different duration from the one configured.
+    /// 1h41m53.19999999999982s, a different duration from the one configured.
     #[test]
     fn what_it_prints_reads_back_as_the_same_duration() {
         for text in [
