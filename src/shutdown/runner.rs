@@ -435,4 +435,212 @@ mod tests {
         run_phases(&mut state, Arc::clone(&fake), &store, &clock(), cancelled).await;
         assert_eq!(offsets(&fake, start), vec![("ns/ok".into(), 10, 0)]);
     }
+
+    /// How a pod of the budget property responds to its termination.
+    #[derive(Debug, Clone, Copy)]
+    enum Response {
+        StopsAfterMs(u64),
+        Hangs,
+        Fails,
+    }
+
+    /// Answers each pod (named `p<index>`) as its script says, recording every call.
+    struct ScriptedTerminator {
+        responses: Vec<Response>,
+        calls: Mutex<Vec<(usize, Duration, tokio::time::Instant)>>,
+    }
+
+    impl PodTerminator for ScriptedTerminator {
+        async fn terminate(
+            &self,
+            pod: &PlannedPod,
+            grace: Duration,
+        ) -> Result<Termination, TerminateError> {
+            let index: usize = pod.name[1..].parse().expect("pods are named p<index>");
+            self.calls
+                .lock()
+                .unwrap()
+                .push((index, grace, tokio::time::Instant::now()));
+            match self.responses[index] {
+                Response::StopsAfterMs(ms) => {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    Ok(Termination::Graceful)
+                }
+                Response::Hangs => std::future::pending().await,
+                Response::Fails => Err(TerminateError {
+                    pod: pod.key(),
+                    message: "refused".into(),
+                }),
+            }
+        }
+    }
+
+    fn response() -> impl proptest::strategy::Strategy<Value = Response> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u64..45_000).prop_map(Response::StopsAfterMs),
+            1 => Just(Response::Hangs),
+            1 => Just(Response::Fails),
+        ]
+    }
+
+    fn priority() -> impl proptest::strategy::Strategy<Value = i32> {
+        proptest::sample::select(vec![-10, 0, 1, 100, 1000, 2_000_000_000])
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(192))]
+
+        /// Shutdown phases never exceed their budget: for any phases (duplicate and
+        /// negative ones included), pods that stop late, hang or fail, and agent restarts
+        /// in the middle (the run dropped, then resumed from the state file after a
+        /// pause), no phase runs past its own period counted from its first start, unless
+        /// the agent came back only after it had run out; no pod is given a grace period
+        /// that reaches past its phase's end; phases run in order, every pod of the plan
+        /// is asked to stop, and without restarts the whole drain fits the budget logind
+        /// is asked for.
+        #[test]
+        fn shutdown_phases_never_exceed_their_budget(
+            phases in proptest::collection::vec((priority(), -3i64..40), 0..5),
+            pods in proptest::collection::vec(
+                (priority(), proptest::option::of(-2i64..60), response()),
+                0..7,
+            ),
+            restarts in proptest::collection::vec((0u64..90_000, 0u64..5_000), 0..3),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(check_budget(phases, pods, restarts));
+        }
+    }
+
+    async fn check_budget(
+        phases: Vec<(i32, i64)>,
+        pods: Vec<(i32, Option<i64>, Response)>,
+        restarts: Vec<(u64, u64)>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state.json"));
+        let listed: Vec<Pod> = pods
+            .iter()
+            .enumerate()
+            .map(|(index, &(priority, tgps, _))| pod(&format!("p{index}"), priority, tgps))
+            .collect();
+        let specs: Vec<PhaseSpec> = phases
+            .iter()
+            .map(|&(priority, seconds)| PhaseSpec { priority, seconds })
+            .collect();
+        let planned = plan(&specs, &listed);
+        assert_eq!(
+            planned.total_seconds,
+            phases
+                .iter()
+                .map(|&(_, seconds)| seconds.max(0))
+                .sum::<i64>()
+        );
+        let clock = clock();
+        let mut state = ShutdownState::begin(&planned, "boot", clock.now_unix_ms());
+        let terminator = Arc::new(ScriptedTerminator {
+            responses: pods.iter().map(|&(_, _, response)| response).collect(),
+            calls: Mutex::new(Vec::new()),
+        });
+        let (_tx, cancelled) = watch::channel(false);
+        let began = clock.now_unix_ms();
+        let mut resumed_at = Vec::new();
+        for (run_for, down_for) in restarts {
+            let run = run_phases(
+                &mut state,
+                Arc::clone(&terminator),
+                &store,
+                &clock,
+                cancelled.clone(),
+            );
+            if tokio::time::timeout(Duration::from_millis(run_for), run)
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            // The agent is killed, stays down a while, and starts again from its file.
+            tokio::time::sleep(Duration::from_millis(down_for)).await;
+            state = store.load().unwrap().expect("a begun shutdown was stored");
+            resumed_at.push(clock.now_unix_ms());
+        }
+        if state.outcome == ShutdownOutcome::InProgress {
+            let outcome = run_phases(
+                &mut state,
+                Arc::clone(&terminator),
+                &store,
+                &clock,
+                cancelled,
+            )
+            .await;
+            assert_eq!(outcome, RunOutcome::Finished);
+        }
+        assert!(state.all_phases_finished(), "{state:?}");
+
+        let mut previous_end = began;
+        for phase in &state.phases {
+            let budget_ms = u64::try_from(phase.seconds.max(0)).unwrap() * 1000;
+            let (Some(started), Some(finished)) = (phase.started_unix_ms, phase.finished_unix_ms)
+            else {
+                panic!("phase {phase:?} did not record its run");
+            };
+            assert!(started >= previous_end, "phases overlap: {state:?}");
+            // A restart that came only after the phase's time ran out ends it at once.
+            let late_return = resumed_at
+                .iter()
+                .copied()
+                .filter(|&at| at <= finished)
+                .max()
+                .unwrap_or(0);
+            assert!(
+                finished <= (started + budget_ms).max(late_return),
+                "phase of priority {} ran {} ms of its {budget_ms} ms: {state:?}",
+                phase.priority,
+                finished - started,
+            );
+            previous_end = finished;
+        }
+        let origin_ms = clock.base_ms.load(Ordering::Relaxed);
+        let calls = terminator.calls.lock().unwrap().clone();
+        for (index, phase) in planned.phases.iter().enumerate() {
+            let progress = &state.phases[index];
+            let end_ms = progress.started_unix_ms.unwrap()
+                + u64::try_from(phase.seconds.max(0)).unwrap() * 1000;
+            for planned_pod in &phase.pods {
+                let pod_index: usize = planned_pod.name[1..].parse().unwrap();
+                let asked: Vec<_> = calls.iter().filter(|call| call.0 == pod_index).collect();
+                assert!(
+                    !asked.is_empty(),
+                    "{} was never asked to stop",
+                    planned_pod.name
+                );
+                for (_, grace, at) in asked {
+                    let at_ms = origin_ms + (*at - clock.origin).as_millis() as u64;
+                    assert!(
+                        at_ms >= progress.started_unix_ms.unwrap(),
+                        "{} asked to stop before its phase began",
+                        planned_pod.name
+                    );
+                    assert!(
+                        at_ms + grace.as_millis() as u64 <= end_ms.max(at_ms),
+                        "{} given {grace:?} at {at_ms}, past its phase's end at {end_ms}",
+                        planned_pod.name
+                    );
+                }
+            }
+        }
+        if resumed_at.is_empty() {
+            let total_ms = u64::try_from(planned.total_seconds).unwrap() * 1000;
+            assert!(
+                clock.now_unix_ms() - began <= total_ms,
+                "the drain took {} ms of a {total_ms} ms budget",
+                clock.now_unix_ms() - began
+            );
+        }
+    }
 }
