@@ -218,21 +218,19 @@ pub fn trace(data: &[u8]) {
             &options,
         );
         for order in &decision.evictions {
-            let mut named = step
+            // Trace steps list each namespace/name once, so the order names one pod.
+            let pod = step
                 .pods
                 .iter()
-                .filter(|pod| pod.namespace == order.namespace && pod.name == order.name);
-            let pod = named.next().expect("an eviction names a listed pod");
-            // The kubelet never evicts a critical pod for node pressure. (A trace may list
-            // one name twice; only then is it unclear which pod was meant.)
-            if named.next().is_none() {
-                assert!(
-                    !pod.is_critical(),
-                    "evicted critical pod {}/{}",
-                    pod.namespace,
-                    pod.name
-                );
-            }
+                .find(|pod| pod.namespace == order.namespace && pod.name == order.name)
+                .expect("an eviction names a listed pod");
+            // The kubelet never evicts a critical pod for node pressure.
+            assert!(
+                !pod.is_critical(),
+                "evicted critical pod {}/{}",
+                pod.namespace,
+                pod.name
+            );
             // The pod worker never kills with less than a second.
             assert!(order.grace_period_seconds >= 1, "{order:?}");
         }
