@@ -343,10 +343,14 @@ pub fn kdump(data: &[u8]) {
     }
 }
 
-/// Every file under `dir`, sorted, for the stable test's walk over seeds and regressions.
-pub fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+/// Every file under `source`, sorted (`source` itself when it is a file; nothing when it
+/// does not exist), for the stable test's walk over seeds and regressions.
+pub fn files_under(source: &Path) -> Vec<std::path::PathBuf> {
+    if source.is_file() {
+        return vec![source.to_path_buf()];
+    }
     let mut files = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
+    let mut pending = vec![source.to_path_buf()];
     while let Some(dir) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;

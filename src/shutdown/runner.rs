@@ -517,6 +517,11 @@ mod tests {
         }
     }
 
+    /// A period of whole seconds in milliseconds; a negative one is none.
+    fn period_ms(seconds: i64) -> u64 {
+        u64::try_from(seconds.max(0)).unwrap() * 1000
+    }
+
     async fn check_budget(
         phases: Vec<(i32, i64)>,
         pods: Vec<(i32, Option<i64>, Response)>,
@@ -582,14 +587,16 @@ mod tests {
         }
         assert!(state.all_phases_finished(), "{state:?}");
 
+        let origin_ms = clock.base_ms.load(Ordering::Relaxed);
+        let calls = terminator.calls.lock().unwrap().clone();
         let mut previous_end = began;
         for phase in &state.phases {
-            let budget_ms = u64::try_from(phase.seconds.max(0)).unwrap() * 1000;
             let (Some(started), Some(finished)) = (phase.started_unix_ms, phase.finished_unix_ms)
             else {
                 panic!("phase {phase:?} did not record its run");
             };
             assert!(started >= previous_end, "phases overlap: {state:?}");
+            let end_ms = started + period_ms(phase.seconds);
             // A restart that came only after the phase's time ran out ends it at once.
             let late_return = resumed_at
                 .iter()
@@ -598,44 +605,38 @@ mod tests {
                 .max()
                 .unwrap_or(0);
             assert!(
-                finished <= (started + budget_ms).max(late_return),
-                "phase of priority {} ran {} ms of its {budget_ms} ms: {state:?}",
+                finished <= end_ms.max(late_return),
+                "phase of priority {} ran {} ms of its {} ms: {state:?}",
                 phase.priority,
                 finished - started,
+                period_ms(phase.seconds),
             );
             previous_end = finished;
-        }
-        let origin_ms = clock.base_ms.load(Ordering::Relaxed);
-        let calls = terminator.calls.lock().unwrap().clone();
-        for (index, phase) in planned.phases.iter().enumerate() {
-            let progress = &state.phases[index];
-            let end_ms = progress.started_unix_ms.unwrap()
-                + u64::try_from(phase.seconds.max(0)).unwrap() * 1000;
-            for planned_pod in &phase.pods {
-                let pod_index: usize = planned_pod.name[1..].parse().unwrap();
+            for stopped in &phase.pods {
+                let pod_index: usize = stopped.name[1..].parse().unwrap();
                 let asked: Vec<_> = calls.iter().filter(|call| call.0 == pod_index).collect();
                 assert!(
                     !asked.is_empty(),
                     "{} was never asked to stop",
-                    planned_pod.name
+                    stopped.name
                 );
                 for (_, grace, at) in asked {
                     let at_ms = origin_ms + (*at - clock.origin).as_millis() as u64;
                     assert!(
-                        at_ms >= progress.started_unix_ms.unwrap(),
+                        at_ms >= started,
                         "{} asked to stop before its phase began",
-                        planned_pod.name
+                        stopped.name
                     );
                     assert!(
                         at_ms + grace.as_millis() as u64 <= end_ms.max(at_ms),
                         "{} given {grace:?} at {at_ms}, past its phase's end at {end_ms}",
-                        planned_pod.name
+                        stopped.name
                     );
                 }
             }
         }
         if resumed_at.is_empty() {
-            let total_ms = u64::try_from(planned.total_seconds).unwrap() * 1000;
+            let total_ms = period_ms(planned.total_seconds);
             assert!(
                 clock.now_unix_ms() - began <= total_ms,
                 "the drain took {} ms of a {total_ms} ms budget",
