@@ -24,7 +24,7 @@ fn crd_output() -> String {
 fn the_shipped_manifest_is_the_output_of_nodekeeper_crd() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/packaging/kubernetes/nodefence-crd.yaml"
+        "/packaging/kubernetes/controller/crd.yaml"
     );
     let shipped = std::fs::read_to_string(path).expect("the manifest exists");
     let body: String = shipped
@@ -35,7 +35,7 @@ fn the_shipped_manifest_is_the_output_of_nodekeeper_crd() {
     assert_eq!(
         body,
         crd_output(),
-        "packaging/kubernetes/nodefence-crd.yaml is stale: regenerate it with `cargo run -q -- crd` (see its header)"
+        "packaging/kubernetes/controller/crd.yaml is stale: regenerate it with `cargo run -q -- crd` (see its header)"
     );
 }
 

@@ -135,6 +135,12 @@ async fn a_lost_node_is_isolated_powered_off_released_and_recovered() {
         !log.contains(IpmiSim::PASSWORD),
         "the BMC password never shows in the log"
     );
+    // What the shipped RBAC grants is what a fence uses (tests/manifests.rs).
+    support::controller_rbac::assert_exercised(
+        &server.requests(),
+        "a_lost_node_is_isolated_powered_off_released_and_recovered",
+        support::controller::NAMESPACE,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

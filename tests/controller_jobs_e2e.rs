@@ -144,6 +144,11 @@ async fn a_lost_node_is_fenced_through_one_job_per_execution_with_no_credential_
         "the recovery ran as Jobs"
     );
     assert_eq!(bmc.chassis_log().matches("set power 0").count(), 1);
+    support::controller_rbac::assert_exercised(
+        &server.requests(),
+        "a_lost_node_is_fenced_through_one_job_per_execution_with_no_credential_in_sight",
+        NAMESPACE,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

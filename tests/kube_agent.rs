@@ -1111,7 +1111,8 @@ async fn the_cluster_role_grants_exactly_what_the_agent_uses() {
         .into_iter()
         .map(|a| (a.verb, a.group, a.resource))
         .collect();
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/kubernetes/rbac.yaml");
+    let manifest =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/kubernetes/agent/rbac.yaml");
     let granted = granted(&manifest);
     let missing: Vec<_> = used.difference(&granted).collect();
     let unused: Vec<_> = granted.difference(&used).collect();

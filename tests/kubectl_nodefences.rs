@@ -36,7 +36,7 @@ async fn kubectl(kubectl: &Path, dir: &Path, args: &[&str]) -> (bool, String, St
 }
 
 fn crd_manifest() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/kubernetes/nodefence-crd.yaml")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/kubernetes/controller/crd.yaml")
 }
 
 /// The columns of `line`, split on runs of two or more spaces as kubectl pads them.

@@ -346,3 +346,178 @@ async fn half_the_nodes_falling_silent_at_once_is_a_storm_and_nothing_is_powered
         assert!(server.object::<Pod>("shop", pod).is_some(), "{pod} is kept");
     }
 }
+
+/// The boot of the node whose agent promises to isolate it.
+const PROMISING_BOOT: &str = "5c1e2f4a-0d8b-4a51-9d6e-6f3b0b1c2d3e";
+
+/// `name`, Ready, with its kubelet's system information naming its boot.
+fn booted_node(name: &str, boot_id: &str) -> Node {
+    let mut node = node(name, "True", Timestamp::now());
+    let info = json!({
+        "architecture": "amd64", "bootID": boot_id, "containerRuntimeVersion": "containerd://2.0.0",
+        "kernelVersion": "6.12.0", "kubeProxyVersion": "", "kubeletVersion": "v1.33.0",
+        "machineID": "m", "operatingSystem": "linux", "osImage": "Debian GNU/Linux 13",
+        "systemUUID": "u",
+    });
+    node.status.as_mut().expect("status").node_info =
+        Some(serde_json::from_value(info).expect("node info"));
+    node
+}
+
+/// A report of `node`'s agent (protocol 1.3) promising, backed by its watchdog, that no
+/// pod process runs later than `within` after it last heard the controller.
+fn promising_report(node: &str, sequence: u64, within: Duration) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "version": "1.3", "node": node, "bootId": PROMISING_BOOT,
+        "bootTime": "2026-11-20T08:00:00Z", "sequence": sequence, "agentVersion": "test",
+        "intervalMillis": 500, "sentAt": Timestamp::now().to_string(), "trigger": "interval",
+        "conditions": [], "shutdown": {"state": "none", "lockHeld": true},
+        "apiServer": {"state": "reachable"}, "isolation": {"state": "none"},
+        "selfIsolation": {
+            "armed": true, "isolateAfterMillis": 1000, "withinMillis": within.as_millis() as u64,
+            "watchdogTimeoutMillis": 1000, "watchdog": "/dev/watchdog (test)",
+        },
+    }))
+    .expect("a report")
+}
+
+/// Posts `node`'s promising reports over TLS every half second until `stop` is set.
+async fn keep_promising(
+    address: String,
+    ca: PathBuf,
+    node: &'static str,
+    within: Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use http_body_util::BodyExt;
+    let client = nodekeeper::report::sender::http_client(Some(&ca)).expect("a TLS client");
+    let mut sequence = 0;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        sequence += 1;
+        let request = http::Request::post(format!("https://{address}/v1/reports"))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {}", token_of(node)))
+            .body(http_body_util::Full::new(hyper::body::Bytes::from(
+                promising_report(node, sequence, within),
+            )))
+            .expect("a request");
+        let answer = client
+            .request(request)
+            .await
+            .expect("the controller answers");
+        let status = answer.status();
+        let body = answer
+            .into_body()
+            .collect()
+            .await
+            .expect("the answer")
+            .to_bytes();
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_runs_out() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    require!("openssl", support::real::program("openssl", "openssl"));
+    let ca = support::tls::certificate_authority(dir.path(), "ca").expect("a CA");
+    let served =
+        support::tls::server_certificate(dir.path(), "controller", &ca).expect("a certificate");
+    let nodes = ["worker-1", "worker-2", "worker-3"];
+    let server = ready_cluster(&nodes).await;
+    server.seed(&booted_node("worker-2", PROMISING_BOOT));
+    let tokens: Vec<(&str, String)> = nodes.iter().map(|node| (*node, token_of(node))).collect();
+    seed_node_tokens(&server, &tokens);
+    // A database, and no fence configuration: the node has no fence device.
+    seed_database(&server, "worker-2", "db-0");
+    let kubelets = Kubelets::start(&server, &nodes).await;
+    let margin = Duration::from_secs(5);
+    let config = controller_config(
+        dir.path(),
+        &format!(
+            "silenceTimeout: {}s\nunhealthyDuration: 10m\nselfIsolationMargin: {}s\n\
+             reports: {{address: \"127.0.0.1:0\", nodeTokensSecret: node-tokens, reconnectGrace: 20s, {}}}\n",
+            SILENCE.as_secs(),
+            margin.as_secs(),
+            served.reports_setting()
+        ),
+    );
+    let controller = ControllerProcess::start_logging(dir.path(), &server, &config, DEBUG_LOG);
+    controller.synced().await;
+
+    // worker-2's agent promises over TLS that its node isolates itself within 2 s of
+    // losing the controller.
+    let within = Duration::from_secs(2);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reporting = tokio::spawn(keep_promising(
+        controller.reports_address(),
+        ca.cert.clone(),
+        "worker-2",
+        within,
+        stop.clone(),
+    ));
+    wait_for(&controller, "worker-2's promise", || {
+        controller
+            .agent_view("worker-2")
+            .filter(|view| view["report"]["selfIsolation"]["armed"] == true)
+    })
+    .await;
+    tokio::time::sleep(SILENCE).await;
+    assert!(
+        fence_of(&server, "worker-2").is_none(),
+        "a node that is heard is not fenced"
+    );
+
+    // The node goes quiet on both channels.
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    reporting.await.expect("the reports");
+    kubelets.stop("worker-2");
+    let silent_at = Instant::now();
+    let waiting = wait_for(&controller, "the fence waiting on the promise", || {
+        fence_of(&server, "worker-2").filter(|fence| {
+            fence.pointer("/status/pause/reason") == Some(&json!("WaitingForSelfIsolation"))
+        })
+    })
+    .await;
+    assert!(
+        server.object::<Pod>("shop", "db-0").is_some(),
+        "nothing is released before the promise runs out: {waiting:#}"
+    );
+    wait_for(&controller, "the pod released", || {
+        server.object::<Pod>("shop", "db-0").is_none().then_some(())
+    })
+    .await;
+    let waited = silent_at.elapsed();
+    println!(
+        "released on its agent's promise {waited:?} after the node fell silent (promise 2 s, margin 5 s)"
+    );
+    // Last heard at most half a second before the silence began, counted in whole
+    // seconds: never before the promise and the margin have passed.
+    assert!(
+        waited + Duration::from_millis(600) >= within + margin,
+        "{waited:?}"
+    );
+    let fence = fence_of(&server, "worker-2").expect("the NodeFence");
+    let confirmed_by = fence
+        .pointer("/status/confirmedBy")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
+    assert!(
+        confirmed_by.contains("promised"),
+        "released on the promise, nothing else: {fence:#}"
+    );
+    assert!(
+        executions(&fence).is_empty(),
+        "no fence agent ran: {fence:#}"
+    );
+    assert!(
+        taint_keys(&server, "worker-2").contains(&"node.kubernetes.io/out-of-service".to_string())
+    );
+    // Before releasing, the controller read the node's Lease afresh.
+    support::controller_rbac::assert_exercised(
+        &server.requests(),
+        "a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_runs_out",
+        NAMESPACE,
+    );
+}

@@ -392,6 +392,11 @@ async fn without_node_information_in_the_token_the_pod_says_where_it_runs() {
             .any(|request| request.method == "GET" && request.path.ends_with("/pods/agent-w1")),
         "the controller read the token's pod"
     );
+    support::controller_rbac::assert_exercised(
+        &server.requests(),
+        "without_node_information_in_the_token_the_pod_says_where_it_runs",
+        support::controller::NAMESPACE,
+    );
 }
 
 /// Opens a connection that sends its headers one byte at a time, slower than any

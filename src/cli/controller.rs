@@ -77,7 +77,10 @@ async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Cl
     let Some(config) = nodekeeper::kubernetes::client_config(kubeconfig).await? else {
         anyhow::bail!("no cluster to talk to: give --kubeconfig, set KUBECONFIG, or run in a pod");
     };
-    Ok(nodekeeper::kubernetes::build_client(config)?)
+    Ok(nodekeeper::kubernetes::build_client_as(
+        config,
+        nodekeeper::kubernetes::CONTROLLER_USER_AGENT,
+    )?)
 }
 
 fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
@@ -143,7 +146,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "no cluster to run against: give --kubeconfig, set KUBECONFIG, or run in a pod"
             );
         };
-        let client = nodekeeper::kubernetes::build_client(config)?;
+        let client = nodekeeper::kubernetes::build_client_as(
+        config,
+        nodekeeper::kubernetes::CONTROLLER_USER_AGENT,
+    )?;
         let metrics = Arc::new(nodekeeper::controller::metrics::ControllerMetrics::new());
         let health = Arc::new(nodekeeper::metrics::Health::waiting_for(
             // The controller has no periodic loop to stall; liveness is the process.

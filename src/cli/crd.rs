@@ -1,5 +1,5 @@
 //! `nodekeeper crd`: prints the NodeFence CustomResourceDefinition generated from the
-//! Rust types, for `kubectl apply -f -` (packaging/kubernetes/nodefence-crd.yaml is
+//! Rust types, for `kubectl apply -f -` (packaging/kubernetes/controller/crd.yaml is
 //! this output, kept equal by a test).
 
 use std::io::Write;

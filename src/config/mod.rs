@@ -16,8 +16,9 @@ pub use load::{
     load_with_warnings, parse_inline, read_file, unset_settings,
 };
 pub use model::{
-    AgentConfig, CgroupDriver, EvictionConfig, HostPaths, IsolationConfig, KubernetesConfig,
-    NodeReclaimConfig, ReportConfig, ShutdownConfig, ShutdownPhaseConfig, Threshold,
-    ThresholdValue, WorkloadPodConfig, WorkloadsConfig, lease_read_interval,
+    AgentConfig, CgroupDriver, DEFAULT_REPORT_TOKEN_FILE, EvictionConfig, HostPaths,
+    IsolationConfig, KubernetesConfig, NodeReclaimConfig, ReportConfig, ShutdownConfig,
+    ShutdownPhaseConfig, Threshold, ThresholdValue, WorkloadPodConfig, WorkloadsConfig,
+    lease_read_interval,
 };
 pub use thresholds::FilesystemLayout;

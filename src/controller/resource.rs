@@ -491,15 +491,78 @@ impl NodeFenceStatus {
     }
 }
 
-/// The CustomResourceDefinition as YAML, generated from these types.
+/// The CustomResourceDefinition as YAML, generated from these types, readable by YAML 1.1
+/// parsers as well (see [`quote_yaml_1_1_booleans`]).
 pub fn crd_yaml() -> Result<String, serde_yaml_ng::Error> {
     let crd = NodeFence::crd();
-    serde_yaml_ng::to_string(&crd)
+    serde_yaml_ng::to_string(&crd).map(|yaml| quote_yaml_1_1_booleans(&yaml))
+}
+
+/// The plain scalars YAML 1.1 reads as booleans but YAML 1.2 (our emitter) as strings,
+/// apart from the `true`/`false` spellings the emitter quotes itself.
+const YAML_1_1_BOOLEANS: &[&str] = &[
+    "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on", "On", "ON", "off", "Off",
+    "OFF",
+];
+
+/// Quotes every plain scalar value in `yaml` that a YAML 1.1 parser would read as a
+/// boolean. kubectl and kustomize parse YAML 1.1, so the enum `[off, on]` of an
+/// execution's action, written plain, would reach the API server as `[false, true]` and
+/// the status the controller writes (`"off"`) would not match its own schema. The
+/// emitter writes one scalar per line after `- ` or `key: `, never followed by a comment.
+fn quote_yaml_1_1_booleans(yaml: &str) -> String {
+    let mut quoted = String::with_capacity(yaml.len());
+    for line in yaml.lines() {
+        let value_at = match line.trim_start().strip_prefix("- ") {
+            Some(rest) => Some(line.len() - rest.len()),
+            None => line.find(": ").map(|at| at + 2),
+        };
+        match value_at {
+            Some(at) if YAML_1_1_BOOLEANS.contains(&&line[at..]) => {
+                quoted.push_str(&line[..at]);
+                quoted.push('\'');
+                quoted.push_str(&line[at..]);
+                quoted.push('\'');
+            }
+            _ => quoted.push_str(line),
+        }
+        quoted.push('\n');
+    }
+    quoted
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_crd_yaml_reads_the_same_to_a_yaml_1_1_parser() {
+        let yaml = crd_yaml().unwrap();
+        // The action and power enums are strings that YAML 1.1 would read as booleans.
+        for quoted in ["- 'off'", "- 'on'", "- 'On'", "- 'Off'"] {
+            assert!(yaml.contains(quoted), "{quoted} missing");
+        }
+        for line in yaml.lines() {
+            let value = line.trim_start().trim_start_matches("- ");
+            let value = value.rsplit(": ").next().unwrap_or(value);
+            assert!(
+                !YAML_1_1_BOOLEANS.contains(&value),
+                "plain boolean-like scalar: {line}"
+            );
+        }
+        // And the same to ours: quoting changed no value.
+        let ours: serde_json::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+        assert_eq!(ours, serde_json::to_value(NodeFence::crd()).unwrap());
+    }
+
+    #[test]
+    fn only_whole_boolean_like_values_are_quoted() {
+        let yaml = "a: off\nb: offline\n- on\n- 'on'\nno: yes\nc: d: n\nlist:\n  - N\n";
+        assert_eq!(
+            quote_yaml_1_1_booleans(yaml),
+            "a: 'off'\nb: offline\n- 'on'\n- 'on'\nno: 'yes'\nc: d: n\nlist:\n  - 'N'\n"
+        );
+    }
 
     #[test]
     fn the_crd_is_cluster_scoped_with_a_status_subresource_and_printer_columns() {

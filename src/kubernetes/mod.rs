@@ -21,5 +21,6 @@ pub mod usage;
 pub mod worker;
 
 pub use runtime::{
-    KubeError, KubeRuntime, USER_AGENT, build_client, client_config, connect, node_name,
+    CONTROLLER_USER_AGENT, KubeError, KubeRuntime, USER_AGENT, build_client, build_client_as,
+    client_config, connect, node_name,
 };

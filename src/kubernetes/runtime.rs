@@ -120,18 +120,31 @@ pub async fn client_config(kubeconfig: Option<&Path>) -> Result<Option<kube::Con
 
 /// Every request's `User-Agent`, so the API server's audit log and its per-client
 /// metrics and priority-and-fairness flow schemas can tell our traffic apart; without
-/// it the kube client sends none at all.
+/// it the kube client sends none at all. The agent and the toolkit send this one.
 pub const USER_AGENT: &str = concat!("nodekeeper/", env!("CARGO_PKG_VERSION"));
+
+/// The fence controller's `User-Agent`: one controller's traffic is told from a
+/// thousand agents' (and its server-side field manager, up to the '/', is its own).
+pub const CONTROLLER_USER_AGENT: &str =
+    concat!("nodekeeper-controller/", env!("CARGO_PKG_VERSION"));
 
 /// The agent's client for `config`: every request carries our [`USER_AGENT`]. Build every
 /// client of the agent through this.
-pub fn build_client(mut config: kube::Config) -> Result<kube::Client, KubeError> {
+pub fn build_client(config: kube::Config) -> Result<kube::Client, KubeError> {
+    build_client_as(config, USER_AGENT)
+}
+
+/// A client for `config` whose every request carries `user_agent`.
+pub fn build_client_as(
+    mut config: kube::Config,
+    user_agent: &'static str,
+) -> Result<kube::Client, KubeError> {
     config
         .headers
         .retain(|(name, _)| name != http::header::USER_AGENT);
     config.headers.push((
         http::header::USER_AGENT,
-        http::HeaderValue::from_static(USER_AGENT),
+        http::HeaderValue::from_static(user_agent),
     ));
     kube::Client::try_from(config).map_err(|e| KubeError::Client(e.to_string()))
 }

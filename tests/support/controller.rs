@@ -13,7 +13,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::apiserver::{CustomResource, FakeApiServer};
+use super::apiserver::{CustomResource, FakeApiServer, RequestLog};
 use super::fence_emulators::{IpmiSim, LOOPBACK};
 
 /// The agents the rig fences with: `fence_ipmilan` for the BMC, `fence_dummy` for the
@@ -279,6 +279,10 @@ pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {
 pub struct ControllerProcess {
     child: Child,
     log: PathBuf,
+    /// What the API server was asked, and the configuration the controller ran with: when
+    /// the process ends, every request it made must be one the shipped RBAC allows.
+    requests: RequestLog,
+    policy: nodekeeper::controller::ControllerPolicy,
 }
 
 impl ControllerProcess {
@@ -295,6 +299,8 @@ impl ControllerProcess {
     ) -> ControllerProcess {
         let kubeconfig = dir.join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        let policy = nodekeeper::controller::policy::load(config)
+            .unwrap_or_else(|e| panic!("the test's controller configuration: {e}"));
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let number = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = dir.join(format!("controller-{number}.log"));
@@ -312,7 +318,12 @@ impl ControllerProcess {
             .stderr(stderr)
             .spawn()
             .expect("start nodekeeper controller");
-        ControllerProcess { child, log }
+        ControllerProcess {
+            child,
+            log,
+            requests: server.request_log(),
+            policy,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -427,6 +438,15 @@ impl Drop for ControllerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A test that failed already says why; a second panic would abort the runner.
+        if std::thread::panicking() {
+            return;
+        }
+        let ungranted = super::controller_rbac::ungranted(&self.requests.requests(), &self.policy);
+        assert!(
+            ungranted.is_empty(),
+            "the controller used rights packaging/kubernetes/controller does not grant it: {ungranted:?}"
+        );
     }
 }
 

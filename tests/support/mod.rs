@@ -4,6 +4,7 @@ pub mod allocator;
 pub mod apiserver;
 pub mod cgroups;
 pub mod controller;
+pub mod controller_rbac;
 pub mod debian;
 pub mod fake_fence_agents;
 pub mod fence_emulators;

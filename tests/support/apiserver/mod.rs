@@ -297,12 +297,28 @@ impl FakeApiServer {
         self.shared().log.lock().unwrap().clear();
     }
 
+    /// A handle on the request log that does not borrow the server, for guards that read
+    /// it when they are dropped.
+    pub fn request_log(&self) -> RequestLog {
+        RequestLog(self.listener.shared.clone())
+    }
+
     /// Every (verb, group, resource) the clients used so far, for RBAC checks.
     pub fn rbac_accesses(&self) -> BTreeSet<RbacAccess> {
         self.requests()
             .iter()
             .filter_map(RecordedRequest::rbac_access)
             .collect()
+    }
+}
+
+/// The server's request log, readable after the server is dropped.
+#[derive(Clone)]
+pub struct RequestLog(std::sync::Arc<server::Shared>);
+
+impl RequestLog {
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.0.log.lock().unwrap().clone()
     }
 }
 

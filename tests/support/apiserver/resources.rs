@@ -3,7 +3,7 @@
 //! write, so a shape the real server would reject fails here too and stored objects keep the real
 //! field layout.
 
-use k8s_openapi::api::{authentication, batch, coordination, core, events};
+use k8s_openapi::api::{apps, authentication, batch, coordination, core, events, policy, rbac};
 use k8s_openapi::apiextensions_apiserver;
 
 use super::tables::PrinterColumn;
@@ -358,6 +358,88 @@ impl Default for Registry {
                 true,
                 through::<batch::v1::Job>,
                 &["status.successful"],
+            ),
+            // What nodekeeper's manifests install (packaging/kubernetes), so kubectl can
+            // apply them here.
+            builtin(
+                "",
+                "v1",
+                "Service",
+                "services",
+                true,
+                true,
+                through::<core::v1::Service>,
+                &[],
+            ),
+            builtin(
+                "apps",
+                "v1",
+                "DaemonSet",
+                "daemonsets",
+                true,
+                true,
+                through::<apps::v1::DaemonSet>,
+                &[],
+            ),
+            builtin(
+                "apps",
+                "v1",
+                "Deployment",
+                "deployments",
+                true,
+                true,
+                through::<apps::v1::Deployment>,
+                &[],
+            ),
+            builtin(
+                "policy",
+                "v1",
+                "PodDisruptionBudget",
+                "poddisruptionbudgets",
+                true,
+                true,
+                through::<policy::v1::PodDisruptionBudget>,
+                &[],
+            ),
+            builtin(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "ClusterRole",
+                "clusterroles",
+                false,
+                false,
+                through::<rbac::v1::ClusterRole>,
+                &[],
+            ),
+            builtin(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "ClusterRoleBinding",
+                "clusterrolebindings",
+                false,
+                false,
+                through::<rbac::v1::ClusterRoleBinding>,
+                &[],
+            ),
+            builtin(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "Role",
+                "roles",
+                true,
+                false,
+                through::<rbac::v1::Role>,
+                &[],
+            ),
+            builtin(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "RoleBinding",
+                "rolebindings",
+                true,
+                false,
+                through::<rbac::v1::RoleBinding>,
+                &[],
             ),
         ];
         Self { types }
