@@ -624,3 +624,92 @@ async fn nodes_deleted_during_a_watch_outage_leave_the_storm_guards_count() {
         "the node list was read again after the outage"
     );
 }
+
+/// The addresses and port the report Service's EndpointSlice sends reports to.
+fn report_endpoints(server: &FakeApiServer) -> Option<(Vec<String>, i32)> {
+    let slice = server.object::<k8s_openapi::api::discovery::v1::EndpointSlice>(
+        NAMESPACE,
+        "nodekeeper-controller-leader",
+    )?;
+    let addresses = slice
+        .endpoints
+        .iter()
+        .flat_map(|endpoint| endpoint.addresses.clone())
+        .collect();
+    let port = slice.ports?.first()?.port?;
+    Some((addresses, port))
+}
+
+fn reports_port(replica: &ControllerProcess) -> i32 {
+    let address = replica.reports_address();
+    address.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_report_service_follows_the_leader_and_only_the_leader() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = ready_cluster(&["worker-1"]).await;
+    let config = controller_config(
+        dir.path(),
+        "reports: {address: \"127.0.0.1:0\", reconnectGrace: 0s, leaderService: nodekeeper-controller}",
+    );
+    let pods = [("controller-a", "10.0.0.1"), ("controller-b", "10.0.0.2")];
+    let mut replicas: Vec<Option<ControllerProcess>> = pods
+        .iter()
+        .map(|pod| {
+            Some(ControllerProcess::start_as_pod(
+                dir.path(),
+                &server,
+                &config,
+                *pod,
+            ))
+        })
+        .collect();
+    let leads = |replica: &Option<ControllerProcess>| {
+        replica
+            .as_ref()
+            .is_some_and(|replica| replica.log().contains("node list synced"))
+    };
+    let first = replicas[0].as_ref().unwrap();
+    let leader = wait_for(first, "one replica to lead", || {
+        replicas.iter().position(leads)
+    })
+    .await;
+    let leading = replicas[leader].as_ref().unwrap();
+    let expected = (vec![pods[leader].1.to_string()], reports_port(leading));
+    wait_for(leading, "the report Service at the leader", || {
+        (report_endpoints(&server) == Some(expected.clone())).then_some(())
+    })
+    .await;
+    // The follower, though up and taking reports, is not behind the Service.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(report_endpoints(&server), Some(expected));
+
+    // The leader's machine is lost: once its Lease runs out, the other replica leads and
+    // the Service sends reports to it alone.
+    replicas[leader].take().unwrap().kill();
+    let follower = 1 - leader;
+    let next = replicas[follower].as_ref().unwrap();
+    wait_for(next, "the follower to lead", || {
+        leads(&replicas[follower]).then_some(())
+    })
+    .await;
+    let expected = (vec![pods[follower].1.to_string()], reports_port(next));
+    wait_for(next, "the report Service at the new leader", || {
+        (report_endpoints(&server) == Some(expected.clone())).then_some(())
+    })
+    .await;
+    support::controller_rbac::assert_exercised(
+        &server.requests(),
+        "the_report_service_follows_the_leader_and_only_the_leader",
+        NAMESPACE,
+    );
+
+    // A replica told to keep the Service but not told its own address says so, and stops.
+    let lost = ControllerProcess::start(dir.path(), &server, &config);
+    wait_for(&lost, "the replica without POD_IP to stop", || {
+        lost.exited().then_some(())
+    })
+    .await;
+    assert!(lost.log().contains("POD_IP"), "{}", lost.log());
+}

@@ -74,6 +74,13 @@ async fn a_lost_node_is_fenced_through_one_job_per_execution_with_no_credential_
     let config = job_config(dir.path());
     let controller = ControllerProcess::start(dir.path(), &server, &config);
     controller.synced().await;
+    // The first Job's create fails: the controller looks whether it exists after all
+    // (the request may have been carried out), and creates it again.
+    server.fail_matching(
+        support::apiserver::RequestMatcher::method("POST").and_path("/jobs"),
+        500,
+        Some(1),
+    );
 
     server.seed(&node("worker-2", "Unknown", Timestamp::now()));
     wait_for(&controller, "the pod to be released", || {

@@ -437,6 +437,7 @@ async fn a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_
         dir.path(),
         &format!(
             "silenceTimeout: {}s\nunhealthyDuration: 10m\nselfIsolationMargin: {}s\n\
+             release: {{outOfServiceTaint: true, deletePods: false}}\n\
              reports: {{address: \"127.0.0.1:0\", nodeTokensSecret: node-tokens, reconnectGrace: 20s, {}}}\n",
             SILENCE.as_secs(),
             margin.as_secs(),
@@ -481,11 +482,16 @@ async fn a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_
     })
     .await;
     assert!(
-        server.object::<Pod>("shop", "db-0").is_some(),
+        !taint_keys(&server, "worker-2").contains(&"node.kubernetes.io/out-of-service".to_string()),
         "nothing is released before the promise runs out: {waiting:#}"
     );
+    // Released as the shipped configuration does it: the out-of-service taint, for the
+    // pod garbage collector (deletePods is off, so the controller runs with the base
+    // RBAC alone).
     wait_for(&controller, "the pod released", || {
-        server.object::<Pod>("shop", "db-0").is_none().then_some(())
+        taint_keys(&server, "worker-2")
+            .contains(&"node.kubernetes.io/out-of-service".to_string())
+            .then_some(())
     })
     .await;
     let waited = silent_at.elapsed();
@@ -511,10 +517,22 @@ async fn a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_
         executions(&fence).is_empty(),
         "no fence agent ran: {fence:#}"
     );
-    assert!(
-        taint_keys(&server, "worker-2").contains(&"node.kubernetes.io/out-of-service".to_string())
-    );
     // Before releasing, the controller read the node's Lease afresh.
+    let log = server.requests();
+    let lease_read = log.iter().position(|r| {
+        r.method == "GET"
+            && r.path
+                .ends_with("/namespaces/kube-node-lease/leases/worker-2")
+    });
+    let released = log.iter().position(|r| {
+        r.method == "PATCH"
+            && r.path.ends_with("/nodes/worker-2")
+            && r.body.contains("out-of-service")
+    });
+    assert!(
+        matches!((lease_read, released), (Some(read), Some(release)) if read < release),
+        "the Lease read ({lease_read:?}) comes before the release ({released:?})"
+    );
     support::controller_rbac::assert_exercised(
         &server.requests(),
         "a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_runs_out",

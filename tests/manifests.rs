@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Service, ServiceAccount,
+    ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Service, ServiceAccount, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -263,31 +263,37 @@ fn every_manifest_is_an_object_of_its_kubernetes_kind() {
 
 #[test]
 fn the_base_lists_exactly_its_parts_and_each_part_every_file_in_it() {
-    let agent = kustomization("agent");
-    let controller = kustomization("controller");
-    let monitoring = kustomization("monitoring");
-    let parts: Vec<String> = agent.iter().chain(&controller).cloned().collect();
+    let parts: Vec<String> = kustomization("agent")
+        .into_iter()
+        .chain(kustomization("controller"))
+        .collect();
     assert_eq!(
         kustomization("."),
         parts,
         "the base is the agent and the controller parts"
     );
-    for (dir, listed) in [
-        ("agent", &agent),
-        ("controller", &controller),
-        ("monitoring", &monitoring),
-    ] {
-        let files: BTreeSet<String> = manifest_files()
-            .into_iter()
+    // Every other directory is a kustomization of the manifests in it, so an overlay
+    // can take it whole (kustomize loads files outside an overlay only as directories).
+    let files = manifest_files();
+    let dirs: BTreeSet<&Path> = files
+        .iter()
+        .filter_map(|file| Path::new(file).parent())
+        .collect();
+    assert!(dirs.len() >= 5, "{dirs:?}");
+    for dir in dirs {
+        let dir = dir.to_str().unwrap();
+        let listed: BTreeSet<String> = kustomization(dir).into_iter().collect();
+        let here: BTreeSet<String> = files
+            .iter()
             .filter(|file| Path::new(file).parent() == Some(Path::new(dir)))
+            .cloned()
             .collect();
-        let listed: BTreeSet<String> = listed.iter().cloned().collect();
         assert_eq!(
-            listed, files,
+            listed, here,
             "{dir}/kustomization.yaml lists every manifest in {dir}/, no other"
         );
     }
-    // The optional rights are not in the base; the test below says what each is for.
+    // The optional rights are not in the base; the rights test says what each is for.
     assert!(!parts.iter().any(|file| file.contains("optional")));
     // Every object's name is its own: kustomize refuses two objects with one id.
     let mut ids = BTreeSet::new();
@@ -384,14 +390,19 @@ fn config_map_file(spec: &PodSpec, container: &Container, path: &str) -> (String
     (config_map.name.clone(), key)
 }
 
-/// The host path mounted at `path` or above it in `container`, and the path on the host.
-fn host_path_of(spec: &PodSpec, container: &Container, path: &Path) -> Option<PathBuf> {
-    let mount = container
+/// The mount in `container` that holds `path`: the deepest one at or above it.
+fn mount_of<'a>(container: &'a Container, path: &Path) -> Option<&'a VolumeMount> {
+    container
         .volume_mounts
         .iter()
         .flatten()
         .filter(|mount| path.starts_with(&mount.mount_path))
-        .max_by_key(|mount| mount.mount_path.len())?;
+        .max_by_key(|mount| mount.mount_path.len())
+}
+
+/// The host path mounted at `path` or above it in `container`, and the path on the host.
+fn host_path_of(spec: &PodSpec, container: &Container, path: &Path) -> Option<PathBuf> {
+    let mount = mount_of(container, path)?;
     let volume = spec
         .volumes
         .iter()
@@ -514,6 +525,24 @@ fn the_agent_daemonset_runs_its_configuration_with_what_it_needs_from_the_host()
         config.dbus_address.is_none(),
         "the system bus at its usual socket"
     );
+    // What the agent writes is mounted writable: cgroup kills, its state and records,
+    // logind's drop-in, the kubelet's mask, and connecting to the bus socket.
+    for path in [
+        config.paths.cgroup_root.clone(),
+        config.shutdown_state_file.clone(),
+        config.logind_drop_in_path.clone(),
+        config.report.as_ref().unwrap().isolation.state_file.clone(),
+        "/run/systemd/system.control".into(),
+        "/run/dbus/system_bus_socket".into(),
+    ] {
+        let mount = mount_of(agent, &path).unwrap();
+        assert_ne!(
+            mount.read_only,
+            Some(true),
+            "{} must be writable",
+            path.display()
+        );
+    }
 }
 
 #[test]
@@ -573,18 +602,24 @@ fn the_agents_report_to_the_controller_service_with_a_token_it_accepts() {
         port_of(&policy.reports.address)
     );
 
-    // The agent's controllerURL is the report Service, which leads to the reports port
-    // of the controller's ready (leading) replica.
+    // The agent's controllerURL is the report Service. It selects no pod: the leader
+    // points its EndpointSlice at its own address (POD_IP) and the port it listens on,
+    // under the Service port's name, so reports reach the leader and no other replica.
     let report = agent_config.report.as_ref().expect("the agents report");
     let url = report.controller_url.trim_start_matches("http://");
     let (host, port) = url.split_once(':').unwrap();
     let (service_name, service_namespace) = host.trim_end_matches(".svc").split_once('.').unwrap();
+    assert_eq!(policy.reports.leader_service.as_deref(), Some(service_name));
+    assert_eq!(
+        service_namespace, policy.namespace,
+        "the slice is written beside its Lease"
+    );
     let service: Service = find(&objects, "Service", Some(service_namespace), service_name).typed();
     let service_spec = service.spec.unwrap();
-    assert!(matches(
-        service_spec.selector.as_ref().unwrap(),
-        &template.metadata.as_ref().unwrap().labels
-    ));
+    assert_eq!(
+        service_spec.selector, None,
+        "the leader alone decides where reports go"
+    );
     let service_port = service_spec
         .ports
         .iter()
@@ -592,13 +627,21 @@ fn the_agents_report_to_the_controller_service_with_a_token_it_accepts() {
         .find(|p| p.port.to_string() == port)
         .unwrap_or_else(|| panic!("{service_name} has no port {port}"));
     assert_eq!(
-        service_port.target_port,
-        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("reports".into()))
+        service_port.name.as_deref(),
+        Some(nodekeeper::controller::report_endpoint::PORT_NAME)
     );
-    assert_ne!(
-        service_spec.publish_not_ready_addresses,
-        Some(true),
-        "reports go to the leader only"
+    assert_eq!(
+        downward_field(controller, "POD_IP").as_deref(),
+        Some("status.podIP")
+    );
+    // Every serving replica is Ready, so a rolling update and the disruption budget work.
+    let readiness = controller
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.clone());
+    assert_eq!(
+        readiness.and_then(|get| get.path).as_deref(),
+        Some("/healthz")
     );
 
     // The token: projected for the controller's audience, where the agent reads it, and
@@ -855,6 +898,7 @@ fn the_controller_is_granted_the_rights_its_code_uses_and_no_other() {
     assert_eq!(
         controller_rbac::granted_by(controller_rbac::JOB_EXECUTOR),
         rights(&[
+            ("get", "batch", "jobs", FENCING),
             ("list", "batch", "jobs", FENCING),
             ("watch", "batch", "jobs", FENCING),
             ("create", "batch", "jobs", FENCING),
@@ -976,31 +1020,20 @@ async fn kubectl_renders_the_kustomizations_and_applies_them() {
         kubectl(&kubectl_path, dir.path(), kubeconfig, args)
     };
 
-    // kustomize renders exactly the files' objects, unchanged.
-    for (kustomization, objects) in [
-        (".", base()),
-        (
-            "agent",
-            kustomization("agent")
-                .iter()
-                .flat_map(|f| read(f))
-                .collect(),
-        ),
-        (
-            "controller",
-            kustomization("controller")
-                .iter()
-                .flat_map(|f| read(f))
-                .collect(),
-        ),
-        (
-            "monitoring",
-            kustomization("monitoring")
-                .iter()
-                .flat_map(|f| read(f))
-                .collect(),
-        ),
-    ] {
+    // kustomize renders exactly the files' objects, unchanged, for the base and for
+    // every directory an overlay may take.
+    let dirs: BTreeSet<String> = manifest_files()
+        .iter()
+        .filter_map(|file| Path::new(file).parent())
+        .map(|dir| dir.display().to_string())
+        .collect();
+    let renderings =
+        std::iter::once((".".to_string(), base())).chain(dirs.into_iter().map(|dir| {
+            let objects = kustomization(&dir).iter().flat_map(|f| read(f)).collect();
+            (dir, objects)
+        }));
+    for (kustomization, objects) in renderings {
+        let kustomization = kustomization.as_str();
         let (ok, out, err) = run(None, &["kustomize", kustomization]);
         assert!(ok, "kubectl kustomize {kustomization}: {err}");
         let rendered = yaml_documents(&out, "kubectl kustomize")
@@ -1101,18 +1134,44 @@ async fn kubectl_renders_the_kustomizations_and_applies_them() {
     let (ok, out, err) = run(kubeconfig, &["apply", "--validate=false", "-k", "."]);
     assert!(ok, "{out}{err}");
     assert_eq!(applied(&out, " created"), names, "{out}");
-    let daemonset = fake
-        .object::<DaemonSet>("nodekeeper-system", "nodekeeper-agent")
-        .expect("the DaemonSet is stored");
-    assert_eq!(
-        serde_json::to_value(daemonset.spec).unwrap(),
-        find(
-            &base(),
-            "DaemonSet",
-            Some("nodekeeper-system"),
-            "nodekeeper-agent"
-        )
-        .value["spec"]
+    assert!(
+        fake.object::<DaemonSet>("nodekeeper-system", "nodekeeper-agent")
+            .is_some(),
+        "the DaemonSet is stored"
+    );
+    // Every object as the server stored it (decoded through its type there) holds what
+    // the file says: the same labels, and every other field as written.
+    let (ok, out, err) = run(kubeconfig, &["get", "-k", ".", "-o", "json"]);
+    assert!(ok, "{out}{err}");
+    let list: Value = serde_json::from_str(&out).expect("kubectl get -o json");
+    let stored = by_id(
+        list["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|value| Manifest {
+                file: "stored".into(),
+                value: value.clone(),
+            }),
+    );
+    let mut found = Vec::new();
+    for (id, written) in by_id(base()) {
+        let Some(kept) = stored.get(&id) else {
+            found.push(format!("{id} is not stored"));
+            continue;
+        };
+        for (field, value) in written.as_object().unwrap() {
+            let (value, kept) = match field.as_str() {
+                "metadata" => (&value["labels"], &kept["metadata"]["labels"]),
+                _ => (value, &kept[field]),
+            };
+            differences(value, kept, format!("{id}/{field}"), &mut found);
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "stored differently:\n{}",
+        found.join("\n")
     );
     let (ok, out, err) = run(kubeconfig, &["apply", "--validate=false", "-k", "."]);
     assert!(ok, "{out}{err}");

@@ -77,10 +77,8 @@ async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Cl
     let Some(config) = nodekeeper::kubernetes::client_config(kubeconfig).await? else {
         anyhow::bail!("no cluster to talk to: give --kubeconfig, set KUBECONFIG, or run in a pod");
     };
-    Ok(nodekeeper::kubernetes::build_client_as(
-        config,
-        nodekeeper::kubernetes::CONTROLLER_USER_AGENT,
-    )?)
+    // An operator's tool: the controller's own user agent stays the controller's.
+    Ok(nodekeeper::kubernetes::build_client(config)?)
 }
 
 fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
@@ -147,9 +145,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         };
         let client = nodekeeper::kubernetes::build_client_as(
-        config,
-        nodekeeper::kubernetes::CONTROLLER_USER_AGENT,
-    )?;
+            config,
+            nodekeeper::kubernetes::CONTROLLER_USER_AGENT,
+        )?;
         let metrics = Arc::new(nodekeeper::controller::metrics::ControllerMetrics::new());
         let health = Arc::new(nodekeeper::metrics::Health::waiting_for(
             // The controller has no periodic loop to stall; liveness is the process.
@@ -164,11 +162,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         };
         // Reports are taken from the start, also on a replica that does not lead: the
-        // Service sends them to the ready (leading) replica, and a replica that takes
-        // over knows the agents within one report interval either way.
+        // Service sends them to the leader (with reports.leaderService, the leader
+        // points its EndpointSlice at itself), and a replica that takes over knows the
+        // agents within one report interval either way.
         let mut extra_routes = axum::Router::new();
         let mut report_tasks = Vec::new();
         let mut report_hub = None;
+        let mut leader_endpoint = None;
         if policy.reports.enabled {
             use nodekeeper::report::{server, tls};
             let identity = match &policy.reports.tls {
@@ -197,7 +197,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .with_context(|| format!("reports.address {address}: cannot listen"))?;
-            tracing::info!(address = %listener.local_addr()?, tls = hub.is_tls(), "serving agent reports on POST /v1/reports");
+            let bound = listener.local_addr()?;
+            tracing::info!(address = %bound, tls = hub.is_tls(), "serving agent reports on POST /v1/reports");
+            if let Some(service) = &policy.reports.leader_service {
+                let endpoint = nodekeeper::controller::report_endpoint::LeaderEndpoint::from_pod_environment(
+                    service,
+                    &policy.namespace,
+                    bound.port(),
+                    std::env::var("POD_IP").ok().as_deref(),
+                    std::env::var("POD_NAME").ok().as_deref(),
+                )
+                .map_err(anyhow::Error::msg)?;
+                leader_endpoint = Some(endpoint);
+            }
             report_tasks.push(tokio::spawn(server::serve(listener, hub.clone(), stopped())));
             report_tasks.push(tokio::spawn(server::publish_census(hub.clone(), stopped())));
             extra_routes = server::views_route(hub.clone());
@@ -251,6 +263,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             client,
             policy,
             report_hub,
+            leader_endpoint,
             kdump_log,
             nodekeeper::controller::run::identity(),
             metrics,

@@ -19,6 +19,7 @@ pub mod observe;
 pub mod policy;
 pub mod progress;
 pub mod reconciler;
+pub mod report_endpoint;
 pub mod resource;
 pub mod run;
 pub mod status;

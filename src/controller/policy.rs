@@ -432,6 +432,7 @@ impl ControllerPolicy {
                 "nodeTokensSecret": self.reports.auth.node_tokens_secret,
                 "tokenCacheTTL": go(self.reports.auth.cache_ttl),
                 "reconnectGrace": go(self.reports.reconnect_grace),
+                "leaderService": self.reports.leader_service,
                 "maxBodyBytes": self.reports.max_body_bytes,
                 "requestTimeout": go(self.reports.request_timeout),
                 "maxConnections": self.reports.max_connections,
@@ -501,6 +502,7 @@ struct ReportsDocument {
     max_connections: Option<usize>,
     max_in_flight: Option<usize>,
     tls: Option<TlsDocument>,
+    leader_service: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1103,6 +1105,20 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
         policy.reports.auth.service_accounts = accounts;
     }
     policy.reports.auth.node_tokens_secret = reports.node_tokens_secret.filter(|s| !s.is_empty());
+    if let Some(service) = reports.leader_service.filter(|s| !s.is_empty()) {
+        if !is_service_name(&service) {
+            errors.push(error(
+                "reports.leaderService",
+                format!("{service:?} is not a Service name (lowercase letters, digits and '-', starting with a letter, at most 63)"),
+            ));
+        } else if !policy.reports.enabled {
+            errors.push(error(
+                "reports.leaderService",
+                "needs reports.enabled: there are no reports to send to the leader".to_string(),
+            ));
+        }
+        policy.reports.leader_service = Some(service);
+    }
     if let Some(tls) = reports.tls {
         let file = |field: &'static str, value: Option<String>, errors: &mut Vec<PolicyError>| {
             match value.filter(|path| !path.trim().is_empty()) {
@@ -1168,9 +1184,58 @@ pub fn parse(text: &str, origin: &str) -> Result<ControllerPolicy, PolicyErrors>
     }
 }
 
+/// A Service name as Kubernetes requires it (an RFC 1035 label).
+fn is_service_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    (1..=63).contains(&bytes.len())
+        && bytes[0].is_ascii_lowercase()
+        && bytes[bytes.len() - 1] != b'-'
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_leader_service_must_be_a_service_name_with_reports_on() {
+        let policy = parse(
+            "reports: {leaderService: nodekeeper-controller}\n",
+            "c.yaml",
+        )
+        .expect("valid");
+        assert_eq!(
+            policy.reports.leader_service.as_deref(),
+            Some("nodekeeper-controller")
+        );
+        for (text, wanted) in [
+            (
+                "reports: {leaderService: Nodekeeper}\n",
+                "is not a Service name",
+            ),
+            (
+                "reports: {leaderService: 9lives}\n",
+                "is not a Service name",
+            ),
+            (
+                "reports: {leaderService: trailing-}\n",
+                "is not a Service name",
+            ),
+            (
+                "reports: {enabled: false, leaderService: svc}\n",
+                "needs reports.enabled",
+            ),
+        ] {
+            let errors = parse(text, "c.yaml").expect_err(text).to_string();
+            assert!(
+                errors.contains("reports.leaderService") && errors.contains(wanted),
+                "{text}: {errors}"
+            );
+        }
+        assert_eq!(parse("", "c.yaml").unwrap().reports.leader_service, None);
+    }
 
     #[test]
     fn an_empty_file_gives_the_documented_defaults() {

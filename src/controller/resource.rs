@@ -492,10 +492,10 @@ impl NodeFenceStatus {
 }
 
 /// The CustomResourceDefinition as YAML, generated from these types, readable by YAML 1.1
-/// parsers as well (see [`quote_yaml_1_1_booleans`]).
+/// parsers as well (see [`quote_for_yaml_1_1`]).
 pub fn crd_yaml() -> Result<String, serde_yaml_ng::Error> {
     let crd = NodeFence::crd();
-    serde_yaml_ng::to_string(&crd).map(|yaml| quote_yaml_1_1_booleans(&yaml))
+    serde_yaml_ng::to_string(&crd).map(|yaml| quote_for_yaml_1_1(&yaml))
 }
 
 /// The plain scalars YAML 1.1 reads as booleans but YAML 1.2 (our emitter) as strings,
@@ -505,26 +505,84 @@ const YAML_1_1_BOOLEANS: &[&str] = &[
     "OFF",
 ];
 
-/// Quotes every plain scalar value in `yaml` that a YAML 1.1 parser would read as a
-/// boolean. kubectl and kustomize parse YAML 1.1, so the enum `[off, on]` of an
+/// Whether YAML 1.1 reads the plain scalar `text` as something other than the string a
+/// YAML 1.2 parser reads: a boolean word, an integer with `_` separators, a binary
+/// `0b...` or a base-60 `1:30`.
+fn is_yaml_1_1_non_string(text: &str) -> bool {
+    if YAML_1_1_BOOLEANS.contains(&text) {
+        return true;
+    }
+    let unsigned = text.trim_start_matches(['-', '+']);
+    let digits_and = |extra: &[char]| {
+        unsigned.starts_with(|c: char| c.is_ascii_digit())
+            && unsigned
+                .chars()
+                .all(|c| c.is_ascii_digit() || extra.contains(&c))
+    };
+    (unsigned.contains('_') && digits_and(&['_']))
+        || unsigned.strip_prefix("0b").is_some_and(|bits| {
+            !bits.is_empty() && bits.chars().all(|c| matches!(c, '0' | '1' | '_'))
+        })
+        || (unsigned.contains(':') && digits_and(&[':', '_']) && !unsigned.ends_with(':'))
+}
+
+fn single_quoted(text: &str) -> String {
+    format!("'{text}'")
+}
+
+/// Quotes every plain key and value in `yaml` that a YAML 1.1 parser would not read as
+/// the string it is. kubectl and kustomize parse YAML 1.1, so the enum `[off, on]` of an
 /// execution's action, written plain, would reach the API server as `[false, true]` and
 /// the status the controller writes (`"off"`) would not match its own schema. The
-/// emitter writes one scalar per line after `- ` or `key: `, never followed by a comment.
-fn quote_yaml_1_1_booleans(yaml: &str) -> String {
+/// emitter writes one entry per line (`- `, `key: value`, `key:`), never a comment;
+/// the lines of a block scalar (`|`, `>`) are text and left as they are.
+fn quote_for_yaml_1_1(yaml: &str) -> String {
     let mut quoted = String::with_capacity(yaml.len());
+    // The indentation of the line that opened the block scalar being read, if any.
+    let mut block_opened_at: Option<usize> = None;
     for line in yaml.lines() {
-        let value_at = match line.trim_start().strip_prefix("- ") {
-            Some(rest) => Some(line.len() - rest.len()),
-            None => line.find(": ").map(|at| at + 2),
-        };
-        match value_at {
-            Some(at) if YAML_1_1_BOOLEANS.contains(&&line[at..]) => {
-                quoted.push_str(&line[..at]);
-                quoted.push('\'');
-                quoted.push_str(&line[at..]);
-                quoted.push('\'');
+        let indent = line.len() - line.trim_start().len();
+        if let Some(opened_at) = block_opened_at {
+            if line.trim().is_empty() || indent > opened_at {
+                quoted.push_str(line);
+                quoted.push('\n');
+                continue;
             }
-            _ => quoted.push_str(line),
+            block_opened_at = None;
+        }
+        let mut entry_at = indent;
+        while line[entry_at..].starts_with("- ") {
+            entry_at += 2;
+        }
+        let entry = &line[entry_at..];
+        let (key, value) = match entry.find(": ") {
+            Some(colon) => (Some(&entry[..colon]), Some(&entry[colon + 2..])),
+            None => match entry.strip_suffix(':') {
+                Some(key) => (Some(key), None),
+                None => (None, Some(entry)),
+            },
+        };
+        quoted.push_str(&line[..entry_at]);
+        if let Some(key) = key {
+            if is_yaml_1_1_non_string(key) {
+                quoted.push_str(&single_quoted(key));
+            } else {
+                quoted.push_str(key);
+            }
+            quoted.push(':');
+            if value.is_some() {
+                quoted.push(' ');
+            }
+        }
+        if let Some(value) = value {
+            if value.starts_with(['|', '>']) {
+                block_opened_at = Some(indent);
+                quoted.push_str(value);
+            } else if is_yaml_1_1_non_string(value) {
+                quoted.push_str(&single_quoted(value));
+            } else {
+                quoted.push_str(value);
+            }
         }
         quoted.push('\n');
     }
@@ -536,31 +594,60 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_crd_yaml_reads_the_same_to_a_yaml_1_1_parser() {
+    fn the_crd_yaml_quotes_what_yaml_1_1_would_not_read_as_a_string() {
         let yaml = crd_yaml().unwrap();
         // The action and power enums are strings that YAML 1.1 would read as booleans.
         for quoted in ["- 'off'", "- 'on'", "- 'On'", "- 'Off'"] {
             assert!(yaml.contains(quoted), "{quoted} missing");
         }
-        for line in yaml.lines() {
-            let value = line.trim_start().trim_start_matches("- ");
-            let value = value.rsplit(": ").next().unwrap_or(value);
-            assert!(
-                !YAML_1_1_BOOLEANS.contains(&value),
-                "plain boolean-like scalar: {line}"
-            );
-        }
-        // And the same to ours: quoting changed no value.
+        // Quoting changed no value for a YAML 1.2 reader (ours). kubectl's YAML 1.1
+        // reading is checked by tests/manifests.rs, with Debian's kubectl.
         let ours: serde_json::Value = serde_yaml_ng::from_str(&yaml).unwrap();
         assert_eq!(ours, serde_json::to_value(NodeFence::crd()).unwrap());
     }
 
     #[test]
-    fn only_whole_boolean_like_values_are_quoted() {
-        let yaml = "a: off\nb: offline\n- on\n- 'on'\nno: yes\nc: d: n\nlist:\n  - N\n";
+    fn keys_values_and_list_entries_are_quoted_and_block_text_is_left_alone() {
+        let yaml = "\
+a: off
+b: offline
+on: 1
+- on
+- 'on'
+- name: no
+- - N
+count: 1_000
+time: 1:30
+bits: 0b101
+port: 9849
+nested:
+  description: |-
+    Default: no
+    - Off
+    yes
+  after: yes
+";
         assert_eq!(
-            quote_yaml_1_1_booleans(yaml),
-            "a: 'off'\nb: offline\n- 'on'\n- 'on'\nno: 'yes'\nc: d: n\nlist:\n  - 'N'\n"
+            quote_for_yaml_1_1(yaml),
+            "\
+a: 'off'
+b: offline
+'on': 1
+- 'on'
+- 'on'
+- name: 'no'
+- - 'N'
+count: '1_000'
+time: '1:30'
+bits: '0b101'
+port: 9849
+nested:
+  description: |-
+    Default: no
+    - Off
+    yes
+  after: 'yes'
+"
         );
     }
 

@@ -37,12 +37,14 @@ pub enum RunError {
 /// Runs the controller until `shutdown` resolves (then `Ok`) or leadership is lost.
 /// `reports` is the agent report endpoint, when the controller serves one: with it, a
 /// node with an agent is judged by its Lease and its reports (see `liveness.rs`).
+/// `leader_endpoint`, when given, is where the leader points the report Service.
 /// `kdump` holds the kdump notifications heard, when the controller listens for them.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: kube::Client,
     policy: ControllerPolicy,
     reports: Option<Arc<crate::report::ReportHub>>,
+    leader_endpoint: Option<super::report_endpoint::LeaderEndpoint>,
     kdump: Option<Arc<super::kdump::KdumpLog>>,
     identity: String,
     metrics: Arc<ControllerMetrics>,
@@ -63,6 +65,13 @@ pub async fn run(
         _ = &mut shutdown => return Ok(()),
     }
     metrics.leader.set(1);
+    // Reports reach the leader from now on, also while the nodes are being listed.
+    let endpoint_task = leader_endpoint.map(|endpoint| {
+        tokio::spawn(super::report_endpoint::keep_pointing_at_us(
+            client.clone(),
+            endpoint,
+        ))
+    });
 
     let runner = Arc::new(FenceRunner::new(policy.agents.runner_settings()));
     let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
@@ -156,6 +165,10 @@ pub async fn run(
     };
     if let Some(lease_watch) = lease_watch_handle {
         lease_watch.abort();
+    }
+    // The next leader points the Service at itself; this replica writes nothing more.
+    if let Some(endpoint_task) = endpoint_task {
+        endpoint_task.abort();
     }
     // A replica that no longer leads asks no agent anything (reports should not reach it,
     // but a Service that still sends them must not hand out its old instructions).

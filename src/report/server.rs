@@ -52,6 +52,10 @@ pub struct ReportsPolicy {
     pub reconnect_grace: Duration,
     /// Serve over TLS with this certificate and key; `None`: plain HTTP.
     pub tls: Option<TlsFiles>,
+    /// The Service (in the controller's namespace, without a selector) agents report
+    /// to, whose EndpointSlice the leader points at itself (`report_endpoint.rs`);
+    /// `None`: the deployment routes reports to the leader some other way.
+    pub leader_service: Option<String>,
 }
 
 /// The report endpoint's certificate and key, PEM files (a `kubernetes.io/tls` Secret's
@@ -75,6 +79,7 @@ impl Default for ReportsPolicy {
             connection_lifetime: Duration::from_secs(600),
             reconnect_grace: Duration::from_secs(40),
             tls: None,
+            leader_service: None,
         }
     }
 }

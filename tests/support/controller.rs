@@ -290,12 +290,39 @@ impl ControllerProcess {
         ControllerProcess::start_logging(dir, server, config, "info,kube=warn")
     }
 
+    /// [`ControllerProcess::start`] as the pod `name` at `ip` (`POD_NAME`, `POD_IP`), as the
+    /// Deployment's downward API sets them.
+    pub fn start_as_pod(
+        dir: &Path,
+        server: &FakeApiServer,
+        config: &Path,
+        (name, ip): (&str, &str),
+    ) -> ControllerProcess {
+        ControllerProcess::spawn(
+            dir,
+            server,
+            config,
+            "info,kube=warn",
+            &[("POD_NAME", name), ("POD_IP", ip)],
+        )
+    }
+
     /// [`ControllerProcess::start`] with `RUST_LOG` set to `filter`.
     pub fn start_logging(
         dir: &Path,
         server: &FakeApiServer,
         config: &Path,
         filter: &str,
+    ) -> ControllerProcess {
+        ControllerProcess::spawn(dir, server, config, filter, &[])
+    }
+
+    fn spawn(
+        dir: &Path,
+        server: &FakeApiServer,
+        config: &Path,
+        filter: &str,
+        environment: &[(&str, &str)],
     ) -> ControllerProcess {
         let kubeconfig = dir.join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
@@ -314,6 +341,9 @@ impl ControllerProcess {
             .env("RUST_LOG", filter)
             .env_remove("KUBECONFIG")
             .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("POD_NAME")
+            .env_remove("POD_IP")
+            .envs(environment.iter().copied())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()

@@ -21,9 +21,9 @@ pub const MANIFEST_NAMESPACE: &str = "nodekeeper-fencing";
 /// The rights of the default configuration.
 pub const BASE: &str = "controller/rbac.yaml";
 /// With `release.deletePods: true`.
-pub const DELETE_PODS: &str = "controller/optional/delete-pods-rbac.yaml";
+pub const DELETE_PODS: &str = "controller/optional/delete-pods/rbac.yaml";
 /// With `executor.type: job`.
-pub const JOB_EXECUTOR: &str = "controller/optional/job-executor-rbac.yaml";
+pub const JOB_EXECUTOR: &str = "controller/optional/job-executor/rbac.yaml";
 
 /// One verb on one resource, everywhere (`namespace` None) or in one namespace.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -53,6 +53,20 @@ pub fn packaging() -> PathBuf {
 fn rights_of(rules: &[PolicyRule], namespace: Option<&str>) -> Vec<Right> {
     let mut rights = Vec::new();
     for rule in rules {
+        // Neither is counted here: a rule limited to some names would read as a full
+        // grant, and a wildcard as none. The manifests use neither.
+        assert!(
+            rule.resource_names.is_none() && rule.non_resource_urls.is_none(),
+            "resourceNames and nonResourceURLs are not read by this check: {rule:?}"
+        );
+        let all = [
+            &rule.verbs,
+            rule.api_groups.as_ref().unwrap_or(&Vec::new()),
+            rule.resources.as_ref().unwrap_or(&Vec::new()),
+        ]
+        .into_iter()
+        .any(|list| list.iter().any(|item| item == "*"));
+        assert!(!all, "a wildcard grants more than its code uses: {rule:?}");
         for group in rule.api_groups.iter().flatten() {
             for resource in rule.resources.iter().flatten() {
                 for verb in &rule.verbs {
@@ -259,11 +273,20 @@ pub const EXERCISED: &[(&str, &[Use])] = &[
     (
         "a_lost_node_is_fenced_through_one_job_per_execution_with_no_credential_in_sight",
         &[
+            ("get", "batch", "jobs", Scope::Fencing),
             ("list", "batch", "jobs", Scope::Fencing),
             ("watch", "batch", "jobs", Scope::Fencing),
             ("create", "batch", "jobs", Scope::Fencing),
             ("list", "", "pods", Scope::Fencing),
             ("watch", "", "pods", Scope::Fencing),
+        ],
+    ),
+    (
+        "the_report_service_follows_the_leader_and_only_the_leader",
+        &[
+            ("get", "discovery.k8s.io", "endpointslices", Scope::Fencing),
+            ("create", "discovery.k8s.io", "endpointslices", Scope::Fencing),
+            ("update", "discovery.k8s.io", "endpointslices", Scope::Fencing),
         ],
     ),
     (

@@ -3,7 +3,9 @@
 //! write, so a shape the real server would reject fails here too and stored objects keep the real
 //! field layout.
 
-use k8s_openapi::api::{apps, authentication, batch, coordination, core, events, policy, rbac};
+use k8s_openapi::api::{
+    apps, authentication, batch, coordination, core, discovery, events, policy, rbac,
+};
 use k8s_openapi::apiextensions_apiserver;
 
 use super::tables::PrinterColumn;
@@ -389,6 +391,17 @@ impl Default for Registry {
                 true,
                 true,
                 through::<apps::v1::Deployment>,
+                &[],
+            ),
+            // The report Service's EndpointSlice, which the leading controller writes.
+            builtin(
+                "discovery.k8s.io",
+                "v1",
+                "EndpointSlice",
+                "endpointslices",
+                true,
+                false,
+                through::<discovery::v1::EndpointSlice>,
                 &[],
             ),
             builtin(
