@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
@@ -625,19 +626,43 @@ async fn nodes_deleted_during_a_watch_outage_leave_the_storm_guards_count() {
     );
 }
 
-/// The addresses and port the report Service's EndpointSlice sends reports to.
-fn report_endpoints(server: &FakeApiServer) -> Option<(Vec<String>, i32)> {
-    let slice = server.object::<k8s_openapi::api::discovery::v1::EndpointSlice>(
-        NAMESPACE,
-        "nodekeeper-controller-leader",
-    )?;
-    let addresses = slice
-        .endpoints
-        .iter()
-        .flat_map(|endpoint| endpoint.addresses.clone())
-        .collect();
-    let port = slice.ports?.first()?.port?;
-    Some((addresses, port))
+/// The report Service's EndpointSlices: (name, addresses, port, owner uid).
+fn report_slices(server: &FakeApiServer) -> Vec<(String, Vec<String>, i32, Option<String>)> {
+    server
+        .objects::<EndpointSlice>()
+        .into_iter()
+        .filter(|slice| {
+            slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get("kubernetes.io/service-name"))
+                .is_some_and(|service| service == "nodekeeper-controller")
+        })
+        .map(|slice| {
+            let addresses = slice
+                .endpoints
+                .iter()
+                .flat_map(|endpoint| endpoint.addresses.clone())
+                .collect();
+            let port = slice
+                .ports
+                .as_ref()
+                .and_then(|ports| ports.first()?.port)
+                .unwrap_or_default();
+            let owner = slice
+                .metadata
+                .owner_references
+                .as_ref()
+                .and_then(|owners| Some(owners.first()?.uid.clone()));
+            (
+                slice.metadata.name.unwrap_or_default(),
+                addresses,
+                port,
+                owner,
+            )
+        })
+        .collect()
 }
 
 fn reports_port(replica: &ControllerProcess) -> i32 {
@@ -645,23 +670,76 @@ fn reports_port(replica: &ControllerProcess) -> i32 {
     address.rsplit(':').next().unwrap().parse().unwrap()
 }
 
+/// Posts one report of worker-1's agent to `address`; the answer's head and body.
+async fn report_to(address: &str) -> (String, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = json!({
+        "version": "1.0", "node": "worker-1", "bootId": "b", "bootTime": "2026-11-20T08:00:00Z",
+        "sequence": Timestamp::now().as_millisecond(), "agentVersion": "test",
+        "intervalMillis": 1000, "sentAt": Timestamp::now().to_string(), "trigger": "interval",
+        "conditions": [], "shutdown": {"state": "none"}, "apiServer": {"state": "reachable"},
+        "isolation": {"state": "none"}
+    })
+    .to_string();
+    let request = format!(
+        "POST /v1/reports HTTP/1.1\r\nHost: c\r\nContent-Type: application/json\r\n\
+         Authorization: Bearer {WORKER_1_TOKEN}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    // Read until the whole body is in (the server may keep the connection open).
+    loop {
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer))
+            .await
+            .expect("an answer")
+            .expect("read");
+        answer.extend_from_slice(&buffer[..read]);
+        let text = String::from_utf8_lossy(&answer).to_string();
+        if read == 0 || text.ends_with('}') {
+            let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
+            return (
+                head.to_lowercase(),
+                serde_json::from_str(body).expect("JSON"),
+            );
+        }
+    }
+}
+
+const WORKER_1_TOKEN: &str = "worker-1-node-token-0123456789abcdef";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_report_service_follows_the_leader_and_only_the_leader() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = ready_cluster(&["worker-1"]).await;
-    let config = controller_config(
-        dir.path(),
-        "reports: {address: \"127.0.0.1:0\", reconnectGrace: 0s, leaderService: nodekeeper-controller}",
-    );
-    let pods = [("controller-a", "10.0.0.1"), ("controller-b", "10.0.0.2")];
+    seed_node_tokens(&server, &[("worker-1", WORKER_1_TOKEN)]);
+    // Two pods, each at a loopback address of its own, its report endpoint listening
+    // there, as a pod's listens on its pod IP.
+    let pods = [
+        ("controller-a", "127.0.0.1", "uid-a"),
+        ("controller-b", "127.0.0.2", "uid-b"),
+    ];
+    let config_of = |(name, ip, _): (&str, &str, &str)| {
+        let home = dir.path().join(name);
+        std::fs::create_dir_all(&home).expect("the pod's directory");
+        let config = controller_config(
+            &home,
+            &format!(
+                "reports: {{address: \"{ip}:0\", reconnectGrace: 0s, nodeTokensSecret: node-tokens, leaderService: nodekeeper-controller}}"
+            ),
+        );
+        (home, config)
+    };
     let mut replicas: Vec<Option<ControllerProcess>> = pods
         .iter()
         .map(|pod| {
+            let (home, config) = config_of(*pod);
             Some(ControllerProcess::start_as_pod(
-                dir.path(),
-                &server,
-                &config,
-                *pod,
+                &home, &server, &config, *pod,
             ))
         })
         .collect();
@@ -675,28 +753,114 @@ async fn the_report_service_follows_the_leader_and_only_the_leader() {
         replicas.iter().position(leads)
     })
     .await;
+    let follower = 1 - leader;
     let leading = replicas[leader].as_ref().unwrap();
-    let expected = (vec![pods[leader].1.to_string()], reports_port(leading));
+    let only_the_leader = vec![(
+        "nodekeeper-controller-leader".to_string(),
+        vec![pods[leader].1.to_string()],
+        reports_port(leading),
+        Some(pods[leader].2.to_string()),
+    )];
     wait_for(leading, "the report Service at the leader", || {
-        (report_endpoints(&server) == Some(expected.clone())).then_some(())
+        (report_slices(&server) == only_the_leader).then_some(())
     })
     .await;
-    // The follower, though up and taking reports, is not behind the Service.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(report_endpoints(&server), Some(expected));
+    let gauge = "nodekeeper_controller_report_service_at_leader";
+    wait_for(leading, "the leader to count its slice in place", || {
+        (metric_value(&leading.metrics(), gauge) == Some(1.0)).then_some(())
+    })
+    .await;
+    let following = replicas[follower].as_ref().unwrap();
+    assert_eq!(metric_value(&following.metrics(), gauge), Some(0.0));
+    // Only the leader ever wrote the slice.
+    let slice_writes: Vec<String> = server
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.path.contains("/endpointslices") && matches!(r.method.as_str(), "POST" | "PUT")
+        })
+        .map(|r| r.body)
+        .collect();
+    assert!(!slice_writes.is_empty());
+    assert!(
+        slice_writes
+            .iter()
+            .all(|body| body.contains(pods[leader].1) && !body.contains(pods[follower].1)),
+        "{slice_writes:?}"
+    );
+    // An agent that reached the follower (the Service pointed there before) is heard but
+    // told to reconnect, so its next report goes through the Service to the leader.
+    let (head, answer) = report_to(&following.reports_address()).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert_eq!(answer["heardByLeader"], false, "{answer}");
+    assert!(head.contains("connection: close"), "{head}");
+    let (head, answer) = report_to(&leading.reports_address()).await;
+    assert_eq!(answer["heardByLeader"], true, "{answer}");
+    assert!(
+        !head.contains("connection: close"),
+        "the leader keeps its agents: {head}"
+    );
+
+    // Someone deletes the slice, and the Service gains another one (given a selector):
+    // the leader writes its slice again within its check, and says the Service is not
+    // the leader's alone until the other is gone.
+    let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(server.client(), NAMESPACE);
+    slices
+        .delete("nodekeeper-controller-leader", &Default::default())
+        .await
+        .expect("delete the slice");
+    let foreign: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "nodekeeper-controller-abcde", "namespace": NAMESPACE,
+                     "labels": {"kubernetes.io/service-name": "nodekeeper-controller"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [pods[follower].1]}],
+        "ports": [{"name": "reports", "port": 9849}]
+    }))
+    .expect("a slice");
+    slices
+        .create(&Default::default(), &foreign)
+        .await
+        .expect("another slice");
+    wait_for(leading, "the other slice reported", || {
+        leading
+            .log()
+            .contains("the report Service has other EndpointSlices")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(metric_value(&leading.metrics(), gauge), Some(0.0));
+    assert!(
+        report_slices(&server)
+            .iter()
+            .any(|slice| slice.0 == "nodekeeper-controller-leader"),
+        "the leader's slice is back"
+    );
+    slices
+        .delete("nodekeeper-controller-abcde", &Default::default())
+        .await
+        .expect("delete the other slice");
+    wait_for(leading, "the Service the leader's alone again", || {
+        (metric_value(&leading.metrics(), gauge) == Some(1.0)).then_some(())
+    })
+    .await;
+    assert_eq!(report_slices(&server), only_the_leader);
 
     // The leader's machine is lost: once its Lease runs out, the other replica leads and
     // the Service sends reports to it alone.
     replicas[leader].take().unwrap().kill();
-    let follower = 1 - leader;
     let next = replicas[follower].as_ref().unwrap();
     wait_for(next, "the follower to lead", || {
         leads(&replicas[follower]).then_some(())
     })
     .await;
-    let expected = (vec![pods[follower].1.to_string()], reports_port(next));
+    let only_the_new_leader = vec![(
+        "nodekeeper-controller-leader".to_string(),
+        vec![pods[follower].1.to_string()],
+        reports_port(next),
+        Some(pods[follower].2.to_string()),
+    )];
     wait_for(next, "the report Service at the new leader", || {
-        (report_endpoints(&server) == Some(expected.clone())).then_some(())
+        (report_slices(&server) == only_the_new_leader).then_some(())
     })
     .await;
     support::controller_rbac::assert_exercised(
@@ -706,6 +870,7 @@ async fn the_report_service_follows_the_leader_and_only_the_leader() {
     );
 
     // A replica told to keep the Service but not told its own address says so, and stops.
+    let (_, config) = config_of(pods[0]);
     let lost = ControllerProcess::start(dir.path(), &server, &config);
     wait_for(&lost, "the replica without POD_IP to stop", || {
         lost.exited().then_some(())

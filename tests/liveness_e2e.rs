@@ -517,21 +517,31 @@ async fn a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_
         executions(&fence).is_empty(),
         "no fence agent ran: {fence:#}"
     );
-    // Before releasing, the controller read the node's Lease afresh.
+    // Before releasing, the controller read the node's Lease afresh: a read after the
+    // fence began waiting on the promise and before the release.
     let log = server.requests();
-    let lease_read = log.iter().position(|r| {
-        r.method == "GET"
-            && r.path
-                .ends_with("/namespaces/kube-node-lease/leases/worker-2")
-    });
-    let released = log.iter().position(|r| {
-        r.method == "PATCH"
-            && r.path.ends_with("/nodes/worker-2")
-            && r.body.contains("out-of-service")
-    });
+    let released = log
+        .iter()
+        .position(|r| {
+            r.method == "PATCH"
+                && r.path.ends_with("/nodes/worker-2")
+                && r.body.contains("out-of-service")
+        })
+        .expect("the release");
+    let waiting_written = log[..released]
+        .iter()
+        .rposition(|r| {
+            r.path.ends_with("/nodefences/worker-2/status")
+                && r.body.contains("WaitingForSelfIsolation")
+        })
+        .expect("the fence waited on the promise");
     assert!(
-        matches!((lease_read, released), (Some(read), Some(release)) if read < release),
-        "the Lease read ({lease_read:?}) comes before the release ({released:?})"
+        log[waiting_written..released].iter().any(|r| {
+            r.method == "GET"
+                && r.path
+                    .ends_with("/namespaces/kube-node-lease/leases/worker-2")
+        }),
+        "the Lease is read between the wait and the release"
     );
     support::controller_rbac::assert_exercised(
         &server.requests(),

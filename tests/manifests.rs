@@ -542,6 +542,18 @@ fn the_agent_daemonset_runs_its_configuration_with_what_it_needs_from_the_host()
             "{} must be writable",
             path.display()
         );
+        // A ConfigMap, Secret or projected volume is read-only whatever the mount says.
+        let volume = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == mount.name)
+            .unwrap();
+        assert!(
+            volume.host_path.is_some(),
+            "{} must be on the host",
+            path.display()
+        );
     }
 }
 
@@ -633,6 +645,11 @@ fn the_agents_report_to_the_controller_service_with_a_token_it_accepts() {
     assert_eq!(
         downward_field(controller, "POD_IP").as_deref(),
         Some("status.podIP")
+    );
+    assert_eq!(
+        downward_field(controller, "POD_UID").as_deref(),
+        Some("metadata.uid"),
+        "the slice's owner, so it goes with the pod"
     );
     // Every serving replica is Ready, so a rolling update and the disruption budget work.
     let readiness = controller

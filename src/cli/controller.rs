@@ -200,14 +200,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let bound = listener.local_addr()?;
             tracing::info!(address = %bound, tls = hub.is_tls(), "serving agent reports on POST /v1/reports");
             if let Some(service) = &policy.reports.leader_service {
-                let endpoint = nodekeeper::controller::report_endpoint::LeaderEndpoint::from_pod_environment(
-                    service,
-                    &policy.namespace,
-                    bound.port(),
-                    std::env::var("POD_IP").ok().as_deref(),
-                    std::env::var("POD_NAME").ok().as_deref(),
-                )
-                .map_err(anyhow::Error::msg)?;
+                use nodekeeper::controller::report_endpoint::{LeaderEndpoint, PodEnvironment};
+                let (ip, name, uid) = (
+                    std::env::var("POD_IP").ok(),
+                    std::env::var("POD_NAME").ok(),
+                    std::env::var("POD_UID").ok(),
+                );
+                let pod = PodEnvironment {
+                    ip: ip.as_deref(),
+                    name: name.as_deref(),
+                    uid: uid.as_deref(),
+                };
+                let endpoint =
+                    LeaderEndpoint::from_pod_environment(service, &policy.namespace, bound, pod)
+                        .map_err(anyhow::Error::msg)?;
                 leader_endpoint = Some(endpoint);
             }
             report_tasks.push(tokio::spawn(server::serve(listener, hub.clone(), stopped())));

@@ -61,6 +61,8 @@ pub struct ControllerMetrics {
     /// but the log is full of other sources' live runs) or `malformed`.
     pub kdump_datagrams: Family<OutcomeLabels, Counter>,
     pub leader: Gauge,
+    /// 1 while this leader's EndpointSlice is the report Service's only one.
+    pub report_service_at_leader: Gauge,
     pub reconcile_errors: Counter,
     /// The report endpoint's metrics.
     pub reports: std::sync::Arc<crate::report::ReportMetrics>,
@@ -172,6 +174,12 @@ impl ControllerMetrics {
             "1 while this replica holds the leader Lease and acts",
             leader.clone(),
         );
+        let report_service_at_leader = Gauge::default();
+        registry.register(
+            "controller_report_service_at_leader",
+            "1 while this leader's EndpointSlice is the only one of the report Service (reports.leaderService), so every agent's report reaches it; 0 on a follower, before the slice is written, while it cannot be, or while another EndpointSlice serves the Service too",
+            report_service_at_leader.clone(),
+        );
         let reconcile_errors = Counter::default();
         registry.register(
             "controller_reconcile_errors",
@@ -198,6 +206,7 @@ impl ControllerMetrics {
             silent_nodes,
             kdump_datagrams,
             leader,
+            report_service_at_leader,
             reconcile_errors,
         }
     }

@@ -6,16 +6,23 @@
 //! and keeps it so. A replica that loses the Lease writes nothing more, and the next
 //! leader overwrites the slice, so it never holds two addresses. Every replica can then
 //! be Ready (a rolling update and a PodDisruptionBudget work) while reports reach the
-//! leader only.
+//! leader only. The slice is owned by the leader's pod, so it goes when the pod goes and
+//! never sends reports to an address another pod may be given. Another EndpointSlice of
+//! the Service (the Service was given a selector, or kept the slices of one it had) is
+//! reported, loudly and in `nodekeeper_controller_report_service_at_leader`, not fought.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, ListParams, PostParams};
+use prometheus_client::metrics::gauge::Gauge;
+
+use super::lease::Leadership;
 
 /// The label that ties an EndpointSlice to its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -40,35 +47,61 @@ pub struct LeaderEndpoint {
     pub port: u16,
     /// This pod's name (`POD_NAME`), for the endpoint's reference.
     pub pod: Option<String>,
+    /// This pod's uid (`POD_UID`): the slice's owner, so it goes with the pod.
+    pub pod_uid: Option<String>,
+}
+
+/// What this replica's pod is, as the downward API tells it (`POD_IP`, `POD_NAME`,
+/// `POD_UID`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PodEnvironment<'a> {
+    pub ip: Option<&'a str>,
+    pub name: Option<&'a str>,
+    pub uid: Option<&'a str>,
 }
 
 impl LeaderEndpoint {
-    /// The endpoint for `service` from this pod's `POD_IP` and `POD_NAME`, as the
-    /// downward API sets them; an error names what is missing.
+    /// The endpoint for `service` from this pod's environment, the report endpoint
+    /// listening on `bound`; an error names what is missing, or why the Service could
+    /// not reach this pod there.
     pub fn from_pod_environment(
         service: &str,
         namespace: &str,
-        port: u16,
-        pod_ip: Option<&str>,
-        pod_name: Option<&str>,
+        bound: SocketAddr,
+        pod: PodEnvironment<'_>,
     ) -> Result<LeaderEndpoint, String> {
-        let Some(pod_ip) = pod_ip.map(str::trim).filter(|ip| !ip.is_empty()) else {
+        let given = |value: Option<&str>| {
+            value
+                .map(str::trim)
+                .filter(|value| !value.is_empty())
+                .map(str::to_string)
+        };
+        let Some(pod_ip) = given(pod.ip) else {
             return Err(format!(
                 "reports.leaderService {service:?} needs this pod's address in POD_IP (env: valueFrom: fieldRef: status.podIP)"
             ));
         };
-        let address = pod_ip
+        let address: IpAddr = pod_ip
             .parse()
             .map_err(|_| format!("POD_IP {pod_ip:?} is not an IP address"))?;
+        // Reachable at POD_IP: listening on it, on every address of its family, or on
+        // `[::]` (which takes IPv4 as well).
+        let listens_there = bound.ip() == address
+            || (bound.ip().is_unspecified()
+                && (bound.is_ipv6() || address.is_ipv4() == bound.is_ipv4()));
+        if !listens_there {
+            return Err(format!(
+                "reports.address {bound} does not take connections to POD_IP {address}, where reports.leaderService {service:?} sends the agents (listen on {})",
+                if address.is_ipv6() { "[::]" } else { "0.0.0.0" }
+            ));
+        }
         Ok(LeaderEndpoint {
             service: service.to_string(),
             namespace: namespace.to_string(),
             address,
-            port,
-            pod: pod_name
-                .map(str::trim)
-                .filter(|name| !name.is_empty())
-                .map(str::to_string),
+            port: bound.port(),
+            pod: given(pod.name),
+            pod_uid: given(pod.uid),
         })
     }
 
@@ -88,6 +121,7 @@ impl LeaderEndpoint {
                 name: Some(self.slice_name()),
                 namespace: Some(self.namespace.clone()),
                 labels: Some(labels),
+                owner_references: self.owner(),
                 ..ObjectMeta::default()
             },
             address_type: match self.address {
@@ -120,57 +154,128 @@ impl LeaderEndpoint {
     }
 }
 
-/// Whether `current` already sends the Service's traffic where `desired` does (its
-/// labels, address type, endpoints and ports; metadata the server owns aside).
+impl LeaderEndpoint {
+    /// This pod as the slice's owner, when the downward API named it.
+    fn owner(&self) -> Option<Vec<OwnerReference>> {
+        let (name, uid) = (self.pod.clone()?, self.pod_uid.clone()?);
+        Some(vec![OwnerReference {
+            api_version: "v1".to_string(),
+            kind: "Pod".to_string(),
+            name,
+            uid,
+            ..OwnerReference::default()
+        }])
+    }
+}
+
+/// Whether `current` already sends the Service's traffic where `desired` does (our
+/// labels among its labels, its owner, address type, endpoints and ports; metadata the
+/// server owns, and labels others added, aside).
 fn points_like(current: &EndpointSlice, desired: &EndpointSlice) -> bool {
-    current.metadata.labels == desired.metadata.labels
+    let labels = current.metadata.labels.clone().unwrap_or_default();
+    let ours_kept = desired
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .all(|(key, value)| labels.get(key) == Some(value));
+    ours_kept
+        && current.metadata.owner_references == desired.metadata.owner_references
         && current.address_type == desired.address_type
         && current.endpoints == desired.endpoints
         && current.ports == desired.ports
 }
 
-/// Makes the slice `endpoint` describes exist as described; whether it had to write.
-async fn ensure(api: &Api<EndpointSlice>, endpoint: &LeaderEndpoint) -> Result<bool, kube::Error> {
+/// What one check found and did.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Pointing {
+    /// It wrote the slice (it was missing, or pointed elsewhere).
+    wrote: bool,
+    /// The Service's other EndpointSlices: reports may reach other replicas through them.
+    others: Vec<String>,
+}
+
+/// Makes the slice `endpoint` describes exist as described, and finds the Service's
+/// other slices.
+async fn ensure(
+    api: &Api<EndpointSlice>,
+    endpoint: &LeaderEndpoint,
+) -> Result<Pointing, kube::Error> {
     let mut desired = endpoint.slice();
-    match api.get_opt(&endpoint.slice_name()).await? {
-        Some(current) if points_like(&current, &desired) => Ok(false),
+    let ours = endpoint.slice_name();
+    let selector = format!("{SERVICE_NAME_LABEL}={}", endpoint.service);
+    let slices = api.list(&ListParams::default().labels(&selector)).await?;
+    let mut current = None;
+    let mut others = Vec::new();
+    for slice in slices {
+        match slice.metadata.name.as_deref() {
+            Some(name) if name == ours => current = Some(slice),
+            name => others.push(name.unwrap_or_default().to_string()),
+        }
+    }
+    let wrote = match current {
+        Some(current) if points_like(&current, &desired) => false,
         Some(current) => {
             // Guarded by the version read: a write that races another leader's loses
             // (409) and is tried again at the next check.
             desired.metadata.resource_version = current.metadata.resource_version;
-            api.replace(&endpoint.slice_name(), &PostParams::default(), &desired)
-                .await?;
-            Ok(true)
+            api.replace(&ours, &PostParams::default(), &desired).await?;
+            true
         }
         None => {
             api.create(&PostParams::default(), &desired).await?;
-            Ok(true)
+            true
         }
-    }
+    };
+    Ok(Pointing { wrote, others })
 }
 
-/// Keeps the report Service pointing at this replica while it leads (the caller aborts
-/// the task when it stops leading). Failures are logged and retried; they never stop
-/// the controller, which fences the same either way.
-pub async fn keep_pointing_at_us(client: kube::Client, endpoint: LeaderEndpoint) {
+/// Keeps the report Service pointing at this replica while it leads. The caller aborts
+/// the task when it stops leading, and the task writes nothing once its hold on the
+/// Lease is no longer current, so a replica that lost the Lease never points the
+/// Service back at itself. Failures are logged and retried; they never stop the
+/// controller, and `at_leader` (the `report_service_at_leader` gauge) shows them.
+pub async fn keep_pointing_at_us(
+    client: kube::Client,
+    endpoint: LeaderEndpoint,
+    leadership: Arc<Leadership>,
+    at_leader: Gauge,
+) {
     let api: Api<EndpointSlice> = Api::namespaced(client, &endpoint.namespace);
-    let mut failing = false;
+    let mut last: Option<Result<Vec<String>, String>> = None;
     loop {
-        match ensure(&api, &endpoint).await {
-            Ok(wrote) => {
-                if wrote || failing {
+        if !leadership.is_leading() {
+            at_leader.set(0);
+            tokio::time::sleep(RECHECK / 5).await;
+            continue;
+        }
+        let outcome = ensure(&api, &endpoint).await;
+        let now = match &outcome {
+            Ok(pointing) => Ok(pointing.others.clone()),
+            Err(error) => Err(error.to_string()),
+        };
+        let in_place = matches!(&now, Ok(others) if others.is_empty());
+        at_leader.set(i64::from(in_place));
+        let changed = last.as_ref() != Some(&now);
+        match &outcome {
+            Ok(pointing) if pointing.others.is_empty() => {
+                if pointing.wrote || changed {
                     tracing::info!(service = %endpoint.service, slice = %endpoint.slice_name(), address = %endpoint.address, port = endpoint.port, "the report Service points at this replica");
                 }
-                failing = false;
+            }
+            Ok(pointing) => {
+                if changed {
+                    tracing::error!(service = %endpoint.service, others = ?pointing.others, "the report Service has other EndpointSlices besides this leader's: agents' reports may reach other replicas, and their nodes look silent to this one. Remove the Service's selector and those slices");
+                }
             }
             Err(error) => {
-                if !failing {
-                    tracing::error!(service = %endpoint.service, slice = %endpoint.slice_name(), %error, "cannot point the report Service at this replica; agents' reports may reach no one, and their nodes are then judged by their Leases alone; retrying");
+                if changed {
+                    tracing::error!(service = %endpoint.service, slice = %endpoint.slice_name(), %error, "cannot point the report Service at this replica: agents' reports reach no one (or another replica), and their nodes are then judged by their Leases alone; retrying");
                 }
-                failing = true;
             }
         }
-        tokio::time::sleep(if failing { RECHECK / 5 } else { RECHECK }).await;
+        last = Some(now);
+        tokio::time::sleep(if in_place { RECHECK } else { RECHECK / 5 }).await;
     }
 }
 
@@ -178,13 +283,24 @@ pub async fn keep_pointing_at_us(client: kube::Client, endpoint: LeaderEndpoint)
 mod tests {
     use super::*;
 
+    fn pod(ip: &str) -> PodEnvironment<'_> {
+        PodEnvironment {
+            ip: Some(ip),
+            name: Some("nodekeeper-controller-7d9f-abcde"),
+            uid: Some("0f6a-uid"),
+        }
+    }
+
+    fn any_v4() -> SocketAddr {
+        "0.0.0.0:9849".parse().unwrap()
+    }
+
     fn endpoint() -> LeaderEndpoint {
         LeaderEndpoint::from_pod_environment(
             "nodekeeper-controller",
             "nodekeeper-fencing",
-            9849,
-            Some("10.244.1.17"),
-            Some("nodekeeper-controller-7d9f-abcde"),
+            any_v4(),
+            pod("10.244.1.17"),
         )
         .expect("valid")
     }
@@ -219,6 +335,31 @@ mod tests {
             (port.name.as_deref(), port.port),
             (Some(PORT_NAME), Some(9849))
         );
+        // It goes with the pod, so its address never outlives it.
+        let owner = &slice.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("Pod", "nodekeeper-controller-7d9f-abcde", "0f6a-uid")
+        );
+    }
+
+    #[test]
+    fn the_pod_address_must_be_one_the_endpoint_listens_on() {
+        let at = |bound: &str, ip: &str| {
+            LeaderEndpoint::from_pod_environment("svc", "ns", bound.parse().unwrap(), pod(ip))
+                .map(|endpoint| endpoint.port)
+        };
+        assert_eq!(at("0.0.0.0:9849", "10.0.0.1"), Ok(9849));
+        assert_eq!(at("10.0.0.1:9850", "10.0.0.1"), Ok(9850));
+        assert_eq!(at("[::]:9849", "10.0.0.1"), Ok(9849));
+        assert_eq!(at("[::]:9849", "fd00::1"), Ok(9849));
+        let refused = at("0.0.0.0:9849", "fd00::1").unwrap_err();
+        assert!(
+            refused.contains("does not take connections to POD_IP fd00::1")
+                && refused.contains("[::]"),
+            "{refused}"
+        );
+        assert!(at("10.0.0.2:9849", "10.0.0.1").is_err());
     }
 
     #[test]
@@ -231,14 +372,27 @@ mod tests {
     #[test]
     fn without_a_pod_address_the_error_says_how_to_give_one() {
         let missing =
-            LeaderEndpoint::from_pod_environment("svc", "ns", 9849, None, None).unwrap_err();
+            LeaderEndpoint::from_pod_environment("svc", "ns", any_v4(), PodEnvironment::default())
+                .unwrap_err();
         assert!(
             missing.contains("POD_IP") && missing.contains("status.podIP"),
             "{missing}"
         );
-        let wrong = LeaderEndpoint::from_pod_environment("svc", "ns", 9849, Some("pod-1"), None)
-            .unwrap_err();
+        let wrong =
+            LeaderEndpoint::from_pod_environment("svc", "ns", any_v4(), pod("pod-1")).unwrap_err();
         assert!(wrong.contains("\"pod-1\" is not an IP address"), "{wrong}");
+        // Without a uid there is no owner; the slice is still written.
+        let unowned = LeaderEndpoint::from_pod_environment(
+            "svc",
+            "ns",
+            any_v4(),
+            PodEnvironment {
+                uid: None,
+                ..pod("10.0.0.1")
+            },
+        )
+        .unwrap();
+        assert_eq!(unowned.slice().metadata.owner_references, None);
     }
 
     #[test]
@@ -250,9 +404,20 @@ mod tests {
         let mut stored = ours.clone();
         stored.metadata.resource_version = Some("42".to_string());
         stored.metadata.uid = Some("u".to_string());
+        stored
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("team".to_string(), "infra".to_string());
         assert!(
             points_like(&stored, &ours),
-            "server metadata is not a difference"
+            "server metadata and others' labels are not a difference"
+        );
+        stored.metadata.labels = None;
+        assert!(
+            !points_like(&stored, &ours),
+            "our labels tie it to the Service"
         );
     }
 }

@@ -505,25 +505,41 @@ const YAML_1_1_BOOLEANS: &[&str] = &[
     "OFF",
 ];
 
-/// Whether YAML 1.1 reads the plain scalar `text` as something other than the string a
-/// YAML 1.2 parser reads: a boolean word, an integer with `_` separators, a binary
-/// `0b...` or a base-60 `1:30`.
+/// Whether YAML 1.1 (as kubectl's go-yaml reads it) takes the plain scalar `text` for
+/// something other than the string a YAML 1.2 parser reads: a boolean word, or a number
+/// YAML 1.2 does not know as one (with `_` separators, `0b`/`0B` binary, a capital `0X`
+/// or `0O`, or base 60 like `1:30`). Numbers both read alike are quoted by the emitter.
 fn is_yaml_1_1_non_string(text: &str) -> bool {
     if YAML_1_1_BOOLEANS.contains(&text) {
         return true;
     }
-    let unsigned = text.trim_start_matches(['-', '+']);
-    let digits_and = |extra: &[char]| {
-        unsigned.starts_with(|c: char| c.is_ascii_digit())
-            && unsigned
-                .chars()
-                .all(|c| c.is_ascii_digit() || extra.contains(&c))
+    let unsigned = text.trim_start_matches(['-', '+']).replace('_', "");
+    let all =
+        |digits: &str, radix: u32| !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix));
+    let number = match unsigned.get(..2) {
+        Some("0x" | "0X") => all(&unsigned[2..], 16),
+        Some("0o" | "0O") => all(&unsigned[2..], 8),
+        Some("0b" | "0B") => all(&unsigned[2..], 2),
+        _ => {
+            let (whole, fraction) = match unsigned.split_once('.') {
+                Some((whole, fraction)) => (whole, Some(fraction)),
+                None => (unsigned.as_str(), None),
+            };
+            let base_60 = whole.contains(':') && whole.split(':').all(|part| all(part, 10));
+            let whole_ok = all(whole, 10) || base_60 || (whole.is_empty() && fraction.is_some());
+            let fraction_ok = fraction.is_none_or(|f| f.is_empty() || all(f, 10));
+            let some_digit = unsigned.chars().any(|c| c.is_ascii_digit());
+            whole_ok && fraction_ok && some_digit
+        }
     };
-    (unsigned.contains('_') && digits_and(&['_']))
-        || unsigned.strip_prefix("0b").is_some_and(|bits| {
-            !bits.is_empty() && bits.chars().all(|c| matches!(c, '0' | '1' | '_'))
-        })
-        || (unsigned.contains(':') && digits_and(&[':', '_']) && !unsigned.ends_with(':'))
+    // Only what YAML 1.2 reads differently: it has no `_`, no capital prefixes, no `0b`
+    // and no base 60.
+    number
+        && (text.contains('_')
+            || text.contains(':')
+            || ["0X", "0O", "0b", "0B"]
+                .iter()
+                .any(|prefix| unsigned.starts_with(prefix)))
 }
 
 fn single_quoted(text: &str) -> String {
@@ -576,7 +592,13 @@ fn quote_for_yaml_1_1(yaml: &str) -> String {
         }
         if let Some(value) = value {
             if value.starts_with(['|', '>']) {
-                block_opened_at = Some(indent);
+                // The text is indented deeper than what holds it: the key, or the `- `
+                // of a bare list entry.
+                block_opened_at = Some(if key.is_some() {
+                    entry_at
+                } else {
+                    entry_at - 2
+                });
                 quoted.push_str(value);
             } else if is_yaml_1_1_non_string(value) {
                 quoted.push_str(&single_quoted(value));
@@ -604,6 +626,9 @@ mod tests {
         // reading is checked by tests/manifests.rs, with Debian's kubectl.
         let ours: serde_json::Value = serde_yaml_ng::from_str(&yaml).unwrap();
         assert_eq!(ours, serde_json::to_value(NodeFence::crd()).unwrap());
+        // Nothing plain is left that YAML 1.1 reads otherwise: quoting again changes
+        // nothing.
+        assert_eq!(quote_for_yaml_1_1(&yaml), yaml);
     }
 
     #[test]
@@ -619,13 +644,24 @@ on: 1
 count: 1_000
 time: 1:30
 bits: 0b101
+hex: 0x_1F
+upper: 0X1F
+float: 1_0.5
 port: 9849
+version: 1.2.3
 nested:
   description: |-
     Default: no
     - Off
     yes
   after: yes
+- description: |-
+    a doc comment
+  enum:
+  - off
+- |
+  - on
+- on
 ";
         assert_eq!(
             quote_for_yaml_1_1(yaml),
@@ -640,13 +676,24 @@ b: offline
 count: '1_000'
 time: '1:30'
 bits: '0b101'
+hex: '0x_1F'
+upper: '0X1F'
+float: '1_0.5'
 port: 9849
+version: 1.2.3
 nested:
   description: |-
     Default: no
     - Off
     yes
   after: 'yes'
+- description: |-
+    a doc comment
+  enum:
+  - 'off'
+- |
+  - on
+- 'on'
 "
         );
     }

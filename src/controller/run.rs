@@ -70,6 +70,8 @@ pub async fn run(
         tokio::spawn(super::report_endpoint::keep_pointing_at_us(
             client.clone(),
             endpoint,
+            elector.leadership(),
+            metrics.report_service_at_leader.clone(),
         ))
     });
 
@@ -166,10 +168,13 @@ pub async fn run(
     if let Some(lease_watch) = lease_watch_handle {
         lease_watch.abort();
     }
-    // The next leader points the Service at itself; this replica writes nothing more.
+    // The next leader points the Service at itself; this replica writes nothing more,
+    // and a write under way ends before the Lease is given up.
     if let Some(endpoint_task) = endpoint_task {
         endpoint_task.abort();
+        let _ = endpoint_task.await;
     }
+    metrics.report_service_at_leader.set(0);
     // A replica that no longer leads asks no agent anything (reports should not reach it,
     // but a Service that still sends them must not hand out its old instructions).
     hearing.withdraw_instructions();

@@ -410,16 +410,26 @@ impl ReportHub {
                     tracing::debug!(%node, "first report from the node's agent");
                 }
                 let instructions = self.instructions_for(&node);
-                json_answer(
+                let heard_by_leader = self.leading.load(std::sync::atomic::Ordering::SeqCst);
+                let mut answer = json_answer(
                     StatusCode::OK,
                     &Acknowledgement {
                         version: protocol::version(),
                         node,
                         sequence,
                         instructions,
-                        heard_by_leader: self.leading.load(std::sync::atomic::Ordering::SeqCst),
+                        heard_by_leader,
                     },
-                )
+                );
+                // An agent that reached a replica that does not lead (the report Service
+                // pointed here before another took over) must not keep its connection:
+                // its next report goes through the Service again, to the leader.
+                if !heard_by_leader {
+                    answer
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                answer
             }
             Err(refused) => {
                 tracing::debug!(%node, %refused, "report refused");

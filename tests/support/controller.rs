@@ -290,20 +290,20 @@ impl ControllerProcess {
         ControllerProcess::start_logging(dir, server, config, "info,kube=warn")
     }
 
-    /// [`ControllerProcess::start`] as the pod `name` at `ip` (`POD_NAME`, `POD_IP`), as the
-    /// Deployment's downward API sets them.
+    /// [`ControllerProcess::start`] as the pod `name` at `ip` with `uid` (`POD_NAME`,
+    /// `POD_IP`, `POD_UID`), as the Deployment's downward API sets them.
     pub fn start_as_pod(
         dir: &Path,
         server: &FakeApiServer,
         config: &Path,
-        (name, ip): (&str, &str),
+        (name, ip, uid): (&str, &str, &str),
     ) -> ControllerProcess {
         ControllerProcess::spawn(
             dir,
             server,
             config,
             "info,kube=warn",
-            &[("POD_NAME", name), ("POD_IP", ip)],
+            &[("POD_NAME", name), ("POD_IP", ip), ("POD_UID", uid)],
         )
     }
 
@@ -343,6 +343,7 @@ impl ControllerProcess {
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("POD_NAME")
             .env_remove("POD_IP")
+            .env_remove("POD_UID")
             .envs(environment.iter().copied())
             .stdout(Stdio::null())
             .stderr(stderr)

@@ -65,7 +65,7 @@ fn rights_of(rules: &[PolicyRule], namespace: Option<&str>) -> Vec<Right> {
             rule.resources.as_ref().unwrap_or(&Vec::new()),
         ]
         .into_iter()
-        .any(|list| list.iter().any(|item| item == "*"));
+        .any(|list| list.iter().any(|item| item.contains('*')));
         assert!(!all, "a wildcard grants more than its code uses: {rule:?}");
         for group in rule.api_groups.iter().flatten() {
             for resource in rule.resources.iter().flatten() {
@@ -284,7 +284,7 @@ pub const EXERCISED: &[(&str, &[Use])] = &[
     (
         "the_report_service_follows_the_leader_and_only_the_leader",
         &[
-            ("get", "discovery.k8s.io", "endpointslices", Scope::Fencing),
+            ("list", "discovery.k8s.io", "endpointslices", Scope::Fencing),
             ("create", "discovery.k8s.io", "endpointslices", Scope::Fencing),
             ("update", "discovery.k8s.io", "endpointslices", Scope::Fencing),
         ],
