@@ -7,7 +7,10 @@ mod support {
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::agent_process::{AgentProcess, http_get};
+use support::agent_process::{AgentProcess, http_get, http_get_accepting};
+
+/// The `Accept` header Prometheus 2.x scrapes with.
+const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
 
 /// Parse OpenMetrics text into (name with labels, value) samples, rejecting any line a
 /// Prometheus scrape would reject.
@@ -70,9 +73,37 @@ fn agent_serves_metrics_and_stops_cleanly_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let (status, body) = http_get(&agent.address, "/metrics");
+    // Prometheus asks for OpenMetrics and gets it.
+    let (status, head, body) =
+        http_get_accepting(&agent.address, "/metrics", Some(PROMETHEUS_ACCEPT));
     assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{head}"
+    );
     let samples = parse_exposition(&body);
+    // Any other client (curl, promtool) gets the Prometheus text format 0.0.4: the same
+    // samples, counters and info metrics typed by their sample names, no OpenMetrics-only
+    // lines. (`promtool check metrics` reads it in tests/observability.rs.)
+    let (status, head, text) = http_get_accepting(&agent.address, "/metrics", None);
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    assert!(
+        text.contains("# TYPE nodekeeper_evictions_total counter\n")
+            && text.contains("# TYPE nodekeeper_build_info gauge\n")
+            && !text.contains("# EOF")
+            && !text.contains("# UNIT"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nnodekeeper_evictions_total{signal=\"memory.available\"} 0\n"),
+        "{text}"
+    );
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
     let mem_total_kib: f64 = meminfo
         .lines()
@@ -111,6 +142,28 @@ fn agent_serves_metrics_and_stops_cleanly_on_sigterm() {
             "nodekeeper_threshold_met{signal=\"memory.available\",threshold=\"memory.available<100Mi\",kind=\"hard\"}"
         ),
         Some(0.0)
+    );
+    // Each threshold's amount, beside its signal: a quantity as given, a percentage of
+    // the signal's capacity as the kubelet resolves it: its percentages are float32, so
+    // 10% is 0.1f32 widened (0.10000000149...), and the product is truncated.
+    assert_eq!(
+        sample(
+            &samples,
+            "nodekeeper_threshold_amount{signal=\"memory.available\",threshold=\"memory.available<100Mi\",kind=\"hard\"}"
+        ),
+        Some(100.0 * 1024.0 * 1024.0)
+    );
+    let nodefs_capacity = sample(
+        &samples,
+        "nodekeeper_signal_capacity{signal=\"nodefs.available\"}",
+    )
+    .expect("nodefs capacity");
+    assert_eq!(
+        sample(
+            &samples,
+            "nodekeeper_threshold_amount{signal=\"nodefs.available\",threshold=\"nodefs.available<10%\",kind=\"hard\"}"
+        ),
+        Some((nodefs_capacity * f64::from(0.1_f32)).trunc())
     );
     assert_eq!(
         sample(

@@ -180,6 +180,23 @@ struct MonitorEndpoint {
     relabelings: Option<Vec<Relabeling>>,
 }
 
+/// The Prometheus Operator's PrometheusRule: its groups are Prometheus's own rule file
+/// format, checked by promtool in tests/observability.rs.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PrometheusRule {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    spec: PrometheusRuleSpec,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrometheusRuleSpec {
+    groups: Vec<serde_json::Value>,
+}
+
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct Relabeling {
@@ -237,6 +254,9 @@ fn every_manifest_is_an_object_of_its_kubernetes_kind() {
                 ("monitoring.coreos.com/v1", "PodMonitor" | "ServiceMonitor") => {
                     round_trip::<Monitor>(&manifest)
                 }
+                ("monitoring.coreos.com/v1", "PrometheusRule") => {
+                    round_trip::<PrometheusRule>(&manifest)
+                }
                 (api_version, kind) => Err(format!(
                     "{api_version} {kind} is not a kind this test knows"
                 )),
@@ -256,6 +276,7 @@ fn every_manifest_is_an_object_of_its_kubernetes_kind() {
         "CustomResourceDefinition",
         "PodMonitor",
         "ServiceMonitor",
+        "PrometheusRule",
     ] {
         assert!(kinds.contains(kind), "no {kind} among {kinds:?}");
     }
@@ -1094,6 +1115,7 @@ async fn kubectl_renders_the_kustomizations_and_applies_them() {
             for (kind, plural) in [
                 ("PodMonitor", "podmonitors"),
                 ("ServiceMonitor", "servicemonitors"),
+                ("PrometheusRule", "prometheusrules"),
             ] {
                 fake.register(CustomResource {
                     group: "monitoring.coreos.com".into(),
@@ -1136,7 +1158,7 @@ async fn kubectl_renders_the_kustomizations_and_applies_them() {
         ],
     );
     assert!(ok, "{out}{err}");
-    assert_eq!(out.lines().count(), 2, "{out}");
+    assert_eq!(out.lines().count(), 3, "{out}");
 
     let Some(fake) = &fake else {
         return;
@@ -1202,6 +1224,7 @@ async fn kubectl_renders_the_kustomizations_and_applies_them() {
         applied(&out, " created"),
         [
             "podmonitor.monitoring.coreos.com/nodekeeper-agent",
+            "prometheusrule.monitoring.coreos.com/nodekeeper",
             "servicemonitor.monitoring.coreos.com/nodekeeper-controller"
         ]
         .map(String::from)

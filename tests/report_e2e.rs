@@ -43,16 +43,7 @@ async fn cluster() -> FakeApiServer {
         (AGENTS_NAMESPACE, "agent-w2", AGENT_ACCOUNT, "worker-2"),
         ("shop", "web-0", "web", "worker-1"),
     ] {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {"nodeName": node, "serviceAccountName": account,
-                     "containers": [{"name": "c", "image": "nodekeeper"}]}
-        }))
-        .expect("pod");
-        pods.create(&PostParams::default(), &pod)
-            .await
-            .expect("create the pod");
+        create_pod(&server, namespace, name, account, node).await;
     }
     server
 }

@@ -472,7 +472,7 @@ impl Agent {
             now,
         } = aftermath;
         self.publish_collection(&collection);
-        self.publish_decision(&report.decision, &previous_conditions);
+        self.publish_decision(&report.decision, &collection, &previous_conditions);
         self.publish_contention(&report.contention);
         if let Some(notifiers) = self.notifiers.as_mut() {
             notifiers.update(&collection);
@@ -597,7 +597,12 @@ impl Agent {
         }
     }
 
-    fn publish_decision(&self, decision: &Decision, previous: &BTreeSet<NodeCondition>) {
+    fn publish_decision(
+        &self,
+        decision: &Decision,
+        collection: &Collection,
+        previous: &BTreeSet<NodeCondition>,
+    ) {
         let met: BTreeSet<String> = decision
             .thresholds_met
             .iter()
@@ -610,6 +615,15 @@ impl Agent {
                 kind: if threshold.is_hard() { "hard" } else { "soft" }.to_string(),
             };
             let is_met = met.contains(&labels.threshold);
+            // The amount the signal is compared with, a percentage resolved against this
+            // collection's capacity (as the kubelet resolves it), for graphs beside the
+            // signal. Unknown while the signal could not be read.
+            if let Some(observation) = collection.observations.get(&threshold.signal) {
+                self.metrics
+                    .threshold_amount
+                    .get_or_create(&labels)
+                    .set(threshold.value.resolve(observation.capacity).value());
+            }
             self.metrics
                 .threshold_met
                 .get_or_create(&labels)

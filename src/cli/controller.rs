@@ -148,7 +148,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             config,
             nodekeeper::kubernetes::CONTROLLER_USER_AGENT,
         )?;
-        let metrics = Arc::new(nodekeeper::controller::metrics::ControllerMetrics::new());
+        let mut metrics = nodekeeper::controller::metrics::ControllerMetrics::new();
+        if policy.reports.enabled && policy.reports.leader_service.is_some() {
+            metrics.export_report_service();
+        }
+        let metrics = Arc::new(metrics);
         let health = Arc::new(nodekeeper::metrics::Health::waiting_for(
             // The controller has no periodic loop to stall; liveness is the process.
             Duration::from_secs(365 * 24 * 3600),

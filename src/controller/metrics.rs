@@ -10,7 +10,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::fencing::config::Step;
 use crate::metrics::Exposition;
+
+/// The `step` labels of fences confirmed without a fencing step's own proof: by the
+/// node's crash kernel, its agent's promise or isolation, or its own word that it drained.
+pub const CONFIRMED_WITHOUT_A_STEP: [&str; 4] =
+    ["Kdump", "SelfIsolationPromise", "SelfIsolation", "Drained"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ExecutionLabels {
@@ -53,6 +59,8 @@ pub struct ControllerMetrics {
     pub pods_release_delay: Histogram,
     pub fences_paused: Family<ReasonLabels, Gauge>,
     pub fences: Gauge,
+    /// NodeFences whose Failed condition is True now.
+    pub failed_fences: Gauge,
     pub storm_guard: Family<StateLabels, Gauge>,
     pub watched_nodes: Gauge,
     pub unhealthy_nodes: Gauge,
@@ -138,6 +146,12 @@ impl ControllerMetrics {
         );
         let fences = Gauge::default();
         registry.register("fences", "NodeFences that exist now", fences.clone());
+        let failed_fences = Gauge::default();
+        registry.register(
+            "failed_fences",
+            "NodeFences whose Failed condition is True now: their retries are used up and the node's pods stay where they are until a person acts",
+            failed_fences.clone(),
+        );
         let storm_guard = Family::<StateLabels, Gauge>::default();
         registry.register(
             "storm_guard_state",
@@ -174,12 +188,9 @@ impl ControllerMetrics {
             "1 while this replica holds the leader Lease and acts",
             leader.clone(),
         );
+        // Registered by `export_report_service`, only where reports.leaderService is set:
+        // a leader's 0 for a Service never wanted would page for nothing.
         let report_service_at_leader = Gauge::default();
-        registry.register(
-            "controller_report_service_at_leader",
-            "1 while this leader's EndpointSlice is the only one of the report Service (reports.leaderService), so every agent's report reaches it; 0 on a follower, before the slice is written, while it cannot be, or while another EndpointSlice serves the Service too",
-            report_service_at_leader.clone(),
-        );
         let reconcile_errors = Counter::default();
         registry.register(
             "controller_reconcile_errors",
@@ -187,6 +198,22 @@ impl ControllerMetrics {
             reconcile_errors.clone(),
         );
         let reports = std::sync::Arc::new(crate::report::ReportMetrics::register(&mut registry));
+        // Counters an alert or a rate reads exist at 0 before their first event: a series
+        // that first appears at 1 has no increase to see.
+        for step in Step::ALL {
+            let labels = StepLabels {
+                step: format!("{step:?}"),
+            };
+            fences_confirmed.get_or_create(&labels).inc_by(0);
+            fences_failed.get_or_create(&labels).inc_by(0);
+        }
+        for step in CONFIRMED_WITHOUT_A_STEP {
+            fences_confirmed
+                .get_or_create(&StepLabels {
+                    step: step.to_string(),
+                })
+                .inc_by(0);
+        }
         ControllerMetrics {
             registry,
             reports,
@@ -200,6 +227,7 @@ impl ControllerMetrics {
             pods_release_delay,
             fences_paused,
             fences,
+            failed_fences,
             storm_guard,
             watched_nodes,
             unhealthy_nodes,
@@ -209,6 +237,16 @@ impl ControllerMetrics {
             report_service_at_leader,
             reconcile_errors,
         }
+    }
+
+    /// Export the report Service's gauge: call at startup when `reports.leaderService`
+    /// is set.
+    pub fn export_report_service(&mut self) {
+        self.registry.register(
+            "controller_report_service_at_leader",
+            "1 while this leader's EndpointSlice is the only one of the report Service (reports.leaderService), so every agent's report reaches it; 0 on a follower, before the slice is written, while it cannot be, or while another EndpointSlice serves the Service too (exported only with reports.leaderService)",
+            self.report_service_at_leader.clone(),
+        );
     }
 
     /// Sets the storm guard's state gauges: the current one to 1, the others to 0.
@@ -229,5 +267,32 @@ impl Exposition for ControllerMetrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_an_alert_reads_start_at_zero_and_the_report_service_gauge_only_when_wanted() {
+        let mut metrics = ControllerMetrics::new();
+        let text = metrics.encode();
+        for series in [
+            "nodekeeper_fences_failed_total{step=\"PowerManagement\"} 0",
+            "nodekeeper_fences_failed_total{step=\"Isolation\"} 0",
+            "nodekeeper_fences_confirmed_total{step=\"Drained\"} 0",
+            "nodekeeper_fences_confirmed_total{step=\"Recovery\"} 0",
+            "nodekeeper_failed_fences 0",
+        ] {
+            assert!(text.contains(&format!("\n{series}\n")), "{series}: {text}");
+        }
+        assert!(!text.contains("report_service_at_leader"), "{text}");
+        metrics.export_report_service();
+        assert!(
+            metrics
+                .encode()
+                .contains("\nnodekeeper_controller_report_service_at_leader 0\n")
+        );
     }
 }

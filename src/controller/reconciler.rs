@@ -34,7 +34,9 @@ use super::facts::{NodeFacts, NodeHealth, PlanOutline, Readiness, pod_needs_fenc
 use super::hearing::Hearing;
 use super::lease::Leadership;
 use super::liveness::Liveness;
-use super::metrics::{ControllerMetrics, ExecutionLabels, ReasonLabels, StepLabels};
+use super::metrics::{
+    CONFIRMED_WITHOUT_A_STEP, ControllerMetrics, ExecutionLabels, ReasonLabels, StepLabels,
+};
 use super::observe;
 use super::policy::{
     ControllerPolicy, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, REMEDIATION_TAINT,
@@ -216,6 +218,11 @@ impl Context {
         let fences = self.fences.state();
         self.metrics.fences.set(fences.len() as i64);
         self.metrics.fences_paused.clear();
+        let failed = fences
+            .iter()
+            .filter(|fence| fence.status.as_ref().is_some_and(is_failed))
+            .count();
+        self.metrics.failed_fences.set(failed as i64);
         for fence in fences.iter() {
             if let Some(pause) = fence.status.as_ref().and_then(|s| s.pause.as_ref()) {
                 self.metrics
@@ -747,12 +754,13 @@ fn record_metrics(
             .as_deref()
             .is_some_and(|by| by.starts_with("kdump:"));
         let by_promise = after.is_released_on_promise();
+        let [kdump, promise, self_isolation, drained] = CONFIRMED_WITHOUT_A_STEP;
         let step = match (after.step, after.self_isolation.is_some()) {
-            _ if by_kdump => "Kdump".to_string(),
-            _ if by_promise => "SelfIsolationPromise".to_string(),
+            _ if by_kdump => kdump.to_string(),
+            _ if by_promise => promise.to_string(),
             (Some(step), _) => format!("{step:?}"),
-            (None, true) => "SelfIsolation".to_string(),
-            (None, false) => "Drained".to_string(),
+            (None, true) => self_isolation.to_string(),
+            (None, false) => drained.to_string(),
         };
         metrics
             .fences_confirmed
@@ -776,13 +784,7 @@ fn record_metrics(
     {
         metrics.pods_release_delay.observe(seconds(since, at));
     }
-    let failed = |status: &NodeFenceStatus| {
-        status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Failed" && c.status == "True")
-    };
-    if !failed(before) && failed(after) {
+    if !is_failed(before) && is_failed(after) {
         metrics
             .fences_failed
             .get_or_create(&StepLabels {
@@ -793,6 +795,14 @@ fn record_metrics(
     if before.recovered_at.is_none() && after.recovered_at.is_some() {
         metrics.fences_recovered.inc();
     }
+}
+
+/// Whether the fence's Failed condition is True: it used up its retries.
+fn is_failed(status: &NodeFenceStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|condition| condition.type_ == "Failed" && condition.status == "True")
 }
 
 static EVENT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

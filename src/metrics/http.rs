@@ -12,6 +12,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use super::Metrics;
+use super::text_format::Format;
 
 /// Liveness and readiness as the agent loop reports them.
 #[derive(Debug)]
@@ -64,7 +65,8 @@ fn now_unix_ms() -> u64 {
 }
 
 /// Anything that renders an OpenMetrics exposition: the agent's metrics and the
-/// controller's are served by the same server.
+/// controller's are served by the same server (which rewrites it in the Prometheus text
+/// format for clients that do not ask for OpenMetrics).
 pub trait Exposition: Send + Sync {
     fn encode(&self) -> String;
 }
@@ -81,13 +83,22 @@ struct AppState {
     health: Arc<Health>,
 }
 
-async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
+/// OpenMetrics for a scraper that asks for it (Prometheus does), the Prometheus text
+/// format 0.0.4 for every other client.
+async fn metrics_handler(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> impl IntoResponse {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|value| value.to_str().ok());
+    let format = Format::negotiate(accept);
     (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.encode(),
+        [
+            (header::CONTENT_TYPE, format.content_type()),
+            (header::VARY, "Accept"),
+        ],
+        format.render(state.metrics.encode()),
     )
 }
 

@@ -1,6 +1,7 @@
 //! Prometheus metrics, all named `nodekeeper_*`, and the HTTP endpoints that serve them.
 
 mod http;
+pub mod text_format;
 
 pub use http::{Exposition, Health, serve, serve_with};
 
@@ -72,6 +73,7 @@ pub struct Metrics {
     pub signal_available: Family<SignalLabels, Gauge>,
     pub signal_capacity: Family<SignalLabels, Gauge>,
     pub threshold_met: Family<ThresholdLabels, Gauge>,
+    pub threshold_amount: Family<ThresholdLabels, Gauge>,
     pub node_condition: Family<ConditionLabels, Gauge>,
     pub collection_duration: Histogram,
     pub collection_errors: Family<SignalLabels, Counter>,
@@ -126,6 +128,12 @@ impl Metrics {
             "threshold_met",
             "1 when the eviction threshold is met (after its grace period), else 0",
             threshold_met.clone(),
+        );
+        let threshold_amount = Family::<ThresholdLabels, Gauge>::default();
+        registry.register(
+            "threshold_amount",
+            "The eviction threshold's amount in its signal's units, a percentage resolved against the signal's capacity: the signal is below its threshold when nodekeeper_signal_available is less than this",
+            threshold_amount.clone(),
         );
         let node_condition = Family::<ConditionLabels, Gauge>::default();
         registry.register(
@@ -239,6 +247,7 @@ impl Metrics {
             signal_available,
             signal_capacity,
             threshold_met,
+            threshold_amount,
             node_condition,
             collection_duration,
             collection_errors,

@@ -236,15 +236,35 @@ impl AgentProcess {
 
 /// `GET path` from the agent: the status code and the body.
 pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    let (status, _, body) = http_get_accepting(address, path, None);
+    (status, body)
+}
+
+/// `GET path` with `accept` as the `Accept` header (none if `None`): the status code,
+/// the response's header lines and the body.
+pub fn http_get_accepting(
+    address: &str,
+    path: &str,
+    accept: Option<&str>,
+) -> (u16, String, String) {
     let mut stream = TcpStream::connect(address).expect("connect to the agent");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .expect("set a read timeout");
+    let accept = accept
+        .map(|accept| format!("Accept: {accept}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\n{accept}Connection: close\r\n\r\n"
     )
     .expect("send the request");
+    read_response(&mut stream)
+}
+
+/// Reads an HTTP response to its end (the server closes the connection): the status
+/// code, the header lines and the body. A body sent in chunks is returned as sent.
+pub fn read_response(stream: &mut impl Read) -> (u16, String, String) {
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
     let status = response
@@ -252,9 +272,9 @@ pub fn http_get(address: &str, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|code| code.parse().ok())
         .unwrap_or(0);
-    let body = response
+    let (head, body) = response
         .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
+        .map(|(head, body)| (head.to_string(), body.to_string()))
         .unwrap_or_default();
-    (status, body)
+    (status, head, body)
 }

@@ -72,6 +72,27 @@ pub fn node(name: &str, ready: &str, since: Timestamp) -> Node {
     .expect("node")
 }
 
+/// Creates pod `namespace/name` on `node`, running as ServiceAccount `account`, through
+/// the API (so the server assigns its uid, which tokens bound to it carry).
+pub async fn create_pod(
+    server: &FakeApiServer,
+    namespace: &str,
+    name: &str,
+    account: &str,
+    node: &str,
+) {
+    let pods: kube::Api<Pod> = kube::Api::namespaced(server.client(), namespace);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "serviceAccountName": account,
+                 "containers": [{"name": "c", "image": "nodekeeper"}]}
+    }))
+    .expect("pod");
+    pods.create(&kube::api::PostParams::default(), &pod)
+        .await
+        .expect("create the pod");
+}
+
 /// A StatefulSet pod with a ReadWriteOnce volume on `node`, and its claim.
 pub fn seed_database(server: &FakeApiServer, node: &str, name: &str) {
     let claim = format!("data-{name}");
@@ -145,7 +166,13 @@ pub fn seed_kdump_fence_config(server: &FakeApiServer, node: &str, bmc_port: u16
 }
 
 /// The methods of [`seed_fence_config`], with `steps` as the node's configuration.
-fn seed_fence_steps(server: &FakeApiServer, node: &str, bmc_port: u16, fabric: &Path, steps: &str) {
+pub fn seed_fence_steps(
+    server: &FakeApiServer,
+    node: &str,
+    bmc_port: u16,
+    fabric: &Path,
+    steps: &str,
+) {
     server.seed(&config_map(
         &format!("fence-config-{node}"),
         "config.properties",

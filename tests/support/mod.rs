@@ -11,6 +11,7 @@ pub mod fence_emulators;
 pub mod fence_manifests;
 pub mod job_runner;
 pub mod kubelet;
+pub mod logind_fake;
 pub mod netns;
 pub mod node_units;
 pub mod nspawn;

@@ -147,13 +147,37 @@ pub fn debian_kubectl() -> Result<std::path::PathBuf, String> {
         .filter(|value| !value.is_empty())
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(KUBECTL_DEFAULT));
+    unpacked_program(
+        path,
+        "scripts/test unpacks package kubernetes-client there; or set NODEKEEPER_KUBECTL",
+    )
+}
+
+/// Where `scripts/test` unpacks Debian's package prometheus (installing it would start a
+/// Prometheus service).
+#[allow(dead_code)]
+pub const PROMETHEUS_ROOT_DEFAULT: &str = "/var/cache/nodekeeper-test/prometheus";
+
+/// `program` (`prometheus` or `promtool`) from Debian's package prometheus, under
+/// `NODEKEEPER_PROMETHEUS_ROOT`, else where `scripts/test` unpacks it.
+#[allow(dead_code)]
+pub fn debian_prometheus(program: &str) -> Result<std::path::PathBuf, String> {
+    let root = std::env::var_os("NODEKEEPER_PROMETHEUS_ROOT")
+        .filter(|value| !value.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(PROMETHEUS_ROOT_DEFAULT));
+    unpacked_program(
+        root.join("usr/bin").join(program),
+        "scripts/test unpacks package prometheus there; or set NODEKEEPER_PROMETHEUS_ROOT",
+    )
+}
+
+/// `path` if it is an executable file, else an error naming it and `hint`.
+fn unpacked_program(path: std::path::PathBuf, hint: &str) -> Result<std::path::PathBuf, String> {
     use std::os::unix::fs::PermissionsExt;
     match std::fs::metadata(&path) {
         Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => Ok(path),
-        _ => Err(format!(
-            "Debian's kubectl is not at {} (scripts/test unpacks package kubernetes-client there; or set NODEKEEPER_KUBECTL)",
-            path.display()
-        )),
+        _ => Err(format!("{} is not there ({hint})", path.display())),
     }
 }
 

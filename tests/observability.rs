@@ -1,0 +1,739 @@
+//! The shipped dashboard and alerting rules against real Prometheus tools (Debian's
+//! package prometheus, unpacked by scripts/test):
+//! - `promtool check rules` loads packaging/prometheus/rules.yaml, and `promtool test
+//!   rules` runs its unit tests, in which every alert fires on the series it is for and
+//!   stays quiet where it must (no shutdown alert for an agent without graceful shutdown,
+//!   no controller alert from a follower);
+//! - the Prometheus Operator's PrometheusRule holds the same groups;
+//! - the Grafana dashboard is well formed: unique ids, panels inside the grid without
+//!   overlapping, every query on the data source variable;
+//! - a real Prometheus on loopback scrapes a running agent (Kubernetes mode, dry run,
+//!   graceful shutdown on with a fake logind, reporting) and a running controller that
+//!   has just fenced one node (fence_dummy) and paused another: every metric the
+//!   dashboard and the rules name comes back from its query API with data, every query
+//!   of the dashboard runs, every rule evaluates without error, and the alerts pending
+//!   are exactly those the situation calls for. `promtool check metrics` passes on both
+//!   /metrics pages.
+//!
+//! Fails under `CI=true` without Debian's prometheus, `dbus-daemon` or `fence-agents`.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+
+use support::agent_process::{AgentProcess, http_get_accepting};
+use support::apiserver::{FakeApiServer, projected_token};
+use support::controller::*;
+use support::logind_fake::{FakeLogind, PrivateBus, fake_state};
+use support::real;
+
+const PROMETHEUS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/prometheus");
+const DASHBOARD: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/packaging/grafana/nodekeeper.json"
+);
+const PROMETHEUS_RULE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/packaging/kubernetes/monitoring/prometheusrule.yaml"
+);
+
+fn yaml_file(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn rules() -> Value {
+    yaml_file(&Path::new(PROMETHEUS_DIR).join("rules.yaml"))
+}
+
+fn dashboard() -> Value {
+    let text = std::fs::read_to_string(DASHBOARD).expect("the dashboard");
+    serde_json::from_str(&text).expect("the dashboard is JSON")
+}
+
+/// Every rule of rules.yaml: (alert name, expression).
+fn alerts() -> Vec<(String, String)> {
+    let rules = rules();
+    let mut alerts = Vec::new();
+    for group in rules["groups"].as_array().expect("groups") {
+        for rule in group["rules"].as_array().expect("rules") {
+            alerts.push((
+                rule["alert"]
+                    .as_str()
+                    .expect("only alerting rules")
+                    .to_string(),
+                rule["expr"].as_str().expect("expr").to_string(),
+            ));
+        }
+    }
+    alerts
+}
+
+/// Every panel of the dashboard that queries (rows hold no queries).
+fn query_panels(dashboard: &Value) -> Vec<&Value> {
+    dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .filter(|panel| panel["type"] != "row")
+        .collect()
+}
+
+/// Every query expression of the dashboard.
+fn dashboard_queries(dashboard: &Value) -> Vec<String> {
+    query_panels(dashboard)
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().expect("targets").iter())
+        .map(|target| target["expr"].as_str().expect("expr").to_string())
+        .collect()
+}
+
+/// The metric names an expression reads: `nodekeeper_*` words and `up`.
+fn metric_names(expression: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let is_name_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut words = expression.split(|c: char| !is_name_char(c));
+    for word in words.by_ref() {
+        if word.starts_with("nodekeeper_") || word == "up" {
+            names.insert(word.to_string());
+        }
+    }
+    // `up` as a word also appears in label values and text; only `up{` is the metric.
+    if !expression.contains("up{") {
+        names.remove("up");
+    }
+    names
+}
+
+fn run(program: &Path, args: &[&str], dir: &Path, stdin: Option<&str>) -> (bool, String) {
+    let mut child = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+    let mut input = child.stdin.take().expect("stdin");
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).expect("write stdin");
+    }
+    drop(input);
+    let output = child.wait_with_output().expect("wait");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+#[test]
+fn the_alerting_rules_load_and_pass_their_unit_tests() {
+    let promtool = require!("Debian's promtool", real::debian_prometheus("promtool"));
+    let dir = Path::new(PROMETHEUS_DIR);
+    let alerts = alerts();
+    let (ok, out) = run(&promtool, &["check", "rules", "rules.yaml"], dir, None);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!("SUCCESS: {} rules found", alerts.len())),
+        "{out}"
+    );
+    let (ok, out) = run(&promtool, &["test", "rules", "rules_test.yaml"], dir, None);
+    assert!(ok, "{out}");
+    assert!(out.contains("SUCCESS"), "{out}");
+
+    // Every alert has a unit test in which it fires, and one in which it must not.
+    let tests = yaml_file(&dir.join("rules_test.yaml"));
+    let mut fired = BTreeSet::new();
+    let mut quiet = BTreeSet::new();
+    for test in tests["tests"].as_array().expect("tests") {
+        for case in test["alert_rule_test"].as_array().expect("alert_rule_test") {
+            let name = case["alertname"].as_str().expect("alertname").to_string();
+            let expected = case["exp_alerts"].as_array().map_or(0, Vec::len);
+            if expected == 0 {
+                quiet.insert(name);
+            } else {
+                fired.insert(name);
+            }
+        }
+    }
+    let names: BTreeSet<String> = alerts.into_iter().map(|(name, _)| name).collect();
+    assert_eq!(fired, names, "alerts without a test in which they fire");
+    // A test input with series that must not alert counts as quiet too: the cases that
+    // expect one alert of several series. Those without any quiet case are listed here.
+    let never_quiet: BTreeSet<&String> = names.difference(&quiet).collect();
+    for name in &never_quiet {
+        let stays_quiet_somewhere = tests["tests"].as_array().unwrap().iter().any(|test| {
+            let series = test["input_series"].as_array().unwrap().len();
+            test["alert_rule_test"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|case| {
+                    case["alertname"] == name.as_str()
+                        && case["exp_alerts"].as_array().map_or(0, Vec::len) < series
+                })
+        });
+        assert!(
+            stays_quiet_somewhere,
+            "{name}: no unit test shows a series it must not alert on"
+        );
+    }
+}
+
+#[test]
+fn the_prometheus_rule_manifest_holds_the_same_rules() {
+    let manifest = yaml_file(Path::new(PROMETHEUS_RULE));
+    assert_eq!(manifest["kind"], "PrometheusRule");
+    assert_eq!(
+        manifest["spec"]["groups"],
+        rules()["groups"],
+        "{PROMETHEUS_RULE} differs from packaging/prometheus/rules.yaml: run scripts/prometheus-rule"
+    );
+}
+
+#[test]
+fn the_dashboard_is_well_formed() {
+    let dashboard = dashboard();
+    assert_eq!(dashboard["uid"], "nodekeeper");
+    let variables: BTreeMap<&str, &Value> = dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating")
+        .iter()
+        .map(|variable| (variable["name"].as_str().expect("name"), variable))
+        .collect();
+    assert_eq!(variables["datasource"]["type"], "datasource");
+    assert_eq!(variables["datasource"]["query"], "prometheus");
+    // All nodes is `.*`, which also matches series without a node label (a static scrape
+    // configuration without one).
+    assert_eq!(variables["node"]["allValue"], ".*");
+
+    let mut ids = BTreeSet::new();
+    let mut cells: BTreeMap<(i64, i64), String> = BTreeMap::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        let title = panel["title"].as_str().expect("title").to_string();
+        assert!(ids.insert(panel["id"].as_i64().expect("id")), "{title}: id");
+        let grid = &panel["gridPos"];
+        let [x, y, w, h] = ["x", "y", "w", "h"].map(|key| grid[key].as_i64().expect(key));
+        assert!(x >= 0 && w > 0 && x + w <= 24 && h > 0, "{title}: {grid}");
+        for column in x..x + w {
+            for row in y..y + h {
+                if let Some(other) = cells.insert((column, row), title.clone()) {
+                    panic!("{title} overlaps {other}");
+                }
+            }
+        }
+        if panel["type"] == "row" {
+            continue;
+        }
+        assert!(
+            !panel["description"].as_str().unwrap_or_default().is_empty(),
+            "{title}: no description"
+        );
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "{title}");
+        let mut references = BTreeSet::new();
+        for target in panel["targets"].as_array().expect("targets") {
+            assert_eq!(target["datasource"]["uid"], "${datasource}", "{title}");
+            assert!(
+                references.insert(target["refId"].as_str().expect("refId")),
+                "{title}: refIds repeat"
+            );
+            let expression = target["expr"].as_str().expect("expr");
+            assert!(
+                !metric_names(expression).is_empty(),
+                "{title}: {expression}"
+            );
+        }
+    }
+    // What the dashboard is for, each with the metric that shows it.
+    let used: BTreeSet<String> = dashboard_queries(&dashboard)
+        .iter()
+        .flat_map(|query| metric_names(query))
+        .collect();
+    for (what, metric) in [
+        ("signals", "nodekeeper_signal_available"),
+        ("against thresholds", "nodekeeper_threshold_amount"),
+        ("evictions by signal", "nodekeeper_evictions_total"),
+        (
+            "detection latency",
+            "nodekeeper_eviction_decision_duration_seconds_bucket",
+        ),
+        (
+            "shutdown phase timings",
+            "nodekeeper_graceful_shutdown_phase_duration_seconds",
+        ),
+        ("fences by result", "nodekeeper_fence_executions_total"),
+        ("storm guard", "nodekeeper_storm_guard_state"),
+    ] {
+        assert!(used.contains(metric), "no {what} ({metric}) in {used:?}");
+    }
+}
+
+// ---- a real Prometheus scraping a real agent and controller ----
+
+/// A Prometheus server this test started, ended by its PID when dropped.
+struct Prometheus {
+    child: Child,
+    address: String,
+    log: PathBuf,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    /// Starts `binary` on a free loopback port with `config`, keeping its data and log
+    /// in `dir`, and waits until it is ready.
+    fn start(binary: &Path, dir: &Path, config: &Path) -> Prometheus {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let address = format!("127.0.0.1:{port}");
+        let log = dir.join("prometheus.log");
+        let child = Command::new(binary)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={address}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start prometheus");
+        let prometheus = Prometheus {
+            child,
+            address,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while prometheus.get("/-/ready").0 != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "Prometheus never became ready:\n{}",
+                prometheus.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        prometheus
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `GET path` over HTTP/1.0 (so the body is never chunked): status and body.
+    fn get(&self, path: &str) -> (u16, String) {
+        let Ok(mut stream) = std::net::TcpStream::connect(&self.address) else {
+            return (0, String::new());
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+        if write!(
+            stream,
+            "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.address
+        )
+        .is_err()
+        {
+            return (0, String::new());
+        }
+        let (status, _, body) = support::agent_process::read_response(&mut stream);
+        (status, body)
+    }
+
+    /// `path` of the HTTP API as JSON; panics unless Prometheus answers `success`.
+    fn api(&self, path: &str) -> Value {
+        let (status, body) = self.get(path);
+        let answer: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("GET {path}: {status} {e}: {body}"));
+        assert_eq!(answer["status"], "success", "GET {path}: {answer}");
+        answer["data"].clone()
+    }
+
+    /// An instant query's result vector.
+    fn query(&self, expression: &str) -> Vec<Value> {
+        let data = self.api(&format!("/api/v1/query?query={}", encode(expression)));
+        match &data["result"] {
+            Value::Array(result) => result.clone(),
+            // A scalar or a string (not what the dashboard asks) counts as one value.
+            other => vec![other.clone()],
+        }
+    }
+}
+
+/// Percent-encodes a query parameter's value.
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (byte as char).to_string()
+            }
+            _ => format!("%{byte:02X}"),
+        })
+        .collect()
+}
+
+/// A dashboard query with Grafana's variables as Grafana fills them in: every node, a
+/// rate interval of four scrapes, the last minute as the range.
+fn as_grafana_sends(query: &str) -> String {
+    query
+        .replace("$node", ".*")
+        .replace("$__rate_interval", "4s")
+        .replace("$__range", "1m")
+}
+
+const AGENTS_NAMESPACE: &str = "nodekeeper-system";
+const AGENT_ACCOUNT: &str = "nodekeeper-agent";
+const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
+
+/// Five Ready nodes (so two lost ones stay within the storm guard's 40%), the agent's
+/// ServiceAccount and its pod on worker-1, and a web pod beside it.
+async fn cluster() -> FakeApiServer {
+    let server = ready_cluster(&["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"]).await;
+    let client = server.client();
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), AGENTS_NAMESPACE);
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": AGENT_ACCOUNT}})).expect("account");
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .expect("create the ServiceAccount");
+    create_pod(
+        &server,
+        AGENTS_NAMESPACE,
+        "agent-w1",
+        AGENT_ACCOUNT,
+        "worker-1",
+    )
+    .await;
+    create_pod(&server, "shop", "web-0", "default", "worker-1").await;
+    server
+}
+
+/// A finished graceful shutdown of an earlier boot, as the agent's state file keeps it:
+/// two phases, 4 s and 11 s.
+fn last_shutdown(path: &Path) {
+    use nodekeeper::shutdown::state::*;
+    let start = 1_790_000_000_000;
+    let phase = |priority, seconds, started, finished| PhaseProgress {
+        priority,
+        seconds,
+        pods: Vec::new(),
+        status: PhaseStatus::Completed,
+        started_unix_ms: Some(started),
+        finished_unix_ms: Some(finished),
+        failed_pods: Vec::new(),
+    };
+    let state = ShutdownState {
+        version: STATE_FORMAT_VERSION,
+        boot_id: "00000000-0000-4000-8000-000000000001".to_string(),
+        start_unix_ms: start,
+        end_unix_ms: Some(start + 15_000),
+        total_seconds: 30,
+        outcome: ShutdownOutcome::Finished,
+        phases: vec![
+            phase(0, 20, start, start + 4_000),
+            phase(2_000_000_000, 10, start + 4_000, start + 15_000),
+        ],
+        about_to_power_off: true,
+        pods_listed: true,
+    };
+    std::fs::create_dir_all(path.parent().expect("state dir")).expect("state dir");
+    StateStore::new(path)
+        .save(&state)
+        .expect("write the state file");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_every_metric_the_dashboard_and_the_rules_use() {
+    let prometheus_binary = require!("Debian's prometheus", real::debian_prometheus("prometheus"));
+    let promtool = require!("Debian's promtool", real::debian_prometheus("promtool"));
+    require!("ClusterLabs fence agents", fence_agents());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bus = require!("dbus-daemon", PrivateBus::start(dir.path()));
+    let logind = FakeLogind::serve(&bus, fake_state(3600)).await;
+
+    // The controller, as a pod publishing the report Service's endpoint, with worker-2's
+    // storage fabric as its fence device.
+    let server = cluster().await;
+    let fabric = enabled_fabric(dir.path());
+    seed_fence_steps(
+        &server,
+        "worker-2",
+        0,
+        &fabric,
+        "isolation=fabric-off\nrecovery=fabric-on",
+    );
+    let config = controller_config(
+        dir.path(),
+        "reports: {address: \"127.0.0.1:0\", reconnectGrace: 0s, leaderService: nodekeeper-controller}\n",
+    );
+    let controller = ControllerProcess::start_as_pod(
+        dir.path(),
+        &server,
+        &config,
+        ("nodekeeper-controller-0", "127.0.0.1", "uid-0"),
+    );
+    controller.synced().await;
+
+    // The agent on worker-1: Kubernetes mode in a dry run, a memory threshold this host
+    // always meets, graceful shutdown with logind, a finished shutdown on record, and
+    // reports to the controller.
+    let token_file = dir.path().join("token");
+    let token = projected_token(
+        &server.client(),
+        AGENTS_NAMESPACE,
+        AGENT_ACCOUNT,
+        "agent-w1",
+        Some("nodekeeper-controller"),
+    )
+    .await;
+    std::fs::write(&token_file, token).expect("token file");
+    let state_file = dir.path().join("state/graceful_shutdown_state.json");
+    last_shutdown(&state_file);
+    let kubeconfig = dir.path().join("agent-kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let agent_config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &agent_config,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1
+kind: AgentConfiguration
+nodeName: worker-1
+housekeepingInterval: 500ms
+evictionHard: {{memory.available: 64Ti}}
+shutdownGracePeriod: 30s
+shutdownGracePeriodCriticalPods: 10s
+shutdownStateFile: {state}
+logindDropInPath: {root}/logind.conf.d/99-nodekeeper.conf
+dbusAddress: {bus}
+report: {{controllerURL: \"http://{controller}\", interval: 500ms, tokenFile: {token}}}
+",
+            state = state_file.display(),
+            root = dir.path().display(),
+            bus = bus.address(),
+            controller = controller.reports_address(),
+            token = token_file.display(),
+        ),
+    )
+    .expect("agent config");
+    let agent = AgentProcess::dry_run_from(
+        Command::new(support::agent_process::BINARY),
+        &agent_config,
+        &["--kubeconfig".as_ref(), kubeconfig.as_os_str()],
+    );
+    agent.wait_for_line("logind delay lock held", Duration::from_secs(20));
+    wait_for(&controller, "the agent's report", || {
+        controller.agent_view("worker-1")
+    })
+    .await;
+
+    // worker-2 is lost and fenced; worker-3 is lost with no fence configuration. Each
+    // runs a database pod, which only a fence may release.
+    seed_database(&server, "worker-2", "db-0");
+    seed_database(&server, "worker-3", "db-1");
+    let lost_at = Timestamp::now();
+    server.seed(&node("worker-2", "Unknown", lost_at));
+    server.seed(&node("worker-3", "Unknown", lost_at));
+    wait_for(&controller, "worker-2 fenced and released", || {
+        taint_keys(&server, "worker-2")
+            .contains(&OUT_OF_SERVICE.to_string())
+            .then_some(())
+    })
+    .await;
+
+    // Prometheus scrapes both every second and evaluates the rules every second.
+    let prometheus_dir = dir.path().join("prometheus");
+    std::fs::create_dir_all(&prometheus_dir).expect("prometheus dir");
+    let prometheus_config = prometheus_dir.join("prometheus.yml");
+    std::fs::write(
+        &prometheus_config,
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: [{rules}]
+scrape_configs:
+  - job_name: nodekeeper-agent
+    static_configs: [{{targets: [\"{agent}\"], labels: {{node: worker-1}}}}]
+  - job_name: nodekeeper-controller
+    static_configs: [{{targets: [\"{controller}\"]}}]
+",
+            rules = Path::new(PROMETHEUS_DIR).join("rules.yaml").display(),
+            agent = agent.address,
+            controller = controller.metrics_address(),
+        ),
+    )
+    .expect("prometheus config");
+    let prometheus = Prometheus::start(&prometheus_binary, &prometheus_dir, &prometheus_config);
+
+    // Every metric the dashboard and the rules read comes back with data.
+    let dashboard = dashboard();
+    let queries = dashboard_queries(&dashboard);
+    let expressions: Vec<String> = alerts()
+        .into_iter()
+        .map(|(_, expression)| expression)
+        .chain(queries.iter().cloned())
+        .collect();
+    let wanted: BTreeSet<String> = expressions
+        .iter()
+        .flat_map(|expression| metric_names(expression))
+        .collect();
+    assert!(wanted.len() > 40, "{wanted:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut missing: Vec<String>;
+    loop {
+        missing = wanted
+            .iter()
+            .filter(|name| prometheus.query(name).is_empty())
+            .cloned()
+            .collect();
+        if missing.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        missing.is_empty(),
+        "no data in Prometheus for {missing:?}\nagent:\n{}\ncontroller:\n{}",
+        http_get_accepting(&agent.address, "/metrics", None).2,
+        http_get_accepting(&controller.metrics_address(), "/metrics", None).2,
+    );
+
+    // Data that shows the situation: the fence, the pause, the last shutdown, the
+    // threshold met and the evictions it caused (counted in a dry run), the reports.
+    let value = |query: &str| -> f64 {
+        let result = prometheus.query(query);
+        let sample = result
+            .first()
+            .unwrap_or_else(|| panic!("no result for {query}"));
+        sample["value"][1]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{query}: {sample}"))
+    };
+    let check = |query: &str, expected: f64| {
+        assert_eq!(value(query), expected, "{query}");
+    };
+    check(
+        "nodekeeper_fence_executions_total{step=\"Isolation\",method=\"fabric-off\",agent=\"fence_dummy\",result=\"Succeeded\"}",
+        1.0,
+    );
+    check("nodekeeper_fences_confirmed_total{step=\"Isolation\"}", 1.0);
+    check("nodekeeper_fences_paused{reason=\"NoConfiguration\"}", 1.0);
+    check("nodekeeper_failed_fences", 0.0);
+    check("nodekeeper_storm_guard_state{state=\"calm\"}", 1.0);
+    check("nodekeeper_controller_report_service_at_leader", 1.0);
+    check(
+        "nodekeeper_graceful_shutdown_phase_duration_seconds{priority=\"2000000000\"}",
+        11.0,
+    );
+    check("nodekeeper_shutdown_inhibit_lock_held", 1.0);
+    check(
+        "nodekeeper_threshold_met{threshold=\"memory.available<64Ti\"}",
+        1.0,
+    );
+    check(
+        "nodekeeper_threshold_amount{threshold=\"memory.available<64Ti\"}",
+        64.0 * 1024f64.powi(4),
+    );
+    assert!(value("sum(nodekeeper_evictions_total{node=\"worker-1\"})") >= 1.0);
+    assert!(value("nodekeeper_controller_reports_total{result=\"accepted\"}") >= 1.0);
+    assert!(value("nodekeeper_agent_reports_total{result=\"accepted\"}") >= 1.0);
+
+    // Every query of the dashboard runs as Grafana sends it.
+    for query in &queries {
+        prometheus.query(&as_grafana_sends(query));
+    }
+
+    // Every rule evaluates without error, and the alerts under way are exactly those this
+    // situation calls for: worker-1's threshold met and worker-3's paused fence (both
+    // pending: they need minutes), and nothing else (no shutdown alert for an agent
+    // whose lock is held, no alert on the healthy controller).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let groups = prometheus.api("/api/v1/rules");
+        let rules: Vec<&Value> = groups["groups"]
+            .as_array()
+            .expect("groups")
+            .iter()
+            .flat_map(|group| group["rules"].as_array().expect("rules").iter())
+            .collect();
+        assert_eq!(rules.len(), alerts().len(), "{groups}");
+        let bad: Vec<String> = rules
+            .iter()
+            .filter(|rule| rule["health"] != "ok")
+            .map(|rule| format!("{}: {} {}", rule["name"], rule["health"], rule["lastError"]))
+            .collect();
+        if bad.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "rules not evaluated: {bad:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let expected: BTreeSet<(String, String)> = [
+        ("NodekeeperEvictionThresholdMetTooLong", "pending"),
+        ("NodekeeperFencePaused", "pending"),
+    ]
+    .map(|(name, state)| (name.to_string(), state.to_string()))
+    .into();
+    let alerting = || -> BTreeSet<(String, String)> {
+        prometheus.api("/api/v1/alerts")["alerts"]
+            .as_array()
+            .expect("alerts")
+            .iter()
+            .map(|alert| {
+                (
+                    alert["labels"]["alertname"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    alert["state"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    };
+    // The rules are evaluated every second, each group on its own timer.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while alerting() != expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        alerting(),
+        expected,
+        "alerts under way; rules: {}",
+        prometheus.api("/api/v1/rules")
+    );
+
+    // promtool's lint passes on both pages as any client but Prometheus gets them.
+    for (what, address) in [
+        ("agent", agent.address.clone()),
+        ("controller", controller.metrics_address()),
+    ] {
+        let (status, _, page) = http_get_accepting(&address, "/metrics", None);
+        assert_eq!(status, 200, "{what}");
+        let (ok, out) = run(&promtool, &["check", "metrics"], dir.path(), Some(&page));
+        assert!(
+            ok,
+            "promtool check metrics on the {what}'s page: {out}\n{page}"
+        );
+        assert!(out.trim().is_empty(), "{what}: lint findings: {out}");
+    }
+    drop(prometheus);
+    drop(logind);
+}
