@@ -189,6 +189,8 @@ fn agent_serves_metrics_and_stops_cleanly_on_sigterm() {
         Some(0.0),
         "{body}"
     );
+    // The shipped configuration is a dry run, and says so (the storm alert reads it).
+    assert_eq!(sample(&samples, "nodekeeper_dry_run"), Some(1.0));
     // This configuration has no graceful shutdown: no lock, so no lock gauge to alert on.
     assert!(!body.contains("inhibit"), "{body}");
     // Stall ratios keep the kernel's decimals, without float noise.

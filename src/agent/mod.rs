@@ -77,6 +77,7 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
     if !crate::shutdown::plan::phases_from_config(&config.shutdown).is_empty() {
         metrics.export_inhibitor_lock();
     }
+    metrics.dry_run.set(i64::from(config.dry_run));
     let metrics = Arc::new(metrics);
     let interval = config
         .housekeeping_interval

@@ -58,6 +58,10 @@ pub struct ControllerMetrics {
     pub fence_confirm_duration: Histogram,
     pub pods_release_delay: Histogram,
     pub fences_paused: Family<ReasonLabels, Gauge>,
+    /// The reasons `fences_paused` has a series for, so a reason no longer seen is
+    /// removed without clearing the others first (a scrape between the two would find no
+    /// series, and restart an alert's `for`).
+    paused_reasons: std::sync::Mutex<std::collections::BTreeSet<String>>,
     pub fences: Gauge,
     /// NodeFences whose Failed condition is True now.
     pub failed_fences: Gauge,
@@ -226,6 +230,7 @@ impl ControllerMetrics {
             fence_confirm_duration,
             pods_release_delay,
             fences_paused,
+            paused_reasons: Default::default(),
             fences,
             failed_fences,
             storm_guard,
@@ -247,6 +252,31 @@ impl ControllerMetrics {
             "1 while this leader's EndpointSlice is the only one of the report Service (reports.leaderService), so every agent's report reaches it; 0 on a follower, before the slice is written, while it cannot be, or while another EndpointSlice serves the Service too (exported only with reports.leaderService)",
             self.report_service_at_leader.clone(),
         );
+    }
+
+    /// Sets `fences_paused` to `counts` (paused fences by reason): each reason's series
+    /// is set in place, and those of reasons gone are removed.
+    pub fn set_paused(&self, counts: &std::collections::BTreeMap<String, i64>) {
+        let mut reasons = self
+            .paused_reasons
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (reason, count) in counts {
+            self.fences_paused
+                .get_or_create(&ReasonLabels {
+                    reason: reason.clone(),
+                })
+                .set(*count);
+        }
+        for gone in reasons
+            .iter()
+            .filter(|reason| !counts.contains_key(*reason))
+        {
+            self.fences_paused.remove(&ReasonLabels {
+                reason: gone.clone(),
+            });
+        }
+        *reasons = counts.keys().cloned().collect();
     }
 
     /// Sets the storm guard's state gauges: the current one to 1, the others to 0.
@@ -288,6 +318,15 @@ mod tests {
             assert!(text.contains(&format!("\n{series}\n")), "{series}: {text}");
         }
         assert!(!text.contains("report_service_at_leader"), "{text}");
+        let paused = |counts: &[(&str, i64)]| {
+            metrics.set_paused(&counts.iter().map(|(r, n)| (r.to_string(), *n)).collect());
+            metrics.encode()
+        };
+        let text = paused(&[("NoConfiguration", 2), ("StormGuard", 1)]);
+        assert!(text.contains("\nnodekeeper_fences_paused{reason=\"NoConfiguration\"} 2\n"));
+        let text = paused(&[("NoConfiguration", 1)]);
+        assert!(text.contains("\nnodekeeper_fences_paused{reason=\"NoConfiguration\"} 1\n"));
+        assert!(!text.contains("reason=\"StormGuard\""), "{text}");
         metrics.export_report_service();
         assert!(
             metrics

@@ -14,7 +14,7 @@ use super::facts::{NodeHealth, NodeTaints, PodFacts, Readiness, zone_key};
 use super::policy::{
     EXCLUSION_LABEL, MEDIK8S_EXCLUSION_LABEL, OUT_OF_SERVICE_TAINT, REMEDIATION_TAINT,
 };
-use super::resource::{NodeFence, PauseReason};
+use super::resource::{NodeFence, NodeFenceStatus, PauseReason};
 use super::storm::{NodeView, StormMemory};
 
 /// The node lifecycle controller leaves nodes with this label out of the zone states.
@@ -223,6 +223,44 @@ pub fn starts_in_zone<'a>(
         .collect()
 }
 
+/// Whether the fence's Failed condition is True: it used up its retries.
+pub fn has_failed(status: &NodeFenceStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|condition| condition.type_ == "Failed" && condition.status == "True")
+}
+
+/// What the gauges over every NodeFence show.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct FenceFigures {
+    pub total: usize,
+    /// Fences whose Failed condition is True.
+    pub failed: usize,
+    /// Paused fences by reason (the reason's name).
+    pub paused: BTreeMap<String, i64>,
+}
+
+pub fn fence_figures<'a>(fences: impl IntoIterator<Item = &'a NodeFence>) -> FenceFigures {
+    let mut figures = FenceFigures::default();
+    for fence in fences {
+        figures.total += 1;
+        let Some(status) = fence.status.as_ref() else {
+            continue;
+        };
+        if has_failed(status) {
+            figures.failed += 1;
+        }
+        if let Some(pause) = &status.pause {
+            *figures
+                .paused
+                .entry(format!("{:?}", pause.reason))
+                .or_insert(0) += 1;
+        }
+    }
+    figures
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,6 +367,49 @@ mod tests {
             ..Default::default()
         });
         fence
+    }
+
+    #[test]
+    fn the_fence_gauges_count_every_fence_the_failed_ones_and_the_paused_by_reason() {
+        let mut failed = fence_paused(PauseReason::RetryBackoff, None);
+        let status = failed.status.as_mut().expect("status");
+        status.pause = None;
+        status.conditions = serde_json::from_value(serde_json::json!([
+            {"type": "Confirmed", "status": "False", "reason": "NotYet", "message": "",
+             "lastTransitionTime": "2026-11-24T01:00:00Z"},
+            {"type": "Failed", "status": "True", "reason": "RetriesUsedUp", "message": "",
+             "lastTransitionTime": "2026-11-24T01:00:00Z"}
+        ]))
+        .expect("conditions");
+        let mut not_failed = failed.clone();
+        not_failed.status.as_mut().expect("status").conditions[1].status = "False".into();
+        let fences = [
+            failed,
+            not_failed,
+            fence_paused(PauseReason::NoConfiguration, None),
+            fence_paused(PauseReason::NoConfiguration, None),
+            fence_paused(PauseReason::StormGuard, None),
+            NodeFence::new(
+                "b",
+                super::super::resource::NodeFenceSpec {
+                    node_name: "b".into(),
+                    force: false,
+                },
+            ),
+        ];
+        assert_eq!(
+            fence_figures(&fences),
+            FenceFigures {
+                total: 6,
+                failed: 1,
+                paused: [
+                    ("NoConfiguration".to_string(), 2),
+                    ("StormGuard".to_string(), 1)
+                ]
+                .into(),
+            }
+        );
+        assert_eq!(fence_figures(&[]), FenceFigures::default());
     }
 
     #[test]

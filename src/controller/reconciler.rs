@@ -34,9 +34,7 @@ use super::facts::{NodeFacts, NodeHealth, PlanOutline, Readiness, pod_needs_fenc
 use super::hearing::Hearing;
 use super::lease::Leadership;
 use super::liveness::Liveness;
-use super::metrics::{
-    CONFIRMED_WITHOUT_A_STEP, ControllerMetrics, ExecutionLabels, ReasonLabels, StepLabels,
-};
+use super::metrics::{CONFIRMED_WITHOUT_A_STEP, ControllerMetrics, ExecutionLabels, StepLabels};
 use super::observe;
 use super::policy::{
     ControllerPolicy, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, REMEDIATION_TAINT,
@@ -213,26 +211,13 @@ impl Context {
         Guard::for_node(&assessment, zone, &starts, now)
     }
 
-    /// Paused-fence gauges over every fence the watch knows.
-    fn update_fence_gauges(&self) {
+    /// The gauges over every fence the watch knows: all, failed, paused by reason.
+    pub fn update_fence_gauges(&self) {
         let fences = self.fences.state();
-        self.metrics.fences.set(fences.len() as i64);
-        self.metrics.fences_paused.clear();
-        let failed = fences
-            .iter()
-            .filter(|fence| fence.status.as_ref().is_some_and(is_failed))
-            .count();
-        self.metrics.failed_fences.set(failed as i64);
-        for fence in fences.iter() {
-            if let Some(pause) = fence.status.as_ref().and_then(|s| s.pause.as_ref()) {
-                self.metrics
-                    .fences_paused
-                    .get_or_create(&ReasonLabels {
-                        reason: format!("{:?}", pause.reason),
-                    })
-                    .inc();
-            }
-        }
+        let figures = observe::fence_figures(fences.iter().map(|fence| fence.as_ref()));
+        self.metrics.fences.set(figures.total as i64);
+        self.metrics.failed_fences.set(figures.failed as i64);
+        self.metrics.set_paused(&figures.paused);
     }
 }
 
@@ -784,7 +769,7 @@ fn record_metrics(
     {
         metrics.pods_release_delay.observe(seconds(since, at));
     }
-    if !is_failed(before) && is_failed(after) {
+    if !observe::has_failed(before) && observe::has_failed(after) {
         metrics
             .fences_failed
             .get_or_create(&StepLabels {
@@ -795,14 +780,6 @@ fn record_metrics(
     if before.recovered_at.is_none() && after.recovered_at.is_some() {
         metrics.fences_recovered.inc();
     }
-}
-
-/// Whether the fence's Failed condition is True: it used up its retries.
-fn is_failed(status: &NodeFenceStatus) -> bool {
-    status
-        .conditions
-        .iter()
-        .any(|condition| condition.type_ == "Failed" && condition.status == "True")
 }
 
 static EVENT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

@@ -26,6 +26,11 @@ use super::policy::{ControllerPolicy, ExecutorPolicy};
 use super::reconciler::{Context, StartGate, error_policy, reconcile};
 use super::resource::NodeFence;
 
+/// How often the leader brings the gauges over all NodeFences (`nodekeeper_fences`,
+/// `nodekeeper_failed_fences`, `nodekeeper_fences_paused`) up to date with its watch,
+/// besides after every reconcile.
+const FENCE_GAUGES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("stopped acting: {0}")]
@@ -154,8 +159,18 @@ pub async fn run(
                             tracing::debug!(%error, "controller event");
                         }
                     });
+                // The fence gauges follow the watch also where no reconcile runs: a
+                // NodeFence deleted, or one whose reconciles keep failing.
+                let fence_gauges = async {
+                    let mut every = tokio::time::interval(FENCE_GAUGES_INTERVAL);
+                    loop {
+                        every.tick().await;
+                        ctx.update_fence_gauges();
+                    }
+                };
                 tokio::select! {
                     _ = fences => Ok(()),
+                    _ = fence_gauges => Ok(()),
                     _ = &mut node_watch => Err(RunError::NodeWatchEnded),
                     reason = &mut lost => Err(RunError::LostLease(reason)),
                     _ = &mut shutdown => Ok(()),

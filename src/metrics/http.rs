@@ -89,10 +89,12 @@ async fn metrics_handler(
     State(state): State<AppState>,
     headers: axum::http::HeaderMap,
 ) -> impl IntoResponse {
-    let accept = headers
-        .get(header::ACCEPT)
-        .and_then(|value| value.to_str().ok());
-    let format = Format::negotiate(accept);
+    let accept: Vec<&str> = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .collect();
+    let format = Format::negotiate((!accept.is_empty()).then(|| accept.join(",")).as_deref());
     (
         [
             (header::CONTENT_TYPE, format.content_type()),

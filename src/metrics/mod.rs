@@ -92,6 +92,7 @@ pub struct Metrics {
     pub graceful_shutdown_phase_duration: Family<PhaseLabels, FloatGauge>,
     pub reports: Family<ReportResultLabels, Counter>,
     pub report_last_accepted: FloatGauge,
+    pub dry_run: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -242,8 +243,15 @@ impl Metrics {
             "When the fence controller last accepted a report (Unix time; 0 before the first)",
             report_last_accepted.clone(),
         );
+        let dry_run = Gauge::default();
+        registry.register(
+            "dry_run",
+            "1 when the agent runs in dry-run mode: it logs and counts what it would do (evictions included, again every cycle while the pressure lasts) and changes nothing",
+            dry_run.clone(),
+        );
         Metrics {
             registry,
+            dry_run,
             signal_available,
             signal_capacity,
             threshold_met,

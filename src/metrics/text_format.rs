@@ -22,8 +22,9 @@ impl Format {
         }
     }
 
-    /// The format for a request's `Accept` header: OpenMetrics when the client names it
-    /// and prefers it at least as much as anything else it accepts, else 0.0.4.
+    /// The format for a request's `Accept` header (all its values, joined by commas):
+    /// OpenMetrics when the client names it and prefers it at least as much as the text
+    /// format, else 0.0.4.
     /// Prometheus asks `application/openmetrics-text;version=1.0.0,...,text/plain;
     /// version=0.0.4;q=0.5,*/*;q=0.1`; a client that sends nothing gets 0.0.4.
     pub fn negotiate(accept: Option<&str>) -> Format {
@@ -39,10 +40,12 @@ impl Format {
                 .filter_map(|parameter| parameter.split_once('='))
                 .find(|(key, _)| key.trim().eq_ignore_ascii_case("q"))
                 .map_or(1.0, |(_, value)| value.trim().parse::<f64>().unwrap_or(0.0));
-            if media == "application/openmetrics-text" {
-                openmetrics = openmetrics.max(quality);
-            } else {
-                others = others.max(quality);
+            // Only what this server can send competes: a type it cannot serve (protobuf,
+            // which a Prometheus with native histograms asks for first) is skipped.
+            match media.as_str() {
+                "application/openmetrics-text" => openmetrics = openmetrics.max(quality),
+                "text/plain" | "text/*" | "*/*" => others = others.max(quality),
+                _ => {}
             }
         }
         if openmetrics > 0.0 && openmetrics >= others {
@@ -61,20 +64,13 @@ impl Format {
     }
 }
 
-/// How a family's lines change on the way to 0.0.4.
-struct Family {
-    /// The family's name in OpenMetrics.
-    name: String,
-    /// Its name in 0.0.4 (`_total` for counters, `_info` for info metrics).
-    renamed: String,
-}
-
 /// Rewrites an OpenMetrics exposition in the Prometheus text format 0.0.4.
 pub fn to_prometheus_text(openmetrics: &str) -> String {
     let mut out = String::with_capacity(openmetrics.len());
     // prometheus-client writes HELP before TYPE; the help's name depends on the type.
     let mut pending_help: Option<(String, String)> = None;
-    let mut family: Option<Family> = None;
+    // The OpenMetrics name of the family whose samples follow.
+    let mut family: Option<String> = None;
     for line in openmetrics.lines() {
         if let Some(comment) = line.strip_prefix("# ") {
             let mut words = comment.splitn(3, ' ');
@@ -96,10 +92,7 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
                         out.push_str(&format!("# HELP {renamed} {}\n", help_text(&help)));
                     }
                     out.push_str(&format!("# TYPE {renamed} {kind}\n"));
-                    family = Some(Family {
-                        name: name.to_string(),
-                        renamed,
-                    });
+                    family = Some(name.to_string());
                 }
                 // EOF and UNIT have no 0.0.4 form.
                 _ => {}
@@ -109,10 +102,10 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
         if line.is_empty() {
             continue;
         }
-        // A counter's creation time is a separate sample in OpenMetrics only.
+        // A creation time (of a counter, a histogram or a summary) is a separate sample
+        // in OpenMetrics only.
         if let Some(family) = &family
-            && family.renamed.ends_with("_total")
-            && line.starts_with(&format!("{}_created", family.name))
+            && line.starts_with(&format!("{family}_created"))
         {
             continue;
         }
@@ -176,6 +169,13 @@ mod tests {
             Format::negotiate(Some("application/openmetrics-text")),
             Format::OpenMetrics
         );
+        // Protobuf first (native histograms): OpenMetrics still beats the text format.
+        assert_eq!(
+            Format::negotiate(Some(
+                "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.6,application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.1"
+            )),
+            Format::OpenMetrics
+        );
         for accept in [
             None,
             Some("*/*"),
@@ -184,6 +184,9 @@ mod tests {
             Some("application/openmetrics-text;q=0"),
             Some("application/openmetrics-text;q=0.2, text/plain"),
             Some("application/openmetrics-text;q=junk"),
+            Some(
+                "application/vnd.google.protobuf;q=0.6, text/plain;q=0.7, application/openmetrics-text;q=0.5",
+            ),
         ] {
             assert_eq!(
                 Format::negotiate(accept),
@@ -208,6 +211,7 @@ nodekeeper_build_info{version=\"0.1.0\"} 1\n\
 nodekeeper_cycle_seconds_sum 0.5\n\
 nodekeeper_cycle_seconds_count 2\n\
 nodekeeper_cycle_seconds_bucket{le=\"+Inf\"} 2\n\
+nodekeeper_cycle_seconds_created 1700000000\n\
 # TYPE nodekeeper_odd stateset\n\
 nodekeeper_odd{nodekeeper_odd=\"a\"} 1\n\
 # EOF\n";
