@@ -665,9 +665,20 @@ fn report_slices(server: &FakeApiServer) -> Vec<(String, Vec<String>, i32, Optio
         .collect()
 }
 
-fn reports_port(replica: &ControllerProcess) -> i32 {
+/// What [`report_slices`] holds while `replica`, running as pod `(name, ip, uid)`, leads:
+/// its own slice alone, to its address and report port, owned by its pod.
+fn only_the_slice_of(
+    (_, ip, uid): (&str, &str, &str),
+    replica: &ControllerProcess,
+) -> Vec<(String, Vec<String>, i32, Option<String>)> {
     let address = replica.reports_address();
-    address.rsplit(':').next().unwrap().parse().unwrap()
+    let port = address.rsplit(':').next().unwrap().parse().unwrap();
+    vec![(
+        "nodekeeper-controller-leader".to_string(),
+        vec![ip.to_string()],
+        port,
+        Some(uid.to_string()),
+    )]
 }
 
 /// Posts one report of worker-1's agent to `address`; the answer's head and body.
@@ -755,12 +766,7 @@ async fn the_report_service_follows_the_leader_and_only_the_leader() {
     .await;
     let follower = 1 - leader;
     let leading = replicas[leader].as_ref().unwrap();
-    let only_the_leader = vec![(
-        "nodekeeper-controller-leader".to_string(),
-        vec![pods[leader].1.to_string()],
-        reports_port(leading),
-        Some(pods[leader].2.to_string()),
-    )];
+    let only_the_leader = only_the_slice_of(pods[leader], leading);
     wait_for(leading, "the report Service at the leader", || {
         (report_slices(&server) == only_the_leader).then_some(())
     })
@@ -853,12 +859,7 @@ async fn the_report_service_follows_the_leader_and_only_the_leader() {
         leads(&replicas[follower]).then_some(())
     })
     .await;
-    let only_the_new_leader = vec![(
-        "nodekeeper-controller-leader".to_string(),
-        vec![pods[follower].1.to_string()],
-        reports_port(next),
-        Some(pods[follower].2.to_string()),
-    )];
+    let only_the_new_leader = only_the_slice_of(pods[follower], next);
     wait_for(next, "the report Service at the new leader", || {
         (report_slices(&server) == only_the_new_leader).then_some(())
     })

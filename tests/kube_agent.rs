@@ -1057,32 +1057,6 @@ async fn watch_expiry_relists_and_a_status_conflict_is_retried() {
     assert_eq!(conflicts.last(), Some(&200), "{conflicts:?}");
 }
 
-/// Every `(verb, group, resource)` the ClusterRole and the Role grant.
-fn granted(manifest: &Path) -> BTreeSet<(String, String, String)> {
-    let text = std::fs::read_to_string(manifest).unwrap();
-    let mut grants = BTreeSet::new();
-    for document in serde_yaml_ng::Deserializer::from_str(&text) {
-        let value: serde_json::Value = serde::Deserialize::deserialize(document).unwrap();
-        if value["kind"] != "ClusterRole" && value["kind"] != "Role" {
-            continue;
-        }
-        for rule in value["rules"].as_array().unwrap() {
-            for group in rule["apiGroups"].as_array().unwrap() {
-                for resource in rule["resources"].as_array().unwrap() {
-                    for verb in rule["verbs"].as_array().unwrap() {
-                        grants.insert((
-                            verb.as_str().unwrap().to_string(),
-                            group.as_str().unwrap().to_string(),
-                            resource.as_str().unwrap().to_string(),
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    grants
-}
-
 #[tokio::test]
 async fn the_cluster_role_grants_exactly_what_the_agent_uses() {
     // Taints on, and a 1 s heartbeat so a repeated threshold event is aggregated (patch).
@@ -1111,9 +1085,15 @@ async fn the_cluster_role_grants_exactly_what_the_agent_uses() {
         .into_iter()
         .map(|a| (a.verb, a.group, a.resource))
         .collect();
-    let manifest =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/kubernetes/agent/rbac.yaml");
-    let granted = granted(&manifest);
+    // What the manifest's roles give the agent's ServiceAccount through its bindings, in
+    // whichever namespace (the agent's requests are compared by verb and resource).
+    let granted: BTreeSet<(String, String, String)> = support::controller_rbac::granted_to(
+        "agent/rbac.yaml",
+        ("nodekeeper-system", "nodekeeper-agent"),
+    )
+    .into_iter()
+    .map(|right| (right.verb, right.group, right.resource))
+    .collect();
     let missing: Vec<_> = used.difference(&granted).collect();
     let unused: Vec<_> = granted.difference(&used).collect();
     assert!(missing.is_empty(), "used but not granted: {missing:?}");

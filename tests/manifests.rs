@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Service, ServiceAccount, VolumeMount,
+    ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Service, ServiceAccount, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -394,24 +395,32 @@ fn argument_after<'a>(container: &'a Container, flag: &str) -> &'a str {
 /// The file `container` sees at `path`: (the ConfigMap, its key) mounted there.
 fn config_map_file(spec: &PodSpec, container: &Container, path: &str) -> (String, String) {
     let path = Path::new(path);
-    let mount = container
-        .volume_mounts
-        .iter()
-        .flatten()
-        .find(|mount| path.parent() == Some(Path::new(&mount.mount_path)))
+    let mount = directory_mount_of(container, path)
         .unwrap_or_else(|| panic!("nothing is mounted where {} is", path.display()));
-    let volume = spec
-        .volumes
-        .iter()
-        .flatten()
-        .find(|volume| volume.name == mount.name)
-        .unwrap();
+    let volume = volume_of(spec, mount).unwrap();
     let config_map = volume.config_map.as_ref().expect("a ConfigMap volume");
     let key = path.file_name().unwrap().to_str().unwrap().to_string();
     (config_map.name.clone(), key)
 }
 
 /// The mount in `container` that holds `path`: the deepest one at or above it.
+/// The mount of the directory `file` is in, in `container`.
+fn directory_mount_of<'a>(container: &'a Container, file: &Path) -> Option<&'a VolumeMount> {
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|mount| file.parent() == Some(Path::new(&mount.mount_path)))
+}
+
+/// The pod's volume that `mount` mounts.
+fn volume_of<'a>(spec: &'a PodSpec, mount: &VolumeMount) -> Option<&'a Volume> {
+    spec.volumes
+        .iter()
+        .flatten()
+        .find(|volume| volume.name == mount.name)
+}
+
 fn mount_of<'a>(container: &'a Container, path: &Path) -> Option<&'a VolumeMount> {
     container
         .volume_mounts
@@ -424,11 +433,7 @@ fn mount_of<'a>(container: &'a Container, path: &Path) -> Option<&'a VolumeMount
 /// The host path mounted at `path` or above it in `container`, and the path on the host.
 fn host_path_of(spec: &PodSpec, container: &Container, path: &Path) -> Option<PathBuf> {
     let mount = mount_of(container, path)?;
-    let volume = spec
-        .volumes
-        .iter()
-        .flatten()
-        .find(|volume| volume.name == mount.name)?;
+    let volume = volume_of(spec, mount)?;
     let host = volume.host_path.as_ref()?;
     let below = path.strip_prefix(&mount.mount_path).unwrap();
     Some(Path::new(&host.path).join(below))
@@ -564,12 +569,7 @@ fn the_agent_daemonset_runs_its_configuration_with_what_it_needs_from_the_host()
             path.display()
         );
         // A ConfigMap, Secret or projected volume is read-only whatever the mount says.
-        let volume = spec
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == mount.name)
-            .unwrap();
+        let volume = volume_of(&spec, mount).unwrap();
         assert!(
             volume.host_path.is_some(),
             "{} must be on the host",
@@ -688,18 +688,8 @@ fn the_agents_report_to_the_controller_service_with_a_token_it_accepts() {
         .token_file
         .clone()
         .unwrap_or_else(|| nodekeeper::config::DEFAULT_REPORT_TOKEN_FILE.into());
-    let mount = agent
-        .volume_mounts
-        .iter()
-        .flatten()
-        .find(|mount| token_file.parent() == Some(Path::new(&mount.mount_path)))
-        .expect("the token's directory is mounted");
-    let volume = agent_spec
-        .volumes
-        .iter()
-        .flatten()
-        .find(|v| v.name == mount.name)
-        .unwrap();
+    let mount = directory_mount_of(agent, &token_file).expect("the token's directory is mounted");
+    let volume = volume_of(&agent_spec, mount).unwrap();
     let projected = volume
         .projected
         .as_ref()

@@ -25,10 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use support::agent_process::{AgentProcess, http_get_accepting};
 use support::apiserver::{FakeApiServer, projected_token};
@@ -98,19 +96,16 @@ fn dashboard_queries(dashboard: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The metric names an expression reads: `nodekeeper_*` words and `up`.
+/// The metric names an expression reads: `nodekeeper_*` words, and `up` where it is
+/// selected (`up{`; the word also appears in label values and text).
 fn metric_names(expression: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let is_name_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let mut words = expression.split(|c: char| !is_name_char(c));
-    for word in words.by_ref() {
-        if word.starts_with("nodekeeper_") || word == "up" {
-            names.insert(word.to_string());
-        }
-    }
-    // `up` as a word also appears in label values and text; only `up{` is the metric.
-    if !expression.contains("up{") {
-        names.remove("up");
+    let mut names: BTreeSet<String> = expression
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|word| word.starts_with("nodekeeper_"))
+        .map(str::to_string)
+        .collect();
+    if expression.contains("up{") {
+        names.insert("up".to_string());
     }
     names
 }
@@ -402,14 +397,7 @@ const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 /// ServiceAccount and its pod on worker-1, and a web pod beside it.
 async fn cluster() -> FakeApiServer {
     let server = ready_cluster(&["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"]).await;
-    let client = server.client();
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), AGENTS_NAMESPACE);
-    let account: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": AGENT_ACCOUNT}})).expect("account");
-    accounts
-        .create(&PostParams::default(), &account)
-        .await
-        .expect("create the ServiceAccount");
+    create_service_account(&server, AGENTS_NAMESPACE, AGENT_ACCOUNT).await;
     create_pod(
         &server,
         AGENTS_NAMESPACE,
@@ -580,10 +568,11 @@ scrape_configs:
     // Every metric the dashboard and the rules read comes back with data.
     let dashboard = dashboard();
     let queries = dashboard_queries(&dashboard);
-    let expressions: Vec<String> = alerts()
-        .into_iter()
+    let alerts = alerts();
+    let expressions: Vec<&String> = alerts
+        .iter()
         .map(|(_, expression)| expression)
-        .chain(queries.iter().cloned())
+        .chain(&queries)
         .collect();
     let wanted: BTreeSet<String> = expressions
         .iter()
@@ -666,7 +655,7 @@ scrape_configs:
             .iter()
             .flat_map(|group| group["rules"].as_array().expect("rules").iter())
             .collect();
-        assert_eq!(rules.len(), alerts().len(), "{groups}");
+        assert_eq!(rules.len(), alerts.len(), "{groups}");
         let bad: Vec<String> = rules
             .iter()
             .filter(|rule| rule["health"] != "ok")

@@ -9,8 +9,8 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -28,15 +28,8 @@ const BOOT: &str = "5d0c6f8e-1111-4222-8333-944455556666";
 /// and a web pod (another ServiceAccount) on worker-1.
 async fn cluster() -> FakeApiServer {
     let server = ready_cluster(&["worker-1", "worker-2"]).await;
-    let client = server.client();
     for (namespace, account) in [(AGENTS_NAMESPACE, AGENT_ACCOUNT), ("shop", "web")] {
-        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-        let account: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": account}})).expect("account");
-        accounts
-            .create(&PostParams::default(), &account)
-            .await
-            .expect("create the ServiceAccount");
+        create_service_account(&server, namespace, account).await;
     }
     for (namespace, name, account, node) in [
         (AGENTS_NAMESPACE, "agent-w1", AGENT_ACCOUNT, "worker-1"),

@@ -36,16 +36,16 @@ fn meminfo_kib(key: &str) -> i64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// The kubelet's working set counts active page cache as used (kubernetes#43916), while
-/// MemAvailable counts most page cache as free. So the comparison with MemAvailable allows
-/// 5% of capacity plus Active(file); the meminfo form of the kubelet's own definition,
-/// MemFree + Inactive(file), must agree within 5% plus the slab no cgroup is charged for.
 /// How far `value` lies outside the range of `readings` (0 inside it).
 fn outside(value: i64, readings: [i64; 2]) -> i64 {
     let (low, high) = (readings[0].min(readings[1]), readings[0].max(readings[1]));
     (low - value).max(value - high).max(0)
 }
 
+/// The kubelet's working set counts active page cache as used (kubernetes#43916), while
+/// MemAvailable counts most page cache as free. So the comparison with MemAvailable allows
+/// 5% of capacity plus Active(file); the meminfo form of the kubelet's own definition,
+/// MemFree + Inactive(file), must agree within 5% plus the slab no cgroup is charged for.
 #[test]
 fn memory_available_agrees_with_meminfo_within_5_percent_of_capacity() {
     // /proc/meminfo is read just before and just after the collection: other processes

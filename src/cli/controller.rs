@@ -149,7 +149,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             nodekeeper::kubernetes::CONTROLLER_USER_AGENT,
         )?;
         let mut metrics = nodekeeper::controller::metrics::ControllerMetrics::new();
-        if policy.reports.enabled && policy.reports.leader_service.is_some() {
+        // The policy allows a leader Service only with reports on.
+        if policy.reports.leader_service.is_some() {
             metrics.export_report_service();
         }
         let metrics = Arc::new(metrics);

@@ -152,9 +152,7 @@ impl LeaderEndpoint {
             }]),
         }
     }
-}
 
-impl LeaderEndpoint {
     /// This pod as the slice's owner, when the downward API named it.
     fn owner(&self) -> Option<Vec<OwnerReference>> {
         let (name, uid) = (self.pod.clone()?, self.pod_uid.clone()?);
@@ -249,23 +247,22 @@ pub async fn keep_pointing_at_us(
             tokio::time::sleep(RECHECK / 5).await;
             continue;
         }
-        let outcome = ensure(&api, &endpoint).await;
-        let now = match &outcome {
-            Ok(pointing) => Ok(pointing.others.clone()),
-            Err(error) => Err(error.to_string()),
+        let (wrote, now) = match ensure(&api, &endpoint).await {
+            Ok(pointing) => (pointing.wrote, Ok(pointing.others)),
+            Err(error) => (false, Err(error.to_string())),
         };
         let in_place = matches!(&now, Ok(others) if others.is_empty());
         at_leader.set(i64::from(in_place));
         let changed = last.as_ref() != Some(&now);
-        match &outcome {
-            Ok(pointing) if pointing.others.is_empty() => {
-                if pointing.wrote || changed {
+        match &now {
+            Ok(_) if in_place => {
+                if wrote || changed {
                     tracing::info!(service = %endpoint.service, slice = %endpoint.slice_name(), address = %endpoint.address, port = endpoint.port, "the report Service points at this replica");
                 }
             }
-            Ok(pointing) => {
+            Ok(others) => {
                 if changed {
-                    tracing::error!(service = %endpoint.service, others = ?pointing.others, "the report Service has other EndpointSlices besides this leader's: agents' reports may reach other replicas, and their nodes look silent to this one. Remove the Service's selector and those slices");
+                    tracing::error!(service = %endpoint.service, ?others, "the report Service has other EndpointSlices besides this leader's: agents' reports may reach other replicas, and their nodes look silent to this one. Remove the Service's selector and those slices");
                 }
             }
             Err(error) => {

@@ -72,6 +72,17 @@ pub fn node(name: &str, ready: &str, since: Timestamp) -> Node {
     .expect("node")
 }
 
+/// Creates ServiceAccount `namespace/name` through the API.
+pub async fn create_service_account(server: &FakeApiServer, namespace: &str, name: &str) {
+    let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        kube::Api::namespaced(server.client(), namespace);
+    let account = serde_json::from_value(json!({"metadata": {"name": name}})).expect("account");
+    accounts
+        .create(&kube::api::PostParams::default(), &account)
+        .await
+        .expect("create the ServiceAccount");
+}
+
 /// Creates pod `namespace/name` on `node`, running as ServiceAccount `account`, through
 /// the API (so the server assigns its uid, which tokens bound to it carry).
 pub async fn create_pod(

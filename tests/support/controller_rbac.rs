@@ -2,6 +2,7 @@
 //! (packaging/kubernetes/controller/rbac.yaml, and optional/ for settings that are off by
 //! default), and the check every controller test makes when its controller process ends:
 //! the controller asked the API server for nothing its ServiceAccount would be refused.
+//! [`granted_to`] reads the agent's rights the same way (tests/kube_agent.rs).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -79,9 +80,15 @@ fn rights_of(rules: &[PolicyRule], namespace: Option<&str>) -> Vec<Right> {
 }
 
 /// Every right `file` (under packaging/kubernetes) gives the controller's ServiceAccount
-/// through its own bindings to its own roles. A binding to a role the file does not
-/// define fails: the controller is given no built-in role either.
+/// (see [`granted_to`]).
 pub fn granted_by(file: &str) -> BTreeSet<Right> {
+    granted_to(file, SERVICE_ACCOUNT)
+}
+
+/// Every right `file` (under packaging/kubernetes) gives the ServiceAccount `account`
+/// (namespace, name) through its own bindings to its own roles. A binding to a role the
+/// file does not define fails: neither component is given a built-in role.
+pub fn granted_to(file: &str, account: (&str, &str)) -> BTreeSet<Right> {
     let path = packaging().join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut cluster_roles = Vec::new();
@@ -105,8 +112,8 @@ pub fn granted_by(file: &str) -> BTreeSet<Right> {
             _ => {}
         }
     }
-    let (sa_namespace, sa_name) = SERVICE_ACCOUNT;
-    let binds_controller = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
+    let (sa_namespace, sa_name) = account;
+    let binds_account = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
         subjects.iter().flatten().any(|subject| {
             subject.kind == "ServiceAccount"
                 && subject.name == sa_name
@@ -122,13 +129,13 @@ pub fn granted_by(file: &str) -> BTreeSet<Right> {
     let mut granted = BTreeSet::new();
     for binding in cluster_bindings
         .iter()
-        .filter(|b| binds_controller(&b.subjects))
+        .filter(|b| binds_account(&b.subjects))
     {
         assert_eq!(binding.role_ref.kind, "ClusterRole", "{file}");
         let role = cluster_role(&binding.role_ref.name);
         granted.extend(rights_of(role.rules.as_deref().unwrap_or_default(), None));
     }
-    for binding in bindings.iter().filter(|b| binds_controller(&b.subjects)) {
+    for binding in bindings.iter().filter(|b| binds_account(&b.subjects)) {
         let namespace = binding.metadata.namespace.as_deref();
         assert!(
             namespace.is_some(),

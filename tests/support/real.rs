@@ -143,12 +143,8 @@ pub const KUBECTL_DEFAULT: &str = "/var/cache/nodekeeper-test/kubernetes-client/
 /// Debian's kubectl: `NODEKEEPER_KUBECTL`, else where `scripts/test` unpacks it.
 #[allow(dead_code)]
 pub fn debian_kubectl() -> Result<std::path::PathBuf, String> {
-    let path = std::env::var_os("NODEKEEPER_KUBECTL")
-        .filter(|value| !value.is_empty())
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(KUBECTL_DEFAULT));
     unpacked_program(
-        path,
+        path_from_env("NODEKEEPER_KUBECTL", KUBECTL_DEFAULT),
         "scripts/test unpacks package kubernetes-client there; or set NODEKEEPER_KUBECTL",
     )
 }
@@ -162,14 +158,19 @@ pub const PROMETHEUS_ROOT_DEFAULT: &str = "/var/cache/nodekeeper-test/prometheus
 /// `NODEKEEPER_PROMETHEUS_ROOT`, else where `scripts/test` unpacks it.
 #[allow(dead_code)]
 pub fn debian_prometheus(program: &str) -> Result<std::path::PathBuf, String> {
-    let root = std::env::var_os("NODEKEEPER_PROMETHEUS_ROOT")
-        .filter(|value| !value.is_empty())
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(PROMETHEUS_ROOT_DEFAULT));
     unpacked_program(
-        root.join("usr/bin").join(program),
+        path_from_env("NODEKEEPER_PROMETHEUS_ROOT", PROMETHEUS_ROOT_DEFAULT)
+            .join("usr/bin")
+            .join(program),
         "scripts/test unpacks package prometheus there; or set NODEKEEPER_PROMETHEUS_ROOT",
     )
+}
+
+/// The path in environment variable `variable` if set and not empty, else `default`.
+fn path_from_env(variable: &str, default: &str) -> std::path::PathBuf {
+    std::env::var_os(variable)
+        .filter(|value| !value.is_empty())
+        .map_or_else(|| default.into(), std::path::PathBuf::from)
 }
 
 /// `path` if it is an executable file, else an error naming it and `hint`.

@@ -135,12 +135,12 @@ impl RecordedRequest {
         matches!(self.query_param("watch").as_deref(), Some("true" | "1"))
     }
 
-    /// The verb and resource RBAC would check for this request (None for discovery paths).
     /// The namespace the request is in; None for a cluster-scoped or all-namespaces one.
     pub fn namespace(&self) -> Option<String> {
         super::routes::parse_resource_path(&self.path)?.namespace
     }
 
+    /// The verb and resource RBAC would check for this request (None for discovery paths).
     pub fn rbac_access(&self) -> Option<RbacAccess> {
         let target = super::routes::parse_resource_path(&self.path)?;
         let verb = super::verbs::verb(&self.method, target.name.is_some(), self.is_watch())?;
