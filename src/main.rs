@@ -4,7 +4,7 @@ mod cli;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Keeps Kubernetes nodes alive under pressure and drains them cleanly on shutdown.
 #[derive(Parser)]
@@ -41,6 +41,10 @@ enum Command {
     /// Run the fence controller: fence lost nodes through fence agents, then release
     /// their pods.
     Controller(cli::controller::Args),
+    /// Print the shell completion script for bash, zsh, fish, elvish or PowerShell.
+    Completions(cli::completions::Args),
+    /// Write the manual pages of every command into a directory.
+    Manpages(cli::manpages::Args),
     /// Run only the graceful-shutdown manager in standalone mode (workload cgroups).
     #[command(hide = true)]
     ShutdownManager(cli::shutdown_manager::Args),
@@ -59,6 +63,8 @@ fn main() -> ExitCode {
         Command::Fence(args) => cli::fence::run(args),
         Command::Crd(args) => cli::crd::run(args),
         Command::Controller(args) => cli::controller::run(args),
+        Command::Completions(args) => cli::completions::run(args, Cli::command()),
+        Command::Manpages(args) => cli::manpages::run(args, Cli::command()),
         Command::ShutdownManager(args) => cli::shutdown_manager::run(args),
     };
     match result {

@@ -33,7 +33,7 @@ struct Example {
 }
 
 /// The nodekeeper command lines of a document's shell blocks: continuation lines
-/// joined, comments and pipelines after the command cut off.
+/// joined, comments, pipelines and output redirections after the command cut off.
 fn examples(document: &Path) -> Vec<Example> {
     let text = std::fs::read_to_string(document).expect("read a document");
     let name = document
@@ -74,6 +74,11 @@ fn examples(document: &Path) -> Vec<Example> {
                 .split(" | ")
                 .next()
                 .unwrap_or_default()
+                // A redirection goes too: `--help` appended after it would otherwise be
+                // written wherever the example writes (`> /etc/...`).
+                .split(" >")
+                .next()
+                .unwrap_or_default()
                 .trim();
         let arguments = command
             .strip_prefix("nodekeeper ")
@@ -106,7 +111,7 @@ fn without_assignments(command: &str) -> &str {
 
 /// `nodekeeper ARGUMENTS --help` through the shell, so the example's quoting and `~`
 /// mean what they mean when a user pastes it. It runs in an empty directory of its own:
-/// with `--help` nothing is read, and a redirection in an example writes nothing here.
+/// with `--help` nothing is read, and a redirection of input reads nothing here.
 fn help_after(arguments: &str) -> Output {
     let scratch = tempfile::tempdir().expect("a scratch directory");
     Command::new("sh")

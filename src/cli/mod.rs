@@ -3,10 +3,12 @@
 
 pub mod agent;
 pub mod check_config;
+pub mod completions;
 pub mod controller;
 pub mod crd;
 pub mod fence;
 pub mod fence_config;
+pub mod manpages;
 pub mod rank;
 pub mod replay;
 pub mod shutdown_manager;

@@ -16,8 +16,11 @@ use serde::Serialize;
 #[derive(clap::Args)]
 #[command(after_help = "\
 Each line holds the step offset, the node conditions after transition damping, the
-thresholds met after grace periods and the pods evicted at that step, e.g.
-  {\"at\":\"0s\",\"conditions\":[\"MemoryPressure\"],\"thresholdsMet\":[\"memory.available<1Gi\"],\"evicted\":[{\"namespace\":\"default\",\"name\":\"web-1\",\"signal\":\"memory.available\",\"gracePeriodSeconds\":1}]}
+thresholds met after grace periods and the pods evicted at that step, e.g. (one line)
+  {\"at\":\"0s\",\"conditions\":[\"MemoryPressure\"],
+   \"thresholdsMet\":[\"memory.available<1Gi\"],
+   \"evicted\":[{\"namespace\":\"default\",\"name\":\"web-1\",
+                \"signal\":\"memory.available\",\"gracePeriodSeconds\":1}]}
 
 The trace's inline `config` wins over --config; without either the kubelet defaults apply.
 The trace format is described in docs/trace-format.md.

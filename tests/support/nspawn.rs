@@ -4,7 +4,7 @@
 //! the test boots it in a namespace of its own ([`BootOptions::netns`]). `/shared` inside
 //! is a directory of the test; the `nodekeeper` binary under test is bound at
 //! `/usr/local/bin/nodekeeper` and at `/usr/bin/nodekeeper`, where the shipped units
-//! expect it.
+//! expect it (unless the test installs the Debian package instead).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -147,6 +147,9 @@ pub struct BootOptions {
     pub netns: Option<PathBuf>,
     /// Files written into the tree before it boots: (absolute path inside, contents).
     pub tree_files: Vec<(String, Vec<u8>)>,
+    /// Leave `/usr/bin` and `/usr/local/bin` as the tree has them, without the binary under
+    /// test: for a test that installs the Debian package, which puts it there itself.
+    pub without_test_binary: bool,
 }
 
 /// [`boot`], with the container's cgroups a writable cgroup v2 tree (a unified
@@ -223,8 +226,14 @@ pub fn boot_with(
         ])
         .arg(&root)
         .arg(format!("--bind={}:/shared", shared.display()))
-        .arg(format!("--bind-ro={binary}:/usr/local/bin/nodekeeper"))
-        .arg(format!("--bind-ro={binary}:/usr/bin/nodekeeper"))
+        .args(if options.without_test_binary {
+            Vec::new()
+        } else {
+            vec![
+                format!("--bind-ro={binary}:/usr/local/bin/nodekeeper"),
+                format!("--bind-ro={binary}:/usr/bin/nodekeeper"),
+            ]
+        })
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
