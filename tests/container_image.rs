@@ -341,6 +341,7 @@ fn both_images_run_the_binary_the_build_stage_builds_where_the_manifests_expect_
         "ipmitool",
         "snmp",
         "openssh-client",
+        "telnet",
         "sg3-utils",
     ] {
         assert!(

@@ -87,6 +87,7 @@ fn lintian_accepts_the_package_and_it_holds_what_an_operator_looks_for() {
         &format!("Version: {}-1", env!("CARGO_PKG_VERSION")),
         "Section: admin",
         "Depends: libc6",
+        "libgcc-s1",
         "Suggests: fence-agents",
     ] {
         assert!(control.contains(field), "no {field:?} in:\n{control}");
@@ -133,6 +134,10 @@ fn lintian_accepts_the_package_and_it_holds_what_an_operator_looks_for() {
         (
             "usr/share/nodekeeper/prometheus/rules.yaml",
             include_str!("../packaging/prometheus/rules.yaml"),
+        ),
+        (
+            "usr/share/doc/nodekeeper/copyright",
+            include_str!("../packaging/debian/copyright"),
         ),
     ] {
         let packaged = std::fs::read_to_string(root.join(path))
