@@ -270,41 +270,20 @@ fn must(container: &Container, command: &str) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_string()
 }
 
-/// `command`'s standard output, whether it succeeds or not (`systemctl is-active` of a
-/// stopped unit exits 3).
-fn answer(container: &Container, command: &str) -> String {
-    String::from_utf8_lossy(&container.exec(command).stdout)
-        .trim()
-        .to_string()
-}
-
-fn unit_property(container: &Container, unit: &str, name: &str) -> String {
-    answer(
-        container,
-        &format!("systemctl show --property={name} --value {unit}"),
-    )
-}
-
 /// The agent's journal, for a failure message.
 fn agent_journal(container: &Container) -> String {
-    answer(
-        container,
-        "journalctl --no-pager -n 60 -u nodekeeper-agent.service",
-    )
+    container.stdout("journalctl --no-pager -n 60 -u nodekeeper-agent.service")
 }
 
 /// An HTTP GET of `path` on the container's loopback port `port`, with bash's /dev/tcp
 /// (the minimal tree has no HTTP client): the status line and body, or "" if nothing
 /// answers.
 fn http_get(container: &Container, port: u16, path: &str) -> String {
-    answer(
-        container,
-        &format!(
-            "exec bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port} && \
+    container.stdout(&format!(
+        "exec bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port} && \
              printf \"GET {path} HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n\" >&3 && \
              timeout 5 cat <&3' 2>/dev/null"
-        ),
-    )
+    ))
 }
 
 /// Waits up to 20 s for the agent's /metrics on `port` to answer 200 with `needle`.
@@ -372,25 +351,25 @@ fn installs_starts_the_agent_upgrades_keeping_its_configuration_and_purges() {
     let installed = must(node, "dpkg -i /shared/nodekeeper.deb 2>&1");
     println!("dpkg -i:\n{installed}");
     assert_eq!(
-        answer(node, "systemctl is-enabled nodekeeper-agent"),
+        node.stdout("systemctl is-enabled nodekeeper-agent"),
         "enabled"
     );
     // Type=notify: `active` only once the agent said READY=1, and postinst's start waited
     // for it.
     assert_eq!(
-        answer(node, "systemctl is-active nodekeeper-agent"),
+        node.stdout("systemctl is-active nodekeeper-agent"),
         "active",
         "journal:\n{}",
         agent_journal(node)
     );
-    let status = unit_property(node, "nodekeeper-agent.service", "StatusText");
+    let status = node.unit_property("nodekeeper-agent.service", "StatusText");
     assert!(
         status.starts_with("dry run"),
         "the Status line: {status:?}; journal:\n{}",
         agent_journal(node)
     );
     // The package's unit (`/lib` is `/usr/lib` on a merged-/usr system), not one in /etc.
-    let fragment = unit_property(node, "nodekeeper-agent.service", "FragmentPath");
+    let fragment = node.unit_property("nodekeeper-agent.service", "FragmentPath");
     assert!(
         ["/usr/lib", "/lib"]
             .iter()
@@ -405,11 +384,11 @@ fn installs_starts_the_agent_upgrades_keeping_its_configuration_and_purges() {
     assert!(http_get(node, SHIPPED_PORT, "/healthz").contains(" 200 "));
     // The controller needs a cluster: installed, but neither enabled nor running.
     assert_eq!(
-        answer(node, "systemctl is-enabled nodekeeper-controller"),
+        node.stdout("systemctl is-enabled nodekeeper-controller"),
         "disabled"
     );
     assert_eq!(
-        answer(node, "systemctl is-active nodekeeper-controller"),
+        node.stdout("systemctl is-active nodekeeper-controller"),
         "inactive"
     );
     // The binary, its manual and completions where a shell finds them.
@@ -433,7 +412,7 @@ fn installs_starts_the_agent_upgrades_keeping_its_configuration_and_purges() {
 
     // An upgrade (the same package again goes through the same maintainer scripts) keeps
     // the operator's edit of the conffile and restarts the agent, which reads it.
-    let first_pid = unit_property(node, "nodekeeper-agent.service", "MainPID");
+    let first_pid = node.unit_property("nodekeeper-agent.service", "MainPID");
     must(
         node,
         &format!("sed -i 's/:{SHIPPED_PORT}/:{EDITED_PORT}/' /etc/nodekeeper/agent.yaml"),
@@ -445,10 +424,10 @@ fn installs_starts_the_agent_upgrades_keeping_its_configuration_and_purges() {
         "the upgrade replaced the operator's configuration"
     );
     assert_eq!(
-        answer(node, "systemctl is-active nodekeeper-agent"),
+        node.stdout("systemctl is-active nodekeeper-agent"),
         "active"
     );
-    let second_pid = unit_property(node, "nodekeeper-agent.service", "MainPID");
+    let second_pid = node.unit_property("nodekeeper-agent.service", "MainPID");
     assert_ne!(
         second_pid, first_pid,
         "the upgrade did not restart the agent"
@@ -458,7 +437,7 @@ fn installs_starts_the_agent_upgrades_keeping_its_configuration_and_purges() {
     // Removed: stopped, the binary gone, the configuration kept.
     must(node, "dpkg --remove nodekeeper 2>&1");
     assert_eq!(
-        answer(node, "systemctl is-active nodekeeper-agent"),
+        node.stdout("systemctl is-active nodekeeper-agent"),
         "inactive"
     );
     assert!(!booted.root.join("usr/bin/nodekeeper").exists());
@@ -477,10 +456,8 @@ fn installs_starts_the_agent_upgrades_keeping_its_configuration_and_purges() {
             "{gone} is still there after --purge"
         );
     }
-    let state = answer(
-        node,
-        "dpkg-query -W -f='${Status}' nodekeeper 2>/dev/null || echo unknown to dpkg",
-    );
+    let state =
+        node.stdout("dpkg-query -W -f='${Status}' nodekeeper 2>/dev/null || echo unknown to dpkg");
     assert!(
         state == "unknown to dpkg" || state.ends_with(" not-installed"),
         "dpkg's record after --purge: {state:?}"

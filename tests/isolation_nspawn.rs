@@ -98,24 +98,16 @@ async fn wait_until<T>(
     }
 }
 
-fn shell(booted: &Booted, command: &str) -> String {
-    let output = booted.container.exec(command);
-    String::from_utf8_lossy(&output.stdout).trim().to_string()
-}
-
 /// The agent runs in a pod of its own, as a DaemonSet's agent does.
 const AGENT_POD: &str = "kubepods-burstable-podagent.slice";
 
 /// Every process of the pods cgroup but the agent's own pod, as the kernel lists them.
 fn pod_processes(booted: &Booted) -> usize {
-    shell(
-        booted,
-        &format!(
-            "find /sys/fs/cgroup/kubepods.slice -name {AGENT_POD} -prune -o -name cgroup.procs -print | xargs cat | grep -c ."
-        ),
-    )
-    .parse()
-    .unwrap_or(0)
+    let command = format!(
+        "find /sys/fs/cgroup/kubepods.slice -name {AGENT_POD} -prune -o -name cgroup.procs \
+         -print | xargs cat | grep -c ."
+    );
+    booted.container.stdout(&command).parse().unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,7 +175,9 @@ async fn a_node_isolates_itself_on_the_controllers_instruction_and_rejoins_when_
     .await;
     assert_eq!(before.state, IsolationState::None, "{before:?}");
     assert_eq!(
-        shell(&booted, "systemctl is-active kubelet.service"),
+        booted
+            .container
+            .stdout("systemctl is-active kubelet.service"),
         "active"
     );
     let running = pod_processes(&booted);
@@ -217,14 +211,15 @@ async fn a_node_isolates_itself_on_the_controllers_instruction_and_rejoins_when_
 
     // What the report says is what the node shows.
     assert_eq!(
-        shell(&booted, "systemctl is-active kubelet.service"),
+        booted
+            .container
+            .stdout("systemctl is-active kubelet.service"),
         "inactive"
     );
     assert_eq!(
-        shell(
-            &booted,
-            "systemctl show --property=LoadState --value kubelet.service"
-        ),
+        booted
+            .container
+            .stdout("systemctl show --property=LoadState --value kubelet.service"),
         "masked"
     );
     assert_eq!(pod_processes(&booted), 0, "no pod process is left");
@@ -236,7 +231,9 @@ async fn a_node_isolates_itself_on_the_controllers_instruction_and_rejoins_when_
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        shell(&booted, "systemctl is-active kubelet.service"),
+        booted
+            .container
+            .stdout("systemctl is-active kubelet.service"),
         "inactive"
     );
 
@@ -279,18 +276,26 @@ async fn a_node_isolates_itself_on_the_controllers_instruction_and_rejoins_when_
         &booted,
         "the kubelet running again",
         Duration::from_secs(10),
-        || (shell(&booted, "systemctl is-active kubelet.service") == "active").then_some(()),
+        || {
+            (booted
+                .container
+                .stdout("systemctl is-active kubelet.service")
+                == "active")
+                .then_some(())
+        },
     )
     .await;
     assert_eq!(
-        shell(
-            &booted,
-            "systemctl show --property=LoadState --value kubelet.service"
-        ),
+        booted
+            .container
+            .stdout("systemctl show --property=LoadState --value kubelet.service"),
         "loaded"
     );
     assert!(
-        shell(&booted, "ls /run/nodekeeper/ 2>/dev/null").is_empty(),
+        booted
+            .container
+            .stdout("ls /run/nodekeeper/ 2>/dev/null")
+            .is_empty(),
         "the isolation record is gone"
     );
 }

@@ -665,11 +665,6 @@ async fn set_ready(server: &FakeApiServer, node: &str, status: &str, since: Time
         .expect("the Ready condition");
 }
 
-fn container_shell(booted: &Booted, command: &str) -> String {
-    let output = booted.container.exec(command);
-    String::from_utf8_lossy(&output.stdout).trim().to_string()
-}
-
 /// The node lifecycle controller's grace before it marks a silent node Unknown
 /// (`node-monitor-grace-period`, 40 s before Kubernetes 1.32).
 const NODE_MONITOR_GRACE: Duration = Duration::from_secs(40);
@@ -720,7 +715,9 @@ async fn partition(network: Network) {
     )
     .await;
     assert_eq!(
-        container_shell(&booted, "systemctl is-active kubelet.service"),
+        booted
+            .container
+            .stdout("systemctl is-active kubelet.service"),
         "active"
     );
 
@@ -777,12 +774,13 @@ async fn partition(network: Network) {
         "{fence}"
     );
     assert_eq!(
-        container_shell(&booted, "systemctl is-active kubelet.service"),
+        booted
+            .container
+            .stdout("systemctl is-active kubelet.service"),
         "inactive"
     );
     assert_eq!(
-        container_shell(
-            &booted,
+        booted.container.stdout(
             "find /sys/fs/cgroup/kubepods.slice -name cgroup.procs -exec cat {} + | grep -c ."
         ),
         "0",
@@ -818,14 +816,20 @@ async fn partition(network: Network) {
         "{view}"
     );
     assert_eq!(
-        container_shell(&booted, "systemctl is-active kubelet.service"),
+        booted
+            .container
+            .stdout("systemctl is-active kubelet.service"),
         "inactive",
         "the isolation ended while the node was still cut off; agent log:\n{}",
         std::fs::read_to_string(booted.shared.join("agent.log")).unwrap_or_default()
     );
     network.api.mend();
     wait_for(controller, "the kubelet running again", || {
-        (container_shell(&booted, "systemctl is-active kubelet.service") == "active").then_some(())
+        (booted
+            .container
+            .stdout("systemctl is-active kubelet.service")
+            == "active")
+            .then_some(())
     })
     .await;
     kubelet.resume(NODE).await;

@@ -87,20 +87,14 @@ fn boot() -> Result<Booted, String> {
     support::nspawn::boot_with(&units, &[], "told systemd the agent is ready", options)
 }
 
-fn shell(container: &Container, command: &str) -> String {
-    let output = container.exec(command);
-    String::from_utf8_lossy(&output.stdout).trim().to_string()
-}
-
+/// A property of the agent's unit.
 fn property(container: &Container, name: &str) -> String {
-    shell(
-        container,
-        &format!("systemctl show --property={name} --value nodekeeper-agent.service"),
-    )
+    container.unit_property("nodekeeper-agent.service", name)
 }
 
 fn lock_listed(container: &Container) -> bool {
-    shell(container, "systemd-inhibit --list --no-pager")
+    container
+        .stdout("systemd-inhibit --list --no-pager")
         .lines()
         .any(|line| line.contains("nodekeeper") && line.contains("delay"))
 }
@@ -274,7 +268,7 @@ fn the_shipped_unit_runs_the_agent_hardened_ready_watched_and_keeping_its_lock()
         &booted,
         "the victim's eviction",
         Duration::from_secs(30),
-        || shell(container, "systemctl is-active victim.service") != "active",
+        || container.stdout("systemctl is-active victim.service") != "active",
     );
     assert!(
         agent_log(&booted).contains("evicted pod"),
@@ -282,7 +276,7 @@ fn the_shipped_unit_runs_the_agent_hardened_ready_watched_and_keeping_its_lock()
         agent_log(&booted)
     );
     assert_eq!(
-        shell(container, "systemctl is-active keeper.service"),
+        container.stdout("systemctl is-active keeper.service"),
         "active"
     );
     wait_until(
@@ -312,10 +306,9 @@ fn the_shipped_unit_runs_the_agent_hardened_ready_watched_and_keeping_its_lock()
         assert!(stopped.status.success(), "{stopped:?}");
     });
     assert_eq!(property(&booted.container, "NRestarts"), "2");
-    let journal = shell(
-        &booted.container,
-        "journalctl --no-pager -u nodekeeper-agent.service",
-    );
+    let journal = booted
+        .container
+        .stdout("journalctl --no-pager -u nodekeeper-agent.service");
     assert!(journal.contains("Watchdog timeout"), "{journal}");
 
     // An operator's restart (an upgrade) keeps it the same way.

@@ -45,6 +45,19 @@ impl Container {
             .expect("nsenter")
     }
 
+    /// The standard output of `command` (`sh -c`), trimmed, whether it succeeds or not
+    /// (`systemctl is-active` of a stopped unit exits 3).
+    pub fn stdout(&self, command: &str) -> String {
+        String::from_utf8_lossy(&self.exec(command).stdout)
+            .trim()
+            .to_string()
+    }
+
+    /// A property of a systemd unit in the container (`systemctl show`), e.g. `MainPID`.
+    pub fn unit_property(&self, unit: &str, name: &str) -> String {
+        self.stdout(&format!("systemctl show --property={name} --value {unit}"))
+    }
+
     /// Whether the container is gone (it powered off).
     pub fn exited(&mut self) -> bool {
         self.nspawn.try_wait().ok().flatten().is_some()
