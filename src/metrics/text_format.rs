@@ -69,8 +69,9 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
     let mut out = String::with_capacity(openmetrics.len());
     // prometheus-client writes HELP before TYPE; the help's name depends on the type.
     let mut pending_help: Option<(String, String)> = None;
-    // The OpenMetrics name of the family whose samples follow.
-    let mut family: Option<String> = None;
+    // The creation-time sample name (`<family>_created`) of the family whose samples
+    // follow, built once per family rather than once per sample.
+    let mut created: Option<String> = None;
     for line in openmetrics.lines() {
         if let Some(comment) = line.strip_prefix("# ") {
             let mut words = comment.splitn(3, ' ');
@@ -92,7 +93,7 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
                         out.push_str(&format!("# HELP {renamed} {}\n", help_text(&help)));
                     }
                     out.push_str(&format!("# TYPE {renamed} {kind}\n"));
-                    family = Some(name.to_string());
+                    created = Some(format!("{name}_created"));
                 }
                 // EOF and UNIT have no 0.0.4 form.
                 _ => {}
@@ -104,8 +105,8 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
         }
         // A creation time (of a counter, a histogram or a summary) is a separate sample
         // in OpenMetrics only.
-        if let Some(family) = &family
-            && line.starts_with(&format!("{family}_created"))
+        if let Some(created) = &created
+            && line.starts_with(created.as_str())
         {
             continue;
         }
