@@ -489,3 +489,55 @@ async fn children_an_agent_leaves_behind_are_killed_when_it_exits() {
         "the agent's child {child} outlived it"
     );
 }
+
+#[tokio::test]
+async fn an_agent_that_crashes_or_prints_garbage_confirms_no_off() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Claims the power is off, then dies of a signal before it can exit.
+    install(
+        dir.path(),
+        "fence_crash",
+        r#"echo "Success: Powered OFF"
+echo "Status: OFF"
+kill -SEGV $$"#,
+    );
+    // Says "done" to everything, and answers status with the exit code of OFF and bytes
+    // no agent prints, "OFF" among them but no "Status: OFF" line.
+    install(
+        dir.path(),
+        "fence_garbage",
+        r#"case "$action" in
+status) printf '\001\377OFF\033[2J Status:OFF?\n' ; head -c 64 /dev/urandom ; exit 2 ;;
+*) echo "Success: done" ;;
+esac
+exit 0"#,
+    );
+    let runner = runner(dir.path(), Duration::from_secs(20));
+
+    let call = runner.call("fence_crash", "status", &[]).await;
+    assert_eq!(call.exit, Exit::Signal { signal: 11 });
+    assert!(!call.succeeded(), "a crash is a failure");
+    assert_eq!(call.power, None, "a crashed agent's output is not believed");
+    let result = runner
+        .execute(&method("fence_crash", FenceAction::Off, vec![]))
+        .await;
+    assert!(!result.succeeded && !result.off_confirmed, "{result:#?}");
+
+    let call = runner.call("fence_garbage", "status", &[]).await;
+    assert_eq!(call.exit, Exit::Code { code: 2 });
+    assert_eq!(
+        call.power, None,
+        "garbage is no power state: {:?}",
+        call.output
+    );
+    let result = runner
+        .execute(&method("fence_garbage", FenceAction::Off, vec![]))
+        .await;
+    assert!(!result.succeeded && !result.off_confirmed, "{result:#?}");
+    assert_eq!(result.power, None);
+    let detail = result.detail.as_deref().unwrap_or_default();
+    assert!(
+        detail.contains("status"),
+        "the failure says status never read OFF: {detail}"
+    );
+}

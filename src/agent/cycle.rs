@@ -299,7 +299,8 @@ impl Agent {
     }
 
     /// Append every observation to a trace file (`agent --record`).
-    pub fn set_recorder(&mut self, recorder: Recorder) {
+    pub fn set_recorder(&mut self, mut recorder: Recorder) {
+        recorder.count_failures_in(self.metrics.state_write_failures("trace"));
         self.recorder = Some(recorder);
     }
 
@@ -477,10 +478,8 @@ impl Agent {
         if let Some(notifiers) = self.notifiers.as_mut() {
             notifiers.update(&collection);
         }
-        if let Some(recorder) = self.recorder.as_mut()
-            && let Err(error) = recorder.record(now.0, &report.observations, &report.pods)
-        {
-            tracing::warn!(%error, "cannot record trace step");
+        if let Some(recorder) = self.recorder.as_mut() {
+            recorder.record_or_log(now.0, &report.observations, &report.pods);
         }
     }
 

@@ -8,8 +8,10 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+
+use prometheus_client::metrics::counter::Counter;
 
 use crate::config::GoDuration;
 use crate::pods::Pod;
@@ -23,13 +25,26 @@ pub struct RecordError {
     error: std::io::Error,
 }
 
+const HEADER: &[u8] = b"# nodekeeper trace recorded by `nodekeeper agent --record`\nsteps:\n";
+
 pub struct Recorder {
     path: PathBuf,
     max_bytes: u64,
     file: Option<File>,
+    /// Bytes of whole lines in the current file: where the next step starts.
     written: u64,
     /// Milliseconds on the agent clock at which the current file's trace started.
     started_at_ms: Option<u64>,
+    /// Whether this recorder has made `path` its own, moving an earlier run's trace to
+    /// `FILE.1`. From then on a file at `path` is this run's, and a failed start begins
+    /// it again rather than rotating it over the earlier trace.
+    claimed: bool,
+    /// A write failed part-way through a line: the file is cut back to `written` before
+    /// the next step.
+    torn: bool,
+    /// Steps not recorded since the last one that was: a run of failures is logged once.
+    steps_lost: u64,
+    failures: Counter,
 }
 
 impl Recorder {
@@ -40,7 +55,17 @@ impl Recorder {
             file: None,
             written: 0,
             started_at_ms: None,
+            claimed: false,
+            torn: false,
+            steps_lost: 0,
+            failures: Counter::default(),
         }
+    }
+
+    /// Count every step that could not be recorded in `failures` (the agent's
+    /// `nodekeeper_state_write_errors_total{file="trace"}`).
+    pub fn count_failures_in(&mut self, failures: Counter) {
+        self.failures = failures;
     }
 
     fn error(&self, error: std::io::Error) -> RecordError {
@@ -50,20 +75,23 @@ impl Recorder {
         }
     }
 
-    fn open(&mut self, now_ms: u64) -> Result<(), RecordError> {
-        // A new recorder always starts a new trace: step offsets restart at zero, so an
-        // existing file from an earlier run is rotated away rather than appended to.
-        if self.path.exists() {
+    /// Start a trace at `path`: a new recorder always starts a new trace (step offsets
+    /// restart at zero), so a file an earlier run left there is rotated away rather than
+    /// appended to.
+    fn start_file(&mut self, now_ms: u64) -> Result<(), RecordError> {
+        if !self.claimed && self.path.exists() {
             self.rotate_file()?;
         }
+        self.claimed = true;
         let mut file = OpenOptions::new()
             .create(true)
-            .append(true)
+            .write(true)
+            .truncate(true)
             .open(&self.path)
             .map_err(|e| self.error(e))?;
-        let header = b"# nodekeeper trace recorded by `nodekeeper agent --record`\nsteps:\n";
-        file.write_all(header).map_err(|e| self.error(e))?;
-        self.written = header.len() as u64;
+        file.write_all(HEADER).map_err(|e| self.error(e))?;
+        self.written = HEADER.len() as u64;
+        self.torn = false;
         self.file = Some(file);
         self.started_at_ms = Some(now_ms);
         Ok(())
@@ -74,33 +102,98 @@ impl Recorder {
         std::fs::rename(&self.path, rotated).map_err(|e| self.error(e))
     }
 
-    /// Append one step. Errors are returned for the caller to log; recording never
-    /// stops the agent from protecting the node.
+    /// Append one step. A failure is counted, and logged once for a run of failures
+    /// (a warning naming the file and the error, then how many steps were lost when
+    /// recording resumes); it is not returned, since recording never stops the agent from
+    /// protecting the node.
+    pub fn record_or_log(&mut self, now_ms: u64, observations: &Observations, pods: &[Pod]) {
+        match self.record(now_ms, observations, pods) {
+            Ok(()) if self.steps_lost > 0 => {
+                tracing::info!(
+                    path = %self.path.display(),
+                    steps_lost = self.steps_lost,
+                    "trace recording resumed"
+                );
+                self.steps_lost = 0;
+            }
+            Ok(()) => {}
+            Err(error) => {
+                if self.steps_lost == 0 {
+                    tracing::warn!(%error, "cannot record trace steps; retrying every cycle");
+                } else {
+                    tracing::debug!(%error, "trace step not recorded");
+                }
+                self.steps_lost += 1;
+            }
+        }
+    }
+
+    /// Append one step, or say why not (the failure counted). The file stays a readable
+    /// trace either way: a step is in it whole or not at all.
     pub fn record(
         &mut self,
         now_ms: u64,
         observations: &Observations,
         pods: &[Pod],
     ) -> Result<(), RecordError> {
+        let result = self.append(now_ms, observations, pods);
+        if result.is_err() {
+            self.failures.inc();
+        }
+        result
+    }
+
+    fn append(
+        &mut self,
+        now_ms: u64,
+        observations: &Observations,
+        pods: &[Pod],
+    ) -> Result<(), RecordError> {
         if self.file.is_none() {
-            self.open(now_ms)?;
+            self.start_file(now_ms)?;
+        }
+        if self.torn {
+            self.cut_torn_line()?;
         }
         let started = self.started_at_ms.unwrap_or(now_ms);
         let step = trace_step(now_ms.saturating_sub(started), observations, pods);
         let mut line = String::from("- ");
         line.push_str(&serde_json::to_string(&step).map_err(|e| self.error(e.into()))?);
         line.push('\n');
-        if self.written + line.len() as u64 > self.max_bytes {
+        // A step larger than the limit on its own still goes into a file of its own,
+        // whole: a trace file holds at least one step.
+        let has_steps = self.written > HEADER.len() as u64;
+        if has_steps && self.written + line.len() as u64 > self.max_bytes {
             self.file = None;
-            self.open(now_ms)?;
-            return self.record(now_ms, observations, pods);
+            self.rotate_file()?;
+            self.start_file(now_ms)?;
+            return self.append(now_ms, observations, pods);
         }
         let Some(file) = self.file.as_mut() else {
             return Ok(());
         };
-        let result = file.write_all(line.as_bytes());
-        result.map_err(|e| self.error(e))?;
+        if let Err(error) = file.write_all(line.as_bytes()) {
+            // A full disk may have taken part of the line: cut it off, so the file
+            // still reads as a trace and the next step starts a line of its own.
+            self.torn = true;
+            let _ = self.cut_torn_line();
+            return Err(self.error(error));
+        }
         self.written += line.len() as u64;
+        Ok(())
+    }
+
+    /// Cut the current file back to its whole lines.
+    fn cut_torn_line(&mut self) -> Result<(), RecordError> {
+        let written = self.written;
+        let cut = match self.file.as_mut() {
+            Some(file) => file
+                .set_len(written)
+                .and_then(|()| file.seek(SeekFrom::Start(written)).map(|_| ())),
+            None => Ok(()),
+        };
+        cut.map_err(|e| self.error(e))?;
+        self.torn = false;
         Ok(())
     }
 }
@@ -263,6 +356,28 @@ mod tests {
             shown(read.limits.ephemeral_storage_quantity()).as_deref(),
             Some("1Gi")
         );
+    }
+
+    #[test]
+    fn a_step_larger_than_the_limit_gets_a_file_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.yaml");
+        let mut recorder = Recorder::new(path.clone(), 4096);
+        let pods: Vec<Pod> = (0..100)
+            .map(|i| Pod {
+                namespace: "default".into(),
+                name: format!("web-{i}"),
+                ..Pod::default()
+            })
+            .collect();
+        recorder.record(0, &observations(1), &pods).unwrap();
+        recorder.record(1000, &observations(2), &pods).unwrap();
+        for file in [path.clone(), dir.path().join("t.yaml.1")] {
+            let trace = TraceFile::from_path(&file).unwrap();
+            let steps = trace.parsed_steps("t").unwrap();
+            assert_eq!(steps.len(), 1, "{}", file.display());
+            assert_eq!(steps[0].pods.len(), 100);
+        }
     }
 
     #[test]

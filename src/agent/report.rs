@@ -270,10 +270,10 @@ fn self_isolation(
             plan.within().as_secs()
         ));
     }
-    let contact = Arc::new(ContactClock::persistent(
-        &isolation.contact_file(),
-        &settings.boot_id,
-    ));
+    let contact = Arc::new(
+        ContactClock::persistent(&isolation.contact_file(), &settings.boot_id)
+            .counting_failures(agent.metrics().state_write_failures("controller_contact")),
+    );
     let (requests, requested) = watch::channel(None);
     let withdrawal = Withdrawal::new(board.clone());
     // A renewal counts from the read before it, so a slower read only brings the
@@ -342,6 +342,7 @@ fn isolator(
             boot_id: settings.boot_id.clone(),
             check_every: settings.interval,
             refusal,
+            write_failures: agent.metrics().state_write_failures("isolation_record"),
         },
         LazySystemd::new(bus),
         pods,

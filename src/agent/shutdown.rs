@@ -53,6 +53,7 @@ pub fn start<T: PodTerminator>(
     options.service = service.link().clone();
     options.state_path = config.shutdown_state_file.clone();
     options.logind_dropin_path = config.logind_drop_in_path.clone();
+    options.state_write_failures = metrics.state_write_failures("shutdown_state");
     if let Some(address) = &config.dbus_address {
         options.bus = BusAddress::Address(address.clone());
     }

@@ -4,6 +4,7 @@
 //! file, checks the evidence again every report interval, and posts what it finds to the
 //! report board. It ends an isolation when the controller says so.
 
+use prometheus_client::metrics::counter::Counter;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -54,6 +55,8 @@ pub struct IsolatorSettings {
     pub check_every: Duration,
     /// Why this agent never isolates its node; `None`: it does.
     pub refusal: Option<String>,
+    /// Counts every failed write of the state file.
+    pub write_failures: Counter,
 }
 
 pub struct Isolator<M, P> {
@@ -444,6 +447,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
     fn save(&self) {
         let Some(record) = &self.record else { return };
         if let Err(error) = save(&self.settings.state_file, record) {
+            self.settings.write_failures.inc();
             tracing::error!(file = %self.settings.state_file.display(), %error, "cannot record the node's isolation; a restarted agent would not know of it");
         }
     }
@@ -652,6 +656,7 @@ mod tests {
                 boot_id: "boot-1".to_string(),
                 check_every: Duration::from_secs(2),
                 refusal: None,
+                write_failures: Counter::default(),
             },
             _dir: dir,
         }

@@ -56,6 +56,12 @@ pub struct ApiActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateFileLabels {
+    /// `trace`, `shutdown_state`, `isolation_record` or `controller_contact`
+    pub file: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub priority: String,
 }
@@ -93,6 +99,7 @@ pub struct Metrics {
     pub reports: Family<ReportResultLabels, Counter>,
     pub report_last_accepted: FloatGauge,
     pub dry_run: Gauge,
+    state_write_errors: Family<StateFileLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -249,9 +256,16 @@ impl Metrics {
             "1 when the agent runs in dry-run mode: it logs and counts what it would do (evictions included, again every cycle while the pressure lasts) and changes nothing",
             dry_run.clone(),
         );
+        let state_write_errors = Family::<StateFileLabels, Counter>::default();
+        registry.register(
+            "state_write_errors",
+            "Writes of a file the agent keeps that failed (a full or read-only disk), by file: trace, shutdown_state, isolation_record, controller_contact. The agent goes on without it; what it could not write is lost to a restart",
+            state_write_errors.clone(),
+        );
         Metrics {
             registry,
             dry_run,
+            state_write_errors,
             signal_available,
             signal_capacity,
             threshold_met,
@@ -326,6 +340,16 @@ impl Metrics {
                 })
                 .inc_by(0);
         }
+    }
+
+    /// The failure counter of the file the agent keeps as `file` (see
+    /// [`StateFileLabels`]); its series starts at zero when the file is first used.
+    pub fn state_write_failures(&self, file: &str) -> Counter {
+        self.state_write_errors
+            .get_or_create(&StateFileLabels {
+                file: file.to_string(),
+            })
+            .clone()
     }
 
     /// The registry, for subsystems that register their own metrics at startup.

@@ -14,6 +14,7 @@
 //! across a suspend and is the same for every process of the boot), kept in a state file
 //! under /run so a restarted agent does not start its count again.
 
+use prometheus_client::metrics::counter::Counter;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -68,6 +69,8 @@ struct Inner {
 pub struct ContactClock {
     inner: Mutex<Inner>,
     state_file: Option<(PathBuf, String)>,
+    /// Counts every failed write of the state file.
+    write_failures: Counter,
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -80,6 +83,7 @@ impl ContactClock {
         ContactClock {
             inner: Mutex::new(Inner::default()),
             state_file: None,
+            write_failures: Counter::default(),
         }
     }
 
@@ -114,7 +118,14 @@ impl ContactClock {
         ContactClock {
             inner: Mutex::new(inner),
             state_file: Some((path.to_path_buf(), boot_id.to_string())),
+            write_failures: Counter::default(),
         }
+    }
+
+    /// Count every failed write of the state file in `failures`.
+    pub fn counting_failures(mut self, failures: Counter) -> Self {
+        self.write_failures = failures;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -231,6 +242,7 @@ impl ContactClock {
         };
         let written = crate::state_file::write_json(path, &record);
         if written.is_err() {
+            self.write_failures.inc();
             self.lock().dirty = true;
         }
         written
@@ -380,10 +392,13 @@ mod tests {
         let blocker = dir.path().join("file");
         std::fs::write(&blocker, "").expect("write");
         // A directory that cannot be made (a file is in the way).
-        let clock = ContactClock::persistent(&blocker.join("contact.json"), "boot-1");
+        let failures = Counter::default();
+        let clock = ContactClock::persistent(&blocker.join("contact.json"), "boot-1")
+            .counting_failures(failures.clone());
         clock.report_answered(s(5));
         assert!(clock.flush().is_err());
         assert!(clock.flush().is_err(), "still pending");
+        assert_eq!(failures.get(), 2, "each failed write is counted");
         let path = dir.path().join("contact.json");
         let clock = ContactClock::persistent(&path, "boot-1");
         clock.flush().expect("nothing to write");

@@ -2,6 +2,7 @@
 //! the phases, releases the lock, and survives bus restarts, cancellations and its own
 //! restart in the middle of a shutdown.
 
+use prometheus_client::metrics::counter::Counter;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -47,6 +48,8 @@ pub struct ManagerOptions {
     /// The service manager that keeps the lock while the agent restarts (inert outside
     /// systemd).
     pub service: Arc<ServiceManagerLink>,
+    /// Counts every failed write of the state file.
+    pub state_write_failures: Counter,
 }
 
 impl ManagerOptions {
@@ -60,6 +63,7 @@ impl ManagerOptions {
             reload_backoff: Backoff::default(),
             boot_id,
             service: Arc::new(ServiceManagerLink::none()),
+            state_write_failures: Counter::default(),
         }
     }
 }
@@ -127,7 +131,8 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
         tracing::info!("no graceful shutdown configured; node shutdown will be immediate");
         return;
     }
-    let store = StateStore::new(&options.state_path);
+    let store = StateStore::new(&options.state_path)
+        .counting_failures(options.state_write_failures.clone());
     let last = match store.load() {
         Ok(state) => state,
         Err(error) => {

@@ -2,6 +2,7 @@
 //! is about to power off. Written atomically after every step so a restarted agent can
 //! resume, and so a controller can tell a cleanly drained node from a lost one.
 
+use prometheus_client::metrics::counter::Counter;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -274,11 +275,23 @@ pub enum StateError {
 #[derive(Debug, Clone)]
 pub struct StateStore {
     path: PathBuf,
+    /// Counts every save that failed (the agent's
+    /// `nodekeeper_state_write_errors_total{file="shutdown_state"}`).
+    failures: Counter,
 }
 
 impl StateStore {
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        StateStore { path: path.into() }
+        StateStore {
+            path: path.into(),
+            failures: Counter::default(),
+        }
+    }
+
+    /// Count every failed save in `failures`.
+    pub fn counting_failures(mut self, failures: Counter) -> Self {
+        self.failures = failures;
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -336,7 +349,11 @@ impl StateStore {
             path: self.path.display().to_string(),
             error,
         };
-        crate::state_file::write_json(&self.path, state).map_err(write_error)
+        let written = crate::state_file::write_json(&self.path, state);
+        if written.is_err() {
+            self.failures.inc();
+        }
+        written.map_err(write_error)
     }
 }
 

@@ -9,6 +9,7 @@ pub mod debian;
 pub mod fake_fence_agents;
 pub mod fence_emulators;
 pub mod fence_manifests;
+pub mod full_disk;
 pub mod job_runner;
 pub mod kubelet;
 pub mod logind_fake;
