@@ -417,3 +417,82 @@ async fn a_restart_mid_shutdown_resumes_the_remaining_phases() {
     .await;
     second.shut_down().await;
 }
+
+/// The bus (and logind with it) restarts while a shutdown drains: the drain goes on
+/// through its phases without the bus, the agent reconnects, and once the drain is done
+/// no delay lock of the agent's holds the shutdown back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bus_restart_during_a_shutdown_neither_stops_the_drain_nor_leaves_a_lock_behind() {
+    let (dir, mut bus) = require!(DBUS, setup());
+    let shared = fake_state(3600);
+    let logind = FakeLogind::serve(&bus, Arc::clone(&shared)).await;
+    let pods = vec![pod("hang-web", 0), pod("db", 1000)];
+    let agent = Agent::start(&bus, dir.path(), &[(0, 2), (1000, 5)], pods, |_| {});
+    wait_until("the delay lock", || logind.held() == 1).await;
+    wait_until("the agent to subscribe", || {
+        agent.status.borrow().bus_connected
+    })
+    .await;
+    logind.announce(true).await;
+    wait_until("the first phase", || !agent.recorder.names().is_empty()).await;
+
+    drop(logind);
+    let restarted = Instant::now();
+    bus.restart();
+    let logind = FakeLogind::serve(&bus, shared).await;
+    wait_until("the drain to finish", || {
+        agent
+            .saved()
+            .is_some_and(|s| s.outcome == ShutdownOutcome::Finished)
+    })
+    .await;
+    let drained = restarted.elapsed();
+    assert_eq!(agent.recorder.names(), vec!["default/hang-web", "default/db"]);
+    let saved = agent.saved().expect("the record");
+    assert!(
+        saved.phases.iter().all(|phase| phase.status != PhaseStatus::Cancelled),
+        "{saved:#?}"
+    );
+    wait_until("the agent to reconnect", || {
+        agent.status.borrow().bus_connected
+    })
+    .await;
+    // Whatever lock the agent took on the new bus, the finished drain lets it go.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        logind.held(),
+        0,
+        "a lock held after the drain would delay the shutdown for nothing"
+    );
+    eprintln!("the drain finished {drained:?} after the bus restart");
+    agent.shut_down().await;
+}
+
+/// logind restarts while the bus stays up (as `systemctl restart systemd-logind` does;
+/// the real one keeps its inhibitor locks across a restart, as the fake's shared state
+/// does): the agent's subscription follows the new logind, and the next shutdown drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logind_restart_on_a_live_bus_still_delivers_the_next_shutdown() {
+    let (dir, bus) = require!(DBUS, setup());
+    let shared = fake_state(3600);
+    let logind = FakeLogind::serve(&bus, Arc::clone(&shared)).await;
+    let agent = Agent::start(&bus, dir.path(), &[(0, 5)], vec![pod("web", 0)], |_| {});
+    wait_until("the delay lock", || logind.held() == 1).await;
+    wait_until("the agent to subscribe", || {
+        agent.status.borrow().bus_connected
+    })
+    .await;
+
+    drop(logind);
+    let logind = FakeLogind::serve(&bus, shared).await;
+    let announced = Instant::now();
+    logind.announce(true).await;
+    wait_until("the drain after logind's restart", || logind.held() == 0).await;
+    assert_eq!(agent.recorder.names(), vec!["default/web"]);
+    assert!(agent.status.borrow().bus_connected);
+    eprintln!(
+        "drained {:?} after the restarted logind announced the shutdown",
+        announced.elapsed()
+    );
+    agent.shut_down().await;
+}
