@@ -302,10 +302,15 @@ async fn a_controller_killed_during_the_power_off_never_powers_off_twice() {
     })
     .await;
     first.kill();
+    let killed = std::time::Instant::now();
 
     // The Lease the dead controller held must run out (4 s) before the next one acts.
     let second = ControllerProcess::start(dir.path(), &server, &config);
     second.powered_off(&server, "worker-2").await;
+    eprintln!(
+        "controller killed mid power-off: the restarted one confirmed the fence {:.1}s later (Lease 4 s)",
+        killed.elapsed().as_secs_f64()
+    );
     let fence = fence_of(&server, "worker-2").expect("fence");
     let power = step_executions(&fence, "PowerManagement");
     assert_eq!(power[0]["result"], "Interrupted", "{fence:#}");

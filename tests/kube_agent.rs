@@ -948,8 +948,14 @@ async fn an_api_outage_keeps_local_protection_and_flushes_every_action_once() {
         s.kills.kills()
     );
 
+    let pending = s.outbox.pending().len();
     s.server.come_back().await;
+    let back = std::time::Instant::now();
     eventually(WAIT, "outbox flushed", || s.outbox.is_empty().then_some(())).await;
+    println!(
+        "{pending} queued API writes flushed {:?} after the API server came back",
+        back.elapsed()
+    );
     let hog = pod(&s.server, "hog");
     assert_eq!(hog.metadata.deletion_grace_period_seconds, Some(1));
     assert!(condition(&hog, "DisruptionTarget").is_some());
@@ -1143,6 +1149,10 @@ async fn assert_delete_overtook(
     })
     .await;
     assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+    println!(
+        "the DELETE went out {:?} after the evicting cycle began",
+        started.elapsed()
+    );
     let log = s.server.requests();
     let delete = position(&log, is_hog_delete).unwrap();
     let condition = position(&log, is_hog_condition).expect("DisruptionTarget was set");

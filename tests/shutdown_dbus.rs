@@ -447,10 +447,16 @@ async fn a_bus_restart_during_a_shutdown_neither_stops_the_drain_nor_leaves_a_lo
     })
     .await;
     let drained = restarted.elapsed();
-    assert_eq!(agent.recorder.names(), vec!["default/hang-web", "default/db"]);
+    assert_eq!(
+        agent.recorder.names(),
+        vec!["default/hang-web", "default/db"]
+    );
     let saved = agent.saved().expect("the record");
     assert!(
-        saved.phases.iter().all(|phase| phase.status != PhaseStatus::Cancelled),
+        saved
+            .phases
+            .iter()
+            .all(|phase| phase.status != PhaseStatus::Cancelled),
         "{saved:#?}"
     );
     wait_until("the agent to reconnect", || {
