@@ -6,6 +6,7 @@
 pub mod act;
 pub mod agent;
 pub mod backoff;
+pub mod boot_clock;
 pub mod config;
 pub mod controller;
 pub mod eviction;

@@ -88,17 +88,6 @@ fn fake_logind(dir: &Path) -> Result<(PrivateBus, tokio::runtime::Runtime, FakeL
     Ok((bus, runtime, logind))
 }
 
-fn wait_for_release(logind: &FakeLogind) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while logind.held() != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the drain never released the delay lock"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Open the FIFO's write end once the agent's cycle is blocked opening it for reading
 /// (before that, a non-blocking open fails with ENXIO). Holding the write end without
 /// writing keeps the reader blocked in `read`.
@@ -145,7 +134,7 @@ fn prepare_for_shutdown_and_healthz_are_answered_while_a_cycle_is_stuck_on_a_hun
         reaction < ANSWER_WITHIN,
         "PrepareForShutdown handled after {reaction:?}"
     );
-    wait_for_release(&logind);
+    logind.wait_for_release();
     println!("stuck cycle: /healthz in {healthz:?}, PrepareForShutdown seen after {reaction:?}");
 
     // Let the stuck read finish, then stop as an operator would.
@@ -201,7 +190,7 @@ workloads:
     runtime.block_on(logind.announce(true));
     let (_, line) = agent.wait_for_line("would stop pod", Duration::from_secs(10));
     assert!(line.contains("/web"), "{line}");
-    wait_for_release(&logind);
+    logind.wait_for_release();
     assert!(
         cgroups.child_running(pid),
         "a dry run must not stop the workload"

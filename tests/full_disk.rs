@@ -243,14 +243,7 @@ fn a_shutdown_whose_state_cannot_be_written_still_drains_and_releases_the_lock()
         line.contains(&state_file.display().to_string()) && line.contains("No space left"),
         "the error names the file and the cause: {line}"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while logind.held() != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the drain never released the delay lock"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    logind.wait_for_release();
     let drained = announced.elapsed();
     assert!(
         !cgroups.child_running(pid),

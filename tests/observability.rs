@@ -422,6 +422,9 @@ fn last_shutdown(path: &Path) {
         status: PhaseStatus::Completed,
         started_unix_ms: Some(started),
         finished_unix_ms: Some(finished),
+        // That boot's clock read 60 s at the start.
+        started_boot_ms: Some(started - start + 60_000),
+        finished_boot_ms: Some(finished - start + 60_000),
         failed_pods: Vec::new(),
     };
     let state = ShutdownState {

@@ -436,6 +436,7 @@ async fn follow_api(reachability: ApiReachability, board: Arc<ReportBoard>) {
 mod tests {
     use super::*;
     use crate::shutdown::plan::{PlannedPhase, ShutdownPlan};
+    use crate::shutdown::state::at;
     use crate::shutdown::state::{PhaseStatus, ShutdownState};
 
     const BOOT: &str = "this-boot";
@@ -520,8 +521,8 @@ mod tests {
     #[test]
     fn a_shutdown_in_progress_reports_its_phases() {
         let mut state = three_phases();
-        state.start_phase(0, 1_763_900_001_000);
-        state.end_phase(0, PhaseStatus::Completed, Vec::new(), 1_763_900_004_000);
+        state.start_phase(0, at(1_763_900_001_000));
+        state.end_phase(0, PhaseStatus::Completed, Vec::new(), at(1_763_900_004_000));
         let report = shutdown_report(&status(Some(state)), BOOT, THROUGH_API);
         assert_eq!(report.state, ShutdownPhase::InProgress);
         assert_eq!((report.phases_done, report.phases_total), (1, 3));
@@ -538,7 +539,12 @@ mod tests {
     fn a_finished_or_cancelled_shutdown_says_so() {
         let mut state = three_phases();
         for index in 0..3 {
-            state.end_phase(index, PhaseStatus::Skipped, Vec::new(), 1_763_900_001_000);
+            state.end_phase(
+                index,
+                PhaseStatus::Skipped,
+                Vec::new(),
+                at(1_763_900_001_000),
+            );
         }
         state.finish(1_763_900_002_000);
         state.about_to_power_off = true;
@@ -564,7 +570,7 @@ mod tests {
     /// Ends phase `index` with `status` and the pods that failed to stop.
     fn end(state: &mut ShutdownState, index: usize, status: PhaseStatus, failed: &[&str]) {
         let failed = failed.iter().map(|pod| pod.to_string()).collect();
-        state.end_phase(index, status, failed, 1_763_900_001_000);
+        state.end_phase(index, status, failed, at(1_763_900_001_000));
     }
 
     #[test]

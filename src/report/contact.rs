@@ -22,11 +22,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 /// The boot's clock: time since boot, suspend included.
-pub fn boot_clock() -> Duration {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
-        .map(|t| Duration::new(t.tv_sec() as u64, t.tv_nsec() as u32))
-        .unwrap_or_default()
-}
+pub use crate::boot_clock::since_boot as boot_clock;
 
 /// What the state file keeps, for the agents of one boot.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,7 +18,7 @@ use super::logind::{
     Logind, LogindError, PrepareForShutdownStream,
 };
 use super::plan::{PhaseSpec, plan, total_budget_seconds};
-use super::runner::{PodTerminator, RunOutcome, WallClock, run_phases};
+use super::runner::{PodTerminator, RunOutcome, ShutdownClock, run_phases};
 use super::state::{ShutdownOutcome, ShutdownState, StateStore};
 use crate::pods::Pod;
 use crate::systemd::notify::ServiceManagerLink;
@@ -101,7 +101,7 @@ struct Manager<T: PodTerminator> {
     store: StateStore,
     terminator: Arc<T>,
     pods: PodLister,
-    clock: Arc<dyn WallClock>,
+    clock: Arc<dyn ShutdownClock>,
     status: watch::Sender<ManagerStatus>,
     lock: Option<HeldLock>,
     lock_problem: Option<String>,
@@ -123,7 +123,7 @@ pub async fn run_shutdown_manager<T: PodTerminator>(
     options: ManagerOptions,
     terminator: Arc<T>,
     pods: PodLister,
-    clock: Arc<dyn WallClock>,
+    clock: Arc<dyn ShutdownClock>,
     status: watch::Sender<ManagerStatus>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -220,9 +220,7 @@ pub fn stored_lock_name(pid: u32, nanoseconds: u128) -> String {
 
 /// CLOCK_BOOTTIME, which only grows during a boot and counts suspend too.
 fn nanoseconds_since_boot() -> u128 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
-        .map(|time| Duration::from(time).as_nanos())
-        .unwrap_or_default()
+    crate::boot_clock::since_boot().as_nanos()
 }
 
 async fn wait_run(

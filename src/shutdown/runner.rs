@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::plan::PlannedPod;
-use super::state::{PhaseStatus, ShutdownState, StateError, StateStore};
+use super::state::{ClockReading, PhaseStatus, ShutdownState, StateError, StateStore};
 
 /// How a pod ended up after [`PodTerminator::terminate`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,17 +75,30 @@ pub trait PodTerminator: Send + Sync + 'static {
 }
 
 /// Wall-clock time for the state record; injected so tests control it.
-pub trait WallClock: Send + Sync {
+/// The clocks a shutdown reads: the wall clock for its record, the boot clock for its
+/// timers (see [`ClockReading`]).
+pub trait ShutdownClock: Send + Sync {
     fn now_unix_ms(&self) -> u64;
+    fn since_boot_ms(&self) -> u64;
+    fn read(&self) -> ClockReading {
+        ClockReading {
+            unix_ms: self.now_unix_ms(),
+            boot_ms: self.since_boot_ms(),
+        }
+    }
 }
 
 pub struct SystemClock;
 
-impl WallClock for SystemClock {
+impl ShutdownClock for SystemClock {
     fn now_unix_ms(&self) -> u64 {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    fn since_boot_ms(&self) -> u64 {
+        crate::boot_clock::since_boot_ms()
     }
 }
 
@@ -102,7 +115,7 @@ pub async fn run_phases<T: PodTerminator>(
     state: &mut ShutdownState,
     terminator: Arc<T>,
     store: &StateStore,
-    clock: &dyn WallClock,
+    clock: &dyn ShutdownClock,
     mut cancelled: watch::Receiver<bool>,
 ) -> RunOutcome {
     let mut cancel_sender_gone = false;
@@ -115,11 +128,11 @@ pub async fn run_phases<T: PodTerminator>(
         }
         let priority = state.phases[index].priority;
         if state.phases[index].pods.is_empty() {
-            state.end_phase(index, PhaseStatus::Skipped, vec![], clock.now_unix_ms());
+            state.end_phase(index, PhaseStatus::Skipped, vec![], clock.read());
             persist(store, state).await;
             continue;
         }
-        let now = clock.now_unix_ms();
+        let now = clock.read();
         let budget = Duration::from_millis(state.remaining_budget_ms(index, now));
         state.start_phase(index, now);
         persist(store, state).await;
@@ -182,7 +195,7 @@ pub async fn run_phases<T: PodTerminator>(
             }
         };
         failed.sort();
-        state.end_phase(index, status, failed, clock.now_unix_ms());
+        state.end_phase(index, status, failed, clock.read());
         persist(store, state).await;
         tracing::info!(priority, %status, "shutdown phase ended");
     }
@@ -194,7 +207,7 @@ pub async fn run_phases<T: PodTerminator>(
 async fn cancel(
     state: &mut ShutdownState,
     store: &StateStore,
-    clock: &dyn WallClock,
+    clock: &dyn ShutdownClock,
 ) -> RunOutcome {
     state.cancel(clock.now_unix_ms());
     persist(store, state).await;
@@ -261,22 +274,43 @@ mod tests {
         }
     }
 
-    /// Wall clock that follows tokio's paused clock.
+    /// Clocks that follow tokio's paused clock; the wall clock can be set (`base_ms`),
+    /// the boot clock cannot.
     struct PausedClock {
         origin: tokio::time::Instant,
         base_ms: AtomicU64,
     }
 
-    impl WallClock for PausedClock {
+    /// The boot clock's reading at the paused clock's origin.
+    const BOOTED_MS_AGO: u64 = 50_000;
+
+    impl PausedClock {
+        /// Sets the wall clock `by_ms` forward (or back, when negative).
+        fn jump(&self, by_ms: i64) {
+            let base = self.base_ms.load(Ordering::Relaxed);
+            let moved = base.saturating_add_signed(by_ms).max(1);
+            self.base_ms.store(moved, Ordering::Relaxed);
+        }
+
+        fn boot_ms_at(&self, at: tokio::time::Instant) -> u64 {
+            BOOTED_MS_AGO + (at - self.origin).as_millis() as u64
+        }
+    }
+
+    impl ShutdownClock for PausedClock {
         fn now_unix_ms(&self) -> u64 {
             self.base_ms.load(Ordering::Relaxed) + self.origin.elapsed().as_millis() as u64
+        }
+
+        fn since_boot_ms(&self) -> u64 {
+            self.boot_ms_at(tokio::time::Instant::now())
         }
     }
 
     fn clock() -> PausedClock {
         PausedClock {
             origin: tokio::time::Instant::now(),
-            base_ms: AtomicU64::new(1_000_000),
+            base_ms: AtomicU64::new(10_000_000_000),
         }
     }
 
@@ -394,9 +428,12 @@ mod tests {
         ];
         let mut state = state_for(&[(0, 5), (10, 30), (20, 5)], &pods);
         let clock = clock();
-        let now = clock.now_unix_ms();
-        state.end_phase(0, PhaseStatus::Completed, vec![], now - 20_000);
-        state.start_phase(1, now - 12_000);
+        let ago = |ms: u64| ClockReading {
+            unix_ms: clock.now_unix_ms() - ms,
+            boot_ms: clock.since_boot_ms() - ms,
+        };
+        state.end_phase(0, PhaseStatus::Completed, vec![], ago(20_000));
+        state.start_phase(1, ago(12_000));
         let fake = Arc::new(FakeTerminator::default());
         let start = tokio::time::Instant::now();
         let (_tx, cancelled) = watch::channel(false);
@@ -484,6 +521,16 @@ mod tests {
         ]
     }
 
+    /// How far the wall clock is set while the agent is down: mostly not at all, else
+    /// up to a day forward or back.
+    fn wall_clock_jump() -> impl proptest::strategy::Strategy<Value = i64> {
+        use proptest::prelude::*;
+        prop_oneof![
+            2 => Just(0i64),
+            1 => -86_400_000i64..86_400_000,
+        ]
+    }
+
     fn priority() -> impl proptest::strategy::Strategy<Value = i32> {
         proptest::sample::select(vec![-10, 0, 1, 100, 1000, 2_000_000_000])
     }
@@ -495,7 +542,8 @@ mod tests {
         /// negative ones included), pods that stop late, hang or fail, and agent restarts
         /// in the middle (the run dropped, then resumed from the state file after a
         /// pause), no phase runs past its own period counted from its first start, unless
-        /// the agent came back only after it had run out; no pod is given a grace period
+        /// the agent came back only after it had run out, and whatever the wall clock was
+        /// set to while the agent was down; no pod is given a grace period
         /// that reaches past its phase's end; phases run in order, every pod of the plan
         /// is asked to stop, and without restarts the whole drain fits the budget logind
         /// is asked for.
@@ -506,7 +554,10 @@ mod tests {
                 (priority(), proptest::option::of(-2i64..60), response()),
                 0..7,
             ),
-            restarts in proptest::collection::vec((0u64..90_000, 0u64..5_000), 0..3),
+            restarts in proptest::collection::vec(
+                (0u64..90_000, 0u64..5_000, wall_clock_jump()),
+                0..3,
+            ),
         ) {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
@@ -525,7 +576,7 @@ mod tests {
     async fn check_budget(
         phases: Vec<(i32, i64)>,
         pods: Vec<(i32, Option<i64>, Response)>,
-        restarts: Vec<(u64, u64)>,
+        restarts: Vec<(u64, u64, i64)>,
     ) {
         let dir = tempfile::tempdir().unwrap();
         let store = StateStore::new(dir.path().join("state.json"));
@@ -553,9 +604,10 @@ mod tests {
             calls: Mutex::new(Vec::new()),
         });
         let (_tx, cancelled) = watch::channel(false);
-        let began = clock.now_unix_ms();
+        // Every time below is on the boot clock: the wall clock may jump.
+        let began = clock.since_boot_ms();
         let mut resumed_at = Vec::new();
-        for (run_for, down_for) in restarts {
+        for (run_for, down_for, jump) in restarts {
             let run = run_phases(
                 &mut state,
                 Arc::clone(&terminator),
@@ -571,8 +623,9 @@ mod tests {
             }
             // The agent is killed, stays down a while, and starts again from its file.
             tokio::time::sleep(Duration::from_millis(down_for)).await;
+            clock.jump(jump);
             state = store.load().unwrap().expect("a begun shutdown was stored");
-            resumed_at.push(clock.now_unix_ms());
+            resumed_at.push(clock.since_boot_ms());
         }
         if state.outcome == ShutdownOutcome::InProgress {
             let outcome = run_phases(
@@ -587,11 +640,10 @@ mod tests {
         }
         assert!(state.all_phases_finished(), "{state:?}");
 
-        let origin_ms = clock.base_ms.load(Ordering::Relaxed);
         let calls = terminator.calls.lock().unwrap().clone();
         let mut previous_end = began;
         for phase in &state.phases {
-            let (Some(started), Some(finished)) = (phase.started_unix_ms, phase.finished_unix_ms)
+            let (Some(started), Some(finished)) = (phase.started_boot_ms, phase.finished_boot_ms)
             else {
                 panic!("phase {phase:?} did not record its run");
             };
@@ -621,7 +673,7 @@ mod tests {
                     stopped.name
                 );
                 for (_, grace, at) in asked {
-                    let at_ms = origin_ms + (*at - clock.origin).as_millis() as u64;
+                    let at_ms = clock.boot_ms_at(*at);
                     assert!(
                         at_ms >= started,
                         "{} asked to stop before its phase began",
@@ -638,9 +690,9 @@ mod tests {
         if resumed_at.is_empty() {
             let total_ms = period_ms(planned.total_seconds);
             assert!(
-                clock.now_unix_ms() - began <= total_ms,
+                clock.since_boot_ms() - began <= total_ms,
                 "the drain took {} ms of a {total_ms} ms budget",
-                clock.now_unix_ms() - began
+                clock.since_boot_ms() - began
             );
         }
     }

@@ -71,6 +71,12 @@ pub struct PhaseProgress {
     pub started_unix_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_unix_ms: Option<u64>,
+    /// The same moments on the boot clock, which the phase's timer is measured on (a
+    /// record written before these were kept has only the wall-clock ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_boot_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_boot_ms: Option<u64>,
     /// Pods whose termination failed (the error is logged).
     #[serde(default)]
     pub failed_pods: Vec<String>,
@@ -84,9 +90,31 @@ impl PhaseProgress {
         )
     }
 
-    /// Wall time the phase took, once it has finished.
+    /// How long the phase took, once it has finished: on the boot clock, unaffected by
+    /// a wall-clock jump meanwhile.
     pub fn duration_ms(&self) -> Option<u64> {
-        Some(self.finished_unix_ms?.saturating_sub(self.started_unix_ms?))
+        match (self.started_boot_ms, self.finished_boot_ms) {
+            (Some(started), Some(finished)) => Some(finished.saturating_sub(started)),
+            _ => Some(self.finished_unix_ms?.saturating_sub(self.started_unix_ms?)),
+        }
+    }
+}
+
+/// One reading of the two clocks a shutdown keeps: the wall clock for the record people
+/// read, and the boot clock (`CLOCK_BOOTTIME`) for its timers, which a wall-clock jump
+/// must neither end early nor stretch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockReading {
+    pub unix_ms: u64,
+    pub boot_ms: u64,
+}
+
+/// Both clocks reading `ms` (tests).
+#[cfg(test)]
+pub(crate) fn at(ms: u64) -> ClockReading {
+    ClockReading {
+        unix_ms: ms,
+        boot_ms: ms,
     }
 }
 
@@ -146,10 +174,13 @@ impl ShutdownState {
         self.outcome == ShutdownOutcome::InProgress && self.boot_id == boot_id
     }
 
-    pub fn start_phase(&mut self, index: usize, now_unix_ms: u64) {
+    pub fn start_phase(&mut self, index: usize, now: ClockReading) {
         if let Some(phase) = self.phases.get_mut(index) {
             phase.status = PhaseStatus::Running;
-            phase.started_unix_ms.get_or_insert(now_unix_ms);
+            if phase.started_unix_ms.is_none() {
+                phase.started_unix_ms = Some(now.unix_ms);
+                phase.started_boot_ms = Some(now.boot_ms);
+            }
         }
     }
 
@@ -158,12 +189,16 @@ impl ShutdownState {
         index: usize,
         status: PhaseStatus,
         failed_pods: Vec<String>,
-        now_unix_ms: u64,
+        now: ClockReading,
     ) {
         if let Some(phase) = self.phases.get_mut(index) {
             phase.status = status;
-            phase.started_unix_ms.get_or_insert(now_unix_ms);
-            phase.finished_unix_ms = Some(now_unix_ms);
+            if phase.started_unix_ms.is_none() {
+                phase.started_unix_ms = Some(now.unix_ms);
+                phase.started_boot_ms = Some(now.boot_ms);
+            }
+            phase.finished_unix_ms = Some(now.unix_ms);
+            phase.finished_boot_ms = Some(now.boot_ms);
             phase.failed_pods = failed_pods;
         }
     }
@@ -190,18 +225,23 @@ impl ShutdownState {
     }
 
     /// A phase interrupted by an agent restart runs again with what is left of its timer,
-    /// measured from when it first started; pods get at most that long.
-    pub fn remaining_budget_ms(&self, index: usize, now_unix_ms: u64) -> u64 {
+    /// measured from when it first started; pods get at most that long. The timer runs
+    /// on the boot clock (the record is resumed only within its boot), so a wall-clock
+    /// jump between the start and the restart changes nothing; only a record from before
+    /// boot times were kept falls back to the wall clock.
+    pub fn remaining_budget_ms(&self, index: usize, now: ClockReading) -> u64 {
         let Some(phase) = self.phases.get(index) else {
             return 0;
         };
         let full = u64::try_from(phase.seconds.max(0))
             .unwrap_or(0)
             .saturating_mul(1000);
-        match phase.started_unix_ms {
-            Some(started) => full.saturating_sub(now_unix_ms.saturating_sub(started)),
-            None => full,
-        }
+        let elapsed = match (phase.started_boot_ms, phase.started_unix_ms) {
+            (Some(started), _) => now.boot_ms.saturating_sub(started),
+            (None, Some(started)) => now.unix_ms.saturating_sub(started),
+            (None, None) => 0,
+        };
+        full.saturating_sub(elapsed)
     }
 }
 
@@ -222,6 +262,8 @@ fn pending_phase(phase: &PlannedPhase) -> PhaseProgress {
         status: PhaseStatus::Pending,
         started_unix_ms: None,
         finished_unix_ms: None,
+        started_boot_ms: None,
+        finished_boot_ms: None,
         failed_pods: Vec::new(),
     }
 }
@@ -389,7 +431,7 @@ mod tests {
         let store = StateStore::new(dir.path().join("sub/graceful_shutdown_state.json"));
         assert_eq!(store.load().unwrap(), None);
         let mut state = sample_state();
-        state.start_phase(0, 1_500);
+        state.start_phase(0, at(1_500));
         store.save(&state).unwrap();
         assert_eq!(store.load().unwrap(), Some(state));
         let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("sub"))
@@ -414,9 +456,9 @@ mod tests {
     #[test]
     fn the_record_tells_a_controller_what_happened() {
         let mut state = sample_state();
-        state.start_phase(0, 2_000);
-        state.end_phase(0, PhaseStatus::Completed, vec![], 4_000);
-        state.end_phase(1, PhaseStatus::Skipped, vec![], 4_000);
+        state.start_phase(0, at(2_000));
+        state.end_phase(0, PhaseStatus::Completed, vec![], at(4_000));
+        state.end_phase(1, PhaseStatus::Skipped, vec![], at(4_000));
         assert!(state.all_phases_finished());
         state.finish(4_000);
         state.about_to_power_off = true;
@@ -449,19 +491,48 @@ mod tests {
     #[test]
     fn an_interrupted_phase_resumes_with_what_is_left_of_its_timer() {
         let mut state = sample_state();
-        assert_eq!(state.remaining_budget_ms(0, 50_000), 20_000);
-        state.start_phase(0, 10_000);
-        assert_eq!(state.remaining_budget_ms(0, 15_500), 14_500);
-        assert_eq!(state.remaining_budget_ms(0, 90_000), 0);
+        assert_eq!(state.remaining_budget_ms(0, at(50_000)), 20_000);
+        state.start_phase(0, at(10_000));
+        assert_eq!(state.remaining_budget_ms(0, at(15_500)), 14_500);
+        assert_eq!(state.remaining_budget_ms(0, at(90_000)), 0);
+    }
+
+    #[test]
+    fn a_wall_clock_jump_between_the_start_and_the_restart_changes_nothing() {
+        let started = ClockReading {
+            unix_ms: 1_800_000_000_000,
+            boot_ms: 40_000,
+        };
+        // 5.5 s later on the boot clock; the wall clock was set an hour either way.
+        for wall_jump in [-3_600_000i64, 0, 3_600_000] {
+            let mut state = sample_state();
+            state.start_phase(0, started);
+            let resumed = ClockReading {
+                unix_ms: started.unix_ms.saturating_add_signed(5_500 + wall_jump),
+                boot_ms: 45_500,
+            };
+            assert_eq!(state.remaining_budget_ms(0, resumed), 14_500, "{wall_jump}");
+            state.end_phase(0, PhaseStatus::Completed, vec![], resumed);
+            assert_eq!(state.phases[0].duration_ms(), Some(5_500));
+        }
+        // A record written before boot times were kept counts on the wall clock.
+        let mut state = sample_state();
+        state.start_phase(0, started);
+        state.phases[0].started_boot_ms = None;
+        let resumed = ClockReading {
+            unix_ms: started.unix_ms + 5_500,
+            boot_ms: 1,
+        };
+        assert_eq!(state.remaining_budget_ms(0, resumed), 14_500);
     }
 
     #[test]
     fn a_huge_phase_from_config_or_a_corrupt_state_file_saturates_instead_of_overflowing() {
         let mut state = sample_state();
         state.phases[0].seconds = i64::MAX;
-        assert_eq!(state.remaining_budget_ms(0, 50_000), u64::MAX);
-        state.start_phase(0, u64::MAX);
-        assert_eq!(state.remaining_budget_ms(0, 0), u64::MAX);
-        assert_eq!(state.remaining_budget_ms(0, u64::MAX), u64::MAX);
+        assert_eq!(state.remaining_budget_ms(0, at(50_000)), u64::MAX);
+        state.start_phase(0, at(u64::MAX));
+        assert_eq!(state.remaining_budget_ms(0, at(0)), u64::MAX);
+        assert_eq!(state.remaining_budget_ms(0, at(u64::MAX)), u64::MAX);
     }
 }

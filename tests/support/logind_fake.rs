@@ -268,6 +268,19 @@ impl FakeLogind {
         self.shared.lock().unwrap().held()
     }
 
+    /// Blocks (the calling thread, not a runtime's) until no delay lock is held: the
+    /// drain released it. Panics after 10 s.
+    pub fn wait_for_release(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.held() != 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the drain never released the delay lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     pub fn inhibit_calls(&self) -> usize {
         self.shared.lock().unwrap().locks.len()
     }
