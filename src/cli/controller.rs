@@ -270,6 +270,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
             tracing::info!("stopping");
         };
+        let clock_offset = metrics.clock_offset.clone();
         let result = nodekeeper::controller::run::run(
             client,
             policy,
@@ -279,7 +280,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             nodekeeper::controller::run::identity(),
             metrics,
             health,
-            nodekeeper::controller::executor::system_clock(),
+            nodekeeper::controller::clock::steady_clock(clock_offset),
             shutdown,
         )
         .await;

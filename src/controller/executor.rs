@@ -23,11 +23,6 @@ use super::resource::ExecutionKind;
 /// The clock every controller part reads; injected so tests can move it.
 pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
 
-/// The wall clock.
-pub fn system_clock() -> Clock {
-    Arc::new(Timestamp::now)
-}
-
 /// Which fence an execution belongs to: its resource's uid (so a deleted and recreated
 /// NodeFence never inherits an old execution), its name and its node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

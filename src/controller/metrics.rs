@@ -73,6 +73,8 @@ pub struct ControllerMetrics {
     /// but the log is full of other sources' live runs) or `malformed`.
     pub kdump_datagrams: Family<OutcomeLabels, Counter>,
     pub leader: Gauge,
+    /// The system clock minus the controller's own time (see `controller::clock`).
+    pub clock_offset: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// 1 while this leader's EndpointSlice is the report Service's only one.
     pub report_service_at_leader: Gauge,
     pub reconcile_errors: Counter,
@@ -192,6 +194,12 @@ impl ControllerMetrics {
             "1 while this replica holds the leader Lease and acts",
             leader.clone(),
         );
+        let clock_offset = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "controller_clock_offset_seconds",
+            "The system clock minus the controller's own time, which follows the monotonic clock and takes a jump of the system clock in at 1% of the time that passes",
+            clock_offset.clone(),
+        );
         // Registered by `export_report_service`, only where reports.leaderService is set:
         // a leader's 0 for a Service never wanted would page for nothing.
         let report_service_at_leader = Gauge::default();
@@ -239,6 +247,7 @@ impl ControllerMetrics {
             silent_nodes,
             kdump_datagrams,
             leader,
+            clock_offset,
             report_service_at_leader,
             reconcile_errors,
         }

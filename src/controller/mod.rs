@@ -4,6 +4,7 @@
 //! recorded executions in `progress.rs`). All of it is pure: the reconciler around it
 //! reads the cluster, calls `decide`, writes the status and only then acts.
 
+pub mod clock;
 pub mod decide;
 pub mod executor;
 pub mod facts;

@@ -345,6 +345,16 @@ impl ControllerProcess {
         )
     }
 
+    /// [`ControllerProcess::start`] with `environment` added to the process's.
+    pub fn start_with_environment(
+        dir: &Path,
+        server: &FakeApiServer,
+        config: &Path,
+        environment: &[(&str, &str)],
+    ) -> ControllerProcess {
+        ControllerProcess::spawn(dir, server, config, "info,kube=warn", environment)
+    }
+
     /// [`ControllerProcess::start`] with `RUST_LOG` set to `filter`.
     pub fn start_logging(
         dir: &Path,

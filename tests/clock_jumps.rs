@@ -1,0 +1,132 @@
+//! Fault injection: the controller's wall clock jumps (issue 16). The real controller
+//! runs with libfaketime (Debian `libfaketime`) preloaded, its wall clock offset by what
+//! the test writes into a file, its monotonic clock untouched, as an NTP step or an
+//! operator's `date -s` would leave them. A node is lost; while the controller waits out
+//! `unhealthyDuration`, its clock jumps two hours forward (the wait must not end early:
+//! no fence starts), then two hours back (the wait must not grow: the fence starts on
+//! time). Storage isolation by `fence_dummy`, then the power-off through `fence_ipmilan`
+//! against `ipmi_sim`, as in `controller_e2e.rs`.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use support::controller::*;
+use support::fence_emulators::IpmiSim;
+
+/// Where Debian's libfaketime puts its preload library for multi-threaded programs.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+fn libfaketime() -> Result<&'static str, String> {
+    if Path::new(LIBFAKETIME).exists() {
+        Ok(LIBFAKETIME)
+    } else {
+        Err(format!(
+            "{LIBFAKETIME} is missing (Debian package libfaketime)"
+        ))
+    }
+}
+
+/// Sets the controller's wall clock `seconds` away from the real one.
+fn offset_clock(file: &Path, seconds: i64) {
+    std::fs::write(file, format!("{seconds:+}\n")).expect("the faketime offset file");
+}
+
+const UNHEALTHY: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back() {
+    require!("fence-agents", fence_agents());
+    let preload = require!("libfaketime", libfaketime());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let (server, _fabric) = one_database_node(dir.path(), &bmc).await;
+    let config = controller_config(dir.path(), "unhealthyDuration: 10s");
+    let offset = dir.path().join("faketime");
+    offset_clock(&offset, 0);
+    let offset_path = offset.display().to_string();
+    let controller = ControllerProcess::start_with_environment(
+        dir.path(),
+        &server,
+        &config,
+        &[
+            ("LD_PRELOAD", preload),
+            ("FAKETIME_TIMESTAMP_FILE", &offset_path),
+            ("FAKETIME_NO_CACHE", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    controller.synced().await;
+
+    // worker-2 is lost; the node lifecycle controller marks it Unknown.
+    let lost = Instant::now();
+    let lost_at = Timestamp::now();
+    server.seed(&node("worker-2", "Unknown", lost_at));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Two hours forward, and the node changes (its object is written again), so the
+    // controller looks at it at once with the new time.
+    offset_clock(&offset, 7200);
+    server.seed(&node("worker-2", "Unknown", lost_at));
+    while lost.elapsed() < UNHEALTHY - Duration::from_secs(3) {
+        let fence = fence_of(&server, "worker-2");
+        assert!(
+            fence
+                .as_ref()
+                .is_none_or(|fence| executions(fence).is_empty()),
+            "a fence started {:?} after the node was lost, before unhealthyDuration ({UNHEALTHY:?}): {fence:#?}\n{}",
+            lost.elapsed(),
+            controller.log()
+        );
+        assert!(server.object::<Pod>("shop", "db-0").is_some());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let offset_seen = metric_value(
+        &controller.metrics(),
+        "nodekeeper_controller_clock_offset_seconds",
+    )
+    .expect("the clock offset gauge");
+    assert!(
+        (7190.0..7210.0).contains(&offset_seen),
+        "the controller shows the jump it is not following: {offset_seen}"
+    );
+
+    // Two hours back (four from where it was): the fence must start when it is due.
+    offset_clock(&offset, -7200);
+    server.seed(&node("worker-2", "Unknown", lost_at));
+    let released = wait_for(&controller, "the pod to be released", || {
+        server
+            .object::<Pod>("shop", "db-0")
+            .is_none()
+            .then(Instant::now)
+    })
+    .await;
+    let took = released.duration_since(lost);
+    println!(
+        "the clock jumped +2 h then -2 h; the pod was released {:.1}s after the node was lost (unhealthyDuration {}s)",
+        took.as_secs_f64(),
+        UNHEALTHY.as_secs()
+    );
+    // The condition's time is in whole seconds (the node counts as lost up to 1 s
+    // earlier than `lost`), and the controller's time moves at most 1 % off the
+    // monotonic clock while it takes the jumps in.
+    assert!(
+        took + Duration::from_millis(1200) >= UNHEALTHY,
+        "released after {took:?}"
+    );
+    assert!(
+        took < UNHEALTHY + Duration::from_secs(15),
+        "released only after {took:?}"
+    );
+    controller.powered_off(&server, "worker-2").await;
+    assert_eq!(bmc.chassis_log().matches("set power 0").count(), 1);
+    assert!(
+        controller.log().contains("the system clock jumped"),
+        "{}",
+        controller.log()
+    );
+}
