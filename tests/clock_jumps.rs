@@ -18,22 +18,25 @@ use k8s_openapi::jiff::Timestamp;
 use support::controller::*;
 use support::fence_emulators::IpmiSim;
 
-/// Where Debian's libfaketime puts its preload library for multi-threaded programs.
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
-
-fn libfaketime() -> Result<&'static str, String> {
-    if Path::new(LIBFAKETIME).exists() {
-        Ok(LIBFAKETIME)
-    } else {
-        Err(format!(
-            "{LIBFAKETIME} is missing (Debian package libfaketime)"
-        ))
-    }
+/// Debian's libfaketime preload library for multi-threaded programs, in this machine's
+/// multiarch directory (`/usr/lib/<triplet>/faketime/`).
+fn libfaketime() -> Result<String, String> {
+    let found = std::fs::read_dir("/usr/lib")
+        .map_err(|e| format!("/usr/lib: {e}"))?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path().join("faketime/libfaketimeMT.so.1"))
+        .find(|path| path.exists());
+    found.map(|path| path.display().to_string()).ok_or_else(|| {
+        "no /usr/lib/*/faketime/libfaketimeMT.so.1 (Debian package libfaketime)".to_string()
+    })
 }
 
-/// Sets the controller's wall clock `seconds` away from the real one.
+/// Sets the controller's wall clock `seconds` away from the real one. Replaced whole
+/// (libfaketime reads the file at every clock read, and must never see it half written).
 fn offset_clock(file: &Path, seconds: i64) {
-    std::fs::write(file, format!("{seconds:+}\n")).expect("the faketime offset file");
+    let next = file.with_extension("next");
+    std::fs::write(&next, format!("{seconds:+}\n")).expect("the faketime offset file");
+    std::fs::rename(&next, file).expect("the faketime offset file");
 }
 
 const UNHEALTHY: Duration = Duration::from_secs(10);
@@ -54,7 +57,7 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
         &server,
         &config,
         &[
-            ("LD_PRELOAD", preload),
+            ("LD_PRELOAD", &preload),
             ("FAKETIME_TIMESTAMP_FILE", &offset_path),
             ("FAKETIME_NO_CACHE", "1"),
             ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),

@@ -79,7 +79,9 @@ impl Recorder {
     /// restart at zero), so a file an earlier run left there is rotated away rather than
     /// appended to.
     fn start_file(&mut self, now_ms: u64) -> Result<(), RecordError> {
-        if !self.claimed && self.path.exists() {
+        // A file with no step (an earlier run that could not even write its header, on a
+        // full disk) is not worth keeping, and must not replace a real trace in FILE.1.
+        if !self.claimed && holds_a_step(&self.path) {
             self.rotate_file()?;
         }
         self.claimed = true;
@@ -164,8 +166,10 @@ impl Recorder {
         // whole: a trace file holds at least one step.
         let has_steps = self.written > HEADER.len() as u64;
         if has_steps && self.written + line.len() as u64 > self.max_bytes {
-            self.file = None;
+            // Rotated first: while the rename fails, the steps stay where they are and
+            // the rotation is tried again at the next step.
             self.rotate_file()?;
+            self.file = None;
             self.start_file(now_ms)?;
             return self.append(now_ms, observations, pods);
         }
@@ -196,6 +200,15 @@ impl Recorder {
         self.torn = false;
         Ok(())
     }
+}
+
+/// Whether the trace at `path` has at least one step (a line starting `- ` after the
+/// header, which comes first); only its beginning is read.
+fn holds_a_step(path: &Path) -> bool {
+    use std::io::Read;
+    let mut beginning = Vec::new();
+    let read = File::open(path).and_then(|file| file.take(64 * 1024).read_to_end(&mut beginning));
+    read.is_ok() && beginning.windows(3).any(|window| window == b"\n- ")
 }
 
 fn rotated_path(path: &Path) -> PathBuf {
@@ -378,6 +391,74 @@ mod tests {
             assert_eq!(steps.len(), 1, "{}", file.display());
             assert_eq!(steps[0].pods.len(), 100);
         }
+    }
+
+    #[test]
+    fn a_file_with_no_step_never_replaces_the_earlier_trace() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.yaml");
+        let rotated = dir.path().join("t.yaml.1");
+        std::fs::write(&rotated, "the earlier trace").unwrap();
+        // What a run left that could write no more than its header (a full disk).
+        std::fs::write(&path, HEADER).unwrap();
+        let mut recorder = Recorder::new(path.clone(), 1 << 20);
+        recorder.record(0, &observations(1), &[]).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&rotated).unwrap(),
+            "the earlier trace"
+        );
+        let steps = TraceFile::from_path(&path)
+            .unwrap()
+            .parsed_steps("t")
+            .unwrap();
+        assert_eq!(steps.len(), 1);
+    }
+
+    #[test]
+    fn a_rotation_that_fails_keeps_the_steps_and_is_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.yaml");
+        let rotated = dir.path().join("t.yaml.1");
+        let mut recorder = Recorder::new(path.clone(), 4096);
+        let mut recorded = 0;
+        while std::fs::metadata(&path).map_or(0, |m| m.len()) < 3500 {
+            recorder
+                .record(recorded * 1000, &observations(1), &[])
+                .unwrap();
+            recorded += 1;
+        }
+        // The rename onto FILE.1 fails while a directory with something in it is there.
+        std::fs::create_dir(&rotated).unwrap();
+        std::fs::write(rotated.join("in the way"), "").unwrap();
+        let mut failed = 0;
+        for i in 0..20 {
+            if recorder
+                .record((recorded + i) * 1000, &observations(1), &[])
+                .is_err()
+            {
+                failed += 1;
+            }
+        }
+        assert!(failed > 0, "the rotation was due and failed");
+        let steps = TraceFile::from_path(&path)
+            .unwrap()
+            .parsed_steps("t")
+            .unwrap();
+        assert!(
+            steps.len() as u64 >= recorded,
+            "{} of {recorded} steps kept",
+            steps.len()
+        );
+        std::fs::remove_dir_all(&rotated).unwrap();
+        recorder.record(100_000, &observations(1), &[]).unwrap();
+        let kept = TraceFile::from_path(&rotated)
+            .unwrap()
+            .parsed_steps("t")
+            .unwrap();
+        assert!(
+            kept.len() as u64 >= recorded,
+            "the steps moved to FILE.1 whole"
+        );
     }
 
     #[test]

@@ -1,20 +1,23 @@
 //! The controller's clock: wall time that does not jump.
 //!
-//! The controller keeps its state in NodeFence status as wall-clock timestamps (so that a
-//! restarted replica, or another one, carries on), and every wait it decides on is counted
-//! from one of them: `unhealthyDuration` after a NotReady, the isolation timeout, the retry
-//! backoff, the storm guard's cooldown, the zone's fence rate, a Job's deadline. Read from
-//! the system clock directly, a jump of that clock (an NTP step, an operator setting the
-//! time) would end every such wait at once when it goes forward, fencing a node before its
-//! time, and hold them all when it goes back.
+//! The waits the controller decides on are counted from wall-clock times, so that a
+//! restarted replica, or another one, carries on: `unhealthyDuration` from a Ready
+//! condition's transition, the isolation timeout, the retry backoff and the zone's fence
+//! rate from times in the NodeFence status, the storm guard's cooldown from the leader
+//! Lease, a Job's deadline from the Job. Read from the system clock directly, a jump of
+//! that clock (an NTP step, an operator setting the time) would end every such wait at
+//! once when it goes forward, fencing a node before its time, and hold them all when it
+//! goes back.
 //!
 //! So the controller reads the system clock once, when it starts, and from then on advances
 //! its own time by the monotonic clock. A jump of the system clock moves it by no more than
 //! [`SLEW_RATE`] of the time that passes: like NTP's slewing, the difference is taken in
 //! gradually (a 1 s step in 100 s; an hour in about four days, unless the controller is
-//! restarted, which reads the system clock anew). Every wait it measures is within that
-//! rate of the monotonic time that passed, and its time never goes backwards.
-//! `nodekeeper_controller_clock_offset_seconds` shows the difference still to take in.
+//! restarted, which reads the system clock anew). Within one run, every wait it measures
+//! is within that rate of the monotonic time that passed, and its time never goes
+//! backwards. The price: started before its host's clock is set, it stays off by the later
+//! step for as long; `nodekeeper_controller_clock_offset_seconds` shows the difference
+//! still to take in, and docs/controller.md says what to do about it.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
