@@ -8,7 +8,7 @@
 //!
 //! What must hold: at no moment do both replicas believe they may act, the flapping does
 //! move the leadership (so the check is not vacuous), and once the API server is steady,
-//! one replica leads again within the Lease's duration.
+//! one replica leads again within two of the Lease's durations.
 
 mod support;
 
@@ -210,8 +210,10 @@ async fn a_flapping_lease_never_lets_two_replicas_act_at_once() {
         terms >= 3,
         "the flapping should have cost the leader its Lease more than once: {terms} terms"
     );
+    // Within two Lease durations: a renewal the slow server applied after its sender gave
+    // up restarts the other replica's wait once.
     assert!(
-        longest_to_lead <= policy().lease_duration + Duration::from_secs(1),
+        longest_to_lead <= policy().lease_duration * 2 + Duration::from_secs(1),
         "{longest_to_lead:?}"
     );
 }
