@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use support::agent_process::{AgentProcess, BINARY, http_get};
 use support::cgroups::TestCgroups;
+use support::controller::metric_value;
 use support::full_disk::FullDisk;
 use support::logind_fake::{FakeLogind, PrivateBus, fake_state};
 
@@ -28,11 +29,9 @@ use support::logind_fake::{FakeLogind, PrivateBus, fake_state};
 fn write_errors(agent: &AgentProcess, file: &str) -> u64 {
     let (status, body) = http_get(&agent.address, "/metrics");
     assert_eq!(status, 200, "{body}");
-    let series = format!("nodekeeper_state_write_errors_total{{file=\"{file}\"}} ");
-    body.lines()
-        .find_map(|line| line.strip_prefix(&series))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series}in the agent's metrics:\n{body}"))
+    let series = format!("nodekeeper_state_write_errors_total{{file=\"{file}\"}}");
+    metric_value(&body, &series)
+        .unwrap_or_else(|| panic!("no {series} in the agent's metrics:\n{body}")) as u64
 }
 
 /// Polls `check` every 50 ms for up to `within`; panics with `what` if it never holds.

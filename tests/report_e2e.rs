@@ -907,8 +907,9 @@ async fn instructions_are_never_handed_out_over_plain_http() {
 /// and the real sender counts a contact only from such an answer, from when it sent it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leaders_answer_counts_as_contact() {
+    use nodekeeper::boot_clock::since_boot;
     use nodekeeper::report::sender::{SenderSettings, run_sender};
-    use nodekeeper::report::{ContactClock, ReportBoard, boot_clock};
+    use nodekeeper::report::{ContactClock, ReportBoard};
 
     let (_server, hub, address) = plain_hub_for_worker_1().await;
     let token = WORKER_1_TOKEN;
@@ -953,7 +954,7 @@ async fn only_the_leaders_answer_counts_as_contact() {
         None,
         "answers from a replica that does not lead are no contact"
     );
-    let leading_from = boot_clock();
+    let leading_from = since_boot();
     hub.set_leading(true);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while contact.last_contact().is_none() && std::time::Instant::now() < deadline {
@@ -968,7 +969,7 @@ async fn only_the_leaders_answer_counts_as_contact() {
         counted + Duration::from_millis(250) >= leading_from,
         "{counted:?}"
     );
-    assert!(counted <= boot_clock());
+    assert!(counted <= since_boot());
     // A replica that stops leading says so again.
     hub.withdraw_instructions();
     let (_, answer) = post_report(&address, Some(token), &report("worker-1", u64::MAX / 2)).await;

@@ -133,6 +133,14 @@ impl Agent {
         }
     }
 
+    /// Waits until the agent is on the bus and listens for PrepareForShutdown.
+    async fn subscribed(&self) {
+        wait_until("the agent to subscribe", || {
+            self.status.borrow().bus_connected
+        })
+        .await;
+    }
+
     fn saved(&self) -> Option<ShutdownState> {
         StateStore::new(&self.state_path).load().unwrap()
     }
@@ -182,10 +190,7 @@ async fn holds_a_delay_lock_then_drains_in_priority_order_and_releases_it() {
             ("shutdown", INHIBITOR_WHO, "delay")
         );
     }
-    wait_until("the agent to subscribe", || {
-        agent.status.borrow().bus_connected
-    })
-    .await;
+    agent.subscribed().await;
 
     let sent = logind.announce(true).await;
     wait_until("the lock release", || logind.held() == 0).await;
@@ -223,10 +228,7 @@ async fn a_shutdown_whose_pods_cannot_be_listed_records_that_nothing_was_drained
         |_| {},
     );
     wait_until("the delay lock", || logind.held() == 1).await;
-    wait_until("the agent to subscribe", || {
-        agent.status.borrow().bus_connected
-    })
-    .await;
+    agent.subscribed().await;
     logind.announce(true).await;
     // The node still powers off: a failed list must not hold the shutdown up.
     wait_until("the lock release", || logind.held() == 0).await;
@@ -247,10 +249,7 @@ async fn cancellation_mid_phase_stops_the_phases_and_keeps_the_lock() {
     let logind = FakeLogind::serve(&bus, fake_state(3600)).await;
     let pods = vec![pod("hang-web", 0), pod("later", 1000)];
     let agent = Agent::start(&bus, dir.path(), &[(0, 600), (1000, 600)], pods, |_| {});
-    wait_until("the agent to subscribe", || {
-        agent.status.borrow().bus_connected
-    })
-    .await;
+    agent.subscribed().await;
     logind.announce(true).await;
     wait_until("the first phase", || !agent.recorder.names().is_empty()).await;
     logind.announce(false).await;
@@ -288,10 +287,7 @@ async fn reconnects_after_the_bus_restarts_and_takes_the_lock_again() {
     let logind = FakeLogind::serve(&bus, Arc::clone(&shared)).await;
     let agent = Agent::start(&bus, dir.path(), &[(0, 5)], vec![pod("web", 0)], |_| {});
     wait_until("the delay lock", || logind.held() == 1).await;
-    wait_until("the agent to subscribe", || {
-        agent.status.borrow().bus_connected
-    })
-    .await;
+    agent.subscribed().await;
 
     drop(logind);
     bus.restart();
@@ -303,10 +299,7 @@ async fn reconnects_after_the_bus_restarts_and_takes_the_lock_again() {
     wait_until("a second Inhibit call", || logind.inhibit_calls() == 2).await;
     wait_until("the old lock to be released", || logind.held() == 1).await;
     assert!(!logind.shared.lock().unwrap().locks[1].released());
-    wait_until("the agent to resubscribe", || {
-        agent.status.borrow().bus_connected
-    })
-    .await;
+    agent.subscribed().await;
 
     logind.announce(true).await;
     wait_until("the drain after reconnect", || logind.held() == 0).await;
@@ -392,10 +385,7 @@ async fn a_restart_mid_shutdown_resumes_the_remaining_phases() {
     let phases = [(0, 2), (1000, 600), (2000, 600)];
     let pods = vec![pod("hang-web", 0), pod("db", 1000), pod("dns", 2000)];
     let first = Agent::start(&bus, dir.path(), &phases, pods.clone(), |_| {});
-    wait_until("the agent to subscribe", || {
-        first.status.borrow().bus_connected
-    })
-    .await;
+    first.subscribed().await;
     logind.announce(true).await;
     wait_until("the first phase", || !first.recorder.names().is_empty()).await;
     first.shut_down().await;
@@ -429,10 +419,7 @@ async fn a_bus_restart_during_a_shutdown_neither_stops_the_drain_nor_leaves_a_lo
     let pods = vec![pod("hang-web", 0), pod("db", 1000)];
     let agent = Agent::start(&bus, dir.path(), &[(0, 2), (1000, 5)], pods, |_| {});
     wait_until("the delay lock", || logind.held() == 1).await;
-    wait_until("the agent to subscribe", || {
-        agent.status.borrow().bus_connected
-    })
-    .await;
+    agent.subscribed().await;
     logind.announce(true).await;
     wait_until("the first phase", || !agent.recorder.names().is_empty()).await;
 
@@ -459,10 +446,7 @@ async fn a_bus_restart_during_a_shutdown_neither_stops_the_drain_nor_leaves_a_lo
             .all(|phase| phase.status != PhaseStatus::Cancelled),
         "{saved:#?}"
     );
-    wait_until("the agent to reconnect", || {
-        agent.status.borrow().bus_connected
-    })
-    .await;
+    agent.subscribed().await;
     // Whatever lock the agent took on the new bus, the finished drain lets it go.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -484,10 +468,7 @@ async fn a_logind_restart_on_a_live_bus_still_delivers_the_next_shutdown() {
     let logind = FakeLogind::serve(&bus, Arc::clone(&shared)).await;
     let agent = Agent::start(&bus, dir.path(), &[(0, 5)], vec![pod("web", 0)], |_| {});
     wait_until("the delay lock", || logind.held() == 1).await;
-    wait_until("the agent to subscribe", || {
-        agent.status.borrow().bus_connected
-    })
-    .await;
+    agent.subscribed().await;
 
     drop(logind);
     let logind = FakeLogind::serve(&bus, shared).await;

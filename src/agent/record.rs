@@ -281,7 +281,15 @@ fn trace_pod(pod: &Pod) -> TracePod {
 mod tests {
     use super::*;
     use crate::signals::{Observation, Signal};
-    use crate::trace::TraceFile;
+    use crate::trace::{ParsedStep, TraceFile};
+
+    /// The steps of the trace at `path`, which must read as one.
+    fn steps_in(path: &Path) -> Vec<ParsedStep> {
+        TraceFile::from_path(path)
+            .unwrap()
+            .parsed_steps("the trace")
+            .unwrap()
+    }
 
     fn observations(available: i64) -> Observations {
         [(
@@ -345,8 +353,7 @@ mod tests {
         recorder
             .record(2_500, &observations(512 << 20), &[pod])
             .unwrap();
-        let trace = TraceFile::from_path(&path).unwrap();
-        let steps = trace.parsed_steps("incident.yaml").unwrap();
+        let steps = steps_in(&path);
         assert_eq!(steps.len(), 2);
         assert_eq!(steps[0].at, GoDuration::ZERO);
         assert_eq!(steps[1].at, GoDuration::from_nanos(1_500_000_000));
@@ -386,8 +393,7 @@ mod tests {
         recorder.record(0, &observations(1), &pods).unwrap();
         recorder.record(1000, &observations(2), &pods).unwrap();
         for file in [path.clone(), dir.path().join("t.yaml.1")] {
-            let trace = TraceFile::from_path(&file).unwrap();
-            let steps = trace.parsed_steps("t").unwrap();
+            let steps = steps_in(&file);
             assert_eq!(steps.len(), 1, "{}", file.display());
             assert_eq!(steps[0].pods.len(), 100);
         }
@@ -407,10 +413,7 @@ mod tests {
             std::fs::read_to_string(&rotated).unwrap(),
             "the earlier trace"
         );
-        let steps = TraceFile::from_path(&path)
-            .unwrap()
-            .parsed_steps("t")
-            .unwrap();
+        let steps = steps_in(&path);
         assert_eq!(steps.len(), 1);
     }
 
@@ -440,10 +443,7 @@ mod tests {
             }
         }
         assert!(failed > 0, "the rotation was due and failed");
-        let steps = TraceFile::from_path(&path)
-            .unwrap()
-            .parsed_steps("t")
-            .unwrap();
+        let steps = steps_in(&path);
         assert!(
             steps.len() as u64 >= recorded,
             "{} of {recorded} steps kept",
@@ -451,10 +451,7 @@ mod tests {
         );
         std::fs::remove_dir_all(&rotated).unwrap();
         recorder.record(100_000, &observations(1), &[]).unwrap();
-        let kept = TraceFile::from_path(&rotated)
-            .unwrap()
-            .parsed_steps("t")
-            .unwrap();
+        let kept = steps_in(&rotated);
         assert!(
             kept.len() as u64 >= recorded,
             "the steps moved to FILE.1 whole"
@@ -475,8 +472,7 @@ mod tests {
         assert!(current <= 4096, "{current}");
         let rotated = dir.path().join("t.yaml.1");
         for file in [&path, &rotated] {
-            let trace = TraceFile::from_path(file).unwrap();
-            let steps = trace.parsed_steps("t").unwrap();
+            let steps = steps_in(file);
             assert!(!steps.is_empty());
             assert_eq!(
                 steps[0].at,

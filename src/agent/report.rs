@@ -189,7 +189,7 @@ pub fn start(agent: &mut super::Agent, stop: watch::Receiver<bool>) -> Option<Re
         let _ = stop.wait_for(|stop| *stop).await;
         // Before the last report: it must say the promise is withdrawn.
         if let Some(withdrawal) = withdrawal {
-            withdrawal.announce(crate::report::boot_clock());
+            withdrawal.announce(crate::boot_clock::since_boot());
         }
     };
     let sender = tokio::spawn(run_sender(

@@ -23,10 +23,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use prometheus_client::metrics::gauge::Gauge;
-use std::sync::atomic::AtomicU64;
 
 use super::executor::Clock;
+use crate::metrics::FloatGauge;
 
 /// How fast the controller's time may close a gap with the system clock: 1 % of the time
 /// that passes.
@@ -56,7 +55,7 @@ struct Reading {
 
 /// The controller's clock (see the module's description), with the gap it has still to
 /// take in shown on `offset` (seconds, the system clock minus the controller's time).
-pub fn steady_clock(offset: Gauge<f64, AtomicU64>) -> Clock {
+pub fn steady_clock(offset: FloatGauge) -> Clock {
     let last = Mutex::new(Reading {
         time: Timestamp::now(),
         at: Instant::now(),

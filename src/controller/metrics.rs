@@ -74,7 +74,7 @@ pub struct ControllerMetrics {
     pub kdump_datagrams: Family<OutcomeLabels, Counter>,
     pub leader: Gauge,
     /// The system clock minus the controller's own time (see `controller::clock`).
-    pub clock_offset: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub clock_offset: crate::metrics::FloatGauge,
     /// 1 while this leader's EndpointSlice is the report Service's only one.
     pub report_service_at_leader: Gauge,
     pub reconcile_errors: Counter,
@@ -194,7 +194,7 @@ impl ControllerMetrics {
             "1 while this replica holds the leader Lease and acts",
             leader.clone(),
         );
-        let clock_offset = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        let clock_offset = crate::metrics::FloatGauge::default();
         registry.register(
             "controller_clock_offset_seconds",
             "The system clock minus the controller's own time, which follows the monotonic clock and takes a jump of the system clock in at 1% of the time that passes",

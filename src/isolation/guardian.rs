@@ -16,8 +16,9 @@ use tokio::sync::watch;
 
 use super::self_isolation::{Attempt, Count, SelfIsolationPlan, Verdict, verdict};
 use super::watchdog::{NodeReset, Watchdog};
+use crate::boot_clock::since_boot;
 use crate::report::protocol::{IsolationState, SelfIsolationReport};
-use crate::report::{ContactClock, ReportBoard, boot_clock};
+use crate::report::{ContactClock, ReportBoard};
 
 /// What the guardian asks of the isolator: `Some(reason)` isolate the node, `None`
 /// nothing (any more).
@@ -125,8 +126,8 @@ impl Guardian {
             board,
             requests,
             withdrawal,
-            clock: Arc::new(boot_clock),
-            started: boot_clock(),
+            clock: Arc::new(since_boot),
+            started: since_boot(),
             stale_after,
         }
     }

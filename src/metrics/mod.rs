@@ -71,7 +71,8 @@ struct BuildLabels {
     version: String,
 }
 
-type FloatGauge = Gauge<f64, AtomicU64>;
+/// A gauge of fractional values (seconds, ratios).
+pub type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Every metric the agent exports. Cheap to clone handles; share it behind an `Arc`.
 pub struct Metrics {

@@ -21,8 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// The boot's clock: time since boot, suspend included.
-pub use crate::boot_clock::since_boot as boot_clock;
+use crate::boot_clock::since_boot;
 
 /// What the state file keeps, for the agents of one boot.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -279,7 +278,7 @@ pub async fn follow_lease(
         ticks.tick().await;
         // The read's start: the renewal it shows happened no later than its answer, and
         // the next read compares with it from here.
-        let at = boot_clock();
+        let at = since_boot();
         match tokio::time::timeout(timeout, source.renewal()).await {
             Ok(Ok(renewal)) => {
                 if failing {

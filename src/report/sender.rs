@@ -18,11 +18,12 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 
 use super::board::ReportBoard;
-use super::contact::{ContactClock, boot_clock};
+use super::contact::ContactClock;
 use super::ledger::AgentView;
 use super::protocol::{
     self, Acknowledgement, AgentReport, Instruction, REPORTS_PATH, Refusal, Trigger,
 };
+use crate::boot_clock::{since_boot, since_boot_ms};
 use crate::metrics::{Metrics, ReportResultLabels};
 
 /// Where and how this agent reports.
@@ -150,8 +151,7 @@ impl Clients {
 /// A sequence number that grows within a boot, also across agent restarts: milliseconds
 /// since boot (`CLOCK_BOOTTIME`), kept above the last one sent.
 fn next_sequence(last: u64) -> u64 {
-    let since_boot = boot_clock().as_millis() as u64;
-    since_boot.max(last + 1)
+    since_boot_ms().max(last + 1)
 }
 
 /// When this boot began: the `btime` line (seconds since the epoch) of `<proc_root>/stat`.
@@ -366,7 +366,7 @@ pub async fn run_sender(
     tracing::info!(controller = %settings.controller_url, node = %settings.node, interval = ?settings.interval, "reporting to the fence controller");
     loop {
         sequence = next_sequence(sequence);
-        let sent_at = boot_clock();
+        let sent_at = since_boot();
         let report = build_report(&settings, &board, sequence, trigger, Timestamp::now());
         let result = match clients.current() {
             Ok(client) => {
@@ -438,7 +438,7 @@ pub async fn run_sender(
     // controller releases a drained node only on that word. So the agent's last act is
     // one more report of what it knows, within a short deadline.
     sequence = next_sequence(sequence);
-    let sent_at = boot_clock();
+    let sent_at = since_boot();
     let report = build_report(
         &settings,
         &board,

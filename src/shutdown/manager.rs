@@ -218,11 +218,6 @@ pub fn stored_lock_name(pid: u32, nanoseconds: u128) -> String {
     format!("{STORED_LOCK_PREFIX}.{pid}.{nanoseconds}")
 }
 
-/// CLOCK_BOOTTIME, which only grows during a boot and counts suspend too.
-fn nanoseconds_since_boot() -> u128 {
-    crate::boot_clock::since_boot().as_nanos()
-}
-
 async fn wait_run(
     run: &mut Option<ActiveRun>,
 ) -> Result<(ShutdownState, RunOutcome), tokio::task::JoinError> {
@@ -360,7 +355,10 @@ impl<T: PodTerminator> Manager<T> {
     /// Hold `lock` (a copy kept in the service manager, so that it outlives a restart of
     /// the agent), then let go of the lock held before, in the store too.
     fn hold(&mut self, lock: InhibitLock) {
-        let name = stored_lock_name(std::process::id(), nanoseconds_since_boot());
+        let name = stored_lock_name(
+            std::process::id(),
+            crate::boot_clock::since_boot().as_nanos(),
+        );
         let stored_as = match self.options.service.store_fd(&name, lock.as_fd()) {
             Ok(true) => Some(name),
             Ok(false) => None,

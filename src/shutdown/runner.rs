@@ -74,9 +74,8 @@ pub trait PodTerminator: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Termination, TerminateError>> + Send;
 }
 
-/// Wall-clock time for the state record; injected so tests control it.
-/// The clocks a shutdown reads: the wall clock for its record, the boot clock for its
-/// timers (see [`ClockReading`]).
+/// The clocks a shutdown reads, injected so tests control them: the wall clock for its
+/// record, the boot clock for its timers (see [`ClockReading`]).
 pub trait ShutdownClock: Send + Sync {
     fn now_unix_ms(&self) -> u64;
     fn since_boot_ms(&self) -> u64;

@@ -90,6 +90,15 @@ impl PhaseProgress {
         )
     }
 
+    /// Records `now` as the phase's start on both clocks, unless it has started before
+    /// (a resumed phase keeps its first start).
+    fn mark_started(&mut self, now: ClockReading) {
+        if self.started_unix_ms.is_none() {
+            self.started_unix_ms = Some(now.unix_ms);
+            self.started_boot_ms = Some(now.boot_ms);
+        }
+    }
+
     /// How long the phase took, once it has finished: on the boot clock, unaffected by
     /// a wall-clock jump meanwhile.
     pub fn duration_ms(&self) -> Option<u64> {
@@ -177,10 +186,7 @@ impl ShutdownState {
     pub fn start_phase(&mut self, index: usize, now: ClockReading) {
         if let Some(phase) = self.phases.get_mut(index) {
             phase.status = PhaseStatus::Running;
-            if phase.started_unix_ms.is_none() {
-                phase.started_unix_ms = Some(now.unix_ms);
-                phase.started_boot_ms = Some(now.boot_ms);
-            }
+            phase.mark_started(now);
         }
     }
 
@@ -193,10 +199,7 @@ impl ShutdownState {
     ) {
         if let Some(phase) = self.phases.get_mut(index) {
             phase.status = status;
-            if phase.started_unix_ms.is_none() {
-                phase.started_unix_ms = Some(now.unix_ms);
-                phase.started_boot_ms = Some(now.boot_ms);
-            }
+            phase.mark_started(now);
             phase.finished_unix_ms = Some(now.unix_ms);
             phase.finished_boot_ms = Some(now.boot_ms);
             phase.failed_pods = failed_pods;
