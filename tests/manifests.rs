@@ -9,6 +9,9 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Service, ServiceAccount, Volume,
@@ -249,6 +252,12 @@ fn every_manifest_is_an_object_of_its_kubernetes_kind() {
                 ("rbac.authorization.k8s.io/v1", "RoleBinding") => {
                     round_trip::<RoleBinding>(&manifest)
                 }
+                ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+                    round_trip::<ValidatingAdmissionPolicy>(&manifest)
+                }
+                ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+                    round_trip::<ValidatingAdmissionPolicyBinding>(&manifest)
+                }
                 ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
                     round_trip::<CustomResourceDefinition>(&manifest)
                 }
@@ -274,6 +283,7 @@ fn every_manifest_is_an_object_of_its_kubernetes_kind() {
         "DaemonSet",
         "Deployment",
         "ClusterRole",
+        "ValidatingAdmissionPolicy",
         "CustomResourceDefinition",
         "PodMonitor",
         "ServiceMonitor",
@@ -813,6 +823,25 @@ fn namespaces_images_and_references_resolve() {
                 "{} is in a namespace the base does not create",
                 object.id()
             );
+        }
+        // The admission policy's binding names the policy, and the policy holds the
+        // agent DaemonSet's own ServiceAccount: under another name it would hold nothing.
+        if object.kind() == "ValidatingAdmissionPolicyBinding" {
+            let policy_name = object.value["spec"]["policyName"].as_str().unwrap();
+            let policy = find(&objects, "ValidatingAdmissionPolicy", None, policy_name);
+            let agent = template_of(agent_daemonset(&objects));
+            let account = agent.spec.unwrap().service_account_name.unwrap();
+            let daemonset = agent_daemonset(&objects);
+            let user = format!(
+                "system:serviceaccount:{}:{account}",
+                daemonset.namespace().unwrap()
+            );
+            let conditions = policy.value["spec"]["matchConditions"].to_string();
+            assert!(
+                conditions.contains(&format!("'{user}'")),
+                "{policy_name} applies to {conditions}, not to the agent's {user}"
+            );
+            continue;
         }
         // Bindings name roles and ServiceAccounts the base defines.
         if object.kind().ends_with("Binding") {

@@ -501,6 +501,54 @@ mod tests {
         );
     }
 
+    fn settings_for(url: &str) -> SenderSettings {
+        SenderSettings {
+            controller_url: url.to_string(),
+            node: "worker-1".to_string(),
+            boot_id: "boot".to_string(),
+            boot_time: Timestamp::UNIX_EPOCH,
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(5),
+            token_file: None,
+            ca_file: None,
+            dry_run: false,
+        }
+    }
+
+    fn answer_for(node: &str) -> Acknowledgement {
+        Acknowledgement {
+            version: "1.3".to_string(),
+            node: node.to_string(),
+            sequence: 7,
+            instructions: vec![
+                serde_json::json!({"kind": "isolate", "reason": "cut off", "request": 3}),
+            ],
+            heard_by_leader: true,
+        }
+    }
+
+    /// docs/security.md: only the controller the agent checked by its certificate may ask
+    /// anything of it, and only for its own node. Anyone on the path of a plain-http
+    /// report could otherwise have the node isolated.
+    #[test]
+    fn instructions_are_followed_only_over_tls_and_only_for_this_node() {
+        let followed = |url: &str, answer: &Acknowledgement| {
+            let (sender, receiver) = watch::channel(Vec::new());
+            pass_on(&settings_for(url), answer, &sender);
+            receiver.borrow().clone()
+        };
+        let isolate = Instruction::Isolate {
+            reason: "cut off".to_string(),
+            request: 3,
+        };
+        assert_eq!(
+            followed("https://controller:9849", &answer_for("worker-1")),
+            vec![isolate]
+        );
+        assert!(followed("http://controller:9849", &answer_for("worker-1")).is_empty());
+        assert!(followed("https://controller:9849", &answer_for("worker-2")).is_empty());
+    }
+
     #[test]
     fn backoff_doubles_from_the_interval_up_to_a_ceiling() {
         let interval = Duration::from_secs(2);

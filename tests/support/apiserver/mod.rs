@@ -1,6 +1,7 @@
 //! An in-process fake Kubernetes API server speaking the real wire protocol, so
 //! the real `kube` client runs against it unmodified. See tests/support/apiserver/README.md.
 
+mod access;
 mod apply;
 mod faults;
 mod paging;
@@ -97,8 +98,9 @@ impl FakeApiServer {
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {url}\n{ca}\
              contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
-             current-context: fake\nusers:\n- name: fake\n  user:\n    token: nodekeeper-test-token\n",
-            url = self.url()
+             current-context: fake\nusers:\n- name: fake\n  user:\n    token: {token}\n",
+            url = self.url(),
+            token = access::ADMIN_TOKEN
         )
     }
 
@@ -159,6 +161,7 @@ impl FakeApiServer {
             name: &name,
             subresource: None,
             manager: "seed",
+            admission: None,
         };
         let mut store = self.shared().store.lock().unwrap();
         verbs::seed(&mut store, &request, object)
@@ -202,6 +205,7 @@ impl FakeApiServer {
             name,
             subresource: None,
             manager: "kubelet",
+            admission: None,
         };
         verbs::finalize(&mut self.shared().store.lock().unwrap(), &request).is_ok()
     }

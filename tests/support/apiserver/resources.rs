@@ -4,7 +4,8 @@
 //! field layout.
 
 use k8s_openapi::api::{
-    apps, authentication, batch, coordination, core, discovery, events, policy, rbac,
+    admissionregistration, apps, authentication, batch, coordination, core, discovery, events,
+    policy, rbac,
 };
 use k8s_openapi::apiextensions_apiserver;
 
@@ -412,6 +413,28 @@ impl Default for Registry {
                 true,
                 true,
                 through::<policy::v1::PodDisruptionBudget>,
+                &[],
+            ),
+            // The agent's admission policy (packaging/kubernetes/agent), which the server
+            // applies to writes (access.rs).
+            builtin(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicy",
+                "validatingadmissionpolicies",
+                false,
+                true,
+                through::<admissionregistration::v1::ValidatingAdmissionPolicy>,
+                &[],
+            ),
+            builtin(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicyBinding",
+                "validatingadmissionpolicybindings",
+                false,
+                false,
+                through::<admissionregistration::v1::ValidatingAdmissionPolicyBinding>,
                 &[],
             ),
             builtin(

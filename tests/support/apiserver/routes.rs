@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::access;
 use super::faults::RecordedRequest;
 use super::paging;
 use super::resources::ResourceType;
@@ -146,6 +147,11 @@ pub async fn handle(
         .and_then(|value| value.to_str().ok())
         .unwrap_or_default()
         .to_string();
+    let authorization = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string);
     let user_agent = parts
         .headers
         .get(header::USER_AGENT)
@@ -173,6 +179,7 @@ pub async fn handle(
                 accept: &accept,
                 content_type: content_type.as_deref().unwrap_or_default(),
                 user_agent: &user_agent,
+                authorization: authorization.as_deref(),
                 body: &body,
             };
             route(&shared, &call).unwrap_or_else(|error| error_response(&error))
@@ -201,6 +208,8 @@ struct Call<'a> {
     accept: &'a str,
     content_type: &'a str,
     user_agent: &'a str,
+    /// The `Authorization` header: a bearer token, or none for the test's own client.
+    authorization: Option<&'a str>,
     body: &'a [u8],
 }
 
@@ -239,11 +248,38 @@ impl Call<'_> {
 }
 
 fn route(shared: &Arc<Shared>, call: &Call) -> Result<Response<Body>, ApiError> {
+    let caller = match call.authorization {
+        None => access::Caller::Admin,
+        Some(_) => {
+            let store = shared.store.lock().map_err(|_| ApiError::injected(500))?;
+            let tokens = shared.tokens.lock().map_err(|_| ApiError::injected(500))?;
+            access::authenticate(&store, &tokens, call.authorization)?
+        }
+    };
     if let Some(document) = discovery(shared, call) {
         return Ok(document);
     }
     let target =
         parse_resource_path(call.path).ok_or_else(|| ApiError::path_not_found(call.path))?;
+    // As in the real server, authorization comes before the path is resolved: a caller
+    // without the right gets 403 even for a resource the server does not serve.
+    let verb = verbs::verb(
+        call.method.as_str(),
+        target.name.is_some(),
+        call.flag("watch"),
+    );
+    if let (access::Caller::ServiceAccount(_), Some(verb)) = (&caller, verb) {
+        let store = shared.store.lock().map_err(|_| ApiError::injected(500))?;
+        let asked = access::Attributes {
+            verb,
+            group: &target.group,
+            plural: &target.plural,
+            subresource: target.subresource.as_deref(),
+            namespace: target.namespace.as_deref(),
+            name: target.name.as_deref(),
+        };
+        access::authorize(&store, &caller, &asked)?;
+    }
     let resource_type = shared
         .registry
         .lock()
@@ -299,14 +335,29 @@ fn route(shared: &Arc<Shared>, call: &Call) -> Result<Response<Body>, ApiError> 
     }
     let manager = call.manager();
     let name = target.name.clone().unwrap_or_default();
+    let mut store = shared.store.lock().map_err(|_| ApiError::injected(500))?;
+    // Only writes are admitted; reads skip reading the policies.
+    let admission = (call.method != Method::GET).then(|| {
+        access::Admission::new(
+            &store,
+            caller,
+            &resource_type.group,
+            &resource_type.version,
+            &resource_type.plural,
+            &resource_type.kind,
+            target.subresource.as_deref(),
+            &namespace,
+            &name,
+        )
+    });
     let request = verbs::Request {
         resource_type: &resource_type,
         namespace: &namespace,
         name: &name,
         subresource: target.subresource.as_deref(),
         manager: &manager,
+        admission: admission.as_ref(),
     };
-    let mut store = shared.store.lock().map_err(|_| ApiError::injected(500))?;
     match (call.method.clone(), target.name.is_some()) {
         (Method::GET, true) => store
             .get(&super::store::ObjectKey::new(

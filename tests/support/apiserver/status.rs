@@ -173,6 +173,26 @@ impl ApiError {
         Self::new(code, reason, format!("injected failure (HTTP {code})"))
     }
 
+    /// A request whose credential the server does not accept.
+    pub fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "Unauthorized")
+    }
+
+    /// A request RBAC or an admission policy refused.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(403, "Forbidden", message)
+    }
+
+    pub fn with_reason(mut self, reason: &'static str) -> Self {
+        self.reason = reason;
+        self
+    }
+
+    pub fn with_message(mut self, message: impl Into<String>) -> Self {
+        self.message = message.into();
+        self
+    }
+
     pub fn to_status(&self) -> Status {
         Status {
             code: Some(i32::from(self.code)),

@@ -104,6 +104,15 @@ impl Store {
             .collect()
     }
 
+    /// Every object of one resource, by group and plural, in any namespace.
+    pub fn list_by_key(&self, group: &str, plural: &str) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|(key, _)| key.group == group && key.resource == plural)
+            .map(|(_, object)| object.clone())
+            .collect()
+    }
+
     /// The next resourceVersion, to stamp into an object before `put`.
     pub fn next_revision(&mut self) -> u64 {
         self.revision += 1;

@@ -455,6 +455,15 @@ pub fn review(store: &Store, tokens: &Tokens, body: Value) -> Result<Value, ApiE
     Ok(answer)
 }
 
+/// A bearer token on an API request: accepted only for the server's own audience.
+pub fn authenticate_bearer(
+    store: &Store,
+    tokens: &Tokens,
+    token: &str,
+) -> Result<UserInfo, String> {
+    authenticate(store, tokens, token, &[API_AUDIENCE.to_string()]).map(|accepted| accepted.user)
+}
+
 /// The service account authenticator: audience check first (jwt.go), then the claims
 /// validator (claims.go). Errors are the strings the real server puts in `status.error`.
 fn authenticate(

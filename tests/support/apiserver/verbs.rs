@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
+use super::access::Admission;
 use super::apply::{self, Scope, Writer};
 use super::patch::{self, JsonPatchError};
 use super::resources::ResourceType;
@@ -113,11 +114,21 @@ pub struct Request<'a> {
     pub name: &'a str,
     pub subresource: Option<&'a str>,
     pub manager: &'a str,
+    /// The validating admission policies a write must pass; None for the test's own seeding.
+    pub admission: Option<&'a Admission>,
 }
 
 impl Request<'_> {
     fn key(&self) -> ObjectKey {
         ObjectKey::new(self.resource_type, self.namespace, self.name)
+    }
+
+    /// Admission of a write: `old` absent for a create, `new` absent for a delete.
+    fn admit(&self, old: Option<&Value>, new: Option<&Value>) -> Result<(), ApiError> {
+        match self.admission {
+            Some(admission) => admission.check(old, new),
+            None => Ok(()),
+        }
     }
 
     fn scope(&self) -> Scope {
@@ -248,6 +259,7 @@ fn create_object(
         let api_version = resource_type.api_version();
         apply::record_update(None, &mut object, &request.writer(&api_version, &time));
     }
+    request.admit(None, Some(&object))?;
     store.put(key, object.clone(), revision);
     Ok(object)
 }
@@ -354,6 +366,7 @@ fn commit_update(
         let api_version = resource_type.api_version();
         apply::record_update(Some(old), &mut new, &request.writer(&api_version, &time));
     }
+    request.admit(Some(old), Some(&new))?;
     if without_volatile_metadata(&new) == without_volatile_metadata(old)
         && new.pointer("/metadata/managedFields") == old.pointer("/metadata/managedFields")
     {
@@ -517,6 +530,7 @@ pub fn delete(
             ));
         }
     }
+    request.admit(Some(&old), None)?;
     let grace = grace_period(request.resource_type, &old, options);
     let has_finalizers = old
         .pointer("/metadata/finalizers")
