@@ -144,6 +144,33 @@ async fn create_pod(
         .expect("create a pod")
 }
 
+/// A real API server takes in new RBAC and admission policies a moment after they are
+/// written: waits until a dry-run delete of `other_node_pod` with the agent's token is
+/// refused by the policy.
+async fn policy_in_force(agent: &kube::Client, namespace: &str, other_node_pod: &Pod) {
+    let pods: Api<Pod> = Api::namespaced(agent.clone(), namespace);
+    let name = other_node_pod.metadata.name.as_deref().unwrap_or_default();
+    let dry_run = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match pods.delete(name, &dry_run).await {
+            Err(kube::Error::Api(status))
+                if status.code == 403 && status.message.contains("nodekeeper agent") =>
+            {
+                return;
+            }
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "the agent's admission policy is not in force after 60 s: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// A client that presents `token` and nothing else, at the cluster's address.
 async fn client_with_token(cluster: &TestCluster, token: &str) -> kube::Client {
     let mut config = match cluster.fake() {
@@ -288,11 +315,15 @@ async fn an_agents_own_token_changes_only_its_own_node() {
     )
     .await;
     let own_web = create_pod(&admin, &namespace, &unique("web"), &own, None).await;
+    let own_api = create_pod(&admin, &namespace, &unique("api"), &own, None).await;
     let other_db = create_pod(&admin, &namespace, &unique("db"), &other, None).await;
 
     // The token the kubelet mounts into the agent's pod (the API server's audience).
     let token = projected_token(&admin, AGENTS_NAMESPACE, AGENT_ACCOUNT, &agent_pod, None).await;
     let agent = client_with_token(&cluster, &token).await;
+    if cluster.fake().is_none() {
+        policy_in_force(&agent, &namespace, &other_db).await;
+    }
 
     // The agent's own work, through the agent's own code: allowed.
     let own_writer = ApiWriter::new(agent.clone(), own.clone());
@@ -320,11 +351,18 @@ async fn an_agents_own_token_changes_only_its_own_node() {
 
     // The same code pointed at another node: refused.
     let other_writer = ApiWriter::new(agent.clone(), other.clone());
+    let pod_refused =
+        format!("may only delete or update pods bound to its own node, not to {other}");
+    let node_refused = format!("may not change node {other}");
     for action in agent_work(&other_db, "nodekeeper.io/shutting-down") {
+        let expected = match action {
+            ApiAction::SetPodCondition { .. } | ApiAction::DeletePod { .. } => &pod_refused,
+            _ => &node_refused,
+        };
         let outcome = other_writer.execute(&action).await;
         assert!(
-            matches!(&outcome, Outcome::Rejected(why) if why.contains("nodekeeper agent")),
-            "{action:?} against another node: {outcome:?}"
+            matches!(&outcome, Outcome::Rejected(why) if why.contains(expected.as_str())),
+            "{action:?} against another node: {outcome:?}, not refused with {expected:?}"
         );
     }
 
@@ -408,7 +446,34 @@ async fn an_agents_own_token_changes_only_its_own_node() {
                     .await,
                 "label",
             ),
-            "may not change its node's labels",
+            "may not change labels or annotations",
+        ),
+        (
+            "relabelling its own node through its status",
+            refusal(
+                agent_nodes
+                    .patch_status(
+                        &own,
+                        &merge,
+                        &Patch::Merge(&json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}})),
+                    )
+                    .await,
+                "status label",
+            ),
+            "may not change labels or annotations",
+        ),
+        (
+            "relabelling a pod of its own node into another Service",
+            refusal(
+                pods.patch_status(
+                    own_api.metadata.name.as_deref().unwrap_or_default(),
+                    &merge,
+                    &Patch::Merge(&json!({"metadata": {"labels": {"app": "payments"}}})),
+                )
+                .await,
+                "pod label",
+            ),
+            "may not change labels or annotations",
         ),
         (
             "marking its own node NotReady",
@@ -465,7 +530,13 @@ async fn an_agents_own_token_changes_only_its_own_node() {
 
     // Nothing of the other node changed.
     let other_after = nodes.get(&other).await.expect("the other node");
-    assert_eq!(taint_keys(&other_after), vec!["dedicated".to_string()]);
+    // (A real API server's own node.kubernetes.io/ taints come and go on a Node no kubelet
+    // runs.)
+    let taints: Vec<String> = taint_keys(&other_after)
+        .into_iter()
+        .filter(|key| !key.starts_with("node.kubernetes.io/"))
+        .collect();
+    assert_eq!(taints, vec!["dedicated".to_string()]);
     assert_eq!(
         condition_status(&other_after, "Ready").as_deref(),
         Some("True")
@@ -495,15 +566,18 @@ async fn an_agents_own_token_changes_only_its_own_node() {
     );
 
     if cluster.fake().is_none() {
+        // No kubelet ends these pods: delete them at once.
+        let now = DeleteParams::default().grace_period(0);
+        for pod in [&own_web, &own_api, &other_db] {
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            let _ = admin_pods.delete(name, &now).await;
+        }
+        let _ = Api::<Pod>::namespaced(admin.clone(), AGENTS_NAMESPACE)
+            .delete(&agent_pod, &now)
+            .await;
         for name in [&own, &other] {
             let _ = nodes.delete(name, &DeleteParams::default()).await;
         }
-        let _ = admin_pods
-            .delete(&other_name, &DeleteParams::default())
-            .await;
-        let _ = Api::<Pod>::namespaced(admin.clone(), AGENTS_NAMESPACE)
-            .delete(&agent_pod, &DeleteParams::default())
-            .await;
     }
 }
 
@@ -657,6 +731,15 @@ async fn a_compromised_agent_cannot_get_a_healthy_node_fenced() {
     for (what, refused, message_part) in &attempts {
         assert_forbidden(refused, what, message_part);
     }
+    // The report token is for the controller only: the API server does not take it.
+    let with_report_token = client_with_token(&cluster, &report_token).await;
+    let refused = refusal(
+        Api::<Node>::all(with_report_token)
+            .list(&Default::default())
+            .await,
+        "the report token on the API",
+    );
+    assert!(refused.starts_with("401"), "{refused}");
     // The report channel: worker-1's report token speaks for worker-1 only, and the API
     // token is not a report token.
     let address = controller.reports_address();
@@ -703,6 +786,6 @@ async fn a_compromised_agent_cannot_get_a_healthy_node_fenced() {
     println!(
         "compromised agent vs the controller: {} attempts refused; worker-2 untouched for 5 s \
          (unhealthyDuration 2 s), fenced once the same NotReady came from the administrator",
-        attempts.len() + 2
+        attempts.len() + 3
     );
 }

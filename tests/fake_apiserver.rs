@@ -738,7 +738,18 @@ async fn status_apply_owns_single_conditions_and_leaves_spec_alone() {
         .await
         .unwrap();
     assert_eq!(patched.status.unwrap().phase.as_deref(), Some("Failed"));
-    assert!(!patched.metadata.labels.unwrap().contains_key("y"));
+    // The pod status strategy resets only the spec (and owner references): labels written
+    // through `status` are kept. That is why NodeRestriction refuses kubelets "cannot
+    // update labels through pod status", and why the agent's admission policy guards it.
+    assert_eq!(
+        patched
+            .metadata
+            .labels
+            .unwrap()
+            .get("y")
+            .map(String::as_str),
+        Some("1")
+    );
 }
 
 #[tokio::test]

@@ -14,14 +14,16 @@
 //!    for every caller, the administrator included. Its match conditions, variables and
 //!    validations are CEL, evaluated by the `cel` crate over `object`, `oldObject`,
 //!    `request` and `variables` as the real server provides them. Parts this fake does not
-//!    evaluate (selectors, params, `matchResources`, `auditAnnotations`, the `authorizer`
-//!    variable) refuse the request with a 500 naming the part, so a policy never passes here
-//!    by being half read.
+//!    evaluate (selectors, params, `matchResources`, `excludeResourceRules`,
+//!    `auditAnnotations`) refuse the request with a 500 naming the part, so a policy never
+//!    passes here by being half read. An expression using a variable the fake does not
+//!    provide (`authorizer`) fails, which denies under `failurePolicy: Fail`.
 //!
 //! Differences from the real evaluator, on purpose or by the library: variables are
 //! evaluated eagerly (an unused variable that fails denies under `failurePolicy: Fail`),
-//! and CEL's type checking before use is not done; a policy that passes here can still be
-//! refused at creation by a real server's type checker.
+//! and expressions are not type-checked (a real server reports type errors as warnings in
+//! the policy's `status.typeChecking`). Denial messages lack the real server's
+//! `<resource> "<name>" is forbidden: ` prefix, and RBAC's name a subresource in theirs.
 
 use std::collections::BTreeMap;
 

@@ -326,7 +326,25 @@ fn commit_update(
         Scope::StatusOnly => {
             let status = new.get("status").cloned();
             let managed = new.pointer("/metadata/managedFields").cloned();
+            // The Pod and Node status strategies reset the spec, not the metadata: labels
+            // and annotations written through `status` are kept, as the real server keeps
+            // them (what the agent's admission policy must also guard).
+            let kept_metadata = keeps_metadata_on_status_writes(resource_type).then(|| {
+                (
+                    new.pointer("/metadata/labels").cloned(),
+                    new.pointer("/metadata/annotations").cloned(),
+                )
+            });
             new = old.clone();
+            if let Some((labels, annotations)) = kept_metadata {
+                let metadata = metadata_mut(&mut new);
+                for (field, value) in [("labels", labels), ("annotations", annotations)] {
+                    match value {
+                        Some(value) => metadata.insert(field.into(), value),
+                        None => metadata.remove(field),
+                    };
+                }
+            }
             match status {
                 Some(status) => new["status"] = status,
                 None => {
@@ -388,6 +406,12 @@ fn commit_update(
         store.put(key, new.clone(), revision);
     }
     Ok(new)
+}
+
+/// Built-in kinds whose status writes keep metadata changes (their status strategies copy
+/// back only the spec); for the others the fake keeps nothing but the status.
+fn keeps_metadata_on_status_writes(resource_type: &ResourceType) -> bool {
+    resource_type.group.is_empty() && matches!(resource_type.kind.as_str(), "Pod" | "Node")
 }
 
 /// Deletion was requested, no finalizer holds the object and no grace period is running.
