@@ -150,8 +150,23 @@ impl OscillatorPlan {
     }
 }
 
+/// Written by the oscillator before its first report. A child re-executed from a libtest
+/// binary shares its stdout with libtest, which prints its own lines first ("running 1
+/// test", the test's name); the parent skips everything up to this marker. Nothing comes
+/// after it from libtest as long as the child runs with `--test-threads=1`
+/// (`TestCgroups::allocator_args`): with more threads libtest would print its "has been
+/// running for over 60 seconds" warnings into the reports.
+const OSCILLATOR_MARKER: &[u8] = b"\nnodekeeper-oscillator-reports\n";
+
 /// Parent side: wait until a started oscillator holds its base.
 pub fn oscillator_ready(child: &mut Child) {
+    let stdout = child.stdout.as_mut().unwrap();
+    let mut seen: Vec<u8> = Vec::new();
+    let mut byte = [0u8; 1];
+    while !seen.ends_with(OSCILLATOR_MARKER) {
+        stdout.read_exact(&mut byte).expect("the oscillator died");
+        seen.push(byte[0]);
+    }
     read_report(child);
 }
 
@@ -228,6 +243,7 @@ fn run_oscillator(plan: &OscillatorPlan) -> ! {
             .parse::<u64>()
             .unwrap()
     };
+    std::io::stdout().write_all(OSCILLATOR_MARKER).unwrap();
     report(0);
     loop {
         let mut command = [0u8; 1];
