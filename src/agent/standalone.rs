@@ -1,6 +1,8 @@
 //! Standalone mode's pods: the child cgroups of a configured workload parent, with
 //! priority and requests from the configuration and usage from their own cgroup files.
 
+use std::path::PathBuf;
+
 use crate::config::WorkloadsConfig;
 use crate::signals::{CgroupReader, SignalError};
 
@@ -13,11 +15,24 @@ pub fn workload_pods(
     reader: &CgroupReader,
     workloads: &WorkloadsConfig,
 ) -> Result<(Vec<Pod>, Vec<SignalError>), SignalError> {
-    let mut errors = Vec::new();
     let children = reader.list_child_cgroups(&workloads.parent_cgroup)?;
+    Ok(pods_of(reader, workloads, children))
+}
+
+/// The pods of `children`, the workload cgroups listed a moment before. A cgroup that is
+/// gone by the time it is read belongs to a workload that has ended and been cleaned up:
+/// it is left out, as the kubelet's active pods leave out a pod that has terminated.
+/// Listed without stats, it would rank first for eviction, ahead of the workloads that
+/// still run.
+fn pods_of(
+    reader: &CgroupReader,
+    workloads: &WorkloadsConfig,
+    children: Vec<PathBuf>,
+) -> (Vec<Pod>, Vec<SignalError>) {
+    let mut errors = Vec::new();
     let pods = children
         .into_iter()
-        .map(|cgroup| {
+        .filter_map(|cgroup| {
             let name = cgroup
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -29,12 +44,16 @@ pub fn workload_pods(
                     pids: Some(saturating_i64(usage.process_count)),
                     ..PodUsage::default()
                 },
+                Err(_) if !reader.paths().memory_dir(&cgroup).exists() => {
+                    tracing::debug!(cgroup = %cgroup.display(), "workload ended while it was read");
+                    return None;
+                }
                 Err(error) => {
                     errors.push(error);
                     PodUsage::default()
                 }
             };
-            Pod {
+            Some(Pod {
                 namespace: workloads.namespace.clone(),
                 name,
                 priority: settings.map_or(0, |s| s.priority),
@@ -46,12 +65,66 @@ pub fn workload_pods(
                 usage,
                 cgroup: Some(cgroup),
                 ..Pod::default()
-            }
+            })
         })
         .collect();
-    Ok((pods, errors))
+    (pods, errors)
 }
 
 fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signals::CgroupLayout;
+
+    fn write(root: &std::path::Path, cgroup: &str, file: &str, text: &str) {
+        let dir = root.join(cgroup);
+        std::fs::create_dir_all(&dir).expect("a cgroup directory");
+        std::fs::write(dir.join(file), text).expect("a cgroup file");
+    }
+
+    fn workloads() -> WorkloadsConfig {
+        WorkloadsConfig {
+            parent_cgroup: PathBuf::from("pods"),
+            namespace: "ns".to_string(),
+            pods: Vec::new(),
+        }
+    }
+
+    /// issue 16 part 3: a pod's cgroup removed between the listing and the read. The
+    /// workload has ended; it is not a pod without stats that would be evicted first.
+    #[test]
+    fn a_cgroup_gone_between_listing_and_reading_is_a_workload_that_ended() {
+        let root = tempfile::tempdir().expect("a fake cgroup tree");
+        for name in ["pods/running", "pods/unreadable"] {
+            std::fs::create_dir_all(root.path().join(name)).expect("a cgroup");
+        }
+        write(root.path(), "pods/running", "memory.current", "1048576\n");
+        write(
+            root.path(),
+            "pods/running",
+            "memory.stat",
+            "inactive_file 0\n",
+        );
+        write(root.path(), "pods/running", "pids.current", "3\n");
+        let reader = CgroupReader::new(root.path(), CgroupLayout::Unified);
+        let listed = reader
+            .list_child_cgroups(std::path::Path::new("pods"))
+            .expect("the listing");
+        assert_eq!(listed.len(), 2);
+        // Gone after the listing: the race of a workload that exits.
+        let mut children = listed;
+        children.push(PathBuf::from("pods/ended"));
+        let (pods, errors) = pods_of(&reader, &workloads(), children);
+        let names: Vec<&str> = pods.iter().map(|pod| pod.name.as_str()).collect();
+        assert_eq!(names, ["running", "unreadable"]);
+        assert_eq!(pods[0].usage.memory, Some(1_048_576));
+        // A cgroup still there whose files cannot be read stays, without stats, as the
+        // kubelet keeps a pod without stats; its error is reported.
+        assert_eq!(pods[1].usage.memory, None);
+        assert_eq!(errors.len(), 1);
+    }
 }
