@@ -25,6 +25,7 @@ use nodekeeper::kubernetes::outbox::{ApiAction, ConditionRecord, Outcome, PodRef
 use serde_json::{Value, json};
 
 use support::apiserver::{TestCluster, cluster, projected_token};
+use support::reports::post_report;
 
 const AGENTS_NAMESPACE: &str = "nodekeeper-system";
 const AGENT_ACCOUNT: &str = "nodekeeper-agent";
@@ -581,7 +582,8 @@ async fn an_agents_own_token_changes_only_its_own_node() {
     }
 }
 
-/// `tests/report_e2e.rs`'s report, for `node`.
+/// A report saying `node` drained cleanly and shut down: over TLS, what gets a node's
+/// pods released without a fence.
 fn report(node: &str) -> Value {
     json!({
         "version": "1.1", "node": node, "bootId": "5d0c6f8e-1111-4222-8333-944455556666",
@@ -591,31 +593,6 @@ fn report(node: &str) -> Value {
         "shutdown": {"state": "complete", "lockHeld": false, "allPodsStopped": true},
         "apiServer": {"state": "reachable"}, "isolation": {"state": "none"}
     })
-}
-
-/// One report POST over plain HTTP: the status code and the body.
-fn post_report(address: &str, token: &str, body: &Value) -> (u16, String) {
-    use std::io::{Read, Write};
-    let body = serde_json::to_vec(body).expect("json");
-    let mut stream = std::net::TcpStream::connect(address).expect("the report endpoint");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("a read timeout");
-    let head = format!(
-        "POST /v1/reports HTTP/1.1\r\nHost: nodekeeper\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).expect("write");
-    stream.write_all(&body).expect("write");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    let code = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP status in {answer:?}"));
-    (code, answer)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -744,7 +721,7 @@ async fn a_compromised_agent_cannot_get_a_healthy_node_fenced() {
     // token is not a report token.
     let address = controller.reports_address();
     for (token, expected) in [(&report_token, 403), (&api_token, 401)] {
-        let (code, answer) = post_report(&address, token, &report("worker-2"));
+        let (code, answer) = post_report(&address, Some(token), &report("worker-2")).await;
         assert_eq!(code, expected, "a drained report for worker-2: {answer}");
     }
 

@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use support::agent_process::AgentProcess;
 use support::apiserver::{FakeApiServer, projected_token};
 use support::controller::*;
+use support::reports::{exchange, parse_answer, post, post_report, report_request};
 
 const AGENTS_NAMESPACE: &str = "nodekeeper-system";
 const AGENT_ACCOUNT: &str = "nodekeeper-agent";
@@ -77,70 +78,6 @@ fn report(node: &str, sequence: u64) -> Value {
         "shutdown": {"state": "none", "lockHeld": true},
         "apiServer": {"state": "reachable"}, "isolation": {"state": "none"}
     })
-}
-
-/// A report request's bytes: `POST /v1/reports` with `body`, the bearer `token` if any,
-/// and `Connection: close` if `close`.
-fn report_request(token: Option<&str>, body: &[u8], close: bool) -> Vec<u8> {
-    let mut head = format!(
-        "POST /v1/reports HTTP/1.1\r\nHost: nodekeeper\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(token) = token {
-        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
-    }
-    if close {
-        head.push_str("Connection: close\r\n");
-    }
-    head.push_str("\r\n");
-    let mut request = head.into_bytes();
-    request.extend_from_slice(body);
-    request
-}
-
-/// One HTTP/1.1 exchange; the status and the JSON body.
-async fn post(address: &str, token: Option<&str>, body: &[u8]) -> (u16, Value) {
-    exchange(address, &report_request(token, body, true)).await
-}
-
-/// Writes `request` while reading the answer: a server that refuses a body it has not
-/// read answers and closes early, and the answer must still be read (a write into the
-/// closed connection fails, and is ignored).
-async fn exchange(address: &str, request: &[u8]) -> (u16, Value) {
-    let stream = TcpStream::connect(address).await.expect("connect");
-    let (mut reader, mut writer) = stream.into_split();
-    let request = request.to_vec();
-    // The write half stays open until the answer is read: closing it would end the
-    // request early.
-    let writing = tokio::spawn(async move {
-        let _ = writer.write_all(&request).await;
-        writer
-    });
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(20), reader.read_to_end(&mut answer))
-        .await
-        .expect("an answer within 20 s");
-    if let Err(error) = read {
-        // A reset after the answer (the server dropped unread body bytes) is fine.
-        assert!(!answer.is_empty(), "no answer: {error}");
-    }
-    drop(writing);
-    parse_answer(&answer)
-}
-
-fn parse_answer(answer: &[u8]) -> (u16, Value) {
-    let text = String::from_utf8_lossy(answer);
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP status in {text:?}"));
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
-}
-
-async fn post_report(address: &str, token: Option<&str>, report: &Value) -> (u16, Value) {
-    post(address, token, &serde_json::to_vec(report).expect("json")).await
 }
 
 fn assert_refused(answer: &(u16, Value), status: u16, reason: &str, message_part: &str) {

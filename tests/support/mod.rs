@@ -19,4 +19,5 @@ pub mod nspawn;
 pub mod process_usage;
 pub mod proxy;
 pub mod real;
+pub mod reports;
 pub mod tls;

@@ -25,7 +25,7 @@
 //! the policy's `status.typeChecking`). Denial messages lack the real server's
 //! `<resource> "<name>" is forbidden: ` prefix, and RBAC's name a subresource in theirs.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -142,13 +142,13 @@ fn subject_is(subject: &Subject, user: &UserInfo) -> bool {
     }
 }
 
+/// Whether a rule's list (verbs, groups, versions, operations) holds `wanted` or `*`.
+fn lists<'a>(items: impl IntoIterator<Item = &'a String>, wanted: &str) -> bool {
+    items.into_iter().any(|item| item == "*" || item == wanted)
+}
+
 /// One rule of a role, matched as `rbac/v1` helpers match it.
 fn rule_allows(rule: &PolicyRule, asked: &Attributes) -> bool {
-    let has = |list: &Option<Vec<String>>, wanted: &str| {
-        list.iter()
-            .flatten()
-            .any(|item| item == "*" || item == wanted)
-    };
     let resource = asked.resource();
     let resource_matches = rule.resources.iter().flatten().any(|item| {
         item == "*"
@@ -164,8 +164,8 @@ fn rule_allows(rule: &PolicyRule, asked: &Attributes) -> bool {
             .name
             .is_some_and(|name| names.iter().any(|allowed| allowed == name)),
     };
-    has(&Some(rule.verbs.clone()), asked.verb)
-        && has(&rule.api_groups, asked.group)
+    lists(&rule.verbs, asked.verb)
+        && lists(rule.api_groups.iter().flatten(), asked.group)
         && resource_matches
         && name_matches
 }
@@ -361,11 +361,6 @@ fn rule_matches(
     admission: &Admission,
     operation: &str,
 ) -> bool {
-    let has = |list: &Option<Vec<String>>, wanted: &str| {
-        list.iter()
-            .flatten()
-            .any(|item| item == "*" || item == wanted)
-    };
     let resource = match &admission.subresource {
         Some(subresource) => format!("{}/{subresource}", admission.plural),
         None => admission.plural.clone(),
@@ -382,11 +377,19 @@ fn rule_matches(
         Some(names) if !names.is_empty() => names.contains(&admission.name),
         _ => true,
     };
-    has(&rule.api_groups, &admission.group)
-        && has(&rule.api_versions, &admission.version)
-        && has(&rule.operations, operation)
+    lists(rule.api_groups.iter().flatten(), &admission.group)
+        && lists(rule.api_versions.iter().flatten(), &admission.version)
+        && lists(rule.operations.iter().flatten(), operation)
         && resource_matches
         && name_matches
+}
+
+/// A condition or validation: its bool, or why it has none (an error, another type).
+fn truth(expression: &str, context: &cel::Context) -> Result<bool, String> {
+    match evaluate(expression, context)? {
+        cel::Value::Bool(value) => Ok(value),
+        other => Err(format!("gave {other:?}, not a bool")),
+    }
 }
 
 /// What one CEL expression gives: a value, or the error the real server would report.
@@ -495,20 +498,9 @@ fn check_policy(
     add(&mut context, "params", &Value::Null)?;
     add(&mut context, "namespaceObject", &Value::Null)?;
     for condition in spec.match_conditions.iter().flatten() {
-        match evaluate(&condition.expression, &context) {
-            Ok(cel::Value::Bool(true)) => {}
-            Ok(cel::Value::Bool(false)) => return Ok(()),
-            Ok(other) => {
-                return fail_closed.then_some(()).map_or(Ok(()), |()| {
-                    Err(denied_by(
-                        format!(
-                            "matchCondition {:?} gave {other:?}, not a bool",
-                            condition.name
-                        ),
-                        None,
-                    ))
-                });
-            }
+        match truth(&condition.expression, &context) {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
             Err(error) if fail_closed => {
                 return Err(denied_by(
                     format!("matchCondition {:?} failed: {error}", condition.name),
@@ -518,7 +510,8 @@ fn check_policy(
             Err(_) => return Ok(()),
         }
     }
-    let mut variables: BTreeMap<String, cel::Value> = BTreeMap::new();
+    // Each variable sees the ones before it, as `variables.<name>`.
+    let mut variables: HashMap<cel::objects::Key, cel::Value> = HashMap::new();
     for variable in spec.variables.iter().flatten() {
         let value = match evaluate(&variable.expression, &context) {
             Ok(value) => value,
@@ -530,12 +523,8 @@ fn check_policy(
             }
             Err(_) => return Ok(()),
         };
-        variables.insert(variable.name.clone(), value);
-        let map: std::collections::HashMap<cel::objects::Key, cel::Value> = variables
-            .iter()
-            .map(|(name, value)| (cel::objects::Key::from(name.clone()), value.clone()))
-            .collect();
-        context.add_variable_from_value("variables", cel::Value::Map(map.into()));
+        variables.insert(cel::objects::Key::from(variable.name.clone()), value);
+        context.add_variable_from_value("variables", cel::Value::Map(variables.clone().into()));
     }
     for validation in spec.validations.iter().flatten() {
         // messageExpression first; when it fails or gives no string, message, then the
@@ -554,20 +543,9 @@ fn check_policy(
                 .or_else(|| validation.message.clone())
                 .unwrap_or_else(|| format!("failed expression: {}", validation.expression))
         };
-        match evaluate(&validation.expression, &context) {
-            Ok(cel::Value::Bool(true)) => {}
-            Ok(cel::Value::Bool(false)) => {
-                return Err(denied_by(message(), validation.reason.as_deref()));
-            }
-            Ok(other) if fail_closed => {
-                return Err(denied_by(
-                    format!(
-                        "expression '{}' gave {other:?}, not a bool",
-                        validation.expression
-                    ),
-                    None,
-                ));
-            }
+        match truth(&validation.expression, &context) {
+            Ok(true) => {}
+            Ok(false) => return Err(denied_by(message(), validation.reason.as_deref())),
             Err(error) if fail_closed => {
                 return Err(denied_by(
                     format!(
@@ -577,7 +555,7 @@ fn check_policy(
                     None,
                 ));
             }
-            Ok(_) | Err(_) => {}
+            Err(_) => {}
         }
     }
     Ok(())

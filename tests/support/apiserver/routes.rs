@@ -308,11 +308,6 @@ fn route(shared: &Arc<Shared>, call: &Call) -> Result<Response<Body>, ApiError> 
     {
         return Err(ApiError::path_not_found(call.path));
     }
-    let verb = verbs::verb(
-        call.method.as_str(),
-        target.name.is_some(),
-        call.flag("watch"),
-    );
     if !verb.is_some_and(|verb| allowed_verbs.contains(&verb)) {
         return Err(ApiError::method_not_allowed(
             "the server does not allow this method on the requested resource",
