@@ -78,4 +78,14 @@ pub struct Integration {
     pub pods_cgroup: Option<PodsCgroup>,
     /// Flushed, bounded in time, when the agent stops.
     pub pending_writes: Option<Arc<dyn PendingWrites>>,
+    /// Pod deletes an earlier run of the agent owed and this one sends: those pods are
+    /// being stopped already, and are not chosen again while they are.
+    pub resumed_evictions: Vec<ResumedEviction>,
+}
+
+/// A pod delete owed from before the agent restarted, by pod UID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumedEviction {
+    pub uid: String,
+    pub grace_period_seconds: i64,
 }

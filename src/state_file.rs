@@ -9,6 +9,17 @@ use serde::Serialize;
 
 /// Replace `path` with `contents` atomically (mode 0644), creating the parent directory.
 pub fn atomic_write(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    replace(path, contents, true)
+}
+
+/// [`atomic_write`] without the fsyncs: the new file outlives the process (a SIGKILL, a
+/// crash) but not necessarily a power cut. For state that a reboot makes moot anyway, on a
+/// path written often enough that an fsync would cost (the API writes still owed).
+pub fn replace_unsynced(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    replace(path, contents, false)
+}
+
+fn replace(path: &Path, contents: &[u8], durable: bool) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
@@ -28,10 +39,15 @@ pub fn atomic_write(path: &Path, contents: &[u8]) -> std::io::Result<()> {
             .mode(0o644)
             .open(&temp)?;
         file.write_all(contents)?;
-        file.sync_all()?;
+        if durable {
+            file.sync_all()?;
+        }
         drop(file);
         std::fs::rename(&temp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        if durable {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&temp);

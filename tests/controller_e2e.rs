@@ -782,6 +782,17 @@ async fn the_report_service_follows_the_leader_and_only_the_leader() {
     })
     .await;
     let following = replicas[follower].as_ref().unwrap();
+    // A replica that lost the race may still be starting on a busy machine.
+    wait_for(
+        following,
+        "the follower to serve its metrics and reports",
+        || {
+            let log = following.log();
+            (log.contains("serving /metrics") && log.contains("serving agent reports"))
+                .then_some(())
+        },
+    )
+    .await;
     assert_eq!(metric_value(&following.metrics(), gauge), Some(0.0));
     // Only the leader ever wrote the slice.
     let slice_writes: Vec<String> = server

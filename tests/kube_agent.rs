@@ -13,13 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerStatus, Event, Node, NodeCondition, NodeSpec, NodeStatus, Pod as ApiPod,
-    PodSpec, PodStatus, ResourceRequirements, Taint,
+    Event, Node, NodeCondition, NodeSpec, NodeStatus, Pod as ApiPod, Taint,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use nodekeeper::agent::Agent;
-use nodekeeper::config::{AgentConfig, Overrides, from_yaml_str};
 use nodekeeper::kubernetes::KubeRuntime;
 use nodekeeper::kubernetes::evictor::LocalKiller;
 use nodekeeper::kubernetes::worker::RetryPolicy;
@@ -28,104 +25,9 @@ use nodekeeper::pods::Pod;
 use nodekeeper::ports::CycleReport;
 use nodekeeper::signals::Signal;
 use support::apiserver::{FakeApiServer, RecordedRequest, RequestMatcher, eventually};
+use support::fake_node::{Host, MI, NODE, PODS, PodFixture, api_pod, container_id, qos_dir};
 
-const NODE: &str = "node-a";
-const MI: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(10);
-
-/// A fake host: cgroup v2 tree with the kubelet's cgroupfs layout, and a meminfo.
-struct Host {
-    dir: tempfile::TempDir,
-}
-
-impl Host {
-    fn new(mem_free: u64) -> Host {
-        let dir = tempfile::tempdir().unwrap();
-        let cgroup = dir.path().join("cgroup");
-        std::fs::create_dir_all(cgroup.join("kubepods")).unwrap();
-        std::fs::write(cgroup.join("cgroup.controllers"), "memory pids\n").unwrap();
-        std::fs::write(cgroup.join("memory.stat"), "inactive_file 0\n").unwrap();
-        std::fs::create_dir_all(dir.path().join("proc/sys/kernel")).unwrap();
-        std::fs::create_dir_all(dir.path().join("nodefs")).unwrap();
-        let host = Host { dir };
-        host.set_free_memory(mem_free);
-        host
-    }
-
-    fn set_free_memory(&self, free: u64) {
-        self.set_memory(free, 0);
-    }
-
-    /// Free memory, and `hugepages` of 2 MiB reserved (which the kernel takes from the
-    /// free pages, so they are in MemTotal but not in MemFree, nor in the root
-    /// memory.stat's `anon`, which holds the rest).
-    fn set_memory(&self, free: u64, hugepages: u64) {
-        let total_kib = 8192 * 1024;
-        let anon = (total_kib * 1024 - free).saturating_sub(hugepages * 2 * MI);
-        std::fs::write(
-            self.dir.path().join("cgroup/memory.stat"),
-            format!("anon {anon}\nfile 0\ninactive_file 0\n"),
-        )
-        .unwrap();
-        std::fs::write(
-            self.dir.path().join("proc/meminfo"),
-            format!(
-                "MemTotal: {total_kib} kB\nMemFree: {} kB\nMemAvailable: {} kB\nInactive(file): 0 kB\nHugePages_Total: {hugepages}\nHugePages_Surp: 0\nHugepagesize: 2048 kB\nHugetlb: {} kB\n",
-                free / 1024,
-                free / 1024,
-                hugepages * 2048
-            ),
-        )
-        .unwrap();
-    }
-
-    fn add_pod_cgroup(&self, qos_dir: &str, uid: &str, working_set: u64) {
-        let dir = self
-            .dir
-            .path()
-            .join("cgroup/kubepods")
-            .join(qos_dir)
-            .join(format!("pod{uid}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("memory.current"), format!("{working_set}\n")).unwrap();
-        std::fs::write(dir.join("memory.stat"), "inactive_file 0\n").unwrap();
-        std::fs::write(dir.join("memory.max"), "max\n").unwrap();
-        std::fs::write(dir.join("cgroup.procs"), "").unwrap();
-    }
-
-    /// The pod's containers run (again): its fake cgroup has a process.
-    fn start_pod_processes(&self, qos_dir: &str, uid: &str) {
-        let procs = self
-            .dir
-            .path()
-            .join("cgroup/kubepods")
-            .join(qos_dir)
-            .join(format!("pod{uid}"))
-            .join("cgroup.procs");
-        std::fs::write(procs, "4242\n").unwrap();
-    }
-
-    fn config(&self, extra: &str) -> AgentConfig {
-        let root = self.dir.path().display();
-        let yaml = format!(
-            "apiVersion: nodekeeper.io/v1alpha1
-kind: AgentConfiguration
-evictionHard:
-  memory.available: 100Mi
-cgroupRoot: {root}/cgroup
-procRoot: {root}/proc
-nodefsPath: {root}/nodefs
-nodeName: {NODE}
-kubernetes:
-  cgroupDriver: cgroupfs
-  podLogsPath: {root}/logs
-  kubeletRootPath: {root}/kubelet
-{extra}",
-            extra = extra.replace("{root}", &root.to_string())
-        );
-        from_yaml_str(&yaml, "test.yaml", &Overrides::default()).unwrap()
-    }
-}
 
 /// Records local kills instead of sending signals; a killed pod's fake cgroup (under
 /// the cgroup root given) is left without processes, as a real kill leaves it.
@@ -150,110 +52,6 @@ impl KillLog {
         self.0.lock().unwrap().clone()
     }
 }
-
-struct PodFixture {
-    name: &'static str,
-    uid: &'static str,
-    memory_request: Option<&'static str>,
-    priority: Option<i32>,
-    annotations: &'static [(&'static str, &'static str)],
-    working_set: u64,
-}
-
-fn api_pod(fixture: &PodFixture) -> ApiPod {
-    ApiPod {
-        metadata: ObjectMeta {
-            name: Some(fixture.name.to_string()),
-            namespace: Some("default".to_string()),
-            uid: Some(fixture.uid.to_string()),
-            annotations: Some(
-                fixture
-                    .annotations
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(NODE.to_string()),
-            priority: fixture.priority,
-            termination_grace_period_seconds: Some(30),
-            containers: vec![Container {
-                name: "app".to_string(),
-                resources: Some(ResourceRequirements {
-                    requests: fixture
-                        .memory_request
-                        .map(|r| BTreeMap::from([("memory".to_string(), Quantity(r.to_string()))])),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        status: Some(PodStatus {
-            phase: Some("Running".to_string()),
-            container_statuses: Some(vec![ContainerStatus {
-                name: "app".to_string(),
-                container_id: Some(format!("containerd://{}", container_id(fixture.uid))),
-                ..Default::default()
-            }]),
-            qos_class: Some(
-                if fixture.memory_request.is_some() {
-                    "Burstable"
-                } else {
-                    "BestEffort"
-                }
-                .to_string(),
-            ),
-            ..Default::default()
-        }),
-    }
-}
-
-/// The runtime's id of a fixture pod's one container.
-fn container_id(uid: &str) -> String {
-    format!("{uid}-app")
-}
-
-/// hog: over its request (first to go). static and critical: bigger, never evicted.
-const PODS: [PodFixture; 4] = [
-    PodFixture {
-        name: "hog",
-        uid: "11111111-aaaa",
-        memory_request: Some("100Mi"),
-        priority: None,
-        annotations: &[("kubernetes.io/config.source", "api")],
-        working_set: 2048 * MI,
-    },
-    PodFixture {
-        name: "modest",
-        uid: "22222222-bbbb",
-        memory_request: Some("1Gi"),
-        priority: None,
-        annotations: &[],
-        working_set: 100 * MI,
-    },
-    PodFixture {
-        name: "static-etcd",
-        uid: "33333333-cccc",
-        memory_request: None,
-        priority: None,
-        annotations: &[
-            ("kubernetes.io/config.source", "file"),
-            ("kubernetes.io/config.mirror", "abc"),
-        ],
-        working_set: 4096 * MI,
-    },
-    PodFixture {
-        name: "dns",
-        uid: "44444444-dddd",
-        memory_request: None,
-        priority: Some(2_000_001_000),
-        annotations: &[],
-        working_set: 4096 * MI,
-    },
-];
 
 struct Scenario {
     server: FakeApiServer,
@@ -300,12 +98,7 @@ async fn scenario_through(extra_config: &str, retry: RetryPolicy, proxied: bool)
     let host = Host::new(50 * MI);
     for fixture in &PODS {
         server.seed(&api_pod(fixture));
-        let qos = if fixture.memory_request.is_some() {
-            "burstable"
-        } else {
-            "besteffort"
-        };
-        host.add_pod_cgroup(qos, fixture.uid, fixture.working_set);
+        host.add_pod_cgroup(qos_dir(fixture), fixture.uid, fixture.working_set);
     }
     let config = host.config(extra_config);
     // Built as `connect` builds it, so requests carry the agent's User-Agent.
@@ -316,13 +109,7 @@ async fn scenario_through(extra_config: &str, retry: RetryPolicy, proxied: bool)
     let client =
         nodekeeper::kubernetes::build_client(kube::Config::new(url.parse().unwrap())).unwrap();
     let host_facts = nodekeeper::signals::Host::detect(&config.paths);
-    let mut runtime = KubeRuntime::start(
-        client,
-        NODE.to_string(),
-        &config,
-        host_facts.cgroups().cloned(),
-        retry,
-    );
+    let mut runtime = KubeRuntime::start(client, NODE.to_string(), &config, &host_facts, retry);
     let kills = KillLog(Arc::default(), Some(host.dir.path().join("cgroup")));
     runtime.set_local_killer(Some(Box::new(kills.clone())));
     runtime.wait_until_ready().await;

@@ -1,6 +1,8 @@
 //! `nodekeeper agent --kubeconfig` as a process: it connects to the API server named in
 //! the kubeconfig with its own User-Agent, watches only its own node's pods, and still
-//! stops cleanly on SIGTERM.
+//! stops cleanly on SIGTERM. Killed (SIGKILL) while an eviction's delete waits for the
+//! API server, the agent started again sends that delete and does not evict the pod
+//! again.
 
 mod support;
 
@@ -20,7 +22,7 @@ struct AgentProcess {
 }
 
 /// Writes `dir/kubeconfig` for `server` and `dir/agent.yaml` (1 s cycles, metrics on a
-/// free port, then `settings`); returns both paths.
+/// free port, the API writes owed kept in `dir`, then `settings`); returns both paths.
 fn write_files(
     dir: &std::path::Path,
     server: &FakeApiServer,
@@ -33,7 +35,9 @@ fn write_files(
         &config,
         format!(
             "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n\
-             housekeepingInterval: 1s\nmetricsAddress: 127.0.0.1:0\n{settings}"
+             housekeepingInterval: 1s\nmetricsAddress: 127.0.0.1:0\n\
+             kubernetes:\n  stateFile: {}\n{settings}",
+            dir.join("run/api-writes.json").display()
         ),
     )
     .unwrap();
@@ -228,4 +232,199 @@ async fn in_kubernetes_mode_allocatable_memory_is_measured_on_the_pods_cgroup() 
         "{log}"
     );
     assert!(status.success(), "agent exited with {status}:\n{log}");
+}
+
+/// Node node-a under hard memory pressure (50Mi free, `memory.available<100Mi`), with hog,
+/// the one pod that may be evicted, and a static and a critical pod that may not; the API
+/// server refuses every pod delete. The agent evicts hog (its `DisruptionTarget` and
+/// Evicted event go through, its delete is refused and retried) and is killed with
+/// SIGKILL while the delete waits. Returns the server, the node, and the agent's
+/// arguments for starting it again.
+async fn agent_killed_owing_a_delete() -> (FakeApiServer, support::fake_node::Host, Vec<String>) {
+    use support::agent_process::AgentProcess as Agent;
+    use support::apiserver::RequestMatcher;
+    use support::fake_node::{Host, MI, NODE, PODS, api_pod, qos_dir};
+
+    let server = FakeApiServer::start().await;
+    server.seed(&k8s_openapi::api::core::v1::Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some(NODE.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let host = Host::new(50 * MI);
+    host.set_boot_id("restart-test-boot");
+    for fixture in PODS.iter().filter(|fixture| fixture.name != "modest") {
+        server.seed(&api_pod(fixture));
+        host.add_pod_cgroup(qos_dir(fixture), fixture.uid, fixture.working_set);
+    }
+    server.fail_matching(
+        RequestMatcher::method("DELETE").and_path("/pods/"),
+        500,
+        None,
+    );
+    let config = host.dir.path().join("agent.yaml");
+    std::fs::write(&config, host.yaml("housekeepingInterval: 1s\n")).unwrap();
+    let kubeconfig = host.dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let args: Vec<String> = vec![
+        "--metrics-addr".into(),
+        "127.0.0.1:0".into(),
+        "--config".into(),
+        config.display().to_string(),
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+    ];
+    let mut first = Agent::start(&args);
+    first.wait_for_line("evicted pod", Duration::from_secs(30));
+    // Killed once the delete has been refused and everything else has gone out: the
+    // journal holds the delete alone (the server logs a request before the agent has
+    // its answer, so the request log alone would be too early).
+    let refused = || refused_deletes(&server, "hog") > 0;
+    let owes_the_delete_alone = || {
+        std::fs::read_to_string(host.api_writes_file())
+            .ok()
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+            .and_then(|file| {
+                let writes = file["writes"].as_array()?.clone();
+                Some(writes.len() == 1 && writes[0]["kind"] == "podDelete")
+            })
+            .unwrap_or(false)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(refused() && owes_the_delete_alone()) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // SIGKILL, to the agent this test started.
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let log = first.whole_log().join("\n");
+    assert!(refused(), "hog's delete was never refused:\n{log}");
+    assert_eq!(evicted_events(&server, "hog"), 1, "{log}");
+    let owed = std::fs::read_to_string(host.api_writes_file()).unwrap_or_default();
+    assert!(
+        owes_the_delete_alone() && owed.contains("11111111-aaaa"),
+        "the journal does not hold hog's delete alone: {owed:?}\n{log}"
+    );
+    (server, host, args)
+}
+
+fn refused_deletes(server: &FakeApiServer, pod: &str) -> usize {
+    let path = format!("/api/v1/namespaces/default/pods/{pod}");
+    server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "DELETE" && r.path == path && r.status == 500)
+        .count()
+}
+
+/// Successful deletes of `pod` and their bodies.
+fn successful_deletes(server: &FakeApiServer, pod: &str) -> Vec<serde_json::Value> {
+    let path = format!("/api/v1/namespaces/default/pods/{pod}");
+    server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "DELETE" && r.path == path && r.status < 300)
+        .map(|r| r.json_body().unwrap_or_default())
+        .collect()
+}
+
+/// Evicted events posted about `pod`, whatever the answer.
+fn evicted_events(server: &FakeApiServer, pod: &str) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path == "/api/v1/namespaces/default/events")
+        .filter_map(|r| r.json_body())
+        .filter(|event| event["involvedObject"]["name"] == pod && event["reason"] == "Evicted")
+        .count()
+}
+
+/// The pressure is over when the agent comes back (its local kill freed the memory),
+/// so nothing would make it evict hog again: the delete it owed is what removes the pod,
+/// which the kubelet would otherwise restart as if nothing had happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_owed_when_the_agent_was_killed_is_sent_once_it_is_back() {
+    use support::agent_process::AgentProcess as Agent;
+    let (server, host, args) = agent_killed_owing_a_delete().await;
+    host.set_free_memory(4096 * support::fake_node::MI);
+    server.clear_failures();
+    let mut second = Agent::start(&args);
+    let serving = Instant::now();
+    let deadline = serving + Duration::from_secs(15);
+    while successful_deletes(&server, "hog").is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!(
+        "the owed delete went out within {:?} of the restarted agent serving",
+        serving.elapsed()
+    );
+    let status = second.stop(Duration::from_secs(20));
+    let log = second.whole_log().join("\n");
+    let deletes = successful_deletes(&server, "hog");
+    assert_eq!(deletes.len(), 1, "hog's delete was not sent once:\n{log}");
+    // The eviction's own delete: its grace period and the UID it was made for.
+    assert_eq!(deletes[0]["gracePeriodSeconds"], 1, "{}", deletes[0]);
+    assert_eq!(
+        deletes[0]["preconditions"]["uid"], "11111111-aaaa",
+        "{}",
+        deletes[0]
+    );
+    assert!(
+        log.contains("the agent restarted owing API writes")
+            && log.contains("pod_delete pod default/hog"),
+        "{log}"
+    );
+    assert!(!log.contains("evicted pod"), "evicted again:\n{log}");
+    assert_eq!(evicted_events(&server, "hog"), 1, "{log}");
+    assert!(status.success(), "agent exited with {status}:\n{log}");
+    assert!(
+        !host.api_writes_file().exists(),
+        "nothing is owed, yet the journal is left:\n{log}"
+    );
+}
+
+/// The pressure is still there and the API server still refuses the delete when the
+/// agent comes back. hog has no process left (the kill before the crash ended it), so
+/// the kubelet would not choose it again: the restarted agent leaves it to the eviction
+/// under way, with no second kill or Evicted event, and sends the delete once the server
+/// takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_does_not_evict_again_a_pod_whose_delete_it_owes() {
+    use support::agent_process::AgentProcess as Agent;
+    let (server, host, args) = agent_killed_owing_a_delete().await;
+    let refused_before = refused_deletes(&server, "hog");
+    let mut second = Agent::start(&args);
+    // Three cycles under pressure while the delete is still refused.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while refused_deletes(&server, "hog") < refused_before + 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.clear_failures();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while successful_deletes(&server, "hog").is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = second.stop(Duration::from_secs(20));
+    let log = second.whole_log().join("\n");
+    assert!(
+        refused_deletes(&server, "hog") >= refused_before + 2,
+        "the restarted agent did not retry the owed delete:\n{log}"
+    );
+    // The restarted agent did decide under pressure, cycle after cycle, with hog listed.
+    assert!(
+        log.matches("Attempting to reclaim memory").count() >= 3,
+        "no cycles under pressure:\n{log}"
+    );
+    assert!(!log.contains("evicted pod"), "hog evicted again:\n{log}");
+    assert_eq!(
+        evicted_events(&server, "hog"),
+        1,
+        "a second Evicted event:\n{log}"
+    );
+    assert_eq!(successful_deletes(&server, "hog").len(), 1, "{log}");
+    assert!(status.success(), "agent exited with {status}:\n{log}");
+    assert!(!host.api_writes_file().exists(), "{log}");
 }

@@ -47,6 +47,7 @@ fn every_field_is_read() {
   apiProbeTimeout: 1500ms
   outboxSize: 7
   localKill: false
+  stateFile: /var/run/nk/writes.json
 ",
     )
     .unwrap();
@@ -67,6 +68,7 @@ fn every_field_is_read() {
             api_probe_timeout: GoDuration::from_nanos(1_500_000_000),
             outbox_size: 7,
             local_kill: false,
+            state_file: PathBuf::from("/var/run/nk/writes.json"),
         }
     );
 }
@@ -85,6 +87,10 @@ fn invalid_values_name_the_field() {
         (
             "kubernetes:\n  podLogsPath: logs\n",
             "podLogsPath: \"logs\" must be an absolute path",
+        ),
+        (
+            "kubernetes:\n  stateFile: api-writes.json\n",
+            "stateFile: \"api-writes.json\" must be an absolute path",
         ),
         (
             "kubernetes:\n  writableLayerPath: /var/lib/layers\n",

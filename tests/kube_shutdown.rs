@@ -120,7 +120,7 @@ impl Cluster {
             server.client(),
             NODE.to_string(),
             &config,
-            host.cgroups().cloned(),
+            &host,
             RetryPolicy {
                 base: Duration::from_millis(20),
                 max: Duration::from_millis(200),
@@ -272,6 +272,8 @@ nodeName: {NODE}
 dbusAddress: \"{bus_address}\"
 shutdownStateFile: {root}/state/graceful_shutdown_state.json
 logindDropInPath: {root}/logind.conf.d/99-nodekeeper.conf
+kubernetes:
+  stateFile: {root}/run/api-writes.json
 shutdownGracePeriodByPodPriority:
 - {{priority: 0, shutdownGracePeriodSeconds: 20}}
 - {{priority: 1000, shutdownGracePeriodSeconds: 10}}
@@ -421,7 +423,7 @@ async fn the_api_terminator_reports_missing_replaced_and_outliving_pods() {
         server.client(),
         NODE.to_string(),
         &config,
-        None,
+        &Host::detect(&config.paths),
         RetryPolicy::default(),
     );
     runtime.wait_until_ready().await;

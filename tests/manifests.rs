@@ -546,6 +546,7 @@ fn the_agent_daemonset_runs_its_configuration_with_what_it_needs_from_the_host()
         config.shutdown_state_file.clone(),
         config.logind_drop_in_path.clone(),
         config.report.as_ref().unwrap().isolation.state_file.clone(),
+        kubernetes.state_file.clone(),
         // logind's delay lock and systemd, for shutdown and isolation.
         "/run/dbus/system_bus_socket".into(),
         "/run/systemd/system.control".into(),
@@ -568,6 +569,7 @@ fn the_agent_daemonset_runs_its_configuration_with_what_it_needs_from_the_host()
         config.shutdown_state_file.clone(),
         config.logind_drop_in_path.clone(),
         config.report.as_ref().unwrap().isolation.state_file.clone(),
+        config.kubernetes.state_file.clone(),
         "/run/systemd/system.control".into(),
         "/run/dbus/system_bus_socket".into(),
     ] {

@@ -234,8 +234,14 @@ impl Agent {
             node_lease,
             pods_cgroup,
             pending_writes,
+            resumed_evictions,
         } = integration;
         self.pending_writes = pending_writes;
+        let now = Instant::now();
+        for resumed in resumed_evictions {
+            self.evicted
+                .resume(&resumed.uid, resumed.grace_period_seconds, now);
+        }
         self.set_pod_source(pod_source);
         self.set_evictor(evictor);
         for observer in observers {
@@ -487,7 +493,7 @@ impl Agent {
     /// that have ended here. A pod being deleted that still runs stays a candidate, as
     /// in the kubelet, whose active pods keep it until it is known terminated.
     fn collect_pods(&mut self) -> Vec<Pod> {
-        let mut listed = self.list_pods();
+        let listed = self.list_pods();
         let reader = self.collector.cgroups();
         let running = |pod: &Pod| {
             let (Some(reader), Some(cgroup)) = (reader, pod.cgroup.as_ref()) else {
@@ -495,8 +501,11 @@ impl Agent {
             };
             reader.process_count(cgroup).is_ok_and(|count| count > 0)
         };
-        listed.retain(|pod| !pod.terminating || running(pod));
-        self.evicted.active(listed, running)
+        // The evicted set sees every listed pod first, those being deleted too, so that
+        // it forgets each pod only once the API server no longer lists it.
+        let mut active = self.evicted.active(listed, running);
+        active.retain(|pod| !pod.terminating || running(pod));
+        active
     }
 
     fn list_pods(&mut self) -> Vec<Pod> {

@@ -30,14 +30,16 @@ pub struct Evicted {
     pods: BTreeMap<String, Stopping>,
 }
 
-/// One eviction: the grace period it gave, until when the pod is left to it, and whether
+/// One eviction: the grace period it gave, until when the pod is left to it, whether
 /// the pod has been seen without a process since (the kill is done; a pod running after
-/// that was started again and is a new run).
+/// that was started again and is a new run), and whether it has been seen listed since
+/// this run of the agent took the eviction on.
 #[derive(Debug, Clone, Copy)]
 struct Stopping {
     grace_period_seconds: i64,
     until: Instant,
     ended: bool,
+    listed: bool,
 }
 
 /// How long `killPodNow` waits for a pod stopped with `grace_period_seconds`: the grace
@@ -51,12 +53,25 @@ impl Evicted {
     /// `pod` was evicted at `now` with `grace_period_seconds`: leave it out once it has
     /// ended, and to this eviction until its kill wait is over.
     pub fn remember(&mut self, pod: &Pod, grace_period_seconds: i64, now: Instant) {
+        self.insert(identity(pod), grace_period_seconds, now, true);
+    }
+
+    /// The pod with `uid` was evicted by an earlier run of the agent, whose delete this
+    /// run sends: it is left to that eviction as if evicted at `now`.
+    /// It is kept until the pod is seen listed: the cycles after a start may see no pods
+    /// for as long as the API server does not answer, which must not forget it.
+    pub fn resume(&mut self, uid: &str, grace_period_seconds: i64, now: Instant) {
+        self.insert(uid.to_string(), grace_period_seconds, now, false);
+    }
+
+    fn insert(&mut self, identity: String, grace_period_seconds: i64, now: Instant, listed: bool) {
         self.pods.insert(
-            identity(pod),
+            identity,
             Stopping {
                 grace_period_seconds,
                 until: now + kill_wait(grace_period_seconds),
                 ended: false,
+                listed,
             },
         );
     }
@@ -72,20 +87,23 @@ impl Evicted {
         })
     }
 
-    /// The pods that may be chosen: `listed` without the evicted ones that have ended
-    /// here (`running` says whether a pod still has a process on this node). An evicted
-    /// pod no longer listed is gone, and forgotten.
+    /// The pods that may be chosen: `listed` without the evicted ones that have
+    /// ended here (`running` says whether a pod still has a process on this node). An
+    /// evicted pod no longer listed is gone, and forgotten (one resumed after a restart,
+    /// once it has been seen listed).
     pub fn active(&mut self, listed: Vec<Pod>, running: impl Fn(&Pod) -> bool) -> Vec<Pod> {
         if self.pods.is_empty() {
             return listed;
         }
         let present: BTreeSet<String> = listed.iter().map(identity).collect();
-        self.pods.retain(|pod, _| present.contains(pod));
+        self.pods
+            .retain(|pod, stopping| present.contains(pod) || !stopping.listed);
         listed
             .into_iter()
             .filter(|pod| match self.pods.get_mut(&identity(pod)) {
                 None => true,
                 Some(stopping) => {
+                    stopping.listed = true;
                     let runs = running(pod);
                     stopping.ended |= !runs;
                     runs
@@ -171,6 +189,27 @@ mod tests {
         assert!(evicted.active(vec![db.clone()], ENDED).is_empty());
         assert_eq!(names(&evicted.active(vec![db.clone()], |_| true)), ["db-0"]);
         assert!(!evicted.already_stopping(&db, 1, start));
+    }
+
+    #[test]
+    fn an_eviction_resumed_after_a_restart_is_left_to_finish_like_one_made_here() {
+        // The delete an earlier run owed is sent again: the pod, killed before the
+        // restart, is not chosen again while it is listed; still running, it is not
+        // evicted again within its kill wait.
+        let mut evicted = Evicted::default();
+        let (db, web) = (pod("db-0", Some("u-db")), pod("web", Some("u-web")));
+        let start = now();
+        evicted.resume("u-db", 1, start);
+        assert!(evicted.already_stopping(&db, 1, start + Duration::from_secs(9)));
+        assert!(!evicted.already_stopping(&web, 1, start));
+        // The cycles before the pod list arrives see no pods (the API server may not
+        // answer for minutes): that does not forget it.
+        assert!(evicted.active(Vec::new(), ENDED).is_empty());
+        let active = evicted.active(vec![db.clone(), web.clone()], ENDED);
+        assert_eq!(names(&active), ["web"]);
+        // Once seen listed, it is forgotten when it goes, as any evicted pod.
+        evicted.active(vec![web.clone()], ENDED);
+        assert!(evicted.is_empty());
     }
 
     #[test]

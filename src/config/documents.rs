@@ -251,6 +251,10 @@ pub struct RawKubernetes {
     /// Kill a hard-evicted pod's cgroup at once instead of waiting for the kubelet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local_kill: Option<bool>,
+    /// Where the API writes still owed (pod deletes, pod conditions, events) are kept,
+    /// so that an agent restarted after a crash sends them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_file: Option<String>,
 }
 
 /// Commands that free node-level disk resources before pods are evicted.

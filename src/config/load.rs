@@ -1094,6 +1094,9 @@ fn build_kubernetes(
     if let Some(path) = absolute("kubeletRootPath", &raw.kubelet_root_path)? {
         config.kubelet_root_path = path;
     }
+    if let Some(path) = absolute("stateFile", &raw.state_file)? {
+        config.state_file = path;
+    }
     if let Some(template) = &raw.writable_layer_path {
         if !template.starts_with('/') || !template.contains("{containerId}") {
             return Err(fail(format!(
@@ -1353,6 +1356,7 @@ fn effective_document(mut doc: AgentDocument, config: &AgentConfig) -> AgentDocu
         api_probe_timeout: Some(kubernetes.api_probe_timeout.to_string()),
         outbox_size: Some(kubernetes.outbox_size),
         local_kill: Some(kubernetes.local_kill),
+        state_file: path(&kubernetes.state_file),
     });
     doc
 }

@@ -354,7 +354,12 @@ pub struct KubernetesConfig {
     /// heartbeats beyond this are dropped oldest first, deletions never.
     pub outbox_size: usize,
     pub local_kill: bool,
+    /// Where the API writes still owed are kept for a restarted agent (on a tmpfs: they
+    /// end with the boot, as the pods they are about do).
+    pub state_file: PathBuf,
 }
+
+pub const DEFAULT_API_WRITES_FILE: &str = "/run/nodekeeper/api-writes.json";
 
 impl Default for KubernetesConfig {
     fn default() -> Self {
@@ -373,6 +378,7 @@ impl Default for KubernetesConfig {
             api_probe_timeout: GoDuration::from_secs(5),
             outbox_size: 1000,
             local_kill: true,
+            state_file: PathBuf::from(DEFAULT_API_WRITES_FILE),
         }
     }
 }

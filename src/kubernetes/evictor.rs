@@ -106,7 +106,9 @@ impl Evictor for KubeEvictor {
             name: order.name.clone(),
             uid: uid.clone(),
         };
-        self.outbox.push(ApiAction::CreateEvent(EventRecord {
+        // Condition and delete first in the pod lane, the event in bookkeeping; queued
+        // (and kept in the journal) together.
+        let mut writes = vec![ApiAction::CreateEvent(EventRecord {
             name: event_name(&order.name, &format!("{EVICTED_REASON}/{uid}")),
             namespace: order.namespace.clone(),
             involved: InvolvedObject {
@@ -122,17 +124,18 @@ impl Evictor for KubeEvictor {
             count: *count,
             first_seen: now,
             last_seen: now,
-        }));
+        })];
         if order.disruption_target {
-            self.outbox.push(ApiAction::SetPodCondition {
+            writes.push(ApiAction::SetPodCondition {
                 pod: pod_ref.clone(),
                 condition: disruption_target(&order.message, now),
             });
         }
-        self.outbox.push(ApiAction::DeletePod {
+        writes.push(ApiAction::DeletePod {
             pod: pod_ref,
             grace_period_seconds: order.grace_period_seconds,
         });
+        self.outbox.push_all(writes);
         Ok(())
     }
 }

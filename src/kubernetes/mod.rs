@@ -10,6 +10,7 @@ pub mod convert;
 pub mod disk_walk;
 pub mod evictor;
 pub mod fencing;
+pub mod journal;
 pub mod node;
 pub mod outbox;
 pub mod probe;

@@ -354,6 +354,9 @@ pub struct Outbox {
     next_serial: u64,
     dry_run: bool,
     counters: OutboxCounters,
+    /// Counts changes to the writes the journal keeps, so the shell rewrites the journal
+    /// only when they changed.
+    generation: u64,
 }
 
 impl Outbox {
@@ -364,7 +367,23 @@ impl Outbox {
             next_serial: 0,
             dry_run: false,
             counters: OutboxCounters::default(),
+            generation: 0,
         }
+    }
+
+    fn note_change(&mut self, kept: bool) {
+        self.generation += u64::from(kept);
+    }
+
+    /// Changes so far to the writes the journal keeps ([`super::journal::kept`]).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The writes the journal keeps, in the order they are sent: the pod lane, then the
+    /// events.
+    pub fn kept(&self) -> impl Iterator<Item = &ApiAction> {
+        self.pending().filter(|action| super::journal::kept(action))
     }
 
     /// From now on, count pushed actions instead of queuing them. Already queued actions
@@ -434,7 +453,9 @@ impl Outbox {
                     .redundant_while_in_flight(&action);
                 continue;
             }
+            let kept = super::journal::kept(&action);
             queue.entries[index].action.absorb(action);
+            self.note_change(kept);
             return Pushed::Merged;
         }
         if in_flight_same {
@@ -445,6 +466,7 @@ impl Outbox {
             match self.oldest_droppable() {
                 Some((lane, index)) => {
                     if let Some(dropped) = self.lane_mut(lane).entries.remove(index) {
+                        self.note_change(super::journal::kept(&dropped.action));
                         let kind = dropped.action.kind();
                         *self.counters.dropped.entry(kind).or_default() += 1;
                         outcome = Pushed::QueuedDroppingOldest(kind);
@@ -464,6 +486,7 @@ impl Outbox {
             serial: self.next_serial,
         };
         self.next_serial += 1;
+        self.note_change(super::journal::kept(&action));
         self.lane_mut(lane).entries.push_back(Entry {
             id,
             action,
@@ -519,6 +542,7 @@ impl Outbox {
             }
             Outcome::Done | Outcome::Rejected(_) => {
                 if let Some(entry) = queue.entries.remove(index) {
+                    self.generation += u64::from(super::journal::kept(&entry.action));
                     let counter = if outcome == Outcome::Done {
                         &mut self.counters.done
                     } else {

@@ -12,7 +12,9 @@ use kube::runtime::reflector::Store;
 use super::api::ApiWriter;
 use super::cgroups::PodCgroupNaming;
 use super::evictor::{KubeEvictor, LocalKiller};
+use super::journal::Journal;
 use super::node::NodeStatusTracker;
+use super::outbox::ApiAction;
 use super::shutdown::{KubeTerminator, NodeShutdownPublisher, node_pods};
 use super::source::{ApiPodSource, TaskGuard, start_pod_reflector};
 use super::usage::PodUsageReader;
@@ -20,8 +22,10 @@ use super::worker::{OutboxHandle, RetryPolicy, run_outbox};
 use crate::act::CgroupKiller;
 use crate::config::AgentConfig;
 use crate::metrics::Metrics;
-use crate::ports::{CycleObserver, CycleReport, Integration, PendingWrites, ShutdownHooks};
-use crate::signals::{CgroupReader, Host};
+use crate::ports::{
+    CycleObserver, CycleReport, Integration, PendingWrites, ResumedEviction, ShutdownHooks,
+};
+use crate::signals::Host;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -86,7 +90,7 @@ pub async fn connect(
         client,
         node,
         config,
-        host.cgroups().cloned(),
+        host,
         RetryPolicy::default(),
     )))
 }
@@ -161,20 +165,24 @@ pub struct KubeRuntime {
     local_killer: Option<Box<dyn LocalKiller>>,
     tracker: Arc<Mutex<NodeStatusTracker>>,
     tasks: Arc<TaskGuard>,
+    /// The pod deletes owed from before the agent restarted, queued again.
+    resumed_evictions: Vec<ResumedEviction>,
 }
 
 impl KubeRuntime {
-    /// Start the pod watch, the API probe and the write senders for `node_name`. `cgroups`
-    /// is the host's cgroup reader as the agent detected it (`None`: no cgroup tree, so
-    /// pods have no stats and nothing is killed locally).
+    /// Start the pod watch, the API probe and the write senders for `node_name`, on
+    /// `host` as the agent detected it: its cgroup reader (none: no cgroup tree, so pods
+    /// have no stats and nothing is killed locally) and its boot id (the writes an
+    /// earlier run owed in this boot, kept in `kubernetes.stateFile`, are sent again).
     pub fn start(
         client: kube::Client,
         node_name: String,
         config: &AgentConfig,
-        cgroups: Option<CgroupReader>,
+        host: &Host,
         retry: RetryPolicy,
     ) -> Self {
         let settings = &config.kubernetes;
+        let cgroups = host.cgroups().cloned();
         let outbox = OutboxHandle::new(settings.outbox_size);
         let (store, reflector_task) =
             start_pod_reflector(client.clone(), &node_name, outbox.reachability.clone());
@@ -183,6 +191,11 @@ impl KubeRuntime {
             outbox.set_dry_run(true);
             tracing::info!(node = %node_name, "dry run: Kubernetes API writes are logged, not sent");
         }
+        let journal = Journal::new(
+            &settings.state_file,
+            host.boot_id().ok().map(str::to_string),
+        );
+        let resumed_evictions = resume_owed_writes(&outbox, journal);
         let probe = super::probe::start_api_probe(
             client.clone(),
             outbox.reachability.clone(),
@@ -239,6 +252,7 @@ impl KubeRuntime {
                     .chain(probe)
                     .collect(),
             )),
+            resumed_evictions,
         }
     }
 
@@ -321,8 +335,79 @@ impl KubeRuntime {
                 outbox: self.outbox.clone(),
                 _tasks: self.tasks,
             })),
+            resumed_evictions: self.resumed_evictions,
         }
     }
+}
+
+/// Queue again the writes an earlier run of the agent owed in this boot (`journal`), and
+/// keep the outbox's writes in `journal` from now on. Returns the pod deletes among them.
+/// A journal that cannot be read is logged and replaced at the next change; the agent
+/// goes on without what it owed.
+fn resume_owed_writes(outbox: &OutboxHandle, journal: Journal) -> Vec<ResumedEviction> {
+    let file = journal.path().display().to_string();
+    if outbox.is_dry_run() {
+        // A dry run neither sends them nor acts on them, and leaves the file as it is
+        // for the agent that owes them.
+        if journal.path().exists() {
+            tracing::info!(%file, "dry run: API writes owed by an earlier run of the agent are left in their file, not sent");
+        }
+        return Vec::new();
+    }
+    let loaded = journal.load();
+    outbox.set_journal(journal);
+    let loaded = match loaded {
+        Ok(loaded) => loaded,
+        Err(error) => {
+            tracing::error!(%error, "cannot read the API writes owed before the agent restarted; they are not sent");
+            return Vec::new();
+        }
+    };
+    if loaded.from_earlier_boot > 0 {
+        tracing::info!(
+            %file,
+            dropped = loaded.from_earlier_boot,
+            "API writes owed before the node rebooted are dropped: the reboot ended their pods"
+        );
+    }
+    for reason in &loaded.skipped {
+        tracing::error!(%file, %reason, "an API write owed before the agent restarted cannot be read; it is not sent");
+    }
+    if loaded.writes.is_empty() {
+        return Vec::new();
+    }
+    const LISTED: usize = 20;
+    let mut owed: Vec<String> = loaded
+        .writes
+        .iter()
+        .take(LISTED)
+        .map(|write| format!("{} {}", write.kind(), write.target()))
+        .collect();
+    if loaded.writes.len() > LISTED {
+        owed.push(format!("and {} more", loaded.writes.len() - LISTED));
+    }
+    tracing::warn!(
+        %file,
+        count = loaded.writes.len(),
+        writes = %owed.join(", "),
+        "the agent restarted owing API writes; sending them"
+    );
+    let resumed = loaded
+        .writes
+        .iter()
+        .filter_map(|write| match write {
+            ApiAction::DeletePod {
+                pod,
+                grace_period_seconds,
+            } => Some(ResumedEviction {
+                uid: pod.uid.clone(),
+                grace_period_seconds: *grace_period_seconds,
+            }),
+            _ => None,
+        })
+        .collect();
+    outbox.push_all(loaded.writes);
+    resumed
 }
 
 /// Flushes the outbox when the agent stops; holds the senders' tasks until then, since
@@ -371,5 +456,58 @@ impl CycleObserver for NodeStatusObserver {
         {
             self.outbox.push(action);
         }
+        drop(tracker);
+        // Once a cycle: a journal whose last write failed is written again.
+        self.outbox.mend_journal();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubernetes::outbox::tests::{condition, delete, event};
+
+    fn owed(dir: &Path) -> Journal {
+        let journal = Journal::new(dir.join("api-writes.json"), Some("boot".to_string()));
+        journal.save(1, &[condition("u1"), delete("u1", 1), event("web.1", 1)]);
+        journal
+    }
+
+    #[test]
+    fn a_restarted_agent_queues_what_it_owed_and_resumes_the_deletes_among_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = owed(dir.path());
+        let path = journal.path().to_path_buf();
+        let outbox = OutboxHandle::new(10);
+        let resumed = resume_owed_writes(&outbox, journal);
+        assert_eq!(
+            resumed,
+            vec![ResumedEviction {
+                uid: "u1".to_string(),
+                grace_period_seconds: 1
+            }]
+        );
+        assert_eq!(
+            outbox.pending(),
+            vec![condition("u1"), delete("u1", 1), event("web.1", 1)]
+        );
+        assert!(path.exists(), "still owed, still kept");
+    }
+
+    #[test]
+    fn a_dry_run_neither_sends_nor_acts_on_what_an_earlier_run_owed() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = owed(dir.path());
+        let path = journal.path().to_path_buf();
+        let before = std::fs::read(&path).unwrap();
+        let outbox = OutboxHandle::new(10);
+        outbox.set_dry_run(true);
+        assert!(resume_owed_writes(&outbox, journal).is_empty());
+        assert!(outbox.is_empty());
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "left for the agent that owes them"
+        );
     }
 }

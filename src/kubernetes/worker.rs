@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::api::ApiWriter;
+use super::journal::Journal;
 use super::outbox::{ApiAction, Lane, Outbox, Outcome, Pushed};
 use crate::metrics::{ApiActionLabels, Metrics};
 
@@ -31,6 +32,8 @@ pub struct OutboxHandle {
     /// out a long backoff tries again at once, and meanwhile every `retry.base`.
     hurry: Arc<(AtomicBool, Notify)>,
     metrics: Arc<OnceLock<Arc<Metrics>>>,
+    /// Where the writes owed are kept for a restarted agent, once set.
+    journal: Arc<OnceLock<Journal>>,
     /// Every attempt's outcome says whether the API server answers.
     pub reachability: crate::report::ApiReachability,
 }
@@ -43,6 +46,7 @@ impl OutboxHandle {
             progress: Arc::new(Notify::new()),
             hurry: Arc::new((AtomicBool::new(false), Notify::new())),
             metrics: Arc::new(OnceLock::new()),
+            journal: Arc::new(OnceLock::new()),
             reachability: Default::default(),
         }
     }
@@ -60,7 +64,33 @@ impl OutboxHandle {
     /// series starting at zero.
     pub fn set_metrics(&self, metrics: Arc<Metrics>) {
         metrics.start_api_action_series(&ApiAction::KINDS, &OUTCOMES);
+        if let Some(journal) = self.journal.get() {
+            journal.count_failures_in(metrics.state_write_failures("api_writes"));
+        }
         let _ = self.metrics.set(metrics);
+    }
+
+    /// Keep the writes owed in `journal` from now on, for an agent restarted after a
+    /// crash; each change to them rewrites it. Set once; a second journal is ignored.
+    pub fn set_journal(&self, journal: Journal) {
+        let _ = self.journal.set(journal);
+    }
+
+    /// The journal's new contents, taken under the outbox lock, when what it keeps has
+    /// changed since it was written. Written by [`OutboxHandle::write_journal`] after the
+    /// lock is released, so senders never wait on the file.
+    fn journal_update(&self, outbox: &Outbox) -> Option<(u64, Vec<ApiAction>)> {
+        let journal = self.journal.get()?;
+        let generation = outbox.generation();
+        journal
+            .is_behind(generation)
+            .then(|| (generation, outbox.kept().cloned().collect()))
+    }
+
+    fn write_journal(&self, update: Option<(u64, Vec<ApiAction>)>) {
+        if let (Some(journal), Some((generation, writes))) = (self.journal.get(), update) {
+            journal.save(generation, &writes);
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Outbox> {
@@ -101,38 +131,66 @@ impl OutboxHandle {
     /// Queue a write and wake its lane's sender. Never blocks on the network. In dry-run
     /// mode the write is logged at INFO and counted instead.
     pub fn push(&self, action: ApiAction) -> Pushed {
-        let kind = action.kind();
-        let lane = action.lane();
+        match self.push_all([action]).pop() {
+            Some(pushed) => pushed,
+            None => Pushed::Duplicate,
+        }
+    }
+
+    /// [`OutboxHandle::push`] for several writes at once (an eviction's event, condition
+    /// and delete), in order, under one lock: the journal is written once for them all,
+    /// so a crash never finds part of them kept.
+    pub fn push_all(&self, actions: impl IntoIterator<Item = ApiAction>) -> Vec<Pushed> {
         let mut outbox = self.lock();
-        if outbox.is_dry_run() {
-            let pushed = outbox.push(action.clone());
-            drop(outbox);
-            tracing::info!(
-                action = kind,
-                target = %action.target(),
-                "dry run: would {}",
-                action.describe()
-            );
-            self.count(kind, "dry_run");
-            return pushed;
+        let mut pushed = Vec::new();
+        let mut queued = Vec::new();
+        for action in actions {
+            let outcome = outbox.push(action.clone());
+            pushed.push(outcome.clone());
+            queued.push((action, outcome));
         }
-        let pushed = outbox.push(action);
         let pending = outbox.len();
+        let dry_run = outbox.is_dry_run();
+        let journal = self.journal_update(&outbox);
         drop(outbox);
-        match &pushed {
-            Pushed::QueuedDroppingOldest(dropped) => {
-                tracing::warn!(dropped, "API outbox full; dropped the oldest {dropped}");
-                self.count(dropped, "dropped");
+        self.write_journal(journal);
+        for (action, outcome) in queued {
+            let kind = action.kind();
+            if dry_run {
+                tracing::info!(
+                    action = kind,
+                    target = %action.target(),
+                    "dry run: would {}",
+                    action.describe()
+                );
+                self.count(kind, "dry_run");
+                continue;
             }
-            Pushed::DroppedNew => {
-                tracing::warn!(action = kind, "API outbox full; dropped a new {kind}");
-                self.count(kind, "dropped");
+            match outcome {
+                Pushed::QueuedDroppingOldest(dropped) => {
+                    tracing::warn!(dropped, "API outbox full; dropped the oldest {dropped}");
+                    self.count(dropped, "dropped");
+                }
+                Pushed::DroppedNew => {
+                    tracing::warn!(action = kind, "API outbox full; dropped a new {kind}");
+                    self.count(kind, "dropped");
+                }
+                _ => {}
             }
-            _ => {}
+            self.wake(action.lane()).notify_one();
         }
-        self.publish_pending(pending);
-        self.wake(lane).notify_one();
+        if !dry_run {
+            self.publish_pending(pending);
+        }
         pushed
+    }
+
+    /// Write the journal again if the last write of it failed (the disk was full): the
+    /// agent's cycle calls this, so a journal left stale is mended without waiting for
+    /// the next write to be queued.
+    pub fn mend_journal(&self) {
+        let update = self.journal_update(&self.lock());
+        self.write_journal(update);
     }
 
     /// Everything still owed: the pod lane in order, then the bookkeeping lane.
@@ -249,11 +307,13 @@ async fn run_lane<W: ActionWriter>(
         };
         let outcome = writer.execute(&action).await;
         let kind = action.kind();
-        let (attempts, pending) = {
+        let (attempts, pending, journal) = {
             let mut outbox = handle.lock();
             let attempts = outbox.finish(id, outcome.clone());
-            (attempts, outbox.len())
+            (attempts, outbox.len(), handle.journal_update(&outbox))
         };
+        // A file replaced on /run: tens of microseconds, not worth a blocking thread.
+        handle.write_journal(journal);
         handle.publish_pending(pending);
         handle.progress.notify_waiters();
         // A refusal or a conflict is an answer too.
@@ -348,6 +408,59 @@ mod tests {
 
     fn evicted_event() -> ApiAction {
         event("web.1", 1)
+    }
+
+    /// What the journal file holds: each write's kind, in order; empty when there is no
+    /// file.
+    fn journaled(path: &std::path::Path) -> Vec<String> {
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return Vec::new();
+        };
+        let file: serde_json::Value = serde_json::from_str(&text).unwrap();
+        file["writes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|write| write["kind"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_journal_follows_what_is_owed_about_pods_and_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api-writes.json");
+        let handle = OutboxHandle::new(10);
+        handle.set_journal(Journal::new(&path, Some("boot".to_string())));
+        let writer = Scripted::default();
+        writer.unreachable.store(true, Ordering::SeqCst);
+        let sender = tokio::spawn(run_outbox(
+            handle.clone(),
+            writer.clone(),
+            RetryPolicy::default(),
+        ));
+        // Kept as soon as queued, before anything is sent; node conditions are not kept.
+        for action in eviction() {
+            handle.push(action);
+        }
+        handle.push(ApiAction::SetNodeConditions(Vec::new()));
+        assert_eq!(
+            journaled(&path),
+            ["podCondition", "podDelete", "event"],
+            "the pod lane in order, then the events"
+        );
+        // The server answers again: once everything is sent, nothing is owed.
+        writer.unreachable.store(false, Ordering::SeqCst);
+        assert!(handle.flush(Instant::now() + Duration::from_secs(5)).await);
+        assert!(!path.exists(), "{:?}", journaled(&path));
+        sender.abort();
+        // A dry run queues nothing, so it keeps nothing either.
+        let dry = OutboxHandle::new(10);
+        dry.set_journal(Journal::new(&path, None));
+        dry.set_dry_run(true);
+        for action in eviction() {
+            dry.push(action);
+        }
+        assert!(!path.exists());
     }
 
     /// What an eviction queues: the Evicted event, the DisruptionTarget condition, the

@@ -57,7 +57,7 @@ pub struct ApiActionLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateFileLabels {
-    /// `trace`, `shutdown_state`, `isolation_record` or `controller_contact`
+    /// `trace`, `shutdown_state`, `isolation_record`, `controller_contact` or `api_writes`
     pub file: String,
 }
 
@@ -260,7 +260,7 @@ impl Metrics {
         let state_write_errors = Family::<StateFileLabels, Counter>::default();
         registry.register(
             "state_write_errors",
-            "Writes of a file the agent keeps that failed (a full or read-only disk), by file: trace, shutdown_state, isolation_record, controller_contact. The agent goes on without it; what it could not write is lost to a restart",
+            "Writes of a file the agent keeps that failed (a full or read-only disk), by file: trace, shutdown_state, isolation_record, controller_contact, api_writes. The agent goes on without it; what it could not write is lost to a restart",
             state_write_errors.clone(),
         );
         Metrics {

@@ -1,0 +1,244 @@
+//! A Kubernetes node as the agent sees it, faked in a temporary directory: a cgroup v2
+//! tree in the kubelet's cgroupfs layout with a cgroup per pod, a meminfo, and the pods
+//! the API server lists for it. The agent's own tests (in process, `kube_agent.rs`) and
+//! the agent binary's (`kube_agent_cli.rs`) share it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerStatus, Pod as ApiPod, PodSpec, PodStatus, ResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use nodekeeper::config::{AgentConfig, Overrides, from_yaml_str};
+
+pub const NODE: &str = "node-a";
+pub const MI: u64 = 1 << 20;
+
+/// A fake host: cgroup v2 tree with the kubelet's cgroupfs layout, and a meminfo.
+pub struct Host {
+    pub dir: tempfile::TempDir,
+}
+
+impl Host {
+    pub fn new(mem_free: u64) -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroup = dir.path().join("cgroup");
+        std::fs::create_dir_all(cgroup.join("kubepods")).unwrap();
+        std::fs::write(cgroup.join("cgroup.controllers"), "memory pids\n").unwrap();
+        std::fs::write(cgroup.join("memory.stat"), "inactive_file 0\n").unwrap();
+        std::fs::create_dir_all(dir.path().join("proc/sys/kernel")).unwrap();
+        std::fs::create_dir_all(dir.path().join("nodefs")).unwrap();
+        let host = Host { dir };
+        host.set_free_memory(mem_free);
+        host
+    }
+
+    pub fn set_free_memory(&self, free: u64) {
+        self.set_memory(free, 0);
+    }
+
+    /// Free memory, and `hugepages` of 2 MiB reserved (which the kernel takes from the
+    /// free pages, so they are in MemTotal but not in MemFree, nor in the root
+    /// memory.stat's `anon`, which holds the rest).
+    pub fn set_memory(&self, free: u64, hugepages: u64) {
+        let total_kib = 8192 * 1024;
+        let anon = (total_kib * 1024 - free).saturating_sub(hugepages * 2 * MI);
+        std::fs::write(
+            self.dir.path().join("cgroup/memory.stat"),
+            format!("anon {anon}\nfile 0\ninactive_file 0\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            self.dir.path().join("proc/meminfo"),
+            format!(
+                "MemTotal: {total_kib} kB\nMemFree: {} kB\nMemAvailable: {} kB\nInactive(file): 0 kB\nHugePages_Total: {hugepages}\nHugePages_Surp: 0\nHugepagesize: 2048 kB\nHugetlb: {} kB\n",
+                free / 1024,
+                free / 1024,
+                hugepages * 2048
+            ),
+        )
+        .unwrap();
+    }
+
+    pub fn add_pod_cgroup(&self, qos_dir: &str, uid: &str, working_set: u64) {
+        let dir = self
+            .dir
+            .path()
+            .join("cgroup/kubepods")
+            .join(qos_dir)
+            .join(format!("pod{uid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.current"), format!("{working_set}\n")).unwrap();
+        std::fs::write(dir.join("memory.stat"), "inactive_file 0\n").unwrap();
+        std::fs::write(dir.join("memory.max"), "max\n").unwrap();
+        std::fs::write(dir.join("cgroup.procs"), "").unwrap();
+    }
+
+    /// The pod's containers run (again): its fake cgroup has a process.
+    pub fn start_pod_processes(&self, qos_dir: &str, uid: &str) {
+        let procs = self
+            .dir
+            .path()
+            .join("cgroup/kubepods")
+            .join(qos_dir)
+            .join(format!("pod{uid}"))
+            .join("cgroup.procs");
+        std::fs::write(procs, "4242\n").unwrap();
+    }
+
+    /// The agent's configuration for this host, as YAML: a hard `memory.available`
+    /// threshold of 100Mi, the host's files, and `extra` (lines continuing the
+    /// `kubernetes:` section, then top-level ones; `{root}` stands for the host's root).
+    pub fn yaml(&self, extra: &str) -> String {
+        let root = self.dir.path().display();
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1
+kind: AgentConfiguration
+evictionHard:
+  memory.available: 100Mi
+cgroupRoot: {root}/cgroup
+procRoot: {root}/proc
+nodefsPath: {root}/nodefs
+nodeName: {NODE}
+kubernetes:
+  cgroupDriver: cgroupfs
+  podLogsPath: {root}/logs
+  kubeletRootPath: {root}/kubelet
+  stateFile: {root}/run/api-writes.json
+{extra}",
+            extra = extra.replace("{root}", &root.to_string())
+        )
+    }
+
+    /// [`Host::yaml`], loaded.
+    pub fn config(&self, extra: &str) -> AgentConfig {
+        from_yaml_str(&self.yaml(extra), "test.yaml", &Overrides::default()).unwrap()
+    }
+
+    /// Where the agent keeps the API writes it owes.
+    pub fn api_writes_file(&self) -> std::path::PathBuf {
+        self.dir.path().join("run/api-writes.json")
+    }
+
+    /// This host's boot id, under its procRoot.
+    pub fn set_boot_id(&self, boot_id: &str) {
+        let random = self.dir.path().join("proc/sys/kernel/random");
+        std::fs::create_dir_all(&random).unwrap();
+        std::fs::write(random.join("boot_id"), format!("{boot_id}\n")).unwrap();
+    }
+}
+
+pub struct PodFixture {
+    pub name: &'static str,
+    pub uid: &'static str,
+    pub memory_request: Option<&'static str>,
+    pub priority: Option<i32>,
+    pub annotations: &'static [(&'static str, &'static str)],
+    pub working_set: u64,
+}
+
+pub fn api_pod(fixture: &PodFixture) -> ApiPod {
+    ApiPod {
+        metadata: ObjectMeta {
+            name: Some(fixture.name.to_string()),
+            namespace: Some("default".to_string()),
+            uid: Some(fixture.uid.to_string()),
+            annotations: Some(
+                fixture
+                    .annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(NODE.to_string()),
+            priority: fixture.priority,
+            termination_grace_period_seconds: Some(30),
+            containers: vec![Container {
+                name: "app".to_string(),
+                resources: Some(ResourceRequirements {
+                    requests: fixture
+                        .memory_request
+                        .map(|r| BTreeMap::from([("memory".to_string(), Quantity(r.to_string()))])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".to_string()),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "app".to_string(),
+                container_id: Some(format!("containerd://{}", container_id(fixture.uid))),
+                ..Default::default()
+            }]),
+            qos_class: Some(
+                if fixture.memory_request.is_some() {
+                    "Burstable"
+                } else {
+                    "BestEffort"
+                }
+                .to_string(),
+            ),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The runtime's id of a fixture pod's one container.
+pub fn container_id(uid: &str) -> String {
+    format!("{uid}-app")
+}
+
+/// hog: over its request (first to go). static and critical: bigger, never evicted.
+pub const PODS: [PodFixture; 4] = [
+    PodFixture {
+        name: "hog",
+        uid: "11111111-aaaa",
+        memory_request: Some("100Mi"),
+        priority: None,
+        annotations: &[("kubernetes.io/config.source", "api")],
+        working_set: 2048 * MI,
+    },
+    PodFixture {
+        name: "modest",
+        uid: "22222222-bbbb",
+        memory_request: Some("1Gi"),
+        priority: None,
+        annotations: &[],
+        working_set: 100 * MI,
+    },
+    PodFixture {
+        name: "static-etcd",
+        uid: "33333333-cccc",
+        memory_request: None,
+        priority: None,
+        annotations: &[
+            ("kubernetes.io/config.source", "file"),
+            ("kubernetes.io/config.mirror", "abc"),
+        ],
+        working_set: 4096 * MI,
+    },
+    PodFixture {
+        name: "dns",
+        uid: "44444444-dddd",
+        memory_request: None,
+        priority: Some(2_000_001_000),
+        annotations: &[],
+        working_set: 4096 * MI,
+    },
+];
+
+/// The kubelet's QoS directory of a fixture pod: burstable with a memory request,
+/// besteffort without.
+pub fn qos_dir(fixture: &PodFixture) -> &'static str {
+    if fixture.memory_request.is_some() {
+        "burstable"
+    } else {
+        "besteffort"
+    }
+}
