@@ -61,12 +61,21 @@ pub struct MemInfo {
     pub hugepage_pool: u64,
 }
 
+/// `/proc/meminfo`. The kernel ends every line with a newline and writes every size in
+/// `kB`, so a read cut short (a truncated copy, a short read) is told from the truth: a
+/// last line without its newline is left out, and a size without its unit is an error,
+/// never a figure a thousand times too small (`MemAvailable: 60` cut from `600 kB` would
+/// otherwise read as 60 bytes available and evict pods for nothing).
 pub fn meminfo(text: &str) -> Result<MemInfo, FileProblem> {
     let mut total = None;
     let mut free = None;
     let mut info = MemInfo::default();
     let mut huge = HugePageLines::default();
-    for line in text.lines() {
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..end],
+        None => "",
+    };
+    for line in complete.lines() {
         let Some((key, rest)) = line.split_once(':') else {
             continue;
         };
@@ -78,20 +87,20 @@ pub fn meminfo(text: &str) -> Result<MemInfo, FileProblem> {
             // A huge page line the kernel wrote oddly must not cost memory.available
             // altogether: it counts as absent.
             "Hugetlb" => {
-                huge.hugetlb_bytes = meminfo_bytes(key, rest).ok();
+                huge.hugetlb_bytes = meminfo_bytes(key, rest, Unit::Kilobytes).ok();
                 continue;
             }
             "HugePages_Total" => {
-                huge.default_size_pages = meminfo_bytes(key, rest).ok();
+                huge.default_size_pages = meminfo_bytes(key, rest, Unit::Count).ok();
                 continue;
             }
             "Hugepagesize" => {
-                huge.default_size_bytes = meminfo_bytes(key, rest).ok();
+                huge.default_size_bytes = meminfo_bytes(key, rest, Unit::Kilobytes).ok();
                 continue;
             }
             _ => continue,
         };
-        *slot = Some(meminfo_bytes(key, rest)?);
+        *slot = Some(meminfo_bytes(key, rest, Unit::Kilobytes)?);
     }
     info.total = total.ok_or(FileProblem::MissingKey("MemTotal"))?;
     info.free = free.ok_or(FileProblem::MissingKey("MemFree"))?;
@@ -118,17 +127,27 @@ impl HugePageLines {
     }
 }
 
-fn meminfo_bytes(key: &str, rest: &str) -> Result<u64, FileProblem> {
+/// What a meminfo line's number counts: a size the kernel writes in `kB`, or pages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Kilobytes,
+    Count,
+}
+
+fn meminfo_bytes(key: &str, rest: &str, unit: Unit) -> Result<u64, FileProblem> {
     let mut fields = rest.split_ascii_whitespace();
     let number = fields.next().unwrap_or("");
     let value: u64 = number
         .parse()
         .map_err(|_| FileProblem::Malformed(format!("`{key}` has non-integer value {number:?}")))?;
-    match fields.next() {
-        Some("kB") => Ok(value.saturating_mul(1024)),
-        None => Ok(value),
-        Some(unit) => Err(FileProblem::Malformed(format!(
-            "`{key}` has unknown unit {unit:?}"
+    match (fields.next(), unit) {
+        (Some("kB"), Unit::Kilobytes) => Ok(value.saturating_mul(1024)),
+        (None, Unit::Count) => Ok(value),
+        (None, Unit::Kilobytes) => Err(FileProblem::Malformed(format!(
+            "`{key}` has no unit (cut short?): {number}"
+        ))),
+        (Some(other), _) => Err(FileProblem::Malformed(format!(
+            "`{key}` has unknown unit {other:?}"
         ))),
     }
 }
@@ -224,6 +243,31 @@ mod tests {
             meminfo("MemTotal: x kB\nMemFree: 1 kB\n"),
             Err(FileProblem::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn a_meminfo_cut_short_is_never_read_as_a_small_figure() {
+        let whole = "MemTotal:       1000 kB\nMemFree:         200 kB\nMemAvailable:    600 kB\n";
+        assert_eq!(meminfo(whole).unwrap().available, Some(600 * 1024));
+        // Cut anywhere: every figure read is the true one, or the read is an error.
+        for end in 0..whole.len() {
+            match meminfo(&whole[..end]) {
+                Ok(info) => {
+                    assert_eq!(info.total, 1000 * 1024, "cut at {end}");
+                    assert_eq!(info.free, 200 * 1024, "cut at {end}");
+                    assert!(
+                        info.available.is_none() || info.available == Some(600 * 1024),
+                        "cut at {end}: {info:?}"
+                    );
+                }
+                Err(FileProblem::MissingKey(_) | FileProblem::Malformed(_)) => {}
+                Err(other) => panic!("cut at {end}: {other:?}"),
+            }
+        }
+        // A line cut before its unit, in the middle of the file, is an error naming it.
+        let cut = "MemTotal: 1000 kB\nMemFree: 200 kB\nMemAvailable: 60\nActive: 1 kB\n";
+        let error = meminfo(cut).unwrap_err();
+        assert!(error.to_string().contains("MemAvailable"), "{error}");
     }
 
     #[test]
