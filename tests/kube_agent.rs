@@ -25,7 +25,9 @@ use nodekeeper::pods::Pod;
 use nodekeeper::ports::CycleReport;
 use nodekeeper::signals::Signal;
 use support::apiserver::{FakeApiServer, RecordedRequest, RequestMatcher, eventually};
-use support::fake_node::{Host, MI, NODE, PODS, PodFixture, api_pod, container_id, qos_dir};
+use support::fake_node::{
+    Host, MI, NODE, PODS, PodFixture, api_pod, container_id, qos_dir, successful_deletes,
+};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -137,15 +139,6 @@ fn evicted_events(server: &FakeApiServer, pod_name: &str) -> Vec<Event> {
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some("Evicted"))
         .filter(|e| e.involved_object.name.as_deref() == Some(pod_name))
-        .collect()
-}
-
-fn successful_deletes(server: &FakeApiServer, pod_name: &str) -> Vec<RecordedRequest> {
-    server
-        .requests()
-        .into_iter()
-        .filter(|r| r.method == "DELETE" && r.path.ends_with(&format!("/pods/{pod_name}")))
-        .filter(|r| r.status < 300)
         .collect()
 }
 

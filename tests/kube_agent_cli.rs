@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::apiserver::FakeApiServer;
+use support::fake_node::successful_deletes;
 
 /// `nodekeeper agent --kubeconfig` for node worker-7 against `server`, with `settings`
 /// added to a minimal configuration (1 s cycles, metrics on a free port); its log is
@@ -319,17 +320,6 @@ fn refused_deletes(server: &FakeApiServer, pod: &str) -> usize {
         .count()
 }
 
-/// Successful deletes of `pod` and their bodies.
-fn successful_deletes(server: &FakeApiServer, pod: &str) -> Vec<serde_json::Value> {
-    let path = format!("/api/v1/namespaces/default/pods/{pod}");
-    server
-        .requests()
-        .iter()
-        .filter(|r| r.method == "DELETE" && r.path == path && r.status < 300)
-        .map(|r| r.json_body().unwrap_or_default())
-        .collect()
-}
-
 /// Evicted events posted about `pod`, whatever the answer.
 fn evicted_events(server: &FakeApiServer, pod: &str) -> usize {
     server
@@ -362,7 +352,10 @@ async fn a_delete_owed_when_the_agent_was_killed_is_sent_once_it_is_back() {
     );
     let status = second.stop(Duration::from_secs(20));
     let log = second.whole_log().join("\n");
-    let deletes = successful_deletes(&server, "hog");
+    let deletes: Vec<serde_json::Value> = successful_deletes(&server, "hog")
+        .iter()
+        .map(|r| r.json_body().unwrap_or_default())
+        .collect();
     assert_eq!(deletes.len(), 1, "hog's delete was not sent once:\n{log}");
     // The eviction's own delete: its grace period and the UID it was made for.
     assert_eq!(deletes[0]["gracePeriodSeconds"], 1, "{}", deletes[0]);

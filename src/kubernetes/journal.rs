@@ -57,19 +57,11 @@ struct JournalFile<W> {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Pod {
-    namespace: String,
-    name: String,
-    uid: String,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase", deny_unknown_fields)]
 enum Write {
     #[serde(rename_all = "camelCase")]
     PodCondition {
-        pod: Pod,
+        pod: PodRef,
         condition_type: String,
         status: bool,
         reason: String,
@@ -77,7 +69,10 @@ enum Write {
         last_transition: SystemTime,
     },
     #[serde(rename_all = "camelCase")]
-    PodDelete { pod: Pod, grace_period_seconds: i64 },
+    PodDelete {
+        pod: PodRef,
+        grace_period_seconds: i64,
+    },
     #[serde(rename_all = "camelCase")]
     Event {
         name: String,
@@ -98,26 +93,10 @@ enum Write {
     },
 }
 
-/// Whether `action` is kept in the journal: everything but node conditions and taints.
-pub fn kept(action: &ApiAction) -> bool {
-    !matches!(
-        action,
-        ApiAction::SetNodeConditions(_) | ApiAction::SetNodeTaints(_)
-    )
-}
-
-fn pod_of(pod: &PodRef) -> Pod {
-    Pod {
-        namespace: pod.namespace.clone(),
-        name: pod.name.clone(),
-        uid: pod.uid.clone(),
-    }
-}
-
 fn write_of(action: &ApiAction) -> Option<Write> {
     Some(match action {
         ApiAction::SetPodCondition { pod, condition } => Write::PodCondition {
-            pod: pod_of(pod),
+            pod: pod.clone(),
             condition_type: condition.condition_type.clone(),
             status: condition.status,
             reason: condition.reason.clone(),
@@ -128,7 +107,7 @@ fn write_of(action: &ApiAction) -> Option<Write> {
             pod,
             grace_period_seconds,
         } => Write::PodDelete {
-            pod: pod_of(pod),
+            pod: pod.clone(),
             grace_period_seconds: *grace_period_seconds,
         },
         ApiAction::CreateEvent(event) => Write::Event {
@@ -159,7 +138,7 @@ fn name(field: &str, text: String) -> Result<String, String> {
     }
 }
 
-fn pod_ref(index: usize, pod: Pod) -> Result<PodRef, String> {
+fn pod_ref(index: usize, pod: PodRef) -> Result<PodRef, String> {
     let field = |part: &str| format!("writes[{index}].pod.{part}");
     Ok(PodRef {
         namespace: name(&field("namespace"), pod.namespace)?,
@@ -363,7 +342,8 @@ impl Journal {
         self.failing.load(Ordering::SeqCst) || self.written.load(Ordering::SeqCst) != generation
     }
 
-    /// Replace the file with `writes` (those [`kept`]), the outbox's state at
+    /// Replace the file with `writes` (those [`ApiAction::kept_across_restart`]), the
+    /// outbox's state at
     /// `generation`; remove it when none are owed. An older generation than the one
     /// written is skipped. A failure is logged (once until the next success) and
     /// counted, and the agent goes on: the writes are still queued in memory, and the

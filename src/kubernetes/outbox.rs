@@ -19,7 +19,8 @@ use std::time::SystemTime;
 
 /// A reference to the pod an action is about; the UID guards against acting on a
 /// replacement pod with the same name.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PodRef {
     pub namespace: String,
     pub name: String,
@@ -159,6 +160,16 @@ impl ApiAction {
         matches!(
             self,
             ApiAction::CreateEvent(_) | ApiAction::SetNodeConditions(_)
+        )
+    }
+
+    /// Whether a restarted agent must still send it, so the journal keeps it: everything
+    /// but node conditions and taints, which a restarted agent publishes again from what
+    /// it sees.
+    pub fn kept_across_restart(&self) -> bool {
+        !matches!(
+            self,
+            ApiAction::SetNodeConditions(_) | ApiAction::SetNodeTaints(_)
         )
     }
 
@@ -375,7 +386,8 @@ impl Outbox {
         self.generation += u64::from(kept);
     }
 
-    /// Changes so far to the writes the journal keeps ([`super::journal::kept`]).
+    /// Changes so far to the writes the journal keeps
+    /// ([`ApiAction::kept_across_restart`]).
     pub fn generation(&self) -> u64 {
         self.generation
     }
@@ -383,7 +395,7 @@ impl Outbox {
     /// The writes the journal keeps, in the order they are sent: the pod lane, then the
     /// events.
     pub fn kept(&self) -> impl Iterator<Item = &ApiAction> {
-        self.pending().filter(|action| super::journal::kept(action))
+        self.pending().filter(|action| action.kept_across_restart())
     }
 
     /// From now on, count pushed actions instead of queuing them. Already queued actions
@@ -453,7 +465,7 @@ impl Outbox {
                     .redundant_while_in_flight(&action);
                 continue;
             }
-            let kept = super::journal::kept(&action);
+            let kept = action.kept_across_restart();
             queue.entries[index].action.absorb(action);
             self.note_change(kept);
             return Pushed::Merged;
@@ -466,7 +478,7 @@ impl Outbox {
             match self.oldest_droppable() {
                 Some((lane, index)) => {
                     if let Some(dropped) = self.lane_mut(lane).entries.remove(index) {
-                        self.note_change(super::journal::kept(&dropped.action));
+                        self.note_change(dropped.action.kept_across_restart());
                         let kind = dropped.action.kind();
                         *self.counters.dropped.entry(kind).or_default() += 1;
                         outcome = Pushed::QueuedDroppingOldest(kind);
@@ -486,7 +498,7 @@ impl Outbox {
             serial: self.next_serial,
         };
         self.next_serial += 1;
-        self.note_change(super::journal::kept(&action));
+        self.note_change(action.kept_across_restart());
         self.lane_mut(lane).entries.push_back(Entry {
             id,
             action,
@@ -542,7 +554,7 @@ impl Outbox {
             }
             Outcome::Done | Outcome::Rejected(_) => {
                 if let Some(entry) = queue.entries.remove(index) {
-                    self.generation += u64::from(super::journal::kept(&entry.action));
+                    self.note_change(entry.action.kept_across_restart());
                     let counter = if outcome == Outcome::Done {
                         &mut self.counters.done
                     } else {

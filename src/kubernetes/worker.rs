@@ -142,27 +142,25 @@ impl OutboxHandle {
     /// so a crash never finds part of them kept.
     pub fn push_all(&self, actions: impl IntoIterator<Item = ApiAction>) -> Vec<Pushed> {
         let mut outbox = self.lock();
+        let dry_run = outbox.is_dry_run();
         let mut pushed = Vec::new();
-        let mut queued = Vec::new();
+        // What is logged, counted and woken for each write once the lock is released.
+        let mut after = Vec::new();
         for action in actions {
-            let outcome = outbox.push(action.clone());
-            pushed.push(outcome.clone());
-            queued.push((action, outcome));
+            let (kind, lane) = (action.kind(), action.lane());
+            // A dry run logs what it would do; only then is the write described.
+            let would = dry_run.then(|| (action.target(), action.describe()));
+            let outcome = outbox.push(action);
+            after.push((kind, lane, would, outcome.clone()));
+            pushed.push(outcome);
         }
         let pending = outbox.len();
-        let dry_run = outbox.is_dry_run();
         let journal = self.journal_update(&outbox);
         drop(outbox);
         self.write_journal(journal);
-        for (action, outcome) in queued {
-            let kind = action.kind();
-            if dry_run {
-                tracing::info!(
-                    action = kind,
-                    target = %action.target(),
-                    "dry run: would {}",
-                    action.describe()
-                );
+        for (kind, lane, would, outcome) in after {
+            if let Some((target, describe)) = would {
+                tracing::info!(action = kind, %target, "dry run: would {describe}");
                 self.count(kind, "dry_run");
                 continue;
             }
@@ -177,7 +175,7 @@ impl OutboxHandle {
                 }
                 _ => {}
             }
-            self.wake(action.lane()).notify_one();
+            self.wake(lane).notify_one();
         }
         if !dry_run {
             self.publish_pending(pending);
@@ -381,16 +379,21 @@ mod tests {
         }
     }
 
+    /// The senders of `handle`'s lanes, writing through `writer` with the default backoff.
+    fn sending(handle: &OutboxHandle, writer: &Scripted) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(run_outbox(
+            handle.clone(),
+            writer.clone(),
+            RetryPolicy::default(),
+        ))
+    }
+
     #[tokio::test(start_paused = true)]
     async fn writes_tell_whether_the_api_server_answers() {
         let handle = OutboxHandle::new(10);
         let writer = Scripted::default();
         let mut reachable = handle.reachability.subscribe();
-        let sender = tokio::spawn(run_outbox(
-            handle.clone(),
-            writer.clone(),
-            RetryPolicy::default(),
-        ));
+        let sender = sending(&handle, &writer);
         // A server that answers with errors is still reached.
         writer.events_fail.store(true, Ordering::SeqCst);
         handle.push(evicted_event());
@@ -433,11 +436,7 @@ mod tests {
         handle.set_journal(Journal::new(&path, Some("boot".to_string())));
         let writer = Scripted::default();
         writer.unreachable.store(true, Ordering::SeqCst);
-        let sender = tokio::spawn(run_outbox(
-            handle.clone(),
-            writer.clone(),
-            RetryPolicy::default(),
-        ));
+        let sender = sending(&handle, &writer);
         // Kept as soon as queued, before anything is sent; node conditions are not kept.
         for action in eviction() {
             handle.push(action);
@@ -474,11 +473,7 @@ mod tests {
         let handle = OutboxHandle::new(10);
         let writer = Scripted::default();
         writer.events_fail.store(true, Ordering::SeqCst);
-        let sender = tokio::spawn(run_outbox(
-            handle.clone(),
-            writer.clone(),
-            RetryPolicy::default(),
-        ));
+        let sender = sending(&handle, &writer);
         for action in eviction() {
             handle.push(action);
         }
@@ -578,11 +573,7 @@ mod tests {
         let handle = OutboxHandle::new(10);
         handle.set_dry_run(true);
         let writer = Scripted::default();
-        let sender = tokio::spawn(run_outbox(
-            handle.clone(),
-            writer.clone(),
-            RetryPolicy::default(),
-        ));
+        let sender = sending(&handle, &writer);
         for action in eviction() {
             assert_eq!(handle.push(action), Pushed::DryRun);
         }

@@ -12,6 +12,19 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use nodekeeper::config::{AgentConfig, Overrides, from_yaml_str};
 
+/// The deletes of the pod named `pod_name` that the API server took.
+pub fn successful_deletes(
+    server: &super::apiserver::FakeApiServer,
+    pod_name: &str,
+) -> Vec<super::apiserver::RecordedRequest> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "DELETE" && r.path.ends_with(&format!("/pods/{pod_name}")))
+        .filter(|r| r.status < 300)
+        .collect()
+}
+
 pub const NODE: &str = "node-a";
 pub const MI: u64 = 1 << 20;
 
