@@ -334,7 +334,9 @@ pub struct KubernetesConfig {
     pub pods_cgroup_name: String,
     /// `/var/log/pods`, holding `<namespace>_<name>_<uid>/<container>/*.log`.
     pub pod_logs_path: PathBuf,
-    /// `/var/lib/kubelet`, holding `pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>`.
+    /// `/var/lib/kubelet`, holding the pods' local volumes:
+    /// `pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>` (and `kubernetes.io~configmap`,
+    /// `kubernetes.io~git-repo`).
     pub kubelet_root_path: PathBuf,
     /// A container's writable layer; `{containerId}` is replaced by the runtime's id.
     /// `None`: writable layers are not measured.

@@ -26,8 +26,28 @@ pub struct NodePod {
     /// Runtime ids (`containerd://…` stripped) by container name, for per-container
     /// cgroups and writable layers.
     pub container_ids: Vec<(String, String)>,
+    /// The pod's volumes other than emptyDirs that the kubelet counts in its local
+    /// storage.
+    pub file_volumes: Vec<FileVolume>,
     pub warnings: Vec<QuantityWarning>,
 }
+
+/// A volume of files the kubelet writes for the pod on the node's disk, which it counts in
+/// the pod's local storage as it counts an emptyDir on the default medium (its
+/// `IsLocalEphemeralVolume`): a configMap, or a gitRepo. Secret, downwardAPI and
+/// projected volumes are tmpfs, and a hostPath has no usage figure in the kubelet's stats,
+/// so none of them counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileVolume {
+    pub name: String,
+    /// The directory of the volume's plugin under the pod's `volumes/`, where the
+    /// kubelet keeps the volume's files: `<kubelet root>/pods/<uid>/volumes/<this>/<name>`.
+    pub plugin_dir: &'static str,
+}
+
+/// The plugin directories of the volumes in [`FileVolume`].
+pub const CONFIG_MAP_DIR: &str = "kubernetes.io~configmap";
+pub const GIT_REPO_DIR: &str = "kubernetes.io~git-repo";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("pod {pod}: {field} is missing")]
@@ -161,6 +181,24 @@ pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
             })
         })
         .collect();
+    let file_volumes = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|volume| {
+            let plugin_dir = if volume.config_map.is_some() {
+                CONFIG_MAP_DIR
+            } else if volume.git_repo.is_some() {
+                GIT_REPO_DIR
+            } else {
+                return None;
+            };
+            Some(FileVolume {
+                name: volume.name.clone(),
+                plugin_dir,
+            })
+        })
+        .collect();
     let mut warnings = reader.warnings;
     warnings.dedup();
     Ok(NodePod {
@@ -181,6 +219,7 @@ pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
         },
         qos,
         container_ids,
+        file_volumes,
         warnings,
     })
 }
@@ -300,6 +339,67 @@ mod tests {
             let pod = convert_pod(&api).unwrap().pod;
             assert_eq!(pod.empty_dirs[0].memory_backed, backed, "{medium:?}");
         }
+    }
+
+    /// The kubelet's `localVolumeNames`: a hostPath or `IsLocalEphemeralVolume` (gitRepo,
+    /// emptyDir on the default medium, configMap), matched with the volume stats of its
+    /// summary API, which a hostPath (`MetricsNil`) never has. So besides the emptyDirs,
+    /// a pod's configMap and gitRepo volumes are its local storage, and its secret,
+    /// downwardAPI, projected and hostPath volumes are not.
+    #[test]
+    fn config_map_and_git_repo_volumes_are_local_storage_and_no_other_kind() {
+        let volume = |name: &str, source: serde_json::Value| -> Volume {
+            let mut value = source;
+            value["name"] = name.into();
+            serde_json::from_value(value).expect("a volume")
+        };
+        let mut api = api_pod(&[], None);
+        api.spec
+            .as_mut()
+            .unwrap()
+            .volumes
+            .as_mut()
+            .unwrap()
+            .extend([
+                volume(
+                    "settings",
+                    serde_json::json!({"configMap": {"name": "app"}}),
+                ),
+                volume(
+                    "source",
+                    serde_json::json!({"gitRepo": {"repository": "r"}}),
+                ),
+                volume("token", serde_json::json!({"secret": {"secretName": "t"}})),
+                volume("labels", serde_json::json!({"downwardAPI": {}})),
+                volume("account", serde_json::json!({"projected": {"sources": []}})),
+                volume(
+                    "host",
+                    serde_json::json!({"hostPath": {"path": "/var/log"}}),
+                ),
+                volume(
+                    "data",
+                    serde_json::json!({"persistentVolumeClaim": {"claimName": "d"}}),
+                ),
+            ]);
+        let converted = convert_pod(&api).unwrap();
+        assert_eq!(
+            converted.file_volumes,
+            vec![
+                FileVolume {
+                    name: "settings".to_string(),
+                    plugin_dir: "kubernetes.io~configmap",
+                },
+                FileVolume {
+                    name: "source".to_string(),
+                    plugin_dir: "kubernetes.io~git-repo",
+                },
+            ]
+        );
+        assert_eq!(
+            converted.pod.empty_dirs.len(),
+            1,
+            "the emptyDir stays apart"
+        );
     }
 
     #[test]

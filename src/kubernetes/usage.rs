@@ -1,7 +1,8 @@
 //! Per-pod measurements on the node: working set and process count from the pod's
 //! cgroup (and each container's child cgroup), log and writable-layer bytes and inodes
-//! from the configured directories, and emptyDir usage under the kubelet's pod
-//! directory. A pod whose cgroup does not exist yet has no stats, as in the kubelet.
+//! from the configured directories, and the usage of the volumes the kubelet counts as
+//! local storage (emptyDirs, configMaps, gitRepos) under its pod directory. A pod whose
+//! cgroup does not exist yet has no stats, as in the kubelet.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -126,12 +127,20 @@ impl PodUsageReader {
             .kubelet_root_path
             .join("pods")
             .join(&uid)
-            .join("volumes/kubernetes.io~empty-dir");
-        for volume in &pod.empty_dirs {
-            if usable_in_path(&pod_key, "volume name", &volume.name) {
+            .join("volumes");
+        let empty_dirs = pod
+            .empty_dirs
+            .iter()
+            .map(|volume| (volume.name.as_str(), EMPTY_DIR_DIR));
+        let files = node_pod
+            .file_volumes
+            .iter()
+            .map(|volume| (volume.name.as_str(), volume.plugin_dir));
+        for (name, plugin_dir) in empty_dirs.chain(files) {
+            if usable_in_path(&pod_key, "volume name", name) {
                 directories
                     .volumes
-                    .push((volume.name.clone(), volumes.join(&volume.name)));
+                    .push((name.to_string(), volumes.join(plugin_dir).join(name)));
             }
         }
         let Some(figures) = self.disk.track(&uid, directories) else {
@@ -155,12 +164,21 @@ impl PodUsageReader {
                 add_part(&mut storage.local_volumes, usage);
             }
         }
+        for volume in &node_pod.file_volumes {
+            add_part(
+                &mut storage.local_volumes,
+                figures.volumes.get(&volume.name).copied(),
+            );
+        }
         if let Some(total) = storage.total() {
             pod.usage.ephemeral_storage = Some(total.bytes);
             pod.usage.inodes = Some(total.inodes);
         }
     }
 }
+
+/// Where the kubelet keeps a pod's emptyDir volumes under its `volumes/` directory.
+const EMPTY_DIR_DIR: &str = "kubernetes.io~empty-dir";
 
 /// Add one directory's figures to a storage part; a part stays unmeasured until one of
 /// its directories exists.
@@ -192,6 +210,7 @@ mod tests {
     use std::path::Path;
 
     use crate::config::CgroupDriver;
+    use crate::kubernetes::convert::{CONFIG_MAP_DIR, FileVolume, GIT_REPO_DIR};
     use crate::kubernetes::resources::QosClass;
     use crate::pods::{ContainerStats, EmptyDirStats, Pod};
 
@@ -256,6 +275,7 @@ mod tests {
             },
             qos,
             container_ids: vec![("app".to_string(), "c0ffee".to_string())],
+            file_volumes: Vec::new(),
             warnings: Vec::new(),
         }
     }
@@ -402,6 +422,61 @@ mod tests {
         assert!(pod.pod.empty_dirs[1].used.unwrap() >= 16 * 1024);
     }
 
+    /// The kubelet's `podLocalVolumeUsage`: a configMap or gitRepo volume counts in the
+    /// pod's local storage as its emptyDir does, so in its ephemeral-storage figure (the
+    /// limit checks) and in the local-volume part every nodefs ranking counts.
+    #[test]
+    fn config_map_and_git_repo_volumes_count_as_local_storage() {
+        let cgroups = tree(false);
+        write_cgroup(cgroups.path(), false, "kubepods/pod1-2", 10, 0, "");
+        let files = tempfile::tempdir().unwrap();
+        let volumes = files.path().join("kubelet/pods/1-2/volumes");
+        for (dir, bytes) in [
+            ("kubernetes.io~empty-dir/scratch", 32),
+            ("kubernetes.io~configmap/settings", 8),
+            ("kubernetes.io~git-repo/source", 64),
+            // Not measured: a secret volume is tmpfs.
+            ("kubernetes.io~secret/token", 256),
+        ] {
+            let dir = volumes.join(dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("data"), vec![b'v'; bytes * 1024]).unwrap();
+        }
+        let with_files = || {
+            let mut pod = node_pod(QosClass::Guaranteed);
+            pod.file_volumes = vec![
+                FileVolume {
+                    name: "settings".to_string(),
+                    plugin_dir: CONFIG_MAP_DIR,
+                },
+                FileVolume {
+                    name: "source".to_string(),
+                    plugin_dir: GIT_REPO_DIR,
+                },
+            ];
+            pod
+        };
+        let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
+        usage_reader.measure(&mut with_files());
+        usage_reader.walk_disks_now();
+        let mut pod = with_files();
+        usage_reader.measure(&mut pod);
+        let storage = pod.pod.usage.storage;
+        let local = storage.local_volumes.expect("local volumes measured");
+        // Three directories and three files, (32 + 8 + 64) KiB of data.
+        assert_eq!(local.inodes, 6);
+        assert!(
+            local.bytes >= 104 * 1024 && local.bytes < 256 * 1024,
+            "{} bytes: the emptyDir, configMap and gitRepo, not the secret",
+            local.bytes
+        );
+        assert_eq!(pod.pod.usage.ephemeral_storage, Some(local.bytes));
+        assert!(
+            pod.pod.empty_dirs[0].used.unwrap() < 64 * 1024,
+            "the emptyDir's own figure, for its sizeLimit, is its alone"
+        );
+    }
+
     #[test]
     fn names_from_the_api_never_lead_the_walk_outside_the_pod_directories() {
         let cgroups = tree(false);
@@ -418,6 +493,10 @@ mod tests {
             let mut pod = node_pod(QosClass::Guaranteed);
             pod.pod.containers[0].name = hostile.to_string();
             pod.pod.empty_dirs[0].name = hostile.to_string();
+            pod.file_volumes = vec![FileVolume {
+                name: hostile.to_string(),
+                plugin_dir: CONFIG_MAP_DIR,
+            }];
             pod.container_ids[0] = (hostile.to_string(), hostile.to_string());
             usage_reader.measure(&mut pod.clone());
             usage_reader.walk_disks_now();

@@ -70,9 +70,9 @@ impl DiskAmount {
 }
 
 /// A pod's local storage split the way the kubelet's stats split it: its containers'
-/// writable layers (`rootfs`), its containers' logs, and its local volumes (emptyDir
-/// not backed by memory). With a dedicated image filesystem each disk signal counts
-/// only the parts on its own filesystem. `None` means "not measured".
+/// writable layers (`rootfs`), its containers' logs, and its local volumes (emptyDirs
+/// not backed by memory, configMaps, gitRepos). With a dedicated image filesystem each
+/// disk signal counts only the parts on its own filesystem. `None` means "not measured".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StorageUsage {
     pub writable_layers: Option<DiskAmount>,

@@ -117,7 +117,7 @@ pub struct TraceStorage {
     /// Its containers' logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs: Option<TraceDiskAmount>,
-    /// Its local volumes (emptyDir not backed by memory).
+    /// Its local volumes (emptyDirs not backed by memory, configMaps, gitRepos).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_volumes: Option<TraceDiskAmount>,
 }
