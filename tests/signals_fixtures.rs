@@ -172,6 +172,39 @@ fn cgroup_v2_root_without_memory_stat_takes_usage_and_inactive_file_from_meminfo
     );
 }
 
+/// A root memory.stat cut short (twice, so the read again is cut too) is an error for
+/// memory.available alone, and never a switch to the meminfo formula: that usage counts
+/// kernel memory as well, and would take gigabytes off available for a cycle. Cut before
+/// `inactive_file` and after `anon` and `file`, or in the middle of `anon`'s line.
+#[test]
+fn cgroup_v2_root_memory_stat_cut_short_is_an_error_never_the_meminfo_formula() {
+    let copy = copy_of_fixtures();
+    let stat = copy.path().join("cgroup-v2/memory.stat");
+    let whole = std::fs::read_to_string(&stat).unwrap();
+    let before_inactive = whole.find("inactive_file").expect("the fixture has it") + 6;
+    let in_anon = whole.find("anon ").expect("the fixture has it") + 7;
+    for end in [before_inactive, in_anon] {
+        std::fs::write(&stat, &whole[..end]).unwrap();
+        let collection = SignalCollector::new(&host(
+            &copy.path().join("cgroup-v2"),
+            &copy.path().join("proc"),
+            Some("kubepods.slice"),
+        ))
+        .collect();
+        assert_eq!(
+            errored_signals(&collection),
+            vec![Signal::MemoryAvailable],
+            "cut to {:?}",
+            &whole[..end]
+        );
+        let message = collection.errors[0].to_string();
+        assert!(
+            message.contains("memory.stat") && message.contains("cut short"),
+            "{message}"
+        );
+    }
+}
+
 #[test]
 fn cgroup_v2_root_with_memory_current_uses_it() {
     // Inside a container the namespaced v2 root does have memory.current.

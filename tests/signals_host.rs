@@ -180,6 +180,54 @@ fn real_v1_cgroup_usage_reports_limit_and_processes() {
     );
 }
 
+/// Where no pids controller covers a cgroup, its processes are the entries of its
+/// `cgroup.procs`, which the kernel hands out about a page (some 600 pids) per read: a
+/// cgroup of a thousand processes must count a thousand, not one page's worth.
+#[test]
+fn a_cgroup_of_a_thousand_processes_is_counted_whole_without_the_pids_controller() {
+    const SLEEPERS: usize = 1000;
+    /// SIGKILLs every process of this test's cgroup when dropped, whatever happened.
+    struct Sleepers(PathBuf);
+    impl Drop for Sleepers {
+        fn drop(&mut self) {
+            let procs = std::fs::read_to_string(&self.0).unwrap_or_default();
+            for pid in procs.lines().filter_map(|line| line.parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+    let mut cgroups = require!(
+        "the cgroup v1 memory hierarchy",
+        TestCgroups::create(&["memory"])
+    );
+    let parent = cgroups.parent.clone();
+    let _sleepers = Sleepers(cgroups.dir("memory", &parent).join("cgroup.procs"));
+    // The shell forks only once it is in the test's cgroup, so every sleeper is in it.
+    let script = format!(
+        "until grep -q ':memory:/{}$' /proc/$$/cgroup; do :; done; \
+         for i in $(seq {SLEEPERS}); do sleep 120 & done; exec sleep 120",
+        parent.display()
+    );
+    cgroups.spawn_shell(&parent, &script, "sleep");
+    let reader = CgroupReader::detect(&cgroups.v1_root()).unwrap();
+    assert!(
+        !cgroups.v1_root().join("pids").join(&parent).exists(),
+        "the test's cgroup has no pids controller, so cgroup.procs is counted"
+    );
+    assert_eq!(
+        cgroups.procs("memory", &parent).len(),
+        SLEEPERS + 1,
+        "every sleeper is in the cgroup"
+    );
+    assert_eq!(
+        reader.process_count(&parent).expect("counted"),
+        (SLEEPERS + 1) as u64
+    );
+}
+
 /// The tests find cgroup hierarchies in the mount table, wherever a host mounts them.
 #[test]
 fn test_cgroups_find_each_hierarchy_in_mountinfo() {

@@ -116,10 +116,50 @@ pub fn kernel_files(data: &[u8]) {
     use nodekeeper::signals::{FileProblem, PressureResource, PressureScope};
     use nodekeeper::signals::{parse_mountinfo, parse_pressure};
     let Some(text) = text(data) else { return };
-    let _ = parse::single_u64(text);
-    let _ = parse::memory_limit(text);
     let _ = parse::meminfo(text);
-    let _ = parse::loadavg_process_count(text);
+    // A file read cut short anywhere gives the figure of the whole file, or an error:
+    // never the first digits of a larger figure, nor a reading the whole file lacks.
+    fn prefixes_agree<T: std::fmt::Debug>(
+        text: &str,
+        parse: impl Fn(&str) -> Result<T, FileProblem>,
+        agree: impl Fn(&T, &T) -> bool,
+    ) {
+        // Every prefix is parsed: keep it quadratic in a short text only.
+        if text.len() > 512 {
+            return;
+        }
+        let Ok(whole) = parse(text) else { return };
+        for (end, _) in text.char_indices() {
+            if let Ok(part) = parse(&text[..end]) {
+                assert!(
+                    agree(&part, &whole),
+                    "{:?} read as {part:?}, the whole {text:?} as {whole:?}",
+                    &text[..end]
+                );
+            }
+        }
+    }
+    let equal = |part: &_, whole: &_| part == whole;
+    prefixes_agree(text, parse::single_u64, equal);
+    prefixes_agree(text, parse::memory_limit, |part, whole| part == whole);
+    prefixes_agree(text, parse::loadavg_process_count, equal);
+    for key in ["inactive_file", "total_inactive_file", "anon"] {
+        prefixes_agree(text, |text| parse::flat_keyed_u64(text, key), equal);
+    }
+    prefixes_agree(
+        text,
+        |text| {
+            let mut readings = Vec::new();
+            parse_pressure(
+                text,
+                PressureResource::Io,
+                &PressureScope::Node,
+                &mut readings,
+            )
+            .map(|()| readings)
+        },
+        |part, whole| whole.starts_with(part),
+    );
     let _ = nodekeeper::notify::MemoryEventCounts::parse(text);
 
     // Whatever a cgroup.procs file holds, the one cgroup killer signals no process group,
@@ -134,6 +174,16 @@ pub fn kernel_files(data: &[u8]) {
             );
         }
     }
+    // ... and never a pid cut short: what it signals from the text, it still signals with
+    // more digits after it (`77` of `779` is another process).
+    let signalled: Vec<_> = nodekeeper::act::signalable_members(text).collect();
+    let longer: Vec<_> = nodekeeper::act::signalable_members(&format!("{text}9\n")).collect();
+    for pid in &signalled {
+        assert!(
+            longer.contains(pid),
+            "{pid} signalled from {text:?}, cut short"
+        );
+    }
     // A process added to cgroup.procs is counted once more, whatever came before it.
     let entries = parse::count_lines(text).expect("counting lines cannot fail");
     let grown = parse::count_lines(&format!("{text}\n4242\n")).expect("cannot fail");
@@ -145,7 +195,8 @@ pub fn kernel_files(data: &[u8]) {
         let first = parse::flat_keyed_u64(&format!("{key} 12345\n{text}"), key);
         assert_eq!(first.ok(), Some(12345), "{key} first, then {text:?}");
         let appended = parse::flat_keyed_u64(&format!("{text}\n{key} 777\n"), key);
-        match parse::flat_keyed_u64(text, key) {
+        // The text's last line, completed by the newline, is whole.
+        match parse::flat_keyed_u64(&format!("{text}\n"), key) {
             Err(FileProblem::MissingKey(_)) => {
                 assert_eq!(appended.ok(), Some(777), "{key} after {text:?}")
             }
@@ -170,7 +221,8 @@ pub fn kernel_files(data: &[u8]) {
     }
 
     // A mount line the kernel wrote well is read, whatever garbage came before it.
-    let mounts = parse_mountinfo(text);
+    // (The text's last line completed: a line without its newline is left out.)
+    let mounts = parse_mountinfo(&format!("{text}\n"));
     let line = "36 35 98:7 / /var/lib/kubelet rw,noatime shared:1 - ext4 /dev/sdb1 rw";
     let more = parse_mountinfo(&format!("{text}\n{line}\n"));
     assert_eq!(more.len(), mounts.len() + 1, "{text:?}");

@@ -370,7 +370,7 @@ fn collect_procs(dir: &Path, pids: &mut BTreeSet<Pid>) -> Result<(), ActError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(ActError::io(&procs, "read", e)),
     };
-    pids.extend(text.lines().filter_map(signalable));
+    pids.extend(signalable_members(&text));
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -403,10 +403,12 @@ fn direct_members(dir: &Path) -> Result<Vec<String>, ActError> {
 /// SIGKILL the processes directly in `dir`, not those of its descendants (for a cgroup
 /// one of whose children must be spared); how many were signalled.
 pub fn kill_direct_members(dir: &Path) -> Result<usize, ActError> {
-    let pids: BTreeSet<Pid> = direct_members(dir)?
-        .iter()
-        .filter_map(|line| signalable(line))
-        .collect();
+    let procs = dir.join("cgroup.procs");
+    let pids: BTreeSet<Pid> = match std::fs::read_to_string(&procs) {
+        Ok(text) => signalable_members(&text).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeSet::new(),
+        Err(e) => return Err(ActError::io(&procs, "read", e)),
+    };
     signal_each(&pids, Signal::SIGKILL);
     Ok(pids.len())
 }
@@ -443,6 +445,18 @@ pub fn count_processes(target: &KillTarget) -> Result<usize, ActError> {
         total = total.max(count(freezer)?);
     }
     Ok(total)
+}
+
+/// The pids of a `cgroup.procs` text that may be signalled, from whole lines only: a last
+/// line without its newline may be the first digits of a longer pid (`12` of `1234`), a
+/// process outside the cgroup. The kernel writes whole lines, so such a line means a
+/// read cut short: it is left to the next read (every `cgroup.procs` entry is read again
+/// before a stop is judged done), never guessed at. Public for the `kernel_files` fuzz
+/// target.
+pub fn signalable_members(text: &str) -> impl Iterator<Item = Pid> + '_ {
+    crate::signals::parse::complete_lines(text)
+        .lines()
+        .filter_map(signalable)
 }
 
 /// A `cgroup.procs` line as a pid that may be signalled: never 0 (our process group, or
@@ -490,6 +504,18 @@ mod tests {
             .map(Pid::as_raw)
             .collect();
         assert_eq!(pids, vec![77]);
+    }
+
+    #[test]
+    fn a_pid_cut_short_is_never_signalled() {
+        // `4242\n77` may be `4242\n7731` read short: 77 is some other process.
+        let pids: Vec<i32> = signalable_members("4242\n77").map(Pid::as_raw).collect();
+        assert_eq!(pids, vec![4242]);
+        let pids: Vec<i32> = signalable_members("4242\n7731\n")
+            .map(Pid::as_raw)
+            .collect();
+        assert_eq!(pids, vec![4242, 7731]);
+        assert_eq!(signalable_members("77").count(), 0);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub use error::ActError;
 pub use evictor::{CgroupEvictor, DryRunEvictor, Escalation};
 pub use kill::{
     CgroupKiller, KillMethod, KillReport, KillTarget, StopTiming, Stopped, count_direct_members,
-    count_processes, kill_direct_members, kill_target, signalable, stop_gracefully,
+    count_processes, kill_direct_members, kill_target, signalable, signalable_members,
+    stop_gracefully,
 };
 pub use scope::{is_path_component, workload_cgroup, workload_parent};

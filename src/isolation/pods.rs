@@ -132,9 +132,12 @@ fn own_pod(pods: &Path, pid: u32) -> Option<PathBuf> {
 
 /// The cgroup below `dir` whose `cgroup.procs` lists `pid`.
 fn find_process(dir: &Path, pid: &str) -> Option<PathBuf> {
-    if std::fs::read_to_string(dir.join("cgroup.procs"))
-        .is_ok_and(|text| text.lines().any(|line| line.trim() == pid))
-    {
+    if std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|text| {
+        // Whole lines only: `77` cut from `779` is another process.
+        crate::signals::parse::complete_lines(&text)
+            .lines()
+            .any(|line| line.trim() == pid)
+    }) {
         return Some(dir.to_path_buf());
     }
     std::fs::read_dir(dir)

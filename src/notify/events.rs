@@ -22,7 +22,9 @@ impl MemoryEventCounts {
     /// missing ones count as zero.
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut counts = MemoryEventCounts::default();
-        for line in text.lines() {
+        // Whole lines only: `oom_kill 1` cut from `oom_kill 12` would look like a count
+        // that went down, then up again.
+        for line in crate::signals::parse::complete_lines(text).lines() {
             let mut fields = line.split_ascii_whitespace();
             let (Some(key), Some(value)) = (fields.next(), fields.next()) else {
                 continue;

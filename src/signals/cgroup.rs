@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::error::{ErrorSubject, FileError, FileProblem, SignalError};
-use super::fileio::{is_not_found, read_u64, with_file_text};
+use super::fileio::{is_not_found, read_u64};
 use super::layout::{CgroupLayout, CgroupPaths, LayoutError, detect_layout};
 use super::memory::{MemoryController, MemoryUsage, V1Memory, V2Memory};
 use super::parse::count_lines;
@@ -156,7 +156,11 @@ impl CgroupReader {
 }
 
 fn count_procs_recursively(dir: &Path) -> Result<u64, FileError> {
-    let mut total = with_file_text(&dir.join("cgroup.procs"), count_lines)?;
+    // Read to the end: the kernel hands `cgroup.procs` out about a page (some 500 pids)
+    // per read, so the one read of `with_file_text` would count a large cgroup short.
+    let procs = dir.join("cgroup.procs");
+    let text = std::fs::read_to_string(&procs).map_err(|e| FileError::new(&procs, e))?;
+    let mut total = count_lines(&text).map_err(|problem| FileError::new(&procs, problem))?;
     let entries = std::fs::read_dir(dir).map_err(|e| FileError::new(dir, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| FileError::new(dir, e))?;

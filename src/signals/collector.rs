@@ -302,14 +302,26 @@ fn root_memory_usage(
         {
             let stat = reader.paths().memory_dir(root).join("memory.stat");
             // One read of the file, whichever of its figures turn out to be there.
-            let (anon, file, inactive_file) = with_file_text(&stat, |text| {
+            // A key the file lacks (an older kernel) takes the figure from meminfo; a file
+            // cut short or garbled is an error, never a switch to the other formula, whose
+            // usage also counts kernel memory and would take gigabytes off available for a
+            // cycle.
+            let figure = |text: &str, key| match flat_keyed_u64(text, key) {
+                Ok(value) => Ok(Some(value)),
+                Err(FileProblem::MissingKey(_)) => Ok(None),
+                Err(problem) => Err(problem),
+            };
+            let (anon, file, inactive_file) = match with_file_text(&stat, |text| {
                 Ok((
-                    flat_keyed_u64(text, "anon").ok(),
-                    flat_keyed_u64(text, "file").ok(),
-                    flat_keyed_u64(text, "inactive_file").ok(),
+                    figure(text, "anon")?,
+                    figure(text, "file")?,
+                    figure(text, "inactive_file")?,
                 ))
-            })
-            .unwrap_or((None, None, None));
+            }) {
+                Ok(figures) => figures,
+                Err(error) if is_not_found(&error) => (None, None, None),
+                Err(error) => return Err(error),
+            };
             let inactive_file_bytes = inactive_file
                 .or(info.inactive_file)
                 .ok_or_else(|| FileError::new(&stat, FileProblem::MissingKey("inactive_file")))?;

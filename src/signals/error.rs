@@ -36,6 +36,10 @@ pub enum FileProblem {
     MissingKey(&'static str),
     #[error("malformed content: {0}")]
     Malformed(String),
+    /// The text ends without the newline the kernel writes after every line, so the last
+    /// value may be the first digits of a larger one.
+    #[error("cut short: {0:?} has no newline after it, so it may be part of a longer value")]
+    CutShort(String),
 }
 
 /// A read failure scoped to one subject; other subjects of the same collection still succeed.
@@ -102,6 +106,7 @@ impl FileError {
             }),
             FileProblem::MissingKey(key) => FileProblem::MissingKey(key),
             FileProblem::Malformed(why) => FileProblem::Malformed(why.clone()),
+            FileProblem::CutShort(text) => FileProblem::CutShort(text.clone()),
         };
         FileError {
             path: self.path.clone(),

@@ -88,9 +88,13 @@ pub struct Mount {
 }
 
 /// The mounts in a `mountinfo` text (proc(5)); a line that does not parse is left out,
-/// since one odd mount must not stop the others from being found.
+/// since one odd mount must not stop the others from being found, and so is a last line
+/// cut short (no newline), whose source or type could be the start of another.
 pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
-    text.lines().filter_map(parse_mount_line).collect()
+    super::parse::complete_lines(text)
+        .lines()
+        .filter_map(parse_mount_line)
+        .collect()
 }
 
 fn parse_mount_line(line: &str) -> Option<Mount> {

@@ -4,9 +4,42 @@
 
 use super::error::FileProblem;
 
-/// A file holding one unsigned integer, with the kernel's trailing newline.
+/// The part of a kernel file's text made of whole lines. The kernel ends every line it
+/// writes with a newline, so text after the last one is a read cut short (a truncated
+/// copy, a short read, a file being rewritten): a number there may be the first digits
+/// of a larger one (`60` of `600`), and must never be read as a smaller figure.
+pub fn complete_lines(text: &str) -> &str {
+    text.rfind('\n').map_or("", |end| &text[..=end])
+}
+
+/// The error for `text` cut short after its last newline, quoting the end of the part
+/// cut (a file of garbage without a newline must not fill every cycle's error).
+pub fn cut_short(text: &str) -> FileProblem {
+    const QUOTED: usize = 40;
+    let cut = text[complete_lines(text).len()..].trim();
+    let start = cut
+        .char_indices()
+        .rev()
+        .nth(QUOTED - 1)
+        .map_or(0, |(at, _)| at);
+    let ellipsis = if start > 0 { "…" } else { "" };
+    FileProblem::CutShort(format!("{ellipsis}{}", &cut[start..]))
+}
+
+/// The one line of a single-value file, without its newline; an error when the file is
+/// cut short.
+fn single_line(text: &str) -> Result<&str, FileProblem> {
+    match text.strip_suffix('\n') {
+        Some(line) => Ok(line.trim()),
+        None => Err(cut_short(text)),
+    }
+}
+
+/// A file holding one unsigned integer, with the kernel's trailing newline
+/// (`memory.current`, `pid_max`). Without the newline it is an error: `41` read from a
+/// `pid_max` of `4194304` cut short would make the node look out of PIDs.
 pub fn single_u64(text: &str) -> Result<u64, FileProblem> {
-    let value = text.trim();
+    let value = single_line(text)?;
     value
         .parse()
         .map_err(|_| FileProblem::Malformed(format!("expected an integer, found {value:?}")))
@@ -15,7 +48,22 @@ pub fn single_u64(text: &str) -> Result<u64, FileProblem> {
 /// The value of `key` in a flat keyed file (`memory.stat`: one `key value` per line).
 /// Every cycle reads it for every pod, so it searches for the key itself instead of
 /// splitting every line: v1 puts `total_inactive_file` some thirty lines down.
+///
+/// Only whole lines count: a key whose line is cut short is an error, never the first
+/// digits of its value (`total_inactive_file 12` cut from `1234567` would make the working
+/// set look larger than it is).
 pub fn flat_keyed_u64(text: &str, key: &'static str) -> Result<u64, FileProblem> {
+    let whole = complete_lines(text);
+    match flat_keyed_in(whole, key) {
+        // The key may be in the part cut off (`inactive_fi`, or not there at all).
+        Err(FileProblem::MissingKey(_)) if !text[whole.len()..].trim().is_empty() => {
+            Err(cut_short(text))
+        }
+        found => found,
+    }
+}
+
+fn flat_keyed_in(text: &str, key: &'static str) -> Result<u64, FileProblem> {
     for (at, _) in text.match_indices(key) {
         let line_start = text[..at].rfind('\n').map_or(0, |newline| newline + 1);
         let first_field = text[line_start..at]
@@ -36,11 +84,10 @@ pub fn flat_keyed_u64(text: &str, key: &'static str) -> Result<u64, FileProblem>
 
 /// A memory limit: v2 writes `max` for "no limit"; v1 writes a huge page-rounded number.
 pub fn memory_limit(text: &str) -> Result<Option<u64>, FileProblem> {
-    let value = text.trim();
-    if value == "max" {
+    if single_line(text)? == "max" {
         return Ok(None);
     }
-    let bytes = single_u64(value)?;
+    let bytes = single_u64(text)?;
     // v1 reports "unlimited" as LONG_MAX rounded down to the page size (0x7FFFFFFFFFFFF000
     // with 4 KiB pages); anything that close to i64::MAX cannot be a real limit.
     const V1_UNLIMITED_FLOOR: u64 = (i64::MAX as u64) & !0xFFFF;
@@ -71,11 +118,7 @@ pub fn meminfo(text: &str) -> Result<MemInfo, FileProblem> {
     let mut free = None;
     let mut info = MemInfo::default();
     let mut huge = HugePageLines::default();
-    let complete = match text.rfind('\n') {
-        Some(end) => &text[..end],
-        None => "",
-    };
-    for line in complete.lines() {
+    for line in complete_lines(text).lines() {
         let Some((key, rest)) = line.split_once(':') else {
             continue;
         };
@@ -154,8 +197,10 @@ fn meminfo_bytes(key: &str, rest: &str, unit: Unit) -> Result<u64, FileProblem> 
 
 /// The number of processes and threads from `/proc/loadavg`: the denominator of the 4th
 /// field (`0.51 0.58 0.27 1/84 6799` gives 84), as the kubelet reads it.
+/// Cut short (no newline), it is an error: the count could be the first digits of the
+/// real one.
 pub fn loadavg_process_count(text: &str) -> Result<u64, FileProblem> {
-    let field = text
+    let field = single_line(text)?
         .split_ascii_whitespace()
         .nth(3)
         .ok_or_else(|| FileProblem::Malformed("fewer than 4 fields".into()))?;
@@ -200,11 +245,7 @@ mod tests {
         let stat =
             "inactive_files 1\nfoo inactive_file 2\ninactive_file_x 3\n  inactive_file\t4 5\n";
         assert_eq!(flat_keyed_u64(stat, "inactive_file").unwrap(), 4);
-        assert_eq!(
-            flat_keyed_u64("a 1\ninactive_file 7", "inactive_file").unwrap(),
-            7
-        );
-        for missing_value in ["inactive_file\n", "inactive_file", "inactive_file \nx 1\n"] {
+        for missing_value in ["inactive_file\n", "inactive_file \nx 1\n"] {
             assert!(
                 matches!(
                     flat_keyed_u64(missing_value, "inactive_file"),
@@ -217,6 +258,66 @@ mod tests {
             flat_keyed_u64("", "inactive_file"),
             Err(FileProblem::MissingKey("inactive_file"))
         ));
+    }
+
+    /// Every cut of `whole` short of its last newline: `parse` gives the true figure or an
+    /// error, never another figure.
+    fn assert_cut_never_misread<T: PartialEq + std::fmt::Debug>(
+        whole: &str,
+        truth: T,
+        parse: impl Fn(&str) -> Result<T, FileProblem>,
+    ) {
+        assert_eq!(parse(whole).expect("the whole file"), truth);
+        for end in 0..whole.len() {
+            if let Ok(figure) = parse(&whole[..end]) {
+                assert_eq!(figure, truth, "{:?} read as {figure:?}", &whole[..end]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_single_value_file_cut_short_is_never_read_as_another_figure() {
+        // pid_max cut to `41` would leave the node 41 PIDs; memory.max cut to `10` a
+        // 10-byte limit; memory.current cut short a usage far too small.
+        assert_cut_never_misread("4194304\n", 4194304, single_u64);
+        assert_cut_never_misread("1073741824\n", Some(1 << 30), memory_limit);
+        assert_cut_never_misread("max\n", None, memory_limit);
+        assert_cut_never_misread("0.51 0.58 0.27 1/846 6799\n", 846, loadavg_process_count);
+        let error = single_u64("41").unwrap_err();
+        assert!(matches!(error, FileProblem::CutShort(_)), "{error:?}");
+        assert!(error.to_string().contains("\"41\""), "{error}");
+        // The error quotes the end of what was cut, not a whole file of garbage.
+        let error = single_u64(&"x".repeat(5000)).unwrap_err().to_string();
+        assert!(error.len() < 200, "{error}");
+        assert!(error.contains(&format!("…{}", "x".repeat(40))), "{error}");
+    }
+
+    #[test]
+    fn a_keyed_line_cut_short_is_never_read_as_another_figure() {
+        // v1 memory.stat ends with the total_ lines the working set is computed from.
+        let stat = "cache 4096\ninactive_file 1234567\ntotal_inactive_file 7654321\n";
+        assert_cut_never_misread(stat, 7654321, |text| {
+            flat_keyed_u64(text, "total_inactive_file")
+        });
+        assert_cut_never_misread(stat, 1234567, |text| flat_keyed_u64(text, "inactive_file"));
+        assert!(matches!(
+            flat_keyed_u64("a 1\ninactive_file 7", "inactive_file"),
+            Err(FileProblem::CutShort(_))
+        ));
+        assert!(matches!(
+            flat_keyed_u64("inactive_file", "inactive_file"),
+            Err(FileProblem::CutShort(_))
+        ));
+        // Cut before its key could be read, the key is not called missing.
+        assert!(matches!(
+            flat_keyed_u64("anon 1\ninactive_fi", "inactive_file"),
+            Err(FileProblem::CutShort(_))
+        ));
+        // A cut in a later line leaves the whole lines before it readable.
+        assert_eq!(
+            flat_keyed_u64("inactive_file 7\ntotal_ca", "inactive_file").unwrap(),
+            7
+        );
     }
 
     #[test]

@@ -95,7 +95,12 @@ pub fn parse_pressure(
     out: &mut Vec<PressureReading>,
 ) -> Result<(), FileProblem> {
     let start = out.len();
-    for line in text.lines().filter(|line| !line.trim().is_empty()) {
+    // A line cut short could hold the first digits of a larger total or average.
+    let whole = super::parse::complete_lines(text);
+    if !text[whole.len()..].trim().is_empty() {
+        return Err(super::parse::cut_short(text));
+    }
+    for line in whole.lines().filter(|line| !line.trim().is_empty()) {
         match parse_line(line, resource, scope) {
             Ok(reading) => out.push(reading),
             Err(problem) => {
@@ -253,6 +258,26 @@ mod tests {
             assert!(result.is_err(), "accepted {bad:?}");
             assert!(out.is_empty(), "left partial readings for {bad:?}");
         }
+    }
+
+    #[test]
+    fn a_file_cut_short_is_an_error_never_a_smaller_figure() {
+        // `avg10=1` of `avg10=12.50`, `total=4` of `total=4567`.
+        let whole = "some avg10=12.50 avg60=0.87 avg300=0.20 total=123456\nfull avg10=0.50 avg60=0.10 avg300=0.00 total=4567\n";
+        let truth = parse(whole).unwrap();
+        for end in 0..whole.len() {
+            match parse(&whole[..end]) {
+                // Cut right after a newline, the whole lines are true (a CPU file has
+                // only its `some` line).
+                Ok(readings) => assert!(truth.starts_with(&readings), "cut at {end}"),
+                Err(FileProblem::CutShort(_) | FileProblem::Malformed(_)) => {}
+                Err(other) => panic!("cut at {end}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            parse("some avg10=1.53 avg60=0.87 avg300=0.20 total=123456\nfull avg10=0.5"),
+            Err(FileProblem::CutShort(_))
+        ));
     }
 
     #[test]

@@ -13,6 +13,9 @@ pub struct RequestMatcher {
     pub path_contains: Option<String>,
     /// Whether the rule hits watch requests (`Some(true)`), everything but watches (`Some(false)`), or both.
     pub watch: Option<bool>,
+    /// A substring of the request body, e.g. `"method":"ipmi-off"` to hit only the status
+    /// write that records a given execution.
+    pub body_contains: Option<String>,
 }
 
 impl RequestMatcher {
@@ -39,7 +42,23 @@ impl RequestMatcher {
         self
     }
 
-    fn matches(&self, method: &str, path: &str, is_watch: bool) -> bool {
+    pub fn and_body(mut self, fragment: &str) -> Self {
+        self.body_contains = Some(fragment.to_string());
+        self
+    }
+
+    /// Whether a request already made (from [`super::FakeApiServer::requests`]) is one
+    /// this matcher hits.
+    pub fn hits(&self, request: &RecordedRequest) -> bool {
+        self.matches(
+            &request.method,
+            &request.path,
+            request.is_watch(),
+            &request.body,
+        )
+    }
+
+    fn matches(&self, method: &str, path: &str, is_watch: bool, body: &str) -> bool {
         self.method
             .as_deref()
             .is_none_or(|wanted| wanted.eq_ignore_ascii_case(method))
@@ -48,6 +67,10 @@ impl RequestMatcher {
                 .as_deref()
                 .is_none_or(|fragment| path.contains(fragment))
             && self.watch.is_none_or(|wanted| wanted == is_watch)
+            && self
+                .body_contains
+                .as_deref()
+                .is_none_or(|fragment| body.contains(fragment))
     }
 }
 
@@ -79,9 +102,15 @@ impl Faults {
     }
 
     /// The injected status for this request, if a rule hits it; counts the hit.
-    pub fn take_failure(&mut self, method: &str, path: &str, is_watch: bool) -> Option<u16> {
+    pub fn take_failure(
+        &mut self,
+        method: &str,
+        path: &str,
+        is_watch: bool,
+        body: &str,
+    ) -> Option<u16> {
         let rule = self.rules.iter_mut().find(|rule| {
-            rule.remaining != Some(0) && rule.matcher.matches(method, path, is_watch)
+            rule.remaining != Some(0) && rule.matcher.matches(method, path, is_watch, body)
         })?;
         if let Some(remaining) = rule.remaining.as_mut() {
             *remaining -= 1;

@@ -162,7 +162,12 @@ pub async fn handle(
     let (latency, injected) = match shared.faults.lock() {
         Ok(mut faults) => (
             faults.latency,
-            faults.take_failure(parts.method.as_str(), &path, is_watch),
+            faults.take_failure(
+                parts.method.as_str(),
+                &path,
+                is_watch,
+                &String::from_utf8_lossy(&body),
+            ),
         ),
         Err(_) => (Duration::ZERO, None),
     };
