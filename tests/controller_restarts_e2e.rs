@@ -143,13 +143,16 @@ async fn a_controller_killed_at_every_step_of_a_fence_acts_once_on_each() {
     let last = ControllerProcess::start(dir.path(), &server, &config);
     last.powered_off(&server, "worker-2").await;
 
-    // One power-off reached the BMC, and the fabric is off: each step acted once, and
-    // a step whose result was lost with its controller was verified, not done again.
+    // The BMC and the fabric are off. The proof that each acted once is in the status:
+    // every action is recorded before its agent starts, so one recorded Act per step,
+    // verified after its controller died, is one run of its agent. (The BMC's log alone
+    // would not show a second `off`: fence_ipmilan asks the power state first and sends
+    // nothing to a machine already off.)
     let chassis = bmc.chassis_log();
     assert_eq!(
         chassis.matches("set power 0").count(),
         1,
-        "exactly one power-off: {chassis}"
+        "one power-off reached the BMC: {chassis}"
     );
     assert!(!bmc.power_is_on());
     assert_eq!(fabric_state(), "off");
@@ -179,9 +182,9 @@ async fn a_controller_killed_at_every_step_of_a_fence_acts_once_on_each() {
     let deletes = server
         .requests()
         .iter()
-        .filter(|r| r.method == "DELETE" && r.path.ends_with("/pods/db-0") && r.status == 200)
+        .filter(|r| r.method == "DELETE" && r.path.ends_with("/pods/db-0") && r.status != 500)
         .count();
-    assert_eq!(deletes, 1, "the pod deleted once");
+    assert_eq!(deletes, 1, "the pod deleted once, never asked again");
     let taints = taint_keys(&server, "worker-2");
     assert_eq!(
         taints

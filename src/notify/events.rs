@@ -22,8 +22,8 @@ impl MemoryEventCounts {
     /// missing ones count as zero.
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut counts = MemoryEventCounts::default();
-        // Whole lines only: `oom_kill 1` cut from `oom_kill 12` would look like a count
-        // that went down, then up again.
+        // Whole lines only: a line cut short is not a count (`oom_kill 1` of `oom_kill
+        // 12`); the file is read to its end, so only a file rewritten meanwhile has one.
         for line in crate::signals::parse::complete_lines(text).lines() {
             let mut fields = line.split_ascii_whitespace();
             let (Some(key), Some(value)) = (fields.next(), fields.next()) else {

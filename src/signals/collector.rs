@@ -302,8 +302,8 @@ fn root_memory_usage(
         {
             let stat = reader.paths().memory_dir(root).join("memory.stat");
             // One read of the file, whichever of its figures turn out to be there.
-            // A key the file lacks (an older kernel) takes the figure from meminfo; a file
-            // cut short or garbled is an error, never a switch to the other formula, whose
+            // A file without these keys (an older kernel) takes the figure from meminfo; a
+            // file cut short or garbled is an error, never a switch to the other formula, whose
             // usage also counts kernel memory and would take gigabytes off available for a
             // cycle.
             let figure = |text: &str, key| match flat_keyed_u64(text, key) {
@@ -322,9 +322,10 @@ fn root_memory_usage(
                 Err(error) if is_not_found(&error) => (None, None, None),
                 Err(error) => return Err(error),
             };
+            let missing = |key| FileError::new(&stat, FileProblem::MissingKey(key));
             let inactive_file_bytes = inactive_file
                 .or(info.inactive_file)
-                .ok_or_else(|| FileError::new(&stat, FileProblem::MissingKey("inactive_file")))?;
+                .ok_or_else(|| missing("inactive_file"))?;
             Ok(match (anon, file, inactive_file) {
                 (Some(anon), Some(file), Some(_)) => (
                     MemoryUsage {
@@ -333,7 +334,12 @@ fn root_memory_usage(
                     },
                     false,
                 ),
-                _ => (
+                // A kernel writes the three together: some without the others is a file
+                // cut at a line's end, an error rather than the other formula.
+                (Some(_), None, _) => return Err(missing("file")),
+                (None, Some(_), _) => return Err(missing("anon")),
+                (Some(_), Some(_), None) => return Err(missing("inactive_file")),
+                (None, None, _) => (
                     MemoryUsage {
                         usage_bytes: info.total.saturating_sub(info.free),
                         inactive_file_bytes,
