@@ -38,6 +38,17 @@ fn fixture_host(tree: &str, pods: &str) -> HostPaths {
     host(&fixtures().join(tree), &fixtures().join("proc"), Some(pods))
 }
 
+/// The signals collected from `copy` (of the fixtures), its cgroup tree `tree` with
+/// `pods` as the pods cgroup.
+fn collect_copy(copy: &tempfile::TempDir, tree: &str, pods: Option<&str>) -> Collection {
+    SignalCollector::new(&host(
+        &copy.path().join(tree),
+        &copy.path().join("proc"),
+        pods,
+    ))
+    .collect()
+}
+
 /// A writable copy of the fixtures, for tests that break files.
 fn copy_of_fixtures() -> tempfile::TempDir {
     fn copy_dir(from: &Path, to: &Path) {
@@ -159,12 +170,7 @@ fn cgroup_v2_root_without_memory_current_uses_anon_and_file_of_the_root_memory_s
 fn cgroup_v2_root_without_memory_stat_takes_usage_and_inactive_file_from_meminfo() {
     let copy = copy_of_fixtures();
     std::fs::remove_file(copy.path().join("cgroup-v2/memory.stat")).unwrap();
-    let collection = SignalCollector::new(&host(
-        &copy.path().join("cgroup-v2"),
-        &copy.path().join("proc"),
-        None,
-    ))
-    .collect();
+    let collection = collect_copy(&copy, "cgroup-v2", None);
     let working_set = MEM_TOTAL - MEM_FREE - MEMINFO_INACTIVE_FILE;
     assert_eq!(
         pair(observed(&collection, Signal::MemoryAvailable)),
@@ -188,12 +194,7 @@ fn cgroup_v2_root_memory_stat_cut_short_is_an_error_never_the_meminfo_formula() 
     let after_file = after_file + whole[after_file..].find('\n').expect("a whole line") + 1;
     for end in [before_inactive, in_anon, after_file] {
         std::fs::write(&stat, &whole[..end]).unwrap();
-        let collection = SignalCollector::new(&host(
-            &copy.path().join("cgroup-v2"),
-            &copy.path().join("proc"),
-            Some("kubepods.slice"),
-        ))
-        .collect();
+        let collection = collect_copy(&copy, "cgroup-v2", Some("kubepods.slice"));
         assert_eq!(
             errored_signals(&collection),
             vec![Signal::MemoryAvailable],
@@ -214,12 +215,7 @@ fn cgroup_v2_root_with_memory_current_uses_it() {
     // Inside a container the namespaced v2 root does have memory.current.
     let copy = copy_of_fixtures();
     std::fs::write(copy.path().join("cgroup-v2/memory.current"), "3221225472\n").unwrap();
-    let collection = SignalCollector::new(&host(
-        &copy.path().join("cgroup-v2"),
-        &copy.path().join("proc"),
-        None,
-    ))
-    .collect();
+    let collection = collect_copy(&copy, "cgroup-v2", None);
     assert_eq!(
         pair(observed(&collection, Signal::MemoryAvailable)),
         memory(MEM_TOTAL - GIB, MEM_TOTAL)
@@ -367,12 +363,7 @@ fn corrupt_root_memory_stat_fails_only_memory_available() {
     let copy = copy_of_fixtures();
     let stat = copy.path().join("cgroup-v1/memory/memory.stat");
     std::fs::write(&stat, "cache 1\ntotal_cache 2\n").unwrap();
-    let collection = SignalCollector::new(&host(
-        &copy.path().join("cgroup-v1"),
-        &copy.path().join("proc"),
-        Some("kubepods"),
-    ))
-    .collect();
+    let collection = collect_copy(&copy, "cgroup-v1", Some("kubepods"));
     assert_eq!(errored_signals(&collection), vec![Signal::MemoryAvailable]);
     let error = &collection.errors[0];
     assert_eq!(error.path, stat);
@@ -388,12 +379,7 @@ fn missing_meminfo_fails_memory_available_but_not_a_limited_pods_cgroup() {
     let copy = copy_of_fixtures();
     let meminfo = copy.path().join("proc/meminfo");
     std::fs::remove_file(&meminfo).unwrap();
-    let collection = SignalCollector::new(&host(
-        &copy.path().join("cgroup-v1"),
-        &copy.path().join("proc"),
-        Some("kubepods"),
-    ))
-    .collect();
+    let collection = collect_copy(&copy, "cgroup-v1", Some("kubepods"));
     assert_eq!(errored_signals(&collection), vec![Signal::MemoryAvailable]);
     assert_eq!(collection.errors[0].path, meminfo);
     assert!(collection.errors[0].to_string().contains("cannot read"));
@@ -414,12 +400,7 @@ fn corrupt_loadavg_or_missing_pid_max_fails_only_pid_available() {
             Some(text) => std::fs::write(&path, text).unwrap(),
             None => std::fs::remove_file(&path).unwrap(),
         }
-        let collection = SignalCollector::new(&host(
-            &copy.path().join("cgroup-v2"),
-            &copy.path().join("proc"),
-            Some("kubepods.slice"),
-        ))
-        .collect();
+        let collection = collect_copy(&copy, "cgroup-v2", Some("kubepods.slice"));
         assert_eq!(
             errored_signals(&collection),
             vec![Signal::PidAvailable],
@@ -440,12 +421,7 @@ fn corrupt_pods_memory_max_fails_only_allocatable() {
     let copy = copy_of_fixtures();
     let max = copy.path().join("cgroup-v2/kubepods.slice/memory.max");
     std::fs::write(&max, "unlimited\n").unwrap();
-    let collection = SignalCollector::new(&host(
-        &copy.path().join("cgroup-v2"),
-        &copy.path().join("proc"),
-        Some("kubepods.slice"),
-    ))
-    .collect();
+    let collection = collect_copy(&copy, "cgroup-v2", Some("kubepods.slice"));
     assert_eq!(
         errored_signals(&collection),
         vec![Signal::AllocatableMemoryAvailable]
@@ -481,12 +457,7 @@ fn corrupt_pressure_file_is_reported_and_other_readings_kept() {
     let copy = copy_of_fixtures();
     let io = copy.path().join("proc/pressure/io");
     std::fs::write(&io, "some avg10=0.00 avg60=0.00\n").unwrap();
-    let collection = SignalCollector::new(&host(
-        &copy.path().join("cgroup-v1"),
-        &copy.path().join("proc"),
-        None,
-    ))
-    .collect();
+    let collection = collect_copy(&copy, "cgroup-v1", None);
     assert_eq!(collection.errors.len(), 1);
     assert_eq!(
         collection.errors[0].subject,
@@ -506,12 +477,7 @@ fn corrupt_pressure_file_is_reported_and_other_readings_kept() {
 fn kernel_without_psi_gives_no_readings_and_no_errors() {
     let copy = copy_of_fixtures();
     std::fs::remove_dir_all(copy.path().join("proc/pressure")).unwrap();
-    let collection = SignalCollector::new(&host(
-        &copy.path().join("cgroup-v1"),
-        &copy.path().join("proc"),
-        None,
-    ))
-    .collect();
+    let collection = collect_copy(&copy, "cgroup-v1", None);
     assert!(collection.errors.is_empty(), "{:?}", collection.errors);
     assert!(collection.pressure.is_empty());
 }

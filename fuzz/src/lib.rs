@@ -139,9 +139,11 @@ pub fn kernel_files(data: &[u8]) {
             }
         }
     }
-    let equal = |part: &_, whole: &_| part == whole;
+    fn equal<T: PartialEq>(part: &T, whole: &T) -> bool {
+        part == whole
+    }
     prefixes_agree(text, parse::single_u64, equal);
-    prefixes_agree(text, parse::memory_limit, |part, whole| part == whole);
+    prefixes_agree(text, parse::memory_limit, equal);
     prefixes_agree(text, parse::loadavg_process_count, equal);
     for key in ["inactive_file", "total_inactive_file", "anon"] {
         prefixes_agree(text, |text| parse::flat_keyed_u64(text, key), equal);

@@ -363,12 +363,20 @@ impl Freezer {
     }
 }
 
-fn collect_procs(dir: &Path, pids: &mut BTreeSet<Pid>) -> Result<(), ActError> {
+/// The text of `dir`'s `cgroup.procs`, read to its end; `None` when there is none (the
+/// cgroup is gone).
+fn procs_text(dir: &Path) -> Result<Option<String>, ActError> {
     let procs = dir.join("cgroup.procs");
-    let text = match std::fs::read_to_string(&procs) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(ActError::io(&procs, "read", e)),
+    match std::fs::read_to_string(&procs) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ActError::io(&procs, "read", e)),
+    }
+}
+
+fn collect_procs(dir: &Path, pids: &mut BTreeSet<Pid>) -> Result<(), ActError> {
+    let Some(text) = procs_text(dir)? else {
+        return Ok(());
     };
     pids.extend(signalable_members(&text));
     let entries = match std::fs::read_dir(dir) {
@@ -387,28 +395,20 @@ fn collect_procs(dir: &Path, pids: &mut BTreeSet<Pid>) -> Result<(), ActError> {
 /// The processes listed directly in `dir`'s `cgroup.procs` (not its descendants'), as
 /// the file lists them; a missing file lists none.
 fn direct_members(dir: &Path) -> Result<Vec<String>, ActError> {
-    let procs = dir.join("cgroup.procs");
-    match std::fs::read_to_string(&procs) {
-        Ok(text) => Ok(text
-            .lines()
-            .map(str::trim)
-            .filter(|line| !line.is_empty())
-            .map(str::to_string)
-            .collect()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(ActError::io(&procs, "read", e)),
-    }
+    Ok(procs_text(dir)?
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .map(str::to_string)
+        .collect())
 }
 
 /// SIGKILL the processes directly in `dir`, not those of its descendants (for a cgroup
 /// one of whose children must be spared); how many were signalled.
 pub fn kill_direct_members(dir: &Path) -> Result<usize, ActError> {
-    let procs = dir.join("cgroup.procs");
-    let pids: BTreeSet<Pid> = match std::fs::read_to_string(&procs) {
-        Ok(text) => signalable_members(&text).collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeSet::new(),
-        Err(e) => return Err(ActError::io(&procs, "read", e)),
-    };
+    let text = procs_text(dir)?.unwrap_or_default();
+    let pids: BTreeSet<Pid> = signalable_members(&text).collect();
     signal_each(&pids, Signal::SIGKILL);
     Ok(pids.len())
 }

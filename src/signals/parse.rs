@@ -12,6 +12,12 @@ pub fn complete_lines(text: &str) -> &str {
     text.rfind('\n').map_or("", |end| &text[..=end])
 }
 
+/// Whether `text` goes on after its last newline with more than whitespace: a read cut
+/// short.
+pub fn is_cut_short(text: &str) -> bool {
+    !text[complete_lines(text).len()..].trim().is_empty()
+}
+
 /// The error for `text` cut short after its last newline, quoting the end of the part
 /// cut (a file of garbage without a newline must not fill every cycle's error).
 pub fn cut_short(text: &str) -> FileProblem {
@@ -39,7 +45,10 @@ fn single_line(text: &str) -> Result<&str, FileProblem> {
 /// (`memory.current`, `pid_max`). Without the newline it is an error: `41` read from a
 /// `pid_max` of `4194304` cut short would make the node look out of PIDs.
 pub fn single_u64(text: &str) -> Result<u64, FileProblem> {
-    let value = single_line(text)?;
+    integer(single_line(text)?)
+}
+
+fn integer(value: &str) -> Result<u64, FileProblem> {
     value
         .parse()
         .map_err(|_| FileProblem::Malformed(format!("expected an integer, found {value:?}")))
@@ -56,9 +65,7 @@ pub fn flat_keyed_u64(text: &str, key: &'static str) -> Result<u64, FileProblem>
     let whole = complete_lines(text);
     match flat_keyed_in(whole, key) {
         // The key may be in the part cut off (`inactive_fi`, or not there at all).
-        Err(FileProblem::MissingKey(_)) if !text[whole.len()..].trim().is_empty() => {
-            Err(cut_short(text))
-        }
+        Err(FileProblem::MissingKey(_)) if is_cut_short(text) => Err(cut_short(text)),
         found => found,
     }
 }
@@ -84,10 +91,11 @@ fn flat_keyed_in(text: &str, key: &'static str) -> Result<u64, FileProblem> {
 
 /// A memory limit: v2 writes `max` for "no limit"; v1 writes a huge page-rounded number.
 pub fn memory_limit(text: &str) -> Result<Option<u64>, FileProblem> {
-    if single_line(text)? == "max" {
+    let value = single_line(text)?;
+    if value == "max" {
         return Ok(None);
     }
-    let bytes = single_u64(text)?;
+    let bytes = integer(value)?;
     // v1 reports "unlimited" as LONG_MAX rounded down to the page size (0x7FFFFFFFFFFFF000
     // with 4 KiB pages); anything that close to i64::MAX cannot be a real limit.
     const V1_UNLIMITED_FLOOR: u64 = (i64::MAX as u64) & !0xFFFF;

@@ -96,11 +96,10 @@ pub fn parse_pressure(
 ) -> Result<(), FileProblem> {
     let start = out.len();
     // A line cut short could hold the first digits of a larger total or average.
-    let whole = super::parse::complete_lines(text);
-    if !text[whole.len()..].trim().is_empty() {
+    if super::parse::is_cut_short(text) {
         return Err(super::parse::cut_short(text));
     }
-    for line in whole.lines().filter(|line| !line.trim().is_empty()) {
+    for line in text.lines().filter(|line| !line.trim().is_empty()) {
         match parse_line(line, resource, scope) {
             Ok(reading) => out.push(reading),
             Err(problem) => {
