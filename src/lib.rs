@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod boot_clock;
 pub mod config;
 pub mod controller;
+pub mod cri;
 pub mod eviction;
 pub mod fencing;
 pub mod isolation;

@@ -26,6 +26,16 @@ use crate::signals::Observations;
 /// cache kept fresh elsewhere).
 pub trait PodSource: Send {
     fn pods(&mut self) -> Vec<Pod>;
+
+    /// The UIDs of every pod the node still runs, from a list known to be whole (the
+    /// kubelet's "all sources ready"): a pod missing from it is gone, so node-level
+    /// reclaim may remove all its dead containers. Unlike [`PodSource::pods`], nothing is
+    /// left out (pods evicted, stopping, or not understood), and a static pod counts by
+    /// the UID the kubelet gives it (its mirror's `kubernetes.io/config.mirror` hash).
+    /// `None` until the first full list has arrived, and where no list exists.
+    fn running_pod_uids(&self) -> Option<std::collections::BTreeSet<String>> {
+        None
+    }
 }
 
 /// What one cycle saw and decided, for logs, observers and tests.

@@ -101,7 +101,10 @@ fn sections_left_unset_show_their_defaults_and_optional_fields_say_what_unset_me
         "  apiProbeInterval: 10s\n",
         "  outboxSize: 1000\n",
         "  localKill: true\n",
-        "\nnodeReclaim:\n  commands: []\n  timeout: 2m0s\n",
+        "\nnodeReclaim:\n  method: cri\n  commands: []\n  timeout: 2m0s\n",
+        // kubeadm's empty endpoint and 0s minimum age are the kubelet's defaults.
+        "\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n",
+        "\nimageMinimumGCAge: 2m0s\n",
         "\nmergeDefaultEvictionSettings: false\n",
     ] {
         assert!(stdout.contains(shown), "{shown:?} missing from\n{stdout}");

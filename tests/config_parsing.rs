@@ -688,6 +688,81 @@ fn agent_settings_are_validated() {
     }
 }
 
+/// Node-level reclaim goes through the container runtime by default, at the kubelet's
+/// `containerRuntimeEndpoint` (its default, containerd's socket, when unset or empty as
+/// kubeadm writes it) and `imageServiceEndpoint` (the runtime's own when unset), keeping
+/// images for the kubelet's `imageMinimumGCAge` (2m when unset or zero, as the kubelet's
+/// `SetDefaults_KubeletConfiguration` has it). Commands are the
+/// method when given; a contradiction is an error naming the field.
+#[test]
+fn node_reclaim_uses_the_runtime_the_kubelet_names_unless_commands_are_given() {
+    use nodekeeper::config::ReclaimMethod;
+    let default = parse("").unwrap().node_reclaim;
+    assert_eq!(default.method, ReclaimMethod::Cri);
+    assert_eq!(
+        default.runtime_endpoint,
+        "unix:///run/containerd/containerd.sock"
+    );
+    assert_eq!(default.image_endpoint, default.runtime_endpoint);
+    assert_eq!(default.image_minimum_gc_age, GoDuration::from_secs(120));
+    assert_eq!(
+        parse("containerRuntimeEndpoint: \"\"")
+            .unwrap()
+            .node_reclaim,
+        default
+    );
+
+    let crio =
+        parse("containerRuntimeEndpoint: unix:///var/run/crio/crio.sock\nimageMinimumGCAge: 10m\n")
+            .unwrap()
+            .node_reclaim;
+    assert_eq!(crio.runtime_endpoint, "unix:///var/run/crio/crio.sock");
+    assert_eq!(crio.image_endpoint, "unix:///var/run/crio/crio.sock");
+    assert_eq!(crio.image_minimum_gc_age, GoDuration::from_secs(600));
+    let split = parse("imageServiceEndpoint: /run/images.sock\n")
+        .unwrap()
+        .node_reclaim;
+    assert_eq!(split.image_endpoint, "/run/images.sock");
+
+    let agent = |body: &str| {
+        from_yaml_str(&format!("{AGENT}{body}\n"), "a.yaml", &Overrides::default())
+            .map(|c| c.node_reclaim)
+            .map_err(|e| e.to_string())
+    };
+    let commands = agent("nodeReclaim:\n  commands: [\"crictl rmi --prune\"]").unwrap();
+    assert_eq!(commands.method, ReclaimMethod::Commands);
+    assert_eq!(
+        agent("nodeReclaim:\n  method: none").unwrap().method,
+        ReclaimMethod::None
+    );
+    for (body, needle) in [
+        (
+            "nodeReclaim:\n  method: images",
+            "method: \"images\" is not one of cri, commands, none",
+        ),
+        (
+            "nodeReclaim:\n  method: commands",
+            "method: commands needs at least one command",
+        ),
+        (
+            "nodeReclaim:\n  method: cri\n  commands: [\"true\"]",
+            "commands are given but method is cri",
+        ),
+        (
+            "containerRuntimeEndpoint: tcp://10.0.0.1:2375",
+            "containerRuntimeEndpoint: \"tcp://10.0.0.1:2375\": scheme \"tcp\" is not supported",
+        ),
+        (
+            "imageServiceEndpoint: run/images.sock",
+            "imageServiceEndpoint",
+        ),
+        ("imageMinimumGCAge: soon", "imageMinimumGCAge"),
+    ] {
+        let error = agent(body).unwrap_err();
+        assert!(error.contains(needle), "{body}: {error}");
+    }
+}
+
 /// The PSI contention conditions of KEP-5394 are nodekeeper's own opt-in: thresholds
 /// are fractions of time (the KEP's kubelet tests compare 0.05 against 4% and 6%), 0
 /// turns a condition off, and nothing is on by default. With the kubelet's own

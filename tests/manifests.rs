@@ -550,6 +550,9 @@ fn the_agent_daemonset_runs_its_configuration_with_what_it_needs_from_the_host()
         // logind's delay lock and systemd, for shutdown and isolation.
         "/run/dbus/system_bus_socket".into(),
         "/run/systemd/system.control".into(),
+        // The container runtime, for node-level reclaim.
+        nodekeeper::config::runtime_endpoint_socket(&config.node_reclaim.runtime_endpoint).unwrap(),
+        nodekeeper::config::runtime_endpoint_socket(&config.node_reclaim.image_endpoint).unwrap(),
     ] {
         assert_eq!(
             host(&path).as_deref(),
@@ -572,6 +575,7 @@ fn the_agent_daemonset_runs_its_configuration_with_what_it_needs_from_the_host()
         config.kubernetes.state_file.clone(),
         "/run/systemd/system.control".into(),
         "/run/dbus/system_bus_socket".into(),
+        nodekeeper::config::runtime_endpoint_socket(&config.node_reclaim.runtime_endpoint).unwrap(),
     ] {
         let mount = mount_of(agent, &path).unwrap();
         assert_ne!(

@@ -11,8 +11,7 @@ use super::standalone::workload_pods;
 use crate::act::CgroupEvictor;
 use crate::config::AgentConfig;
 use crate::eviction::{
-    CommandReclaimer, Decision, EvictionState, Millis, NodeReclaimer, ReclaimCommand, SyncOptions,
-    pressure_remains_after_reclaim, synchronize,
+    Decision, EvictionState, Millis, SyncOptions, pressure_remains_after_reclaim, synchronize,
 };
 use crate::metrics::{ConditionLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels};
 use crate::notify::{NotifierSettings, Notifiers};
@@ -46,7 +45,9 @@ pub struct Agent {
     /// Errors already logged, so a persistently broken file is reported once, not
     /// every cycle; the error counter still counts every failure.
     logged_errors: BTreeSet<String>,
-    reclaimer: Option<CommandReclaimer>,
+    reclaimer: Option<super::reclaim::Reclaimer>,
+    /// The last node-level reclaim failed (logged once per streak).
+    reclaim_failing: bool,
     evictor: Option<Box<dyn Evictor + Send>>,
     recorder: Option<Recorder>,
     pod_source: Option<Box<dyn PodSource>>,
@@ -96,14 +97,6 @@ impl Agent {
         );
         let collector =
             SignalCollector::for_host(&host).hugepage_aware(config.eviction.hugepage_aware);
-        let commands: Vec<ReclaimCommand> = config
-            .node_reclaim
-            .commands
-            .iter()
-            .filter_map(|line| ReclaimCommand::from_command_line(line))
-            .collect();
-        let reclaimer = (!commands.is_empty())
-            .then(|| CommandReclaimer::new(commands, config.node_reclaim.timeout.to_std()));
         // The layout by the filesystems' devices, as the kubelet's first synchronize finds
         // it: the containerfs thresholds and the disk ranking follow it, not the paths.
         let fs_layout = host.fs_layout();
@@ -123,6 +116,8 @@ impl Agent {
             );
         }
         config.eviction.use_fs_layout(fs_layout);
+        let reclaimer =
+            super::reclaim::Reclaimer::from_config(&config.node_reclaim, fs_layout, config.dry_run);
         let sync_options = SyncOptions {
             fs_layout,
             node_reclaimer_configured: reclaimer.is_some(),
@@ -152,6 +147,7 @@ impl Agent {
             sync_options,
             logged_errors: BTreeSet::new(),
             reclaimer,
+            reclaim_failing: false,
             evictor: None,
             recorder: None,
             pod_source: None,
@@ -214,6 +210,14 @@ impl Agent {
     }
 
     /// Take pods from `source` instead of the standalone workload cgroups.
+    /// Look at the container runtime's images in the background until `stop`, when
+    /// reclaim goes through the runtime, so that their age counts from now.
+    pub fn start_image_tracking(&self, stop: tokio::sync::watch::Receiver<bool>) {
+        if let Some(runtime) = self.reclaimer.as_ref().and_then(|r| r.runtime()) {
+            tokio::spawn(runtime.clone().track_images(stop));
+        }
+    }
+
     pub fn set_pod_source(&mut self, source: Box<dyn PodSource>) {
         self.pod_source = Some(source);
     }
@@ -758,11 +762,29 @@ impl Agent {
     /// Run node-level reclaim (the commands are awaited, not polled), then re-check. Returns whether pods
     /// must still be evicted.
     async fn reclaim_node_resources(&mut self, signal: crate::signals::Signal) -> bool {
+        // A pod missing from a whole list of the node's pods is gone: its dead
+        // containers may all go. The cycle's candidates leave some out, so not them.
+        let known = match self.pod_source.as_ref().and_then(|s| s.running_pod_uids()) {
+            Some(uids) => crate::cri::gc::PodsKnown::Active(uids),
+            None => crate::cri::gc::PodsKnown::Unknown,
+        };
+        let dry_run = self.config.dry_run;
         let Some(reclaimer) = self.reclaimer.as_mut() else {
             return true;
         };
-        if let Err(error) = reclaimer.reclaim(signal).await {
-            tracing::warn!(%error, "node-level reclaim failed");
+        // A runtime that stays unreachable is said once per failure streak, not at
+        // every cycle of a long disk pressure.
+        match reclaimer.reclaim(signal, known, dry_run).await {
+            Err(error) if !self.reclaim_failing => {
+                self.reclaim_failing = true;
+                tracing::warn!(%error, "node-level reclaim failed; pods are evicted as if it freed nothing (said once until it works again)");
+            }
+            Err(error) => tracing::debug!(%error, "node-level reclaim still failing"),
+            Ok(()) if self.reclaim_failing => {
+                self.reclaim_failing = false;
+                tracing::info!("node-level reclaim works again");
+            }
+            Ok(()) => {}
         }
         let fresh = self.collector.collect();
         let remains = pressure_remains_after_reclaim(&self.config.eviction, &fresh.observations);

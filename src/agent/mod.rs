@@ -4,6 +4,7 @@
 
 mod cycle;
 mod evicted;
+mod reclaim;
 mod record;
 mod report;
 pub mod service;
@@ -145,6 +146,7 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
     }
     let support = agent.announce();
     agent.start_notifiers(&support, wake.clone());
+    agent.start_image_tracking(stop_tx.subscribe());
     // Taken before the agent moves to its thread: it keeps the API senders alive after
     // the agent is gone, until the queue is flushed.
     let pending_writes = agent.pending_writes();

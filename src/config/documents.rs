@@ -81,6 +81,10 @@ pub struct KubeletDocument {
     pub enforce_node_allocatable: Option<Vec<String>>,
     pub local_storage_capacity_isolation: Option<bool>,
     pub feature_gates: Option<FeatureGateMap>,
+    pub container_runtime_endpoint: Option<String>,
+    pub image_service_endpoint: Option<String>,
+    #[serde(rename = "imageMinimumGCAge")]
+    pub image_minimum_gc_age: Option<String>,
 }
 
 /// nodekeeper's own document. Unknown fields are errors: a typo must not silently
@@ -120,6 +124,14 @@ pub struct AgentDocument {
     /// read, and a name the agent does not know is ignored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub feature_gates: Option<FeatureGateMap>,
+    /// The container runtime's CRI socket (node-level reclaim talks to it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_runtime_endpoint: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_service_endpoint: Option<String>,
+    /// How long an image must have been known before reclaim may remove it.
+    #[serde(rename = "imageMinimumGCAge", skip_serializing_if = "Option::is_none")]
+    pub image_minimum_gc_age: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub housekeeping_interval: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -261,6 +273,10 @@ pub struct RawKubernetes {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RawNodeReclaim {
+    /// `cri` (the default without commands), `commands` (the default with them) or
+    /// `none`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
     #[serde(default)]
     pub commands: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -311,6 +327,9 @@ impl From<KubeletDocument> for AgentDocument {
             enforce_node_allocatable: k.enforce_node_allocatable,
             local_storage_capacity_isolation: k.local_storage_capacity_isolation,
             feature_gates: k.feature_gates,
+            container_runtime_endpoint: k.container_runtime_endpoint,
+            image_service_endpoint: k.image_service_endpoint,
+            image_minimum_gc_age: k.image_minimum_gc_age,
             ..AgentDocument::default()
         }
     }
@@ -321,16 +340,18 @@ impl From<KubeletDocument> for AgentDocument {
 pub type Origins = BTreeMap<String, String>;
 
 fn camel_case(snake: &str) -> String {
-    let mut out = String::with_capacity(snake.len());
-    let mut upper = false;
-    for c in snake.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.push(c.to_ascii_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
+    let mut words = snake.split('_');
+    let mut out = words.next().unwrap_or_default().to_string();
+    for word in words {
+        // The kubelet spells this initialism in capitals (`imageMinimumGCAge`).
+        if word == "gc" {
+            out.push_str("GC");
+            continue;
+        }
+        let mut chars = word.chars();
+        if let Some(first) = chars.next() {
+            out.push(first.to_ascii_uppercase());
+            out.extend(chars);
         }
     }
     out
@@ -381,6 +402,9 @@ impl AgentDocument {
             enforce_node_allocatable,
             local_storage_capacity_isolation,
             feature_gates,
+            container_runtime_endpoint,
+            image_service_endpoint,
+            image_minimum_gc_age,
             housekeeping_interval,
             cgroup_root,
             proc_root,

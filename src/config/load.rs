@@ -14,8 +14,8 @@ use super::duration::GoDuration;
 use super::lenient_yaml::{self, LenientDocument};
 use super::model::{
     AgentConfig, CgroupDriver, DEFAULT_LOGIND_DROP_IN_PATH, DEFAULT_SHUTDOWN_STATE_FILE,
-    EvictionConfig, HostPaths, IsolationConfig, KubernetesConfig, NodeReclaimConfig, ReportConfig,
-    ShutdownConfig, ShutdownPhaseConfig, WorkloadPodConfig, WorkloadsConfig,
+    EvictionConfig, HostPaths, IsolationConfig, KubernetesConfig, NodeReclaimConfig, ReclaimMethod,
+    ReportConfig, ShutdownConfig, ShutdownPhaseConfig, WorkloadPodConfig, WorkloadsConfig,
 };
 use super::thresholds::{
     FieldError, FieldWarning, FilesystemLayout, ThresholdMaps, add_allocatable_thresholds,
@@ -626,7 +626,7 @@ fn build(
 
     let contention_thresholds =
         build_contention_thresholds(&doc, gates, &simple_error, &simple_warning, &mut warnings)?;
-    let node_reclaim = build_node_reclaim(doc.node_reclaim.as_ref(), &simple_error)?;
+    let node_reclaim = build_node_reclaim(&doc, &simple_error)?;
     let workloads = build_workloads(doc.workloads.as_ref(), &simple_error)?;
     let kubernetes = build_kubernetes(doc.kubernetes.as_ref(), &simple_error)?;
     let report = build_report(
@@ -726,11 +726,42 @@ fn build_contention_thresholds(
 }
 
 fn build_node_reclaim(
-    raw: Option<&RawNodeReclaim>,
+    doc: &AgentDocument,
     simple_error: &dyn Fn(&'static str, String) -> ConfigError,
 ) -> Result<NodeReclaimConfig, ConfigError> {
     let mut config = NodeReclaimConfig::default();
-    let Some(raw) = raw else { return Ok(config) };
+    // Empty is unset: kubeadm writes `containerRuntimeEndpoint: ""` and passes the
+    // endpoint as a flag.
+    if let Some(endpoint) = doc
+        .container_runtime_endpoint
+        .as_ref()
+        .filter(|e| !e.is_empty())
+    {
+        super::model::runtime_endpoint_socket(endpoint)
+            .map_err(|e| simple_error("containerRuntimeEndpoint", format!("{endpoint:?}: {e}")))?;
+        config.runtime_endpoint = endpoint.clone();
+    }
+    // The kubelet's default image service is the runtime's own socket.
+    config.image_endpoint = match doc.image_service_endpoint.as_deref() {
+        Some(endpoint) if !endpoint.is_empty() => {
+            super::model::runtime_endpoint_socket(endpoint)
+                .map_err(|e| simple_error("imageServiceEndpoint", format!("{endpoint:?}: {e}")))?;
+            endpoint.to_string()
+        }
+        _ => config.runtime_endpoint.clone(),
+    };
+    if let Some(text) = &doc.image_minimum_gc_age {
+        let age = GoDuration::parse(text)
+            .map_err(|e| simple_error("imageMinimumGCAge", e.to_string()))?;
+        // As the kubelet defaults it, zero is unset (kubeadm writes `0s`); a negative
+        // age makes every image old enough.
+        if age != GoDuration::ZERO {
+            config.image_minimum_gc_age = age.max(GoDuration::from_nanos(1));
+        }
+    }
+    let Some(raw) = doc.node_reclaim.as_ref() else {
+        return Ok(config);
+    };
     for (index, command) in raw.commands.iter().enumerate() {
         if command.split_whitespace().next().is_none() {
             return Err(simple_error(
@@ -740,6 +771,34 @@ fn build_node_reclaim(
         }
     }
     config.commands = raw.commands.clone();
+    config.method = match raw.method.as_deref() {
+        None if config.commands.is_empty() => ReclaimMethod::Cri,
+        None => ReclaimMethod::Commands,
+        Some("cri") => ReclaimMethod::Cri,
+        Some("commands") => ReclaimMethod::Commands,
+        Some("none") => ReclaimMethod::None,
+        Some(other) => {
+            return Err(simple_error(
+                "nodeReclaim",
+                format!("method: {other:?} is not one of cri, commands, none"),
+            ));
+        }
+    };
+    if config.method == ReclaimMethod::Commands && config.commands.is_empty() {
+        return Err(simple_error(
+            "nodeReclaim",
+            "method: commands needs at least one command in commands".to_string(),
+        ));
+    }
+    if config.method != ReclaimMethod::Commands && !config.commands.is_empty() {
+        return Err(simple_error(
+            "nodeReclaim",
+            format!(
+                "commands are given but method is {}; set method: commands to run them",
+                config.method.as_str()
+            ),
+        ));
+    }
     if let Some(text) = &raw.timeout {
         let timeout = GoDuration::parse(text)
             .map_err(|e| simple_error("nodeReclaim", format!("timeout: {e}")))?;
@@ -1333,7 +1392,11 @@ fn effective_document(mut doc: AgentDocument, config: &AgentConfig) -> AgentDocu
             watchdog_timeout: Some(report.isolation.watchdog_timeout.to_string()),
         }),
     });
+    doc.container_runtime_endpoint = Some(config.node_reclaim.runtime_endpoint.clone());
+    doc.image_service_endpoint = Some(config.node_reclaim.image_endpoint.clone());
+    doc.image_minimum_gc_age = Some(config.node_reclaim.image_minimum_gc_age.to_string());
     doc.node_reclaim = Some(RawNodeReclaim {
+        method: Some(config.node_reclaim.method.as_str().to_string()),
         commands: config.node_reclaim.commands.clone(),
         timeout: Some(config.node_reclaim.timeout.to_string()),
     });

@@ -17,8 +17,8 @@ pub use load::{
 };
 pub use model::{
     AgentConfig, CgroupDriver, DEFAULT_REPORT_TOKEN_FILE, EvictionConfig, HostPaths,
-    IsolationConfig, KubernetesConfig, NodeReclaimConfig, ReportConfig, ShutdownConfig,
-    ShutdownPhaseConfig, Threshold, ThresholdValue, WorkloadPodConfig, WorkloadsConfig,
-    lease_read_interval,
+    IsolationConfig, KubernetesConfig, NodeReclaimConfig, ReclaimMethod, ReportConfig,
+    ShutdownConfig, ShutdownPhaseConfig, Threshold, ThresholdValue, WorkloadPodConfig,
+    WorkloadsConfig, lease_read_interval, runtime_endpoint_socket,
 };
 pub use thresholds::FilesystemLayout;

@@ -145,19 +145,74 @@ impl Default for HostPaths {
     }
 }
 
-/// Node-level reclaim commands (e.g. `crictl rmi --prune`), run before evicting pods for
-/// disk pressure. Empty: the step is skipped.
+/// How node-level reclaim frees disk before pods are evicted for disk pressure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReclaimMethod {
+    /// Through the container runtime's CRI socket, as the kubelet does: dead containers
+    /// and sandboxes, then unused images.
+    Cri,
+    /// The configured commands (e.g. `crictl rmi --prune`), in order.
+    Commands,
+    /// None: pods are evicted without trying.
+    None,
+}
+
+impl ReclaimMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReclaimMethod::Cri => "cri",
+            ReclaimMethod::Commands => "commands",
+            ReclaimMethod::None => "none",
+        }
+    }
+}
+
+/// The kubelet's default `containerRuntimeEndpoint` (containerd's socket).
+pub const DEFAULT_CONTAINER_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+
+/// The socket of a CRI endpoint as the kubelet writes it (`containerRuntimeEndpoint`):
+/// `unix:///path`, or a bare absolute path, which the kubelet still takes as a Unix
+/// socket. Other schemes are not served on Linux.
+pub fn runtime_endpoint_socket(endpoint: &str) -> Result<std::path::PathBuf, String> {
+    let path = match endpoint.split_once("://") {
+        Some(("unix", path)) => path,
+        Some((scheme, _)) => {
+            return Err(format!(
+                "scheme {scheme:?} is not supported; use unix:///path/to/socket"
+            ));
+        }
+        None => endpoint,
+    };
+    if !path.starts_with('/') {
+        return Err("the socket must be an absolute path".to_string());
+    }
+    Ok(std::path::PathBuf::from(path))
+}
+
+/// Node-level reclaim before evicting for disk pressure: through the CRI by default,
+/// or commands an operator configures.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeReclaimConfig {
+    pub method: ReclaimMethod,
     pub commands: Vec<String>,
+    /// The whole reclaim's time limit (each command's, with commands).
     pub timeout: GoDuration,
+    /// The kubelet's `containerRuntimeEndpoint` and `imageServiceEndpoint`.
+    pub runtime_endpoint: String,
+    pub image_endpoint: String,
+    /// The kubelet's `imageMinimumGCAge`: an image known for less is kept.
+    pub image_minimum_gc_age: GoDuration,
 }
 
 impl Default for NodeReclaimConfig {
     fn default() -> Self {
         NodeReclaimConfig {
+            method: ReclaimMethod::Cri,
             commands: Vec::new(),
             timeout: GoDuration::from_secs(120),
+            runtime_endpoint: DEFAULT_CONTAINER_RUNTIME_ENDPOINT.to_string(),
+            image_endpoint: DEFAULT_CONTAINER_RUNTIME_ENDPOINT.to_string(),
+            image_minimum_gc_age: GoDuration::from_secs(120),
         }
     }
 }

@@ -16,7 +16,10 @@ mod thresholds;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use rank::{measured_storage, rank, rank_cmp};
-pub use reclaim::{CommandReclaimer, NodeReclaimer, ReclaimCommand, ReclaimError};
+pub use reclaim::{
+    CommandReclaimer, NodeReclaimer, ReclaimCommand, ReclaimError, ReclaimFailure,
+    ReclaimFunctions, reclaim_functions,
+};
 pub use synchronize::{pressure_remains_after_reclaim, synchronize};
 
 use crate::config::{FilesystemLayout, GoDuration, HostPaths, Threshold};

@@ -16,20 +16,60 @@ pub trait NodeReclaimer {
     ) -> impl std::future::Future<Output = Result<(), ReclaimError>> + Send;
 }
 
-/// Whether the kubelet has node-level reclaim functions for `signal` on this layout.
-/// Memory and PIDs have none; with an image filesystem that holds the containers,
-/// nodefs has none either because nothing reclaimable lives there.
-pub(super) fn reclaim_applies(signal: Signal, layout: FsLayout) -> bool {
-    match signal {
-        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable | Signal::PidAvailable => {
-            false
-        }
-        Signal::NodeFsAvailable | Signal::NodeFsInodesFree => layout != FsLayout::ImageFs,
-        Signal::ImageFsAvailable
-        | Signal::ImageFsInodesFree
-        | Signal::ContainerFsAvailable
-        | Signal::ContainerFsInodesFree => true,
+/// The kubelet's node-level reclaim functions for a signal (`buildSignalToNodeReclaimFuncs`):
+/// its container GC (dead containers and sandboxes) and its image GC (unused images),
+/// each run where what it frees lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReclaimFunctions {
+    pub containers: bool,
+    pub images: bool,
+}
+
+impl ReclaimFunctions {
+    pub fn any(self) -> bool {
+        self.containers || self.images
     }
+}
+
+/// Which reclaim functions the kubelet runs for `signal` on this layout:
+///
+/// | layout | nodefs | imagefs | containerfs |
+/// |---|---|---|---|
+/// | one filesystem | containers, images | containers, images | containers, images |
+/// | imagefs holding the containers | none | containers, images | containers, images |
+/// | split imagefs and containerfs | containers | images | containers |
+///
+/// Memory and PIDs have none.
+pub fn reclaim_functions(signal: Signal, layout: FsLayout) -> ReclaimFunctions {
+    let both = ReclaimFunctions {
+        containers: true,
+        images: true,
+    };
+    let containers = ReclaimFunctions {
+        containers: true,
+        images: false,
+    };
+    let images = ReclaimFunctions {
+        containers: false,
+        images: true,
+    };
+    let none = ReclaimFunctions::default();
+    match (signal, layout) {
+        (
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable | Signal::PidAvailable,
+            _,
+        ) => none,
+        (_, FsLayout::SingleDisk) => both,
+        (Signal::NodeFsAvailable | Signal::NodeFsInodesFree, FsLayout::ImageFs) => none,
+        (_, FsLayout::ImageFs) => both,
+        (Signal::ImageFsAvailable | Signal::ImageFsInodesFree, FsLayout::SplitImageFs) => images,
+        (_, FsLayout::SplitImageFs) => containers,
+    }
+}
+
+/// Whether the kubelet has node-level reclaim functions for `signal` on this layout.
+pub(super) fn reclaim_applies(signal: Signal, layout: FsLayout) -> bool {
+    reclaim_functions(signal, layout).any()
 }
 
 /// One external command, e.g. `crictl rmi --prune`.
@@ -74,14 +114,24 @@ pub enum CommandFailure {
     TimedOut { command: String, timeout: Duration },
 }
 
+/// One part of a reclaim that failed; the others still ran.
+#[derive(Debug, thiserror::Error)]
+pub enum ReclaimFailure {
+    #[error(transparent)]
+    Command(#[from] CommandFailure),
+    /// A call to the container runtime, or a removal it refused.
+    #[error("{0}")]
+    Runtime(String),
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("node-level reclaim for {signal} failed: {}", list(.failures))]
 pub struct ReclaimError {
     pub signal: Signal,
-    pub failures: Vec<CommandFailure>,
+    pub failures: Vec<ReclaimFailure>,
 }
 
-fn list(failures: &[CommandFailure]) -> String {
+fn list(failures: &[ReclaimFailure]) -> String {
     failures
         .iter()
         .map(ToString::to_string)
@@ -146,7 +196,7 @@ impl NodeReclaimer for CommandReclaimer {
         let mut failures = Vec::new();
         for command in &self.commands {
             if let Err(failure) = self.run(command).await {
-                failures.push(failure);
+                failures.push(failure.into());
             }
         }
         if failures.is_empty() {
@@ -218,7 +268,10 @@ mod tests {
         let started = std::time::Instant::now();
         let error = r.reclaim(Signal::NodeFsAvailable).await.unwrap_err();
         assert!(
-            matches!(error.failures[..], [CommandFailure::TimedOut { .. }]),
+            matches!(
+                error.failures[..],
+                [ReclaimFailure::Command(CommandFailure::TimedOut { .. })]
+            ),
             "{error}"
         );
         assert!(
@@ -248,6 +301,38 @@ mod tests {
         assert!(!reclaimer(&[], Duration::from_secs(1)).is_configured());
     }
 
+    // helpers.go `buildSignalToNodeReclaimFuncs`: single disk, every disk signal runs
+    // both; imagefs holding the containers, nodefs none and imagefs (and containerfs,
+    // the same filesystem) both; split, nodefs and containerfs the container GC and
+    // imagefs the image GC.
+    #[test]
+    fn reclaim_functions_per_layout_follow_the_kubelet() {
+        use FsLayout::*;
+        use Signal::*;
+        let f = |containers, images| ReclaimFunctions { containers, images };
+        for (signal, layout, expected) in [
+            (NodeFsAvailable, SingleDisk, f(true, true)),
+            (ImageFsInodesFree, SingleDisk, f(true, true)),
+            (ContainerFsAvailable, SingleDisk, f(true, true)),
+            (NodeFsAvailable, ImageFs, f(false, false)),
+            (NodeFsInodesFree, ImageFs, f(false, false)),
+            (ImageFsAvailable, ImageFs, f(true, true)),
+            (ContainerFsInodesFree, ImageFs, f(true, true)),
+            (NodeFsAvailable, SplitImageFs, f(true, false)),
+            (ImageFsAvailable, SplitImageFs, f(false, true)),
+            (ImageFsInodesFree, SplitImageFs, f(false, true)),
+            (ContainerFsAvailable, SplitImageFs, f(true, false)),
+            (MemoryAvailable, SingleDisk, f(false, false)),
+            (PidAvailable, SplitImageFs, f(false, false)),
+        ] {
+            assert_eq!(
+                reclaim_functions(signal, layout),
+                expected,
+                "{signal} {layout:?}"
+            );
+        }
+    }
+
     #[test]
     fn reclaim_applies_per_layout() {
         use FsLayout::*;
@@ -260,6 +345,7 @@ mod tests {
             (NodeFsAvailable, SplitImageFs, true),
             (ImageFsInodesFree, ImageFs, true),
             (ContainerFsAvailable, ImageFs, true),
+            (ImageFsAvailable, SplitImageFs, true),
         ] {
             assert_eq!(
                 reclaim_applies(signal, layout),

@@ -17,6 +17,8 @@ use crate::quantity::Quantity;
 pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
 /// Present on the API server's mirror of a static pod.
 pub const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+/// The kubelet's hash of a pod's config: a static pod's UID on the node.
+pub const CONFIG_HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
 
 /// A pod as the agent sees it on this node.
 #[derive(Debug, Clone, PartialEq)]

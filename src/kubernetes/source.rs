@@ -14,7 +14,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinHandle;
 
-use super::convert::{convert_pod, is_active};
+use super::convert::{CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANNOTATION, convert_pod, is_active};
 use super::usage::PodUsageReader;
 use crate::pods::Pod;
 use crate::ports::PodSource;
@@ -91,6 +91,32 @@ impl ApiPodSource {
 }
 
 impl PodSource for ApiPodSource {
+    fn running_pod_uids(&self) -> Option<BTreeSet<String>> {
+        // Whole once the first list is in; later the watch keeps it so, and after a lost
+        // watch it holds the last known pods until the relist replaces them.
+        if !matches!(
+            futures::FutureExt::now_or_never(self.store.wait_until_ready()),
+            Some(Ok(()))
+        ) {
+            return None;
+        }
+        let mut uids = BTreeSet::new();
+        for pod in self.store.state() {
+            if !is_active(&pod) {
+                continue;
+            }
+            uids.extend(pod.metadata.uid.clone());
+            // The runtime knows a static pod by the kubelet's own UID, its config hash,
+            // which the mirror pod carries.
+            if let Some(annotations) = &pod.metadata.annotations {
+                for key in [CONFIG_MIRROR_ANNOTATION, CONFIG_HASH_ANNOTATION] {
+                    uids.extend(annotations.get(key).filter(|v| !v.is_empty()).cloned());
+                }
+            }
+        }
+        Some(uids)
+    }
+
     fn pods(&mut self) -> Vec<Pod> {
         let mut pods = Vec::new();
         let mut uids = HashSet::new();

@@ -159,29 +159,43 @@ pub fn cached_tree() -> Result<PathBuf, String> {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
     let mirror = mirror();
-    let output = Command::new("debootstrap")
-        .args([
-            "--variant=minbase",
-            "--include=systemd,systemd-sysv,dbus",
-            SUITE,
-        ])
-        .arg(&partial)
-        .arg(&mirror)
-        .output()
-        .map_err(|e| format!("debootstrap: {e}"))?;
-    if !output.status.success() {
+    // A fresh machine's first lookups of the mirror can fail for a moment (CI once saw
+    // "unable to resolve host address" from three tests that started together, then
+    // every later debootstrap succeed): a failure is tried again, from scratch, twice.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let _ = std::fs::remove_dir_all(&partial);
+        let output = Command::new("debootstrap")
+            .args([
+                "--variant=minbase",
+                "--include=systemd,systemd-sysv,dbus",
+                SUITE,
+            ])
+            .arg(&partial)
+            .arg(&mirror)
+            .output()
+            .map_err(|e| format!("debootstrap: {e}"))?;
+        if output.status.success() {
+            break;
+        }
         let log = std::fs::read_to_string(partial.join("debootstrap/debootstrap.log"))
             .unwrap_or_default();
         let tail = |text: &str| {
             let lines: Vec<&str> = text.lines().collect();
             lines[lines.len().saturating_sub(15)..].join("\n")
         };
-        return Err(format!(
-            "debootstrap {SUITE} from {mirror} failed ({}):\n{}\n{}",
+        let failure = format!(
+            "debootstrap {SUITE} from {mirror} failed ({}, attempt {attempts} of 3):\n{}\n{}",
             output.status,
             tail(&String::from_utf8_lossy(&output.stderr)),
             tail(&log)
-        ));
+        );
+        if attempts == 3 {
+            return Err(failure);
+        }
+        eprintln!("{failure}\ntrying again in 10 s");
+        std::thread::sleep(std::time::Duration::from_secs(10));
     }
     std::fs::rename(&partial, &tree).map_err(|e| format!("{}: {e}", tree.display()))?;
     Ok(tree)

@@ -3,6 +3,7 @@ pub mod agent_process;
 pub mod allocator;
 pub mod apiserver;
 pub mod cgroups;
+pub mod containerd;
 pub mod controller;
 pub mod controller_rbac;
 pub mod debian;
