@@ -768,13 +768,12 @@ impl Agent {
             Some(uids) => crate::cri::gc::PodsKnown::Active(uids),
             None => crate::cri::gc::PodsKnown::Unknown,
         };
-        let dry_run = self.config.dry_run;
         let Some(reclaimer) = self.reclaimer.as_mut() else {
             return true;
         };
         // A runtime that stays unreachable is said once per failure streak, not at
         // every cycle of a long disk pressure.
-        match reclaimer.reclaim(signal, known, dry_run).await {
+        match reclaimer.reclaim(signal, known).await {
             Err(error) if !self.reclaim_failing => {
                 self.reclaim_failing = true;
                 tracing::warn!(%error, "node-level reclaim failed; pods are evicted as if it freed nothing (said once until it works again)");

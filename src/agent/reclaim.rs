@@ -10,7 +10,9 @@ use crate::eviction::{CommandReclaimer, NodeReclaimer, ReclaimCommand, ReclaimEr
 use crate::signals::Signal;
 
 pub enum Reclaimer {
-    Commands(CommandReclaimer),
+    /// The commands, and whether this is a dry run (then they do not run).
+    Commands(CommandReclaimer, bool),
+    /// The runtime reclaimer knows the dry run itself.
     Runtime(CriReclaimer),
 }
 
@@ -29,9 +31,10 @@ impl Reclaimer {
                     .iter()
                     .filter_map(|line| ReclaimCommand::from_command_line(line))
                     .collect();
-                (!commands.is_empty())
-                    .then(|| CommandReclaimer::new(commands, config.timeout.to_std()))
-                    .map(Reclaimer::Commands)
+                (!commands.is_empty()).then(|| {
+                    let reclaimer = CommandReclaimer::new(commands, config.timeout.to_std());
+                    Reclaimer::Commands(reclaimer, dry_run)
+                })
             }
             ReclaimMethod::Cri => match CriReclaimer::new(config, layout, dry_run) {
                 Ok(reclaimer) => {
@@ -56,22 +59,17 @@ impl Reclaimer {
     pub fn runtime(&self) -> Option<&CriReclaimer> {
         match self {
             Reclaimer::Runtime(reclaimer) => Some(reclaimer),
-            Reclaimer::Commands(_) => None,
+            Reclaimer::Commands(..) => None,
         }
     }
 
-    pub async fn reclaim(
-        &mut self,
-        signal: Signal,
-        pods: PodsKnown,
-        dry_run: bool,
-    ) -> Result<(), ReclaimError> {
+    pub async fn reclaim(&mut self, signal: Signal, pods: PodsKnown) -> Result<(), ReclaimError> {
         match self {
-            Reclaimer::Commands(_) if dry_run => {
+            Reclaimer::Commands(_, true) => {
                 tracing::warn!(%signal, "dry run: would run the node-level reclaim commands");
                 Ok(())
             }
-            Reclaimer::Commands(commands) => commands.reclaim(signal).await,
+            Reclaimer::Commands(commands, false) => commands.reclaim(signal).await,
             Reclaimer::Runtime(runtime) => {
                 runtime.set_pods(pods);
                 runtime.reclaim(signal).await

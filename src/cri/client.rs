@@ -120,10 +120,6 @@ impl CriClient {
         })
     }
 
-    pub fn socket(&self) -> &Path {
-        &self.socket
-    }
-
     /// One unary call: `method` is the gRPC path, e.g.
     /// `/runtime.v1.ImageService/ListImages`.
     pub async fn call<Request, Answer>(
@@ -189,7 +185,8 @@ impl CriClient {
             return Err(failed(format!("HTTP status {}", parts.status)));
         }
         // A trailers-only answer (an error at once) carries the status in its headers.
-        if let Some(status) = grpc_status(&parts.headers).filter(|s| s.0 != 0) {
+        let header_status = grpc_status(&parts.headers);
+        if let Some(status) = header_status.clone().filter(|s| s.0 != 0) {
             return Err(self.status_error(method, status));
         }
         let collected = Limited::new(body, MAX_MESSAGE_BYTES + 5)
@@ -201,7 +198,7 @@ impl CriClient {
         match trailers.as_ref().and_then(grpc_status) {
             Some(status) if status.0 != 0 => return Err(self.status_error(method, status)),
             Some(_) => {}
-            None if grpc_status(&parts.headers).is_some() => {}
+            None if header_status.is_some() => {}
             None => return Err(failed("the answer carries no grpc-status".to_string())),
         }
         let message = unframe(&bytes).map_err(failed)?;

@@ -124,13 +124,25 @@ impl CriReclaimer {
     }
 
     async fn detect_images(&self) -> Result<usize, CriError> {
-        let mut images = CriClient::connect(&self.image_socket, self.timeout).await?;
-        let mut runtime = CriClient::connect(&self.runtime_socket, self.timeout).await?;
-        let listed = list_images(&mut images).await?;
-        let containers = list_containers(&mut runtime).await?;
+        let look = self.look_at_images().await?;
         let mut records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
-        records.detect(&listed, &containers, Instant::now());
+        records.detect(&look.images, &look.containers, Instant::now());
         Ok(records.len())
+    }
+
+    /// The images and every container (which say which images are in use), with the
+    /// connections they came on.
+    async fn look_at_images(&self) -> Result<ImageLook, CriError> {
+        let mut image_service = CriClient::connect(&self.image_socket, self.timeout).await?;
+        let mut runtime = CriClient::connect(&self.runtime_socket, self.timeout).await?;
+        let images = list_images(&mut image_service).await?;
+        let containers = list_containers(&mut runtime).await?;
+        Ok(ImageLook {
+            image_service,
+            runtime,
+            images,
+            containers,
+        })
     }
 
     async fn collect_containers(&self, removed: &mut Removed) -> Result<(), Vec<ReclaimFailure>> {
@@ -208,14 +220,12 @@ impl CriReclaimer {
     }
 
     async fn collect_images(&self, removed: &mut Removed) -> Result<(), Vec<ReclaimFailure>> {
-        let mut images = CriClient::connect(&self.image_socket, self.timeout)
-            .await
-            .map_err(one)?;
-        let mut runtime = CriClient::connect(&self.runtime_socket, self.timeout)
-            .await
-            .map_err(one)?;
-        let listed = list_images(&mut images).await.map_err(one)?;
-        let containers = list_containers(&mut runtime).await.map_err(one)?;
+        let ImageLook {
+            image_service: mut images,
+            mut runtime,
+            images: listed,
+            containers,
+        } = self.look_at_images().await.map_err(one)?;
         let protected = sandbox_images(&mut runtime).await;
         let now = Instant::now();
         let doomed: Vec<RuntimeImage> = {
@@ -279,6 +289,13 @@ fn fill_pod_uids(containers: &mut [RuntimeContainer], sandboxes: &[RuntimeSandbo
             container.pod_uid = sandbox.pod_uid.clone();
         }
     }
+}
+
+struct ImageLook {
+    image_service: CriClient,
+    runtime: CriClient,
+    images: Vec<RuntimeImage>,
+    containers: Vec<RuntimeContainer>,
 }
 
 fn one(error: CriError) -> Vec<ReclaimFailure> {

@@ -48,7 +48,8 @@ pub fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
         .collect()
 }
 
-fn unescape_mount_point(escaped: &str) -> String {
+/// A mount point as mountinfo escapes it (`\040` for a space), decoded.
+pub fn unescape_mount_point(escaped: &str) -> String {
     let bytes = escaped.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -80,7 +81,8 @@ pub fn mount_point(hierarchy: &str) -> Result<PathBuf, String> {
     find_mount(&this_process_mounts()?, hierarchy)
 }
 
-fn this_process_mounts() -> Result<Vec<CgroupMount>, String> {
+/// The cgroup mounts this process sees.
+pub fn this_process_mounts() -> Result<Vec<CgroupMount>, String> {
     std::fs::read_to_string("/proc/self/mountinfo")
         .map(|mountinfo| cgroup_mounts(&mountinfo))
         .map_err(|e| format!("/proc/self/mountinfo: {e}"))

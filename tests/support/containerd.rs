@@ -145,10 +145,6 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         Ok(started)
     }
 
-    pub fn socket(&self) -> &Path {
-        &self.socket
-    }
-
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())
     }
@@ -395,7 +391,8 @@ impl Drop for Containerd {
         let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap_or_default()
             .lines()
-            .filter_map(|line| line.split(' ').nth(4).map(str::to_string))
+            .filter_map(|line| line.split(' ').nth(4))
+            .map(super::cgroups::unescape_mount_point)
             .filter(|point| point.starts_with(&dir))
             .collect();
         mounts.sort_by_key(|point| std::cmp::Reverse(point.len()));
@@ -416,8 +413,8 @@ impl Drop for Containerd {
 }
 
 fn cgroup_mount_points() -> Vec<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    super::cgroups::cgroup_mounts(&mountinfo)
+    super::cgroups::this_process_mounts()
+        .unwrap_or_default()
         .into_iter()
         .map(|m| m.point)
         .collect()
