@@ -2,7 +2,9 @@
 //! spec.nodeName=<node>`): the watcher lists, then watches from the list's
 //! resourceVersion, resumes after a dropped watch, and relists on 410 Gone. The agent
 //! reads the cache each cycle, so an unreachable API server leaves it with the last
-//! known pods instead of none.
+//! known pods instead of none. When the API server answers again after it did not, the
+//! watch starts afresh: a watch whose connection a partition left silent gets no error,
+//! and would otherwise leave the cache stale until kube's idle timeout, five minutes on.
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use super::convert::{CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANNOTATION, convert_p
 use super::usage::PodUsageReader;
 use crate::pods::Pod;
 use crate::ports::PodSource;
+use crate::report::reachability::answered_again;
 
 /// Aborts the background tasks when the last owner goes away.
 pub struct TaskGuard(pub Vec<JoinHandle<()>>);
@@ -39,7 +42,12 @@ pub fn start_pod_reflector(
     let api: Api<ApiPod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
+    let pods = renewed_on_return(reachability.subscribe(), move || {
+        watcher(api.clone(), config.clone())
+            .default_backoff()
+            .boxed()
+    });
+    let stream = reflector::reflector(writer, pods);
     let task = tokio::spawn(async move {
         futures::pin_mut!(stream);
         let mut failing = false;
@@ -60,6 +68,34 @@ pub fn start_pod_reflector(
         }
     });
     (reader, task)
+}
+
+/// The stream `start` makes, made again whenever `changes` (a reachability
+/// subscription) sees the API server answer again after it did not. The new watcher lists
+/// before it watches; the reflector keeps serving the old list until the new one is whole.
+fn renewed_on_return<T, S>(
+    changes: tokio::sync::watch::Receiver<bool>,
+    start: impl Fn() -> S + Send + 'static,
+) -> impl futures::Stream<Item = T> + Send
+where
+    S: futures::Stream<Item = T> + Unpin + Send + 'static,
+    T: Send + 'static,
+{
+    let first = start();
+    futures::stream::unfold(
+        (first, changes, start),
+        |(mut stream, mut changes, start)| async move {
+            loop {
+                tokio::select! {
+                    item = stream.next() => return item.map(|item| (item, (stream, changes, start))),
+                    () = answered_again(&mut changes) => {
+                        tracing::info!("the API server answers again; watching the node's pods afresh");
+                        stream = start();
+                    }
+                }
+            }
+        },
+    )
 }
 
 /// The agent's pods: active pods from the cache, measured on the node.
@@ -174,6 +210,39 @@ mod tests {
 
     fn api(code: u16) -> kube::Error {
         kube::Error::Api(Box::new(Status::failure("test", "Test").with_code(code)))
+    }
+
+    #[tokio::test]
+    async fn the_watch_starts_afresh_each_time_the_api_server_answers_again() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let reachability = crate::report::ApiReachability::new();
+        let starts = Arc::new(AtomicUsize::new(0));
+        let counted = starts.clone();
+        // Each watch started yields its number once, then goes silent.
+        let stream = renewed_on_return(reachability.subscribe(), move || {
+            let number = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            futures::stream::iter([number])
+                .chain(futures::stream::pending())
+                .boxed()
+        });
+        futures::pin_mut!(stream);
+        assert_eq!(stream.next().await, Some(1));
+        let silent = |stream: &mut std::pin::Pin<&mut _>| {
+            futures::FutureExt::now_or_never(StreamExt::next(stream)).is_none()
+        };
+        // Still reachable, or just lost: the watch goes on.
+        reachability.saw(true);
+        assert!(silent(&mut stream));
+        reachability.saw(false);
+        assert!(silent(&mut stream));
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+        // Answering again: a new watch, and once more after the next loss.
+        reachability.saw(true);
+        assert_eq!(stream.next().await, Some(2));
+        reachability.saw(false);
+        reachability.saw(true);
+        assert_eq!(stream.next().await, Some(3));
+        assert!(silent(&mut stream));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::api::ApiWriter;
 use super::journal::Journal;
 use super::outbox::{ApiAction, Lane, Outbox, Outcome, Pushed};
 use crate::metrics::{ApiActionLabels, Metrics};
+use crate::report::reachability::answered_again;
 
 /// The `outcome` labels of the API actions counter.
 const OUTCOMES: [&str; 5] = ["done", "retried", "rejected", "dropped", "dry_run"];
@@ -291,19 +292,45 @@ pub async fn run_outbox<W: ActionWriter>(handle: OutboxHandle, writer: W, retry:
     );
 }
 
+/// How long one write may wait for its answer. The API server gives up on a request
+/// itself after a minute (`--request-timeout`) and answers 504; a write with no answer
+/// at all after this long is on a connection that a partition or a lost server instance
+/// left silent, which would otherwise hold its lane until the kernel gives up on the
+/// connection, a quarter of an hour later (the client sets no read timeout). Every write
+/// is safe to send again.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
 async fn run_lane<W: ActionWriter>(
     handle: &OutboxHandle,
     writer: &W,
     retry: RetryPolicy,
     lane: Lane,
 ) {
+    let mut changes = handle.reachability.subscribe();
     loop {
         let next = handle.lock().begin(lane);
         let Some((id, action)) = next else {
             handle.wake(lane).notified().await;
             continue;
         };
-        let outcome = writer.execute(&action).await;
+        // Only a return from now on abandons this write, not one seen before it began.
+        changes.borrow_and_update();
+        let (outcome, abandoned) = tokio::select! {
+            outcome = writer.execute(&action) => (outcome, false),
+            () = tokio::time::sleep(ATTEMPT_TIMEOUT) => (
+                Outcome::Unreachable(format!("no answer within {ATTEMPT_TIMEOUT:?}")),
+                false,
+            ),
+            // Whatever answered (the probe, the watch, the other lane) did so on a
+            // connection of its own; this write may sit on one the outage left dead.
+            () = answered_again(&mut changes) => (
+                Outcome::Unreachable(
+                    "abandoned: the API server answers again and this write had no answer"
+                        .to_string(),
+                ),
+                true,
+            ),
+        };
         let kind = action.kind();
         let (attempts, pending, journal) = {
             let mut outbox = handle.lock();
@@ -314,10 +341,12 @@ async fn run_lane<W: ActionWriter>(
         handle.write_journal(journal);
         handle.publish_pending(pending);
         handle.progress.notify_waiters();
-        // A refusal or a conflict is an answer too.
-        handle
-            .reachability
-            .saw(!matches!(outcome, Outcome::Unreachable(_)));
+        // A refusal or a conflict is an answer too; an abandoned write tells nothing.
+        if !abandoned {
+            handle
+                .reachability
+                .saw(!matches!(outcome, Outcome::Unreachable(_)));
+        }
         match outcome {
             Outcome::Done => {
                 tracing::debug!(action = kind, "API write done");
@@ -328,10 +357,13 @@ async fn run_lane<W: ActionWriter>(
                 handle.count(kind, "rejected");
             }
             Outcome::Retry(reason) | Outcome::Unreachable(reason) => {
-                if attempts == 1 {
+                if attempts == 1 || abandoned {
                     tracing::warn!(action = kind, target = %action.target(), lane = lane.as_str(), %reason, pending, "API write failed; queued for retry");
                 }
                 handle.count(kind, "retried");
+                if abandoned {
+                    continue;
+                }
                 let (hurrying, hurry) = &*handle.hurry;
                 let woken = hurry.notified();
                 tokio::pin!(woken);
@@ -341,9 +373,12 @@ async fn run_lane<W: ActionWriter>(
                 } else {
                     crate::backoff::doubling(retry.base, attempts, retry.max)
                 };
+                changes.borrow_and_update();
+                // The server back after an outage: what waited out the outage goes now.
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     () = woken => {}
+                    () = answered_again(&mut changes) => {}
                 }
             }
         }
@@ -363,11 +398,19 @@ mod tests {
         events_fail: Arc<AtomicBool>,
         /// Every write finds no API server.
         unreachable: Arc<AtomicBool>,
+        /// How many of the next writes get no answer at all, ever.
+        silent: Arc<std::sync::atomic::AtomicUsize>,
     }
 
     impl ActionWriter for Scripted {
         fn execute(&self, action: &ApiAction) -> impl Future<Output = Outcome> + Send {
             self.sent.lock().unwrap().push(action.kind());
+            let silent = self
+                .silent
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                    left.checked_sub(1)
+                })
+                .is_ok();
             let outcome = if self.unreachable.load(Ordering::SeqCst) {
                 Outcome::Unreachable("connection refused".to_string())
             } else if action.kind() == "event" && self.events_fail.load(Ordering::SeqCst) {
@@ -375,7 +418,12 @@ mod tests {
             } else {
                 Outcome::Done
             };
-            async move { outcome }
+            async move {
+                if silent {
+                    std::future::pending::<()>().await;
+                }
+                outcome
+            }
         }
     }
 
@@ -566,6 +614,96 @@ mod tests {
         assert!(!handle.flush(started + Duration::from_secs(5)).await);
         assert_eq!(started.elapsed(), Duration::from_secs(5));
         assert_eq!(handle.pending().len(), 1, "flush sends nothing itself");
+    }
+
+    /// How many writes `writer` was asked for.
+    fn tries(writer: &Scripted) -> usize {
+        writer.sent.lock().unwrap().len()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_never_gets_an_answer_is_sent_again_after_the_attempt_timeout() {
+        let handle = OutboxHandle::new(10);
+        let writer = Scripted::default();
+        writer.silent.store(1, Ordering::SeqCst);
+        let sender = sending(&handle, &writer);
+        handle.push(delete("u1", 1));
+        tokio::time::sleep(ATTEMPT_TIMEOUT - Duration::from_millis(1)).await;
+        assert_eq!(tries(&writer), 1, "still waiting for the first answer");
+        assert!(handle.reachability.is_reachable());
+        // No answer in time: the server counts as unreachable, and the write goes again
+        // after the first backoff.
+        let mut changes = handle.reachability.subscribe();
+        tokio::time::timeout(Duration::from_millis(2), changes.changed())
+            .await
+            .expect("no answer in time is a change to unreachable")
+            .unwrap();
+        assert!(!*changes.borrow_and_update());
+        assert!(handle.flush(Instant::now() + Duration::from_secs(1)).await);
+        assert_eq!(tries(&writer), 2);
+        assert!(
+            handle.reachability.is_reachable(),
+            "the second try was answered"
+        );
+        sender.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_left_without_an_answer_by_an_outage_goes_again_once_the_server_answers() {
+        let handle = OutboxHandle::new(10);
+        let writer = Scripted::default();
+        writer.silent.store(1, Ordering::SeqCst);
+        let sender = sending(&handle, &writer);
+        handle.push(delete("u1", 1));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        // The probe finds the server gone: the write waits on, no answer being no proof.
+        handle.reachability.saw(false);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(tries(&writer), 1);
+        // Back: the write's connection may be one the outage left dead. It goes again at
+        // once, 25 s before its own timeout.
+        handle.reachability.saw(true);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(tries(&writer), 2, "sent again at once");
+        assert!(handle.is_empty());
+        assert!(
+            handle.reachability.is_reachable(),
+            "the abandoned write does not make the server look unreachable"
+        );
+        // A return seen before a write began does not cut that write short.
+        writer.silent.store(1, Ordering::SeqCst);
+        handle.reachability.saw(false);
+        handle.reachability.saw(true);
+        handle.push(delete("u2", 1));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(tries(&writer), 3, "still waiting for its answer");
+        sender.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_waiting_out_its_backoff_goes_once_the_server_answers_again() {
+        let handle = OutboxHandle::new(10);
+        let writer = Scripted::default();
+        writer.unreachable.store(true, Ordering::SeqCst);
+        let retry = RetryPolicy {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(60),
+        };
+        let sender = tokio::spawn(run_outbox(handle.clone(), writer.clone(), retry));
+        handle.push(delete("u1", 1));
+        // An outage of ten minutes: the backoff has reached its ceiling of a minute.
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        let during = tries(&writer);
+        assert!(!handle.reachability.is_reachable());
+        writer.unreachable.store(false, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(tries(&writer), during, "still waiting out the backoff");
+        // The probe hears the server: the write goes at once, not up to a minute later.
+        handle.reachability.saw(true);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(tries(&writer), during + 1, "sent at once");
+        assert!(handle.is_empty());
+        sender.abort();
     }
 
     #[tokio::test]

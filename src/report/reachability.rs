@@ -44,3 +44,17 @@ impl ApiReachability {
         self.state.subscribe()
     }
 }
+
+/// Resolves when the API server answers again after it did not: the next change to
+/// reachable that `changes` (from [`ApiReachability::subscribe`]) has not seen. Never
+/// resolves once every [`ApiReachability`] is gone. Cancel-safe.
+pub async fn answered_again(changes: &mut watch::Receiver<bool>) {
+    loop {
+        if changes.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        if *changes.borrow_and_update() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! The API server out for minutes while the node is under memory pressure: the agent
+//! binary, in Kubernetes mode on a fake node, against the fake API server behind a proxy,
+//! through three outages of 50 s each, one after the other:
+//!
+//! 1. every request answered 500, the pod watch included;
+//! 2. every packet swallowed, then the partition heals for new connections only: the
+//!    connections it swallowed stay open and silent for good, as those to an API server
+//!    instance that went away without a reset do;
+//! 3. every connection refused, the watch history compacted meanwhile, and a pod bound to
+//!    the node while the server was out.
+//!
+//! In each the pressure comes and the agent evicts the largest pod locally, at once,
+//! without the API. Once the server is back every write it owed is sent, each once:
+//! one delete per evicted pod, one Evicted event, its `DisruptionTarget`, the node's
+//! memory condition True and then False again; nothing is dropped. After the second and
+//! third the agent sees the pods bound to the node meanwhile, and the next pressure
+//! evicts the one the kubelet would choose, not a pod from a stale list.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod as ApiPod};
+use support::agent_process::{AgentProcess, http_get};
+use support::apiserver::{FakeApiServer, RequestMatcher};
+use support::fake_node::{Host, MI, NODE, PodFixture, api_pod, successful_deletes};
+use support::proxy::TcpProxy;
+
+/// How long each outage lasts.
+const OUTAGE: Duration = Duration::from_secs(50);
+/// How long the agent may take to send what it owes once the API server is back, and to
+/// see the pods bound meanwhile: the probe's default interval (10 s) and timeout (5 s),
+/// and the sender's longest backoff (10 s), with room to spare.
+const RECOVERY: Duration = Duration::from_secs(30);
+
+/// The agent's log line for each eviction it decides.
+const EVICTED: &str = "nodekeeper::agent::cycle: evicted pod";
+
+/// How long a pod bound to the node is given to reach the agent through its watch.
+const WATCH_DELIVERY: Duration = Duration::from_secs(3);
+
+/// BestEffort pods, evicted largest first.
+const fn best_effort(name: &'static str, uid: &'static str, working_set_mi: u64) -> PodFixture {
+    PodFixture {
+        name,
+        uid,
+        memory_request: None,
+        priority: None,
+        annotations: &[],
+        working_set: working_set_mi * MI,
+    }
+}
+
+const WAVE_1: PodFixture = best_effort("wave-1", "0000000a-0001", 3000);
+const WAVE_2: PodFixture = best_effort("wave-2", "0000000a-0002", 2500);
+const WAVE_3: PodFixture = best_effort("wave-3", "0000000a-0003", 2000);
+const WAVE_4: PodFixture = best_effort("wave-4", "0000000a-0004", 1500);
+/// Bound to the node after the second outage, while the agent's watch is stranded.
+const LATE_A: PodFixture = best_effort("late-a", "0000000b-000a", 4000);
+/// Bound to the node during the third outage.
+const LATE_B: PodFixture = best_effort("late-b", "0000000b-000b", 4000);
+
+struct Outage {
+    server: FakeApiServer,
+    proxy: TcpProxy,
+    host: Host,
+    agent: AgentProcess,
+    /// The pods evicted, in order.
+    evicted: Vec<String>,
+    /// A process of this test's own in each pod's cgroup, by pod name: the agent's
+    /// local kill signals it, and then waits for its cgroup to empty.
+    processes: BTreeMap<&'static str, std::process::Child>,
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        for process in self.processes.values_mut() {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
+    }
+}
+
+impl Outage {
+    async fn start() -> Outage {
+        let server = FakeApiServer::start().await;
+        let upstream = server.url().trim_start_matches("http://").parse().unwrap();
+        let proxy = TcpProxy::start(upstream).await;
+        server.seed(&Node {
+            metadata: kube::api::ObjectMeta {
+                name: Some(NODE.to_string()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let host = Host::new(4096 * MI);
+        let config = host.dir.path().join("agent.yaml");
+        // The probe and the sender's backoff at their defaults, as operators run them.
+        std::fs::write(
+            &config,
+            host.yaml("housekeepingInterval: 1s\nevictionPressureTransitionPeriod: 5s\n"),
+        )
+        .unwrap();
+        let kubeconfig = host.dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            server
+                .kubeconfig_yaml()
+                .replace(&server.url(), &format!("http://{}", proxy.address())),
+        )
+        .unwrap();
+        let agent = AgentProcess::start(&[
+            "--metrics-addr".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--kubeconfig".as_ref(),
+            kubeconfig.as_os_str(),
+        ]);
+        let mut outage = Outage {
+            server,
+            proxy,
+            host,
+            agent,
+            evicted: Vec::new(),
+            processes: BTreeMap::new(),
+        };
+        for fixture in [&WAVE_1, &WAVE_2, &WAVE_3, &WAVE_4] {
+            outage.bind(fixture);
+        }
+        // Steady first: the pods listed, the node's conditions published.
+        outage
+            .until(RECOVERY, "the node's conditions published", |o| {
+                (memory_pressure(&o.server).as_deref() == Some("False")).then_some(())
+            })
+            .await;
+        outage
+    }
+
+    /// Seeds `fixture` on the server and gives it a cgroup on the node holding a process.
+    fn bind(&mut self, fixture: &'static PodFixture) {
+        self.server.seed(&api_pod(fixture));
+        self.host
+            .add_pod_cgroup("besteffort", fixture.uid, fixture.working_set);
+        let process = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("start sleep");
+        std::fs::write(self.procs_file(fixture.uid), format!("{}\n", process.id())).unwrap();
+        self.processes.insert(fixture.name, process);
+    }
+
+    fn procs_file(&self, uid: &str) -> std::path::PathBuf {
+        self.host
+            .dir
+            .path()
+            .join(format!("cgroup/kubepods/besteffort/pod{uid}/cgroup.procs"))
+    }
+
+    /// Memory pressure until the agent evicts a pod, which it names; then the memory
+    /// comes back and the pod's cgroup empties, as they do once its processes are gone.
+    async fn pressure_evicts(&mut self) -> String {
+        self.host.set_free_memory(50 * MI);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let pod = loop {
+            let evicted = self
+                .agent
+                .lines_so_far()
+                .into_iter()
+                .find(|line| line.contains(EVICTED));
+            if let Some(line) = evicted {
+                break field(&line, "pod").unwrap_or_else(|| panic!("no pod in {line:?}"));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nothing evicted under pressure; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        self.host.set_free_memory(4096 * MI);
+        let fixture = [&WAVE_1, &WAVE_2, &WAVE_3, &WAVE_4, &LATE_A, &LATE_B]
+            .into_iter()
+            .find(|fixture| pod == format!("default/{}", fixture.name))
+            .unwrap_or_else(|| panic!("{pod} is no pod of this test"));
+        std::fs::write(self.procs_file(fixture.uid), "").unwrap();
+        self.evicted.push(pod.clone());
+        pod
+    }
+
+    /// Waits until `check` holds, at most `within`; fails naming `what` with the log.
+    async fn until<T>(
+        &self,
+        within: Duration,
+        what: &str,
+        mut check: impl FnMut(&Outage) -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(found) = check(self) {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {within:?}; agent log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until every write owed for the pods evicted so far is on the server: each
+    /// deleted once, marked `DisruptionTarget`, one Evicted event; the node's memory
+    /// condition False again, and the agent's outbox empty. Returns how long it took.
+    async fn flushed(&self) -> Duration {
+        let back = Instant::now();
+        self.until(RECOVERY, "every write owed sent", |o| {
+            o.evicted
+                .iter()
+                .all(|pod| {
+                    let name = pod.trim_start_matches("default/");
+                    !successful_deletes(&o.server, name).is_empty()
+                        && has_disruption_target(&o.server, name)
+                        && evicted_events(&o.server, name).len() == 1
+                })
+                .then_some(())
+                .filter(|()| memory_pressure(&o.server).as_deref() == Some("False"))
+                .filter(|()| metric(&o.agent, "nodekeeper_api_outbox_pending") == Some(0.0))
+        })
+        .await;
+        back.elapsed()
+    }
+
+    fn log(&self) -> String {
+        self.agent.whole_log().join("\n")
+    }
+}
+
+/// `name=value` (or `name="value"`) from a log line.
+fn field(line: &str, name: &str) -> Option<String> {
+    let start = line.find(&format!(" {name}="))? + name.len() + 2;
+    let rest = &line[start..];
+    let value = rest.split_whitespace().next()?;
+    Some(value.trim_matches('"').to_string())
+}
+
+fn memory_pressure(server: &FakeApiServer) -> Option<String> {
+    server
+        .object::<Node>("", NODE)?
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|condition| condition.type_ == "NodekeeperMemoryPressure")
+        .map(|condition| condition.status)
+}
+
+fn has_disruption_target(server: &FakeApiServer, pod: &str) -> bool {
+    server
+        .object::<ApiPod>("default", pod)
+        .and_then(|pod| pod.status?.conditions)
+        .unwrap_or_default()
+        .iter()
+        .any(|condition| condition.type_ == "DisruptionTarget")
+}
+
+/// The Evicted event objects about `pod`.
+fn evicted_events(server: &FakeApiServer, pod: &str) -> Vec<Event> {
+    server
+        .objects::<Event>()
+        .into_iter()
+        .filter(|event| event.involved_object.name.as_deref() == Some(pod))
+        .filter(|event| event.reason.as_deref() == Some("Evicted"))
+        .collect()
+}
+
+/// The value of the series `series` (a name with its labels, as exported) on the agent's
+/// `/metrics`.
+fn metric(agent: &AgentProcess, series: &str) -> Option<f64> {
+    let (_, body) = http_get(&agent.address, "/metrics");
+    body.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Every `nodekeeper_api_actions_total` series with its value, by its labels.
+fn api_actions(agent: &AgentProcess) -> BTreeMap<String, f64> {
+    let (_, body) = http_get(&agent.address, "/metrics");
+    body.lines()
+        .filter_map(|line| line.strip_prefix("nodekeeper_api_actions_total"))
+        .filter_map(|rest| {
+            let (labels, value) = rest.rsplit_once(' ')?;
+            Some((labels.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The agent's resident memory, from `/proc/PID/status`.
+fn resident_kib(agent: &AgentProcess) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.child.id())).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+/// Holds until `OUTAGE` has passed since `began`.
+async fn rest_of_outage(began: Instant) {
+    if let Some(left) = OUTAGE.checked_sub(began.elapsed()) {
+        tokio::time::sleep(left).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_outages_of_minutes_keep_the_node_protected_and_lose_no_write() {
+    let mut o = Outage::start().await;
+    let resident_before = resident_kib(&o.agent);
+
+    // 1. Every request answered 500, the watch included.
+    let began = Instant::now();
+    o.server.fail_matching(RequestMatcher::any(), 500, None);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(o.pressure_evicts().await, "default/wave-1");
+    rest_of_outage(began).await;
+    o.server.clear_failures();
+    let after_errors = o.flushed().await;
+
+    // 2. Every packet swallowed; then new connections pass, old ones stay silent.
+    let began = Instant::now();
+    o.proxy.swallow();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(o.pressure_evicts().await, "default/wave-2");
+    rest_of_outage(began).await;
+    o.proxy.heal_stranding();
+    let after_silence = o.flushed().await;
+    // A pod bound to the node now is the largest: the kubelet would evict it first. A
+    // watch that works delivers it in milliseconds.
+    o.bind(&LATE_A);
+    tokio::time::sleep(WATCH_DELIVERY).await;
+    assert_eq!(o.pressure_evicts().await, "default/late-a");
+    o.flushed().await;
+
+    // 3. Every connection refused; the history compacted and a pod bound meanwhile.
+    let began = Instant::now();
+    o.server.go_down().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(o.pressure_evicts().await, "default/wave-3");
+    o.server.compact_history();
+    o.bind(&LATE_B);
+    rest_of_outage(began).await;
+    o.server.come_back().await;
+    let after_refusals = o.flushed().await;
+    tokio::time::sleep(WATCH_DELIVERY).await;
+    assert_eq!(o.pressure_evicts().await, "default/late-b");
+    o.flushed().await;
+
+    let resident_after = resident_kib(&o.agent);
+    let actions = api_actions(&o.agent);
+    let log = o.log();
+    println!(
+        "writes owed flushed {after_errors:?} after the 500s ended, {after_silence:?} after the \
+         silence healed, {after_refusals:?} after the server came back; resident memory \
+         {resident_before} KiB before, {resident_after} KiB after"
+    );
+    // Each pod evicted once, in the kubelet's order; each deleted once, one event each.
+    assert_eq!(
+        o.evicted,
+        ["wave-1", "wave-2", "late-a", "wave-3", "late-b"].map(|pod| format!("default/{pod}")),
+        "{log}"
+    );
+    assert_eq!(log.matches(EVICTED).count(), 5, "{log}");
+    for pod in &o.evicted {
+        let name = pod.trim_start_matches("default/");
+        assert_eq!(successful_deletes(&o.server, name).len(), 1, "{pod}\n{log}");
+        let events = evicted_events(&o.server, name);
+        assert_eq!(events.len(), 1, "{pod}: {events:?}");
+        assert_eq!(events[0].count, Some(1), "{pod}: {events:?}");
+    }
+    assert!(
+        successful_deletes(&o.server, "wave-4").is_empty(),
+        "wave-4 was never the largest"
+    );
+    // Nothing dropped, nothing refused for good.
+    for (labels, value) in &actions {
+        if labels.contains("outcome=\"dropped\"") || labels.contains("outcome=\"rejected\"") {
+            assert_eq!(*value, 0.0, "{labels}: {actions:?}");
+        }
+    }
+    assert!(
+        resident_after < resident_before + 16 * 1024,
+        "resident memory grew from {resident_before} KiB to {resident_after} KiB"
+    );
+    let status = o.agent.stop(Duration::from_secs(20));
+    assert!(status.success(), "agent exited with {status}:\n{log}");
+}
