@@ -12,7 +12,7 @@
 //! In each the pressure comes and the agent evicts the largest pod locally, at once,
 //! without the API. Once the server is back every write it owed is sent, each once:
 //! one delete per evicted pod, one Evicted event, its `DisruptionTarget`, the node's
-//! memory condition True and then False again; nothing is dropped. After the second and
+//! memory condition as it stands (False again); nothing is dropped. After the second and
 //! third the agent sees the pods bound to the node meanwhile, and the next pressure
 //! evicts the one the kubelet would choose, not a pod from a stale list.
 
@@ -333,6 +333,12 @@ async fn api_outages_of_minutes_keep_the_node_protected_and_lose_no_write() {
     rest_of_outage(began).await;
     o.proxy.heal_stranding();
     let after_silence = o.flushed().await;
+    // Sent again once the probe heard the server, not 30 s after it was sent.
+    assert!(
+        o.log().contains("abandoned: the API server answers again"),
+        "no write was sent again on the server's return:\n{}",
+        o.log()
+    );
     // A pod bound to the node now is the largest: the kubelet would evict it first. A
     // watch that works delivers it in milliseconds.
     o.bind(&LATE_A);
@@ -381,6 +387,12 @@ async fn api_outages_of_minutes_keep_the_node_protected_and_lose_no_write() {
         "wave-4 was never the largest"
     );
     // Nothing dropped, nothing refused for good.
+    assert!(
+        actions
+            .iter()
+            .any(|(labels, value)| labels.contains("outcome=\"done\"") && *value > 0.0),
+        "no writes counted done: {actions:?}"
+    );
     for (labels, value) in &actions {
         if labels.contains("outcome=\"dropped\"") || labels.contains("outcome=\"rejected\"") {
             assert_eq!(*value, 0.0, "{labels}: {actions:?}");

@@ -147,16 +147,22 @@ fn healthz(address: &str) -> String {
 
 /// Looks at logind's inhibitors every 50 ms until `done`, and returns (looks, looks
 /// without the agent's lock).
-fn watch_lock(container: &Container, done: &std::sync::atomic::AtomicBool) -> (u32, u32) {
-    let (mut looks, mut missing) = (0, 0);
+/// Looks at logind's locks every 50 ms until `done`, counting each look in `looks` as
+/// it goes; returns how many looks found the agent's lock missing.
+fn watch_lock(
+    container: &Container,
+    done: &std::sync::atomic::AtomicBool,
+    looks: &std::sync::atomic::AtomicU32,
+) -> u32 {
+    let mut missing = 0;
     while !done.load(std::sync::atomic::Ordering::SeqCst) {
-        looks += 1;
         if !lock_listed(container) {
             missing += 1;
         }
+        looks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(50));
     }
-    (looks, missing)
+    missing
 }
 
 /// Runs `disrupt`, then waits until a new agent process is active and ready, while
@@ -172,9 +178,10 @@ fn restart_keeping_the_lock(
         .matches("told systemd the agent is ready")
         .count();
     let done = std::sync::atomic::AtomicBool::new(false);
+    let looked = std::sync::atomic::AtomicU32::new(0);
     let started = Instant::now();
     let (looks, missing) = std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| watch_lock(container, &done));
+        let watcher = scope.spawn(|| watch_lock(container, &done, &looked));
         disrupt(container);
         wait_until(
             booted,
@@ -189,10 +196,16 @@ fn restart_keeping_the_lock(
                         > ready_lines
             },
         );
-        // A few more looks with the new agent holding its own lock.
+        // A few more looks with the new agent holding its own lock, and enough in all to
+        // tell on a busy machine, where each look is slow.
         std::thread::sleep(Duration::from_millis(500));
+        let enough = Instant::now() + Duration::from_secs(10);
+        while looked.load(std::sync::atomic::Ordering::SeqCst) < 10 && Instant::now() < enough {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         done.store(true, std::sync::atomic::Ordering::SeqCst);
-        watcher.join().expect("the lock watcher")
+        let missing = watcher.join().expect("the lock watcher");
+        (looked.load(std::sync::atomic::Ordering::SeqCst), missing)
     });
     let took = started.elapsed();
     assert_ne!(

@@ -203,11 +203,13 @@ impl Guardian {
                 grace: self.stale_after,
             };
             let isolate_at = plan.isolate_at(&count);
-            let isolation = self.board.snapshot().isolation;
-            let fresh = isolation.checked_at.is_some_and(|checked| {
-                Duration::try_from(Timestamp::now().duration_since(checked))
-                    .is_ok_and(|age| age <= self.stale_after)
-            });
+            let facts = self.board.snapshot();
+            let isolation = facts.isolation;
+            // Aged on the boot clock: a wall-clock jump must neither reset an isolated
+            // node nor keep a stuck isolator's last word alive.
+            let fresh = facts
+                .isolation_checked_since_boot
+                .is_some_and(|checked| now.saturating_sub(checked) <= self.stale_after);
             let attempt = match (requested, isolation.since) {
                 (Some(asked), Some(since))
                     if isolation.state == IsolationState::Failed && since >= asked =>
@@ -481,18 +483,22 @@ mod tests {
         let rig = rig();
         tokio::time::sleep(Duration::from_millis(900)).await;
         assert!(rig.requests.borrow().is_some());
-        rig.board.set_isolation(isolated(Timestamp::now()));
+        rig.board
+            .set_isolation(isolated(Timestamp::now()), Some(clock()));
         tokio::time::sleep(Duration::from_millis(800)).await;
         assert!(resets(&rig).is_empty(), "{:?}", resets(&rig));
         let pets = rig.pets.pets.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(rig.pets.pets.load(Ordering::SeqCst) > pets);
         // The isolation slips and cannot be put right: reset.
-        rig.board.set_isolation(IsolationReport {
-            state: IsolationState::Failed,
-            since: Some(Timestamp::now()),
-            ..IsolationReport::default()
-        });
+        rig.board.set_isolation(
+            IsolationReport {
+                state: IsolationState::Failed,
+                since: Some(Timestamp::now()),
+                ..IsolationReport::default()
+            },
+            Some(clock()),
+        );
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert_eq!(resets(&rig).len(), 1);
         rig.stop().await;
@@ -537,10 +543,38 @@ mod tests {
         let rig = rig();
         tokio::time::sleep(Duration::from_millis(900)).await;
         // The isolator reported the node isolated, then stopped checking (stuck).
-        rig.board
-            .set_isolation(isolated(Timestamp::now() - Duration::from_secs(60)));
+        let minute = Duration::from_secs(60);
+        rig.board.set_isolation(
+            isolated(Timestamp::now() - minute),
+            Some(clock().saturating_sub(minute)),
+        );
         tokio::time::sleep(Duration::from_millis(800)).await;
         assert_eq!(resets(&rig).len(), 1, "reset once the budget ran out");
+        rig.stop().await;
+    }
+
+    /// The evidence's age is read on the boot clock, not from its wall time: the wall
+    /// clock set an hour forward since the check must not reset an isolated node, nor
+    /// one set an hour back keep a stuck isolator's last word alive.
+    #[tokio::test(start_paused = true)]
+    async fn a_wall_clock_jump_neither_ages_an_isolation_nor_keeps_it_fresh() {
+        let hour = Duration::from_secs(3600);
+        let rig = rig();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        rig.board
+            .set_isolation(isolated(Timestamp::now() - hour), Some(clock()));
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(resets(&rig).is_empty(), "{:?}", resets(&rig));
+        rig.stop().await;
+
+        let rig = super::tests::rig();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        rig.board.set_isolation(
+            isolated(Timestamp::now() + hour),
+            Some(clock().saturating_sub(Duration::from_secs(60))),
+        );
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert_eq!(resets(&rig).len(), 1, "stale on the boot clock");
         rig.stop().await;
     }
 

@@ -340,6 +340,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         };
         Evidence {
             checked_at: Timestamp::now(),
+            checked_since_boot: crate::boot_clock::since_boot(),
             kubelet_stopped,
             kubelet_state,
             pod_processes,
@@ -400,7 +401,8 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         if saved || changed {
             self.publish();
         } else {
-            self.board.refresh_isolation(self.current_report());
+            self.board
+                .refresh_isolation(self.current_report(), self.checked_since_boot());
         }
     }
 
@@ -441,7 +443,15 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
 
     /// Posts the isolation to the board; a change is reported at once.
     fn publish(&self) {
-        self.board.set_isolation(self.current_report());
+        self.board
+            .set_isolation(self.current_report(), self.checked_since_boot());
+    }
+
+    /// When the evidence was last gathered, on the boot clock.
+    fn checked_since_boot(&self) -> Option<std::time::Duration> {
+        self.evidence
+            .as_ref()
+            .map(|evidence| evidence.checked_since_boot)
     }
 
     fn save(&self) {

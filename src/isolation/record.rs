@@ -139,6 +139,9 @@ pub fn step_for(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evidence {
     pub checked_at: Timestamp,
+    /// The same moment on the boot clock, which no wall-clock jump moves: how old the
+    /// evidence is, for the guardian.
+    pub checked_since_boot: std::time::Duration,
     /// The kubelet's unit is inactive (or failed) and masked.
     pub kubelet_stopped: bool,
     /// The unit's state, for the message when it is not.
@@ -350,6 +353,7 @@ mod tests {
     fn the_evidence_holds_only_with_the_kubelet_held_down_and_no_pod_process() {
         let evidence = Evidence {
             checked_at: at(0),
+            checked_since_boot: std::time::Duration::ZERO,
             kubelet_stopped: true,
             kubelet_state: "inactive, masked".to_string(),
             pod_processes: Ok(0),
@@ -376,6 +380,7 @@ mod tests {
     fn the_report_shows_the_record_with_its_evidence_and_a_refusal_only_without_one() {
         let evidence = Evidence {
             checked_at: at(5),
+            checked_since_boot: std::time::Duration::ZERO,
             kubelet_stopped: true,
             kubelet_state: "inactive, masked".to_string(),
             pod_processes: Ok(0),

@@ -95,10 +95,33 @@ struct Published {
     since: SystemTime,
 }
 
+/// A moment as the tracker needs it: the wall time it stamps on what it publishes, and
+/// the boot clock, on which it counts its intervals (the conditions' heartbeat, an event
+/// series' pace), so that a wall-clock jump neither silences nor hurries them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moment {
+    pub wall: SystemTime,
+    pub since_boot: Duration,
+}
+
+impl Moment {
+    pub fn now() -> Moment {
+        Moment {
+            wall: SystemTime::now(),
+            since_boot: crate::boot_clock::since_boot(),
+        }
+    }
+
+    /// The time passed since `earlier`, on the boot clock.
+    fn since(&self, earlier: Moment) -> Duration {
+        self.since_boot.saturating_sub(earlier.since_boot)
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct ThresholdSeries {
     started: SystemTime,
-    last_emitted: SystemTime,
+    last_emitted: Moment,
     count: i32,
 }
 
@@ -108,13 +131,11 @@ struct ThresholdSeries {
 fn next_in_series(
     series: &mut BTreeMap<String, ThresholdSeries>,
     key: &str,
-    now: SystemTime,
+    now: Moment,
     heartbeat: Duration,
 ) -> Option<ThresholdSeries> {
     match series.get_mut(key) {
-        Some(known) if now.duration_since(known.last_emitted).unwrap_or_default() < heartbeat => {
-            None
-        }
+        Some(known) if now.since(known.last_emitted) < heartbeat => None,
         Some(known) => {
             known.count += 1;
             known.last_emitted = now;
@@ -122,7 +143,7 @@ fn next_in_series(
         }
         None => {
             let fresh = ThresholdSeries {
-                started: now,
+                started: now.wall,
                 last_emitted: now,
                 count: 1,
             };
@@ -145,7 +166,7 @@ pub struct NodeStatusTracker {
     heartbeat: Duration,
     taints: bool,
     published: BTreeMap<NodeCondition, Published>,
-    last_sent: Option<SystemTime>,
+    last_sent: Option<Moment>,
     last_taints: Option<BTreeSet<TaintRecord>>,
     series: BTreeMap<String, ThresholdSeries>,
     /// `None` until the shutdown manager reported; then taints are managed even when
@@ -210,11 +231,7 @@ impl NodeStatusTracker {
     /// Take a cycle's contention conditions: the KEP's events and an event for each
     /// transition now; the conditions themselves go out with the next
     /// [`update`](Self::update), which must follow.
-    pub fn note_contention(
-        &mut self,
-        report: &ContentionReport,
-        now: SystemTime,
-    ) -> Vec<ApiAction> {
+    pub fn note_contention(&mut self, report: &ContentionReport, now: Moment) -> Vec<ApiAction> {
         let mut actions = Vec::new();
         for event in &report.events {
             let reason = event.reason();
@@ -250,8 +267,13 @@ impl NodeStatusTracker {
             if previous.is_some_and(|p| p.on == on) {
                 continue;
             }
-            self.contention
-                .insert(contention, Published { on, since: now });
+            self.contention.insert(
+                contention,
+                Published {
+                    on,
+                    since: now.wall,
+                },
+            );
             self.contention_changed = true;
             if previous.is_none() && !on {
                 continue;
@@ -263,18 +285,18 @@ impl NodeStatusTracker {
 
     /// The event of a condition turning on (Warning) or off (Normal), named for its
     /// reason and moment, as the kubelet's "status is now" events read.
-    fn transition_event(&self, reason: &str, on: bool, now: SystemTime) -> ApiAction {
+    fn transition_event(&self, reason: &str, on: bool, now: Moment) -> ApiAction {
         let event_type = if on {
             EventType::Warning
         } else {
             EventType::Normal
         };
         self.node_event(
-            &format!("{reason}/{}", unix_millis(now)),
+            &format!("{reason}/{}", unix_millis(now.wall)),
             event_type,
             reason,
             &format!("Node {} status is now: {reason}", self.node_name),
-            (1, now),
+            (1, now.wall),
             now,
         )
     }
@@ -282,12 +304,15 @@ impl NodeStatusTracker {
     /// The writes owed when the shutdown manager's `shutting_down` is `on` at `now`:
     /// nothing when unchanged; else the Shutdown event (not for the first report of "not
     /// shutting down"), our conditions, and our taints.
-    pub fn set_shutting_down(&mut self, on: bool, now: SystemTime) -> Vec<ApiAction> {
+    pub fn set_shutting_down(&mut self, on: bool, now: Moment) -> Vec<ApiAction> {
         let previous = self.shutting_down;
         if previous.is_some_and(|p| p.on == on) {
             return Vec::new();
         }
-        self.shutting_down = Some(Published { on, since: now });
+        self.shutting_down = Some(Published {
+            on,
+            since: now.wall,
+        });
         let mut actions = Vec::new();
         if on || previous.is_some() {
             let message = if on {
@@ -295,13 +320,13 @@ impl NodeStatusTracker {
             } else {
                 SHUTDOWN_CANCELLED_EVENT_MESSAGE
             };
-            let since = unix_millis(now);
+            let since = unix_millis(now.wall);
             actions.push(self.node_event(
                 &format!("{SHUTDOWN_EVENT_REASON}/{on}/{since}"),
                 EventType::Normal,
                 SHUTDOWN_EVENT_REASON,
                 message,
-                (1, now),
+                (1, now.wall),
                 now,
             ));
         }
@@ -311,7 +336,7 @@ impl NodeStatusTracker {
         actions
     }
 
-    fn condition_records(&self, now: SystemTime) -> Vec<ConditionRecord> {
+    fn condition_records(&self, now: Moment) -> Vec<ConditionRecord> {
         let mut records: Vec<ConditionRecord> = CONDITIONS
             .iter()
             .filter_map(|condition| {
@@ -328,7 +353,7 @@ impl NodeStatusTracker {
                     reason: reason.to_string(),
                     message: message.to_string(),
                     last_transition: published.since,
-                    last_heartbeat: Some(now),
+                    last_heartbeat: Some(now.wall),
                 })
             })
             .collect();
@@ -339,7 +364,7 @@ impl NodeStatusTracker {
                 reason: contention_reason(contention, published.on),
                 message: contention_message(contention, published.on),
                 last_transition: published.since,
-                last_heartbeat: Some(now),
+                last_heartbeat: Some(now.wall),
             });
         }
         if let Some(shutdown) = self.shutting_down {
@@ -360,7 +385,7 @@ impl NodeStatusTracker {
                 reason: reason.to_string(),
                 message: message.to_string(),
                 last_transition: shutdown.since,
-                last_heartbeat: Some(now),
+                last_heartbeat: Some(now.wall),
             });
         }
         records
@@ -419,7 +444,7 @@ impl NodeStatusTracker {
         reason: &str,
         message: &str,
         (count, first_seen): (i32, SystemTime),
-        now: SystemTime,
+        now: Moment,
     ) -> ApiAction {
         ApiAction::CreateEvent(EventRecord {
             name: event_name(&self.node_name, key),
@@ -431,7 +456,7 @@ impl NodeStatusTracker {
             annotations: BTreeMap::new(),
             count,
             first_seen,
-            last_seen: now,
+            last_seen: now.wall,
         })
     }
 
@@ -441,7 +466,7 @@ impl NodeStatusTracker {
         &mut self,
         conditions: &BTreeSet<NodeCondition>,
         starved: Option<Resource>,
-        now: SystemTime,
+        now: Moment,
     ) -> Vec<ApiAction> {
         let mut actions = Vec::new();
         let mut changed = false;
@@ -452,8 +477,13 @@ impl NodeStatusTracker {
                 continue;
             }
             changed = true;
-            self.published
-                .insert(condition, Published { on, since: now });
+            self.published.insert(
+                condition,
+                Published {
+                    on,
+                    since: now.wall,
+                },
+            );
             // A fresh start with no pressure is not a transition worth an event.
             if previous.is_none() && !on {
                 continue;
@@ -468,7 +498,7 @@ impl NodeStatusTracker {
         }
         let heartbeat_due = self
             .last_sent
-            .is_none_or(|sent| now.duration_since(sent).unwrap_or_default() >= self.heartbeat);
+            .is_none_or(|sent| now.since(sent) >= self.heartbeat);
         let contention_changed = std::mem::take(&mut self.contention_changed);
         if changed || heartbeat_due || contention_changed {
             self.last_sent = Some(now);
@@ -501,8 +531,11 @@ impl NodeStatusTracker {
 mod tests {
     use super::*;
 
-    fn at(seconds: u64) -> SystemTime {
-        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + seconds)
+    fn at(seconds: u64) -> Moment {
+        Moment {
+            wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + seconds),
+            since_boot: Duration::from_secs(seconds),
+        }
     }
 
     fn summary(actions: &[ApiAction]) -> Vec<String> {
@@ -529,6 +562,44 @@ mod tests {
                 other => format!("{other:?}"),
             })
             .collect()
+    }
+
+    /// The heartbeat and an event series' pace are counted on the boot clock; what is
+    /// published carries the wall time as it reads then.
+    #[test]
+    fn a_wall_clock_jump_neither_silences_nor_hurries_the_heartbeat_or_an_event_series() {
+        let mut tracker =
+            NodeStatusTracker::new("node-a".to_string(), Duration::from_secs(300), true);
+        let memory = BTreeSet::from([NodeCondition::MemoryPressure]);
+        tracker.update(&memory, Some(Resource::Memory), at(0));
+        let hour = Duration::from_secs(3600);
+        // Five minutes on, with the wall clock set an hour back meanwhile: both are due.
+        let back = Moment {
+            wall: at(300).wall - hour,
+            since_boot: at(300).since_boot,
+        };
+        let actions = tracker.update(&memory, Some(Resource::Memory), back);
+        assert_eq!(
+            summary(&actions),
+            vec![
+                "conditions NodekeeperMemoryPressure=true,NodekeeperDiskPressure=false,NodekeeperPIDPressure=false",
+                "event EvictionThresholdMet Attempting to reclaim memory count=2",
+            ]
+        );
+        let Some(ApiAction::SetNodeConditions(records)) = actions.first() else {
+            panic!("{actions:?}")
+        };
+        assert_eq!(records[0].last_heartbeat, Some(back.wall));
+        // A minute later, with the wall clock set an hour forward: neither is due yet.
+        let forward = Moment {
+            wall: at(360).wall + hour,
+            since_boot: at(360).since_boot,
+        };
+        assert!(
+            tracker
+                .update(&memory, Some(Resource::Memory), forward)
+                .is_empty()
+        );
     }
 
     #[test]
@@ -650,8 +721,8 @@ mod tests {
             .iter()
             .find(|r| r.condition_type == "NodekeeperPIDPressure")
             .unwrap();
-        assert_eq!(pid_record.last_transition, at(0));
-        assert_eq!(pid_record.last_heartbeat, Some(at(61)));
+        assert_eq!(pid_record.last_transition, at(0).wall);
+        assert_eq!(pid_record.last_heartbeat, Some(at(61).wall));
         assert!(
             actions
                 .iter()
@@ -730,7 +801,7 @@ mod tests {
             .find(|r| r.condition_type == "SystemDiskContentionPressure")
             .unwrap();
         assert_eq!(record.reason, "NodekeeperHasSystemDiskContentionPressure");
-        assert_eq!(record.last_transition, at(20));
+        assert_eq!(record.last_transition, at(20).wall);
         // The same event again within a heartbeat is not repeated; after one, the same
         // event object's count goes up.
         let again = ContentionReport {

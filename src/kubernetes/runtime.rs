@@ -446,7 +446,7 @@ impl CycleObserver for NodeStatusObserver {
         let decision = &report.decision;
         let starved = decision.starved.map(|s| s.resource);
         let mut tracker = self.tracker.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = std::time::SystemTime::now();
+        let now = super::node::Moment::now();
         // Pushed under the lock, like the shutdown publisher's, so taint sets stay ordered.
         let contention = tracker.note_contention(&report.contention, now);
         for action in

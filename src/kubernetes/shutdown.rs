@@ -11,7 +11,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::convert::{convert_pod, has_finished};
 use super::evictor::disruption_target;
-use super::node::NodeStatusTracker;
+use super::node::{Moment, NodeStatusTracker};
 use super::outbox::{ApiAction, PodRef};
 use super::source::TaskGuard;
 use super::worker::OutboxHandle;
@@ -144,7 +144,7 @@ impl ShutdownObserver for NodeShutdownPublisher {
     fn observe(&mut self, status: &ManagerStatus) {
         let mut tracker = self.tracker.lock().unwrap_or_else(PoisonError::into_inner);
         // Pushed under the lock: a cycle's taint set cannot overtake this one.
-        for action in tracker.set_shutting_down(status.shutting_down, SystemTime::now()) {
+        for action in tracker.set_shutting_down(status.shutting_down, Moment::now()) {
             self.outbox.push(action);
         }
     }

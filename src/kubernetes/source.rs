@@ -20,7 +20,6 @@ use super::convert::{CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANNOTATION, convert_p
 use super::usage::PodUsageReader;
 use crate::pods::Pod;
 use crate::ports::PodSource;
-use crate::report::reachability::answered_again;
 
 /// Aborts the background tasks when the last owner goes away.
 pub struct TaskGuard(pub Vec<JoinHandle<()>>);
@@ -70,32 +69,61 @@ pub fn start_pod_reflector(
     (reader, task)
 }
 
-/// The stream `start` makes, made again whenever `changes` (a reachability
-/// subscription) sees the API server answer again after it did not. The new watcher lists
-/// before it watches; the reflector keeps serving the old list until the new one is whole.
-fn renewed_on_return<T, S>(
+/// The stream `start` makes, made again when `changes` (a reachability subscription)
+/// sees the API server answer again after it did not, if the stream delivered nothing
+/// good since the server was lost: a watch that recovered by itself (its own error was
+/// the loss) goes on, as kube resumes it, without a relist. The new watcher lists before
+/// it watches; the reflector keeps serving the old list until the new one is whole.
+fn renewed_on_return<T, E, S>(
     changes: tokio::sync::watch::Receiver<bool>,
     start: impl Fn() -> S + Send + 'static,
-) -> impl futures::Stream<Item = T> + Send
+) -> impl futures::Stream<Item = Result<T, E>> + Send
 where
-    S: futures::Stream<Item = T> + Unpin + Send + 'static,
+    S: futures::Stream<Item = Result<T, E>> + Unpin + Send + 'static,
     T: Send + 'static,
+    E: Send + 'static,
 {
-    let first = start();
-    futures::stream::unfold(
-        (first, changes, start),
-        |(mut stream, mut changes, start)| async move {
-            loop {
-                tokio::select! {
-                    item = stream.next() => return item.map(|item| (item, (stream, changes, start))),
-                    () = answered_again(&mut changes) => {
+    struct Renewed<S, F> {
+        stream: S,
+        changes: tokio::sync::watch::Receiver<bool>,
+        start: F,
+        /// Whether the stream delivered anything good since the server was last lost.
+        delivered: bool,
+    }
+    let first = Renewed {
+        stream: start(),
+        changes,
+        start,
+        delivered: true,
+    };
+    futures::stream::unfold(first, |mut state| async move {
+        loop {
+            tokio::select! {
+                // A loss is taken in before what the stream delivered after it.
+                biased;
+                changed = state.changes.changed() => {
+                    if changed.is_err() {
+                        // No reachability any more: only the stream matters.
+                        let item = state.stream.next().await?;
+                        return Some((item, state));
+                    }
+                    let reachable = *state.changes.borrow_and_update();
+                    if !reachable {
+                        state.delivered = false;
+                    } else if !state.delivered {
                         tracing::info!("the API server answers again; watching the node's pods afresh");
-                        stream = start();
+                        state.stream = (state.start)();
+                        state.delivered = true;
                     }
                 }
+                item = state.stream.next() => {
+                    let item = item?;
+                    state.delivered |= item.is_ok();
+                    return Some((item, state));
+                }
             }
-        },
-    )
+        }
+    })
 }
 
 /// The agent's pods: active pods from the cache, measured on the node.
@@ -213,35 +241,52 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_watch_starts_afresh_each_time_the_api_server_answers_again() {
+    async fn the_watch_starts_afresh_when_the_api_server_answers_again_unless_it_recovered() {
+        use std::sync::Mutex;
         use std::sync::atomic::{AtomicUsize, Ordering};
         let reachability = crate::report::ApiReachability::new();
         let starts = Arc::new(AtomicUsize::new(0));
         let counted = starts.clone();
-        // Each watch started yields its number once, then goes silent.
+        // The first watch delivers what the test sends it; each later one its number
+        // once, then goes silent.
+        let (first_items, first) = futures::channel::mpsc::unbounded::<Result<usize, ()>>();
+        let first = Mutex::new(Some(first));
         let stream = renewed_on_return(reachability.subscribe(), move || {
             let number = counted.fetch_add(1, Ordering::SeqCst) + 1;
-            futures::stream::iter([number])
-                .chain(futures::stream::pending())
-                .boxed()
+            match first.lock().unwrap().take() {
+                Some(first) => first.boxed(),
+                None => futures::stream::iter([Ok(number)])
+                    .chain(futures::stream::pending())
+                    .boxed(),
+            }
         });
         futures::pin_mut!(stream);
-        assert_eq!(stream.next().await, Some(1));
         let silent = |stream: &mut std::pin::Pin<&mut _>| {
             futures::FutureExt::now_or_never(StreamExt::next(stream)).is_none()
         };
-        // Still reachable, or just lost: the watch goes on.
-        reachability.saw(true);
-        assert!(silent(&mut stream));
+        first_items.unbounded_send(Ok(1)).unwrap();
+        assert_eq!(stream.next().await, Some(Ok(1)));
+        // The watch's own error was the loss, and it recovered by itself: it goes on,
+        // as kube resumes it, with no relist.
+        first_items.unbounded_send(Err(())).unwrap();
+        assert_eq!(stream.next().await, Some(Err(())));
         reachability.saw(false);
+        first_items.unbounded_send(Ok(11)).unwrap();
+        assert_eq!(stream.next().await, Some(Ok(11)));
+        reachability.saw(true);
         assert!(silent(&mut stream));
         assert_eq!(starts.load(Ordering::SeqCst), 1);
-        // Answering again: a new watch, and once more after the next loss.
-        reachability.saw(true);
-        assert_eq!(stream.next().await, Some(2));
+        // Lost, and silent since (a partition): answering again starts a new watch.
         reachability.saw(false);
+        assert!(silent(&mut stream));
+        assert_eq!(starts.load(Ordering::SeqCst), 1, "not on the loss itself");
         reachability.saw(true);
-        assert_eq!(stream.next().await, Some(3));
+        assert_eq!(stream.next().await, Some(Ok(2)));
+        // And again after the next loss.
+        reachability.saw(false);
+        assert!(silent(&mut stream));
+        reachability.saw(true);
+        assert_eq!(stream.next().await, Some(Ok(3)));
         assert!(silent(&mut stream));
     }
 

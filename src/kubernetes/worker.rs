@@ -295,9 +295,10 @@ pub async fn run_outbox<W: ActionWriter>(handle: OutboxHandle, writer: W, retry:
 /// How long one write may wait for its answer. The API server gives up on a request
 /// itself after a minute (`--request-timeout`) and answers 504; a write with no answer
 /// at all after this long is on a connection that a partition or a lost server instance
-/// left silent, which would otherwise hold its lane until the kernel gives up on the
-/// connection, a quarter of an hour later (the client sets no read timeout). Every write
-/// is safe to send again.
+/// left silent. The client sets no read timeout, so such a write would hold its lane
+/// until the kernel gives up on the connection (about a quarter of an hour when packets
+/// are lost; never when something in between acknowledges them). Every write is safe to
+/// send again.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 
 async fn run_lane<W: ActionWriter>(
@@ -316,6 +317,8 @@ async fn run_lane<W: ActionWriter>(
         // Only a return from now on abandons this write, not one seen before it began.
         changes.borrow_and_update();
         let (outcome, abandoned) = tokio::select! {
+            // An answer that came first is taken, never sent again.
+            biased;
             outcome = writer.execute(&action) => (outcome, false),
             () = tokio::time::sleep(ATTEMPT_TIMEOUT) => (
                 Outcome::Unreachable(format!("no answer within {ATTEMPT_TIMEOUT:?}")),

@@ -3,6 +3,7 @@
 //! sender reads a snapshot for every report and is woken at once when a fact changes.
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::Notify;
@@ -20,6 +21,10 @@ pub struct AgentFacts {
     pub last_eviction: Option<EvictionReport>,
     pub api_server: ApiServerReport,
     pub isolation: IsolationReport,
+    /// When the isolator last checked its evidence, on the boot clock: how the guardian
+    /// tells fresh evidence from stale, whatever the wall clock does. Not reported; the
+    /// report carries the wall time (`isolation.checked_at`) for the controller.
+    pub isolation_checked_since_boot: Option<Duration>,
     pub self_isolation: SelfIsolationReport,
 }
 
@@ -68,16 +73,25 @@ impl ReportBoard {
         self.update(|facts| facts.last_eviction = Some(eviction));
     }
 
-    /// The node's isolation, as the isolator last found it.
-    pub fn set_isolation(&self, isolation: IsolationReport) {
-        self.update(|facts| facts.isolation = isolation);
+    /// The node's isolation, as the isolator last found it, and when (on the boot clock)
+    /// it last checked.
+    pub fn set_isolation(&self, isolation: IsolationReport, checked_since_boot: Option<Duration>) {
+        self.update(|facts| {
+            facts.isolation = isolation;
+            facts.isolation_checked_since_boot = checked_since_boot;
+        });
     }
 
     /// The same isolation checked again with the same result: the next report carries
     /// the new check time, without a report of its own.
-    pub fn refresh_isolation(&self, isolation: IsolationReport) {
+    pub fn refresh_isolation(
+        &self,
+        isolation: IsolationReport,
+        checked_since_boot: Option<Duration>,
+    ) {
         let mut facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
         facts.isolation = isolation;
+        facts.isolation_checked_since_boot = checked_since_boot;
     }
 
     /// Whether the agent isolates its node by itself, and its promise.
@@ -101,7 +115,6 @@ impl ReportBoard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[tokio::test]
     async fn a_change_wakes_the_sender_and_a_repeat_does_not() {
