@@ -41,11 +41,16 @@ pub fn start_pod_reflector(
     let api: Api<ApiPod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
     let (reader, writer) = reflector::store();
-    let pods = renewed_on_return(reachability.subscribe(), move || {
-        watcher(api.clone(), config.clone())
-            .default_backoff()
-            .boxed()
-    });
+    let pods = renewed_on_return(
+        reachability.subscribe(),
+        move || {
+            watcher(api.clone(), config.clone())
+                .default_backoff()
+                .boxed()
+        },
+        // kube's `Init` comes before the list is asked for.
+        |event| !matches!(event, watcher::Event::Init),
+    );
     let stream = reflector::reflector(writer, pods);
     let task = tokio::spawn(async move {
         futures::pin_mut!(stream);
@@ -69,14 +74,26 @@ pub fn start_pod_reflector(
     (reader, task)
 }
 
-/// The stream `start` makes, made again when `changes` (a reachability subscription)
-/// sees the API server answer again after it did not, if the stream delivered nothing
-/// good since the server was lost: a watch that recovered by itself (its own error was
-/// the loss) goes on, as kube resumes it, without a relist. The new watcher lists before
-/// it watches; the reflector keeps serving the old list until the new one is whole.
+/// How long a watcher that has not yet listed may go without anything from the API
+/// server before it is started again: half again the server's own one-minute request
+/// timeout, past kube's longest backoff between attempts (30 s). The list has no client
+/// timeout, and one sent on a connection an outage left silent would never end.
+const LIST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// The stream `start` makes, made again
+/// - when `changes` (a reachability subscription) sees the API server answer again after
+///   it did not, if the stream delivered nothing from the server since it was lost: a
+///   watch that recovered by itself (its own error was the loss) goes on, as kube resumes
+///   it, without a relist;
+/// - when it has not listed yet and nothing came from it for [`LIST_DEADLINE`].
+///
+/// `answered` tells an item the server sent from one the watcher made up itself (kube's
+/// `Init`, before it lists). The new watcher lists before it watches; the reflector keeps
+/// serving the old list until the new one is whole.
 fn renewed_on_return<T, E, S>(
     changes: tokio::sync::watch::Receiver<bool>,
     start: impl Fn() -> S + Send + 'static,
+    answered: fn(&T) -> bool,
 ) -> impl futures::Stream<Item = Result<T, E>> + Send
 where
     S: futures::Stream<Item = Result<T, E>> + Unpin + Send + 'static,
@@ -87,16 +104,30 @@ where
         stream: S,
         changes: tokio::sync::watch::Receiver<bool>,
         start: F,
-        /// Whether the stream delivered anything good since the server was last lost.
+        /// Whether the stream delivered anything from the server since it was last lost.
         delivered: bool,
+        /// Whether this stream has had anything from the server since it started.
+        listed: bool,
+        /// When the stream started or last yielded anything.
+        active: tokio::time::Instant,
+    }
+    impl<S, F: Fn() -> S> Renewed<S, F> {
+        fn restart(&mut self) {
+            self.stream = (self.start)();
+            self.delivered = true;
+            self.listed = false;
+            self.active = tokio::time::Instant::now();
+        }
     }
     let first = Renewed {
         stream: start(),
         changes,
         start,
         delivered: true,
+        listed: false,
+        active: tokio::time::Instant::now(),
     };
-    futures::stream::unfold(first, |mut state| async move {
+    futures::stream::unfold(first, move |mut state| async move {
         loop {
             tokio::select! {
                 // A loss is taken in before what the stream delivered after it.
@@ -112,14 +143,22 @@ where
                         state.delivered = false;
                     } else if !state.delivered {
                         tracing::info!("the API server answers again; watching the node's pods afresh");
-                        state.stream = (state.start)();
-                        state.delivered = true;
+                        state.restart();
                     }
                 }
                 item = state.stream.next() => {
                     let item = item?;
-                    state.delivered |= item.is_ok();
+                    let from_server = item.as_ref().is_ok_and(answered);
+                    state.delivered |= from_server;
+                    state.listed |= from_server;
+                    state.active = tokio::time::Instant::now();
                     return Some((item, state));
+                }
+                () = tokio::time::sleep_until(state.active + LIST_DEADLINE), if !state.listed => {
+                    tracing::warn!(
+                        "the node's pods got no answer within {LIST_DEADLINE:?}; listing them again"
+                    );
+                    state.restart();
                 }
             }
         }
@@ -251,15 +290,19 @@ mod tests {
         // once, then goes silent.
         let (first_items, first) = futures::channel::mpsc::unbounded::<Result<usize, ()>>();
         let first = Mutex::new(Some(first));
-        let stream = renewed_on_return(reachability.subscribe(), move || {
-            let number = counted.fetch_add(1, Ordering::SeqCst) + 1;
-            match first.lock().unwrap().take() {
-                Some(first) => first.boxed(),
-                None => futures::stream::iter([Ok(number)])
-                    .chain(futures::stream::pending())
-                    .boxed(),
-            }
-        });
+        let stream = renewed_on_return(
+            reachability.subscribe(),
+            move || {
+                let number = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                match first.lock().unwrap().take() {
+                    Some(first) => first.boxed(),
+                    None => futures::stream::iter([Ok(number)])
+                        .chain(futures::stream::pending())
+                        .boxed(),
+                }
+            },
+            |_| true,
+        );
         futures::pin_mut!(stream);
         let silent = |stream: &mut std::pin::Pin<&mut _>| {
             futures::FutureExt::now_or_never(StreamExt::next(stream)).is_none()
@@ -288,6 +331,83 @@ mod tests {
         reachability.saw(true);
         assert_eq!(stream.next().await, Some(Ok(3)));
         assert!(silent(&mut stream));
+    }
+
+    /// Watches made by `make` for their number (an item 0 stands for kube's `Init`, made
+    /// up before the list); and how many were started.
+    fn scripted_watches(
+        make: fn(usize) -> futures::stream::BoxStream<'static, Result<usize, ()>>,
+    ) -> (
+        impl futures::Stream<Item = Result<usize, ()>>,
+        Arc<std::sync::atomic::AtomicUsize>,
+        crate::report::ApiReachability,
+    ) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let reachability = crate::report::ApiReachability::new();
+        let starts = Arc::new(AtomicUsize::new(0));
+        let counted = starts.clone();
+        let stream = renewed_on_return(
+            reachability.subscribe(),
+            move || make(counted.fetch_add(1, Ordering::SeqCst) + 1),
+            |item| *item != 0,
+        );
+        (stream, starts, reachability)
+    }
+
+    /// `items`, then nothing, ever.
+    fn then_silent(
+        items: Vec<Result<usize, ()>>,
+    ) -> futures::stream::BoxStream<'static, Result<usize, ()>> {
+        futures::stream::iter(items)
+            .chain(futures::stream::pending())
+            .boxed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_that_never_gets_an_answer_is_asked_again() {
+        use std::sync::atomic::Ordering;
+        // Each watch makes up its Init, then its list hangs.
+        let (stream, starts, reachability) = scripted_watches(|_| then_silent(vec![Ok(0)]));
+        futures::pin_mut!(stream);
+        assert_eq!(stream.next().await, Some(Ok(0)));
+        let started = tokio::time::Instant::now();
+        let second = tokio::time::timeout(2 * LIST_DEADLINE, stream.next()).await;
+        assert_eq!(second, Ok(Some(Ok(0))), "a second watch");
+        assert_eq!(started.elapsed(), LIST_DEADLINE);
+        assert_eq!(starts.load(Ordering::SeqCst), 2);
+        // The Init is no answer: a loss and a return start a third at once.
+        reachability.saw(false);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.next()).await;
+        reachability.saw(true);
+        assert_eq!(
+            tokio::time::timeout(std::time::Duration::from_secs(1), stream.next()).await,
+            Ok(Some(Ok(0)))
+        );
+        assert_eq!(starts.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_listed_or_keeps_failing_is_left_to_go_on() {
+        use std::sync::atomic::Ordering;
+        // Listed, then quiet for an hour: a watch with nothing to say.
+        let (stream, starts, _reachability) = scripted_watches(|_| then_silent(vec![Ok(0), Ok(1)]));
+        futures::pin_mut!(stream);
+        assert_eq!(stream.next().await, Some(Ok(0)));
+        assert_eq!(stream.next().await, Some(Ok(1)));
+        let quiet = tokio::time::timeout(std::time::Duration::from_secs(3600), stream.next());
+        assert!(quiet.await.is_err());
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+        // Failing: kube's backoff paces the errors, each a request that ended.
+        let (stream, starts, _reachability) = scripted_watches(|_| {
+            let errors = futures::stream::unfold((), |()| async {
+                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                Some((Err(()), ()))
+            });
+            futures::stream::iter([Ok(0)]).chain(errors).boxed()
+        });
+        let items: Vec<_> = stream.take(10).collect().await;
+        assert_eq!(items.len(), 10);
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
     }
 
     #[test]
