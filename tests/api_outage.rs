@@ -1,6 +1,6 @@
 //! The API server out for minutes while the node is under memory pressure: the agent
 //! binary, in Kubernetes mode on a fake node, against the fake API server behind a proxy,
-//! through three outages of 50 s each, one after the other:
+//! through three outages of 40 s each, one after the other:
 //!
 //! 1. every request answered 500, the pod watch included;
 //! 2. every packet swallowed, then the partition heals for new connections only: the
@@ -28,7 +28,7 @@ use support::fake_node::{Host, MI, NODE, PodFixture, api_pod, successful_deletes
 use support::proxy::TcpProxy;
 
 /// How long each outage lasts.
-const OUTAGE: Duration = Duration::from_secs(50);
+const OUTAGE: Duration = Duration::from_secs(40);
 /// How long the agent may take to send what it owes once the API server is back, and to
 /// see the pods bound meanwhile: the probe's default interval (10 s) and timeout (5 s),
 /// and the sender's longest backoff (10 s), with room to spare.

@@ -6,6 +6,9 @@
 //! no fence starts), then two hours back (the wait must not grow: the fence starts on
 //! time). Storage isolation by `fence_dummy`, then the power-off through `fence_ipmilan`
 //! against `ipmi_sim`, as in `controller_e2e.rs`.
+//!
+//! The agent, under the same library, must not be judged stalled by its `/healthz` for a
+//! jump forward, nor judged live for a jump back while its decision loop is stuck.
 
 mod support;
 
@@ -15,6 +18,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+use support::agent_process::{AgentProcess, http_get};
 use support::controller::*;
 use support::fence_emulators::IpmiSim;
 
@@ -132,4 +136,127 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
         "{}",
         controller.log()
     );
+}
+
+/// `/healthz` status codes for `within`, one look every 20 ms.
+fn healthz_during(agent: &AgentProcess, within: Duration) -> Vec<u16> {
+    let until = Instant::now() + within;
+    let mut codes = Vec::new();
+    while Instant::now() < until {
+        codes.push(http_get(&agent.address, "/healthz").0);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    codes
+}
+
+/// The agent's `/healthz` fails once no decision cycle has completed for three intervals
+/// and 5 s (8 s here), counted on the boot clock. Set two hours forward, the agent's
+/// wall clock must not make its working loop look stalled until the next cycle; set two
+/// hours back while a cycle is stuck (reading a `/proc/meminfo` that is a FIFO nobody
+/// writes, as a read from a dead NFS mount hangs), it must not hide the stall.
+#[test]
+fn a_wall_clock_jump_neither_fails_the_agents_liveness_nor_hides_a_stall() {
+    let preload = require!("libfaketime", libfaketime());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let proc_root = dir.path().join("proc");
+    std::fs::create_dir_all(proc_root.join("sys/kernel/random")).unwrap();
+    std::fs::create_dir_all(dir.path().join("cgroup")).unwrap();
+    std::fs::write(proc_root.join("sys/kernel/random/boot_id"), "jump-boot\n").unwrap();
+    let meminfo = proc_root.join("meminfo");
+    std::fs::copy("/proc/meminfo", &meminfo).unwrap();
+    let root = dir.path().display();
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n\
+             housekeepingInterval: 1s\nprocRoot: {root}/proc\ncgroupRoot: {root}/cgroup\n\
+             nodefsPath: {root}\n"
+        ),
+    )
+    .unwrap();
+    let offset = dir.path().join("faketime");
+    offset_clock(&offset, 0);
+    let mut command = std::process::Command::new(support::agent_process::BINARY);
+    command
+        .env("LD_PRELOAD", &preload)
+        .env("FAKETIME_TIMESTAMP_FILE", &offset)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    let mut agent = AgentProcess::dry_run_from(command, &config, &[]);
+    // A cycle or two done.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(http_get(&agent.address, "/healthz").0, 200);
+
+    // Two hours forward: every look until well past the next cycle still finds it live.
+    offset_clock(&offset, 7200);
+    let codes = healthz_during(&agent, Duration::from_secs(3));
+    let failed = codes.iter().filter(|code| **code != 200).count();
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {} looks failed after the jump forward",
+        codes.len()
+    );
+
+    // The loop stuck on a read that never ends; then two hours back.
+    std::fs::remove_file(&meminfo).unwrap();
+    nix::unistd::mkfifo(
+        &meminfo,
+        nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+    )
+    .unwrap();
+    let stuck = Instant::now();
+    let writer = loop {
+        // Opening the FIFO for writing succeeds once a reader has it open: the cycle.
+        match nix::fcntl::open(
+            &meminfo,
+            nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_NONBLOCK,
+            nix::sys::stat::Mode::empty(),
+        ) {
+            Ok(fd) => break fd,
+            Err(nix::errno::Errno::ENXIO) if stuck.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(error) => panic!(
+                "the agent's cycle never read {}: {error}",
+                meminfo.display()
+            ),
+        }
+    };
+    offset_clock(&offset, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let unhealthy = loop {
+        if http_get(&agent.address, "/healthz").0 != 200 {
+            break Some(stuck.elapsed());
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Let the stuck read end, then stop the agent as an operator would.
+    use std::io::Write as _;
+    let mut writer = std::fs::File::from(writer);
+    writer
+        .write_all(b"MemTotal: 1024 kB\nMemAvailable: 512 kB\n")
+        .unwrap();
+    drop(writer);
+    let status = agent.stop(Duration::from_secs(20));
+    let took = unhealthy.unwrap_or_else(|| {
+        panic!(
+            "/healthz still said live 20 s into the stall:\n{}",
+            agent.whole_log().join("\n")
+        )
+    });
+    println!(
+        "the jump forward: {} looks, all live; the stall with the clock set back: unhealthy after {:.1}s",
+        codes.len(),
+        took.as_secs_f64()
+    );
+    assert!(
+        took >= Duration::from_secs(7),
+        "unhealthy after only {took:?}"
+    );
+    assert!(status.success(), "agent exited with {status}");
 }

@@ -363,8 +363,10 @@ async fn psi_contention_conditions_reach_the_node_when_turned_on() {
             ("False".to_string(), format!("NodekeeperHasNo{name}")),
         )
     };
+    // The conditions, then the taints, are written one after the other: the node is read
+    // once both are sent.
     let node = eventually(WAIT, "contention conditions on", || {
-        let node = s.server.object::<Node>("", NODE)?;
+        let node = sent_node(&s)?;
         (contention(&node).len() == 4).then_some(node)
     })
     .await;
@@ -407,7 +409,7 @@ async fn psi_contention_conditions_reach_the_node_when_turned_on() {
         s.agent.run_cycle().await;
     }
     let node = eventually(WAIT, "the unreadable condition withdrawn", || {
-        let node = s.server.object::<Node>("", NODE)?;
+        let node = sent_node(&s)?;
         (contention(&node).len() == 3).then_some(node)
     })
     .await;
@@ -425,7 +427,7 @@ async fn psi_contention_conditions_reach_the_node_when_turned_on() {
     set((30.0, 9.0), (50.0, 19.0));
     s.agent.run_cycle().await;
     let node = eventually(WAIT, "contention conditions off", || {
-        let node = s.server.object::<Node>("", NODE)?;
+        let node = sent_node(&s)?;
         contention(&node)
             .values()
             .all(|(status, _)| status == "False")
@@ -433,6 +435,15 @@ async fn psi_contention_conditions_reach_the_node_when_turned_on() {
     })
     .await;
     assert!(taints(&node).is_empty(), "{:?}", taints(&node));
+}
+
+/// The node as the server holds it once the agent has sent every write it queued.
+fn sent_node(s: &Scenario) -> Option<Node> {
+    if s.outbox.is_empty() {
+        s.server.object::<Node>("", NODE)
+    } else {
+        None
+    }
 }
 
 /// Runs cycles 20 ms apart, at most `rounds` of them, until `done` finds what it waits

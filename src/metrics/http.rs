@@ -3,7 +3,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use crate::boot_clock::since_boot_ms;
 
 use axum::Router;
 use axum::extract::State;
@@ -18,7 +20,9 @@ use super::text_format::Format;
 #[derive(Debug)]
 pub struct Health {
     ready: AtomicBool,
-    last_tick_unix_ms: AtomicU64,
+    /// The last tick on the boot clock, so that a wall-clock jump neither makes a
+    /// working loop look stalled nor hides a stalled one.
+    last_tick_ms: AtomicU64,
     /// A loop that has not ticked for this long is reported unhealthy.
     stall_after: Duration,
     /// What `/readyz` says before the first tick.
@@ -34,7 +38,7 @@ impl Health {
     pub fn waiting_for(stall_after: Duration, waiting_for: &'static str) -> Self {
         Health {
             ready: AtomicBool::new(false),
-            last_tick_unix_ms: AtomicU64::new(now_unix_ms()),
+            last_tick_ms: AtomicU64::new(since_boot_ms()),
             stall_after,
             waiting_for,
         }
@@ -42,8 +46,7 @@ impl Health {
 
     /// Called by the loop after each completed evaluation.
     pub fn tick(&self) {
-        self.last_tick_unix_ms
-            .store(now_unix_ms(), Ordering::Relaxed);
+        self.last_tick_ms.store(since_boot_ms(), Ordering::Relaxed);
         self.ready.store(true, Ordering::Relaxed);
     }
 
@@ -52,16 +55,9 @@ impl Health {
     }
 
     pub fn is_live(&self) -> bool {
-        let last = self.last_tick_unix_ms.load(Ordering::Relaxed);
-        now_unix_ms().saturating_sub(last) <= self.stall_after.as_millis() as u64
+        let last = self.last_tick_ms.load(Ordering::Relaxed);
+        since_boot_ms().saturating_sub(last) <= self.stall_after.as_millis() as u64
     }
-}
-
-fn now_unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Anything that renders an OpenMetrics exposition: the agent's metrics and the
