@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Event, Node, Pod as ApiPod};
 use support::agent_process::{AgentProcess, http_get};
 use support::apiserver::{FakeApiServer, RequestMatcher};
+use support::controller::metric_value;
 use support::fake_node::{Host, MI, NODE, PodFixture, api_pod, successful_deletes};
+use support::process_usage::status_kib;
 use support::proxy::TcpProxy;
 
 /// How long each outage lasts.
@@ -277,9 +279,7 @@ fn evicted_events(server: &FakeApiServer, pod: &str) -> Vec<Event> {
 /// The value of the series `series` (a name with its labels, as exported) on the agent's
 /// `/metrics`.
 fn metric(agent: &AgentProcess, series: &str) -> Option<f64> {
-    let (_, body) = http_get(&agent.address, "/metrics");
-    body.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    metric_value(&http_get(&agent.address, "/metrics").1, series)
 }
 
 /// Every `nodekeeper_api_actions_total` series with its value, by its labels.
@@ -296,12 +296,7 @@ fn api_actions(agent: &AgentProcess) -> BTreeMap<String, f64> {
 
 /// The agent's resident memory, from `/proc/PID/status`.
 fn resident_kib(agent: &AgentProcess) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.child.id())).unwrap();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/PID/status")
+    status_kib(agent.child.id(), "VmRSS:")
 }
 
 /// Holds until `OUTAGE` has passed since `began`.
