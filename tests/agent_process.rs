@@ -239,3 +239,107 @@ fn agent_refuses_a_bad_config_with_the_field_named() {
         "{stderr}"
     );
 }
+
+/// A node under memory pressure whose agent knows no pod to evict: the agent says so,
+/// as the kubelet does ("eviction thresholds have been met, but no pods are active to
+/// evict"), once for each streak of pressured cycles rather than every second. (An
+/// agent whose pod list went stale in an API outage was silent about it.)
+#[test]
+fn a_threshold_met_with_no_pod_to_evict_is_said_once_per_streak() {
+    const MI: u64 = 1 << 20;
+    const TOTAL: u64 = 8192 * MI;
+    const NO_POD: &str = "eviction thresholds have been met, but no pods are active to evict";
+    const PRESSED: &str = "Attempting to reclaim memory";
+    // A standalone node without workloads: a cgroup v2 root and a meminfo.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("cgroup")).unwrap();
+    std::fs::create_dir_all(root.join("proc/sys/kernel")).unwrap();
+    std::fs::create_dir_all(root.join("nodefs")).unwrap();
+    std::fs::write(root.join("cgroup/cgroup.controllers"), "memory pids\n").unwrap();
+    let set_free = |free: u64| {
+        std::fs::write(
+            root.join("cgroup/memory.stat"),
+            format!("anon {}\nfile 0\ninactive_file 0\n", TOTAL - free),
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("proc/meminfo"),
+            format!(
+                "MemTotal: {} kB\nMemFree: {} kB\nMemAvailable: {} kB\n",
+                TOTAL / 1024,
+                free / 1024,
+                free / 1024
+            ),
+        )
+        .unwrap();
+    };
+    set_free(4096 * MI);
+    let config = root.join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n\
+             housekeepingInterval: 1s\nevictionHard:\n  memory.available: 100Mi\n\
+             cgroupRoot: {root}/cgroup\nprocRoot: {root}/proc\nnodefsPath: {root}/nodefs\n",
+            root = root.display()
+        ),
+    )
+    .unwrap();
+    let mut agent = AgentProcess::start(&[
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--metrics-addr".as_ref(),
+        "127.0.0.1:0".as_ref(),
+    ]);
+    let count = |agent: &AgentProcess, text: &str| {
+        agent
+            .whole_log()
+            .iter()
+            .filter(|line| line.contains(text))
+            .count()
+    };
+    // Waits until at least `cycles` cycles have been pressured in all.
+    let pressured = |agent: &AgentProcess, cycles: usize| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while count(agent, PRESSED) < cycles {
+            assert!(
+                Instant::now() < deadline,
+                "not {cycles} cycles under pressure:\n{}",
+                agent.whole_log().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+
+    set_free(50 * MI);
+    pressured(&agent, 4);
+    assert_eq!(count(&agent, NO_POD), 1, "{:#?}", agent.whole_log());
+    // The pressure ends, then comes back: a new streak, said again once.
+    set_free(4096 * MI);
+    let threshold_met = "nodekeeper_threshold_met{signal=\"memory.available\",threshold=\"memory.available<100Mi\",kind=\"hard\"}";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sample(
+        &parse_exposition(
+            &http_get_accepting(&agent.address, "/metrics", Some(PROMETHEUS_ACCEPT)).2,
+        ),
+        threshold_met,
+    ) != Some(0.0)
+    {
+        assert!(Instant::now() < deadline, "the pressure never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = count(&agent, PRESSED);
+    set_free(50 * MI);
+    pressured(&agent, before + 4);
+    let status = agent.stop(Duration::from_secs(5));
+    assert!(status.success(), "agent exited with {status}");
+    let log = agent.whole_log();
+    let said: Vec<_> = log.iter().filter(|line| line.contains(NO_POD)).collect();
+    assert_eq!(said.len(), 2, "{log:#?}");
+    assert!(
+        said.iter()
+            .all(|line| line.contains("WARN") && line.contains("signal=memory.available")),
+        "{said:#?}"
+    );
+}

@@ -2,7 +2,8 @@
 //! binary, in Kubernetes mode on a fake node, against the fake API server behind a proxy,
 //! through three outages of 40 s each, one after the other:
 //!
-//! 1. every request answered 500, the pod watch included;
+//! 1. every request answered 500, the pod watch included (cut, and refused each time it
+//!    starts again: the agent knows only the pods it listed before);
 //! 2. every packet swallowed, then the partition heals for new connections only: the
 //!    connections it swallowed stay open and silent for good, as those to an API server
 //!    instance that went away without a reset do;
@@ -112,6 +113,13 @@ impl Outage {
                 .replace(&server.url(), &format!("http://{}", proxy.address())),
         )
         .unwrap();
+        // The pods are on the node before the agent starts, so that its first list holds
+        // them all: one bound later reaches it only through its watch, which the first
+        // outage may find failing.
+        let mut processes = BTreeMap::new();
+        for fixture in [&WAVE_1, &WAVE_2, &WAVE_3, &WAVE_4] {
+            processes.insert(fixture.name, bind(&server, &host, fixture));
+        }
         let agent = AgentProcess::start(&[
             "--metrics-addr".as_ref(),
             "127.0.0.1:0".as_ref(),
@@ -120,18 +128,29 @@ impl Outage {
             "--kubeconfig".as_ref(),
             kubeconfig.as_os_str(),
         ]);
-        let mut outage = Outage {
+        let outage = Outage {
             server,
             proxy,
             host,
             agent,
             evicted: Vec::new(),
-            processes: BTreeMap::new(),
+            processes,
         };
-        for fixture in [&WAVE_1, &WAVE_2, &WAVE_3, &WAVE_4] {
-            outage.bind(fixture);
-        }
         // Steady first: the pods listed, the node's conditions published.
+        outage
+            .until(RECOVERY, "the node's pods listed", |o| {
+                o.server
+                    .requests()
+                    .iter()
+                    .any(|request| {
+                        request.method == "GET"
+                            && request.path == "/api/v1/pods"
+                            && !request.is_watch()
+                            && request.status == 200
+                    })
+                    .then_some(())
+            })
+            .await;
         outage
             .until(RECOVERY, "the node's conditions published", |o| {
                 (memory_pressure(&o.server).as_deref() == Some("False")).then_some(())
@@ -140,24 +159,10 @@ impl Outage {
         outage
     }
 
-    /// Seeds `fixture` on the server and gives it a cgroup on the node holding a process.
+    /// Binds `fixture` to the node while the agent runs.
     fn bind(&mut self, fixture: &'static PodFixture) {
-        self.server.seed(&api_pod(fixture));
-        self.host
-            .add_pod_cgroup("besteffort", fixture.uid, fixture.working_set);
-        let process = std::process::Command::new("sleep")
-            .arg("600")
-            .spawn()
-            .expect("start sleep");
-        std::fs::write(self.procs_file(fixture.uid), format!("{}\n", process.id())).unwrap();
+        let process = bind(&self.server, &self.host, fixture);
         self.processes.insert(fixture.name, process);
-    }
-
-    fn procs_file(&self, uid: &str) -> std::path::PathBuf {
-        self.host
-            .dir
-            .path()
-            .join(format!("cgroup/kubepods/besteffort/pod{uid}/cgroup.procs"))
     }
 
     /// Memory pressure until the agent evicts a pod, which it names; then the memory
@@ -186,7 +191,7 @@ impl Outage {
             .into_iter()
             .find(|fixture| pod == format!("default/{}", fixture.name))
             .unwrap_or_else(|| panic!("{pod} is no pod of this test"));
-        std::fs::write(self.procs_file(fixture.uid), "").unwrap();
+        std::fs::write(procs_file(&self.host, fixture.uid), "").unwrap();
         self.evicted.push(pod.clone());
         pod
     }
@@ -237,6 +242,25 @@ impl Outage {
     fn log(&self) -> String {
         self.agent.whole_log().join("\n")
     }
+}
+
+/// Seeds `fixture` on the server and gives it a cgroup on the node holding a process,
+/// which is returned.
+fn bind(server: &FakeApiServer, host: &Host, fixture: &PodFixture) -> std::process::Child {
+    server.seed(&api_pod(fixture));
+    host.add_pod_cgroup("besteffort", fixture.uid, fixture.working_set);
+    let process = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .expect("start sleep");
+    std::fs::write(procs_file(host, fixture.uid), format!("{}\n", process.id())).unwrap();
+    process
+}
+
+fn procs_file(host: &Host, uid: &str) -> std::path::PathBuf {
+    host.dir
+        .path()
+        .join(format!("cgroup/kubepods/besteffort/pod{uid}/cgroup.procs"))
 }
 
 /// `name=value` (or `name="value"`) from a log line.
@@ -311,9 +335,11 @@ async fn api_outages_of_minutes_keep_the_node_protected_and_lose_no_write() {
     let mut o = Outage::start().await;
     let resident_before = resident_kib(&o.agent);
 
-    // 1. Every request answered 500, the watch included.
+    // 1. Every request answered 500, the watch included: it is cut, and each time it
+    //    starts again it is answered 500.
     let began = Instant::now();
     o.server.fail_matching(RequestMatcher::any(), 500, None);
+    o.server.drop_watches();
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(o.pressure_evicts().await, "default/wave-1");
     rest_of_outage(began).await;

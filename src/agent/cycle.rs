@@ -48,6 +48,8 @@ pub struct Agent {
     reclaimer: Option<super::reclaim::Reclaimer>,
     /// The last node-level reclaim failed (logged once per streak).
     reclaim_failing: bool,
+    /// A threshold met with no pod to evict was said in this streak of cycles.
+    nothing_to_evict_said: bool,
     evictor: Option<Box<dyn Evictor + Send>>,
     recorder: Option<Recorder>,
     pod_source: Option<Box<dyn PodSource>>,
@@ -148,6 +150,7 @@ impl Agent {
             logged_errors: BTreeSet::new(),
             reclaimer,
             reclaim_failing: false,
+            nothing_to_evict_said: false,
             evictor: None,
             recorder: None,
             pod_source: None,
@@ -695,6 +698,7 @@ impl Agent {
     /// Issue this cycle's evictions (or, in dry-run mode, log them). Returns the cgroups
     /// of the pods evicted here when any eviction succeeded.
     fn evict(&mut self, report: &CycleReport) -> Option<Vec<std::path::PathBuf>> {
+        self.say_if_nothing_to_evict(report);
         let decision = &report.decision;
         let mut evicted_any = false;
         let mut attempted_cgroups = Vec::new();
@@ -757,6 +761,34 @@ impl Agent {
             }
         }
         evicted_any.then_some(attempted_cgroups)
+    }
+
+    /// The kubelet's errors when a threshold must be acted on and no pod can be chosen:
+    /// none is active, or every one is critical. Said once per streak (the cycles run
+    /// every second and on every kernel notification, the kubelet's every ten seconds),
+    /// and again once a pod has been chosen or the pressure has ended. An agent that
+    /// knows no pod on a node under pressure is worth a look: the pod list may be stale.
+    fn say_if_nothing_to_evict(&mut self, report: &CycleReport) {
+        let decision = &report.decision;
+        let Some(starved) = decision.starved.filter(|_| decision.evictions.is_empty()) else {
+            self.nothing_to_evict_said = false;
+            return;
+        };
+        if std::mem::replace(&mut self.nothing_to_evict_said, true) {
+            return;
+        }
+        if report.pods.is_empty() {
+            tracing::warn!(
+                signal = %starved.signal,
+                "eviction thresholds have been met, but no pods are active to evict (said once until a pod is chosen or the pressure ends)"
+            );
+        } else {
+            tracing::warn!(
+                signal = %starved.signal,
+                active_pods = report.pods.len(),
+                "unable to evict any pods from the node: every active pod is critical (said once until a pod is chosen or the pressure ends)"
+            );
+        }
     }
 
     /// Run node-level reclaim (the commands are awaited, not polled), then re-check. Returns whether pods
