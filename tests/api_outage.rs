@@ -22,11 +22,13 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, Node, Pod as ApiPod};
+use k8s_openapi::api::core::v1::{Event, Pod as ApiPod};
 use support::agent_process::{AgentProcess, http_get};
 use support::apiserver::{FakeApiServer, RequestMatcher};
 use support::controller::metric_value;
-use support::fake_node::{Host, MI, NODE, PodFixture, api_pod, successful_deletes};
+use support::fake_node::{
+    Host, MI, PodFixture, best_effort, node_condition, pods_listed, seed_node, successful_deletes,
+};
 use support::process_usage::status_kib;
 use support::proxy::TcpProxy;
 
@@ -44,17 +46,6 @@ const EVICTED: &str = "nodekeeper::agent::cycle: evicted pod";
 const WATCH_DELIVERY: Duration = Duration::from_secs(3);
 
 /// BestEffort pods, evicted largest first.
-const fn best_effort(name: &'static str, uid: &'static str, working_set_mi: u64) -> PodFixture {
-    PodFixture {
-        name,
-        uid,
-        memory_request: None,
-        priority: None,
-        annotations: &[],
-        working_set: working_set_mi * MI,
-    }
-}
-
 const WAVE_1: PodFixture = best_effort("wave-1", "0000000a-0001", 3000);
 const WAVE_2: PodFixture = best_effort("wave-2", "0000000a-0002", 2500);
 const WAVE_3: PodFixture = best_effort("wave-3", "0000000a-0003", 2000);
@@ -90,13 +81,7 @@ impl Outage {
         let server = FakeApiServer::start().await;
         let upstream = server.url().trim_start_matches("http://").parse().unwrap();
         let proxy = TcpProxy::start(upstream).await;
-        server.seed(&Node {
-            metadata: kube::api::ObjectMeta {
-                name: Some(NODE.to_string()),
-                ..Default::default()
-            },
-            ..Default::default()
-        });
+        seed_node(&server);
         let host = Host::new(4096 * MI);
         let config = host.dir.path().join("agent.yaml");
         // The probe and the sender's backoff at their defaults, as operators run them.
@@ -118,7 +103,7 @@ impl Outage {
         // outage may find failing.
         let mut processes = BTreeMap::new();
         for fixture in [&WAVE_1, &WAVE_2, &WAVE_3, &WAVE_4] {
-            processes.insert(fixture.name, bind(&server, &host, fixture));
+            processes.insert(fixture.name, host.bind_running(&server, fixture));
         }
         let agent = AgentProcess::start(&[
             "--metrics-addr".as_ref(),
@@ -139,16 +124,7 @@ impl Outage {
         // Steady first: the pods listed, the node's conditions published.
         outage
             .until(RECOVERY, "the node's pods listed", |o| {
-                o.server
-                    .requests()
-                    .iter()
-                    .any(|request| {
-                        request.method == "GET"
-                            && request.path == "/api/v1/pods"
-                            && !request.is_watch()
-                            && request.status == 200
-                    })
-                    .then_some(())
+                pods_listed(&o.server).then_some(())
             })
             .await;
         outage
@@ -161,7 +137,7 @@ impl Outage {
 
     /// Binds `fixture` to the node while the agent runs.
     fn bind(&mut self, fixture: &'static PodFixture) {
-        let process = bind(&self.server, &self.host, fixture);
+        let process = self.host.bind_running(&self.server, fixture);
         self.processes.insert(fixture.name, process);
     }
 
@@ -191,7 +167,11 @@ impl Outage {
             .into_iter()
             .find(|fixture| pod == format!("default/{}", fixture.name))
             .unwrap_or_else(|| panic!("{pod} is no pod of this test"));
-        std::fs::write(procs_file(&self.host, fixture.uid), "").unwrap();
+        let procs = self
+            .host
+            .pod_cgroup("besteffort", fixture.uid)
+            .join("cgroup.procs");
+        std::fs::write(procs, "").unwrap();
         self.evicted.push(pod.clone());
         pod
     }
@@ -244,25 +224,6 @@ impl Outage {
     }
 }
 
-/// Seeds `fixture` on the server and gives it a cgroup on the node holding a process,
-/// which is returned.
-fn bind(server: &FakeApiServer, host: &Host, fixture: &PodFixture) -> std::process::Child {
-    server.seed(&api_pod(fixture));
-    host.add_pod_cgroup("besteffort", fixture.uid, fixture.working_set);
-    let process = std::process::Command::new("sleep")
-        .arg("600")
-        .spawn()
-        .expect("start sleep");
-    std::fs::write(procs_file(host, fixture.uid), format!("{}\n", process.id())).unwrap();
-    process
-}
-
-fn procs_file(host: &Host, uid: &str) -> std::path::PathBuf {
-    host.dir
-        .path()
-        .join(format!("cgroup/kubepods/besteffort/pod{uid}/cgroup.procs"))
-}
-
 /// `name=value` (or `name="value"`) from a log line.
 fn field(line: &str, name: &str) -> Option<String> {
     let start = line.find(&format!(" {name}="))? + name.len() + 2;
@@ -272,13 +233,7 @@ fn field(line: &str, name: &str) -> Option<String> {
 }
 
 fn memory_pressure(server: &FakeApiServer) -> Option<String> {
-    server
-        .object::<Node>("", NODE)?
-        .status?
-        .conditions?
-        .into_iter()
-        .find(|condition| condition.type_ == "NodekeeperMemoryPressure")
-        .map(|condition| condition.status)
+    node_condition(server, "NodekeeperMemoryPressure")
 }
 
 fn has_disruption_target(server: &FakeApiServer, pod: &str) -> bool {

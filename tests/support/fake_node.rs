@@ -88,6 +88,38 @@ impl Host {
         std::fs::write(dir.join("cgroup.procs"), "").unwrap();
     }
 
+    /// The cgroup directory of the pod with `uid` in the QoS directory `qos_dir`.
+    pub fn pod_cgroup(&self, qos_dir: &str, uid: &str) -> std::path::PathBuf {
+        self.dir
+            .path()
+            .join("cgroup/kubepods")
+            .join(qos_dir)
+            .join(format!("pod{uid}"))
+    }
+
+    /// Seeds `fixture` on `server` as a BestEffort pod, and gives it a cgroup here that
+    /// holds a real process of the caller's (`sleep`), returned for the caller to end:
+    /// the agent's local kill signals it.
+    pub fn bind_running(
+        &self,
+        server: &super::apiserver::FakeApiServer,
+        fixture: &PodFixture,
+    ) -> std::process::Child {
+        server.seed(&api_pod(fixture));
+        self.add_pod_cgroup("besteffort", fixture.uid, fixture.working_set);
+        let process = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("start sleep");
+        std::fs::write(
+            self.pod_cgroup("besteffort", fixture.uid)
+                .join("cgroup.procs"),
+            format!("{}\n", process.id()),
+        )
+        .unwrap();
+        process
+    }
+
     /// The pod's containers run (again): its fake cgroup has a process.
     pub fn start_pod_processes(&self, qos_dir: &str, uid: &str) {
         let procs = self
@@ -149,6 +181,53 @@ pub struct PodFixture {
     pub priority: Option<i32>,
     pub annotations: &'static [(&'static str, &'static str)],
     pub working_set: u64,
+}
+
+/// A BestEffort pod of `working_set_mi` MiB: no request, no priority.
+pub const fn best_effort(name: &'static str, uid: &'static str, working_set_mi: u64) -> PodFixture {
+    PodFixture {
+        name,
+        uid,
+        memory_request: None,
+        priority: None,
+        annotations: &[],
+        working_set: working_set_mi * MI,
+    }
+}
+
+/// Seeds this host's Node object, empty, on `server`.
+pub fn seed_node(server: &super::apiserver::FakeApiServer) {
+    server.seed(&k8s_openapi::api::core::v1::Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+}
+
+/// Whether `server` has answered a list of pods (the agent's first, before it watches).
+pub fn pods_listed(server: &super::apiserver::FakeApiServer) -> bool {
+    server.requests().iter().any(|request| {
+        request.method == "GET"
+            && request.path == "/api/v1/pods"
+            && !request.is_watch()
+            && request.status == 200
+    })
+}
+
+/// The status of the node condition `condition_type` the server holds for this host.
+pub fn node_condition(
+    server: &super::apiserver::FakeApiServer,
+    condition_type: &str,
+) -> Option<String> {
+    server
+        .object::<k8s_openapi::api::core::v1::Node>("", NODE)?
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|condition| condition.type_ == condition_type)
+        .map(|condition| condition.status)
 }
 
 pub fn api_pod(fixture: &PodFixture) -> ApiPod {
