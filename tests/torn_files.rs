@@ -183,6 +183,18 @@ fn tear(files: &Files, stop: &AtomicBool) -> BTreeMap<Fault, usize> {
     applied
 }
 
+/// The pods' processes, this test's own, ended when it ends, a failed assertion included.
+struct Processes(Vec<std::process::Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for process in &mut self.0 {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
+    }
+}
+
 fn memory_pressure(server: &FakeApiServer) -> Option<String> {
     node_condition(server, "NodekeeperMemoryPressure")
 }
@@ -225,10 +237,12 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
         ),
     )
     .unwrap();
-    let mut processes: Vec<std::process::Child> = [&BIG, &MID, &SMALL]
-        .into_iter()
-        .map(|fixture| host.bind_running(&server, fixture))
-        .collect();
+    let _processes = Processes(
+        [&BIG, &MID, &SMALL]
+            .into_iter()
+            .map(|fixture| host.bind_running(&server, fixture))
+            .collect(),
+    );
     let config = host.dir.path().join("agent.yaml");
     std::fs::write(&config, host.yaml("housekeepingInterval: 1s\n")).unwrap();
     let kubeconfig = host.dir.path().join("kubeconfig");
@@ -341,9 +355,5 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
     .await;
     let log = agent.whole_log().join("\n");
     let status = agent.stop(Duration::from_secs(20));
-    for process in &mut processes {
-        let _ = process.kill();
-        let _ = process.wait();
-    }
     assert!(status.success(), "agent exited with {status}:\n{log}");
 }
