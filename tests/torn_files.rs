@@ -4,7 +4,7 @@
 //! cut anywhere), held cut or full of garbage across cycles, and a pod's cgroup is
 //! removed and made again between one cycle's listing and its reads.
 //!
-//! A read cut short must never pass for a figure: `inactive_file 4223` cut from
+//! A read cut short must never pass for a figure: `inactive_file 42236` cut from
 //! `4223664128` on a node full of page cache, read as a number, would make the node look
 //! out of memory and evict pods for nothing. So: no eviction while the files are torn, the
 //! agent live all along, each broken node-level file named in the log and counted; once
