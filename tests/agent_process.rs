@@ -1,6 +1,7 @@
 //! The agent as an operator runs it: a real process, scraped over HTTP, stopped by SIGTERM.
 
 mod support {
+    #![allow(dead_code)]
     pub mod agent_process;
 }
 

@@ -27,7 +27,8 @@ use support::agent_process::{AgentProcess, http_get};
 use support::apiserver::{FakeApiServer, RequestMatcher};
 use support::controller::metric_value;
 use support::fake_node::{
-    Host, MI, PodFixture, best_effort, node_condition, pods_listed, seed_node, successful_deletes,
+    Host, MI, PodFixture, PodProcess, best_effort, node_condition, pods_listed, seed_node,
+    successful_deletes,
 };
 use support::process_usage::status_kib;
 use support::proxy::TcpProxy;
@@ -64,16 +65,7 @@ struct Outage {
     evicted: Vec<String>,
     /// A process of this test's own in each pod's cgroup, by pod name: the agent's
     /// local kill signals it, and then waits for its cgroup to empty.
-    processes: BTreeMap<&'static str, std::process::Child>,
-}
-
-impl Drop for Outage {
-    fn drop(&mut self) {
-        for process in self.processes.values_mut() {
-            let _ = process.kill();
-            let _ = process.wait();
-        }
-    }
+    processes: BTreeMap<&'static str, PodProcess>,
 }
 
 impl Outage {
@@ -105,14 +97,7 @@ impl Outage {
         for fixture in [&WAVE_1, &WAVE_2, &WAVE_3, &WAVE_4] {
             processes.insert(fixture.name, host.bind_running(&server, fixture));
         }
-        let agent = AgentProcess::start(&[
-            "--metrics-addr".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--config".as_ref(),
-            config.as_os_str(),
-            "--kubeconfig".as_ref(),
-            kubeconfig.as_os_str(),
-        ]);
+        let agent = AgentProcess::start_in_kubernetes(&config, &kubeconfig);
         let outage = Outage {
             server,
             proxy,

@@ -421,3 +421,70 @@ async fn a_restarted_agent_does_not_evict_again_a_pod_whose_delete_it_owes() {
     assert!(status.success(), "agent exited with {status}:\n{log}");
     assert!(!host.api_writes_file().exists(), "{log}");
 }
+
+/// Memory pressure on a node whose only pods are critical (a static pod and one of
+/// system-node-critical priority): the agent evicts nothing and says why, as the
+/// kubelet's "unable to evict any pods from the node", once for the streak of pressured
+/// cycles rather than every second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pressure_with_only_critical_pods_is_said_once_and_evicts_nothing() {
+    use support::agent_process::AgentProcess as Agent;
+    use support::fake_node::{Host, MI, PODS, api_pod, pods_listed, qos_dir, seed_node};
+    const CRITICAL_ONLY: &str =
+        "unable to evict any pods from the node: every active pod is critical";
+    const PRESSED: &str = "Attempting to reclaim memory";
+
+    let server = FakeApiServer::start().await;
+    seed_node(&server);
+    let host = Host::new(4096 * MI);
+    let critical = ["static-etcd", "dns"];
+    for fixture in PODS
+        .iter()
+        .filter(|fixture| critical.contains(&fixture.name))
+    {
+        server.seed(&api_pod(fixture));
+        host.add_pod_cgroup(qos_dir(fixture), fixture.uid, fixture.working_set);
+    }
+    let config = host.dir.path().join("agent.yaml");
+    std::fs::write(&config, host.yaml("housekeepingInterval: 1s\n")).unwrap();
+    let kubeconfig = host.dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let agent = Agent::start_in_kubernetes(&config, &kubeconfig);
+    let count = |text: &str| {
+        agent
+            .whole_log()
+            .iter()
+            .filter(|line| line.contains(text))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !pods_listed(&server) {
+        assert!(Instant::now() < deadline, "{:#?}", agent.whole_log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    host.set_free_memory(50 * MI);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(PRESSED) < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "not 4 cycles under pressure: {:#?}",
+            agent.whole_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = agent.whole_log();
+    assert_eq!(count(CRITICAL_ONLY), 1, "{log:#?}");
+    assert!(
+        log.iter()
+            .any(|line| line.contains(CRITICAL_ONLY) && line.contains("active_pods=2")),
+        "{log:#?}"
+    );
+    assert!(
+        !log.iter().any(|line| line.contains("evicted pod")),
+        "{log:#?}"
+    );
+    assert!(
+        !server.requests().iter().any(|r| r.method == "DELETE"),
+        "{log:#?}"
+    );
+}

@@ -178,10 +178,12 @@ fn cgroup_v2_root_without_memory_stat_takes_usage_and_inactive_file_from_meminfo
     );
 }
 
-/// A root memory.stat cut short (twice, so the read again is cut too) is an error for
-/// memory.available alone, and never a switch to the meminfo formula: that usage counts
-/// kernel memory as well, and would take gigabytes off available for a cycle. Cut before
-/// `inactive_file` and after `anon` and `file`, or in the middle of `anon`'s line.
+/// A root memory.stat cut short (twice, so the read again is cut too), emptied or
+/// garbled while read is an error for memory.available alone, and never a switch to the
+/// meminfo formula: that usage counts kernel memory as well (the fixture's meminfo makes
+/// it 2 GiB larger), and would take gigabytes off available for a cycle. Cut before
+/// `inactive_file` and after `anon` and `file`, in the middle of `anon`'s line, at a
+/// line's end after `anon`, to nothing, or garbage without a key the kernel writes.
 #[test]
 fn cgroup_v2_root_memory_stat_cut_short_is_an_error_never_the_meminfo_formula() {
     let copy = copy_of_fixtures();
@@ -192,19 +194,27 @@ fn cgroup_v2_root_memory_stat_cut_short_is_an_error_never_the_meminfo_formula() 
     // At a line's end too: `anon` and `file` whole, `inactive_file` cut off.
     let after_file = whole.find("\nfile ").expect("the fixture has it") + 1;
     let after_file = after_file + whole[after_file..].find('\n').expect("a whole line") + 1;
-    for end in [before_inactive, in_anon, after_file] {
-        std::fs::write(&stat, &whole[..end]).unwrap();
+    // At the end of `anon`'s line: `file` and `inactive_file` cut off.
+    let after_anon = in_anon + whole[in_anon..].find('\n').expect("a whole line") + 1;
+    let cuts = [before_inactive, in_anon, after_file, after_anon, 0];
+    let broken = cuts
+        .iter()
+        .map(|&end| whole[..end].to_string())
+        .chain(["\u{0}\u{1}\u{7f}garbage\n\n".to_string()]);
+    for text in broken {
+        std::fs::write(&stat, &text).unwrap();
         let collection = collect_copy(&copy, "cgroup-v2", Some("kubepods.slice"));
         assert_eq!(
             errored_signals(&collection),
             vec![Signal::MemoryAvailable],
-            "cut to {:?}",
-            &whole[..end]
+            "memory.stat of {text:?}"
         );
         let message = collection.errors[0].to_string();
         assert!(
             message.contains("memory.stat")
-                && (message.contains("cut short") || message.contains("inactive_file")),
+                && ["cut short", "`anon`", "`file`", "`inactive_file`"]
+                    .iter()
+                    .any(|problem| message.contains(problem)),
             "{message}"
         );
     }

@@ -6,9 +6,13 @@
 //!
 //! A read cut short must never pass for a figure: `inactive_file 42236` cut from
 //! `4223664128` on a node full of page cache, read as a number, would make the node look
-//! out of memory and evict pods for nothing. So: no eviction while the files are torn, the
-//! agent live all along, each broken node-level file named in the log and counted; once
-//! the files are whole again, real pressure evicts the pod the kubelet would choose.
+//! out of memory and evict pods for nothing; a root `memory.stat` read empty must not
+//! switch to the meminfo formula, which counts kernel memory too. So: `memory.available`
+//! never other than the node's true figure while the files are torn, no eviction, the
+//! agent live all along, each broken node-level file named in the log and counted. Once
+//! the files are whole again, real pressure evicts the pod the kubelet would choose, the
+//! largest, even while its own files are broken: it keeps the figures last read from
+//! them, as the kubelet's stats do.
 
 mod support;
 
@@ -45,8 +49,9 @@ enum Fault {
     MeminfoTorn,
     /// `/proc/meminfo` cut inside its first number.
     MeminfoCut,
-    /// The root `memory.stat` cut inside `inactive_file`'s figure, inside another line,
-    /// or garbage, for a fifth of a second; then rewritten in two pieces.
+    /// The root `memory.stat` cut inside `inactive_file`'s figure for a second and a
+    /// half (so a cycle reads it), cut inside another line for a fifth of a second, then
+    /// garbage and empty for a cycle each; then rewritten in two pieces.
     RootStatBroken,
     /// The largest pod's `memory.current` cut, its `memory.stat` garbage.
     PodFilesBroken,
@@ -107,6 +112,12 @@ impl Files {
         }
     }
 
+    /// The largest pod's `memory.current` cut short, its `memory.stat` garbage.
+    fn break_big_pod_files(&self) {
+        std::fs::write(self.big.join("memory.current"), "314").unwrap();
+        std::fs::write(self.big.join("memory.stat"), "inactive_file x\n").unwrap();
+    }
+
     /// Every file whole again, every pod cgroup there.
     fn restore(&self) {
         std::fs::write(&self.meminfo.0, &self.meminfo.1).unwrap();
@@ -152,20 +163,20 @@ fn tear(files: &Files, stop: &AtomicBool) -> BTreeMap<Fault, usize> {
                 }
                 Fault::RootStatBroken => {
                     let (path, text) = &files.root_stat;
-                    // Cut inside `inactive_file`'s figure, inside a line, garbage.
-                    let broken = match times % 3 {
-                        0 => text[..text.len() - 6].to_string(),
-                        1 => text[..text.len() / 2].to_string(),
-                        _ => "\u{0}\u{1}\u{7f}garbage\n\n".to_string(),
-                    };
-                    std::fs::write(path, broken).unwrap();
-                    std::thread::sleep(Duration::from_millis(200));
+                    // Each held across a cycle, but for the cut inside a line, which
+                    // the kernel files' own fuzzing covers.
+                    for (broken, held) in [
+                        (&text[..text.len() - 6], 1500),
+                        (&text[..text.len() / 2], 200),
+                        ("\u{0}\u{1}\u{7f}garbage\n\n", 1200),
+                        ("", 1200),
+                    ] {
+                        std::fs::write(path, broken).unwrap();
+                        std::thread::sleep(Duration::from_millis(held));
+                    }
                     write_torn(path, text, times * 11);
                 }
-                Fault::PodFilesBroken => {
-                    std::fs::write(files.big.join("memory.current"), "314").unwrap();
-                    std::fs::write(files.big.join("memory.stat"), "inactive_file x\n").unwrap();
-                }
+                Fault::PodFilesBroken => files.break_big_pod_files(),
                 Fault::ProcsGarbage => {
                     std::fs::write(files.mid.join("cgroup.procs"), "not-a-pid\n-1\n").unwrap();
                 }
@@ -183,14 +194,39 @@ fn tear(files: &Files, stop: &AtomicBool) -> BTreeMap<Fault, usize> {
     applied
 }
 
-/// The pods' processes, this test's own, ended when it ends, a failed assertion included.
-struct Processes(Vec<std::process::Child>);
+/// The thread tearing the files; stopped and waited for when the test ends, a failed
+/// assertion included, so that it never writes into a removed directory.
+struct Tearing {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<BTreeMap<Fault, usize>>>,
+}
 
-impl Drop for Processes {
+impl Tearing {
+    fn start(files: &Files) -> Tearing {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (files, stop) = (files.clone(), stop.clone());
+            std::thread::spawn(move || tear(&files, &stop))
+        };
+        Tearing {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops it; how many times each fault was applied.
+    fn finish(mut self) -> BTreeMap<Fault, usize> {
+        self.stop.store(true, Ordering::SeqCst);
+        let thread = self.thread.take().expect("finished once");
+        thread.join().expect("the fault thread")
+    }
+}
+
+impl Drop for Tearing {
     fn drop(&mut self) {
-        for process in &mut self.0 {
-            let _ = process.kill();
-            let _ = process.wait();
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
@@ -212,14 +248,41 @@ async fn until(agent: &AgentProcess, within: Duration, what: &str, check: impl F
     }
 }
 
+/// The collection cycles the agent has run: its collection-time histogram's count.
+fn cycles_run(agent: &AgentProcess) -> f64 {
+    let metrics = http_get(&agent.address, "/metrics").1;
+    metric_value(&metrics, "nodekeeper_collection_duration_seconds_count").unwrap_or(0.0)
+}
+
+/// The errors the agent has counted collecting `memory.available`, the signal the torn
+/// node-level files feed. (This fake node has no `pid_max` nor a pods cgroup of its own,
+/// so other signals fail every cycle.)
+fn memory_available_errors(agent: &AgentProcess) -> f64 {
+    metric_value(
+        &http_get(&agent.address, "/metrics").1,
+        "nodekeeper_collection_errors_total{signal=\"memory.available\"}",
+    )
+    .unwrap_or(0.0)
+}
+
+/// `memory.available` as the agent last observed it.
+fn memory_available(metrics: &str) -> Option<f64> {
+    metric_value(
+        metrics,
+        "nodekeeper_signal_available{signal=\"memory.available\"}",
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
     let server = FakeApiServer::start().await;
     seed_node(&server);
     let host = Host::new(4096 * MI);
-    // A node whose memory is mostly page cache, half of it inactive: 4 GiB available of
-    // 8, but 68 MiB free. Its working set is `anon + file - inactive_file`, so an
-    // `inactive_file` read short would put it out of memory.
+    // A node whose memory is mostly page cache, half of it inactive: 68 MiB free, about
+    // 4 GiB available of 8. Its working set is `anon + file - inactive_file`, so an
+    // `inactive_file` read short would put it out of memory (92 MiB available, below the
+    // 100Mi threshold). Its kernel takes 24 MiB more, so the meminfo formula would give
+    // another figure (4096 MiB, not 4120).
     std::fs::write(
         host.dir.path().join("proc/meminfo"),
         "MemTotal: 8388608 kB\nMemFree: 69632 kB\nMemAvailable: 4194304 kB\n\
@@ -227,35 +290,23 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
          Hugepagesize: 2048 kB\nHugetlb: 0 kB\n",
     )
     .unwrap();
+    let (anon, file, inactive_file) = (1024 * MI, 7076 * MI, 4028 * MI);
     std::fs::write(
         host.dir.path().join("cgroup/memory.stat"),
-        format!(
-            "anon {}\nfile {}\ninactive_file {}\n",
-            1024 * MI,
-            7100 * MI,
-            4028 * MI
-        ),
+        format!("anon {anon}\nfile {file}\ninactive_file {inactive_file}\n"),
     )
     .unwrap();
-    let _processes = Processes(
-        [&BIG, &MID, &SMALL]
-            .into_iter()
-            .map(|fixture| host.bind_running(&server, fixture))
-            .collect(),
-    );
+    let true_available = (8192 * MI - (anon + file - inactive_file)) as f64;
+    let _processes: Vec<_> = [&BIG, &MID, &SMALL]
+        .into_iter()
+        .map(|fixture| host.bind_running(&server, fixture))
+        .collect();
     let config = host.dir.path().join("agent.yaml");
     std::fs::write(&config, host.yaml("housekeepingInterval: 1s\n")).unwrap();
     let kubeconfig = host.dir.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
-    let mut agent = AgentProcess::start(&[
-        "--metrics-addr".as_ref(),
-        "127.0.0.1:0".as_ref(),
-        "--config".as_ref(),
-        config.as_os_str(),
-        "--kubeconfig".as_ref(),
-        kubeconfig.as_os_str(),
-    ]);
-    // Steady first: the pods listed, the node's conditions published.
+    let mut agent = AgentProcess::start_in_kubernetes(&config, &kubeconfig);
+    // Steady first: the pods listed, the node's conditions published, the true figure.
     until(
         &agent,
         Duration::from_secs(30),
@@ -270,28 +321,29 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
         || memory_pressure(&server).as_deref() == Some("False"),
     )
     .await;
+    until(&agent, Duration::from_secs(30), "the true figure", || {
+        memory_available(&http_get(&agent.address, "/metrics").1) == Some(true_available)
+    })
+    .await;
 
     let files = Files::of(&host);
-    let stop = Arc::new(AtomicBool::new(false));
-    let chaos = {
-        let (files, stop) = (files.clone(), stop.clone());
-        std::thread::spawn(move || tear(&files, &stop))
-    };
-    // Liveness, looked at as a kubelet's probe would, all along.
+    let tearing = Tearing::start(&files);
+    // Liveness, looked at as a kubelet's probe would, and memory.available, all along.
     let began = Instant::now();
     let mut looks = Vec::new();
+    let mut available_seen = BTreeMap::<u64, usize>::new();
     while began.elapsed() < CHAOS {
         looks.push(http_get(&agent.address, "/healthz").0);
+        let available = memory_available(&http_get(&agent.address, "/metrics").1);
+        *available_seen
+            .entry(available.map_or(0, |bytes| bytes as u64))
+            .or_default() += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stop.store(true, Ordering::SeqCst);
-    let applied = chaos.join().expect("the fault thread");
+    let applied = tearing.finish();
     files.restore();
-    let torn_log = agent.whole_log().join("\n");
-    let metrics = http_get(&agent.address, "/metrics").1;
-
     println!(
-        "faults applied: {applied:?}; {} liveness looks",
+        "faults applied: {applied:?}; {} liveness looks; memory.available seen (bytes: looks): {available_seen:?}",
         looks.len()
     );
     assert_eq!(
@@ -301,18 +353,54 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
     );
     assert!(
         looks.iter().all(|status| *status == 200),
-        "liveness failed while the files were torn: {looks:?}\n{torn_log}"
+        "liveness failed while the files were torn: {looks:?}\n{}",
+        agent.whole_log().join("\n")
     );
-    // Nothing read from a torn file passed for pressure.
+    // Nothing read from a torn file passed for a figure: not a cut `inactive_file`, not
+    // the meminfo formula in place of an empty memory.stat.
+    assert_eq!(
+        available_seen.keys().copied().collect::<Vec<_>>(),
+        [true_available as u64],
+        "memory.available other than the node's while the files were torn\n{}",
+        agent.whole_log().join("\n")
+    );
+    // Whole again: after one cycle to read them, two more without a collection error, in
+    // which an eviction decided on a torn read would still show.
+    let restored_at = cycles_run(&agent);
+    until(
+        &agent,
+        Duration::from_secs(10),
+        "a cycle on whole files",
+        || cycles_run(&agent) >= restored_at + 1.0,
+    )
+    .await;
+    let (errors_then, cycles_then) = (memory_available_errors(&agent), cycles_run(&agent));
+    until(&agent, Duration::from_secs(10), "two more cycles", || {
+        cycles_run(&agent) >= cycles_then + 2.0
+    })
+    .await;
+    assert_eq!(
+        memory_available_errors(&agent),
+        errors_then,
+        "memory.available errors on whole files:\n{}",
+        agent.whole_log().join("\n")
+    );
+    let torn_log = agent.whole_log().join("\n");
+    let metrics = http_get(&agent.address, "/metrics").1;
+
     assert!(!torn_log.contains(EVICTED), "{torn_log}");
     assert!(
         !server.requests().iter().any(|r| r.method == "DELETE"),
         "{torn_log}"
     );
     assert!(!torn_log.contains("panicked"), "{torn_log}");
-    // Each broken node-level file is named, with what was wrong with it.
+    // Each broken node-level file is named, with what was wrong with it: the dangerous
+    // cut quoted.
     let root = host.dir.path().display().to_string();
-    for (file, problem) in [("proc/meminfo", "MemTotal"), ("cgroup/memory.stat", "")] {
+    for (file, problem) in [
+        ("proc/meminfo", "MemTotal"),
+        ("cgroup/memory.stat", "inactive_file 42236"),
+    ] {
         let path = format!("{root}/{file}");
         assert!(
             torn_log
@@ -320,7 +408,7 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
                 .any(|line| line.contains("signal collection failed")
                     && line.contains(&path)
                     && line.contains(problem)),
-            "no error naming {path}:\n{torn_log}"
+            "no error naming {path} with {problem:?}:\n{torn_log}"
         );
     }
     assert!(
@@ -331,29 +419,35 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
         .is_some_and(|count| count > 0.0),
         "{metrics}"
     );
+    assert!(
+        torn_log
+            .lines()
+            .any(|line| line.contains("signal collection recovered")
+                && line.contains("inactive_file 42236")),
+        "the end of the cut not said:\n{torn_log}"
+    );
 
-    // The files whole again: the agent reads them again, and real pressure evicts the
-    // pod the kubelet would choose.
-    until(
-        &agent,
-        Duration::from_secs(10),
-        "collection recovered",
-        || {
-            agent
-                .whole_log()
-                .iter()
-                .any(|line| line.contains("signal collection recovered"))
-        },
-    )
-    .await;
+    // Real pressure while the largest pod's own files are broken: the agent keeps the
+    // figures last read from them, and evicts it, as the kubelet would. (Measured as
+    // empty, it would rank last, and `mid` would go.)
+    files.break_big_pod_files();
+    let pressured_at = Instant::now();
     host.set_free_memory(50 * MI);
-    let (_, evicted) = agent.wait_for_line(EVICTED, Duration::from_secs(20));
+    let (evicted_at, evicted) = agent.wait_for_line(EVICTED, Duration::from_secs(20));
+    assert!(evicted_at >= pressured_at, "{evicted}");
     assert!(evicted.contains("pod=default/big"), "{evicted}");
     until(&agent, Duration::from_secs(20), "big deleted", || {
         !support::fake_node::successful_deletes(&server, "big").is_empty()
     })
     .await;
+    // Its containers gone, as the runtime would see to: the agent stops waiting for them.
+    std::fs::write(files.big.join("cgroup.procs"), "").unwrap();
+    host.set_free_memory(4096 * MI);
     let log = agent.whole_log().join("\n");
     let status = agent.stop(Duration::from_secs(20));
     assert!(status.success(), "agent exited with {status}:\n{log}");
+    assert!(
+        !log.contains("evicted workloads still have processes"),
+        "{log}"
+    );
 }

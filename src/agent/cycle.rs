@@ -676,6 +676,9 @@ impl Agent {
                 // The reclaim commands are awaited: publish before them.
                 self.publish(report, aftermath);
                 if !self.reclaim_node_resources(signal).await {
+                    // The pressure ended without an eviction: a streak of "no pod to
+                    // evict" ends with it, and a new one is said again.
+                    self.nothing_to_evict_said = false;
                     return false;
                 }
                 self.evict(report)

@@ -2,10 +2,14 @@
 //! cgroup (and each container's child cgroup), log and writable-layer bytes and inodes
 //! from the configured directories, and the usage of the volumes the kubelet counts as
 //! local storage (emptyDirs, configMaps, gitRepos) under its pod directory. A pod whose
-//! cgroup does not exist yet has no stats, as in the kubelet.
+//! cgroup does not exist yet has no stats, as in the kubelet. A pod cgroup whose files
+//! cannot be read for a cycle keeps the figures last read from it, as the kubelet's
+//! stats do (cAdvisor keeps each container's samples for two minutes).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::cgroups::{PodCgroupNaming, container_cgroup};
 use super::convert::NodePod;
@@ -13,7 +17,12 @@ use super::disk_walk::{DiskUsage, DiskWalker, PodDirectories};
 use crate::act::is_path_component;
 use crate::config::KubernetesConfig;
 use crate::pods::DiskAmount;
-use crate::signals::CgroupReader;
+use crate::signals::{CgroupReader, PodCgroupUsage};
+
+/// How long a pod cgroup's last figures stand in for ones that cannot be read: cAdvisor's
+/// default `storage_duration`, for which the kubelet's stats still hold a container's
+/// last sample.
+const LAST_FIGURES_KEPT: Duration = Duration::from_secs(120);
 
 /// Where one pod's files are. Cgroup figures are read by the cycle; disk figures come
 /// from the background walker.
@@ -25,6 +34,8 @@ pub struct PodUsageReader {
     kubelet_root_path: PathBuf,
     writable_layer_path: Option<String>,
     disk: DiskWalker,
+    /// The cgroup figures last read for each pod, by UID, and when.
+    last_figures: Arc<Mutex<HashMap<String, (Instant, PodCgroupUsage)>>>,
 }
 
 impl PodUsageReader {
@@ -36,12 +47,17 @@ impl PodUsageReader {
             kubelet_root_path: config.kubelet_root_path.clone(),
             writable_layer_path: config.writable_layer_path.clone(),
             disk: DiskWalker::new(config.disk_walk_max_entries),
+            last_figures: Arc::default(),
         }
     }
 
     /// Stop measuring the disk usage of pods that are no longer on the node.
     pub fn retain_pods(&self, uids: &HashSet<String>) {
         self.disk.retain(uids);
+        self.last_figures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|uid, _| uids.contains(uid));
     }
 
     /// Walk every tracked pod's directories now, on this thread (tests and tools; the
@@ -62,6 +78,11 @@ impl PodUsageReader {
     /// Fill in `node_pod.pod`'s cgroup and usage. Leaves usage empty when the pod's
     /// cgroup does not exist (not started yet, or already gone).
     pub fn measure(&self, node_pod: &mut NodePod) {
+        self.measure_at(node_pod, Instant::now());
+    }
+
+    /// [`PodUsageReader::measure`] at `now`.
+    fn measure_at(&self, node_pod: &mut NodePod, now: Instant) {
         let Some(uid) = node_pod.pod.uid.clone() else {
             return;
         };
@@ -87,12 +108,10 @@ impl PodUsageReader {
             return;
         }
         let pod = &mut node_pod.pod;
-        match self.reader.read_pod_usage(&cgroup) {
-            Ok(usage) => {
-                pod.usage.memory = Some(saturating(usage.working_set_bytes));
-                pod.usage.pids = Some(saturating(usage.process_count));
-            }
-            Err(error) => tracing::debug!(pod = %pod.key(), %error, "pod cgroup unreadable"),
+        let usage = self.pod_cgroup_usage(&uid, &cgroup, now);
+        if let Some(usage) = usage {
+            pod.usage.memory = Some(saturating(usage.working_set_bytes));
+            pod.usage.pids = Some(saturating(usage.process_count));
         }
         pod.cgroup = Some(cgroup.clone());
 
@@ -173,6 +192,45 @@ impl PodUsageReader {
         if let Some(total) = storage.total() {
             pod.usage.ephemeral_storage = Some(total.bytes);
             pod.usage.inodes = Some(total.inodes);
+        }
+    }
+}
+
+impl PodUsageReader {
+    /// The pod cgroup's figures: read now, or, when its files cannot be read (cut short,
+    /// garbage, a read error), the last ones read within [`LAST_FIGURES_KEPT`]. Without
+    /// them the pod would look empty and be ranked as the smallest, and the kubelet's
+    /// choice, a larger pod, would be spared for the one cycle a file was unreadable.
+    fn pod_cgroup_usage(
+        &self,
+        uid: &str,
+        cgroup: &std::path::Path,
+        now: Instant,
+    ) -> Option<PodCgroupUsage> {
+        let mut last_figures = self
+            .last_figures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match self.reader.read_pod_usage(cgroup) {
+            Ok(usage) => {
+                last_figures.insert(uid.to_string(), (now, usage));
+                Some(usage)
+            }
+            Err(error) => {
+                let last = last_figures
+                    .get(uid)
+                    .filter(|(read_at, _)| {
+                        now.saturating_duration_since(*read_at) <= LAST_FIGURES_KEPT
+                    })
+                    .map(|(_, usage)| *usage);
+                match last {
+                    Some(_) => {
+                        tracing::debug!(%uid, %error, "pod cgroup unreadable; its last figures stand")
+                    }
+                    None => tracing::debug!(%uid, %error, "pod cgroup unreadable; no figures"),
+                }
+                last
+            }
         }
     }
 }
@@ -354,6 +412,68 @@ mod tests {
         usage_reader.measure(&mut pod);
         assert!(!pod.pod.has_stats());
         assert_eq!(pod.pod.cgroup, None);
+    }
+
+    /// issue 16: a pod file cut short or garbage for a cycle. The kubelet's stats still
+    /// hold the last sample cAdvisor read, for two minutes; a pod measured as empty would
+    /// rank as the smallest and spare the pod the kubelet would evict.
+    #[test]
+    fn an_unreadable_pod_cgroup_keeps_its_last_figures_for_two_minutes() {
+        let cgroups = tree(false);
+        let whole = || {
+            write_cgroup(
+                cgroups.path(),
+                false,
+                "kubepods/pod1-2",
+                3000,
+                1000,
+                "7\n8\n",
+            )
+        };
+        whole();
+        let files = tempfile::tempdir().unwrap();
+        let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
+        let measured = |now| {
+            let mut pod = node_pod(QosClass::Guaranteed);
+            usage_reader.measure_at(&mut pod, now);
+            (pod.pod.usage.memory, pod.pod.usage.pids)
+        };
+        let start = Instant::now();
+        assert_eq!(measured(start), (Some(2000), Some(2)));
+        let current = cgroups.path().join("kubepods/pod1-2/memory.current");
+        let stat = cgroups.path().join("kubepods/pod1-2/memory.stat");
+        for (file, broken) in [
+            (&current, "31"),
+            (&stat, "inactive_file x\n"),
+            (&current, ""),
+        ] {
+            std::fs::write(file, broken).unwrap();
+            assert_eq!(
+                measured(start + Duration::from_secs(120)),
+                (Some(2000), Some(2)),
+                "{} holding {broken:?}",
+                file.display()
+            );
+            assert_eq!(
+                measured(start + Duration::from_secs(121)),
+                (None, None),
+                "{} holding {broken:?}, two minutes on",
+                file.display()
+            );
+            whole();
+        }
+        // Read again: the new figures are the ones kept.
+        write_cgroup(cgroups.path(), false, "kubepods/pod1-2", 500, 100, "7\n");
+        let later = start + Duration::from_secs(200);
+        assert_eq!(measured(later), (Some(400), Some(1)));
+        std::fs::write(&current, "31").unwrap();
+        assert_eq!(
+            measured(later + Duration::from_secs(1)),
+            (Some(400), Some(1))
+        );
+        // A pod gone from the node takes its figures with it: one with its UID back has none.
+        usage_reader.retain_pods(&HashSet::new());
+        assert_eq!(measured(later + Duration::from_secs(2)), (None, None));
     }
 
     #[test]

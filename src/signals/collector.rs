@@ -174,7 +174,7 @@ impl SignalCollector {
     fn collect_memory(&self, meminfo: &Result<MemInfo, FileError>, out: &mut Collection) {
         let result = self.reader().and_then(|reader| {
             let info = meminfo.as_ref().map_err(FileError::duplicate)?;
-            let (usage, counts_hugepages) = root_memory_usage(reader, info)?;
+            let (usage, counts_hugepages) = root_memory_usage(reader, info, &self.meminfo)?;
             // The pool is in MemTotal but in no memory cgroup's working set.
             let hugepages = if self.hugepage_aware && !counts_hugepages {
                 info.hugepage_pool
@@ -285,12 +285,13 @@ impl SignalCollector {
 /// pool out (huge pages are charged to the hugetlb controller). The real v2 root has no
 /// `memory.current`; the kubelet's cgroup library (opencontainers/cgroups, as runc 1.2
 /// and later) then takes usage as `anon + file` from the root `memory.stat`, which also
-/// leaves the pool out. Only where that file lacks them (older kernels) does usage come
-/// from `/proc/meminfo` as `MemTotal − MemFree`, as runc before 1.2 took it; the pool is
-/// not free memory, so that usage already counts it.
+/// leaves the pool out. Only where the root has no `memory.stat` at all (older kernels)
+/// does usage come from `/proc/meminfo` as `MemTotal − MemFree`, as runc before 1.2 took
+/// it; the pool is not free memory, so that usage already counts it.
 fn root_memory_usage(
     reader: &CgroupReader,
     info: &MemInfo,
+    meminfo_path: &Path,
 ) -> Result<(MemoryUsage, bool), FileError> {
     let root = Path::new("/");
     match reader.memory_usage(root) {
@@ -301,52 +302,39 @@ fn root_memory_usage(
                 && e.path.ends_with("memory.current") =>
         {
             let stat = reader.paths().memory_dir(root).join("memory.stat");
-            // One read of the file, whichever of its figures turn out to be there.
-            // A file without these keys (an older kernel) takes the figure from meminfo; a
-            // file cut short or garbled is an error, never a switch to the other formula, whose
-            // usage also counts kernel memory and would take gigabytes off available for a
-            // cycle.
-            let figure = |text: &str, key| match flat_keyed_u64(text, key) {
-                Ok(value) => Ok(Some(value)),
-                Err(FileProblem::MissingKey(_)) => Ok(None),
-                Err(problem) => Err(problem),
-            };
-            let (anon, file, inactive_file) = match with_file_text(&stat, |text| {
+            // One read of the file for all three figures. A kernel without a root
+            // memory.stat takes the figure from meminfo. A file there is written whole by
+            // the kernel, so one cut short, emptied, garbled or lacking any of the three
+            // is an error, never a switch to the other formula, whose usage also counts
+            // kernel memory and would take gigabytes off available for a cycle.
+            let figures = with_file_text(&stat, |text| {
                 Ok((
-                    figure(text, "anon")?,
-                    figure(text, "file")?,
-                    figure(text, "inactive_file")?,
+                    flat_keyed_u64(text, "anon")?,
+                    flat_keyed_u64(text, "file")?,
+                    flat_keyed_u64(text, "inactive_file")?,
                 ))
-            }) {
+            });
+            let (anon, file, inactive_file_bytes) = match figures {
                 Ok(figures) => figures,
-                Err(error) if is_not_found(&error) => (None, None, None),
+                Err(error) if is_not_found(&error) => {
+                    let inactive_file_bytes = info.inactive_file.ok_or_else(|| {
+                        FileError::new(meminfo_path, FileProblem::MissingKey("Inactive(file)"))
+                    })?;
+                    return Ok((
+                        MemoryUsage {
+                            usage_bytes: info.total.saturating_sub(info.free),
+                            inactive_file_bytes,
+                        },
+                        true,
+                    ));
+                }
                 Err(error) => return Err(error),
             };
-            let missing = |key| FileError::new(&stat, FileProblem::MissingKey(key));
-            let inactive_file_bytes = inactive_file
-                .or(info.inactive_file)
-                .ok_or_else(|| missing("inactive_file"))?;
-            Ok(match (anon, file, inactive_file) {
-                (Some(anon), Some(file), Some(_)) => (
-                    MemoryUsage {
-                        usage_bytes: anon.saturating_add(file),
-                        inactive_file_bytes,
-                    },
-                    false,
-                ),
-                // A kernel writes the three together: some without the others is a file
-                // cut at a line's end, an error rather than the other formula.
-                (Some(_), None, _) => return Err(missing("file")),
-                (None, Some(_), _) => return Err(missing("anon")),
-                (Some(_), Some(_), None) => return Err(missing("inactive_file")),
-                (None, None, _) => (
-                    MemoryUsage {
-                        usage_bytes: info.total.saturating_sub(info.free),
-                        inactive_file_bytes,
-                    },
-                    true,
-                ),
-            })
+            let usage = MemoryUsage {
+                usage_bytes: anon.saturating_add(file),
+                inactive_file_bytes,
+            };
+            Ok((usage, false))
         }
         Err(e) => Err(e),
     }

@@ -42,6 +42,22 @@ impl AgentProcess {
         AgentProcess::start_from(Command::new(BINARY), args)
     }
 
+    /// The agent in Kubernetes mode, as a DaemonSet runs it: its configuration and the
+    /// kubeconfig of the API server it talks to, metrics on a free loopback port.
+    pub fn start_in_kubernetes(
+        config: &std::path::Path,
+        kubeconfig: &std::path::Path,
+    ) -> AgentProcess {
+        AgentProcess::start(&[
+            "--metrics-addr".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--kubeconfig".as_ref(),
+            kubeconfig.as_os_str(),
+        ])
+    }
+
     /// [`AgentProcess::start`] with `command` (which runs the binary under test, as
     /// `BINARY`) prepared by the caller: placed in a network namespace, for one.
     pub fn start_from<S: AsRef<OsStr>>(mut command: Command, args: &[S]) -> AgentProcess {

@@ -98,23 +98,25 @@ impl Host {
     }
 
     /// Seeds `fixture` on `server` as a BestEffort pod, and gives it a cgroup here that
-    /// holds a real process of the caller's (`sleep`), returned for the caller to end:
-    /// the agent's local kill signals it.
+    /// holds a real process of the caller's (`sleep`), ended when the returned guard is
+    /// dropped: the agent's local kill signals it.
     pub fn bind_running(
         &self,
         server: &super::apiserver::FakeApiServer,
         fixture: &PodFixture,
-    ) -> std::process::Child {
+    ) -> PodProcess {
         server.seed(&api_pod(fixture));
         self.add_pod_cgroup("besteffort", fixture.uid, fixture.working_set);
-        let process = std::process::Command::new("sleep")
-            .arg("600")
-            .spawn()
-            .expect("start sleep");
+        let process = PodProcess(
+            std::process::Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .expect("start sleep"),
+        );
         std::fs::write(
             self.pod_cgroup("besteffort", fixture.uid)
                 .join("cgroup.procs"),
-            format!("{}\n", process.id()),
+            format!("{}\n", process.0.id()),
         )
         .unwrap();
         process
@@ -171,6 +173,17 @@ kubernetes:
         let random = self.dir.path().join("proc/sys/kernel/random");
         std::fs::create_dir_all(&random).unwrap();
         std::fs::write(random.join("boot_id"), format!("{boot_id}\n")).unwrap();
+    }
+}
+
+/// A process of the test's own in a fake pod cgroup, ended (by its PID, which only this
+/// test started) when dropped, a failed assertion included.
+pub struct PodProcess(std::process::Child);
+
+impl Drop for PodProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
