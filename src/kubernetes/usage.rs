@@ -207,13 +207,20 @@ impl PodUsageReader {
         cgroup: &std::path::Path,
         now: Instant,
     ) -> Option<PodCgroupUsage> {
+        let read = self.reader.read_pod_usage(cgroup);
         let mut last_figures = self
             .last_figures
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        match self.reader.read_pod_usage(cgroup) {
+        match read {
             Ok(usage) => {
-                last_figures.insert(uid.to_string(), (now, usage));
+                // Overwritten in place: no new key for each pod at every cycle.
+                match last_figures.get_mut(uid) {
+                    Some(last) => *last = (now, usage),
+                    None => {
+                        last_figures.insert(uid.to_string(), (now, usage));
+                    }
+                }
                 Some(usage)
             }
             Err(error) => {
