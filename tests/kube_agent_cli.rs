@@ -265,10 +265,7 @@ async fn agent_killed_owing_a_delete() -> (FakeApiServer, support::fake_node::Ho
         500,
         None,
     );
-    let config = host.dir.path().join("agent.yaml");
-    std::fs::write(&config, host.yaml("housekeepingInterval: 1s\n")).unwrap();
-    let kubeconfig = host.dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
+    let (config, kubeconfig) = host.write_agent_files(&server, "housekeepingInterval: 1s\n");
     let args: Vec<String> = vec![
         "--metrics-addr".into(),
         "127.0.0.1:0".into(),
@@ -445,10 +442,7 @@ async fn pressure_with_only_critical_pods_is_said_once_and_evicts_nothing() {
         server.seed(&api_pod(fixture));
         host.add_pod_cgroup(qos_dir(fixture), fixture.uid, fixture.working_set);
     }
-    let config = host.dir.path().join("agent.yaml");
-    std::fs::write(&config, host.yaml("housekeepingInterval: 1s\n")).unwrap();
-    let kubeconfig = host.dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
+    let (config, kubeconfig) = host.write_agent_files(&server, "housekeepingInterval: 1s\n");
     let agent = Agent::start_in_kubernetes(&config, &kubeconfig);
     let count = |text: &str| {
         agent
@@ -457,21 +451,17 @@ async fn pressure_with_only_critical_pods_is_said_once_and_evicts_nothing() {
             .filter(|line| line.contains(text))
             .count()
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !pods_listed(&server) {
-        assert!(Instant::now() < deadline, "{:#?}", agent.whole_log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    agent
+        .until(Duration::from_secs(30), "the node's pods listed", || {
+            pods_listed(&server)
+        })
+        .await;
     host.set_free_memory(50 * MI);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while count(PRESSED) < 4 {
-        assert!(
-            Instant::now() < deadline,
-            "not 4 cycles under pressure: {:#?}",
-            agent.whole_log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    agent
+        .until(Duration::from_secs(20), "4 cycles under pressure", || {
+            count(PRESSED) >= 4
+        })
+        .await;
     let log = agent.whole_log();
     assert_eq!(count(CRITICAL_ONLY), 1, "{log:#?}");
     assert!(

@@ -235,42 +235,21 @@ fn memory_pressure(server: &FakeApiServer) -> Option<String> {
     node_condition(server, "NodekeeperMemoryPressure")
 }
 
-/// Polls `check` every 50 ms until it holds, at most `within`; fails naming `what`.
-async fn until(agent: &AgentProcess, within: Duration, what: &str, check: impl Fn() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {within:?}; agent log:\n{}",
-            agent.whole_log().join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// The agent's collection cycles so far: its collection-time histogram's count.
+const CYCLES_RUN: &str = "nodekeeper_collection_duration_seconds_count";
 
-/// The collection cycles the agent has run: its collection-time histogram's count.
-fn cycles_run(agent: &AgentProcess) -> f64 {
-    let metrics = http_get(&agent.address, "/metrics").1;
-    metric_value(&metrics, "nodekeeper_collection_duration_seconds_count").unwrap_or(0.0)
-}
+/// `memory.available` as the agent last observed it.
+const MEMORY_AVAILABLE: &str = "nodekeeper_signal_available{signal=\"memory.available\"}";
 
 /// The errors the agent has counted collecting `memory.available`, the signal the torn
 /// node-level files feed. (This fake node has no `pid_max` nor a pods cgroup of its own,
 /// so other signals fail every cycle.)
-fn memory_available_errors(agent: &AgentProcess) -> f64 {
-    metric_value(
-        &http_get(&agent.address, "/metrics").1,
-        "nodekeeper_collection_errors_total{signal=\"memory.available\"}",
-    )
-    .unwrap_or(0.0)
-}
+const MEMORY_AVAILABLE_ERRORS: &str =
+    "nodekeeper_collection_errors_total{signal=\"memory.available\"}";
 
-/// `memory.available` as the agent last observed it.
-fn memory_available(metrics: &str) -> Option<f64> {
-    metric_value(
-        metrics,
-        "nodekeeper_signal_available{signal=\"memory.available\"}",
-    )
+/// One series of the agent's metrics, scraped now.
+fn scraped(agent: &AgentProcess, series: &str) -> Option<f64> {
+    metric_value(&http_get(&agent.address, "/metrics").1, series)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,30 +280,24 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
         .into_iter()
         .map(|fixture| host.bind_running(&server, fixture))
         .collect();
-    let config = host.dir.path().join("agent.yaml");
-    std::fs::write(&config, host.yaml("housekeepingInterval: 1s\n")).unwrap();
-    let kubeconfig = host.dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
+    let (config, kubeconfig) = host.write_agent_files(&server, "housekeepingInterval: 1s\n");
     let mut agent = AgentProcess::start_in_kubernetes(&config, &kubeconfig);
     // Steady first: the pods listed, the node's conditions published, the true figure.
-    until(
-        &agent,
-        Duration::from_secs(30),
-        "the node's pods listed",
-        || pods_listed(&server),
-    )
-    .await;
-    until(
-        &agent,
-        Duration::from_secs(30),
-        "conditions published",
-        || memory_pressure(&server).as_deref() == Some("False"),
-    )
-    .await;
-    until(&agent, Duration::from_secs(30), "the true figure", || {
-        memory_available(&http_get(&agent.address, "/metrics").1) == Some(true_available)
-    })
-    .await;
+    agent
+        .until(Duration::from_secs(30), "the node's pods listed", || {
+            pods_listed(&server)
+        })
+        .await;
+    agent
+        .until(Duration::from_secs(30), "conditions published", || {
+            memory_pressure(&server).as_deref() == Some("False")
+        })
+        .await;
+    agent
+        .until(Duration::from_secs(30), "the true figure", || {
+            scraped(&agent, MEMORY_AVAILABLE) == Some(true_available)
+        })
+        .await;
 
     let files = Files::of(&host);
     let tearing = Tearing::start(&files);
@@ -334,7 +307,7 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
     let mut available_seen = BTreeMap::<u64, usize>::new();
     while began.elapsed() < CHAOS {
         looks.push(http_get(&agent.address, "/healthz").0);
-        let available = memory_available(&http_get(&agent.address, "/metrics").1);
+        let available = scraped(&agent, MEMORY_AVAILABLE);
         *available_seen
             .entry(available.map_or(0, |bytes| bytes as u64))
             .or_default() += 1;
@@ -366,28 +339,27 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
     );
     // Whole again: after one cycle to read them, two more without a collection error, in
     // which an eviction decided on a torn read would still show.
-    let restored_at = cycles_run(&agent);
-    until(
-        &agent,
-        Duration::from_secs(10),
-        "a cycle on whole files",
-        || cycles_run(&agent) >= restored_at + 1.0,
-    )
-    .await;
-    let (errors_then, cycles_then) = (memory_available_errors(&agent), cycles_run(&agent));
-    until(&agent, Duration::from_secs(10), "two more cycles", || {
-        cycles_run(&agent) >= cycles_then + 2.0
-    })
-    .await;
+    let cycles = || scraped(&agent, CYCLES_RUN).unwrap_or(0.0);
+    let errors = || scraped(&agent, MEMORY_AVAILABLE_ERRORS).unwrap_or(0.0);
+    let restored_at = cycles();
+    agent
+        .until(Duration::from_secs(10), "a cycle on whole files", || {
+            cycles() >= restored_at + 1.0
+        })
+        .await;
+    let (errors_then, cycles_then) = (errors(), cycles());
+    agent
+        .until(Duration::from_secs(10), "two more cycles", || {
+            cycles() >= cycles_then + 2.0
+        })
+        .await;
     assert_eq!(
-        memory_available_errors(&agent),
+        errors(),
         errors_then,
         "memory.available errors on whole files:\n{}",
         agent.whole_log().join("\n")
     );
     let torn_log = agent.whole_log().join("\n");
-    let metrics = http_get(&agent.address, "/metrics").1;
-
     assert!(!torn_log.contains(EVICTED), "{torn_log}");
     assert!(
         !server.requests().iter().any(|r| r.method == "DELETE"),
@@ -411,14 +383,7 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
             "no error naming {path} with {problem:?}:\n{torn_log}"
         );
     }
-    assert!(
-        metric_value(
-            &metrics,
-            "nodekeeper_collection_errors_total{signal=\"memory.available\"}"
-        )
-        .is_some_and(|count| count > 0.0),
-        "{metrics}"
-    );
+    assert!(errors() > 0.0, "{}", http_get(&agent.address, "/metrics").1);
     assert!(
         torn_log
             .lines()
@@ -436,10 +401,11 @@ async fn torn_files_and_vanishing_cgroups_neither_stop_nor_mislead_the_agent() {
     let (evicted_at, evicted) = agent.wait_for_line(EVICTED, Duration::from_secs(20));
     assert!(evicted_at >= pressured_at, "{evicted}");
     assert!(evicted.contains("pod=default/big"), "{evicted}");
-    until(&agent, Duration::from_secs(20), "big deleted", || {
-        !support::fake_node::successful_deletes(&server, "big").is_empty()
-    })
-    .await;
+    agent
+        .until(Duration::from_secs(20), "big deleted", || {
+            !support::fake_node::successful_deletes(&server, "big").is_empty()
+        })
+        .await;
     // Its containers gone, as the runtime would see to: the agent stops waiting for them.
     std::fs::write(files.big.join("cgroup.procs"), "").unwrap();
     host.set_free_memory(4096 * MI);

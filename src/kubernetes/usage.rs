@@ -75,6 +75,50 @@ impl PodUsageReader {
         &self.reader
     }
 
+    /// The pod cgroup's figures: read now, or, when its files cannot be read (cut short,
+    /// garbage, a read error), the last ones read within [`LAST_FIGURES_KEPT`]. Without
+    /// them the pod would look empty and be ranked as the smallest, and the kubelet's
+    /// choice, a larger pod, would be spared for the one cycle a file was unreadable.
+    fn pod_cgroup_usage(
+        &self,
+        uid: &str,
+        cgroup: &std::path::Path,
+        now: Instant,
+    ) -> Option<PodCgroupUsage> {
+        let read = self.reader.read_pod_usage(cgroup);
+        let mut last_figures = self
+            .last_figures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match read {
+            Ok(usage) => {
+                // Overwritten in place: no new key for each pod at every cycle.
+                match last_figures.get_mut(uid) {
+                    Some(last) => *last = (now, usage),
+                    None => {
+                        last_figures.insert(uid.to_string(), (now, usage));
+                    }
+                }
+                Some(usage)
+            }
+            Err(error) => {
+                let last = last_figures
+                    .get(uid)
+                    .filter(|(read_at, _)| {
+                        now.saturating_duration_since(*read_at) <= LAST_FIGURES_KEPT
+                    })
+                    .map(|(_, usage)| *usage);
+                match last {
+                    Some(_) => {
+                        tracing::debug!(%uid, %error, "pod cgroup unreadable; its last figures stand")
+                    }
+                    None => tracing::debug!(%uid, %error, "pod cgroup unreadable; no figures"),
+                }
+                last
+            }
+        }
+    }
+
     /// Fill in `node_pod.pod`'s cgroup and usage. Leaves usage empty when the pod's
     /// cgroup does not exist (not started yet, or already gone).
     pub fn measure(&self, node_pod: &mut NodePod) {
@@ -192,52 +236,6 @@ impl PodUsageReader {
         if let Some(total) = storage.total() {
             pod.usage.ephemeral_storage = Some(total.bytes);
             pod.usage.inodes = Some(total.inodes);
-        }
-    }
-}
-
-impl PodUsageReader {
-    /// The pod cgroup's figures: read now, or, when its files cannot be read (cut short,
-    /// garbage, a read error), the last ones read within [`LAST_FIGURES_KEPT`]. Without
-    /// them the pod would look empty and be ranked as the smallest, and the kubelet's
-    /// choice, a larger pod, would be spared for the one cycle a file was unreadable.
-    fn pod_cgroup_usage(
-        &self,
-        uid: &str,
-        cgroup: &std::path::Path,
-        now: Instant,
-    ) -> Option<PodCgroupUsage> {
-        let read = self.reader.read_pod_usage(cgroup);
-        let mut last_figures = self
-            .last_figures
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match read {
-            Ok(usage) => {
-                // Overwritten in place: no new key for each pod at every cycle.
-                match last_figures.get_mut(uid) {
-                    Some(last) => *last = (now, usage),
-                    None => {
-                        last_figures.insert(uid.to_string(), (now, usage));
-                    }
-                }
-                Some(usage)
-            }
-            Err(error) => {
-                let last = last_figures
-                    .get(uid)
-                    .filter(|(read_at, _)| {
-                        now.saturating_duration_since(*read_at) <= LAST_FIGURES_KEPT
-                    })
-                    .map(|(_, usage)| *usage);
-                match last {
-                    Some(_) => {
-                        tracing::debug!(%uid, %error, "pod cgroup unreadable; its last figures stand")
-                    }
-                    None => tracing::debug!(%uid, %error, "pod cgroup unreadable; no figures"),
-                }
-                last
-            }
         }
     }
 }

@@ -158,6 +158,20 @@ kubernetes:
         )
     }
 
+    /// Writes the agent's configuration ([`Host::yaml`] with `extra`) and a kubeconfig
+    /// for `server` into this host's directory; returns their paths, in that order.
+    pub fn write_agent_files(
+        &self,
+        server: &super::apiserver::FakeApiServer,
+        extra: &str,
+    ) -> (std::path::PathBuf, std::path::PathBuf) {
+        let config = self.dir.path().join("agent.yaml");
+        std::fs::write(&config, self.yaml(extra)).unwrap();
+        let kubeconfig = self.dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).unwrap();
+        (config, kubeconfig)
+    }
+
     /// [`Host::yaml`], loaded.
     pub fn config(&self, extra: &str) -> AgentConfig {
         from_yaml_str(&self.yaml(extra), "test.yaml", &Overrides::default()).unwrap()
