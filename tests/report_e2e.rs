@@ -914,3 +914,145 @@ async fn only_the_leaders_answer_counts_as_contact() {
     stop.send_replace(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), sender).await;
 }
+
+/// Reads one answer from a connection the server keeps open: its status, its head
+/// (lowercase) and its JSON body.
+async fn next_answer(stream: &mut TcpStream, pending: &mut Vec<u8>) -> (u16, String, Value) {
+    loop {
+        if let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&pending[..end]).to_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length: "))
+                .and_then(|value| value.trim().parse().ok())
+                .unwrap_or(0);
+            if pending.len() >= end + 4 + length {
+                let body: Vec<u8> = pending.drain(..end + 4 + length).skip(end + 4).collect();
+                let status = head
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|code| code.parse().ok())
+                    .unwrap_or_else(|| panic!("no status in {head:?}"));
+                return (
+                    status,
+                    head,
+                    serde_json::from_slice(&body).unwrap_or(Value::Null),
+                );
+            }
+        }
+        let mut buffer = [0u8; 4096];
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .expect("an answer within 10 s")
+            .expect("read");
+        assert!(
+            read > 0,
+            "the server closed the connection; had {pending:?}"
+        );
+        pending.extend_from_slice(&buffer[..read]);
+    }
+}
+
+/// The endpoint's HTTP/1.1 is its own (so an idle connection holds no buffer): what
+/// clients other than the agent may send must work as any HTTP/1.1 server has it work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_takes_pipelined_chunked_and_continued_requests_and_ends_bad_ones() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = cluster().await;
+    let (controller, _, address) = reporting_controller(dir.path(), &server, ANY_PORT).await;
+    let token = agent_token(&server, "agent-w1").await;
+    let bytes = |sequence| serde_json::to_vec(&report("worker-1", sequence)).expect("json");
+
+    // Two reports in one write, then a third: answered in order on the one connection.
+    let mut stream = TcpStream::connect(&address).await.expect("connect");
+    let mut both = report_request(Some(&token), &bytes(1), false);
+    both.extend(report_request(Some(&token), &bytes(2), false));
+    stream.write_all(&both).await.expect("send");
+    let mut pending = Vec::new();
+    for sequence in [1, 2] {
+        let (status, head, body) = next_answer(&mut stream, &mut pending).await;
+        assert_eq!(status, 200, "{head}\n{body}");
+        assert_eq!(body["sequence"], sequence, "{body}");
+        assert!(!head.contains("connection: close"), "{head}");
+    }
+    // `Expect: 100-continue` (curl sends it for large bodies): the go-ahead comes first.
+    let body = bytes(3);
+    let head = format!(
+        "POST /v1/reports HTTP/1.1\r\nHost: c\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("send");
+    let mut go_ahead = [0u8; 25];
+    tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut go_ahead))
+        .await
+        .expect("the go-ahead")
+        .expect("read");
+    assert_eq!(&go_ahead, b"HTTP/1.1 100 Continue\r\n\r\n");
+    stream.write_all(&body).await.expect("send");
+    let (status, _, answer) = next_answer(&mut stream, &mut pending).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["sequence"], 3);
+
+    // A chunked body, split anywhere, with a query on the path.
+    let body = bytes(4);
+    let mut chunked = format!(
+        "POST /v1/reports?from=curl HTTP/1.1\r\nHost: c\r\nAuthorization: Bearer {token}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    for piece in body.chunks(100) {
+        chunked.extend(format!("{:x}\r\n", piece.len()).into_bytes());
+        chunked.extend_from_slice(piece);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    for piece in chunked.chunks(7) {
+        stream.write_all(piece).await.expect("send");
+    }
+    let (status, _, answer) = next_answer(&mut stream, &mut pending).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["sequence"], 4);
+
+    // HTTP/1.0 without keep-alive: answered, then closed.
+    let mut request = report_request(Some(&token), &bytes(5), false);
+    request.splice(
+        ..b"POST /v1/reports HTTP/1.1".len(),
+        b"POST /v1/reports HTTP/1.0".iter().copied(),
+    );
+    let started = Instant::now();
+    let (status, answer) = exchange(&address, &request).await;
+    assert_eq!(status, 200, "{answer}");
+    // Closed with the answer, not when the 5 s wait for a next request runs out.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the HTTP/1.0 connection stayed open for {:?}",
+        started.elapsed()
+    );
+
+    // Garbage, a head past 16 KiB, and framing two readers could split differently:
+    // each answered with a refusal and closed (`exchange` reads to the close).
+    let huge = format!(
+        "POST /v1/reports HTTP/1.1\r\nHost: c\r\nX-Padding: {}\r\n\r\n",
+        "a".repeat(17 * 1024)
+    );
+    let smuggled = format!(
+        "POST /v1/reports HTTP/1.1\r\nHost: c\r\nAuthorization: Bearer {token}\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    );
+    for (request, status, message) in [
+        (
+            "\u{16}\u{3}\u{1}\u{2}\u{0}hello\r\n\r\n".to_string(),
+            400,
+            "the request head is malformed",
+        ),
+        (huge, 431, "the request head exceeds 16384 bytes"),
+        (smuggled, 400, "both Transfer-Encoding and Content-Length"),
+    ] {
+        let (got, answer) = exchange(&address, request.as_bytes()).await;
+        assert_eq!(got, status, "{answer}");
+        assert_eq!(answer["reason"], "Malformed", "{answer}");
+        let said = answer["message"].as_str().unwrap_or_default();
+        assert!(said.contains(message), "{said:?} should say {message:?}");
+    }
+    assert!(!controller.exited(), "the controller is still running");
+    let (status, answer) = post_report(&address, Some(&token), &report("worker-1", 6)).await;
+    assert_eq!(status, 200, "{answer}");
+}

@@ -361,10 +361,24 @@ pub fn fence_job(data: &[u8]) {
     }
 }
 
-/// What reaches the report server and the agent over HTTP: a report, the controller's
-/// acknowledgement and refusal, and a bearer token's claims.
+/// What reaches the report server and the agent over HTTP: a request's head and chunked
+/// body, a report, the controller's acknowledgement and refusal, and a bearer token's
+/// claims.
 pub fn report_protocol(data: &[u8]) {
+    use nodekeeper::report::http1::{ChunkedDecoder, parse_head};
     use nodekeeper::report::protocol::{Acknowledgement, Refusal, decode_report, parse_version};
+    if let Ok(Some((_, length))) = parse_head(data, 16 * 1024) {
+        assert!(length <= data.len());
+    }
+    let mut input = data.to_vec();
+    let mut body = Vec::new();
+    let _ = ChunkedDecoder::default().decode(&mut input, &mut body, 4096);
+    assert!(
+        body.len() <= 4096,
+        "a chunked body past its limit: {} bytes",
+        body.len()
+    );
+    assert!(input.len() <= data.len());
     if let Ok(report) = decode_report(data) {
         // What the controller accepted, an agent could have sent: the report encodes and
         // decodes to itself.

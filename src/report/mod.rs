@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod board;
 pub mod contact;
+pub mod http1;
 pub mod ledger;
 pub mod protocol;
 pub mod reachability;

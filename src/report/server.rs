@@ -8,10 +8,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use http::{HeaderValue, Method, Response, StatusCode, header};
+use hyper::body::Bytes;
 use k8s_openapi::jiff::Timestamp;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -23,6 +21,7 @@ use prometheus_client::registry::Registry;
 use crate::metrics::ReportResultLabels;
 
 use super::auth::{AuthPolicy, Authenticator, bearer_token};
+use super::http1::{self, BodyError, BodyReader, Head, HeadError};
 use super::ledger::{AgentView, Census, ReportLedger};
 use super::protocol::{
     self, Acknowledgement, Instruction, REPORTS_PATH, Refusal, RefusalReason, decode_report,
@@ -170,11 +169,11 @@ pub struct ReportHub {
     leading: std::sync::atomic::AtomicBool,
 }
 
-type Answer = Response<Full<Bytes>>;
+type Answer = Response<Bytes>;
 
 fn json_answer<T: serde::Serialize>(status: StatusCode, body: &T) -> Answer {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
-    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    let mut response = Response::new(Bytes::from(bytes));
     *response.status_mut() = status;
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -294,28 +293,34 @@ impl ReportHub {
         self.ledger().overdue(Instant::now())
     }
 
-    /// Answers one request.
-    pub async fn handle(&self, request: Request<Incoming>) -> Answer {
+    /// Answers one request, whose body `body` reads.
+    async fn handle<IO>(&self, head: &Head, body: &mut BodyReader<'_, IO>) -> Answer
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
         let started = Instant::now();
-        // Boxed: hyper keeps room for one request's future in every connection for as
-        // long as it is open, and answering one (reading the body, a TokenReview through
-        // the kube client) takes kilobytes; 5,000 agents between reports would hold that
-        // room for nothing. A box per report costs far less.
-        let answer = Box::pin(self.answer(request)).await;
+        // Boxed: the connection's task keeps room for its largest future for as long as
+        // the connection is open, and answering one (reading the body, a TokenReview
+        // through the kube client) takes kilobytes; 5,000 agents between reports would
+        // hold that room for nothing. A box per report costs far less.
+        let answer = Box::pin(self.answer(head, body)).await;
         self.metrics
             .handling
             .observe(started.elapsed().as_secs_f64());
         answer
     }
 
-    async fn answer(&self, request: Request<Incoming>) -> Answer {
-        if request.uri().path() != REPORTS_PATH {
+    async fn answer<IO>(&self, head: &Head, body: &mut BodyReader<'_, IO>) -> Answer
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        if head.path != REPORTS_PATH {
             return refusal(
                 RefusalReason::NotFound,
                 format!("reports go to POST {REPORTS_PATH}"),
             );
         }
-        if request.method() != Method::POST {
+        if head.method != Method::POST {
             let mut answer = refusal(
                 RefusalReason::NotFound,
                 format!("reports go to POST {REPORTS_PATH}"),
@@ -331,57 +336,46 @@ impl ReportHub {
                 "too many reports at once; retry shortly",
             );
         };
-        let (parts, body) = request.into_parts();
         let limit = self.policy.max_body_bytes;
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.parse::<u64>().ok());
-        if declared.is_some_and(|length| length > limit as u64) {
+        if matches!(body.framing, http1::Framing::Length(length) if length > limit as u64) {
             return self.refuse(
                 RefusalReason::TooLarge,
                 format!("the body exceeds {limit} bytes"),
             );
         }
         let token = match bearer_token(
-            parts
-                .headers
+            head.headers
                 .get(header::AUTHORIZATION)
                 .and_then(|value| value.to_str().ok()),
         ) {
             Ok(token) => token.to_string(),
             Err(failure) => return self.refuse(failure.reason(), failure.to_string()),
         };
-        let body = match tokio::time::timeout(
-            self.policy.request_timeout,
-            Limited::new(body, limit).collect(),
-        )
-        .await
-        {
-            Err(_) => {
-                return self.refuse(
-                    RefusalReason::Timeout,
-                    format!(
-                        "the body did not arrive within {:?}",
-                        self.policy.request_timeout
-                    ),
-                );
-            }
-            Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
-                return self.refuse(
-                    RefusalReason::TooLarge,
-                    format!("the body exceeds {limit} bytes"),
-                );
-            }
-            Ok(Err(error)) => {
-                return self.refuse(
-                    RefusalReason::Malformed,
-                    format!("reading the body: {error}"),
-                );
-            }
-            Ok(Ok(collected)) => collected.to_bytes(),
-        };
+        let body =
+            match tokio::time::timeout(self.policy.request_timeout, body.read_all(limit)).await {
+                Err(_) => {
+                    return self.refuse(
+                        RefusalReason::Timeout,
+                        format!(
+                            "the body did not arrive within {:?}",
+                            self.policy.request_timeout
+                        ),
+                    );
+                }
+                Ok(Err(BodyError::TooLarge(_))) => {
+                    return self.refuse(
+                        RefusalReason::TooLarge,
+                        format!("the body exceeds {limit} bytes"),
+                    );
+                }
+                Ok(Err(error)) => {
+                    return self.refuse(
+                        RefusalReason::Malformed,
+                        format!("reading the body: {error}"),
+                    );
+                }
+                Ok(Ok(bytes)) => bytes,
+            };
         let report = match decode_report(&body) {
             Ok(report) => report,
             Err(error) => return self.refuse(error.reason(), error.to_string()),
@@ -518,30 +512,87 @@ pub async fn serve(
     }
 }
 
-/// Serves the requests of one connection, plain or TLS, closing it gracefully after
-/// `lifetime`.
-async fn serve_connection<I>(io: I, hub: Arc<ReportHub>, lifetime: Duration)
+/// Serves the requests of one connection, plain or TLS, one after the other, closing it
+/// after `lifetime` (between requests) or when the client waits longer than the request
+/// timeout to start the next one. Between requests it holds no buffer (see `http1`).
+async fn serve_connection<I>(mut io: I, hub: Arc<ReportHub>, lifetime: Duration)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let request_timeout = hub.policy.request_timeout;
-    let service = hyper::service::service_fn(move |request| {
-        let hub = hub.clone();
-        async move { Ok::<_, std::convert::Infallible>(hub.handle(request).await) }
-    });
-    let connection = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(request_timeout)
-        .max_buf_size(MAX_HEADER_BYTES)
-        .serve_connection(TokioIo::new(io), service);
-    let mut connection = std::pin::pin!(connection);
-    tokio::select! {
-        _ = connection.as_mut() => {}
-        _ = tokio::time::sleep(lifetime) => {
-            connection.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(Duration::from_secs(10), connection).await;
+    let closes_at = tokio::time::Instant::now() + lifetime;
+    // What the client sent after its last request's end (it need not wait for answers).
+    let mut pipelined: Vec<u8> = Vec::new();
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= closes_at {
+            http1::close(&mut io, request_timeout).await;
+            return;
+        }
+        let head_deadline = now + request_timeout;
+        let mut buffer = if pipelined.is_empty() {
+            let Some(first) = http1::await_request(&mut io, head_deadline.min(closes_at)).await
+            else {
+                http1::close(&mut io, request_timeout).await;
+                return;
+            };
+            let mut buffer = Vec::with_capacity(4096);
+            buffer.push(first);
+            buffer
+        } else {
+            std::mem::take(&mut pipelined)
+        };
+        let (head, head_length) =
+            match http1::read_head(&mut io, &mut buffer, head_deadline, MAX_HEADER_BYTES).await {
+                Ok(Some(parsed)) => parsed,
+                // The client went away, or sent its head too slowly.
+                Ok(None) => {
+                    http1::close(&mut io, request_timeout).await;
+                    return;
+                }
+                Err(error) => {
+                    let status = match error {
+                        HeadError::TooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        HeadError::Malformed(_) => StatusCode::BAD_REQUEST,
+                    };
+                    let mut answer = refusal(RefusalReason::Malformed, error.to_string());
+                    *answer.status_mut() = status;
+                    send(&mut io, &answer, true, request_timeout).await;
+                    return;
+                }
+            };
+        buffer.drain(..head_length);
+        let mut body = BodyReader {
+            io: &mut io,
+            buffered: &mut buffer,
+            framing: head.framing,
+            expects_continue: head.expects_continue,
+            finished: false,
+        };
+        let answer = hub.handle(&head, &mut body).await;
+        // A body left unread would be taken for the next request: such a connection
+        // (a refusal before the body, mostly) ends with its answer. So does one past its
+        // lifetime, saying so, so the client does not send its next report into a close.
+        let close = !body.finished
+            || !head.keep_alive
+            || answer.headers().get(header::CONNECTION).is_some()
+            || tokio::time::Instant::now() >= closes_at;
+        if !send(&mut io, &answer, close, request_timeout).await || close {
+            return;
+        }
+        if !buffer.is_empty() {
+            pipelined = buffer;
         }
     }
+}
+
+/// Writes `answer`; false when it could not be written in time.
+async fn send<I>(io: &mut I, answer: &Answer, close: bool, within: Duration) -> bool
+where
+    I: tokio::io::AsyncWrite + Unpin,
+{
+    let bytes = http1::encode_response(answer.status(), answer.headers(), answer.body(), close);
+    http1::write_response(io, &bytes, close, within).await
 }
 
 /// Publishes the agents' census every second, and forgets agents silent for an hour,
