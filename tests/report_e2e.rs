@@ -927,17 +927,9 @@ async fn next_answer(stream: &mut TcpStream, pending: &mut Vec<u8>) -> (u16, Str
                 .and_then(|value| value.trim().parse().ok())
                 .unwrap_or(0);
             if pending.len() >= end + 4 + length {
-                let body: Vec<u8> = pending.drain(..end + 4 + length).skip(end + 4).collect();
-                let status = head
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|code| code.parse().ok())
-                    .unwrap_or_else(|| panic!("no status in {head:?}"));
-                return (
-                    status,
-                    head,
-                    serde_json::from_slice(&body).unwrap_or(Value::Null),
-                );
+                let message: Vec<u8> = pending.drain(..end + 4 + length).collect();
+                let (status, body) = parse_answer(&message);
+                return (status, head, body);
             }
         }
         let mut buffer = [0u8; 4096];

@@ -374,13 +374,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> BodyReader<'_, IO> {
             Framing::Length(length) => {
                 let length = length as usize;
                 while self.buffered.len() < length {
-                    if read_some(self.io, self.buffered)
-                        .await
-                        .map_err(|e| BodyError::Io(e.to_string()))?
-                        == 0
-                    {
-                        return Err(BodyError::Closed);
-                    }
+                    self.read_more().await?;
                 }
                 let rest = self.buffered.split_off(length);
                 Bytes::from(std::mem::replace(self.buffered, rest))
@@ -389,19 +383,22 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> BodyReader<'_, IO> {
                 let mut decoder = ChunkedDecoder::default();
                 let mut body = Vec::new();
                 while !decoder.decode(self.buffered, &mut body, limit)? {
-                    if read_some(self.io, self.buffered)
-                        .await
-                        .map_err(|e| BodyError::Io(e.to_string()))?
-                        == 0
-                    {
-                        return Err(BodyError::Closed);
-                    }
+                    self.read_more().await?;
                 }
                 Bytes::from(body)
             }
         };
         self.finished = true;
         Ok(body)
+    }
+
+    /// Reads what has arrived after `buffered`; the body cannot end if the client closes.
+    async fn read_more(&mut self) -> Result<(), BodyError> {
+        match read_some(self.io, self.buffered).await {
+            Ok(0) => Err(BodyError::Closed),
+            Ok(_) => Ok(()),
+            Err(error) => Err(BodyError::Io(error.to_string())),
+        }
     }
 }
 
