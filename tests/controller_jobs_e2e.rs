@@ -17,47 +17,14 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
-use nodekeeper::controller::executor::FenceId;
 use nodekeeper::controller::jobs::job_name;
 use support::apiserver::FakeApiServer;
 use support::controller::*;
 use support::fence_emulators::IpmiSim;
-use support::job_runner::JobRunner;
 
-/// The controller's configuration with the Job executor: the wrapper is this build's
-/// nodekeeper, and the Secret volumes and the termination message live in the runner's
-/// sandbox (there are no container roots here).
+/// The controller's configuration with the Job executor.
 fn job_config(dir: &Path) -> std::path::PathBuf {
-    let sandbox = dir.join("pods");
-    controller_config(
-        dir,
-        &format!(
-            "executor:\n  type: job\n  job:\n    image: nodekeeper:test\n    command: [{}]\n    \
-             secretsPath: {}\n    resultPath: {}\n    startTimeout: 30s\n",
-            env!("CARGO_BIN_EXE_nodekeeper"),
-            sandbox.join("secrets").display(),
-            sandbox.join("termination-log").display(),
-        ),
-    )
-}
-
-fn runner(server: &FakeApiServer, dir: &Path) -> JobRunner {
-    JobRunner::start(server.client(), NAMESPACE, "worker-1", &dir.join("pods"))
-}
-
-fn fence_id(fence: &Value) -> FenceId {
-    let text = |pointer: &str| {
-        fence
-            .pointer(pointer)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
-    FenceId {
-        uid: text("/metadata/uid"),
-        name: text("/metadata/name"),
-        node: text("/spec/nodeName"),
-    }
+    controller_config(dir, &job_executor(dir))
 }
 
 fn jobs(server: &FakeApiServer) -> Vec<Job> {
@@ -70,7 +37,7 @@ async fn a_lost_node_is_fenced_through_one_job_per_execution_with_no_credential_
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let (server, fabric) = one_database_node(dir.path(), &bmc).await;
-    let jobs_run = runner(&server, dir.path());
+    let jobs_run = job_runner(&server, dir.path());
     let config = job_config(dir.path());
     let controller = ControllerProcess::start(dir.path(), &server, &config);
     controller.synced().await;
@@ -164,7 +131,7 @@ async fn a_restarted_controller_adopts_its_job_instead_of_starting_another() {
     let dir = tempfile::tempdir().expect("temp dir");
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let (server, _fabric) = one_database_node(dir.path(), &bmc).await;
-    let jobs_run = runner(&server, dir.path());
+    let jobs_run = job_runner(&server, dir.path());
     // The power-off's Job will be created, but no kubelet starts its pod before the
     // controller dies (SIGKILL, the process).
     jobs_run.hold("power-management");

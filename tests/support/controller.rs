@@ -285,6 +285,26 @@ pub fn controller_config(dir: &Path, extra: &str) -> PathBuf {
     )
 }
 
+/// The controller's `executor` setting for the Job executor in a test: the wrapper is
+/// this build's nodekeeper, and the Secret volumes and the termination message live in
+/// the sandbox of the runner [`job_runner`] starts (there are no container roots here).
+pub fn job_executor(dir: &Path) -> String {
+    let sandbox = dir.join("pods");
+    format!(
+        "executor:\n  type: job\n  job:\n    image: nodekeeper:test\n    command: [{}]\n    \
+         secretsPath: {}\n    resultPath: {}\n    startTimeout: 30s\n",
+        env!("CARGO_BIN_EXE_nodekeeper"),
+        sandbox.join("secrets").display(),
+        sandbox.join("termination-log").display(),
+    )
+}
+
+/// The test's stand-in for the Job controller and a kubelet on worker-1, running the
+/// Jobs of [`NAMESPACE`] in the sandbox [`job_executor`] names.
+pub fn job_runner(server: &FakeApiServer, dir: &Path) -> super::job_runner::JobRunner {
+    super::job_runner::JobRunner::start(server.client(), NAMESPACE, "worker-1", &dir.join("pods"))
+}
+
 /// A log filter for the controller at debug level, so a secret in any of its own log
 /// lines would be seen, with the libraries' chatter at info.
 pub const DEBUG_LOG: &str = "debug,kube=info,hyper=info,tower=info";
@@ -611,6 +631,22 @@ pub async fn one_database_node(dir: &Path, bmc: &IpmiSim) -> (FakeApiServer, Pat
     seed_database(&server, "worker-2", "db-0");
     seed_fence_config(&server, "worker-2", bmc.port(), &fabric);
     (server, fabric)
+}
+
+/// The identity the controller names a NodeFence's Jobs by.
+pub fn fence_id(fence: &Value) -> nodekeeper::controller::executor::FenceId {
+    let text = |pointer: &str| {
+        fence
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    nodekeeper::controller::executor::FenceId {
+        uid: text("/metadata/uid"),
+        name: text("/metadata/name"),
+        node: text("/spec/nodeName"),
+    }
 }
 
 /// The executions of one step (`"PowerManagement"`), in order.
