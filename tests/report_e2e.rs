@@ -1021,7 +1021,9 @@ async fn the_endpoint_takes_pipelined_chunked_and_continued_requests_and_ends_ba
     );
 
     // Garbage, a head past 16 KiB, and framing two readers could split differently:
-    // each answered with a refusal and closed (`exchange` reads to the close).
+    // each answered with a refusal and closed (`exchange` reads to the close), and
+    // counted as malformed.
+    let malformed_before = counter(&controller.metrics(), "malformed");
     let huge = format!(
         "POST /v1/reports HTTP/1.1\r\nHost: c\r\nX-Padding: {}\r\n\r\n",
         "a".repeat(17 * 1024)
@@ -1044,6 +1046,30 @@ async fn the_endpoint_takes_pipelined_chunked_and_continued_requests_and_ends_ba
         let said = answer["message"].as_str().unwrap_or_default();
         assert!(said.contains(message), "{said:?} should say {message:?}");
     }
+    // Another path or method: 404 and 405, counted as not_found.
+    let not_found_before = counter(&controller.metrics(), "not_found");
+    for (request, status) in [
+        ("GET /v1/reports HTTP/1.1\r\nHost: c\r\n\r\n", 405),
+        (
+            "POST /v1/other HTTP/1.1\r\nHost: c\r\nContent-Length: 0\r\n\r\n",
+            404,
+        ),
+    ] {
+        let (got, answer) = exchange(&address, request.as_bytes()).await;
+        assert_eq!(got, status, "{answer}");
+        assert_eq!(answer["reason"], "NotFound", "{answer}");
+    }
+    let metrics = controller.metrics();
+    assert_eq!(
+        counter(&metrics, "malformed"),
+        malformed_before + 3,
+        "{metrics}"
+    );
+    assert_eq!(
+        counter(&metrics, "not_found"),
+        not_found_before + 2,
+        "{metrics}"
+    );
     assert!(!controller.exited(), "the controller is still running");
     let (status, answer) = post_report(&address, Some(&token), &report("worker-1", 6)).await;
     assert_eq!(status, 200, "{answer}");

@@ -315,13 +315,13 @@ impl ReportHub {
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
         if head.path != REPORTS_PATH {
-            return refusal(
+            return self.refuse(
                 RefusalReason::NotFound,
                 format!("reports go to POST {REPORTS_PATH}"),
             );
         }
         if head.method != Method::POST {
-            let mut answer = refusal(
+            let mut answer = self.refuse(
                 RefusalReason::NotFound,
                 format!("reports go to POST {REPORTS_PATH}"),
             );
@@ -555,7 +555,8 @@ where
                         HeadError::TooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                         HeadError::Malformed(_) => StatusCode::BAD_REQUEST,
                     };
-                    let mut answer = refusal(RefusalReason::Malformed, error.to_string());
+                    // Counted like every other refusal, under the reason the answer gives.
+                    let mut answer = hub.refuse(RefusalReason::Malformed, error.to_string());
                     *answer.status_mut() = status;
                     send(&mut io, &answer, true, request_timeout).await;
                     return;
