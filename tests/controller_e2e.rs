@@ -144,6 +144,106 @@ async fn a_lost_node_is_isolated_powered_off_released_and_recovered() {
     );
 }
 
+/// The node's pause reason, if its NodeFence is paused.
+fn pause_reason(server: &FakeApiServer, node: &str) -> Option<String> {
+    fence_of(server, node)?
+        .pointer("/status/pause/reason")?
+        .as_str()
+        .map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_on_its_old_boot_after_a_confirmed_power_off_is_not_recovered() {
+    require!("fence-agents", fence_agents());
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The BMC the configuration names is another machine's: powering it off leaves
+    // worker-2 running.
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let (server, fabric) = one_database_node(dir.path(), &bmc).await;
+    server.seed(&node_on_boot(
+        "worker-2",
+        "True",
+        Timestamp::now(),
+        "boot-a",
+    ));
+    let controller =
+        ControllerProcess::start(dir.path(), &server, &controller_config(dir.path(), ""));
+    controller.synced().await;
+    server.seed(&node_on_boot(
+        "worker-2",
+        "Unknown",
+        Timestamp::now(),
+        "boot-a",
+    ));
+    controller.powered_off(&server, "worker-2").await;
+    let fence = fence_of(&server, "worker-2").expect("the NodeFence");
+    assert_eq!(fence["status"]["powerOffBoot"], "boot-a", "{fence:#}");
+
+    // worker-2's kubelet is back, Ready, on the boot it ran all along.
+    server.seed(&node_on_boot(
+        "worker-2",
+        "True",
+        Timestamp::now(),
+        "boot-a",
+    ));
+    // Recovery would end the fence: either way the wait ends.
+    let paused = wait_for(&controller, "the fence to pause or end", || match fence_of(
+        &server, "worker-2",
+    ) {
+        None => Some(false),
+        Some(_) => (pause_reason(&server, "worker-2").as_deref() == Some("PowerOffContradicted"))
+            .then_some(true),
+    })
+    .await;
+    assert!(paused, "the fence ended: recovery ran on the old boot");
+    assert_eq!(
+        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        "off",
+        "no recovery: the storage of a node whose processes never stopped stays cut off"
+    );
+    let taints = taint_keys(&server, "worker-2");
+    assert!(
+        taints.contains(&"node.kubernetes.io/out-of-service".to_string()),
+        "{taints:?}"
+    );
+    let said = server
+        .objects::<k8s_openapi::api::events::v1::Event>()
+        .into_iter()
+        .find(|event| {
+            event.reason.as_deref() == Some("FencePaused")
+                && event
+                    .note
+                    .as_deref()
+                    .is_some_and(|note| note.starts_with("PowerOffContradicted"))
+        })
+        .expect("a FencePaused Event saying why");
+    assert_eq!(said.type_.as_deref(), Some("Warning"));
+    let metrics = controller.metrics();
+    assert!(
+        metrics.contains("nodekeeper_fences_paused{reason=\"PowerOffContradicted\"} 1"),
+        "{metrics}"
+    );
+
+    // Someone power-cycles it for real: a new boot, and recovery runs.
+    server.seed(&node_on_boot(
+        "worker-2",
+        "True",
+        Timestamp::now(),
+        "boot-b",
+    ));
+    wait_for(
+        &controller,
+        "recovery to finish and the NodeFence to go",
+        || fence_of(&server, "worker-2").is_none().then_some(()),
+    )
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        "on",
+        "recovery re-enabled the fabric port"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_of_five_nodes_lost_is_a_storm_and_nothing_is_powered_off() {
     require!(

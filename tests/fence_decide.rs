@@ -157,6 +157,9 @@ struct World {
     /// The node crashed and has not been powered on since: it runs no pod, though the
     /// controller may hear its last notifications after a power-off it cannot confirm.
     crashed: bool,
+    /// The power device the plan names is another machine's: switching it off leaves
+    /// this node running.
+    power_device_of_another: bool,
     /// Its crash kernel's kdump notifications: the first one, and whether they still come.
     kdump_first: Option<Timestamp>,
     kdump_sending: bool,
@@ -248,6 +251,7 @@ impl World {
             over_tls: true,
             in_crash_kernel: false,
             crashed: false,
+            power_device_of_another: false,
             kdump_first: None,
             kdump_sending: false,
             kdump_last: None,
@@ -297,6 +301,14 @@ impl World {
         self.hear();
     }
 
+    /// Someone powers the node on: it boots afresh, and its kubelet reports the new boot.
+    fn power_on_by_hand(&mut self) {
+        self.devices.power_on = true;
+        self.crashed = false;
+        self.boot += 1;
+        self.facts.boot_id = Some(format!("boot-{}", self.boot));
+    }
+
     /// The node's kernel crashes: its kubelet and agent stop at once, and a few seconds
     /// later its crash kernel starts sending kdump notifications (`fence_kdump_send`).
     fn crash(&mut self) {
@@ -343,7 +355,8 @@ impl World {
 
     fn set_ready(&mut self, ready: bool) {
         // A powered-off or crashed node cannot report Ready.
-        let ready = ready && self.devices.power_on && !self.in_crash_kernel;
+        let powered = self.devices.power_on || self.power_device_of_another;
+        let ready = ready && powered && !self.in_crash_kernel;
         let readiness = if ready {
             Readiness::Ready
         } else {
@@ -512,7 +525,7 @@ impl World {
                 state: ReportedState::Finished(outcome),
             });
         }
-        if !self.devices.power_on {
+        if !self.devices.power_on && !self.power_device_of_another {
             self.set_ready(false);
         }
     }
@@ -551,9 +564,14 @@ impl World {
             self.in_crash_kernel = false;
             self.kdump_sending = false;
         }
+        let powered_on = on && !*device && !method.starts_with("scsi");
         *device = on;
         if on && !method.starts_with("scsi") {
             self.crashed = false;
+        }
+        if powered_on {
+            // Off, then on: the node boots afresh.
+            self.power_on_by_hand();
         }
     }
 
@@ -1032,7 +1050,7 @@ fn a_lost_node_is_isolated_released_powered_off_and_recovered_when_it_returns() 
     assert_eq!(world.power_offs, 1);
 
     // Someone repairs the node and powers it on; it reports Ready.
-    world.devices.power_on = true;
+    world.power_on_by_hand();
     world.advance(120);
     world.set_ready(true);
     world.run(10, 2);
@@ -1056,6 +1074,75 @@ fn a_lost_node_is_isolated_released_powered_off_and_recovered_when_it_returns() 
     ] {
         assert!(events.contains(&reason), "{reason} missing from {events:?}");
     }
+}
+
+/// The world of the first test once its power step is done: the node isolated,
+/// released and powered off, on the device's word.
+fn powered_off_world(boot_id: Option<&str>) -> World {
+    let mut world = World::new(full_plan(), false);
+    world.facts.boot_id = boot_id.map(str::to_string);
+    world.now = at(60);
+    world.reconcile();
+    world.advance(2);
+    world.reconcile();
+    world.advance(60);
+    world.reconcile();
+    world.advance(2);
+    world.reconcile();
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::PowerManagement), Some(FencePhase::Done))
+    );
+    world
+}
+
+#[test]
+fn a_node_back_on_the_boot_its_power_off_should_have_ended_is_not_recovered() {
+    let mut world = powered_off_world(Some("boot-1"));
+    assert_eq!(
+        world.status().power_off_boot.as_deref(),
+        Some("boot-1"),
+        "the boot recorded when the power step acted"
+    );
+    // The device said off, but what it switched off was another machine: the node's
+    // kubelet is back, Ready, on the boot it ran all along.
+    world.power_device_of_another = true;
+    world.set_ready(true);
+    world.run(10, 5);
+    let recovery: Vec<_> = world
+        .started()
+        .into_iter()
+        .filter(|name| name.starts_with("recovery"))
+        .collect();
+    assert!(recovery.is_empty(), "{recovery:?}");
+    let pause = world.status().pause.clone().expect("paused");
+    assert_eq!(pause.reason, PauseReason::PowerOffContradicted);
+    assert!(pause.message.contains("\"boot-1\""), "{}", pause.message);
+    assert!(!world.devices.storage_on, "its storage stays cut off");
+    assert!(world.facts.taints.out_of_service, "its pods stay released");
+    let warned = world
+        .log
+        .iter()
+        .flat_map(|d| d.events.iter())
+        .filter(|e| e.warning && e.message.starts_with("PowerOffContradicted"))
+        .count();
+    assert_eq!(warned, 1, "said once, as a warning");
+
+    // Someone power-cycles it: its kubelet reports a new boot, and recovery runs.
+    world.facts.boot_id = Some("boot-2".to_string());
+    world.run(10, 2);
+    assert!(world.fence.is_none(), "recovered: the fence ends");
+    assert!(world.devices.storage_on, "recovery re-enabled the storage");
+}
+
+#[test]
+fn a_node_whose_kubelet_reports_no_boot_is_recovered_as_before() {
+    let mut world = powered_off_world(None);
+    assert_eq!(world.status().power_off_boot, None);
+    world.power_device_of_another = true;
+    world.set_ready(true);
+    world.run(10, 2);
+    assert!(world.fence.is_none(), "recovered with nothing to compare");
 }
 
 #[test]

@@ -350,20 +350,6 @@ async fn half_the_nodes_falling_silent_at_once_is_a_storm_and_nothing_is_powered
 /// The boot of the node whose agent promises to isolate it.
 const PROMISING_BOOT: &str = "5c1e2f4a-0d8b-4a51-9d6e-6f3b0b1c2d3e";
 
-/// `name`, Ready, with its kubelet's system information naming its boot.
-fn booted_node(name: &str, boot_id: &str) -> Node {
-    let mut node = node(name, "True", Timestamp::now());
-    let info = json!({
-        "architecture": "amd64", "bootID": boot_id, "containerRuntimeVersion": "containerd://2.0.0",
-        "kernelVersion": "6.12.0", "kubeProxyVersion": "", "kubeletVersion": "v1.33.0",
-        "machineID": "m", "operatingSystem": "linux", "osImage": "Debian GNU/Linux 13",
-        "systemUUID": "u",
-    });
-    node.status.as_mut().expect("status").node_info =
-        Some(serde_json::from_value(info).expect("node info"));
-    node
-}
-
 /// A report of `node`'s agent (protocol 1.3) promising, backed by its watchdog, that no
 /// pod process runs later than `within` after it last heard the controller.
 fn promising_report(node: &str, sequence: u64, within: Duration) -> Vec<u8> {
@@ -426,7 +412,12 @@ async fn a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_
         support::tls::server_certificate(dir.path(), "controller", &ca).expect("a certificate");
     let nodes = ["worker-1", "worker-2", "worker-3"];
     let server = ready_cluster(&nodes).await;
-    server.seed(&booted_node("worker-2", PROMISING_BOOT));
+    server.seed(&node_on_boot(
+        "worker-2",
+        "True",
+        Timestamp::now(),
+        PROMISING_BOOT,
+    ));
     let tokens: Vec<(&str, String)> = nodes.iter().map(|node| (*node, token_of(node))).collect();
     seed_node_tokens(&server, &tokens);
     // A database, and no fence configuration: the node has no fence device.

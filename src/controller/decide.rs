@@ -463,10 +463,20 @@ impl<'a> Machine<'a> {
                 true
             }
             (FenceStep::PowerManagement, FencePhase::Done) => {
-                if ready {
-                    return self.enter_recovery();
+                if !ready {
+                    return false;
                 }
-                false
+                if let Some(boot) = self.boot_that_outlived_the_power_off() {
+                    self.pause(
+                        PauseReason::PowerOffContradicted,
+                        format!(
+                            "the power step confirmed the node off, yet its kubelet reports boot {boot:?}, the one it ran when the power-off began: the power-off did not reach this machine (is the fence device in the node's fence configuration its own?) or its device said off wrongly. Its pods stay released and its taints stay; recovery waits for the node to boot again. Once the node is known safe, deleting this NodeFence ends the fence"
+                        ),
+                        None,
+                    );
+                    return false;
+                }
+                self.enter_recovery()
             }
             (FenceStep::Recovery, FencePhase::Done) => {
                 if self.status.recovered_at.is_none() {
@@ -1324,6 +1334,14 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// The node's boot, when its kubelet reports the boot it ran when the power step
+    /// first acted: a node the power step confirmed off cannot still be on it.
+    fn boot_that_outlived_the_power_off(&self) -> Option<&'a str> {
+        let facts: &'a NodeFacts = self.facts;
+        let now = facts.boot_id.as_deref()?;
+        (self.status.power_off_boot.as_deref() == Some(now)).then_some(now)
+    }
+
     fn enter_recovery(&mut self) -> bool {
         self.status.retries = 0;
         self.set_phase(FenceStep::Recovery, FencePhase::New);
@@ -1570,6 +1588,13 @@ impl<'a> Machine<'a> {
                     ExecutionKind::Act => MethodAction::from(method.action),
                     ExecutionKind::Verify => MethodAction::Status,
                 };
+                if step == FenceStep::PowerManagement
+                    && kind == ExecutionKind::Act
+                    && self.status.power_off_boot.is_none()
+                {
+                    // The boot a powered-off node can no longer be on.
+                    self.status.power_off_boot = self.facts.boot_id.clone();
+                }
                 if self.count_as_started() {
                     self.event(
                         true,
@@ -1849,6 +1874,7 @@ fn reason_is_warning(reason: PauseReason) -> bool {
             | PauseReason::ZoneRateLimit
             | PauseReason::NoConfiguration
             | PauseReason::NameMismatch
+            | PauseReason::PowerOffContradicted
     )
 }
 

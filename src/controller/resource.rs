@@ -279,6 +279,11 @@ pub enum PauseReason {
     /// The resource's name is not its `spec.nodeName`: one fence per node is guaranteed
     /// by naming, so a fence named otherwise is never acted on.
     NameMismatch,
+    /// The power step confirmed the node off, yet the node is back on the boot it ran
+    /// before the power-off: the power-off did not reach this machine (a fence device of
+    /// another), or its device said off wrongly. Recovery waits for the node to boot
+    /// again; its pods stay released and its taints stay.
+    PowerOffContradicted,
 }
 
 /// A fence that is waiting, with the reason and when it may go on (if known).
@@ -357,6 +362,12 @@ pub struct NodeFenceStatus {
     /// The self-isolation promise the fence rests on (a node with no fence device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promise: Option<PromiseRecord>,
+    /// The boot the node's kubelet last reported (`status.nodeInfo.bootID`) when the power
+    /// step first acted. A node powered off can only come back on another boot: after a
+    /// power-off the device confirmed, recovery waits until the node reports a different
+    /// one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_off_boot: Option<String>,
     /// Why the fence is waiting, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause: Option<Pause>,

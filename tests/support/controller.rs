@@ -72,6 +72,19 @@ pub fn node(name: &str, ready: &str, since: Timestamp) -> Node {
     .expect("node")
 }
 
+/// [`node`], its kubelet reporting boot `boot` (`status.nodeInfo.bootID`), as a real
+/// kubelet does with every status update.
+pub fn node_on_boot(name: &str, ready: &str, since: Timestamp, boot: &str) -> Node {
+    let mut node = serde_json::to_value(node(name, ready, since)).expect("node");
+    node["status"]["nodeInfo"] = json!({
+        "architecture": "amd64", "bootID": boot, "containerRuntimeVersion": "containerd://1.7",
+        "kernelVersion": "6.1.0", "kubeProxyVersion": "", "kubeletVersion": "v1.31.0",
+        "machineID": name, "operatingSystem": "linux", "osImage": "Debian GNU/Linux 12",
+        "systemUUID": name,
+    });
+    serde_json::from_value(node).expect("node")
+}
+
 /// Creates ServiceAccount `namespace/name` through the API.
 pub async fn create_service_account(server: &FakeApiServer, namespace: &str, name: &str) {
     let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
