@@ -13,7 +13,8 @@
 //!   dashboard and the rules name comes back from its query API with data, every query
 //!   of the dashboard runs, every rule evaluates without error, and the alerts pending
 //!   are exactly those the situation calls for. `promtool check metrics` passes on both
-//!   /metrics pages.
+//!   /metrics pages, and every `nodekeeper_*` metric README.md and docs/ name is on one
+//!   of them.
 //!
 //! Fails under `CI=true` without Debian's prometheus, `dbus-daemon` or `fence-agents`.
 
@@ -106,6 +107,57 @@ fn metric_names(expression: &str) -> BTreeSet<String> {
         .collect();
     if expression.contains("up{") {
         names.insert("up".to_string());
+    }
+    names
+}
+
+/// Every sample name a /metrics page can carry, from its `# TYPE` lines: the family's
+/// own name and its suffixed samples (a counter's `_total`, an info's `_info`, a
+/// histogram's `_bucket`, `_sum` and `_count`). A labelled family with no series yet is
+/// not on the page at all.
+fn sample_names(page: &str) -> BTreeSet<String> {
+    page.lines()
+        .filter_map(|line| line.strip_prefix("# TYPE ")?.split_whitespace().next())
+        .flat_map(|family| {
+            [
+                "", "_total", "_info", "_bucket", "_sum", "_count", "_created",
+            ]
+            .map(|suffix| format!("{family}{suffix}"))
+        })
+        .collect()
+}
+
+/// The `nodekeeper_*` metric names README.md and docs/*.md mention, each with the first
+/// file that does.
+fn documented_metrics() -> BTreeMap<String, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|entry| entry.expect("docs/ entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    let mut names = BTreeMap::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("a documentation file");
+        let shown = file
+            .strip_prefix(root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            // `nodekeeper_0.1.0-1_amd64.deb` is a file, not a metric.
+            let is_metric = word
+                .strip_prefix("nodekeeper_")
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_lowercase()));
+            if is_metric {
+                names
+                    .entry(word.to_string())
+                    .or_insert_with(|| shown.clone());
+            }
+        }
     }
     names
 }
@@ -469,7 +521,8 @@ async fn prometheus_scrapes_every_metric_the_dashboard_and_the_rules_use() {
     );
     let config = controller_config(
         dir.path(),
-        "reports: {address: \"127.0.0.1:0\", reconnectGrace: 0s, leaderService: nodekeeper-controller}\n",
+        "reports: {address: \"127.0.0.1:0\", reconnectGrace: 0s, leaderService: nodekeeper-controller}\n\
+         kdumpAddress: \"127.0.0.1:0\"\n",
     );
     let controller = ControllerProcess::start_as_pod(
         dir.path(),
@@ -736,6 +789,7 @@ scrape_configs:
     );
 
     // promtool's lint passes on both pages as any client but Prometheus gets them.
+    let mut exported = BTreeSet::new();
     for (what, address) in [
         ("agent", agent.address.clone()),
         ("controller", controller.metrics_address()),
@@ -748,7 +802,20 @@ scrape_configs:
             "promtool check metrics on the {what}'s page: {out}\n{page}"
         );
         assert!(out.trim().is_empty(), "{what}: lint findings: {out}");
+        exported.extend(sample_names(&page));
     }
+    // Every metric the documentation names is one of them: a renamed or dropped metric
+    // leaves no page, query or runbook pointing at nothing.
+    let documented = documented_metrics();
+    assert!(documented.len() > 40, "{documented:?}");
+    let undocumented_in_pages: Vec<_> = documented
+        .iter()
+        .filter(|(name, _)| !exported.contains(*name))
+        .collect();
+    assert!(
+        undocumented_in_pages.is_empty(),
+        "named in the documentation but exported by neither /metrics page: {undocumented_in_pages:?}"
+    );
     drop(prometheus);
     drop(logind);
 }

@@ -201,6 +201,16 @@ pub async fn listen(
     stop: impl std::future::Future<Output = ()>,
 ) {
     let mut stop = std::pin::pin!(stop);
+    // Every outcome's series from the start, at 0: a counter's first datagram is then an
+    // increase Prometheus sees, and a listening controller shows the metric at all.
+    for outcome in ["notification", "refused", "malformed"] {
+        metrics
+            .kdump_datagrams
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc_by(0);
+    }
     // Larger than a notification, so a longer datagram is seen as too long rather than
     // cut to 8 bytes.
     let mut buffer = [0u8; 64];
