@@ -179,7 +179,10 @@ async fn a_node_back_on_its_old_boot_after_a_confirmed_power_off_is_not_recovere
     let fence = fence_of(&server, "worker-2").expect("the NodeFence");
     assert_eq!(fence["status"]["powerOffBoot"], "boot-a", "{fence:#}");
 
-    // worker-2's kubelet is back, Ready, on the boot it ran all along.
+    // worker-2's kubelet is back, Ready, on the boot it ran all along: a Ready posted
+    // after the power-off (condition times have whole seconds; one from the second the
+    // step ended could be the one posted before it).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     server.seed(&node_on_boot(
         "worker-2",
         "True",

@@ -1107,6 +1107,7 @@ fn a_node_back_on_the_boot_its_power_off_should_have_ended_is_not_recovered() {
     // The device said off, but what it switched off was another machine: the node's
     // kubelet is back, Ready, on the boot it ran all along.
     world.power_device_of_another = true;
+    world.advance(5);
     world.set_ready(true);
     world.run(10, 5);
     let recovery: Vec<_> = world
@@ -1133,6 +1134,68 @@ fn a_node_back_on_the_boot_its_power_off_should_have_ended_is_not_recovered() {
     world.run(10, 2);
     assert!(world.fence.is_none(), "recovered: the fence ends");
     assert!(world.devices.storage_on, "recovery re-enabled the storage");
+}
+
+#[test]
+fn a_forced_fences_node_still_reading_ready_after_its_power_off_is_neither_recovered_nor_alarmed() {
+    // A forced fence on a Ready node: the Ready condition the kubelet posted before the
+    // power-off stays until the node lifecycle controller notices the silence.
+    let mut world = World::new(full_plan(), true);
+    world.set_ready(true);
+    let posted = world.facts.health;
+    world.now = at(1);
+    world.run(6, 31);
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::PowerManagement), Some(FencePhase::Done))
+    );
+    world.power_device_of_another = true;
+    world.facts.health = posted;
+    world.run(5, 5);
+    assert!(
+        !world
+            .started()
+            .iter()
+            .any(|name| name.starts_with("recovery")),
+        "{:?}",
+        world.started()
+    );
+    assert_eq!(
+        world.status().pause,
+        None,
+        "no contradiction on a stale Ready"
+    );
+    // The node boots again and its kubelet says so: recovery.
+    world.power_on_by_hand();
+    world.set_ready(true);
+    world.run(10, 2);
+    assert!(world.fence.is_none(), "recovered");
+}
+
+#[test]
+fn a_power_step_that_could_not_confirm_every_supply_off_compares_no_boot() {
+    // Two supplies; the second's outlet may fail (the step still succeeds, unconfirmed):
+    // the node may run on, on the same boot, without contradicting anything.
+    let mut plan = full_plan();
+    let mut second = method("psu-2", FenceAction::Off);
+    second.must_succeed = false;
+    plan.steps.insert(
+        Step::PowerManagement,
+        vec![vec![method("ipmi", FenceAction::Off), second]],
+    );
+    let mut world = World::new(plan, false);
+    world.fates = vec![Fate::Works, Fate::Works, Fate::Fails];
+    world.now = at(60);
+    world.run(6, 31);
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::PowerManagement), Some(FencePhase::Done))
+    );
+    assert_eq!(world.status().power_off_boot, None);
+    world.power_device_of_another = true;
+    world.set_ready(true);
+    world.run(10, 2);
+    assert!(world.fence.is_none(), "recovered as before");
 }
 
 #[test]

@@ -111,18 +111,29 @@ fn metric_names(expression: &str) -> BTreeSet<String> {
     names
 }
 
-/// Every sample name a /metrics page can carry, from its `# TYPE` lines: the family's
-/// own name and its suffixed samples (a counter's `_total`, an info's `_info`, a
-/// histogram's `_bucket`, `_sum` and `_count`). A labelled family with no series yet is
-/// not on the page at all.
+/// Every name a /metrics page answers to, from its `# TYPE` lines: each family's own name,
+/// and a counter's `_total`, an info's `_info`, a histogram's `_bucket`, `_sum` and
+/// `_count` (never a gauge's `_total`). A labelled family with no series yet is not on
+/// the page at all.
 fn sample_names(page: &str) -> BTreeSet<String> {
     page.lines()
-        .filter_map(|line| line.strip_prefix("# TYPE ")?.split_whitespace().next())
-        .flat_map(|family| {
-            [
-                "", "_total", "_info", "_bucket", "_sum", "_count", "_created",
-            ]
-            .map(|suffix| format!("{family}{suffix}"))
+        .filter_map(|line| {
+            let mut words = line.strip_prefix("# TYPE ")?.split_whitespace();
+            Some((words.next()?, words.next()?))
+        })
+        .flat_map(|(family, kind)| {
+            let suffixes: &[&str] = match kind {
+                // The family's own name too: in the classic text format a counter's
+                // TYPE line names it with its `_total`, and the docs name histograms
+                // by family.
+                "counter" => &["", "_total"],
+                "info" => &["", "_info"],
+                "histogram" | "summary" => &["", "_bucket", "_sum", "_count"],
+                _ => &[""],
+            };
+            suffixes
+                .iter()
+                .map(move |suffix| format!("{family}{suffix}"))
         })
         .collect()
 }

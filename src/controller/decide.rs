@@ -467,10 +467,16 @@ impl<'a> Machine<'a> {
                     return false;
                 }
                 if let Some(boot) = self.boot_that_outlived_the_power_off() {
+                    if !self.heard_since(self.phase_since()) {
+                        // A Ready condition, or channels, from before the power-off (a
+                        // forced fence's node reads Ready until the node lifecycle
+                        // controller notices): not back, and no contradiction yet.
+                        return false;
+                    }
                     self.pause(
                         PauseReason::PowerOffContradicted,
                         format!(
-                            "the power step confirmed the node off, yet its kubelet reports boot {boot:?}, the one it ran when the power-off began: the power-off did not reach this machine (is the fence device in the node's fence configuration its own?) or its device said off wrongly. Its pods stay released and its taints stay; recovery waits for the node to boot again. Once the node is known safe, deleting this NodeFence ends the fence"
+                            "the power step confirmed the node off, yet its kubelet reports boot {boot:?}, the one it ran when the power-off began: the power-off did not reach this machine (is the fence device in the node's fence configuration its own?) or its device said off wrongly. Its pods stay released and its taints stay. Stop the node's old pods, then power-cycle or reboot it: on a new boot, recovery runs by itself"
                         ),
                         None,
                     );
@@ -1334,8 +1340,24 @@ impl<'a> Machine<'a> {
         }
     }
 
-    /// The node's boot, when its kubelet reports the boot it ran when the power step
-    /// first acted: a node the power step confirmed off cannot still be on it.
+    /// Whether the node spoke after `at`: its kubelet turned Ready or renewed its Lease,
+    /// or its agent reported.
+    fn heard_since(&self, at: Timestamp) -> bool {
+        let facts = self.facts;
+        let ready_since = facts.health.since.filter(|_| facts.health.is_ready());
+        let channels = match &facts.liveness {
+            Liveness::Heard(channels) => Some(channels.lease.max(channels.report)),
+            _ => None,
+        };
+        [ready_since, channels, facts.lease_heard]
+            .into_iter()
+            .flatten()
+            .any(|then| then > at)
+    }
+
+    /// The node's boot, when its kubelet reports the boot it ran when the power step's
+    /// last action began and the step confirmed the power off: such a node cannot still
+    /// be on it.
     fn boot_that_outlived_the_power_off(&self) -> Option<&'a str> {
         let facts: &'a NodeFacts = self.facts;
         let now = facts.boot_id.as_deref()?;
@@ -1588,11 +1610,8 @@ impl<'a> Machine<'a> {
                     ExecutionKind::Act => MethodAction::from(method.action),
                     ExecutionKind::Verify => MethodAction::Status,
                 };
-                if step == FenceStep::PowerManagement
-                    && kind == ExecutionKind::Act
-                    && self.status.power_off_boot.is_none()
-                {
-                    // The boot a powered-off node can no longer be on.
+                if step == FenceStep::PowerManagement && kind == ExecutionKind::Act {
+                    // The boot a node this action powers off can no longer be on.
                     self.status.power_off_boot = self.facts.boot_id.clone();
                 }
                 if self.count_as_started() {
@@ -1642,6 +1661,11 @@ impl<'a> Machine<'a> {
                         methods.join(", ")
                     ),
                 );
+                if step == FenceStep::PowerManagement && !confirmed {
+                    // Something of the node may still have power (an optional second
+                    // supply whose outlet failed): it may run on, on the same boot.
+                    self.status.power_off_boot = None;
+                }
                 if confirmed && step != FenceStep::Recovery && self.status.confirmed_at.is_none() {
                     let methods = methods.join(", ");
                     self.confirm(

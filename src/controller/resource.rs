@@ -363,7 +363,8 @@ pub struct NodeFenceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promise: Option<PromiseRecord>,
     /// The boot the node's kubelet last reported (`status.nodeInfo.bootID`) when the power
-    /// step first acted. A node powered off can only come back on another boot: after a
+    /// step's last action began; cleared when the step succeeds without confirming the
+    /// power off. A node powered off can only come back on another boot: after a
     /// power-off the device confirmed, recovery waits until the node reports a different
     /// one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
