@@ -60,7 +60,7 @@ async fn a_lost_node_is_isolated_powered_off_released_and_recovered() {
         "the storage isolation is the proof that released the pod: {fence:#}"
     );
     assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        fabric_state(&fabric),
         "off",
         "the fabric port is really disabled"
     );
@@ -200,7 +200,7 @@ async fn a_node_back_on_its_old_boot_after_a_confirmed_power_off_is_not_recovere
     .await;
     assert!(paused, "the fence ended: recovery ran on the old boot");
     assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        fabric_state(&fabric),
         "off",
         "no recovery: the storage of a node whose processes never stopped stays cut off"
     );
@@ -241,7 +241,7 @@ async fn a_node_back_on_its_old_boot_after_a_confirmed_power_off_is_not_recovere
     )
     .await;
     assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        fabric_state(&fabric),
         "on",
         "recovery re-enabled the fabric port"
     );
@@ -285,10 +285,7 @@ async fn three_of_five_nodes_lost_is_a_storm_and_nothing_is_powered_off() {
         !bmc.chassis_log().contains("set power"),
         "no power action reached the BMC"
     );
-    assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
-        "on"
-    );
+    assert_eq!(fabric_state(&fabric), "on");
     for index in 0..3 {
         assert!(
             server
@@ -619,10 +616,7 @@ async fn a_storm_cooldown_survives_a_restart_even_with_no_fence_left() {
     .await;
     assert!(fence.pointer("/status/startedAt").is_none(), "{fence:#}");
     assert!(!bmc.chassis_log().contains("set power"));
-    assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
-        "on"
-    );
+    assert_eq!(fabric_state(&fabric), "on");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

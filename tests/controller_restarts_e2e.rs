@@ -138,14 +138,6 @@ struct Fenced {
     _dir: tempfile::TempDir,
 }
 
-/// What the storage fabric port says: "on" or "off".
-fn fabric_state(fabric: &std::path::Path) -> String {
-    std::fs::read_to_string(fabric)
-        .expect("fabric")
-        .trim()
-        .to_string()
-}
-
 /// One fence, its controller killed at every hold of `executor` and a last one started
 /// after them; returns once the device is confirmed off. `None` when a real part is
 /// missing (see `require!`: under CI that fails the test).

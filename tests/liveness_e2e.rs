@@ -175,7 +175,7 @@ async fn a_node_whose_lease_and_agent_fall_silent_is_fenced_before_it_ever_reads
     let events = reasons(&server, "worker-2", "NodeFence");
     assert!(events.iter().any(|r| r == "NodeSilent"), "{events:?}");
     assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
+        fabric_state(&fabric),
         "off",
         "the isolation that released the pod really disabled the fabric port"
     );
@@ -263,11 +263,7 @@ async fn a_node_heard_on_either_channel_is_never_fenced_not_even_by_a_restarted_
         "nothing was powered off: {}",
         bmc.chassis_log()
     );
-    assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
-        "on",
-        "nothing was isolated"
-    );
+    assert_eq!(fabric_state(&fabric), "on", "nothing was isolated");
     if let Some(fence) = fence_of(&server, "worker-2") {
         assert_eq!(
             fence.pointer("/status/pause/reason"),
@@ -338,10 +334,7 @@ async fn half_the_nodes_falling_silent_at_once_is_a_storm_and_nothing_is_powered
         assert!(executions(&fence).is_empty(), "{fence:#}");
     }
     assert!(!bmc.chassis_log().contains("set power 0"));
-    assert_eq!(
-        std::fs::read_to_string(&fabric).expect("fabric").trim(),
-        "on"
-    );
+    assert_eq!(fabric_state(&fabric), "on");
     for pod in ["db-0", "db-1", "db-2"] {
         assert!(server.object::<Pod>("shop", pod).is_some(), "{pod} is kept");
     }

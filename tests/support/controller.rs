@@ -59,6 +59,14 @@ pub fn enabled_fabric(dir: &Path) -> PathBuf {
     fabric
 }
 
+/// What the storage fabric port says: "on" or "off".
+pub fn fabric_state(fabric: &Path) -> String {
+    std::fs::read_to_string(fabric)
+        .expect("fabric")
+        .trim()
+        .to_string()
+}
+
 pub fn node(name: &str, ready: &str, since: Timestamp) -> Node {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
@@ -473,7 +481,7 @@ impl ControllerProcess {
         })
         .await;
         assert_eq!(
-            std::fs::read_to_string(fabric).expect("fabric").trim(),
+            fabric_state(fabric),
             "on",
             "recovery re-enabled the fabric port"
         );
