@@ -856,6 +856,55 @@ async fn request_log_names_rbac_verbs() {
     );
 }
 
+/// Tests wait for a change in the store, then read the log for the request that made it:
+/// the request must be there by then. Patchers on the runtime's workers race the test's
+/// own thread, which reads the store, then the log, as fast as it can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_in_the_log_as_soon_as_its_effect_is_in_the_store() {
+    const PATCHERS: usize = 6;
+    const PATCHES: usize = 300;
+    let server = FakeApiServer::start().await;
+    let mut patching = Vec::new();
+    for patcher in 0..PATCHERS {
+        let name = format!("counter-{patcher}");
+        server.seed(&config_map(&name));
+        let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+        patching.push(tokio::spawn(async move {
+            for n in 1..=PATCHES {
+                let patch = Patch::Merge(json!({"data": {"k": n.to_string()}}));
+                api.patch(&name, &PatchParams::default(), &patch)
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    let mut reads = 0;
+    loop {
+        let stored: usize = server
+            .objects::<ConfigMap>()
+            .iter()
+            .filter_map(|map| map.data.as_ref()?.get("k")?.parse::<usize>().ok())
+            .sum();
+        let logged = server
+            .requests()
+            .iter()
+            .filter(|request| request.method == "PATCH")
+            .count();
+        assert!(
+            logged >= stored,
+            "{stored} patches are in the store but only {logged} in the log"
+        );
+        reads += 1;
+        if stored == PATCHERS * PATCHES {
+            break;
+        }
+    }
+    for patcher in patching {
+        patcher.await.unwrap();
+    }
+    assert!(reads > 100, "the reads ran alongside the patches: {reads}");
+}
+
 #[tokio::test]
 async fn custom_resources_discovery_and_kubeconfig() {
     let server = FakeApiServer::start().await;

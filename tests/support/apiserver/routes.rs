@@ -174,6 +174,13 @@ pub async fn handle(
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
+    // The log stays locked while the request is routed: a test that sees the request's
+    // effect in the store and then reads the log always finds the request there (pushed
+    // after routing, it could be missing for a moment, and was once under CI's load).
+    let mut log = shared
+        .log
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let response = match injected {
         Some(code) => error_response(&ApiError::injected(code)),
         None => {
@@ -190,18 +197,17 @@ pub async fn handle(
             route(&shared, &call).unwrap_or_else(|error| error_response(&error))
         }
     };
-    if let Ok(mut log) = shared.log.lock() {
-        log.push(RecordedRequest {
-            method: parts.method.to_string(),
-            path,
-            query,
-            content_type,
-            accept,
-            user_agent,
-            body: String::from_utf8_lossy(&body).into_owned(),
-            status: response.status().as_u16(),
-        });
-    }
+    log.push(RecordedRequest {
+        method: parts.method.to_string(),
+        path,
+        query,
+        content_type,
+        accept,
+        user_agent,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        status: response.status().as_u16(),
+    });
+    drop(log);
     Ok(response)
 }
 
