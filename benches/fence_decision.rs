@@ -71,6 +71,7 @@ fn silent_scan(ledger: &ReportLedger, at: Instant) -> usize {
                 isolation: Some(heard.isolation),
                 api_reachable_since: None,
                 promise: heard.promise,
+                boot: Some(heard.boot_id),
             }
             .counted_as_silent(silence, now())
         })

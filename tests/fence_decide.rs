@@ -180,6 +180,8 @@ struct World {
     watch_stalled: bool,
     /// The node's boot, as its kubelet reports it.
     boot: u32,
+    /// The boot the agent's last report came from.
+    report_boot: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,6 +264,7 @@ impl World {
             true_lease: at(-10_000),
             watch_stalled: false,
             boot: 1,
+            report_boot: None,
         }
     }
 
@@ -346,6 +349,10 @@ impl World {
             });
     }
 
+    fn status_opt(&self) -> Option<&nodekeeper::controller::NodeFenceStatus> {
+        self.fence.as_ref().and_then(|f| f.status.as_ref())
+    }
+
     fn status(&self) -> &nodekeeper::controller::NodeFenceStatus {
         self.fence
             .as_ref()
@@ -377,6 +384,12 @@ impl World {
         self.hear();
     }
 
+    /// The machine runs: its power is on (or the device the plan names is another
+    /// machine's) and it is not in its crash kernel.
+    fn has_power(&self) -> bool {
+        (self.devices.power_on || self.power_device_of_another) && !self.in_crash_kernel
+    }
+
     /// Hears whatever channel speaks at `now`; a node without power says nothing.
     fn hear(&mut self) {
         self.hear_kdump();
@@ -384,9 +397,10 @@ impl World {
             self.facts.liveness = Liveness::NoAgent;
             return;
         };
-        let power = self.devices.power_on && !self.in_crash_kernel;
+        let power = self.has_power();
         if reports_speak && power {
             self.promise_heard = self.promise.map(|within| (within, self.boot));
+            self.report_boot = Some(self.boot);
         }
         // The kubelet renews (an isolated node's kubelet is stopped); the agent reads
         // the renewal, whether or not the controller's Lease watch delivers it.
@@ -401,7 +415,7 @@ impl World {
         // without an agent: a controller never hears a node earlier than it spoke.
         let (lease, report) = self.heard_at;
         // A crashed node's kubelet and agent are gone with its kernel.
-        let power = self.devices.power_on && !self.in_crash_kernel;
+        let power = self.has_power();
         self.sequence += 1;
         if reports_speak && power {
             // The agent reaches the API server when the kubelet's Lease gets through.
@@ -442,6 +456,10 @@ impl World {
                     boot_time: at(-100_000),
                     sequence: self.sequence,
                 }),
+            boot: self
+                .report_boot
+                .filter(|_| self.over_tls)
+                .map(|boot| BootId::new(&format!("boot-{boot}"))),
         });
         if let Liveness::Heard(channels) = self.facts.liveness {
             self.facts.lease_heard = Some(channels.lease);
@@ -1134,6 +1152,106 @@ fn a_node_back_on_the_boot_its_power_off_should_have_ended_is_not_recovered() {
     world.run(10, 2);
     assert!(world.fence.is_none(), "recovered: the fence ends");
     assert!(world.devices.storage_on, "recovery re-enabled the storage");
+}
+
+#[test]
+fn a_partitioned_nodes_agent_reporting_from_the_powered_off_boot_pauses_the_fence() {
+    let mut world = powered_off_world(Some("boot-1"));
+    // The device said off, but the machine runs on, cut off from the API server: its
+    // kubelet cannot say so (the node stays NotReady), but its agent reaches the
+    // controller, over TLS, from the boot it ran all along.
+    world.power_device_of_another = true;
+    world.advance(5);
+    world.set_channels(Some((false, true)));
+    world.run(10, 5);
+    assert!(!world.facts.health.is_ready(), "the kubelet is never heard");
+    let pause = world.status().pause.clone().expect("paused");
+    assert_eq!(pause.reason, PauseReason::PowerOffContradicted);
+    assert!(
+        pause.message.contains("its agent reports boot \"boot-1\""),
+        "{}",
+        pause.message
+    );
+    assert!(
+        !world
+            .started()
+            .iter()
+            .any(|name| name.starts_with("recovery")),
+        "{:?}",
+        world.started()
+    );
+    assert!(!world.devices.storage_on, "its storage stays cut off");
+    assert!(world.facts.taints.out_of_service, "its pods stay released");
+    let warned = world
+        .log
+        .iter()
+        .flat_map(|d| d.events.iter())
+        .filter(|e| e.warning && e.message.starts_with("PowerOffContradicted"))
+        .count();
+    assert_eq!(warned, 1, "said once, as a warning");
+}
+
+#[test]
+fn an_agent_reporting_from_a_new_boot_after_the_power_off_is_no_contradiction() {
+    let mut world = powered_off_world(Some("boot-1"));
+    // Someone powers the node on; its agent reports the new boot before its kubelet is
+    // Ready.
+    world.advance(30);
+    world.power_on_by_hand();
+    world.set_channels(Some((false, true)));
+    world.run(5, 2);
+    assert_eq!(world.status().pause, None, "nothing contradicted");
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::PowerManagement), Some(FencePhase::Done)),
+        "not Ready yet: no recovery"
+    );
+    world.set_ready(true);
+    world.run(10, 2);
+    assert!(world.fence.is_none(), "recovered once Ready");
+}
+
+#[test]
+fn an_agent_report_from_before_the_power_step_ended_contradicts_nothing() {
+    // The agent's last report came while the power-off ran (its machine then went dark
+    // for real): the same boot, but heard before the step ended.
+    let mut world = World::new(full_plan(), false);
+    world.set_channels(Some((false, true)));
+    world.set_channels(Some((false, false)));
+    world.now = at(60);
+    world.run(6, 31);
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::PowerManagement), Some(FencePhase::Done))
+    );
+    world.run(5, 5);
+    assert_eq!(world.status().pause, None, "nothing contradicted");
+}
+
+#[test]
+fn the_power_step_records_the_boot_the_agent_reports_over_a_stale_kubelet_status() {
+    // A forced fence on a node that rebooted while cut off from the API server: its
+    // kubelet's status still names the old boot, its agent reports the new one.
+    let mut world = World::new(full_plan(), true);
+    world.set_channels(Some((false, true)));
+    world.reboot();
+    world.facts.boot_id = Some("boot-1".to_string());
+    world.now = at(1);
+    for _ in 0..20 {
+        if world
+            .status_opt()
+            .is_some_and(|status| status.power_off_boot.is_some())
+        {
+            break;
+        }
+        world.reconcile();
+        world.advance(5);
+    }
+    assert_eq!(
+        world.status().power_off_boot.as_deref(),
+        Some("boot-2"),
+        "the boot its agent reports"
+    );
 }
 
 #[test]

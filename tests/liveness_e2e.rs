@@ -343,21 +343,36 @@ async fn half_the_nodes_falling_silent_at_once_is_a_storm_and_nothing_is_powered
 /// The boot of the node whose agent promises to isolate it.
 const PROMISING_BOOT: &str = "5c1e2f4a-0d8b-4a51-9d6e-6f3b0b1c2d3e";
 
-/// A report of `node`'s agent (protocol 1.3) promising, backed by its watchdog, that no
-/// pod process runs later than `within` after it last heard the controller.
-fn promising_report(node: &str, sequence: u64, within: Duration) -> Vec<u8> {
+/// A report of `node`'s agent (protocol 1.3) from boot `boot`, saying `self_isolation`.
+fn report_from(
+    node: &str,
+    boot: &str,
+    sequence: u64,
+    self_isolation: serde_json::Value,
+) -> Vec<u8> {
     serde_json::to_vec(&json!({
-        "version": "1.3", "node": node, "bootId": PROMISING_BOOT,
+        "version": "1.3", "node": node, "bootId": boot,
         "bootTime": "2026-11-20T08:00:00Z", "sequence": sequence, "agentVersion": "test",
         "intervalMillis": 500, "sentAt": Timestamp::now().to_string(), "trigger": "interval",
         "conditions": [], "shutdown": {"state": "none", "lockHeld": true},
         "apiServer": {"state": "reachable"}, "isolation": {"state": "none"},
-        "selfIsolation": {
-            "armed": true, "isolateAfterMillis": 1000, "withinMillis": within.as_millis() as u64,
-            "watchdogTimeoutMillis": 1000, "watchdog": "/dev/watchdog (test)",
-        },
+        "selfIsolation": self_isolation,
     }))
     .expect("a report")
+}
+
+/// A report of `node`'s agent promising, backed by its watchdog, that no pod process
+/// runs later than `within` after it last heard the controller.
+fn promising_report(node: &str, sequence: u64, within: Duration) -> Vec<u8> {
+    report_from(
+        node,
+        PROMISING_BOOT,
+        sequence,
+        json!({
+            "armed": true, "isolateAfterMillis": 1000, "withinMillis": within.as_millis() as u64,
+            "watchdogTimeoutMillis": 1000, "watchdog": "/dev/watchdog (test)",
+        }),
+    )
 }
 
 /// Posts `node`'s promising reports over TLS every half second until `stop` is set.
@@ -368,18 +383,34 @@ async fn keep_promising(
     within: Duration,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) {
+    keep_reporting(address, ca, node, 1, stop, move |sequence| {
+        promising_report(node, sequence, within)
+    })
+    .await;
+}
+
+/// Posts `node`'s reports (`report` of each sequence number, from `first_sequence`)
+/// over TLS every half second until `stop` is set; returns the next sequence number.
+async fn keep_reporting(
+    address: String,
+    ca: PathBuf,
+    node: &'static str,
+    first_sequence: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    report: impl Fn(u64) -> Vec<u8>,
+) -> u64 {
     use http_body_util::BodyExt;
     let client = nodekeeper::report::sender::http_client(Some(&ca)).expect("a TLS client");
-    let mut sequence = 0;
+    let mut sequence = first_sequence;
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-        sequence += 1;
         let request = http::Request::post(format!("https://{address}/v1/reports"))
             .header("content-type", "application/json")
             .header("authorization", format!("Bearer {}", token_of(node)))
-            .body(http_body_util::Full::new(hyper::body::Bytes::from(
-                promising_report(node, sequence, within),
-            )))
+            .body(http_body_util::Full::new(hyper::body::Bytes::from(report(
+                sequence,
+            ))))
             .expect("a request");
+        sequence += 1;
         let answer = client
             .request(request)
             .await
@@ -394,6 +425,105 @@ async fn keep_promising(
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    sequence
+}
+
+/// A power device that is another machine's switches that machine off, and says so:
+/// the fence is confirmed and the pod released. The node runs on, cut off from the API
+/// server (it reads NotReady), but its agent reaches the controller again, from the boot
+/// the power-off should have ended. Its kubelet cannot say anything; the agent's report
+/// alone must stop recovery, which would give the storage back to a node whose
+/// processes never stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_reporting_from_the_boot_its_power_off_should_have_ended_stops_recovery() {
+    require!("fence-agents", fence_agents());
+    require!("openssl", support::real::program("openssl", "openssl"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let ca = support::tls::certificate_authority(dir.path(), "ca").expect("a CA");
+    let served =
+        support::tls::server_certificate(dir.path(), "controller", &ca).expect("a certificate");
+    const BOOT: &str = "0d2f6b1e-3c4a-4e58-8b7d-1a2b3c4d5e6f";
+    let nodes = ["worker-1", "worker-2", "worker-3"];
+    let (server, fabric, kubelets) = cluster_of(dir.path(), &bmc, &nodes, &["worker-2"]).await;
+    server.seed(&node_on_boot("worker-2", "True", Timestamp::now(), BOOT));
+    let config = controller_config(
+        dir.path(),
+        &format!(
+            "silenceTimeout: {}s\nunhealthyDuration: 10m\n\
+             reports: {{address: \"127.0.0.1:0\", nodeTokensSecret: node-tokens, reconnectGrace: 20s, {}}}\n",
+            SILENCE.as_secs(),
+            served.reports_setting()
+        ),
+    );
+    let controller = ControllerProcess::start_logging(dir.path(), &server, &config, DEBUG_LOG);
+    controller.synced().await;
+    let unarmed = || json!({"armed": false});
+    let report = move |sequence| report_from("worker-2", BOOT, sequence, unarmed());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reporting = tokio::spawn(keep_reporting(
+        controller.reports_address(),
+        ca.cert.clone(),
+        "worker-2",
+        1,
+        stop.clone(),
+        report,
+    ));
+    wait_for(&controller, "worker-2's first report", || {
+        controller.agent_view("worker-2").map(|_| ())
+    })
+    .await;
+
+    // worker-2 falls silent on both channels and is fenced.
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let next_sequence = reporting.await.expect("the reports");
+    kubelets.stop("worker-2");
+    controller.powered_off(&server, "worker-2").await;
+    let fence = fence_of(&server, "worker-2").expect("the NodeFence");
+    assert_eq!(fence["status"]["powerOffBoot"], BOOT, "{fence:#}");
+    // The node lifecycle controller marks it NotReady; its agent speaks again.
+    server.seed(&node_on_boot("worker-2", "Unknown", Timestamp::now(), BOOT));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reporting = tokio::spawn(keep_reporting(
+        controller.reports_address(),
+        ca.cert.clone(),
+        "worker-2",
+        next_sequence,
+        stop.clone(),
+        report,
+    ));
+    let pause = wait_for(&controller, "the fence to pause", || {
+        fence_of(&server, "worker-2")?
+            .pointer("/status/pause")
+            .filter(|pause| pause["reason"] == "PowerOffContradicted")
+            .cloned()
+    })
+    .await;
+    assert!(
+        pause["message"]
+            .as_str()
+            .is_some_and(|message| message.contains(&format!("its agent reports boot \"{BOOT}\""))),
+        "{pause:#}"
+    );
+    // A few more reports: still paused, nothing given back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    reporting.await.expect("the reports");
+    assert_eq!(
+        fabric_state(&fabric),
+        "off",
+        "no recovery: the storage of a node whose processes never stopped stays cut off"
+    );
+    let taints = taint_keys(&server, "worker-2");
+    assert!(
+        taints.contains(&"node.kubernetes.io/out-of-service".to_string()),
+        "{taints:?}"
+    );
+    let metrics = controller.metrics();
+    assert!(
+        metrics.contains("nodekeeper_fences_paused{reason=\"PowerOffContradicted\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

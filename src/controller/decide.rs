@@ -463,6 +463,12 @@ impl<'a> Machine<'a> {
                 true
             }
             (FenceStep::PowerManagement, FencePhase::Done) => {
+                // An agent reporting from the powered-off boot is proof enough, Ready or
+                // not: a partitioned node's kubelet cannot say so, its agent can.
+                if let Some(boot) = self.agent_boot_that_outlived_the_power_off() {
+                    self.power_off_contradicted("its agent", boot);
+                    return false;
+                }
                 if !ready {
                     return false;
                 }
@@ -473,13 +479,7 @@ impl<'a> Machine<'a> {
                         // controller notices): not back, and no contradiction yet.
                         return false;
                     }
-                    self.pause(
-                        PauseReason::PowerOffContradicted,
-                        format!(
-                            "the power step confirmed the node off, yet its kubelet reports boot {boot:?}, the one it ran when the power-off began: the power-off did not reach this machine (is the fence device in the node's fence configuration its own?) or its device said off wrongly. Its pods stay released and its taints stay. Stop the node's old pods, then power-cycle or reboot it: on a new boot, recovery runs by itself"
-                        ),
-                        None,
-                    );
+                    self.power_off_contradicted("its kubelet", boot);
                     return false;
                 }
                 self.enter_recovery()
@@ -1364,6 +1364,43 @@ impl<'a> Machine<'a> {
         (self.status.power_off_boot.as_deref() == Some(now)).then_some(now)
     }
 
+    /// The boot of an agent report that arrived after the power step ended, when it is
+    /// the boot the node ran as the step's last action began.
+    fn agent_boot_that_outlived_the_power_off(&self) -> Option<&'a str> {
+        let facts: &'a NodeFacts = self.facts;
+        let Liveness::Heard(channels) = &facts.liveness else {
+            return None;
+        };
+        let boot = channels.boot.as_ref()?;
+        let recorded = self.status.power_off_boot.as_deref()?;
+        (boot.is(recorded) && channels.report > self.phase_since()).then(|| boot.as_str())
+    }
+
+    /// The boot the node runs, as far as the controller knows: its agent's while its
+    /// reports keep coming (the agent reads it for every report, and a partitioned
+    /// kubelet's status may predate a reboot), else the one its kubelet last reported.
+    fn current_boot(&self) -> Option<String> {
+        if let Liveness::Heard(channels) = &self.facts.liveness
+            && let Some(boot) = channels.boot.filter(|boot| !boot.as_str().is_empty())
+            && self.now < channels.report + channels.reports_fresh_within
+        {
+            return Some(boot.as_str().to_string());
+        }
+        self.facts.boot_id.clone()
+    }
+
+    /// The power step confirmed the node off, yet `who` (its kubelet or its agent)
+    /// speaks from the boot it ran when the power-off began.
+    fn power_off_contradicted(&mut self, who: &str, boot: &str) {
+        self.pause(
+            PauseReason::PowerOffContradicted,
+            format!(
+                "the power step confirmed the node off, yet {who} reports boot {boot:?}, the one it ran when the power-off began: the power-off did not reach this machine (is the fence device in the node's fence configuration its own?) or its device said off wrongly. Its pods stay released and its taints stay. Stop the node's old pods, then power-cycle or reboot it: on a new boot, recovery runs by itself"
+            ),
+            None,
+        );
+    }
+
     fn enter_recovery(&mut self) -> bool {
         self.status.retries = 0;
         self.set_phase(FenceStep::Recovery, FencePhase::New);
@@ -1612,7 +1649,7 @@ impl<'a> Machine<'a> {
                 };
                 if step == FenceStep::PowerManagement && kind == ExecutionKind::Act {
                     // The boot a node this action powers off can no longer be on.
-                    self.status.power_off_boot = self.facts.boot_id.clone();
+                    self.status.power_off_boot = self.current_boot();
                 }
                 if self.count_as_started() {
                     self.event(

@@ -186,6 +186,7 @@ impl Hearing {
                 .filter(|_| self.content_trusted)
                 .map(stamp),
             promise: heard.promise.filter(|_| self.content_trusted),
+            boot: self.content_trusted.then_some(heard.boot_id),
         }
     }
 

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::facts::NodeHealth;
 use super::policy::FencePolicy;
 use super::resource::PauseReason;
-use crate::report::ledger::{DrainedStatement, IsolationHeard, PromiseHeard};
+use crate::report::ledger::{BootId, DrainedStatement, IsolationHeard, PromiseHeard};
 
 /// What the controller heard from the node itself, besides its Ready condition.
 // `Heard` carries a boot ID inline so the whole stays `Copy`; one is built per decision.
@@ -67,6 +67,8 @@ pub struct Channels {
     pub api_reachable_since: Option<Timestamp>,
     /// The last report's self-isolation promise (over TLS only).
     pub promise: Option<PromiseHeard>,
+    /// The boot the last report came from (over TLS only).
+    pub boot: Option<BootId>,
 }
 
 impl Channels {
@@ -661,6 +663,7 @@ mod tests {
             isolation: None,
             api_reachable_since: None,
             promise: None,
+            boot: None,
         }
     }
 
@@ -760,6 +763,7 @@ mod tests {
             isolation: None,
             api_reachable_since: None,
             promise: None,
+            boot: None,
             };
             let state = judge(&health(readiness, since), &Liveness::Heard(channels), &policy, now);
             let lease_alive = (lease_ago as u64) < timeout.max(lease_fresh);

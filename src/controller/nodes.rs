@@ -474,6 +474,7 @@ mod tests {
             isolation: None,
             api_reachable_since: None,
             promise: None,
+            boot: None,
         };
         let policy = waiting(300);
         for (now, due) in [

@@ -362,11 +362,12 @@ pub struct NodeFenceStatus {
     /// The self-isolation promise the fence rests on (a node with no fence device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promise: Option<PromiseRecord>,
-    /// The boot the node's kubelet last reported (`status.nodeInfo.bootID`) when the power
-    /// step's last action began; cleared when the step succeeds without confirming the
+    /// The boot the node ran when the power step's last action began: its agent's, while
+    /// it reported over TLS, else the one its kubelet last reported
+    /// (`status.nodeInfo.bootID`); cleared when the step succeeds without confirming the
     /// power off. A node powered off can only come back on another boot: after a
     /// power-off the device confirmed, recovery waits until the node reports a different
-    /// one.
+    /// one, and an agent or kubelet heard from this one pauses the fence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power_off_boot: Option<String>,
     /// Why the fence is waiting, if it is.

@@ -70,6 +70,8 @@ pub struct AgentHeard {
     pub api_reachable_since: Option<Instant>,
     /// The latest report's self-isolation promise, if it makes one.
     pub promise: Option<PromiseHeard>,
+    /// The boot the latest report came from.
+    pub boot_id: BootId,
 }
 
 /// A node's self-isolation promise, as its latest report makes it (see
@@ -168,6 +170,7 @@ impl AgentHeard {
                 request: latest.isolation.request,
             },
             api_reachable_since: entry.api_reachable_since,
+            boot_id: BootId::new(&latest.boot_id),
             // An agent in dry-run mode stops nothing, whatever it says.
             promise: latest
                 .self_isolation
