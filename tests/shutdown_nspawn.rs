@@ -180,6 +180,24 @@ fn an_agent_killed_mid_shutdown_resumes_the_remaining_phases() {
          --who=other --why=test sleep 60",
     );
     assert!(other.status.success(), "{other:?}");
+    // systemd-run returns once the unit started, not once its lock is taken: without
+    // the lock, killing the agent would leave logind nothing to wait for.
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed = container.exec("systemd-inhibit --list --no-pager");
+        let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+        if listed
+            .lines()
+            .any(|line| line.contains("other") && line.contains("delay"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "the second delay lock was never taken:\n{listed}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let poweroff = container.exec("systemctl poweroff");
     assert!(poweroff.status.success(), "{poweroff:?}");
     let give_up = Instant::now() + Duration::from_secs(10);
@@ -192,11 +210,18 @@ fn an_agent_killed_mid_shutdown_resumes_the_remaining_phases() {
     }
     let killed = container.exec("systemctl kill --signal=SIGKILL nodekeeper-shutdown.service");
     assert!(killed.status.success(), "{killed:?}");
+    let killed_at = Instant::now();
+    let powered_off = container.exited_within(Duration::from_secs(60));
+    let log = std::fs::read_to_string(shared.join("agent.log")).unwrap_or_default();
     assert!(
-        container.exited_within(Duration::from_secs(60)),
-        "the container did not power off"
+        powered_off,
+        "the container did not power off within 60 s of the kill (at {:.3} s since the epoch)\nworkload events: {:?}\nagent log:\n{log}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |now| now.as_secs_f64()
+                - killed_at.elapsed().as_secs_f64()),
+        events(&shared)
     );
-    let log = std::fs::read_to_string(shared.join("agent.log")).unwrap();
     assert!(
         log.contains("resuming a shutdown interrupted by an agent restart"),
         "{log}"
