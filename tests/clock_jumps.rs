@@ -5,7 +5,8 @@
 //! `unhealthyDuration`, its clock jumps two hours forward (the wait must not end early:
 //! no fence starts), then two hours back (the wait must not grow: the fence starts on
 //! time). Storage isolation by `fence_dummy`, then the power-off through `fence_ipmilan`
-//! against `ipmi_sim`, as in `controller_e2e.rs`.
+//! against `ipmi_sim`, as in `controller_e2e.rs`. The same two jumps come while a failed
+//! step waits out its retry backoff.
 //!
 //! The agent, under the same library, must not be judged stalled by its `/healthz` for a
 //! jump forward, nor judged live for a jump back while its decision loop is stuck.
@@ -45,6 +46,32 @@ fn offset_clock(file: &Path, seconds: i64) {
 
 const UNHEALTHY: Duration = Duration::from_secs(10);
 
+/// The controller with libfaketime preloaded, its wall clock offset by what
+/// [`offset_clock`] writes into the returned file (nothing at first), leading and synced.
+async fn faked_controller(
+    dir: &Path,
+    server: &support::apiserver::FakeApiServer,
+    config: &Path,
+    preload: &str,
+) -> (ControllerProcess, std::path::PathBuf) {
+    let offset = dir.join("faketime");
+    offset_clock(&offset, 0);
+    let offset_path = offset.display().to_string();
+    let controller = ControllerProcess::start_with_environment(
+        dir,
+        server,
+        config,
+        &[
+            ("LD_PRELOAD", preload),
+            ("FAKETIME_TIMESTAMP_FILE", &offset_path),
+            ("FAKETIME_NO_CACHE", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    controller.synced().await;
+    (controller, offset)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back() {
     require!("fence-agents", fence_agents());
@@ -53,21 +80,7 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
     let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
     let (server, _fabric) = one_database_node(dir.path(), &bmc).await;
     let config = controller_config(dir.path(), "unhealthyDuration: 10s");
-    let offset = dir.path().join("faketime");
-    offset_clock(&offset, 0);
-    let offset_path = offset.display().to_string();
-    let controller = ControllerProcess::start_with_environment(
-        dir.path(),
-        &server,
-        &config,
-        &[
-            ("LD_PRELOAD", &preload),
-            ("FAKETIME_TIMESTAMP_FILE", &offset_path),
-            ("FAKETIME_NO_CACHE", "1"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ],
-    );
-    controller.synced().await;
+    let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
 
     // worker-2 is lost; the node lifecycle controller marks it Unknown.
     let lost = Instant::now();
@@ -136,6 +149,104 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
         "{}",
         controller.log()
     );
+}
+
+const BACKOFF: Duration = Duration::from_secs(10);
+
+/// A failed step waits out its retry backoff on the same clock: two hours forward must
+/// not start the retry early, two hours back must not hold it back. The storage
+/// isolation fails first (`fence_dummy` with `type=fail`), then works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_retry() {
+    require!("fence-agents", fence_agents());
+    let preload = require!("libfaketime", libfaketime());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let (server, fabric) = one_database_node(dir.path(), &bmc).await;
+    let fabric_off = |fails: &str| {
+        server.seed(&config_map(
+            "fence-method-fabric-off-worker-2",
+            "method.properties",
+            &format!(
+                "agent_name=fence_dummy\nstatus_file={}\naction=off\n{fails}",
+                fabric.display()
+            ),
+        ));
+    };
+    fabric_off("type=fail");
+    let config = controller_config(
+        dir.path(),
+        &format!(
+            "retry: {{limit: 2, backoff: {}s, maxBackoff: {}s}}\n\
+             agents: {{callTimeout: 5s, verifyTimeout: 5s, allowedOptions: [status_file, type]}}",
+            BACKOFF.as_secs(),
+            BACKOFF.as_secs()
+        ),
+    );
+    let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
+    let lost_at = Timestamp::now();
+    server.seed(&node("worker-2", "Unknown", lost_at));
+    let isolations = |fence: &serde_json::Value| step_executions(fence, "Isolation").len();
+    let failed = wait_for(
+        &controller,
+        "the isolation to fail and its retry to wait",
+        || {
+            let fence = fence_of(&server, "worker-2")?;
+            (fence.pointer("/status/pause/reason")? == "RetryBackoff").then(Instant::now)
+        },
+    )
+    .await;
+    let tried = isolations(&fence_of(&server, "worker-2").expect("the NodeFence"));
+    fabric_off("");
+
+    // Two hours forward, and the node changes, so the controller looks at once.
+    offset_clock(&offset, 7200);
+    server.seed(&node("worker-2", "Unknown", lost_at));
+    while failed.elapsed() < BACKOFF - Duration::from_secs(3) {
+        let fence = fence_of(&server, "worker-2").expect("the NodeFence");
+        assert_eq!(
+            isolations(&fence),
+            tried,
+            "the retry started {:?} into its {BACKOFF:?} backoff: {fence:#}\n{}",
+            failed.elapsed(),
+            controller.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Two hours back: the retry starts when it is due.
+    offset_clock(&offset, -7200);
+    server.seed(&node("worker-2", "Unknown", lost_at));
+    let retried = wait_for(&controller, "the retry", || {
+        let fence = fence_of(&server, "worker-2")?;
+        (isolations(&fence) > tried).then(Instant::now)
+    })
+    .await;
+    let took = retried.duration_since(failed);
+    println!(
+        "the clock jumped +2 h then -2 h; the retry started {:.1}s after the failure was seen (backoff {}s)",
+        took.as_secs_f64(),
+        BACKOFF.as_secs()
+    );
+    // The failure is seen up to a poll (and a status write) after it happened, and the
+    // controller's time moves at most 1 % off the monotonic clock while it takes the
+    // jumps in.
+    assert!(
+        took + Duration::from_millis(1500) >= BACKOFF,
+        "retried after {took:?}\n{}",
+        controller.log()
+    );
+    assert!(
+        took < BACKOFF + Duration::from_secs(15),
+        "retried only after {took:?}"
+    );
+    wait_for(
+        &controller,
+        "the retried isolation to release the pod",
+        || server.object::<Pod>("shop", "db-0").is_none().then_some(()),
+    )
+    .await;
+    assert_eq!(fabric_state(&fabric), "off", "the retry isolated the node");
 }
 
 /// `/healthz` status codes for `within`, one look every 20 ms.
