@@ -209,23 +209,28 @@ async fn a_node_back_on_its_old_boot_after_a_confirmed_power_off_is_not_recovere
         taints.contains(&"node.kubernetes.io/out-of-service".to_string()),
         "{taints:?}"
     );
-    let said = server
-        .objects::<k8s_openapi::api::events::v1::Event>()
-        .into_iter()
-        .find(|event| {
-            event.reason.as_deref() == Some("FencePaused")
-                && event
-                    .note
-                    .as_deref()
-                    .is_some_and(|note| note.starts_with("PowerOffContradicted"))
-        })
-        .expect("a FencePaused Event saying why");
+    // The Event and the gauge follow the status write.
+    let said = wait_for(&controller, "a FencePaused Event saying why", || {
+        server
+            .objects::<k8s_openapi::api::events::v1::Event>()
+            .into_iter()
+            .find(|event| {
+                event.reason.as_deref() == Some("FencePaused")
+                    && event
+                        .note
+                        .as_deref()
+                        .is_some_and(|note| note.starts_with("PowerOffContradicted"))
+            })
+    })
+    .await;
     assert_eq!(said.type_.as_deref(), Some("Warning"));
-    let metrics = controller.metrics();
-    assert!(
-        metrics.contains("nodekeeper_fences_paused{reason=\"PowerOffContradicted\"} 1"),
-        "{metrics}"
-    );
+    wait_for(&controller, "the paused gauge", || {
+        controller
+            .metrics()
+            .contains("nodekeeper_fences_paused{reason=\"PowerOffContradicted\"} 1")
+            .then_some(())
+    })
+    .await;
 
     // Someone power-cycles it for real: a new boot, and recovery runs.
     server.seed(&node_on_boot(

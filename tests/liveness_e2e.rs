@@ -519,11 +519,13 @@ async fn an_agent_reporting_from_the_boot_its_power_off_should_have_ended_stops_
         taints.contains(&"node.kubernetes.io/out-of-service".to_string()),
         "{taints:?}"
     );
-    let metrics = controller.metrics();
-    assert!(
-        metrics.contains("nodekeeper_fences_paused{reason=\"PowerOffContradicted\"} 1"),
-        "{metrics}"
-    );
+    wait_for(&controller, "the paused gauge", || {
+        controller
+            .metrics()
+            .contains("nodekeeper_fences_paused{reason=\"PowerOffContradicted\"} 1")
+            .then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -600,14 +600,8 @@ impl Loop {
         } else {
             status["failed"] = json!(1);
         }
-        let _ = self
-            .jobs
-            .patch_status(
-                job,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
-            )
-            .await;
+        // Recorded before the Job says it finished: a test that sees the controller act
+        // on the finished Job then finds the run here.
         self.shared.lock().expect("runner state").runs.push(PodRun {
             job: job.to_string(),
             pod: pod.to_string(),
@@ -616,6 +610,14 @@ impl Loop {
             message: message.to_string(),
             spec: spec.clone(),
         });
+        let _ = self
+            .jobs
+            .patch_status(
+                job,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await;
     }
 }
 
