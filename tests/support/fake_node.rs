@@ -233,14 +233,23 @@ pub fn seed_node(server: &super::apiserver::FakeApiServer) {
     });
 }
 
-/// Whether `server` has answered a list of pods (the agent's first, before it watches).
+/// Whether the agent knows its node's pods: `server` answered a list of pods and then
+/// a watch of them. The watch comes only once the listed pods are in the agent's store;
+/// right after the list answer, the agent may still think it has none.
 pub fn pods_listed(server: &super::apiserver::FakeApiServer) -> bool {
-    server.requests().iter().any(|request| {
-        request.method == "GET"
-            && request.path == "/api/v1/pods"
-            && !request.is_watch()
-            && request.status == 200
-    })
+    let pods = |watch: bool| {
+        move |request: &super::apiserver::RecordedRequest| {
+            request.method == "GET"
+                && request.path == "/api/v1/pods"
+                && request.is_watch() == watch
+                && request.status == 200
+        }
+    };
+    let requests = server.requests();
+    requests
+        .iter()
+        .position(pods(false))
+        .is_some_and(|listed| requests[listed..].iter().any(pods(true)))
 }
 
 /// The status of the node condition `condition_type` the server holds for this host.
