@@ -879,7 +879,12 @@ async fn a_request_is_in_the_log_as_soon_as_its_effect_is_in_the_store() {
         }));
     }
     let mut reads = 0;
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
     loop {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the patches never all landed"
+        );
         let stored: usize = server
             .objects::<ConfigMap>()
             .iter()

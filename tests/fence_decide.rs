@@ -1192,6 +1192,53 @@ fn a_partitioned_nodes_agent_reporting_from_the_powered_off_boot_pauses_the_fenc
 }
 
 #[test]
+fn a_rebooted_node_whose_new_agent_never_reports_is_recovered_despite_the_old_boots_reports() {
+    let mut world = powered_off_world(Some("boot-1"));
+    world.power_device_of_another = true;
+    world.advance(5);
+    world.set_channels(Some((false, true)));
+    world.run(3, 2);
+    assert_eq!(
+        world.status().pause.as_ref().map(|pause| pause.reason),
+        Some(PauseReason::PowerOffContradicted)
+    );
+    // As the pause says: the operator power-cycles the node. Its kubelet is back, Ready
+    // on the new boot; its agent does not come back (removed, or its reports refused),
+    // so the last report the controller holds is still the old boot's.
+    world.set_channels(Some((true, false)));
+    world.power_on_by_hand();
+    world.set_ready(true);
+    world.run(10, 2);
+    assert!(world.fence.is_none(), "recovered on the new boot");
+    assert!(world.devices.storage_on, "recovery re-enabled the storage");
+}
+
+#[test]
+fn a_kubelet_status_from_before_a_reboot_is_no_contradiction_when_the_agent_reports_the_new_boot() {
+    let mut world = powered_off_world(Some("boot-1"));
+    // The node is back on a new boot; its agent says so at once, its kubelet's status
+    // still names the old boot (it has not posted since), next to a Ready.
+    world.power_on_by_hand();
+    world.set_channels(Some((false, true)));
+    world.facts.boot_id = Some("boot-1".to_string());
+    world.advance(5);
+    world.set_ready(true);
+    world.run(5, 2);
+    assert_eq!(world.status().pause, None, "nothing contradicted");
+    assert_eq!(
+        world.phase(),
+        (Some(FenceStep::PowerManagement), Some(FencePhase::Done)),
+        "recovery waits for the kubelet's own word"
+    );
+    world.facts.boot_id = Some(format!("boot-{}", world.boot));
+    world.run(10, 2);
+    assert!(
+        world.fence.is_none(),
+        "recovered once the kubelet posts the new boot"
+    );
+}
+
+#[test]
 fn an_agent_reporting_from_a_new_boot_after_the_power_off_is_no_contradiction() {
     let mut world = powered_off_world(Some("boot-1"));
     // Someone powers the node on; its agent reports the new boot before its kubelet is

@@ -49,6 +49,7 @@ use super::resource::{
     PROMISE_PROOF, Pause, PauseReason, PowerSeen, PromiseRecord, SelfIsolation,
 };
 use super::storm::{Guard, GuardBlock};
+use crate::report::ledger::BootId;
 use crate::report::ledger::IsolationHeard;
 use crate::report::protocol::{Instruction, IsolationState};
 
@@ -477,6 +478,11 @@ impl<'a> Machine<'a> {
                         // A Ready condition, or channels, from before the power-off (a
                         // forced fence's node reads Ready until the node lifecycle
                         // controller notices): not back, and no contradiction yet.
+                        return false;
+                    }
+                    if self.fresh_agent_boot().is_some_and(|now| !now.is(boot)) {
+                        // Its agent reports a new boot: the kubelet has not posted its
+                        // own yet. Back, but recovery waits for the kubelet to say so.
                         return false;
                     }
                     self.power_off_contradicted("its kubelet", boot);
@@ -1366,27 +1372,39 @@ impl<'a> Machine<'a> {
 
     /// The boot of an agent report that arrived after the power step ended, when it is
     /// the boot the node ran as the step's last action began.
+    /// Only while its reports keep coming: a report from the old boot must not hold the
+    /// fence once the node rebooted and its new boot's agent does not report.
     fn agent_boot_that_outlived_the_power_off(&self) -> Option<&'a str> {
         let facts: &'a NodeFacts = self.facts;
         let Liveness::Heard(channels) = &facts.liveness else {
             return None;
         };
-        let boot = channels.boot.as_ref()?;
+        let boot = self.fresh_agent_boot()?;
         let recorded = self.status.power_off_boot.as_deref()?;
         (boot.is(recorded) && channels.report > self.phase_since()).then(|| boot.as_str())
+    }
+
+    /// The boot the agent's reports come from, while they keep coming (within three of
+    /// its report intervals; over TLS only).
+    fn fresh_agent_boot(&self) -> Option<&'a BootId> {
+        let facts: &'a NodeFacts = self.facts;
+        let Liveness::Heard(channels) = &facts.liveness else {
+            return None;
+        };
+        channels
+            .boot
+            .as_ref()
+            .filter(|boot| !boot.as_str().is_empty())
+            .filter(|_| self.now < channels.report + channels.reports_fresh_within)
     }
 
     /// The boot the node runs, as far as the controller knows: its agent's while its
     /// reports keep coming (the agent reads it for every report, and a partitioned
     /// kubelet's status may predate a reboot), else the one its kubelet last reported.
     fn current_boot(&self) -> Option<String> {
-        if let Liveness::Heard(channels) = &self.facts.liveness
-            && let Some(boot) = channels.boot.filter(|boot| !boot.as_str().is_empty())
-            && self.now < channels.report + channels.reports_fresh_within
-        {
-            return Some(boot.as_str().to_string());
-        }
-        self.facts.boot_id.clone()
+        self.fresh_agent_boot()
+            .map(|boot| boot.as_str().to_string())
+            .or_else(|| self.facts.boot_id.clone())
     }
 
     /// The power step confirmed the node off, yet `who` (its kubelet or its agent)

@@ -294,7 +294,11 @@ impl FakeApiServer {
     // ---- request log ----
 
     pub fn requests(&self) -> Vec<RecordedRequest> {
-        self.shared().log.lock().unwrap().clone()
+        self.shared()
+            .log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     pub fn clear_requests(&self) {
@@ -322,7 +326,11 @@ pub struct RequestLog(std::sync::Arc<server::Shared>);
 
 impl RequestLog {
     pub fn requests(&self) -> Vec<RecordedRequest> {
-        self.0.log.lock().unwrap().clone()
+        self.0
+            .log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
