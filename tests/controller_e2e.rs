@@ -224,13 +224,7 @@ async fn a_node_back_on_its_old_boot_after_a_confirmed_power_off_is_not_recovere
     })
     .await;
     assert_eq!(said.type_.as_deref(), Some("Warning"));
-    wait_for(&controller, "the paused gauge", || {
-        controller
-            .metrics()
-            .contains("nodekeeper_fences_paused{reason=\"PowerOffContradicted\"} 1")
-            .then_some(())
-    })
-    .await;
+    controller.paused_for("PowerOffContradicted").await;
 
     // Someone power-cycles it for real: a new boot, and recovery runs.
     server.seed(&node_on_boot(

@@ -1154,15 +1154,21 @@ fn a_node_back_on_the_boot_its_power_off_should_have_ended_is_not_recovered() {
     assert!(world.devices.storage_on, "recovery re-enabled the storage");
 }
 
-#[test]
-fn a_partitioned_nodes_agent_reporting_from_the_powered_off_boot_pauses_the_fence() {
+/// [`powered_off_world`] on boot-1, whose device switched off another machine: the
+/// node runs on, cut off from the API server (its kubelet cannot say so, the node stays
+/// NotReady), and its agent reaches the controller again, over TLS, from the boot it ran
+/// all along.
+fn agent_heard_on_the_old_boot() -> World {
     let mut world = powered_off_world(Some("boot-1"));
-    // The device said off, but the machine runs on, cut off from the API server: its
-    // kubelet cannot say so (the node stays NotReady), but its agent reaches the
-    // controller, over TLS, from the boot it ran all along.
     world.power_device_of_another = true;
     world.advance(5);
     world.set_channels(Some((false, true)));
+    world
+}
+
+#[test]
+fn a_partitioned_nodes_agent_reporting_from_the_powered_off_boot_pauses_the_fence() {
+    let mut world = agent_heard_on_the_old_boot();
     world.run(10, 5);
     assert!(!world.facts.health.is_ready(), "the kubelet is never heard");
     let pause = world.status().pause.clone().expect("paused");
@@ -1193,10 +1199,7 @@ fn a_partitioned_nodes_agent_reporting_from_the_powered_off_boot_pauses_the_fenc
 
 #[test]
 fn a_rebooted_node_whose_new_agent_never_reports_is_recovered_despite_the_old_boots_reports() {
-    let mut world = powered_off_world(Some("boot-1"));
-    world.power_device_of_another = true;
-    world.advance(5);
-    world.set_channels(Some((false, true)));
+    let mut world = agent_heard_on_the_old_boot();
     world.run(3, 2);
     assert_eq!(
         world.status().pause.as_ref().map(|pause| pause.reason),

@@ -507,13 +507,7 @@ async fn an_agent_reporting_from_the_boot_its_power_off_should_have_ended_pauses
     );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     reporting.await.expect("the reports");
-    wait_for(&controller, "the paused gauge", || {
-        controller
-            .metrics()
-            .contains("nodekeeper_fences_paused{reason=\"PowerOffContradicted\"} 1")
-            .then_some(())
-    })
-    .await;
+    controller.paused_for("PowerOffContradicted").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -527,6 +527,16 @@ impl ControllerProcess {
         http_get(&self.metrics_address(), "/metrics")
     }
 
+    /// Waits until `nodekeeper_fences_paused{reason}` reads 1 (the gauge follows the
+    /// fence's status write).
+    pub async fn paused_for(&self, reason: &str) {
+        let series = format!("nodekeeper_fences_paused{{reason=\"{reason}\"}}");
+        wait_for(self, &format!("{series} at 1"), || {
+            (metric_value(&self.metrics(), &series) == Some(1.0)).then_some(())
+        })
+        .await;
+    }
+
     pub fn metrics_address(&self) -> String {
         self.logged_address("serving /metrics")
     }
