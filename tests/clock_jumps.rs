@@ -46,6 +46,27 @@ fn offset_clock(file: &Path, seconds: i64) {
 
 const UNHEALTHY: Duration = Duration::from_secs(10);
 
+/// `took` is when a wait of `due` ended as the test saw it: never more than `seen_late`
+/// (how late the test can see its start) early, and at most 15 s late.
+fn assert_on_time(
+    what: &str,
+    took: Duration,
+    due: Duration,
+    seen_late: Duration,
+    controller: &ControllerProcess,
+) {
+    assert!(
+        took + seen_late >= due,
+        "{what} after {took:?}, before {due:?}\n{}",
+        controller.log()
+    );
+    assert!(
+        took < due + Duration::from_secs(15),
+        "{what} only after {took:?}\n{}",
+        controller.log()
+    );
+}
+
 /// The controller with libfaketime preloaded, its wall clock offset by what
 /// [`offset_clock`] writes into the returned file (nothing at first), leading and synced.
 async fn faked_controller(
@@ -134,13 +155,12 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
     // The condition's time is in whole seconds (the node counts as lost up to 1 s
     // earlier than `lost`), and the controller's time moves at most 1 % off the
     // monotonic clock while it takes the jumps in.
-    assert!(
-        took + Duration::from_millis(1200) >= UNHEALTHY,
-        "released after {took:?}"
-    );
-    assert!(
-        took < UNHEALTHY + Duration::from_secs(15),
-        "released only after {took:?}"
+    assert_on_time(
+        "released",
+        took,
+        UNHEALTHY,
+        Duration::from_millis(1200),
+        &controller,
     );
     controller.powered_off(&server, "worker-2").await;
     assert_eq!(bmc.chassis_log().matches("set power 0").count(), 1);
@@ -231,14 +251,12 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_retry() {
     // The failure is seen up to a poll (and a status write) after it happened, and the
     // controller's time moves at most 1 % off the monotonic clock while it takes the
     // jumps in.
-    assert!(
-        took + Duration::from_millis(1500) >= BACKOFF,
-        "retried after {took:?}\n{}",
-        controller.log()
-    );
-    assert!(
-        took < BACKOFF + Duration::from_secs(15),
-        "retried only after {took:?}"
+    assert_on_time(
+        "retried",
+        took,
+        BACKOFF,
+        Duration::from_millis(1500),
+        &controller,
     );
     wait_for(
         &controller,

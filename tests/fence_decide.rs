@@ -993,6 +993,14 @@ impl World {
             .collect()
     }
 
+    /// The recovery executions started so far.
+    fn recoveries_started(&self) -> Vec<String> {
+        self.started()
+            .into_iter()
+            .filter(|name| name.starts_with("recovery"))
+            .collect()
+    }
+
     fn started(&self) -> Vec<String> {
         self.log
             .iter()
@@ -1114,6 +1122,26 @@ fn powered_off_world(boot_id: Option<&str>) -> World {
     world
 }
 
+/// What a contradicted power-off leaves: the fence paused `PowerOffContradicted`, its
+/// message quoting `said`, one warning Event, no recovery started, the storage still cut
+/// off and the pods still released.
+fn assert_contradicted(world: &World, said: &str) {
+    let pause = world.status().pause.clone().expect("paused");
+    assert_eq!(pause.reason, PauseReason::PowerOffContradicted);
+    assert!(pause.message.contains(said), "{}", pause.message);
+    let recovery = world.recoveries_started();
+    assert!(recovery.is_empty(), "{recovery:?}");
+    assert!(!world.devices.storage_on, "its storage stays cut off");
+    assert!(world.facts.taints.out_of_service, "its pods stay released");
+    let warned = world
+        .log
+        .iter()
+        .flat_map(|d| d.events.iter())
+        .filter(|e| e.warning && e.message.starts_with("PowerOffContradicted"))
+        .count();
+    assert_eq!(warned, 1, "said once, as a warning");
+}
+
 #[test]
 fn a_node_back_on_the_boot_its_power_off_should_have_ended_is_not_recovered() {
     let mut world = powered_off_world(Some("boot-1"));
@@ -1128,24 +1156,7 @@ fn a_node_back_on_the_boot_its_power_off_should_have_ended_is_not_recovered() {
     world.advance(5);
     world.set_ready(true);
     world.run(10, 5);
-    let recovery: Vec<_> = world
-        .started()
-        .into_iter()
-        .filter(|name| name.starts_with("recovery"))
-        .collect();
-    assert!(recovery.is_empty(), "{recovery:?}");
-    let pause = world.status().pause.clone().expect("paused");
-    assert_eq!(pause.reason, PauseReason::PowerOffContradicted);
-    assert!(pause.message.contains("\"boot-1\""), "{}", pause.message);
-    assert!(!world.devices.storage_on, "its storage stays cut off");
-    assert!(world.facts.taints.out_of_service, "its pods stay released");
-    let warned = world
-        .log
-        .iter()
-        .flat_map(|d| d.events.iter())
-        .filter(|e| e.warning && e.message.starts_with("PowerOffContradicted"))
-        .count();
-    assert_eq!(warned, 1, "said once, as a warning");
+    assert_contradicted(&world, "its kubelet reports boot \"boot-1\"");
 
     // Someone power-cycles it: its kubelet reports a new boot, and recovery runs.
     world.facts.boot_id = Some("boot-2".to_string());
@@ -1171,30 +1182,7 @@ fn a_partitioned_nodes_agent_reporting_from_the_powered_off_boot_pauses_the_fenc
     let mut world = agent_heard_on_the_old_boot();
     world.run(10, 5);
     assert!(!world.facts.health.is_ready(), "the kubelet is never heard");
-    let pause = world.status().pause.clone().expect("paused");
-    assert_eq!(pause.reason, PauseReason::PowerOffContradicted);
-    assert!(
-        pause.message.contains("its agent reports boot \"boot-1\""),
-        "{}",
-        pause.message
-    );
-    assert!(
-        !world
-            .started()
-            .iter()
-            .any(|name| name.starts_with("recovery")),
-        "{:?}",
-        world.started()
-    );
-    assert!(!world.devices.storage_on, "its storage stays cut off");
-    assert!(world.facts.taints.out_of_service, "its pods stay released");
-    let warned = world
-        .log
-        .iter()
-        .flat_map(|d| d.events.iter())
-        .filter(|e| e.warning && e.message.starts_with("PowerOffContradicted"))
-        .count();
-    assert_eq!(warned, 1, "said once, as a warning");
+    assert_contradicted(&world, "its agent reports boot \"boot-1\"");
 }
 
 #[test]
@@ -1320,14 +1308,8 @@ fn a_forced_fences_node_still_reading_ready_after_its_power_off_is_neither_recov
     world.power_device_of_another = true;
     world.facts.health = posted;
     world.run(5, 5);
-    assert!(
-        !world
-            .started()
-            .iter()
-            .any(|name| name.starts_with("recovery")),
-        "{:?}",
-        world.started()
-    );
+    let recovery = world.recoveries_started();
+    assert!(recovery.is_empty(), "{recovery:?}");
     assert_eq!(
         world.status().pause,
         None,

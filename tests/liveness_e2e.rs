@@ -375,57 +375,77 @@ fn promising_report(node: &str, sequence: u64, within: Duration) -> Vec<u8> {
     )
 }
 
-/// Posts `node`'s promising reports over TLS every half second until `stop` is set.
-async fn keep_promising(
-    address: String,
-    ca: PathBuf,
-    node: &'static str,
-    within: Duration,
+/// An agent played by the test: `node`'s reports posted over TLS every half second, each
+/// answered 200, until [`Reporting::stop`].
+struct Reporting {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) {
-    keep_reporting(address, ca, node, 1, stop, move |sequence| {
-        promising_report(node, sequence, within)
-    })
-    .await;
+    task: tokio::task::JoinHandle<u64>,
 }
 
-/// Posts `node`'s reports (`report` of each sequence number, from `first_sequence`)
-/// over TLS every half second until `stop` is set; returns the next sequence number.
-async fn keep_reporting(
-    address: String,
-    ca: PathBuf,
-    node: &'static str,
-    first_sequence: u64,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    report: impl Fn(u64) -> Vec<u8>,
-) -> u64 {
-    use http_body_util::BodyExt;
-    let client = nodekeeper::report::sender::http_client(Some(&ca)).expect("a TLS client");
-    let mut sequence = first_sequence;
-    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-        let request = http::Request::post(format!("https://{address}/v1/reports"))
-            .header("content-type", "application/json")
-            .header("authorization", format!("Bearer {}", token_of(node)))
-            .body(http_body_util::Full::new(hyper::body::Bytes::from(report(
-                sequence,
-            ))))
-            .expect("a request");
-        sequence += 1;
-        let answer = client
-            .request(request)
-            .await
-            .expect("the controller answers");
-        let status = answer.status();
-        let body = answer
-            .into_body()
-            .collect()
-            .await
-            .expect("the answer")
-            .to_bytes();
-        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-        tokio::time::sleep(Duration::from_millis(500)).await;
+impl Reporting {
+    /// Starts posting `report` of each sequence number from `first_sequence` to the
+    /// controller's report endpoint at `address`, trusting `ca`.
+    fn start(
+        address: String,
+        ca: PathBuf,
+        node: &'static str,
+        first_sequence: u64,
+        report: impl Fn(u64) -> Vec<u8> + Send + 'static,
+    ) -> Reporting {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = tokio::spawn(Self::post(
+            address,
+            ca,
+            node,
+            first_sequence,
+            stop.clone(),
+            report,
+        ));
+        Reporting { stop, task }
     }
-    sequence
+
+    /// Stops after the report on its way; returns the next sequence number.
+    async fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await.expect("the reports")
+    }
+
+    async fn post(
+        address: String,
+        ca: PathBuf,
+        node: &'static str,
+        first_sequence: u64,
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        report: impl Fn(u64) -> Vec<u8>,
+    ) -> u64 {
+        use http_body_util::BodyExt;
+        let client = nodekeeper::report::sender::http_client(Some(&ca)).expect("a TLS client");
+        let mut sequence = first_sequence;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let request = http::Request::post(format!("https://{address}/v1/reports"))
+                .header("content-type", "application/json")
+                .header("authorization", format!("Bearer {}", token_of(node)))
+                .body(http_body_util::Full::new(hyper::body::Bytes::from(report(
+                    sequence,
+                ))))
+                .expect("a request");
+            sequence += 1;
+            let answer = client
+                .request(request)
+                .await
+                .expect("the controller answers");
+            let status = answer.status();
+            let body = answer
+                .into_body()
+                .collect()
+                .await
+                .expect("the answer")
+                .to_bytes();
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        sequence
+    }
 }
 
 /// A power device that is another machine's switches that machine off, and says so:
@@ -460,38 +480,33 @@ async fn an_agent_reporting_from_the_boot_its_power_off_should_have_ended_pauses
     controller.synced().await;
     let unarmed = || json!({"armed": false});
     let report = move |sequence| report_from("worker-2", BOOT, sequence, unarmed());
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reporting = tokio::spawn(keep_reporting(
+    let reporting = Reporting::start(
         controller.reports_address(),
         ca.cert.clone(),
         "worker-2",
         1,
-        stop.clone(),
         report,
-    ));
+    );
     wait_for(&controller, "worker-2's first report", || {
         controller.agent_view("worker-2").map(|_| ())
     })
     .await;
 
     // worker-2 falls silent on both channels and is fenced.
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let next_sequence = reporting.await.expect("the reports");
+    let next_sequence = reporting.stop().await;
     kubelets.stop("worker-2");
     controller.powered_off(&server, "worker-2").await;
     let fence = fence_of(&server, "worker-2").expect("the NodeFence");
     assert_eq!(fence["status"]["powerOffBoot"], BOOT, "{fence:#}");
     // The node lifecycle controller marks it NotReady; its agent speaks again.
     server.seed(&node_on_boot("worker-2", "Unknown", Timestamp::now(), BOOT));
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reporting = tokio::spawn(keep_reporting(
+    let reporting = Reporting::start(
         controller.reports_address(),
         ca.cert.clone(),
         "worker-2",
         next_sequence,
-        stop.clone(),
         report,
-    ));
+    );
     let pause = wait_for(&controller, "the fence to pause", || {
         fence_of(&server, "worker-2")?
             .pointer("/status/pause")
@@ -505,8 +520,7 @@ async fn an_agent_reporting_from_the_boot_its_power_off_should_have_ended_pauses
             .is_some_and(|message| message.contains(&format!("its agent reports boot \"{BOOT}\""))),
         "{pause:#}"
     );
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    reporting.await.expect("the reports");
+    reporting.stop().await;
     controller.paused_for("PowerOffContradicted").await;
 }
 
@@ -548,14 +562,13 @@ async fn a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_
     // worker-2's agent promises over TLS that its node isolates itself within 2 s of
     // losing the controller.
     let within = Duration::from_secs(2);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reporting = tokio::spawn(keep_promising(
+    let reporting = Reporting::start(
         controller.reports_address(),
         ca.cert.clone(),
         "worker-2",
-        within,
-        stop.clone(),
-    ));
+        1,
+        move |sequence| promising_report("worker-2", sequence, within),
+    );
     wait_for(&controller, "worker-2's promise", || {
         controller
             .agent_view("worker-2")
@@ -569,8 +582,7 @@ async fn a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_
     );
 
     // The node goes quiet on both channels.
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    reporting.await.expect("the reports");
+    reporting.stop().await;
     kubelets.stop("worker-2");
     let silent_at = Instant::now();
     let waiting = wait_for(&controller, "the fence waiting on the promise", || {

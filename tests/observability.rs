@@ -141,17 +141,9 @@ fn sample_names(page: &str) -> BTreeSet<String> {
 /// The `nodekeeper_*` metric names README.md and docs/*.md mention, each with the first
 /// file that does.
 fn documented_metrics() -> BTreeMap<String, String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = vec![root.join("README.md")];
-    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
-        .expect("docs/")
-        .map(|entry| entry.expect("docs/ entry").path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
-        .collect();
-    docs.sort();
-    files.extend(docs);
+    let root = support::documents::repository();
     let mut names = BTreeMap::new();
-    for file in files {
+    for file in support::documents::documents() {
         let text = std::fs::read_to_string(&file).expect("a documentation file");
         let shown = file
             .strip_prefix(root)

@@ -3,27 +3,16 @@
 //! against this host or a cluster), and each option the README's command table names
 //! exists on that command.
 
-use std::path::{Path, PathBuf};
+mod support {
+    pub mod documents;
+}
+
+use std::path::Path;
 use std::process::{Command, Output};
 
+use support::documents::{documents, repository};
+
 const BINARY: &str = env!("CARGO_BIN_EXE_nodekeeper");
-
-fn repository() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// README.md and every page under docs/.
-fn documents() -> Vec<PathBuf> {
-    let mut documents = vec![repository().join("README.md")];
-    let mut pages: Vec<PathBuf> = std::fs::read_dir(repository().join("docs"))
-        .expect("docs/")
-        .map(|entry| entry.expect("a docs/ entry").path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
-        .collect();
-    pages.sort();
-    documents.extend(pages);
-    documents
-}
 
 /// A command line found in a document, with where it was found.
 struct Example {

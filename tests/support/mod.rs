@@ -7,6 +7,7 @@ pub mod containerd;
 pub mod controller;
 pub mod controller_rbac;
 pub mod debian;
+pub mod documents;
 pub mod fake_fence_agents;
 pub mod fake_node;
 pub mod fence_emulators;
