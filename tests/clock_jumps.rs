@@ -5,8 +5,9 @@
 //! `unhealthyDuration`, its clock jumps two hours forward (the wait must not end early:
 //! no fence starts), then two hours back (the wait must not grow: the fence starts on
 //! time). Storage isolation by `fence_dummy`, then the power-off through `fence_ipmilan`
-//! against `ipmi_sim`, as in `controller_e2e.rs`. The same two jumps come while a failed
-//! step waits out its retry backoff.
+//! against `ipmi_sim`, as in `controller_e2e.rs`. The same two jumps come during each of
+//! the controller's other waits: a failed step's retry backoff, the zone's fence rate, a
+//! storm's cooldown, a partitioned node's isolation timeout, and a fence Job's time.
 //!
 //! The agent, under the same library, must not be judged stalled by its `/healthz` for a
 //! jump forward, nor judged live for a jump back while its decision loop is stuck.
@@ -388,4 +389,417 @@ fn a_wall_clock_jump_neither_fails_the_agents_liveness_nor_hides_a_stall() {
         "unhealthy after only {took:?}"
     );
     assert!(status.success(), "agent exited with {status}");
+}
+
+/// Whether `node`'s fence has started (its first step began).
+fn fence_started(server: &support::apiserver::FakeApiServer, node: &str) -> bool {
+    fence_of(server, node).is_some_and(|fence| fence.pointer("/status/startedAt").is_some())
+}
+
+/// One fence per 10 s in a zone (`zoneFenceRate: 0.1`).
+const ZONE_SPACING: Duration = Duration::from_secs(10);
+
+/// The zone's fence rate spaces the starts of its fences by the times they started, kept
+/// in the NodeFences: two hours forward must not let a held fence start early, two hours
+/// back must not hold it longer. Two nodes of one zone are lost at once; storage
+/// isolation only (`fence_dummy`), so nothing waits on a power device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_zone_rate() {
+    require!(
+        "fence-agents",
+        support::real::program("fence_dummy", "fence-agents")
+    );
+    let preload = require!("libfaketime", libfaketime());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fabric = enabled_fabric(dir.path());
+    let names = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
+    let server = ready_cluster(&names).await;
+    for (index, name) in names[..2].iter().enumerate() {
+        seed_database(&server, name, &format!("db-{index}"));
+        seed_isolation_only_config(&server, name, &fabric);
+    }
+    let config = controller_config(dir.path(), "stormGuard: {zoneFenceRate: 0.1}\n");
+    let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
+    let lost = Instant::now();
+    let lost_at = Timestamp::now();
+    for name in &names[..2] {
+        server.seed(&node(name, "Unknown", lost_at));
+    }
+    let held = wait_for(
+        &controller,
+        "one fence started, the other held by the zone rate",
+        || {
+            let started = names[..2]
+                .iter()
+                .filter(|name| fence_started(&server, name))
+                .count();
+            let held: Vec<&str> = names[..2]
+                .iter()
+                .copied()
+                .filter(|name| {
+                    fence_of(&server, name).is_some_and(|fence| {
+                        fence.pointer("/status/pause/reason") == Some(&"ZoneRateLimit".into())
+                    })
+                })
+                .collect();
+            (started == 1 && held.len() == 1).then(|| held[0])
+        },
+    )
+    .await;
+
+    // The first fence started once unhealthyDuration was over; the second may start
+    // ZONE_SPACING after it.
+    let due = UNHEALTHY_IN_RIG + ZONE_SPACING;
+    offset_clock(&offset, 7200);
+    server.seed(&node(held, "Unknown", lost_at));
+    while lost.elapsed() < due - Duration::from_secs(3) {
+        assert!(
+            !fence_started(&server, held),
+            "the held fence started {:?} after the nodes were lost, before the zone's rate allowed ({due:?}): {:#}\n{}",
+            lost.elapsed(),
+            fence_of(&server, held).unwrap_or_default(),
+            controller.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    offset_clock(&offset, -7200);
+    server.seed(&node(held, "Unknown", lost_at));
+    let began = wait_for(&controller, "the held fence to start", || {
+        fence_started(&server, held).then(Instant::now)
+    })
+    .await;
+    let took = began.duration_since(lost);
+    println!(
+        "the clock jumped +2 h then -2 h; the zone's second fence started {:.1}s after the nodes were lost (unhealthyDuration {}s, then one fence per {}s)",
+        took.as_secs_f64(),
+        UNHEALTHY_IN_RIG.as_secs(),
+        ZONE_SPACING.as_secs()
+    );
+    // Both waits count from times kept in whole seconds (the Ready condition's
+    // transition and the first fence's start), so each may end up to 1 s early.
+    assert_on_time(
+        "the second fence started",
+        took,
+        due,
+        Duration::from_millis(2200),
+        &controller,
+    );
+    wait_for(&controller, "both pods to be released", || {
+        (server.object::<Pod>("shop", "db-0").is_none()
+            && server.object::<Pod>("shop", "db-1").is_none())
+        .then_some(())
+    })
+    .await;
+}
+
+/// `unhealthyDuration` in [`controller_config`]'s rig.
+const UNHEALTHY_IN_RIG: Duration = Duration::from_secs(2);
+
+const COOLDOWN: Duration = Duration::from_secs(10);
+
+/// After a storm, no fence acts until its cooldown is over, counted from when the storm
+/// ended (kept in the leader Lease): two hours forward must not end the cooldown early,
+/// two hours back must not stretch it. Three of five nodes are lost at once (a storm,
+/// beyond 40 %), then two come back; the third's fence must wait out the cooldown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_neither_shortens_nor_stretches_a_storm_cooldown() {
+    require!(
+        "fence-agents",
+        support::real::program("fence_dummy", "fence-agents")
+    );
+    let preload = require!("libfaketime", libfaketime());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fabric = enabled_fabric(dir.path());
+    let names = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
+    let server = ready_cluster(&names).await;
+    for (index, name) in names[..3].iter().enumerate() {
+        seed_database(&server, name, &format!("db-{index}"));
+        seed_isolation_only_config(&server, name, &fabric);
+    }
+    let config = controller_config(
+        dir.path(),
+        &format!("stormGuard: {{stormCooldown: {}s}}\n", COOLDOWN.as_secs()),
+    );
+    let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
+    let lost_at = Timestamp::now();
+    for name in &names[..3] {
+        server.seed(&node(name, "Unknown", lost_at));
+    }
+    for name in &names[..3] {
+        wait_for(&controller, "a NodeFence held by the storm guard", || {
+            let fence = fence_of(&server, name)?;
+            (fence.pointer("/status/pause/reason")? == "StormGuard").then_some(())
+        })
+        .await;
+    }
+
+    // Two come back: the storm is over, and its cooldown begins after this instant.
+    let calm = Instant::now();
+    for name in &names[1..3] {
+        server.seed(&node(name, "True", Timestamp::now()));
+    }
+    wait_for(&controller, "worker-1's fence held by the cooldown", || {
+        let fence = fence_of(&server, "worker-1")?;
+        (fence.pointer("/status/pause/reason")? == "StormCooldown").then_some(())
+    })
+    .await;
+    offset_clock(&offset, 7200);
+    server.seed(&node("worker-1", "Unknown", lost_at));
+    while calm.elapsed() < COOLDOWN - Duration::from_secs(3) {
+        assert!(
+            !fence_started(&server, "worker-1"),
+            "the fence started {:?} after the storm ended, within its {COOLDOWN:?} cooldown: {:#}\n{}",
+            calm.elapsed(),
+            fence_of(&server, "worker-1").unwrap_or_default(),
+            controller.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    offset_clock(&offset, -7200);
+    server.seed(&node("worker-1", "Unknown", lost_at));
+    let began = wait_for(&controller, "the fence to start after the cooldown", || {
+        fence_started(&server, "worker-1").then(Instant::now)
+    })
+    .await;
+    let took = began.duration_since(calm);
+    println!(
+        "the clock jumped +2 h then -2 h; the fence started {:.1}s after the storm ended (cooldown {}s)",
+        took.as_secs_f64(),
+        COOLDOWN.as_secs()
+    );
+    // The cooldown begins after `calm`; the controller's time moves at most 1 % off the
+    // monotonic clock while it takes the jumps in.
+    assert_on_time(
+        "the fence started",
+        took,
+        COOLDOWN,
+        Duration::from_millis(200),
+        &controller,
+    );
+    wait_for(&controller, "worker-1's pod to be released", || {
+        server.object::<Pod>("shop", "db-0").is_none().then_some(())
+    })
+    .await;
+}
+
+const ISOLATION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A partitioned node's agent is asked to isolate the node, and the fence waits
+/// `isolationTimeout` for its confirmation, counted from the request's time in the
+/// NodeFence: two hours forward must not give the isolation up early (which would fall
+/// back to the configured steps, a power-off where there is one), two hours back must not
+/// stretch the wait. The agent is played by the test: it reports over TLS and never
+/// confirms. worker-2's kubelet stops renewing its Lease and the node reads NotReady.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_neither_ends_nor_stretches_the_wait_for_an_isolation() {
+    use support::reports::{Reporting, report_from, token_of};
+    require!(
+        "fence-agents",
+        support::real::program("fence_dummy", "fence-agents")
+    );
+    require!("openssl", support::real::program("openssl", "openssl"));
+    let preload = require!("libfaketime", libfaketime());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = support::tls::certificate_authority(dir.path(), "ca").expect("a CA");
+    let served =
+        support::tls::server_certificate(dir.path(), "controller", &ca).expect("a certificate");
+    let nodes = ["worker-1", "worker-2", "worker-3"];
+    let fabric = enabled_fabric(dir.path());
+    let server = ready_cluster(&nodes).await;
+    let tokens: Vec<(&str, String)> = nodes.iter().map(|node| (*node, token_of(node))).collect();
+    seed_node_tokens(&server, &tokens);
+    seed_database(&server, "worker-2", "db-0");
+    seed_isolation_only_config(&server, "worker-2", &fabric);
+    let kubelets = support::kubelet::Kubelets::start(&server, &nodes).await;
+    let config = controller_config(
+        dir.path(),
+        &format!(
+            "silenceTimeout: 3s\nunhealthyDuration: 10m\nisolationTimeout: {}s\n\
+             reports: {{address: \"127.0.0.1:0\", nodeTokensSecret: node-tokens, reconnectGrace: 20s, {}}}\n",
+            ISOLATION_TIMEOUT.as_secs(),
+            served.reports_setting()
+        ),
+    );
+    let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
+    const BOOT: &str = "7a3c1d2e-5f60-4b8a-9c0d-1e2f3a4b5c6d";
+    let reporting = Reporting::start(
+        controller.reports_address(),
+        ca.cert.clone(),
+        "worker-2",
+        1,
+        |sequence| {
+            report_from(
+                "worker-2",
+                BOOT,
+                sequence,
+                serde_json::json!({"armed": false}),
+            )
+        },
+    );
+    wait_for(&controller, "worker-2's first report", || {
+        controller.agent_view("worker-2").map(|_| ())
+    })
+    .await;
+
+    // The partition: the kubelet's Lease falls silent and the node reads NotReady, while
+    // its agent still reports.
+    kubelets.stop("worker-2");
+    let cut_at = Timestamp::now();
+    server.seed(&node("worker-2", "Unknown", cut_at));
+    let asked = wait_for(
+        &controller,
+        "the agent to be asked to isolate the node",
+        || {
+            let fence = fence_of(&server, "worker-2")?;
+            (fence.pointer("/status/pause/reason")? == "WaitingForIsolation").then(Instant::now)
+        },
+    )
+    .await;
+    let outcome = || {
+        fence_of(&server, "worker-2")
+            .and_then(|fence| fence.pointer("/status/selfIsolation/outcome").cloned())
+    };
+    offset_clock(&offset, 7200);
+    server.seed(&node("worker-2", "Unknown", cut_at));
+    while asked.elapsed() < ISOLATION_TIMEOUT - Duration::from_secs(3) {
+        assert_eq!(
+            outcome(),
+            None,
+            "the isolation was decided {:?} into its {ISOLATION_TIMEOUT:?} wait: {:#}\n{}",
+            asked.elapsed(),
+            fence_of(&server, "worker-2").unwrap_or_default(),
+            controller.log()
+        );
+        assert_eq!(fabric_state(&fabric), "on");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    offset_clock(&offset, -7200);
+    server.seed(&node("worker-2", "Unknown", cut_at));
+    let given_up = wait_for(&controller, "the isolation to be given up", || {
+        outcome().is_some().then(Instant::now)
+    })
+    .await;
+    let took = given_up.duration_since(asked);
+    println!(
+        "the clock jumped +2 h then -2 h; the isolation was given up {:.1}s after the agent was asked (isolationTimeout {}s)",
+        took.as_secs_f64(),
+        ISOLATION_TIMEOUT.as_secs()
+    );
+    assert_eq!(outcome(), Some("TimedOut".into()));
+    // The request's time is kept in whole seconds (up to 1 s earlier than it was made),
+    // and the test sees the request up to a poll after it was written.
+    assert_on_time(
+        "the isolation given up",
+        took,
+        ISOLATION_TIMEOUT,
+        Duration::from_millis(1200),
+        &controller,
+    );
+    // The fence falls back to its configured steps: the fabric port, then the release.
+    wait_for(
+        &controller,
+        "the configured isolation to release the pod",
+        || server.object::<Pod>("shop", "db-0").is_none().then_some(()),
+    )
+    .await;
+    assert_eq!(fabric_state(&fabric), "off");
+    reporting.stop().await;
+}
+
+/// How far past a Job's `ends-by` time the controller still counts it as running
+/// (`CLOCK_MARGIN` in src/controller/job_executor.rs: for a node whose clock runs ahead).
+const JOB_CLOCK_MARGIN: Duration = Duration::from_secs(30);
+
+/// A fence step run as a Job counts as running until the Job's `ends-by` time (its start
+/// deadline plus the agent calls' deadlines) and a clock margin have passed, whatever the
+/// Job says: until then an agent of it may still act on the node, and no other action
+/// for the node may start beside it. Two hours forward must not end that early (two
+/// power actions could then run at once); two hours back must not hold a Job that never
+/// ran any longer. Nothing runs the Job here (no Job controller, no kubelet), as on a
+/// cluster where its pod cannot be scheduled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_neither_ends_a_jobs_time_early_nor_stretches_it() {
+    use k8s_openapi::api::batch::v1::Job;
+    let preload = require!("libfaketime", libfaketime());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fabric = enabled_fabric(dir.path());
+    let server = ready_cluster(&["worker-1", "worker-2", "worker-3"]).await;
+    seed_database(&server, "worker-2", "db-0");
+    seed_isolation_only_config(&server, "worker-2", &fabric);
+    let config = controller_config(
+        dir.path(),
+        &format!(
+            "{}agents: {{callTimeout: 1s, verifyTimeout: 1s, allowedOptions: [status_file]}}\n",
+            job_executor(dir.path()).replace("startTimeout: 30s", "startTimeout: 3s")
+        ),
+    );
+    let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
+    let lost_at = Timestamp::now();
+    server.seed(&node("worker-2", "Unknown", lost_at));
+    let (created, ends_by) = wait_for(&controller, "the isolation's Job", || {
+        let job = server.objects::<Job>().into_iter().next()?;
+        let ends_by: Timestamp = job
+            .metadata
+            .annotations?
+            .get("fencing.nodekeeper.io/ends-by")?
+            .parse()
+            .ok()?;
+        Some((Instant::now(), ends_by))
+    })
+    .await;
+    // By the test's clock (not faked), from the moment the Job was seen.
+    let due = Duration::try_from(ends_by.duration_since(Timestamp::now()))
+        .unwrap_or(Duration::ZERO)
+        + JOB_CLOCK_MARGIN;
+    let results = || {
+        fence_of(&server, "worker-2")
+            .map(|fence| {
+                executions(&fence)
+                    .iter()
+                    .filter(|execution| execution.get("result").is_some())
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+
+    offset_clock(&offset, 7200);
+    server.seed(&node("worker-2", "Unknown", lost_at));
+    while created.elapsed() < due - Duration::from_secs(3) {
+        assert_eq!(
+            (results(), server.objects::<Job>().len()),
+            (0, 1),
+            "{:?} after the Job was created (it can be over only {due:?} after), the controller ended it or started another: {:#}\n{}",
+            created.elapsed(),
+            fence_of(&server, "worker-2").unwrap_or_default(),
+            controller.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    offset_clock(&offset, -7200);
+    server.seed(&node("worker-2", "Unknown", lost_at));
+    let over = wait_for(&controller, "the Job to count as over", || {
+        (results() > 0).then(Instant::now)
+    })
+    .await;
+    let took = over.duration_since(created);
+    println!(
+        "the clock jumped +2 h then -2 h; the Job that never ran counted as over {:.1}s after it was created (due {:.1}s: its ends-by time and {}s)",
+        took.as_secs_f64(),
+        due.as_secs_f64(),
+        JOB_CLOCK_MARGIN.as_secs()
+    );
+    assert_on_time(
+        "the Job over",
+        took,
+        due,
+        Duration::from_millis(300),
+        &controller,
+    );
+    let fence = fence_of(&server, "worker-2").expect("the NodeFence");
+    let first = &executions(&fence)[0];
+    assert_eq!(first["result"], "TimedOut", "{fence:#}");
 }

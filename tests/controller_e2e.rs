@@ -494,16 +494,7 @@ async fn two_nodes_lost_at_once_in_one_zone_start_at_the_zone_rate() {
     // Isolation only: the zone rate holds back the first step of a new fence, whichever.
     for (index, name) in names[..2].iter().enumerate() {
         seed_database(&server, name, &format!("db-{index}"));
-        server.seed(&config_map(
-            &format!("fence-config-{name}"),
-            "config.properties",
-            &format!("node_name={name}\nisolation=fabric-off"),
-        ));
-        server.seed(&config_map(
-            &format!("fence-method-fabric-off-{name}"),
-            "method.properties",
-            &format!("agent_name=fence_dummy\nstatus_file={}", fabric.display()),
-        ));
+        seed_isolation_only_config(&server, name, &fabric);
     }
     // Both nodes were lost a while ago and their NodeFences exist (a previous controller
     // created them): the new one reconciles both at once, as after a restart.

@@ -23,13 +23,10 @@ use support::apiserver::FakeApiServer;
 use support::controller::*;
 use support::fence_emulators::IpmiSim;
 use support::kubelet::Kubelets;
+use support::reports::{Reporting, report_from, token_of};
 
 /// Short enough for a test; every node is heard every half second on each channel.
 const SILENCE: Duration = Duration::from_secs(3);
-
-fn token_of(node: &str) -> String {
-    format!("node-token-of-{node}-0123456789abcdef")
-}
 
 /// The real agent of `node`, in dry-run mode, reporting every half second to
 /// `reports` with its node token.
@@ -343,24 +340,6 @@ async fn half_the_nodes_falling_silent_at_once_is_a_storm_and_nothing_is_powered
 /// The boot of the node whose agent promises to isolate it.
 const PROMISING_BOOT: &str = "5c1e2f4a-0d8b-4a51-9d6e-6f3b0b1c2d3e";
 
-/// A report of `node`'s agent (protocol 1.3) from boot `boot`, saying `self_isolation`.
-fn report_from(
-    node: &str,
-    boot: &str,
-    sequence: u64,
-    self_isolation: serde_json::Value,
-) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "version": "1.3", "node": node, "bootId": boot,
-        "bootTime": "2026-11-20T08:00:00Z", "sequence": sequence, "agentVersion": "test",
-        "intervalMillis": 500, "sentAt": Timestamp::now().to_string(), "trigger": "interval",
-        "conditions": [], "shutdown": {"state": "none", "lockHeld": true},
-        "apiServer": {"state": "reachable"}, "isolation": {"state": "none"},
-        "selfIsolation": self_isolation,
-    }))
-    .expect("a report")
-}
-
 /// A report of `node`'s agent promising, backed by its watchdog, that no pod process
 /// runs later than `within` after it last heard the controller.
 fn promising_report(node: &str, sequence: u64, within: Duration) -> Vec<u8> {
@@ -373,79 +352,6 @@ fn promising_report(node: &str, sequence: u64, within: Duration) -> Vec<u8> {
             "watchdogTimeoutMillis": 1000, "watchdog": "/dev/watchdog (test)",
         }),
     )
-}
-
-/// An agent played by the test: `node`'s reports posted over TLS every half second, each
-/// answered 200, until [`Reporting::stop`].
-struct Reporting {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<u64>,
-}
-
-impl Reporting {
-    /// Starts posting `report` of each sequence number from `first_sequence` to the
-    /// controller's report endpoint at `address`, trusting `ca`.
-    fn start(
-        address: String,
-        ca: PathBuf,
-        node: &'static str,
-        first_sequence: u64,
-        report: impl Fn(u64) -> Vec<u8> + Send + 'static,
-    ) -> Reporting {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let task = tokio::spawn(Self::post(
-            address,
-            ca,
-            node,
-            first_sequence,
-            stop.clone(),
-            report,
-        ));
-        Reporting { stop, task }
-    }
-
-    /// Stops after the report on its way; returns the next sequence number.
-    async fn stop(self) -> u64 {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.task.await.expect("the reports")
-    }
-
-    async fn post(
-        address: String,
-        ca: PathBuf,
-        node: &'static str,
-        first_sequence: u64,
-        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-        report: impl Fn(u64) -> Vec<u8>,
-    ) -> u64 {
-        use http_body_util::BodyExt;
-        let client = nodekeeper::report::sender::http_client(Some(&ca)).expect("a TLS client");
-        let mut sequence = first_sequence;
-        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-            let request = http::Request::post(format!("https://{address}/v1/reports"))
-                .header("content-type", "application/json")
-                .header("authorization", format!("Bearer {}", token_of(node)))
-                .body(http_body_util::Full::new(hyper::body::Bytes::from(report(
-                    sequence,
-                ))))
-                .expect("a request");
-            sequence += 1;
-            let answer = client
-                .request(request)
-                .await
-                .expect("the controller answers");
-            let status = answer.status();
-            let body = answer
-                .into_body()
-                .collect()
-                .await
-                .expect("the answer")
-                .to_bytes();
-            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        sequence
-    }
 }
 
 /// A power device that is another machine's switches that machine off, and says so:

@@ -54,6 +54,7 @@ use support::kubelet::{Kubelets, finish_deletions};
 use support::netns::{Link, NETNS, Netns};
 use support::node_units::{STAND_IN_KUBELET, agent_unit, pod_unit};
 use support::nspawn::{BootOptions, Booted, NSPAWN};
+use support::reports::token_of;
 
 /// The node the container plays.
 const NODE: &str = "node-a";
@@ -919,10 +920,6 @@ async fn start_for_agent_processes(
         .write_kubeconfig(&dir.join("rack-kubeconfig"))
         .expect("the agents' kubeconfig");
     (controller, reports)
-}
-
-fn token_of(node: &str) -> String {
-    format!("node-token-of-{node}-0123456789abcdef")
 }
 
 #[test]

@@ -197,6 +197,22 @@ pub fn seed_kdump_fence_config(server: &FakeApiServer, node: &str, bmc_port: u16
     );
 }
 
+/// A fence configuration for `node` whose one step is storage isolation (`fence_dummy`
+/// switching off the shared `fabric` port): its pods are released once the port is off,
+/// with no power action.
+pub fn seed_isolation_only_config(server: &FakeApiServer, node: &str, fabric: &Path) {
+    server.seed(&config_map(
+        &format!("fence-config-{node}"),
+        "config.properties",
+        &format!("node_name={node}\nisolation=fabric-off"),
+    ));
+    server.seed(&config_map(
+        &format!("fence-method-fabric-off-{node}"),
+        "method.properties",
+        &format!("agent_name=fence_dummy\nstatus_file={}", fabric.display()),
+    ));
+}
+
 /// The methods of [`seed_fence_config`], with `steps` as the node's configuration.
 pub fn seed_fence_steps(
     server: &FakeApiServer,

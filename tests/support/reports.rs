@@ -71,3 +71,95 @@ pub fn parse_answer(answer: &[u8]) -> (u16, Value) {
 pub async fn post_report(address: &str, token: Option<&str>, report: &Value) -> (u16, Value) {
     post(address, token, &serde_json::to_vec(report).expect("json")).await
 }
+
+/// The node token the tests give `node`'s agent (in the `node-tokens` Secret).
+pub fn token_of(node: &str) -> String {
+    format!("node-token-of-{node}-0123456789abcdef")
+}
+
+/// A report of `node`'s agent (protocol 1.3) from boot `boot`, saying `self_isolation`.
+pub fn report_from(node: &str, boot: &str, sequence: u64, self_isolation: Value) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "version": "1.3", "node": node, "bootId": boot,
+        "bootTime": "2026-11-20T08:00:00Z", "sequence": sequence, "agentVersion": "test",
+        "intervalMillis": 500, "sentAt": k8s_openapi::jiff::Timestamp::now().to_string(),
+        "trigger": "interval",
+        "conditions": [], "shutdown": {"state": "none", "lockHeld": true},
+        "apiServer": {"state": "reachable"}, "isolation": {"state": "none"},
+        "selfIsolation": self_isolation,
+    }))
+    .expect("a report")
+}
+
+/// An agent played by the test: `node`'s reports posted over TLS with its node token
+/// ([`token_of`]) every half second, each answered 200, until [`Reporting::stop`].
+pub struct Reporting {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl Reporting {
+    /// Starts posting `report` of each sequence number from `first_sequence` to the
+    /// controller's report endpoint at `address`, trusting `ca`.
+    pub fn start(
+        address: String,
+        ca: std::path::PathBuf,
+        node: &'static str,
+        first_sequence: u64,
+        report: impl Fn(u64) -> Vec<u8> + Send + 'static,
+    ) -> Reporting {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = tokio::spawn(Self::post(
+            address,
+            ca,
+            node,
+            first_sequence,
+            stop.clone(),
+            report,
+        ));
+        Reporting { stop, task }
+    }
+
+    /// Stops after the report on its way; returns the next sequence number.
+    pub async fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await.expect("the reports")
+    }
+
+    async fn post(
+        address: String,
+        ca: std::path::PathBuf,
+        node: &'static str,
+        first_sequence: u64,
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        report: impl Fn(u64) -> Vec<u8>,
+    ) -> u64 {
+        use http_body_util::BodyExt;
+        let client = nodekeeper::report::sender::http_client(Some(&ca)).expect("a TLS client");
+        let mut sequence = first_sequence;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let request = http::Request::post(format!("https://{address}/v1/reports"))
+                .header("content-type", "application/json")
+                .header("authorization", format!("Bearer {}", token_of(node)))
+                .body(http_body_util::Full::new(hyper::body::Bytes::from(report(
+                    sequence,
+                ))))
+                .expect("a request");
+            sequence += 1;
+            let answer = client
+                .request(request)
+                .await
+                .expect("the controller answers");
+            let status = answer.status();
+            let body = answer
+                .into_body()
+                .collect()
+                .await
+                .expect("the answer")
+                .to_bytes();
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        sequence
+    }
+}
