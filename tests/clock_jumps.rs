@@ -17,7 +17,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
 use support::agent_process::{AgentProcess, http_get};
@@ -94,6 +94,39 @@ async fn faked_controller(
     (controller, offset)
 }
 
+/// Sets the controller's clock two hours forward and has it look at once (`node` is
+/// written again, and a changed object is reconciled with the new time); then, every
+/// 100 ms until 3 s before `due` after `since`, `holds` must say the wait goes on (an
+/// error says what ended it early).
+async fn jump_forward_while(
+    offset: &Path,
+    server: &support::apiserver::FakeApiServer,
+    node: &Node,
+    controller: &ControllerProcess,
+    (since, due): (Instant, Duration),
+    holds: impl Fn() -> Result<(), String>,
+) {
+    offset_clock(offset, 7200);
+    server.seed(node);
+    while since.elapsed() < due - Duration::from_secs(3) {
+        if let Err(what) = holds() {
+            panic!(
+                "{what}, {:?} into a wait of {due:?}, after the clock jumped forward\n{}",
+                since.elapsed(),
+                controller.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sets the controller's clock two hours back (four from the jump forward) and has it
+/// look at once.
+fn jump_back(offset: &Path, server: &support::apiserver::FakeApiServer, node: &Node) {
+    offset_clock(offset, -7200);
+    server.seed(node);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back() {
     require!("fence-agents", fence_agents());
@@ -110,23 +143,24 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
     server.seed(&node("worker-2", "Unknown", lost_at));
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    // Two hours forward, and the node changes (its object is written again), so the
-    // controller looks at it at once with the new time.
-    offset_clock(&offset, 7200);
-    server.seed(&node("worker-2", "Unknown", lost_at));
-    while lost.elapsed() < UNHEALTHY - Duration::from_secs(3) {
-        let fence = fence_of(&server, "worker-2");
-        assert!(
-            fence
-                .as_ref()
-                .is_none_or(|fence| executions(fence).is_empty()),
-            "a fence started {:?} after the node was lost, before unhealthyDuration ({UNHEALTHY:?}): {fence:#?}\n{}",
-            lost.elapsed(),
-            controller.log()
-        );
-        assert!(server.object::<Pod>("shop", "db-0").is_some());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let lost_node = node("worker-2", "Unknown", lost_at);
+    jump_forward_while(
+        &offset,
+        &server,
+        &lost_node,
+        &controller,
+        (lost, UNHEALTHY),
+        || match fence_of(&server, "worker-2") {
+            Some(fence) if !executions(&fence).is_empty() => {
+                Err(format!("a fence started: {fence:#}"))
+            }
+            _ if server.object::<Pod>("shop", "db-0").is_none() => {
+                Err("the pod was released".to_string())
+            }
+            _ => Ok(()),
+        },
+    )
+    .await;
     let offset_seen = metric_value(
         &controller.metrics(),
         "nodekeeper_controller_clock_offset_seconds",
@@ -137,9 +171,8 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
         "the controller shows the jump it is not following: {offset_seen}"
     );
 
-    // Two hours back (four from where it was): the fence must start when it is due.
-    offset_clock(&offset, -7200);
-    server.seed(&node("worker-2", "Unknown", lost_at));
+    // The fence must start when it is due.
+    jump_back(&offset, &server, &lost_node);
     let released = wait_for(&controller, "the pod to be released", || {
         server
             .object::<Pod>("shop", "db-0")
@@ -220,24 +253,25 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_retry() {
     let tried = isolations(&fence_of(&server, "worker-2").expect("the NodeFence"));
     fabric_off("");
 
-    // Two hours forward, and the node changes, so the controller looks at once.
-    offset_clock(&offset, 7200);
-    server.seed(&node("worker-2", "Unknown", lost_at));
-    while failed.elapsed() < BACKOFF - Duration::from_secs(3) {
-        let fence = fence_of(&server, "worker-2").expect("the NodeFence");
-        assert_eq!(
-            isolations(&fence),
-            tried,
-            "the retry started {:?} into its {BACKOFF:?} backoff: {fence:#}\n{}",
-            failed.elapsed(),
-            controller.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let lost_node = node("worker-2", "Unknown", lost_at);
+    jump_forward_while(
+        &offset,
+        &server,
+        &lost_node,
+        &controller,
+        (failed, BACKOFF),
+        || {
+            let fence = fence_of(&server, "worker-2").expect("the NodeFence");
+            match isolations(&fence) == tried {
+                true => Ok(()),
+                false => Err(format!("the retry started: {fence:#}")),
+            }
+        },
+    )
+    .await;
 
-    // Two hours back: the retry starts when it is due.
-    offset_clock(&offset, -7200);
-    server.seed(&node("worker-2", "Unknown", lost_at));
+    // The retry starts when it is due.
+    jump_back(&offset, &server, &lost_node);
     let retried = wait_for(&controller, "the retry", || {
         let fence = fence_of(&server, "worker-2")?;
         (isolations(&fence) > tried).then(Instant::now)
@@ -396,6 +430,17 @@ fn fence_started(server: &support::apiserver::FakeApiServer, node: &str) -> bool
     fence_of(server, node).is_some_and(|fence| fence.pointer("/status/startedAt").is_some())
 }
 
+/// For [`jump_forward_while`]: `node`'s fence has not started.
+fn not_started(server: &support::apiserver::FakeApiServer, node: &str) -> Result<(), String> {
+    match fence_started(server, node) {
+        false => Ok(()),
+        true => Err(format!(
+            "{node}'s fence started: {:#}",
+            fence_of(server, node).unwrap_or_default()
+        )),
+    }
+}
+
 /// One fence per 10 s in a zone (`zoneFenceRate: 0.1`).
 const ZONE_SPACING: Duration = Duration::from_secs(10);
 
@@ -411,13 +456,8 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_zone_rate() {
     );
     let preload = require!("libfaketime", libfaketime());
     let dir = tempfile::tempdir().expect("temp dir");
-    let fabric = enabled_fabric(dir.path());
     let names = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
-    let server = ready_cluster(&names).await;
-    for (index, name) in names[..2].iter().enumerate() {
-        seed_database(&server, name, &format!("db-{index}"));
-        seed_isolation_only_config(&server, name, &fabric);
-    }
+    let (server, _fabric) = isolation_only_cluster(dir.path(), &names, 2).await;
     let config = controller_config(dir.path(), "stormGuard: {zoneFenceRate: 0.1}\n");
     let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
     let lost = Instant::now();
@@ -450,21 +490,18 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_zone_rate() {
     // The first fence started once unhealthyDuration was over; the second may start
     // ZONE_SPACING after it.
     let due = UNHEALTHY_IN_RIG + ZONE_SPACING;
-    offset_clock(&offset, 7200);
-    server.seed(&node(held, "Unknown", lost_at));
-    while lost.elapsed() < due - Duration::from_secs(3) {
-        assert!(
-            !fence_started(&server, held),
-            "the held fence started {:?} after the nodes were lost, before the zone's rate allowed ({due:?}): {:#}\n{}",
-            lost.elapsed(),
-            fence_of(&server, held).unwrap_or_default(),
-            controller.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let held_node = node(held, "Unknown", lost_at);
+    jump_forward_while(
+        &offset,
+        &server,
+        &held_node,
+        &controller,
+        (lost, due),
+        || not_started(&server, held),
+    )
+    .await;
 
-    offset_clock(&offset, -7200);
-    server.seed(&node(held, "Unknown", lost_at));
+    jump_back(&offset, &server, &held_node);
     let began = wait_for(&controller, "the held fence to start", || {
         fence_started(&server, held).then(Instant::now)
     })
@@ -510,13 +547,8 @@ async fn a_wall_clock_jump_neither_shortens_nor_stretches_a_storm_cooldown() {
     );
     let preload = require!("libfaketime", libfaketime());
     let dir = tempfile::tempdir().expect("temp dir");
-    let fabric = enabled_fabric(dir.path());
     let names = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
-    let server = ready_cluster(&names).await;
-    for (index, name) in names[..3].iter().enumerate() {
-        seed_database(&server, name, &format!("db-{index}"));
-        seed_isolation_only_config(&server, name, &fabric);
-    }
+    let (server, _fabric) = isolation_only_cluster(dir.path(), &names, 3).await;
     let config = controller_config(
         dir.path(),
         &format!("stormGuard: {{stormCooldown: {}s}}\n", COOLDOWN.as_secs()),
@@ -544,21 +576,18 @@ async fn a_wall_clock_jump_neither_shortens_nor_stretches_a_storm_cooldown() {
         (fence.pointer("/status/pause/reason")? == "StormCooldown").then_some(())
     })
     .await;
-    offset_clock(&offset, 7200);
-    server.seed(&node("worker-1", "Unknown", lost_at));
-    while calm.elapsed() < COOLDOWN - Duration::from_secs(3) {
-        assert!(
-            !fence_started(&server, "worker-1"),
-            "the fence started {:?} after the storm ended, within its {COOLDOWN:?} cooldown: {:#}\n{}",
-            calm.elapsed(),
-            fence_of(&server, "worker-1").unwrap_or_default(),
-            controller.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let lost_node = node("worker-1", "Unknown", lost_at);
+    jump_forward_while(
+        &offset,
+        &server,
+        &lost_node,
+        &controller,
+        (calm, COOLDOWN),
+        || not_started(&server, "worker-1"),
+    )
+    .await;
 
-    offset_clock(&offset, -7200);
-    server.seed(&node("worker-1", "Unknown", lost_at));
+    jump_back(&offset, &server, &lost_node);
     let began = wait_for(&controller, "the fence to start after the cooldown", || {
         fence_started(&server, "worker-1").then(Instant::now)
     })
@@ -661,23 +690,23 @@ async fn a_wall_clock_jump_neither_ends_nor_stretches_the_wait_for_an_isolation(
         fence_of(&server, "worker-2")
             .and_then(|fence| fence.pointer("/status/selfIsolation/outcome").cloned())
     };
-    offset_clock(&offset, 7200);
-    server.seed(&node("worker-2", "Unknown", cut_at));
-    while asked.elapsed() < ISOLATION_TIMEOUT - Duration::from_secs(3) {
-        assert_eq!(
-            outcome(),
-            None,
-            "the isolation was decided {:?} into its {ISOLATION_TIMEOUT:?} wait: {:#}\n{}",
-            asked.elapsed(),
-            fence_of(&server, "worker-2").unwrap_or_default(),
-            controller.log()
-        );
-        assert_eq!(fabric_state(&fabric), "on");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let cut_node = node("worker-2", "Unknown", cut_at);
+    jump_forward_while(
+        &offset,
+        &server,
+        &cut_node,
+        &controller,
+        (asked, ISOLATION_TIMEOUT),
+        || match (outcome(), fabric_state(&fabric)) {
+            (None, fabric) if fabric == "on" => Ok(()),
+            (outcome, fabric) => Err(format!(
+                "the isolation was decided ({outcome:?}, the fabric port {fabric})"
+            )),
+        },
+    )
+    .await;
 
-    offset_clock(&offset, -7200);
-    server.seed(&node("worker-2", "Unknown", cut_at));
+    jump_back(&offset, &server, &cut_node);
     let given_up = wait_for(&controller, "the isolation to be given up", || {
         outcome().is_some().then(Instant::now)
     })
@@ -765,22 +794,24 @@ async fn a_wall_clock_jump_neither_ends_a_jobs_time_early_nor_stretches_it() {
             .unwrap_or(0)
     };
 
-    offset_clock(&offset, 7200);
-    server.seed(&node("worker-2", "Unknown", lost_at));
-    while created.elapsed() < due - Duration::from_secs(3) {
-        assert_eq!(
-            (results(), server.objects::<Job>().len()),
-            (0, 1),
-            "{:?} after the Job was created (it can be over only {due:?} after), the controller ended it or started another: {:#}\n{}",
-            created.elapsed(),
-            fence_of(&server, "worker-2").unwrap_or_default(),
-            controller.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let lost_node = node("worker-2", "Unknown", lost_at);
+    jump_forward_while(
+        &offset,
+        &server,
+        &lost_node,
+        &controller,
+        (created, due),
+        || match (results(), server.objects::<Job>().len()) {
+            (0, 1) => Ok(()),
+            (results, jobs) => Err(format!(
+                "the controller ended the Job or started another ({results} results, {jobs} Jobs): {:#}",
+                fence_of(&server, "worker-2").unwrap_or_default()
+            )),
+        },
+    )
+    .await;
 
-    offset_clock(&offset, -7200);
-    server.seed(&node("worker-2", "Unknown", lost_at));
+    jump_back(&offset, &server, &lost_node);
     let over = wait_for(&controller, "the Job to count as over", || {
         (results() > 0).then(Instant::now)
     })

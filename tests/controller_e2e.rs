@@ -488,14 +488,9 @@ async fn of_two_controllers_exactly_one_acts() {
 async fn two_nodes_lost_at_once_in_one_zone_start_at_the_zone_rate() {
     require!("fence-agents", real::program("fence_dummy", "fence-agents"));
     let dir = tempfile::tempdir().expect("temp dir");
-    let fabric = enabled_fabric(dir.path());
     let names = ["worker-1", "worker-2", "worker-3", "worker-4", "worker-5"];
-    let server = ready_cluster(&names).await;
     // Isolation only: the zone rate holds back the first step of a new fence, whichever.
-    for (index, name) in names[..2].iter().enumerate() {
-        seed_database(&server, name, &format!("db-{index}"));
-        seed_isolation_only_config(&server, name, &fabric);
-    }
+    let (server, _fabric) = isolation_only_cluster(dir.path(), &names, 2).await;
     // Both nodes were lost a while ago and their NodeFences exist (a previous controller
     // created them): the new one reconciles both at once, as after a restart.
     let lost_at = Timestamp::now() - Duration::from_secs(10);

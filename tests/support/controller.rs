@@ -213,6 +213,23 @@ pub fn seed_isolation_only_config(server: &FakeApiServer, node: &str, fabric: &P
     ));
 }
 
+/// A cluster of `names`, all Ready, with a database on each of the first `databases`,
+/// fenced by storage isolation only ([`seed_isolation_only_config`]); and the fabric
+/// port they share.
+pub async fn isolation_only_cluster(
+    dir: &Path,
+    names: &[&str],
+    databases: usize,
+) -> (FakeApiServer, PathBuf) {
+    let fabric = enabled_fabric(dir);
+    let server = ready_cluster(names).await;
+    for (index, name) in names[..databases].iter().enumerate() {
+        seed_database(&server, name, &format!("db-{index}"));
+        seed_isolation_only_config(&server, name, &fabric);
+    }
+    (server, fabric)
+}
+
 /// The methods of [`seed_fence_config`], with `steps` as the node's configuration.
 pub fn seed_fence_steps(
     server: &FakeApiServer,
