@@ -10,7 +10,9 @@
 //! storm's cooldown, a partitioned node's isolation timeout, and a fence Job's time.
 //!
 //! The agent, under the same library, must not be judged stalled by its `/healthz` for a
-//! jump forward, nor judged live for a jump back while its decision loop is stuck.
+//! jump forward, nor judged live for a jump back while its decision loop is stuck; and
+//! its soft threshold's grace period and pressure transition period, as the kubelet's,
+//! must neither end early nor run long.
 
 mod support;
 
@@ -302,6 +304,20 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_retry() {
     assert_eq!(fabric_state(&fabric), "off", "the retry isolated the node");
 }
 
+/// The agent binary's command with libfaketime preloaded, its wall clock offset by what
+/// [`offset_clock`] writes into the returned file (nothing at first).
+fn faked_agent(dir: &Path, preload: &str) -> (std::process::Command, std::path::PathBuf) {
+    let offset = dir.join("faketime");
+    offset_clock(&offset, 0);
+    let mut command = std::process::Command::new(support::agent_process::BINARY);
+    command
+        .env("LD_PRELOAD", preload)
+        .env("FAKETIME_TIMESTAMP_FILE", &offset)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    (command, offset)
+}
+
 /// `/healthz` status codes for `within`, one look every 20 ms.
 fn healthz_during(agent: &AgentProcess, within: Duration) -> Vec<u16> {
     let until = Instant::now() + within;
@@ -339,14 +355,7 @@ fn a_wall_clock_jump_neither_fails_the_agents_liveness_nor_hides_a_stall() {
         ),
     )
     .unwrap();
-    let offset = dir.path().join("faketime");
-    offset_clock(&offset, 0);
-    let mut command = std::process::Command::new(support::agent_process::BINARY);
-    command
-        .env("LD_PRELOAD", &preload)
-        .env("FAKETIME_TIMESTAMP_FILE", &offset)
-        .env("FAKETIME_NO_CACHE", "1")
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    let (command, offset) = faked_agent(dir.path(), &preload);
     let mut agent = AgentProcess::dry_run_from(command, &config, &[]);
     // A cycle or two done.
     std::thread::sleep(Duration::from_millis(1500));
@@ -833,4 +842,149 @@ async fn a_wall_clock_jump_neither_ends_a_jobs_time_early_nor_stretches_it() {
     let fence = fence_of(&server, "worker-2").expect("the NodeFence");
     let first = &executions(&fence)[0];
     assert_eq!(first["result"], "TimedOut", "{fence:#}");
+}
+
+/// A soft threshold's grace period (`evictionSoftGracePeriod`) in the test below.
+const SOFT_GRACE: Duration = Duration::from_secs(10);
+/// Its `evictionPressureTransitionPeriod`.
+const TRANSITION: Duration = Duration::from_secs(10);
+
+/// The agent's two waits that the kubelet counts on its monotonic clock: a soft
+/// threshold's grace period before an eviction, and the pressure transition period before
+/// a node condition turns False again. The agent binary in Kubernetes mode on a fake node
+/// (its memory files written by the test), its wall clock two hours forward while each
+/// wait runs, then two hours back: the pod must not be evicted early nor the condition
+/// cleared early, and neither may be held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_soft_eviction_or_the_pressure_condition()
+ {
+    use support::fake_node::{
+        Host, MI, best_effort, node_condition, pods_listed, seed_node, successful_deletes,
+    };
+    let preload = require!("libfaketime", libfaketime());
+    let server = support::apiserver::FakeApiServer::start().await;
+    seed_node(&server);
+    let host = Host::new(4096 * MI);
+    let pod = best_effort("big", "0000000d-0001", 1000);
+    let _process = host.bind_running(&server, &pod);
+    let (config, kubeconfig) = host.write_agent_files(
+        &server,
+        &format!(
+            "housekeepingInterval: 1s\nevictionSoft: {{memory.available: 1Gi}}\n\
+             evictionSoftGracePeriod: {{memory.available: {}s}}\n\
+             evictionPressureTransitionPeriod: {}s\n",
+            SOFT_GRACE.as_secs(),
+            TRANSITION.as_secs()
+        ),
+    );
+    let (command, offset) = faked_agent(host.dir.path(), &preload);
+    let agent = AgentProcess::start_from(
+        command,
+        &[
+            "--metrics-addr".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--kubeconfig".as_ref(),
+            kubeconfig.as_os_str(),
+        ],
+    );
+    let pressure = || node_condition(&server, "NodekeeperMemoryPressure");
+    agent
+        .until(Duration::from_secs(30), "the node's pods listed", || {
+            pods_listed(&server)
+        })
+        .await;
+    agent
+        .until(
+            Duration::from_secs(30),
+            "NodekeeperMemoryPressure False",
+            || pressure().as_deref() == Some("False"),
+        )
+        .await;
+
+    // Below the soft threshold: the condition turns True at once, the eviction waits out
+    // the grace period, counted from a cycle after this instant.
+    let pressed = Instant::now();
+    host.set_free_memory(512 * MI);
+    agent
+        .until(
+            Duration::from_secs(10),
+            "NodekeeperMemoryPressure True",
+            || pressure().as_deref() == Some("True"),
+        )
+        .await;
+    offset_clock(&offset, 7200);
+    while pressed.elapsed() < SOFT_GRACE - Duration::from_secs(3) {
+        assert!(
+            successful_deletes(&server, pod.name).is_empty(),
+            "evicted {:?} after the soft threshold was crossed, within its {SOFT_GRACE:?} grace period\n{}",
+            pressed.elapsed(),
+            agent.whole_log().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    offset_clock(&offset, -7200);
+    agent
+        .until(Duration::from_secs(30), "the soft eviction", || {
+            !successful_deletes(&server, pod.name).is_empty()
+        })
+        .await;
+    // Seen within a look (50 ms) of the delete.
+    let evicted_after = pressed.elapsed();
+    // The agent killed the pod's process; its cgroup is empty now, as the kernel would
+    // show it (a fake tree keeps what was written), so the agent's wait for the pod's
+    // cleanup ends, as the kubelet's does.
+    std::fs::write(
+        host.pod_cgroup("besteffort", pod.uid).join("cgroup.procs"),
+        "",
+    )
+    .expect("the pod's cgroup.procs");
+
+    // Memory back: the condition stays True for the transition period after the last
+    // cycle that saw the threshold crossed (at most a cycle before this instant).
+    let relieved = Instant::now();
+    host.set_free_memory(4096 * MI);
+    offset_clock(&offset, 7200);
+    while relieved.elapsed() < TRANSITION - Duration::from_secs(3) {
+        assert_eq!(
+            pressure().as_deref(),
+            Some("True"),
+            "NodekeeperMemoryPressure cleared {:?} after the memory came back, within the {TRANSITION:?} transition period\n{}",
+            relieved.elapsed(),
+            agent.whole_log().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    offset_clock(&offset, -7200);
+    agent
+        .until(
+            Duration::from_secs(30),
+            "NodekeeperMemoryPressure False again",
+            || pressure().as_deref() == Some("False"),
+        )
+        .await;
+    let cleared_after = relieved.elapsed();
+    println!(
+        "the agent's clock jumped +2 h then -2 h during each wait: evicted {:.1}s after the crossing (grace period {}s), NodekeeperMemoryPressure False {:.1}s after the memory came back (transition period {}s)",
+        evicted_after.as_secs_f64(),
+        SOFT_GRACE.as_secs(),
+        cleared_after.as_secs_f64(),
+        TRANSITION.as_secs()
+    );
+    let log = || agent.whole_log().join("\n");
+    assert!(
+        evicted_after >= SOFT_GRACE && evicted_after < SOFT_GRACE + Duration::from_secs(15),
+        "evicted {evicted_after:?} after the crossing\n{}",
+        log()
+    );
+    // The last cycle that saw the crossing ran up to one housekeeping interval (1 s)
+    // before the memory came back.
+    assert!(
+        cleared_after + Duration::from_millis(1100) >= TRANSITION
+            && cleared_after < TRANSITION + Duration::from_secs(15),
+        "NodekeeperMemoryPressure False {cleared_after:?} after the memory came back\n{}",
+        log()
+    );
+    assert_eq!(successful_deletes(&server, pod.name).len(), 1);
 }
