@@ -24,3 +24,4 @@ pub mod proxy;
 pub mod real;
 pub mod reports;
 pub mod tls;
+pub mod vm;
