@@ -49,8 +49,13 @@ fn offset_clock(file: &Path, seconds: i64) {
 
 const UNHEALTHY: Duration = Duration::from_secs(10);
 
+/// How late a wait may end, on a busy machine.
+const LATE: Duration = Duration::from_secs(5);
+
 /// `took` is when a wait of `due` ended as the test saw it: never more than `seen_late`
-/// (how late the test can see its start) early, and at most 15 s late.
+/// (how late the test can see its start) early, nor more than the 1 % by which the
+/// controller's time may run off the monotonic clock while it takes a jump in; and at
+/// most [`LATE`] late.
 fn assert_on_time(
     what: &str,
     took: Duration,
@@ -59,12 +64,12 @@ fn assert_on_time(
     controller: &ControllerProcess,
 ) {
     assert!(
-        took + seen_late >= due,
+        took + seen_late + due.mul_f64(0.01) >= due,
         "{what} after {took:?}, before {due:?}\n{}",
         controller.log()
     );
     assert!(
-        took < due + Duration::from_secs(15),
+        took < due + LATE,
         "{what} only after {took:?}\n{}",
         controller.log()
     );
@@ -98,8 +103,9 @@ async fn faked_controller(
 
 /// Sets the controller's clock two hours forward and has it look at once (`node` is
 /// written again, and a changed object is reconciled with the new time); then, every
-/// 100 ms until 3 s before `due` after `since`, `holds` must say the wait goes on (an
-/// error says what ended it early).
+/// 100 ms until 3 s before `due` after `since` (at least 3 s of it), `holds` must say the
+/// wait goes on (an error says what ended it early). Last, the controller must show the
+/// jump it does not follow, so a test whose clock never jumped cannot pass.
 async fn jump_forward_while(
     offset: &Path,
     server: &support::apiserver::FakeApiServer,
@@ -108,6 +114,12 @@ async fn jump_forward_while(
     (since, due): (Instant, Duration),
     holds: impl Fn() -> Result<(), String>,
 ) {
+    let window = (due - Duration::from_secs(3)).saturating_sub(since.elapsed());
+    assert!(
+        window >= Duration::from_secs(3),
+        "only {window:?} of the wait is left to jump the clock in\n{}",
+        controller.log()
+    );
     offset_clock(offset, 7200);
     server.seed(node);
     while since.elapsed() < due - Duration::from_secs(3) {
@@ -120,6 +132,16 @@ async fn jump_forward_while(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The jump reached the controller: it shows the gap it does not follow.
+    let seen = metric_value(
+        &controller.metrics(),
+        "nodekeeper_controller_clock_offset_seconds",
+    );
+    assert!(
+        seen.is_some_and(|offset| (7190.0..7210.0).contains(&offset)),
+        "the controller shows no two-hour gap with the system clock: {seen:?}\n{}",
+        controller.log()
+    );
 }
 
 /// Sets the controller's clock two hours back (four from the jump forward) and has it
@@ -163,15 +185,6 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
         },
     )
     .await;
-    let offset_seen = metric_value(
-        &controller.metrics(),
-        "nodekeeper_controller_clock_offset_seconds",
-    )
-    .expect("the clock offset gauge");
-    assert!(
-        (7190.0..7210.0).contains(&offset_seen),
-        "the controller shows the jump it is not following: {offset_seen}"
-    );
 
     // The fence must start when it is due.
     jump_back(&offset, &server, &lost_node);
@@ -188,9 +201,8 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
         took.as_secs_f64(),
         UNHEALTHY.as_secs()
     );
-    // The condition's time is in whole seconds (the node counts as lost up to 1 s
-    // earlier than `lost`), and the controller's time moves at most 1 % off the
-    // monotonic clock while it takes the jumps in.
+    // The condition's time is in whole seconds: the node counts as lost up to 1 s
+    // earlier than `lost`.
     assert_on_time(
         "released",
         took,
@@ -285,9 +297,7 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_retry() {
         took.as_secs_f64(),
         BACKOFF.as_secs()
     );
-    // The failure is seen up to a poll (and a status write) after it happened, and the
-    // controller's time moves at most 1 % off the monotonic clock while it takes the
-    // jumps in.
+    // The failure is seen up to a poll (and a status write) after it happened.
     assert_on_time(
         "retried",
         took,
@@ -439,6 +449,25 @@ fn fence_started(server: &support::apiserver::FakeApiServer, node: &str) -> bool
     fence_of(server, node).is_some_and(|fence| fence.pointer("/status/startedAt").is_some())
 }
 
+/// When `node`'s fence is paused for `reason`: the instant the test saw it, and how long
+/// the pause has left by its `until` (kept in whole seconds: never later than the wait's
+/// true end), by the test's clock (not faked).
+fn paused_until(
+    server: &support::apiserver::FakeApiServer,
+    node: &str,
+    reason: &str,
+) -> Option<(Instant, Duration)> {
+    let fence = fence_of(server, node)?;
+    (fence.pointer("/status/pause/reason")? == reason).then_some(())?;
+    let until: Timestamp = fence
+        .pointer("/status/pause/until")?
+        .as_str()?
+        .parse()
+        .ok()?;
+    let left = Duration::try_from(until.duration_since(Timestamp::now())).unwrap_or_default();
+    Some((Instant::now(), left))
+}
+
 /// For [`jump_forward_while`]: `node`'s fence has not started.
 fn not_started(server: &support::apiserver::FakeApiServer, node: &str) -> Result<(), String> {
     match fence_started(server, node) {
@@ -469,11 +498,11 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_zone_rate() {
     let (server, _fabric) = isolation_only_cluster(dir.path(), &names, 2).await;
     let config = controller_config(dir.path(), "stormGuard: {zoneFenceRate: 0.1}\n");
     let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
-    let lost = Instant::now();
     let lost_at = Timestamp::now();
     for name in &names[..2] {
         server.seed(&node(name, "Unknown", lost_at));
     }
+    let mut first_seen = None;
     let held = wait_for(
         &controller,
         "one fence started, the other held by the zone rate",
@@ -482,6 +511,9 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_zone_rate() {
                 .iter()
                 .filter(|name| fence_started(&server, name))
                 .count();
+            if started > 0 {
+                first_seen.get_or_insert_with(Instant::now);
+            }
             let held: Vec<&str> = names[..2]
                 .iter()
                 .copied()
@@ -496,16 +528,15 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_zone_rate() {
     )
     .await;
 
-    // The first fence started once unhealthyDuration was over; the second may start
-    // ZONE_SPACING after it.
-    let due = UNHEALTHY_IN_RIG + ZONE_SPACING;
+    // The second fence may start ZONE_SPACING after the first did.
+    let first_seen = first_seen.expect("the first fence seen started");
     let held_node = node(held, "Unknown", lost_at);
     jump_forward_while(
         &offset,
         &server,
         &held_node,
         &controller,
-        (lost, due),
+        (first_seen, ZONE_SPACING),
         || not_started(&server, held),
     )
     .await;
@@ -515,20 +546,19 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_zone_rate() {
         fence_started(&server, held).then(Instant::now)
     })
     .await;
-    let took = began.duration_since(lost);
+    let took = began.duration_since(first_seen);
     println!(
-        "the clock jumped +2 h then -2 h; the zone's second fence started {:.1}s after the nodes were lost (unhealthyDuration {}s, then one fence per {}s)",
+        "the clock jumped +2 h then -2 h; the zone's second fence started {:.1}s after the test saw the first start (one fence per {}s)",
         took.as_secs_f64(),
-        UNHEALTHY_IN_RIG.as_secs(),
         ZONE_SPACING.as_secs()
     );
-    // Both waits count from times kept in whole seconds (the Ready condition's
-    // transition and the first fence's start), so each may end up to 1 s early.
+    // The leader counts from the first fence's start as it recorded it; the test sees
+    // that start up to a poll and a status write later.
     assert_on_time(
         "the second fence started",
         took,
-        due,
-        Duration::from_millis(2200),
+        ZONE_SPACING,
+        Duration::from_millis(1200),
         &controller,
     );
     wait_for(&controller, "both pods to be released", || {
@@ -538,9 +568,6 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_zone_rate() {
     })
     .await;
 }
-
-/// `unhealthyDuration` in [`controller_config`]'s rig.
-const UNHEALTHY_IN_RIG: Duration = Duration::from_secs(2);
 
 const COOLDOWN: Duration = Duration::from_secs(10);
 
@@ -607,8 +634,7 @@ async fn a_wall_clock_jump_neither_shortens_nor_stretches_a_storm_cooldown() {
         took.as_secs_f64(),
         COOLDOWN.as_secs()
     );
-    // The cooldown begins after `calm`; the controller's time moves at most 1 % off the
-    // monotonic clock while it takes the jumps in.
+    // The cooldown begins after `calm`.
     assert_on_time(
         "the fence started",
         took,
@@ -686,13 +712,10 @@ async fn a_wall_clock_jump_neither_ends_nor_stretches_the_wait_for_an_isolation(
     kubelets.stop("worker-2");
     let cut_at = Timestamp::now();
     server.seed(&node("worker-2", "Unknown", cut_at));
-    let asked = wait_for(
+    let (asked, due) = wait_for(
         &controller,
         "the agent to be asked to isolate the node",
-        || {
-            let fence = fence_of(&server, "worker-2")?;
-            (fence.pointer("/status/pause/reason")? == "WaitingForIsolation").then(Instant::now)
-        },
+        || paused_until(&server, "worker-2", "WaitingForIsolation"),
     )
     .await;
     let outcome = || {
@@ -705,7 +728,7 @@ async fn a_wall_clock_jump_neither_ends_nor_stretches_the_wait_for_an_isolation(
         &server,
         &cut_node,
         &controller,
-        (asked, ISOLATION_TIMEOUT),
+        (asked, due),
         || match (outcome(), fabric_state(&fabric)) {
             (None, fabric) if fabric == "on" => Ok(()),
             (outcome, fabric) => Err(format!(
@@ -722,18 +745,17 @@ async fn a_wall_clock_jump_neither_ends_nor_stretches_the_wait_for_an_isolation(
     .await;
     let took = given_up.duration_since(asked);
     println!(
-        "the clock jumped +2 h then -2 h; the isolation was given up {:.1}s after the agent was asked (isolationTimeout {}s)",
+        "the clock jumped +2 h then -2 h; the isolation was given up {:.1}s after the test saw the request, due at {:.1}s (isolationTimeout {}s from the request's time, in whole seconds)",
         took.as_secs_f64(),
+        due.as_secs_f64(),
         ISOLATION_TIMEOUT.as_secs()
     );
     assert_eq!(outcome(), Some("TimedOut".into()));
-    // The request's time is kept in whole seconds (up to 1 s earlier than it was made),
-    // and the test sees the request up to a poll after it was written.
     assert_on_time(
         "the isolation given up",
         took,
-        ISOLATION_TIMEOUT,
-        Duration::from_millis(1200),
+        due,
+        Duration::from_millis(300),
         &controller,
     );
     // The fence falls back to its configured steps: the fabric port, then the release.
@@ -821,7 +843,14 @@ async fn a_wall_clock_jump_neither_ends_a_jobs_time_early_nor_stretches_it() {
     .await;
 
     jump_back(&offset, &server, &lost_node);
+    // A running execution is looked at again every 5 s; the node written again every
+    // quarter second has the controller look when the Job's time is over.
+    let mut looks = 0;
     let over = wait_for(&controller, "the Job to count as over", || {
+        looks += 1;
+        if looks % 5 == 0 {
+            server.seed(&lost_node);
+        }
         (results() > 0).then(Instant::now)
     })
     .await;
@@ -842,6 +871,17 @@ async fn a_wall_clock_jump_neither_ends_a_jobs_time_early_nor_stretches_it() {
     let fence = fence_of(&server, "worker-2").expect("the NodeFence");
     let first = &executions(&fence)[0];
     assert_eq!(first["result"], "TimedOut", "{fence:#}");
+}
+
+/// Fails unless at least 3 s of a wait of `due` from `since` are left to check with the
+/// clock jumped forward (the check stops 3 s before the wait ends).
+fn assert_window_left(since: Instant, due: Duration, agent: &AgentProcess) {
+    let window = (due - Duration::from_secs(3)).saturating_sub(since.elapsed());
+    assert!(
+        window >= Duration::from_secs(3),
+        "only {window:?} of the wait is left to jump the clock in\n{}",
+        agent.whole_log().join("\n")
+    );
 }
 
 /// A soft threshold's grace period (`evictionSoftGracePeriod`) in the test below.
@@ -914,6 +954,7 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_soft_eviction_or_the
             || pressure().as_deref() == Some("True"),
         )
         .await;
+    assert_window_left(pressed, SOFT_GRACE, &agent);
     offset_clock(&offset, 7200);
     while pressed.elapsed() < SOFT_GRACE - Duration::from_secs(3) {
         assert!(
@@ -942,9 +983,11 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_soft_eviction_or_the
     .expect("the pod's cgroup.procs");
 
     // Memory back: the condition stays True for the transition period after the last
-    // cycle that saw the threshold crossed (at most a cycle before this instant).
+    // cycle that saw the threshold crossed: the eviction's, or one right after the pod's
+    // cgroup was seen empty, just before this instant.
     let relieved = Instant::now();
     host.set_free_memory(4096 * MI);
+    assert_window_left(relieved, TRANSITION, &agent);
     offset_clock(&offset, 7200);
     while relieved.elapsed() < TRANSITION - Duration::from_secs(3) {
         assert_eq!(
@@ -974,17 +1017,202 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_soft_eviction_or_the
     );
     let log = || agent.whole_log().join("\n");
     assert!(
-        evicted_after >= SOFT_GRACE && evicted_after < SOFT_GRACE + Duration::from_secs(15),
+        evicted_after >= SOFT_GRACE && evicted_after < SOFT_GRACE + LATE,
         "evicted {evicted_after:?} after the crossing\n{}",
         log()
     );
-    // The last cycle that saw the crossing ran up to one housekeeping interval (1 s)
-    // before the memory came back.
     assert!(
         cleared_after + Duration::from_millis(1100) >= TRANSITION
-            && cleared_after < TRANSITION + Duration::from_secs(15),
+            && cleared_after < TRANSITION + LATE,
         "NodekeeperMemoryPressure False {cleared_after:?} after the memory came back\n{}",
         log()
     );
     assert_eq!(successful_deletes(&server, pod.name).len(), 1);
+    // The jumps reached the agent: it dated the condition's change on its clock, set
+    // two hours back.
+    let changed = server
+        .object::<Node>("", support::fake_node::NODE)
+        .and_then(|node| node.status?.conditions)
+        .and_then(|conditions| {
+            conditions
+                .into_iter()
+                .find(|condition| condition.type_ == "NodekeeperMemoryPressure")
+        })
+        .and_then(|condition| condition.last_transition_time)
+        .expect("the condition's transition time");
+    let behind = Timestamp::now().duration_since(changed.0).as_secs();
+    assert!(
+        (7100..7300).contains(&behind),
+        "the condition changed {behind}s before the test's now, not two hours\n{}",
+        log()
+    );
+}
+
+const POWER_DELAY: Duration = Duration::from_secs(10);
+
+/// After a done storage isolation, power management waits `powerManagementDelay`,
+/// counted from the isolation's end kept in the NodeFence: two hours forward must not
+/// power the node off early, two hours back must not hold the power-off back.
+/// `fence_dummy` isolates, `fence_ipmilan` powers off through `ipmi_sim`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_power_off_after_an_isolation() {
+    require!("fence-agents", fence_agents());
+    let preload = require!("libfaketime", libfaketime());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let (server, fabric) = one_database_node(dir.path(), &bmc).await;
+    let config = controller_config(
+        dir.path(),
+        &format!("powerManagementDelay: {}s\n", POWER_DELAY.as_secs()),
+    );
+    let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
+    let lost_at = Timestamp::now();
+    server.seed(&node("worker-2", "Unknown", lost_at));
+    let (isolated, due) = wait_for(
+        &controller,
+        "the isolation done, the power-off waiting",
+        || paused_until(&server, "worker-2", "WaitingForPowerManagementDelay"),
+    )
+    .await;
+    assert_eq!(fabric_state(&fabric), "off", "the isolation was done");
+
+    let lost_node = node("worker-2", "Unknown", lost_at);
+    let powered = || bmc.chassis_log().contains("set power");
+    jump_forward_while(
+        &offset,
+        &server,
+        &lost_node,
+        &controller,
+        (isolated, due),
+        || match powered() {
+            false => Ok(()),
+            true => Err(format!("the node was powered off: {}", bmc.chassis_log())),
+        },
+    )
+    .await;
+
+    jump_back(&offset, &server, &lost_node);
+    let off = wait_for(&controller, "the power-off", || {
+        powered().then(Instant::now)
+    })
+    .await;
+    let took = off.duration_since(isolated);
+    println!(
+        "the clock jumped +2 h then -2 h; the power-off came {:.1}s after the test saw the isolation done, due at {:.1}s (powerManagementDelay {}s)",
+        took.as_secs_f64(),
+        due.as_secs_f64(),
+        POWER_DELAY.as_secs()
+    );
+    assert_on_time(
+        "the power-off",
+        took,
+        due,
+        Duration::from_millis(300),
+        &controller,
+    );
+    controller.powered_off(&server, "worker-2").await;
+    assert_eq!(bmc.chassis_log().matches("set power 0").count(), 1);
+}
+
+/// The agent's promise in the test below: no pod process later than this after it last
+/// heard the controller...
+const PROMISE: Duration = Duration::from_secs(2);
+/// ...and the controller's `selfIsolationMargin` on top.
+const PROMISE_MARGIN: Duration = Duration::from_secs(10);
+
+/// A node with no fence device, whose agent promised to isolate it, is released once the
+/// promise and the margin have run out after it was last heard, counted from times kept
+/// in the NodeFence: two hours forward must not release its pods early (they could then
+/// run twice), two hours back must not hold them. The agent is played by the test, over
+/// TLS; the node's kubelet renews its Lease until the node falls silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_release_on_an_agents_promise() {
+    use support::reports::{PROMISING_BOOT, Reporting, promising_report, token_of};
+    require!("openssl", support::real::program("openssl", "openssl"));
+    let preload = require!("libfaketime", libfaketime());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = support::tls::certificate_authority(dir.path(), "ca").expect("a CA");
+    let served =
+        support::tls::server_certificate(dir.path(), "controller", &ca).expect("a certificate");
+    let nodes = ["worker-1", "worker-2", "worker-3"];
+    let server = ready_cluster(&nodes).await;
+    server.seed(&node_on_boot(
+        "worker-2",
+        "True",
+        Timestamp::now(),
+        PROMISING_BOOT,
+    ));
+    let tokens: Vec<(&str, String)> = nodes.iter().map(|node| (*node, token_of(node))).collect();
+    seed_node_tokens(&server, &tokens);
+    // A database, and no fence configuration: the node has no fence device.
+    seed_database(&server, "worker-2", "db-0");
+    let kubelets = support::kubelet::Kubelets::start(&server, &nodes).await;
+    let config = controller_config(
+        dir.path(),
+        &format!(
+            "silenceTimeout: 3s\nunhealthyDuration: 10m\nselfIsolationMargin: {}s\n\
+             release: {{outOfServiceTaint: true, deletePods: false}}\n\
+             reports: {{address: \"127.0.0.1:0\", nodeTokensSecret: node-tokens, reconnectGrace: 20s, {}}}\n",
+            PROMISE_MARGIN.as_secs(),
+            served.reports_setting()
+        ),
+    );
+    let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
+    let reporting = Reporting::start(
+        controller.reports_address(),
+        ca.cert.clone(),
+        "worker-2",
+        1,
+        |sequence| promising_report("worker-2", sequence, PROMISE),
+    );
+    wait_for(&controller, "worker-2's promise", || {
+        controller
+            .agent_view("worker-2")
+            .filter(|view| view["report"]["selfIsolation"]["armed"] == true)
+    })
+    .await;
+
+    // The node falls silent on both channels.
+    reporting.stop().await;
+    kubelets.stop("worker-2");
+    let (waiting, due) = wait_for(&controller, "the fence waiting on the promise", || {
+        paused_until(&server, "worker-2", "WaitingForSelfIsolation")
+    })
+    .await;
+    let released = || {
+        taint_keys(&server, "worker-2").contains(&"node.kubernetes.io/out-of-service".to_string())
+    };
+    let silent_node = server
+        .object::<Node>("", "worker-2")
+        .expect("worker-2's Node");
+    jump_forward_while(
+        &offset,
+        &server,
+        &silent_node,
+        &controller,
+        (waiting, due),
+        || match released() {
+            false => Ok(()),
+            true => Err("the node's pods were released".to_string()),
+        },
+    )
+    .await;
+
+    jump_back(&offset, &server, &silent_node);
+    let release = wait_for(&controller, "the release", || released().then(Instant::now)).await;
+    let took = release.duration_since(waiting);
+    println!(
+        "the clock jumped +2 h then -2 h; released on the promise {:.1}s after the test saw the fence wait for it, due at {:.1}s (promise {}s, selfIsolationMargin {}s)",
+        took.as_secs_f64(),
+        due.as_secs_f64(),
+        PROMISE.as_secs(),
+        PROMISE_MARGIN.as_secs()
+    );
+    assert_on_time(
+        "the release",
+        took,
+        due,
+        Duration::from_millis(300),
+        &controller,
+    );
 }

@@ -23,7 +23,7 @@ use support::apiserver::FakeApiServer;
 use support::controller::*;
 use support::fence_emulators::IpmiSim;
 use support::kubelet::Kubelets;
-use support::reports::{Reporting, report_from, token_of};
+use support::reports::{PROMISING_BOOT, Reporting, promising_report, report_from, token_of};
 
 /// Short enough for a test; every node is heard every half second on each channel.
 const SILENCE: Duration = Duration::from_secs(3);
@@ -335,23 +335,6 @@ async fn half_the_nodes_falling_silent_at_once_is_a_storm_and_nothing_is_powered
     for pod in ["db-0", "db-1", "db-2"] {
         assert!(server.object::<Pod>("shop", pod).is_some(), "{pod} is kept");
     }
-}
-
-/// The boot of the node whose agent promises to isolate it.
-const PROMISING_BOOT: &str = "5c1e2f4a-0d8b-4a51-9d6e-6f3b0b1c2d3e";
-
-/// A report of `node`'s agent promising, backed by its watchdog, that no pod process
-/// runs later than `within` after it last heard the controller.
-fn promising_report(node: &str, sequence: u64, within: Duration) -> Vec<u8> {
-    report_from(
-        node,
-        PROMISING_BOOT,
-        sequence,
-        json!({
-            "armed": true, "isolateAfterMillis": 1000, "withinMillis": within.as_millis() as u64,
-            "watchdogTimeoutMillis": 1000, "watchdog": "/dev/watchdog (test)",
-        }),
-    )
 }
 
 /// A power device that is another machine's switches that machine off, and says so:

@@ -1,5 +1,7 @@
-//! Talking to the controller's report endpoint the way a hostile or broken client does: raw
-//! HTTP/1.1 over TCP, so the tests control every byte, and the answer read whole.
+//! Talking to the controller's report endpoint: the way a hostile or broken client does,
+//! raw HTTP/1.1 over TCP, so the tests control every byte, and the answer read whole; and
+//! as a well-behaved agent played by the test does ([`Reporting`]: reports over TLS with
+//! a node token, from [`report_from`]).
 
 use std::time::Duration;
 
@@ -89,6 +91,23 @@ pub fn report_from(node: &str, boot: &str, sequence: u64, self_isolation: Value)
         "selfIsolation": self_isolation,
     }))
     .expect("a report")
+}
+
+/// The boot of the node whose agent promises to isolate it.
+pub const PROMISING_BOOT: &str = "5c1e2f4a-0d8b-4a51-9d6e-6f3b0b1c2d3e";
+
+/// A report of `node`'s agent promising, backed by its watchdog, that no pod process
+/// runs later than `within` after it last heard the controller.
+pub fn promising_report(node: &str, sequence: u64, within: Duration) -> Vec<u8> {
+    report_from(
+        node,
+        PROMISING_BOOT,
+        sequence,
+        serde_json::json!({
+            "armed": true, "isolateAfterMillis": 1000, "withinMillis": within.as_millis() as u64,
+            "watchdogTimeoutMillis": 1000, "watchdog": "/dev/watchdog (test)",
+        }),
+    )
 }
 
 /// An agent played by the test: `node`'s reports posted over TLS with its node token
