@@ -56,14 +56,18 @@ pub fn start_pod_reflector(
         futures::pin_mut!(stream);
         let mut failing = false;
         while let Some(event) = stream.next().await {
-            reachability.saw(watch_answered(&event));
+            let answered = watch_answered(&event);
+            if let Some(answered) = answered {
+                reachability.saw(answered);
+            }
             match event {
                 Err(error) if !failing => {
                     failing = true;
                     tracing::warn!(%error, "pod watch failed; keeping the last known pods and retrying");
                 }
                 Err(error) => tracing::debug!(%error, "pod watch still failing"),
-                Ok(_) if failing => {
+                // Recovered only on something from the API server.
+                Ok(_) if failing && answered.is_some() => {
                     failing = false;
                     tracing::info!("pod watch recovered");
                 }
@@ -257,9 +261,13 @@ impl PodSource for ApiPodSource {
 
 /// Whether a pod watch event shows the API server answering: every event does but a
 /// request that got no answer (as [`super::api::answered`] rules for writes). A `410
-/// Gone` that makes the watcher list again, or a refusal, is an answer.
-fn watch_answered<T>(event: &Result<T, watcher::Error>) -> bool {
-    match event {
+/// Gone` that makes the watcher list again, or a refusal, is an answer. `None` for
+/// kube's `Init`, which the watcher says itself before each list it tries: it shows
+/// nothing either way (counted as an answer, a watcher starting over against a silent
+/// API server would mark it reached at every attempt).
+fn watch_answered<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> Option<bool> {
+    Some(match event {
+        Ok(watcher::Event::Init) => return None,
         Ok(_) => true,
         Err(
             watcher::Error::InitialListFailed(error)
@@ -267,7 +275,7 @@ fn watch_answered<T>(event: &Result<T, watcher::Error>) -> bool {
             | watcher::Error::WatchFailed(error),
         ) => super::api::answered(error),
         Err(watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion) => true,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -412,8 +420,9 @@ mod tests {
 
     #[test]
     fn a_watch_answered_by_the_api_server_counts_as_reaching_it_even_when_refused() {
-        let answered: [Result<(), watcher::Error>; 4] = [
-            Ok(()),
+        let answered: [Result<watcher::Event<()>, watcher::Error>; 5] = [
+            Ok(watcher::Event::Apply(())),
+            Ok(watcher::Event::InitDone),
             Err(watcher::Error::WatchError(Box::new(
                 Status::failure("too old", "Expired").with_code(410),
             ))),
@@ -421,16 +430,48 @@ mod tests {
             Err(watcher::Error::WatchFailed(api(500))),
         ];
         for event in &answered {
-            assert!(watch_answered(event), "{event:?}");
+            assert_eq!(watch_answered(event), Some(true), "{event:?}");
         }
-        let unanswered: [Result<(), watcher::Error>; 2] = [
+        let unanswered: [Result<watcher::Event<()>, watcher::Error>; 2] = [
             Err(watcher::Error::WatchStartFailed(api(503))),
             Err(watcher::Error::InitialListFailed(
                 kube::Error::LinesCodecMaxLineLengthExceeded,
             )),
         ];
         for event in &unanswered {
-            assert!(!watch_answered(event), "{event:?}");
+            assert_eq!(watch_answered(event), Some(false), "{event:?}");
         }
+        // The watcher's own word before a list says nothing of the API server.
+        assert_eq!(watch_answered::<()>(&Ok(watcher::Event::Init)), None);
+    }
+
+    /// kube's watcher says `Init` before each list it tries: that comes from the watcher,
+    /// not from the API server. An API server that refuses every connection must never
+    /// count as reached, however often the watcher starts over (its backoff begins at
+    /// 0.8 s).
+    #[tokio::test]
+    async fn a_watcher_starting_over_against_a_silent_api_server_never_counts_as_reaching_it() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let address = closed.local_addr().expect("its address");
+        drop(closed);
+        let config = kube::Config::new(format!("http://{address}").parse().expect("a URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        let reachability = crate::report::ApiReachability::new();
+        let mut changes = reachability.subscribe();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = seen.clone();
+        let recorder = tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                let reachable = *changes.borrow_and_update();
+                recorded.lock().expect("changes").push(reachable);
+            }
+        });
+        let (_store, task) = start_pod_reflector(client, "node-a", reachability.clone());
+        tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+        task.abort();
+        recorder.abort();
+        // Reachable at first (the agent connected before it watches), then lost for good.
+        let seen = seen.lock().expect("changes").clone();
+        assert_eq!(seen, [false], "reachability changes while nothing answered");
     }
 }
