@@ -7,7 +7,8 @@
 //! time). Storage isolation by `fence_dummy`, then the power-off through `fence_ipmilan`
 //! against `ipmi_sim`, as in `controller_e2e.rs`. The same two jumps come during each of
 //! the controller's other waits: a failed step's retry backoff, the zone's fence rate, a
-//! storm's cooldown, a partitioned node's isolation timeout, and a fence Job's time.
+//! storm's cooldown, a partitioned node's isolation timeout, a fence Job's time,
+//! `powerManagementDelay`, a release on a self-isolation promise and `kdumpWait`.
 //!
 //! The agent, under the same library, must not be judged stalled by its `/healthz` for a
 //! jump forward, nor judged live for a jump back while its decision loop is stuck; and
@@ -1215,4 +1216,123 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_release_on_an_agents
         Duration::from_millis(300),
         &controller,
     );
+}
+
+/// How long the power step waits for a crashed node's dump at most (`kdumpWait`), in the
+/// test below; its crash kernel announces itself every second throughout, so the dump
+/// never ends by itself (`kdumpSilence` is a minute).
+const KDUMP_WAIT: Duration = Duration::from_secs(12);
+
+/// Debian's kdump notifier (package fence-agents), as a crash kernel's initramfs runs it.
+const KDUMP_SEND: &str = "/usr/libexec/fence-agents/fence_kdump_send";
+
+/// `fence_kdump_send` announcing a crash kernel to `port` on the loopback every second;
+/// ended (by the PID this test started) when dropped.
+struct KdumpSender(std::process::Child);
+
+impl Drop for KdumpSender {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A crashed node whose crash kernel announces itself (`kdump=true`): its pods are
+/// released on the notification, and the power-off waits for the dump, at most
+/// `kdumpWait` after the first notification (kept in the NodeFence): two hours forward
+/// must not cut the dump short, two hours back must not hold the power-off. The node's
+/// InternalIP is the loopback, where the notifications come from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_neither_cuts_a_dump_short_nor_holds_back_the_power_off_after_it() {
+    require!("fence-agents", fence_agents());
+    require!(
+        "fence_kdump_send",
+        match Path::new(KDUMP_SEND).is_file() {
+            true => Ok(()),
+            false => Err(format!("{KDUMP_SEND} (Debian package fence-agents)")),
+        }
+    );
+    let preload = require!("libfaketime", libfaketime());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bmc = require!("ipmi_sim", IpmiSim::start(dir.path()));
+    let (server, fabric) = one_database_node(dir.path(), &bmc).await;
+    seed_kdump_fence_config(&server, "worker-2", bmc.port(), &fabric);
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|socket| socket.local_addr())
+        .expect("a free UDP port")
+        .port();
+    let config = controller_config(
+        dir.path(),
+        &format!(
+            "kdumpAddress: \"127.0.0.1:{port}\"\nkdumpWait: {}s\nkdumpSilence: 60s\n",
+            KDUMP_WAIT.as_secs()
+        ),
+    );
+    let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
+    let mut crashed = node("worker-2", "Unknown", Timestamp::now());
+    crashed.status.as_mut().expect("status").addresses =
+        Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".to_string(),
+            address: "127.0.0.1".to_string(),
+        }]);
+    server.seed(&crashed);
+    let _sender = KdumpSender(
+        std::process::Command::new(KDUMP_SEND)
+            .args(["-p", &port.to_string(), "-i", "1", "-c", "0", "127.0.0.1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start fence_kdump_send"),
+    );
+    let (dumping, due) = wait_for(&controller, "the power-off waiting for the dump", || {
+        let (seen, _) = paused_until(&server, "worker-2", "WaitingForKdump")?;
+        let fence = fence_of(&server, "worker-2")?;
+        let first: Timestamp = fence
+            .pointer("/status/kdump/firstHeard")?
+            .as_str()?
+            .parse()
+            .ok()?;
+        let left = (first + KDUMP_WAIT).duration_since(Timestamp::now());
+        Some((seen, Duration::try_from(left).unwrap_or_default()))
+    })
+    .await;
+    wait_for(&controller, "the pod released on the notification", || {
+        server.object::<Pod>("shop", "db-0").is_none().then_some(())
+    })
+    .await;
+
+    let powered = || bmc.chassis_log().contains("set power");
+    jump_forward_while(
+        &offset,
+        &server,
+        &crashed,
+        &controller,
+        (dumping, due),
+        || match powered() {
+            false => Ok(()),
+            true => Err(format!("the node was powered off: {}", bmc.chassis_log())),
+        },
+    )
+    .await;
+
+    jump_back(&offset, &server, &crashed);
+    let off = wait_for(&controller, "the power-off", || {
+        powered().then(Instant::now)
+    })
+    .await;
+    let took = off.duration_since(dumping);
+    println!(
+        "the clock jumped +2 h then -2 h; the power-off came {:.1}s after the test saw it wait for the dump, due at {:.1}s (kdumpWait {}s after the first notification)",
+        took.as_secs_f64(),
+        due.as_secs_f64(),
+        KDUMP_WAIT.as_secs()
+    );
+    assert_on_time(
+        "the power-off",
+        took,
+        due,
+        Duration::from_millis(300),
+        &controller,
+    );
+    controller.powered_off(&server, "worker-2").await;
 }
