@@ -102,54 +102,74 @@ async fn faked_controller(
     (controller, offset)
 }
 
-/// Sets the controller's clock two hours forward and has it look at once (`node` is
-/// written again, and a changed object is reconciled with the new time); then, every
-/// 100 ms until 3 s before `due` after `since` (at least 3 s of it), `holds` must say the
-/// wait goes on (an error says what ended it early). Last, the controller must show the
-/// jump it does not follow, so a test whose clock never jumped cannot pass.
-async fn jump_forward_while(
-    offset: &Path,
-    server: &support::apiserver::FakeApiServer,
-    node: &Node,
-    controller: &ControllerProcess,
-    (since, due): (Instant, Duration),
-    holds: impl Fn() -> Result<(), String>,
-) {
-    let window = (due - Duration::from_secs(3)).saturating_sub(since.elapsed());
-    assert!(
-        window >= Duration::from_secs(3),
-        "only {window:?} of the wait is left to jump the clock in\n{}",
-        controller.log()
-    );
-    offset_clock(offset, 7200);
-    server.seed(node);
-    while since.elapsed() < due - Duration::from_secs(3) {
-        if let Err(what) = holds() {
-            panic!(
-                "{what}, {:?} into a wait of {due:?}, after the clock jumped forward\n{}",
-                since.elapsed(),
-                controller.log()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // The jump reached the controller: it shows the gap it does not follow.
-    let seen = metric_value(
-        &controller.metrics(),
-        "nodekeeper_controller_clock_offset_seconds",
-    );
-    assert!(
-        seen.is_some_and(|offset| (7190.0..7210.0).contains(&offset)),
-        "the controller shows no two-hour gap with the system clock: {seen:?}\n{}",
-        controller.log()
-    );
+/// The controller's clock, jumped around a wait: `offset` is its faketime file, `node` the
+/// object written again after each jump so that the controller looks at once with its new
+/// time (a changed object is reconciled).
+struct Jumps<'a> {
+    offset: &'a Path,
+    server: &'a support::apiserver::FakeApiServer,
+    node: &'a Node,
+    controller: &'a ControllerProcess,
 }
 
-/// Sets the controller's clock two hours back (four from the jump forward) and has it
-/// look at once.
-fn jump_back(offset: &Path, server: &support::apiserver::FakeApiServer, node: &Node) {
-    offset_clock(offset, -7200);
-    server.seed(node);
+impl Jumps<'_> {
+    /// Sets the clock two hours forward; then, every 100 ms until 3 s before `due` after
+    /// `since` (at least 3 s of it), `holds` must say the wait goes on (an error says what
+    /// ended it early). Last, the controller must show the jump it does not follow, so a
+    /// test whose clock never jumped cannot pass.
+    async fn forward_while(
+        &self,
+        (since, due): (Instant, Duration),
+        holds: impl Fn() -> Result<(), String>,
+    ) {
+        let window = (due - Duration::from_secs(3)).saturating_sub(since.elapsed());
+        assert!(
+            window >= Duration::from_secs(3),
+            "only {window:?} of the wait is left to jump the clock in\n{}",
+            self.controller.log()
+        );
+        offset_clock(self.offset, 7200);
+        self.server.seed(self.node);
+        while since.elapsed() < due - Duration::from_secs(3) {
+            if let Err(what) = holds() {
+                panic!(
+                    "{what}, {:?} into a wait of {due:?}, after the clock jumped forward\n{}",
+                    since.elapsed(),
+                    self.controller.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let seen = metric_value(
+            &self.controller.metrics(),
+            "nodekeeper_controller_clock_offset_seconds",
+        );
+        assert!(
+            seen.is_some_and(|offset| (7190.0..7210.0).contains(&offset)),
+            "the controller shows no two-hour gap with the system clock: {seen:?}\n{}",
+            self.controller.log()
+        );
+    }
+
+    /// Sets the clock two hours back (four from the jump forward), then waits until
+    /// `ended` sees the wait over; how long after `since` it did.
+    async fn back_until(
+        &self,
+        what: &str,
+        since: Instant,
+        ended: impl FnMut() -> Option<Instant>,
+    ) -> Duration {
+        offset_clock(self.offset, -7200);
+        self.server.seed(self.node);
+        wait_for(self.controller, what, ended)
+            .await
+            .duration_since(since)
+    }
+
+    /// [`assert_on_time`] for this controller.
+    fn on_time(&self, what: &str, took: Duration, due: Duration, seen_late: Duration) {
+        assert_on_time(what, took, due, seen_late, self.controller);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,13 +189,14 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let lost_node = node("worker-2", "Unknown", lost_at);
-    jump_forward_while(
-        &offset,
-        &server,
-        &lost_node,
-        &controller,
-        (lost, UNHEALTHY),
-        || match fence_of(&server, "worker-2") {
+    let jumps = Jumps {
+        offset: &offset,
+        server: &server,
+        node: &lost_node,
+        controller: &controller,
+    };
+    jumps
+        .forward_while((lost, UNHEALTHY), || match fence_of(&server, "worker-2") {
             Some(fence) if !executions(&fence).is_empty() => {
                 Err(format!("a fence started: {fence:#}"))
             }
@@ -183,20 +204,18 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
                 Err("the pod was released".to_string())
             }
             _ => Ok(()),
-        },
-    )
-    .await;
+        })
+        .await;
 
     // The fence must start when it is due.
-    jump_back(&offset, &server, &lost_node);
-    let released = wait_for(&controller, "the pod to be released", || {
-        server
-            .object::<Pod>("shop", "db-0")
-            .is_none()
-            .then(Instant::now)
-    })
-    .await;
-    let took = released.duration_since(lost);
+    let took = jumps
+        .back_until("the pod to be released", lost, || {
+            server
+                .object::<Pod>("shop", "db-0")
+                .is_none()
+                .then(Instant::now)
+        })
+        .await;
     println!(
         "the clock jumped +2 h then -2 h; the pod was released {:.1}s after the node was lost (unhealthyDuration {}s)",
         took.as_secs_f64(),
@@ -204,13 +223,7 @@ async fn a_wall_clock_jump_neither_fences_a_node_early_nor_holds_its_fence_back(
     );
     // The condition's time is in whole seconds: the node counts as lost up to 1 s
     // earlier than `lost`.
-    assert_on_time(
-        "released",
-        took,
-        UNHEALTHY,
-        Duration::from_millis(1200),
-        &controller,
-    );
+    jumps.on_time("released", took, UNHEALTHY, Duration::from_millis(1200));
     controller.powered_off(&server, "worker-2").await;
     assert_eq!(bmc.chassis_log().matches("set power 0").count(), 1);
     assert!(
@@ -269,43 +282,36 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_retry() {
     fabric_off("");
 
     let lost_node = node("worker-2", "Unknown", lost_at);
-    jump_forward_while(
-        &offset,
-        &server,
-        &lost_node,
-        &controller,
-        (failed, BACKOFF),
-        || {
+    let jumps = Jumps {
+        offset: &offset,
+        server: &server,
+        node: &lost_node,
+        controller: &controller,
+    };
+    jumps
+        .forward_while((failed, BACKOFF), || {
             let fence = fence_of(&server, "worker-2").expect("the NodeFence");
             match isolations(&fence) == tried {
                 true => Ok(()),
                 false => Err(format!("the retry started: {fence:#}")),
             }
-        },
-    )
-    .await;
+        })
+        .await;
 
     // The retry starts when it is due.
-    jump_back(&offset, &server, &lost_node);
-    let retried = wait_for(&controller, "the retry", || {
-        let fence = fence_of(&server, "worker-2")?;
-        (isolations(&fence) > tried).then(Instant::now)
-    })
-    .await;
-    let took = retried.duration_since(failed);
+    let took = jumps
+        .back_until("the retry", failed, || {
+            let fence = fence_of(&server, "worker-2")?;
+            (isolations(&fence) > tried).then(Instant::now)
+        })
+        .await;
     println!(
         "the clock jumped +2 h then -2 h; the retry started {:.1}s after the failure was seen (backoff {}s)",
         took.as_secs_f64(),
         BACKOFF.as_secs()
     );
     // The failure is seen up to a poll (and a status write) after it happened.
-    assert_on_time(
-        "retried",
-        took,
-        BACKOFF,
-        Duration::from_millis(1500),
-        &controller,
-    );
+    jumps.on_time("retried", took, BACKOFF, Duration::from_millis(1500));
     wait_for(
         &controller,
         "the retried isolation to release the pod",
@@ -532,22 +538,21 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_zone_rate() {
     // The second fence may start ZONE_SPACING after the first did.
     let first_seen = first_seen.expect("the first fence seen started");
     let held_node = node(held, "Unknown", lost_at);
-    jump_forward_while(
-        &offset,
-        &server,
-        &held_node,
-        &controller,
-        (first_seen, ZONE_SPACING),
-        || not_started(&server, held),
-    )
-    .await;
+    let jumps = Jumps {
+        offset: &offset,
+        server: &server,
+        node: &held_node,
+        controller: &controller,
+    };
+    jumps
+        .forward_while((first_seen, ZONE_SPACING), || not_started(&server, held))
+        .await;
 
-    jump_back(&offset, &server, &held_node);
-    let began = wait_for(&controller, "the held fence to start", || {
-        fence_started(&server, held).then(Instant::now)
-    })
-    .await;
-    let took = began.duration_since(first_seen);
+    let took = jumps
+        .back_until("the held fence to start", first_seen, || {
+            fence_started(&server, held).then(Instant::now)
+        })
+        .await;
     println!(
         "the clock jumped +2 h then -2 h; the zone's second fence started {:.1}s after the test saw the first start (one fence per {}s)",
         took.as_secs_f64(),
@@ -555,12 +560,11 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_zone_rate() {
     );
     // The leader counts from the first fence's start as it recorded it; the test sees
     // that start up to a poll and a status write later.
-    assert_on_time(
+    jumps.on_time(
         "the second fence started",
         took,
         ZONE_SPACING,
         Duration::from_millis(1200),
-        &controller,
     );
     wait_for(&controller, "both pods to be released", || {
         (server.object::<Pod>("shop", "db-0").is_none()
@@ -614,34 +618,32 @@ async fn a_wall_clock_jump_neither_shortens_nor_stretches_a_storm_cooldown() {
     })
     .await;
     let lost_node = node("worker-1", "Unknown", lost_at);
-    jump_forward_while(
-        &offset,
-        &server,
-        &lost_node,
-        &controller,
-        (calm, COOLDOWN),
-        || not_started(&server, "worker-1"),
-    )
-    .await;
+    let jumps = Jumps {
+        offset: &offset,
+        server: &server,
+        node: &lost_node,
+        controller: &controller,
+    };
+    jumps
+        .forward_while((calm, COOLDOWN), || not_started(&server, "worker-1"))
+        .await;
 
-    jump_back(&offset, &server, &lost_node);
-    let began = wait_for(&controller, "the fence to start after the cooldown", || {
-        fence_started(&server, "worker-1").then(Instant::now)
-    })
-    .await;
-    let took = began.duration_since(calm);
+    let took = jumps
+        .back_until("the fence to start after the cooldown", calm, || {
+            fence_started(&server, "worker-1").then(Instant::now)
+        })
+        .await;
     println!(
         "the clock jumped +2 h then -2 h; the fence started {:.1}s after the storm ended (cooldown {}s)",
         took.as_secs_f64(),
         COOLDOWN.as_secs()
     );
     // The cooldown begins after `calm`.
-    assert_on_time(
+    jumps.on_time(
         "the fence started",
         took,
         COOLDOWN,
         Duration::from_millis(200),
-        &controller,
     );
     wait_for(&controller, "worker-1's pod to be released", || {
         server.object::<Pod>("shop", "db-0").is_none().then_some(())
@@ -724,27 +726,26 @@ async fn a_wall_clock_jump_neither_ends_nor_stretches_the_wait_for_an_isolation(
             .and_then(|fence| fence.pointer("/status/selfIsolation/outcome").cloned())
     };
     let cut_node = node("worker-2", "Unknown", cut_at);
-    jump_forward_while(
-        &offset,
-        &server,
-        &cut_node,
-        &controller,
-        (asked, due),
-        || match (outcome(), fabric_state(&fabric)) {
+    let jumps = Jumps {
+        offset: &offset,
+        server: &server,
+        node: &cut_node,
+        controller: &controller,
+    };
+    jumps
+        .forward_while((asked, due), || match (outcome(), fabric_state(&fabric)) {
             (None, fabric) if fabric == "on" => Ok(()),
             (outcome, fabric) => Err(format!(
                 "the isolation was decided ({outcome:?}, the fabric port {fabric})"
             )),
-        },
-    )
-    .await;
+        })
+        .await;
 
-    jump_back(&offset, &server, &cut_node);
-    let given_up = wait_for(&controller, "the isolation to be given up", || {
-        outcome().is_some().then(Instant::now)
-    })
-    .await;
-    let took = given_up.duration_since(asked);
+    let took = jumps
+        .back_until("the isolation to be given up", asked, || {
+            outcome().is_some().then(Instant::now)
+        })
+        .await;
     println!(
         "the clock jumped +2 h then -2 h; the isolation was given up {:.1}s after the test saw the request, due at {:.1}s (isolationTimeout {}s from the request's time, in whole seconds)",
         took.as_secs_f64(),
@@ -752,12 +753,11 @@ async fn a_wall_clock_jump_neither_ends_nor_stretches_the_wait_for_an_isolation(
         ISOLATION_TIMEOUT.as_secs()
     );
     assert_eq!(outcome(), Some("TimedOut".into()));
-    assert_on_time(
+    jumps.on_time(
         "the isolation given up",
         took,
         due,
         Duration::from_millis(300),
-        &controller,
     );
     // The fence falls back to its configured steps: the fabric port, then the release.
     wait_for(
@@ -827,48 +827,44 @@ async fn a_wall_clock_jump_neither_ends_a_jobs_time_early_nor_stretches_it() {
     };
 
     let lost_node = node("worker-2", "Unknown", lost_at);
-    jump_forward_while(
-        &offset,
-        &server,
-        &lost_node,
-        &controller,
-        (created, due),
-        || match (results(), server.objects::<Job>().len()) {
-            (0, 1) => Ok(()),
-            (results, jobs) => Err(format!(
-                "the controller ended the Job or started another ({results} results, {jobs} Jobs): {:#}",
-                fence_of(&server, "worker-2").unwrap_or_default()
-            )),
-        },
-    )
-    .await;
+    let jumps = Jumps {
+        offset: &offset,
+        server: &server,
+        node: &lost_node,
+        controller: &controller,
+    };
+    jumps
+        .forward_while(
+            (created, due),
+            || match (results(), server.objects::<Job>().len()) {
+                (0, 1) => Ok(()),
+                (results, jobs) => Err(format!(
+                    "the controller ended the Job or started another ({results} results, {jobs} Jobs): {:#}",
+                    fence_of(&server, "worker-2").unwrap_or_default()
+                )),
+            },
+        )
+        .await;
 
-    jump_back(&offset, &server, &lost_node);
     // A running execution is looked at again every 5 s; the node written again every
     // quarter second has the controller look when the Job's time is over.
     let mut looks = 0;
-    let over = wait_for(&controller, "the Job to count as over", || {
-        looks += 1;
-        if looks % 5 == 0 {
-            server.seed(&lost_node);
-        }
-        (results() > 0).then(Instant::now)
-    })
-    .await;
-    let took = over.duration_since(created);
+    let took = jumps
+        .back_until("the Job to count as over", created, || {
+            looks += 1;
+            if looks % 5 == 0 {
+                server.seed(&lost_node);
+            }
+            (results() > 0).then(Instant::now)
+        })
+        .await;
     println!(
         "the clock jumped +2 h then -2 h; the Job that never ran counted as over {:.1}s after it was created (due {:.1}s: its ends-by time and {}s)",
         took.as_secs_f64(),
         due.as_secs_f64(),
         JOB_CLOCK_MARGIN.as_secs()
     );
-    assert_on_time(
-        "the Job over",
-        took,
-        due,
-        Duration::from_millis(300),
-        &controller,
-    );
+    jumps.on_time("the Job over", took, due, Duration::from_millis(300));
     let fence = fence_of(&server, "worker-2").expect("the NodeFence");
     let first = &executions(&fence)[0];
     assert_eq!(first["result"], "TimedOut", "{fence:#}");
@@ -919,17 +915,7 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_soft_eviction_or_the
         ),
     );
     let (command, offset) = faked_agent(host.dir.path(), &preload);
-    let agent = AgentProcess::start_from(
-        command,
-        &[
-            "--metrics-addr".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--config".as_ref(),
-            config.as_os_str(),
-            "--kubeconfig".as_ref(),
-            kubeconfig.as_os_str(),
-        ],
-    );
+    let agent = AgentProcess::start_in_kubernetes_from(command, &config, &kubeconfig);
     let pressure = || node_condition(&server, "NodekeeperMemoryPressure");
     agent
         .until(Duration::from_secs(30), "the node's pods listed", || {
@@ -1079,38 +1065,29 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_power_off_after_an
 
     let lost_node = node("worker-2", "Unknown", lost_at);
     let powered = || bmc.chassis_log().contains("set power");
-    jump_forward_while(
-        &offset,
-        &server,
-        &lost_node,
-        &controller,
-        (isolated, due),
-        || match powered() {
+    let jumps = Jumps {
+        offset: &offset,
+        server: &server,
+        node: &lost_node,
+        controller: &controller,
+    };
+    jumps
+        .forward_while((isolated, due), || match powered() {
             false => Ok(()),
             true => Err(format!("the node was powered off: {}", bmc.chassis_log())),
-        },
-    )
-    .await;
+        })
+        .await;
 
-    jump_back(&offset, &server, &lost_node);
-    let off = wait_for(&controller, "the power-off", || {
-        powered().then(Instant::now)
-    })
-    .await;
-    let took = off.duration_since(isolated);
+    let took = jumps
+        .back_until("the power-off", isolated, || powered().then(Instant::now))
+        .await;
     println!(
         "the clock jumped +2 h then -2 h; the power-off came {:.1}s after the test saw the isolation done, due at {:.1}s (powerManagementDelay {}s)",
         took.as_secs_f64(),
         due.as_secs_f64(),
         POWER_DELAY.as_secs()
     );
-    assert_on_time(
-        "the power-off",
-        took,
-        due,
-        Duration::from_millis(300),
-        &controller,
-    );
+    jumps.on_time("the power-off", took, due, Duration::from_millis(300));
     controller.powered_off(&server, "worker-2").await;
     assert_eq!(bmc.chassis_log().matches("set power 0").count(), 1);
 }
@@ -1186,22 +1163,22 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_release_on_an_agents
     let silent_node = server
         .object::<Node>("", "worker-2")
         .expect("worker-2's Node");
-    jump_forward_while(
-        &offset,
-        &server,
-        &silent_node,
-        &controller,
-        (waiting, due),
-        || match released() {
+    let jumps = Jumps {
+        offset: &offset,
+        server: &server,
+        node: &silent_node,
+        controller: &controller,
+    };
+    jumps
+        .forward_while((waiting, due), || match released() {
             false => Ok(()),
             true => Err("the node's pods were released".to_string()),
-        },
-    )
-    .await;
+        })
+        .await;
 
-    jump_back(&offset, &server, &silent_node);
-    let release = wait_for(&controller, "the release", || released().then(Instant::now)).await;
-    let took = release.duration_since(waiting);
+    let took = jumps
+        .back_until("the release", waiting, || released().then(Instant::now))
+        .await;
     println!(
         "the clock jumped +2 h then -2 h; released on the promise {:.1}s after the test saw the fence wait for it, due at {:.1}s (promise {}s, selfIsolationMargin {}s)",
         took.as_secs_f64(),
@@ -1209,13 +1186,7 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_release_on_an_agents
         PROMISE.as_secs(),
         PROMISE_MARGIN.as_secs()
     );
-    assert_on_time(
-        "the release",
-        took,
-        due,
-        Duration::from_millis(300),
-        &controller,
-    );
+    jumps.on_time("the release", took, due, Duration::from_millis(300));
 }
 
 /// How long the power step waits for a crashed node's dump at most (`kdumpWait`), in the
@@ -1302,37 +1273,28 @@ async fn a_wall_clock_jump_neither_cuts_a_dump_short_nor_holds_back_the_power_of
     .await;
 
     let powered = || bmc.chassis_log().contains("set power");
-    jump_forward_while(
-        &offset,
-        &server,
-        &crashed,
-        &controller,
-        (dumping, due),
-        || match powered() {
+    let jumps = Jumps {
+        offset: &offset,
+        server: &server,
+        node: &crashed,
+        controller: &controller,
+    };
+    jumps
+        .forward_while((dumping, due), || match powered() {
             false => Ok(()),
             true => Err(format!("the node was powered off: {}", bmc.chassis_log())),
-        },
-    )
-    .await;
+        })
+        .await;
 
-    jump_back(&offset, &server, &crashed);
-    let off = wait_for(&controller, "the power-off", || {
-        powered().then(Instant::now)
-    })
-    .await;
-    let took = off.duration_since(dumping);
+    let took = jumps
+        .back_until("the power-off", dumping, || powered().then(Instant::now))
+        .await;
     println!(
         "the clock jumped +2 h then -2 h; the power-off came {:.1}s after the test saw it wait for the dump, due at {:.1}s (kdumpWait {}s after the first notification)",
         took.as_secs_f64(),
         due.as_secs_f64(),
         KDUMP_WAIT.as_secs()
     );
-    assert_on_time(
-        "the power-off",
-        took,
-        due,
-        Duration::from_millis(300),
-        &controller,
-    );
+    jumps.on_time("the power-off", took, due, Duration::from_millis(300));
     controller.powered_off(&server, "worker-2").await;
 }

@@ -48,14 +48,27 @@ impl AgentProcess {
         config: &std::path::Path,
         kubeconfig: &std::path::Path,
     ) -> AgentProcess {
-        AgentProcess::start(&[
-            "--metrics-addr".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--config".as_ref(),
-            config.as_os_str(),
-            "--kubeconfig".as_ref(),
-            kubeconfig.as_os_str(),
-        ])
+        AgentProcess::start_in_kubernetes_from(Command::new(BINARY), config, kubeconfig)
+    }
+
+    /// [`AgentProcess::start_in_kubernetes`] with `command` (see
+    /// [`AgentProcess::start_from`]).
+    pub fn start_in_kubernetes_from(
+        command: Command,
+        config: &std::path::Path,
+        kubeconfig: &std::path::Path,
+    ) -> AgentProcess {
+        AgentProcess::start_from(
+            command,
+            &[
+                "--metrics-addr".as_ref(),
+                "127.0.0.1:0".as_ref(),
+                "--config".as_ref(),
+                config.as_os_str(),
+                "--kubeconfig".as_ref(),
+                kubeconfig.as_os_str(),
+            ],
+        )
     }
 
     /// [`AgentProcess::start`] with `command` (which runs the binary under test, as
