@@ -61,7 +61,7 @@ pub fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        .with_ansi(super::colored_logs());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

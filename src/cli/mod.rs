@@ -170,8 +170,21 @@ pub fn init_stderr_logging(default: &str) {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(colored_logs())
         .init();
+}
+
+/// Whether the log on stderr is colored: on a terminal, unless `NO_COLOR` is set to
+/// anything (no-color.org), as a serial console or a log collector on a pty needs.
+pub fn colored_logs() -> bool {
+    colors(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
+}
+
+fn colors(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
 }
 
 /// Runs a one-shot command's future on a current-thread runtime, logging to stderr at
@@ -186,4 +199,17 @@ pub fn block_on(
         .build()
         .context("starting the async runtime")?
         .block_on(command)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colors;
+
+    #[test]
+    fn no_color_set_to_anything_turns_colors_off_on_a_terminal() {
+        assert!(colors(true, None));
+        assert!(colors(true, Some("".as_ref())));
+        assert!(!colors(true, Some("1".as_ref())));
+        assert!(!colors(false, None));
+    }
 }

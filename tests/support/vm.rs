@@ -5,8 +5,8 @@
 //! a static busybox (the one `scripts/test` unpacks for the containerd tests), the
 //! nodekeeper binary under test with the libraries it links, the kernel's watchdog
 //! modules, the files the test gives and its `/init` script. The machine has an emulated
-//! Intel 6300ESB watchdog, and `-no-reboot`: a reset ends qemu, and its QMP events say
-//! what reset it.
+//! Intel 6300ESB watchdog, which pauses it when it fires, and `-no-reboot`: a reset ends
+//! qemu. Its QMP events say which came.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -21,8 +21,27 @@ pub struct VmParts {
     qemu: PathBuf,
     firmware: PathBuf,
     kernel: PathBuf,
-    modules: PathBuf,
+    /// The watchdog core and the 6300ESB driver, in load order, each as the kernel
+    /// package has it (`.ko`, or `.ko.xz` where modules are compressed).
+    modules: Vec<PathBuf>,
     busybox: PathBuf,
+}
+
+/// The kernel modules the machine loads, in order.
+const MODULES: [&str; 2] = ["watchdog", "i6300esb"];
+
+/// `name`'s module in `directory`, plain or xz-compressed.
+fn module(directory: &Path, name: &str) -> Result<PathBuf, String> {
+    ["ko", "ko.xz"]
+        .iter()
+        .map(|extension| directory.join(format!("{name}.{extension}")))
+        .find(|path| path.exists())
+        .ok_or_else(|| {
+            format!(
+                "no {name}.ko in {} (the kernel package's watchdog modules)",
+                directory.display()
+            )
+        })
 }
 
 /// The parts, or what is missing (and which package has it).
@@ -72,10 +91,14 @@ pub fn parts() -> Result<VmParts, String> {
             "/usr/share/qemu/qboot.rom".into(),
             "Debian package qemu-system-data",
         )?,
-        modules: found(
-            kernel_root.join(format!("lib/modules/{version}/kernel/drivers/watchdog")),
-            "the kernel package's watchdog modules",
-        )?,
+        modules: {
+            let directory =
+                kernel_root.join(format!("lib/modules/{version}/kernel/drivers/watchdog"));
+            MODULES
+                .iter()
+                .map(|name| module(&directory, name))
+                .collect::<Result<_, _>>()?
+        },
         kernel,
         busybox: found(
             containerd_root.join("bin/busybox"),
@@ -86,7 +109,7 @@ pub fn parts() -> Result<VmParts, String> {
 
 /// The busybox programs an `/init` script may call.
 const APPLETS: [&str; 12] = [
-    "sh", "mount", "mkdir", "sleep", "cat", "echo", "insmod", "kill", "ls", "test", "[", "uname",
+    "sh", "mount", "mkdir", "sleep", "cat", "echo", "insmod", "kill", "ls", "test", "[", "ip",
 ];
 
 /// Builds `dir/initramfs.cpio`: busybox, the nodekeeper binary under test (stripped) and
@@ -141,11 +164,21 @@ pub fn initramfs(
             &root.join(library.strip_prefix("/").unwrap_or(&library)),
         )?;
     }
-    for module in ["watchdog.ko", "i6300esb.ko"] {
-        copy(
-            &parts.modules.join(module),
-            &root.join("lib/modules").join(module),
-        )?;
+    for (name, path) in MODULES.iter().zip(&parts.modules) {
+        let to = root.join("lib/modules").join(format!("{name}.ko"));
+        if path.extension().is_some_and(|extension| extension == "xz") {
+            let plain = Command::new("xz")
+                .args(["-dc"])
+                .arg(path)
+                .output()
+                .map_err(|e| format!("xz (Debian package xz-utils): {e}"))?;
+            if !plain.status.success() {
+                return Err(format!("xz -dc {}: {}", path.display(), plain.status));
+            }
+            std::fs::write(&to, plain.stdout).map_err(|e| format!("{}: {e}", to.display()))?;
+        } else {
+            copy(path, &to)?;
+        }
     }
     copy(
         Path::new("/etc/ssl/certs/ca-certificates.crt"),
@@ -188,7 +221,11 @@ fn linked_libraries(binary: &Path) -> Result<Vec<PathBuf>, String> {
     if !output.status.success() {
         return Err(format!("ldd {}: {}", binary.display(), output.status));
     }
-    Ok(String::from_utf8_lossy(&output.stdout)
+    let listed = String::from_utf8_lossy(&output.stdout);
+    if let Some(missing) = listed.lines().find(|line| line.contains("not found")) {
+        return Err(format!("{}: {}", binary.display(), missing.trim()));
+    }
+    Ok(listed
         .lines()
         .filter_map(|line| {
             // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
@@ -216,8 +253,8 @@ pub struct Vm {
 
 impl Vm {
     /// Boots `initramfs` on the parts' kernel: one CPU, 512 MiB, the 6300ESB watchdog
-    /// (which, when it fires, powers the machine off), the console on the serial port,
-    /// QMP on a socket in `dir`.
+    /// (which, when it fires, pauses the machine: qemu stays up to deliver its QMP event,
+    /// and is killed on drop), the console on the serial port, QMP on a socket in `dir`.
     pub fn boot(dir: &Path, parts: &VmParts, initramfs: &Path) -> Result<Vm, String> {
         let qmp = dir.join("qmp.sock");
         let mut qemu = Command::new(&parts.qemu)
@@ -229,7 +266,7 @@ impl Vm {
             .arg("-initrd")
             .arg(initramfs)
             .args(["-append", "console=ttyS0 panic=-1 quiet"])
-            .args(["-device", "i6300esb", "-action", "watchdog=poweroff"])
+            .args(["-device", "i6300esb", "-action", "watchdog=pause"])
             .args([
                 "-display", "none", "-vga", "none", "-monitor", "none", "-nic", "none",
             ])
