@@ -50,6 +50,17 @@ fn offset_clock(file: &Path, seconds: i64) {
 
 const UNHEALTHY: Duration = Duration::from_secs(10);
 
+/// Fails unless at least 3 s of a wait of `due` from `since` are left to check with the
+/// clock jumped forward (the check stops 3 s before the wait ends); `log` for the message.
+fn assert_window_left(since: Instant, due: Duration, log: impl FnOnce() -> String) {
+    let window = (due - Duration::from_secs(3)).saturating_sub(since.elapsed());
+    assert!(
+        window >= Duration::from_secs(3),
+        "only {window:?} of the wait is left to jump the clock in\n{}",
+        log()
+    );
+}
+
 /// How late a wait may end, on a busy machine.
 const LATE: Duration = Duration::from_secs(5);
 
@@ -122,12 +133,7 @@ impl Jumps<'_> {
         (since, due): (Instant, Duration),
         holds: impl Fn() -> Result<(), String>,
     ) {
-        let window = (due - Duration::from_secs(3)).saturating_sub(since.elapsed());
-        assert!(
-            window >= Duration::from_secs(3),
-            "only {window:?} of the wait is left to jump the clock in\n{}",
-            self.controller.log()
-        );
+        assert_window_left(since, due, || self.controller.log());
         offset_clock(self.offset, 7200);
         self.server.seed(self.node);
         while since.elapsed() < due - Duration::from_secs(3) {
@@ -164,6 +170,27 @@ impl Jumps<'_> {
         wait_for(self.controller, what, ended)
             .await
             .duration_since(since)
+    }
+
+    /// A power-off that waits through both jumps: none through `bmc` during the jump
+    /// forward, then one when due; how long after `since` it came, asserted on time (the
+    /// test sees the wait's start within 300 ms).
+    async fn power_off_through(
+        &self,
+        bmc: &IpmiSim,
+        (since, due): (Instant, Duration),
+    ) -> Duration {
+        let powered = || bmc.chassis_log().contains("set power");
+        self.forward_while((since, due), || match powered() {
+            false => Ok(()),
+            true => Err(format!("the node was powered off: {}", bmc.chassis_log())),
+        })
+        .await;
+        let took = self
+            .back_until("the power-off", since, || powered().then(Instant::now))
+            .await;
+        self.on_time("the power-off", took, due, Duration::from_millis(300));
+        took
     }
 
     /// [`assert_on_time`] for this controller.
@@ -870,17 +897,6 @@ async fn a_wall_clock_jump_neither_ends_a_jobs_time_early_nor_stretches_it() {
     assert_eq!(first["result"], "TimedOut", "{fence:#}");
 }
 
-/// Fails unless at least 3 s of a wait of `due` from `since` are left to check with the
-/// clock jumped forward (the check stops 3 s before the wait ends).
-fn assert_window_left(since: Instant, due: Duration, agent: &AgentProcess) {
-    let window = (due - Duration::from_secs(3)).saturating_sub(since.elapsed());
-    assert!(
-        window >= Duration::from_secs(3),
-        "only {window:?} of the wait is left to jump the clock in\n{}",
-        agent.whole_log().join("\n")
-    );
-}
-
 /// A soft threshold's grace period (`evictionSoftGracePeriod`) in the test below.
 const SOFT_GRACE: Duration = Duration::from_secs(10);
 /// Its `evictionPressureTransitionPeriod`.
@@ -941,7 +957,7 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_soft_eviction_or_the
             || pressure().as_deref() == Some("True"),
         )
         .await;
-    assert_window_left(pressed, SOFT_GRACE, &agent);
+    assert_window_left(pressed, SOFT_GRACE, || agent.whole_log().join("\n"));
     offset_clock(&offset, 7200);
     while pressed.elapsed() < SOFT_GRACE - Duration::from_secs(3) {
         assert!(
@@ -974,7 +990,7 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_soft_eviction_or_the
     // cgroup was seen empty, just before this instant.
     let relieved = Instant::now();
     host.set_free_memory(4096 * MI);
-    assert_window_left(relieved, TRANSITION, &agent);
+    assert_window_left(relieved, TRANSITION, || agent.whole_log().join("\n"));
     offset_clock(&offset, 7200);
     while relieved.elapsed() < TRANSITION - Duration::from_secs(3) {
         assert_eq!(
@@ -1064,30 +1080,19 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_power_off_after_an
     assert_eq!(fabric_state(&fabric), "off", "the isolation was done");
 
     let lost_node = node("worker-2", "Unknown", lost_at);
-    let powered = || bmc.chassis_log().contains("set power");
     let jumps = Jumps {
         offset: &offset,
         server: &server,
         node: &lost_node,
         controller: &controller,
     };
-    jumps
-        .forward_while((isolated, due), || match powered() {
-            false => Ok(()),
-            true => Err(format!("the node was powered off: {}", bmc.chassis_log())),
-        })
-        .await;
-
-    let took = jumps
-        .back_until("the power-off", isolated, || powered().then(Instant::now))
-        .await;
+    let took = jumps.power_off_through(&bmc, (isolated, due)).await;
     println!(
         "the clock jumped +2 h then -2 h; the power-off came {:.1}s after the test saw the isolation done, due at {:.1}s (powerManagementDelay {}s)",
         took.as_secs_f64(),
         due.as_secs_f64(),
         POWER_DELAY.as_secs()
     );
-    jumps.on_time("the power-off", took, due, Duration::from_millis(300));
     controller.powered_off(&server, "worker-2").await;
     assert_eq!(bmc.chassis_log().matches("set power 0").count(), 1);
 }
@@ -1105,67 +1110,32 @@ const PROMISE_MARGIN: Duration = Duration::from_secs(10);
 /// TLS; the node's kubelet renews its Lease until the node falls silent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_release_on_an_agents_promise() {
-    use support::reports::{PROMISING_BOOT, Reporting, promising_report, token_of};
     require!("openssl", support::real::program("openssl", "openssl"));
     let preload = require!("libfaketime", libfaketime());
     let dir = tempfile::tempdir().expect("temp dir");
-    let ca = support::tls::certificate_authority(dir.path(), "ca").expect("a CA");
-    let served =
-        support::tls::server_certificate(dir.path(), "controller", &ca).expect("a certificate");
-    let nodes = ["worker-1", "worker-2", "worker-3"];
-    let server = ready_cluster(&nodes).await;
-    server.seed(&node_on_boot(
-        "worker-2",
-        "True",
-        Timestamp::now(),
-        PROMISING_BOOT,
-    ));
-    let tokens: Vec<(&str, String)> = nodes.iter().map(|node| (*node, token_of(node))).collect();
-    seed_node_tokens(&server, &tokens);
-    // A database, and no fence configuration: the node has no fence device.
-    seed_database(&server, "worker-2", "db-0");
-    let kubelets = support::kubelet::Kubelets::start(&server, &nodes).await;
-    let config = controller_config(
-        dir.path(),
-        &format!(
-            "silenceTimeout: 3s\nunhealthyDuration: 10m\nselfIsolationMargin: {}s\n\
-             release: {{outOfServiceTaint: true, deletePods: false}}\n\
-             reports: {{address: \"127.0.0.1:0\", nodeTokensSecret: node-tokens, reconnectGrace: 20s, {}}}\n",
-            PROMISE_MARGIN.as_secs(),
-            served.reports_setting()
-        ),
-    );
-    let (controller, offset) = faked_controller(dir.path(), &server, &config, &preload).await;
-    let reporting = Reporting::start(
-        controller.reports_address(),
-        ca.cert.clone(),
-        "worker-2",
-        1,
-        |sequence| promising_report("worker-2", sequence, PROMISE),
-    );
-    wait_for(&controller, "worker-2's promise", || {
-        controller
-            .agent_view("worker-2")
-            .filter(|view| view["report"]["selfIsolation"]["armed"] == true)
-    })
-    .await;
+    // A database on worker-2, and no fence configuration: the node has no fence device.
+    let rig = support::reports::PromiseRig::start(dir.path()).await;
+    let server = &rig.server;
+    let config = rig.controller_config(dir.path(), Duration::from_secs(3), PROMISE_MARGIN);
+    let (controller, offset) = faked_controller(dir.path(), server, &config, &preload).await;
+    let reporting = rig.promise(&controller, PROMISE).await;
 
     // The node falls silent on both channels.
     reporting.stop().await;
-    kubelets.stop("worker-2");
+    rig.kubelets.stop("worker-2");
     let (waiting, due) = wait_for(&controller, "the fence waiting on the promise", || {
-        paused_until(&server, "worker-2", "WaitingForSelfIsolation")
+        paused_until(server, "worker-2", "WaitingForSelfIsolation")
     })
     .await;
     let released = || {
-        taint_keys(&server, "worker-2").contains(&"node.kubernetes.io/out-of-service".to_string())
+        taint_keys(server, "worker-2").contains(&"node.kubernetes.io/out-of-service".to_string())
     };
     let silent_node = server
         .object::<Node>("", "worker-2")
         .expect("worker-2's Node");
     let jumps = Jumps {
         offset: &offset,
-        server: &server,
+        server,
         node: &silent_node,
         controller: &controller,
     };
@@ -1272,29 +1242,18 @@ async fn a_wall_clock_jump_neither_cuts_a_dump_short_nor_holds_back_the_power_of
     })
     .await;
 
-    let powered = || bmc.chassis_log().contains("set power");
     let jumps = Jumps {
         offset: &offset,
         server: &server,
         node: &crashed,
         controller: &controller,
     };
-    jumps
-        .forward_while((dumping, due), || match powered() {
-            false => Ok(()),
-            true => Err(format!("the node was powered off: {}", bmc.chassis_log())),
-        })
-        .await;
-
-    let took = jumps
-        .back_until("the power-off", dumping, || powered().then(Instant::now))
-        .await;
+    let took = jumps.power_off_through(&bmc, (dumping, due)).await;
     println!(
         "the clock jumped +2 h then -2 h; the power-off came {:.1}s after the test saw it wait for the dump, due at {:.1}s (kdumpWait {}s after the first notification)",
         took.as_secs_f64(),
         due.as_secs_f64(),
         KDUMP_WAIT.as_secs()
     );
-    jumps.on_time("the power-off", took, due, Duration::from_millis(300));
     controller.powered_off(&server, "worker-2").await;
 }

@@ -23,7 +23,7 @@ use support::apiserver::FakeApiServer;
 use support::controller::*;
 use support::fence_emulators::IpmiSim;
 use support::kubelet::Kubelets;
-use support::reports::{PROMISING_BOOT, Reporting, promising_report, report_from, token_of};
+use support::reports::{PromiseRig, Reporting, report_from, token_of};
 
 /// Short enough for a test; every node is heard every half second on each channel.
 const SILENCE: Duration = Duration::from_secs(3);
@@ -417,56 +417,21 @@ async fn an_agent_reporting_from_the_boot_its_power_off_should_have_ended_pauses
 async fn a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_runs_out() {
     let dir = tempfile::tempdir().expect("temp dir");
     require!("openssl", support::real::program("openssl", "openssl"));
-    let ca = support::tls::certificate_authority(dir.path(), "ca").expect("a CA");
-    let served =
-        support::tls::server_certificate(dir.path(), "controller", &ca).expect("a certificate");
-    let nodes = ["worker-1", "worker-2", "worker-3"];
-    let server = ready_cluster(&nodes).await;
-    server.seed(&node_on_boot(
-        "worker-2",
-        "True",
-        Timestamp::now(),
-        PROMISING_BOOT,
-    ));
-    let tokens: Vec<(&str, String)> = nodes.iter().map(|node| (*node, token_of(node))).collect();
-    seed_node_tokens(&server, &tokens);
-    // A database, and no fence configuration: the node has no fence device.
-    seed_database(&server, "worker-2", "db-0");
-    let kubelets = Kubelets::start(&server, &nodes).await;
+    // A database on worker-2, and no fence configuration: the node has no fence device.
+    let rig = PromiseRig::start(dir.path()).await;
+    let (server, kubelets) = (&rig.server, &rig.kubelets);
     let margin = Duration::from_secs(5);
-    let config = controller_config(
-        dir.path(),
-        &format!(
-            "silenceTimeout: {}s\nunhealthyDuration: 10m\nselfIsolationMargin: {}s\n\
-             release: {{outOfServiceTaint: true, deletePods: false}}\n\
-             reports: {{address: \"127.0.0.1:0\", nodeTokensSecret: node-tokens, reconnectGrace: 20s, {}}}\n",
-            SILENCE.as_secs(),
-            margin.as_secs(),
-            served.reports_setting()
-        ),
-    );
-    let controller = ControllerProcess::start_logging(dir.path(), &server, &config, DEBUG_LOG);
+    let config = rig.controller_config(dir.path(), SILENCE, margin);
+    let controller = ControllerProcess::start_logging(dir.path(), server, &config, DEBUG_LOG);
     controller.synced().await;
 
     // worker-2's agent promises over TLS that its node isolates itself within 2 s of
     // losing the controller.
     let within = Duration::from_secs(2);
-    let reporting = Reporting::start(
-        controller.reports_address(),
-        ca.cert.clone(),
-        "worker-2",
-        1,
-        move |sequence| promising_report("worker-2", sequence, within),
-    );
-    wait_for(&controller, "worker-2's promise", || {
-        controller
-            .agent_view("worker-2")
-            .filter(|view| view["report"]["selfIsolation"]["armed"] == true)
-    })
-    .await;
+    let reporting = rig.promise(&controller, within).await;
     tokio::time::sleep(SILENCE).await;
     assert!(
-        fence_of(&server, "worker-2").is_none(),
+        fence_of(server, "worker-2").is_none(),
         "a node that is heard is not fenced"
     );
 
@@ -475,20 +440,20 @@ async fn a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_
     kubelets.stop("worker-2");
     let silent_at = Instant::now();
     let waiting = wait_for(&controller, "the fence waiting on the promise", || {
-        fence_of(&server, "worker-2").filter(|fence| {
+        fence_of(server, "worker-2").filter(|fence| {
             fence.pointer("/status/pause/reason") == Some(&json!("WaitingForSelfIsolation"))
         })
     })
     .await;
     assert!(
-        !taint_keys(&server, "worker-2").contains(&"node.kubernetes.io/out-of-service".to_string()),
+        !taint_keys(server, "worker-2").contains(&"node.kubernetes.io/out-of-service".to_string()),
         "nothing is released before the promise runs out: {waiting:#}"
     );
     // Released as the shipped configuration does it: the out-of-service taint, for the
     // pod garbage collector (deletePods is off, so the controller runs with the base
     // RBAC alone).
     wait_for(&controller, "the pod released", || {
-        taint_keys(&server, "worker-2")
+        taint_keys(server, "worker-2")
             .contains(&"node.kubernetes.io/out-of-service".to_string())
             .then_some(())
     })
@@ -503,7 +468,7 @@ async fn a_silent_node_with_no_fence_device_is_released_once_its_agents_promise_
         waited + Duration::from_millis(600) >= within + margin,
         "{waited:?}"
     );
-    let fence = fence_of(&server, "worker-2").expect("the NodeFence");
+    let fence = fence_of(server, "worker-2").expect("the NodeFence");
     let confirmed_by = fence
         .pointer("/status/confirmedBy")
         .and_then(|v| v.as_str())

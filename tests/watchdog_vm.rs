@@ -108,11 +108,24 @@ current-context: node
     ]
 }
 
-/// Boots a machine whose `/init` runs the armed agent and then `rest`.
-fn boot(dir: &std::path::Path, parts: &VmParts, isolate_after: Duration, rest: &str) -> Vm {
+/// Boots a machine whose `/init` runs the armed agent and then `rest`, and waits until
+/// the agent says it armed: the machine, when the test read that, and the line.
+fn boot_armed(
+    dir: &std::path::Path,
+    parts: &VmParts,
+    isolate_after: Duration,
+    rest: &str,
+) -> (Vm, Instant, String) {
+    let booted = Instant::now();
     let initramfs = support::vm::initramfs(dir, parts, &init(rest), &agent_files(isolate_after))
         .expect("the machine's initramfs");
-    Vm::boot(dir, parts, &initramfs).expect("the machine")
+    let vm = Vm::boot(dir, parts, &initramfs).expect("the machine");
+    let (armed, line) = vm.wait_for_line("self-isolation armed", BOOT_WAIT);
+    println!(
+        "booted and armed in {:.1}s",
+        armed.duration_since(booted).as_secs_f64()
+    );
+    (vm, armed, line)
 }
 
 /// How long the machine may take to boot and arm the agent under emulation (about 6 s on
@@ -126,8 +139,7 @@ const BOOT_WAIT: Duration = Duration::from_secs(180);
 fn a_hung_agent_has_its_node_reset_by_the_watchdog() {
     let parts = require!("qemu, a Debian kernel", support::vm::parts());
     let dir = tempfile::tempdir().expect("temp dir");
-    let booted = Instant::now();
-    let vm = boot(
+    let (vm, _, armed) = boot_armed(
         dir.path(),
         &parts,
         Duration::from_secs(600),
@@ -137,11 +149,6 @@ fn a_hung_agent_has_its_node_reset_by_the_watchdog() {
              echo 'guest: the agent is stopped'",
             3 * WATCHDOG_TIMEOUT.as_secs()
         ),
-    );
-    let (armed_at, armed) = vm.wait_for_line("self-isolation armed", BOOT_WAIT);
-    println!(
-        "booted and armed in {:.1}s",
-        armed_at.duration_since(booted).as_secs_f64()
     );
     let timeout = format!("timeout={}s", WATCHDOG_TIMEOUT.as_secs());
     assert!(
@@ -191,13 +198,7 @@ const ISOLATE_AFTER: Duration = Duration::from_secs(30);
 fn an_isolation_the_agent_cannot_carry_out_ends_in_a_reboot() {
     let parts = require!("qemu, a Debian kernel", support::vm::parts());
     let dir = tempfile::tempdir().expect("temp dir");
-    let booted = Instant::now();
-    let mut vm = boot(dir.path(), &parts, ISOLATE_AFTER, "");
-    let (armed, _) = vm.wait_for_line("self-isolation armed", BOOT_WAIT);
-    println!(
-        "booted and armed in {:.1}s",
-        armed.duration_since(booted).as_secs_f64()
-    );
+    let (mut vm, armed, _) = boot_armed(dir.path(), &parts, ISOLATE_AFTER, "");
     vm.wait_for_line(
         "isolating the node by itself",
         ISOLATE_AFTER + Duration::from_secs(30),

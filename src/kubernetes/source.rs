@@ -48,8 +48,7 @@ pub fn start_pod_reflector(
                 .default_backoff()
                 .boxed()
         },
-        // kube's `Init` comes before the list is asked for.
-        |event| !matches!(event, watcher::Event::Init),
+        from_the_server,
     );
     let stream = reflector::reflector(writer, pods);
     let task = tokio::spawn(async move {
@@ -259,6 +258,12 @@ impl PodSource for ApiPodSource {
     }
 }
 
+/// Whether a watch event came from the API server: all but kube's `Init`, which the
+/// watcher says itself before it asks for each list.
+fn from_the_server<K>(event: &watcher::Event<K>) -> bool {
+    !matches!(event, watcher::Event::Init)
+}
+
 /// Whether a pod watch event shows the API server answering: every event does but a
 /// request that got no answer (as [`super::api::answered`] rules for writes). A `410
 /// Gone` that makes the watcher list again, or a refusal, is an answer. `None` for
@@ -267,7 +272,7 @@ impl PodSource for ApiPodSource {
 /// API server would mark it reached at every attempt).
 fn watch_answered<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> Option<bool> {
     Some(match event {
-        Ok(watcher::Event::Init) => return None,
+        Ok(event) if !from_the_server(event) => return None,
         Ok(_) => true,
         Err(
             watcher::Error::InitialListFailed(error)

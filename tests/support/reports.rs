@@ -182,3 +182,89 @@ impl Reporting {
         sequence
     }
 }
+
+/// The rig of the tests of a release on a self-isolation promise: worker-1 to worker-3
+/// Ready, with their node tokens and their kubelets renewing their Leases; worker-2 on
+/// [`PROMISING_BOOT`], running a database, with no fence configuration (the node has no
+/// fence device); a CA, and the certificate the controller serves reports with.
+pub struct PromiseRig {
+    pub server: super::apiserver::FakeApiServer,
+    pub kubelets: super::kubelet::Kubelets,
+    pub ca: super::tls::Pair,
+    pub served: super::tls::Pair,
+}
+
+impl PromiseRig {
+    /// The rig, its certificates in `dir` (openssl must be there: `require!` it first).
+    pub async fn start(dir: &std::path::Path) -> PromiseRig {
+        use super::controller::{node_on_boot, ready_cluster, seed_database, seed_node_tokens};
+        let ca = super::tls::certificate_authority(dir, "ca").expect("a CA");
+        let served = super::tls::server_certificate(dir, "controller", &ca).expect("a certificate");
+        let nodes = ["worker-1", "worker-2", "worker-3"];
+        let server = ready_cluster(&nodes).await;
+        server.seed(&node_on_boot(
+            "worker-2",
+            "True",
+            k8s_openapi::jiff::Timestamp::now(),
+            PROMISING_BOOT,
+        ));
+        let tokens: Vec<(&str, String)> =
+            nodes.iter().map(|node| (*node, token_of(node))).collect();
+        seed_node_tokens(&server, &tokens);
+        seed_database(&server, "worker-2", "db-0");
+        let kubelets = super::kubelet::Kubelets::start(&server, &nodes).await;
+        PromiseRig {
+            server,
+            kubelets,
+            ca,
+            served,
+        }
+    }
+
+    /// The controller's configuration for it in `dir`: silence detection after `silence`,
+    /// no fence for NotReady alone, `margin` of `selfIsolationMargin`, the release by the
+    /// out-of-service taint only (as shipped: the pod garbage collector deletes), node-token
+    /// reports over TLS.
+    pub fn controller_config(
+        &self,
+        dir: &std::path::Path,
+        silence: Duration,
+        margin: Duration,
+    ) -> std::path::PathBuf {
+        super::controller::controller_config(
+            dir,
+            &format!(
+                "silenceTimeout: {}s\nunhealthyDuration: 10m\nselfIsolationMargin: {}s\n\
+                 release: {{outOfServiceTaint: true, deletePods: false}}\n\
+                 reports: {{address: \"127.0.0.1:0\", nodeTokensSecret: node-tokens, reconnectGrace: 20s, {}}}\n",
+                silence.as_secs(),
+                margin.as_secs(),
+                self.served.reports_setting()
+            ),
+        )
+    }
+
+    /// worker-2's agent, played by the test, promising over TLS that no pod process runs
+    /// later than `within` after it last heard the controller; once `controller` holds
+    /// the promise.
+    pub async fn promise(
+        &self,
+        controller: &super::controller::ControllerProcess,
+        within: Duration,
+    ) -> Reporting {
+        let reporting = Reporting::start(
+            controller.reports_address(),
+            self.ca.cert.clone(),
+            "worker-2",
+            1,
+            move |sequence| promising_report("worker-2", sequence, within),
+        );
+        super::controller::wait_for(controller, "worker-2's promise", || {
+            controller
+                .agent_view("worker-2")
+                .filter(|view| view["report"]["selfIsolation"]["armed"] == true)
+        })
+        .await;
+        reporting
+    }
+}
