@@ -35,8 +35,7 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup
 ip link set lo up
 echo '+memory +pids' > /sys/fs/cgroup/cgroup.subtree_control
 mkdir -p /sys/fs/cgroup/kubepods /run/nodekeeper
-insmod /lib/modules/watchdog.ko
-insmod /lib/modules/i6300esb.ko
+{load_modules} || echo 'guest: failed: the kernel modules did not load'
 RUST_LOG=info NO_COLOR=1 /usr/bin/nodekeeper agent --config /etc/nodekeeper/agent.yaml \\
     --kubeconfig /etc/nodekeeper/kubeconfig --metrics-addr 127.0.0.1:0 &
 AGENT=$!
@@ -49,7 +48,8 @@ done
 echo 'guest: the agent armed'
 {rest}
 sleep 600
-"
+",
+        load_modules = support::vm::LOAD_MODULES
     )
 }
 

@@ -223,7 +223,14 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         self.save();
         self.publish();
         let unit = self.settings.kubelet_unit.clone();
-        tracing::warn!(%reason, %unit, "isolating the node on the controller's instruction: the kubelet is stopped (and masked for this boot) and every pod process killed");
+        // The log says who asked: an operator reading it after a self-isolation must not
+        // go looking for a controller's instruction that never came.
+        let asked = if request == SELF_REQUEST {
+            "by itself"
+        } else {
+            "on the controller's instruction"
+        };
+        tracing::warn!(%reason, %unit, "isolating the node {asked}: the kubelet is stopped (and masked for this boot) and every pod process killed");
         let started = Instant::now();
         let done = self.stop_kubelet_and_pods().await;
         let evidence = self.gather().await;
@@ -237,7 +244,12 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
                     tracing::warn!(took = ?started.elapsed(), %unit, "the node is isolated: the kubelet is stopped and masked, no pod process is left");
                 }
                 Err(message) => {
-                    tracing::error!(%message, "the node could not be isolated; the controller falls back to its fence");
+                    let next = if request == SELF_REQUEST {
+                        "the agent resets it"
+                    } else {
+                        "the controller falls back to its fence"
+                    };
+                    tracing::error!(%message, "the node could not be isolated; {next}");
                     record.enter(RecordPhase::Failed, Some(message), now);
                 }
             }

@@ -664,9 +664,19 @@ pub const LIMIT: Duration = Duration::from_secs(90);
 pub async fn wait_for<T>(
     controller: &ControllerProcess,
     what: &str,
+    check: impl FnMut() -> Option<T>,
+) -> T {
+    wait_for_within(controller, what, LIMIT, check).await
+}
+
+/// [`wait_for`] with a limit of `limit`.
+pub async fn wait_for_within<T>(
+    controller: &ControllerProcess,
+    what: &str,
+    limit: Duration,
     mut check: impl FnMut() -> Option<T>,
 ) -> T {
-    let deadline = tokio::time::Instant::now() + LIMIT;
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         if let Some(found) = check() {
             return found;

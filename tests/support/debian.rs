@@ -144,20 +144,27 @@ pub fn mirror() -> String {
 
 /// The cached minimal tree with systemd and dbus, built once with debootstrap (in
 /// `/var/cache/nodekeeper-test/bookworm`, or `NODEKEEPER_NSPAWN_TREE`). `Err` says why it
-/// cannot be had here.
+/// cannot be had here. Tests of several binaries ask for it at once (the nspawn
+/// containers, the virtual machines): a lock beside it lets one build it while the others
+/// wait.
 pub fn cached_tree() -> Result<PathBuf, String> {
     let tree = std::env::var("NODEKEEPER_NSPAWN_TREE")
         .map(PathBuf::from)
         .unwrap_or_else(|_| Path::new("/var/cache/nodekeeper-test").join(SUITE));
+    if let Some(parent) = tree.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let lock_path = tree.with_extension("lock");
+    let lock =
+        std::fs::File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    let _building = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| format!("locking {}: {errno}", lock_path.display()))?;
     if tree.join("usr/lib/systemd/systemd").exists() {
         return Ok(tree);
     }
     super::real::program("debootstrap", "debootstrap")?;
     let partial = tree.with_extension("partial");
     let _ = std::fs::remove_dir_all(&partial);
-    if let Some(parent) = tree.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-    }
     let mirror = mirror();
     // A fresh machine's first lookups of the mirror can fail for a moment (CI once saw
     // "unable to resolve host address" from three tests that started together, then
