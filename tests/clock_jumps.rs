@@ -13,7 +13,8 @@
 //! The agent, under the same library, must not be judged stalled by its `/healthz` for a
 //! jump forward, nor judged live for a jump back while its decision loop is stuck; and
 //! its soft threshold's grace period and pressure transition period, as the kubelet's,
-//! must neither end early nor run long.
+//! must neither end early nor run long; nor may its node conditions' heartbeat and an
+//! event series' pace be silenced or hurried.
 
 mod support;
 
@@ -360,6 +361,36 @@ fn faked_agent(dir: &Path, preload: &str) -> (std::process::Command, std::path::
         .env("FAKETIME_NO_CACHE", "1")
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
     (command, offset)
+}
+
+/// The agent binary under libfaketime ([`faked_agent`]) in Kubernetes mode on `host`'s
+/// fake node, configured with `extra` ([`support::fake_node::Host::yaml`]), once it knows
+/// its node's pods and has published `NodekeeperMemoryPressure` as `pressure`; the agent
+/// and its clock's offset file.
+async fn faked_agent_on(
+    host: &support::fake_node::Host,
+    server: &support::apiserver::FakeApiServer,
+    preload: &str,
+    extra: &str,
+    pressure: &str,
+) -> (AgentProcess, std::path::PathBuf) {
+    use support::fake_node::{node_condition, pods_listed};
+    let (config, kubeconfig) = host.write_agent_files(server, extra);
+    let (command, offset) = faked_agent(host.dir.path(), preload);
+    let agent = AgentProcess::start_in_kubernetes_from(command, &config, &kubeconfig);
+    agent
+        .until(Duration::from_secs(30), "the node's pods listed", || {
+            pods_listed(server)
+        })
+        .await;
+    agent
+        .until(
+            Duration::from_secs(30),
+            &format!("NodekeeperMemoryPressure {pressure}"),
+            || node_condition(server, "NodekeeperMemoryPressure").as_deref() == Some(pressure),
+        )
+        .await;
+    (agent, offset)
 }
 
 /// `/healthz` status codes for `within`, one look every 20 ms.
@@ -912,7 +943,7 @@ const TRANSITION: Duration = Duration::from_secs(10);
 async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_soft_eviction_or_the_pressure_condition()
  {
     use support::fake_node::{
-        Host, MI, best_effort, node_condition, pods_listed, seed_node, successful_deletes,
+        Host, MI, best_effort, node_condition, seed_node, successful_deletes,
     };
     let preload = require!("libfaketime", libfaketime());
     let server = support::apiserver::FakeApiServer::start().await;
@@ -920,8 +951,10 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_soft_eviction_or_the
     let host = Host::new(4096 * MI);
     let pod = best_effort("big", "0000000d-0001", 1000);
     let _process = host.bind_running(&server, &pod);
-    let (config, kubeconfig) = host.write_agent_files(
+    let (agent, offset) = faked_agent_on(
+        &host,
         &server,
+        &preload,
         &format!(
             "housekeepingInterval: 1s\nevictionSoft: {{memory.available: 1Gi}}\n\
              evictionSoftGracePeriod: {{memory.available: {}s}}\n\
@@ -929,22 +962,10 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_soft_eviction_or_the
             SOFT_GRACE.as_secs(),
             TRANSITION.as_secs()
         ),
-    );
-    let (command, offset) = faked_agent(host.dir.path(), &preload);
-    let agent = AgentProcess::start_in_kubernetes_from(command, &config, &kubeconfig);
+        "False",
+    )
+    .await;
     let pressure = || node_condition(&server, "NodekeeperMemoryPressure");
-    agent
-        .until(Duration::from_secs(30), "the node's pods listed", || {
-            pods_listed(&server)
-        })
-        .await;
-    agent
-        .until(
-            Duration::from_secs(30),
-            "NodekeeperMemoryPressure False",
-            || pressure().as_deref() == Some("False"),
-        )
-        .await;
 
     // Below the soft threshold: the condition turns True at once, the eviction waits out
     // the grace period, counted from a cycle after this instant.
@@ -1033,14 +1054,7 @@ async fn a_wall_clock_jump_neither_hurries_nor_holds_back_a_soft_eviction_or_the
     assert_eq!(successful_deletes(&server, pod.name).len(), 1);
     // The jumps reached the agent: it dated the condition's change on its clock, set
     // two hours back.
-    let changed = server
-        .object::<Node>("", support::fake_node::NODE)
-        .and_then(|node| node.status?.conditions)
-        .and_then(|conditions| {
-            conditions
-                .into_iter()
-                .find(|condition| condition.type_ == "NodekeeperMemoryPressure")
-        })
+    let changed = support::fake_node::node_condition_record(&server, "NodekeeperMemoryPressure")
         .and_then(|condition| condition.last_transition_time)
         .expect("the condition's transition time");
     let behind = Timestamp::now().duration_since(changed.0).as_secs();
@@ -1256,4 +1270,151 @@ async fn a_wall_clock_jump_neither_cuts_a_dump_short_nor_holds_back_the_power_of
         KDUMP_WAIT.as_secs()
     );
     controller.powered_off(&server, "worker-2").await;
+}
+
+/// The agent's `kubernetes.conditionHeartbeat` in the test below.
+const HEARTBEAT: Duration = Duration::from_secs(4);
+
+/// `server`'s requests from the `seen`th on that `matches`, each with when it arrived
+/// (to within a look every 50 ms), watched for `span`, or until the first if `first`;
+/// `seen` moves past every request looked at.
+async fn arrivals(
+    server: &support::apiserver::FakeApiServer,
+    seen: &mut usize,
+    span: Duration,
+    first: bool,
+    matches: impl Fn(&support::apiserver::RecordedRequest) -> bool,
+) -> Vec<(Instant, support::apiserver::RecordedRequest)> {
+    let until = Instant::now() + span;
+    let mut arrived = Vec::new();
+    while Instant::now() < until && (!first || arrived.is_empty()) {
+        let requests = server.requests();
+        let now = Instant::now();
+        arrived.extend(
+            requests[*seen..]
+                .iter()
+                .filter(|request| matches(request))
+                .map(|request| (now, request.clone())),
+        );
+        *seen = requests.len();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    arrived
+}
+
+/// The agent's two paces counted on the boot clock, as the kubelet counts them: its node
+/// conditions' heartbeat (`conditionHeartbeat`) and an `EvictionThresholdMet` event
+/// series, repeated once per heartbeat while the node stays starved. The agent binary in
+/// Kubernetes mode on a fake node, its memory below the hard threshold with no pod to
+/// evict. Its wall clock is set two hours back right after a heartbeat, then two hours
+/// forward right after another: neither may silence the heartbeat or the series for the
+/// length of the jump, nor send one early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_neither_silences_nor_hurries_the_agents_heartbeat_or_event_series() {
+    use support::fake_node::{Host, MI, seed_node};
+    let preload = require!("libfaketime", libfaketime());
+    let server = support::apiserver::FakeApiServer::start().await;
+    seed_node(&server);
+    // Below the default hard threshold (100Mi), and nothing to evict.
+    let host = Host::new(50 * MI);
+    let (agent, offset) = faked_agent_on(
+        &host,
+        &server,
+        &preload,
+        &format!(
+            "  conditionHeartbeat: {}s\nhousekeepingInterval: 1s\n",
+            HEARTBEAT.as_secs()
+        ),
+        "True",
+    )
+    .await;
+    let log = || agent.whole_log().join("\n");
+    let heartbeat = |r: &support::apiserver::RecordedRequest| {
+        r.method == "PATCH"
+            && r.path == format!("/api/v1/nodes/{}/status", support::fake_node::NODE)
+            && r.body.contains("NodekeeperMemoryPressure")
+    };
+    let series = |r: &support::apiserver::RecordedRequest| {
+        r.path.contains("/events") && r.body.contains("EvictionThresholdMet")
+    };
+    let mut seen = server.requests().len();
+
+    // Three heartbeats' time after each jump: three of each, or two (a heartbeat and the
+    // series' event may come in the same cycle or the next).
+    let watched = 3 * HEARTBEAT + Duration::from_millis(500);
+    for (jump, label) in [(-7200, "two hours back"), (7200, "two hours forward")] {
+        // Right after a heartbeat, so that one sent at the jump would come a whole
+        // heartbeat early.
+        let (last, _) = arrivals(&server, &mut seen, 2 * HEARTBEAT, true, heartbeat)
+            .await
+            .first()
+            .cloned()
+            .unwrap_or_else(|| panic!("no heartbeat in {:?}\n{}", 2 * HEARTBEAT, log()));
+        offset_clock(&offset, jump);
+        let arrived = arrivals(&server, &mut seen, watched, false, |r| {
+            heartbeat(r) || series(r)
+        })
+        .await;
+        let of_kind =
+            |kind: &dyn Fn(&support::apiserver::RecordedRequest) -> bool| -> Vec<Instant> {
+                arrived
+                    .iter()
+                    .filter(|(_, request)| kind(request))
+                    .map(|(at, _)| *at)
+                    .collect()
+            };
+        let heartbeats = of_kind(&heartbeat);
+        // The series' event of the heartbeat's own cycle, before the jump, may be seen a
+        // look later.
+        let mut events = of_kind(&series);
+        events.retain(|at| at.duration_since(last) > Duration::from_millis(500));
+        let since_last = |arrived: &[Instant]| -> Vec<f64> {
+            std::iter::once(&last)
+                .chain(arrived)
+                .collect::<Vec<_>>()
+                .windows(2)
+                .map(|pair| pair[1].duration_since(*pair[0]).as_secs_f64())
+                .collect()
+        };
+        println!(
+            "clock set {label} right after a heartbeat: heartbeats {:.1?} s apart, threshold events {:.1?} s apart (counted from that heartbeat; conditionHeartbeat {}s)",
+            since_last(&heartbeats),
+            since_last(&events),
+            HEARTBEAT.as_secs()
+        );
+        assert!(
+            (2..=3).contains(&heartbeats.len()),
+            "{} heartbeats in {watched:?} after the clock was set {label}\n{}",
+            heartbeats.len(),
+            log()
+        );
+        assert!(
+            (2..=3).contains(&events.len()),
+            "{} EvictionThresholdMet events in {watched:?} after the clock was set {label}\n{}",
+            events.len(),
+            log()
+        );
+        // None early: each a heartbeat after the one before (its cycle may come up to
+        // the look's 50 ms early).
+        let early = since_last(&heartbeats)
+            .into_iter()
+            .chain(since_last(&events))
+            .find(|gap| *gap < HEARTBEAT.as_secs_f64() - 0.5);
+        assert!(
+            early.is_none(),
+            "a heartbeat or an event {early:?} s after the one before, with the clock set {label}\n{}",
+            log()
+        );
+        // The jump reached the agent: it stamps its heartbeats with its wall clock.
+        let stamped =
+            support::fake_node::node_condition_record(&server, "NodekeeperMemoryPressure")
+                .and_then(|condition| condition.last_heartbeat_time)
+                .expect("the condition's heartbeat");
+        let ahead = stamped.0.duration_since(Timestamp::now()).as_secs();
+        assert!(
+            (jump - 100..jump + 100).contains(&ahead),
+            "the last heartbeat is stamped {ahead}s from the test's now, not {jump}s\n{}",
+            log()
+        );
+    }
 }

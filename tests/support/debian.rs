@@ -146,11 +146,16 @@ pub fn mirror() -> String {
 /// `/var/cache/nodekeeper-test/bookworm`, or `NODEKEEPER_NSPAWN_TREE`). `Err` says why it
 /// cannot be had here. Tests of several binaries ask for it at once (the nspawn
 /// containers, the virtual machines): a lock beside it lets one build it while the others
-/// wait.
+/// wait. A tree that is there is used as it is (it appears whole, by a rename), without
+/// the lock, so a read-only one given by `NODEKEEPER_NSPAWN_TREE` does.
 pub fn cached_tree() -> Result<PathBuf, String> {
     let tree = std::env::var("NODEKEEPER_NSPAWN_TREE")
         .map(PathBuf::from)
         .unwrap_or_else(|_| Path::new("/var/cache/nodekeeper-test").join(SUITE));
+    let built = |tree: &Path| tree.join("usr/lib/systemd/systemd").exists();
+    if built(&tree) {
+        return Ok(tree);
+    }
     if let Some(parent) = tree.parent() {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
@@ -159,7 +164,8 @@ pub fn cached_tree() -> Result<PathBuf, String> {
         std::fs::File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
     let _building = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, errno)| format!("locking {}: {errno}", lock_path.display()))?;
-    if tree.join("usr/lib/systemd/systemd").exists() {
+    if built(&tree) {
+        // Another test built it while this one waited for the lock.
         return Ok(tree);
     }
     super::real::program("debootstrap", "debootstrap")?;

@@ -257,13 +257,20 @@ pub fn node_condition(
     server: &super::apiserver::FakeApiServer,
     condition_type: &str,
 ) -> Option<String> {
+    node_condition_record(server, condition_type).map(|condition| condition.status)
+}
+
+/// The node condition `condition_type` the server holds for this host, whole.
+pub fn node_condition_record(
+    server: &super::apiserver::FakeApiServer,
+    condition_type: &str,
+) -> Option<k8s_openapi::api::core::v1::NodeCondition> {
     server
         .object::<k8s_openapi::api::core::v1::Node>("", NODE)?
         .status?
         .conditions?
         .into_iter()
         .find(|condition| condition.type_ == condition_type)
-        .map(|condition| condition.status)
 }
 
 pub fn api_pod(fixture: &PodFixture) -> ApiPod {

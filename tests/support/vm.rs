@@ -21,24 +21,25 @@ pub struct VmParts {
     qemu: PathBuf,
     firmware: PathBuf,
     kernel: PathBuf,
-    /// The modules the machine loads ([`MODULES`] and what they depend on), in an order
-    /// `insmod` can load them: each module's name and its contents, uncompressed.
+    /// The watchdog's modules ([`WATCHDOG_MODULES`] and what they depend on), in an
+    /// order `insmod` can load them: each module's name and its contents, uncompressed.
     modules: Vec<(String, Vec<u8>)>,
+    /// The kernel package's module tree (`lib/modules/<version>/kernel`).
+    module_tree: PathBuf,
     busybox: PathBuf,
 }
 
-/// The kernel modules every machine loads: the 6300ESB watchdog's driver; the virtio
-/// disk and network drivers and ext4, for a machine that boots a root file system; and
-/// the crc32c the ext4 and jbd2 modules ask the crypto layer for (a soft dependency,
-/// which `insmod` does not follow).
-const MODULES: [&str; 6] = [
-    "i6300esb",
-    "virtio_pci",
-    "virtio_blk",
-    "virtio_net",
-    "crc32c_generic",
-    "ext4",
-];
+/// The kernel modules every machine loads: the 6300ESB watchdog's driver.
+const WATCHDOG_MODULES: [&str; 1] = ["i6300esb"];
+
+/// What a machine that boots a root file system loads as well: the virtio disk and
+/// network drivers, and ext4.
+const ROOT_MODULES: [&str; 4] = ["virtio_pci", "virtio_blk", "virtio_net", "ext4"];
+
+/// Loaded first where the kernel has it as a module: the crc32c that the ext4 and jbd2
+/// modules ask the crypto layer for (a soft dependency, which `insmod` does not follow).
+/// Other kernels build it in, or name it otherwise.
+const OPTIONAL_ROOT_MODULES: [&str; 1] = ["crc32c_generic"];
 
 /// A module file's contents, uncompressed (`.ko`, or `.ko.xz` where the kernel package
 /// compresses its modules).
@@ -81,9 +82,13 @@ fn dependencies(contents: &[u8]) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `wanted` and the modules they depend on, from the kernel package's module tree
-/// `tree`, each after the modules it depends on.
-fn modules_in_load_order(tree: &Path, wanted: &[&str]) -> Result<Vec<(String, Vec<u8>)>, String> {
+/// `optional` (those `tree` has), then `wanted`, and the modules they depend on, from the
+/// kernel package's module tree `tree`, each after the modules it depends on.
+fn modules_in_load_order(
+    tree: &Path,
+    optional: &[&str],
+    wanted: &[&str],
+) -> Result<Vec<(String, Vec<u8>)>, String> {
     let mut files = std::collections::HashMap::new();
     let mut directories = vec![tree.to_path_buf()];
     while let Some(directory) = directories.pop() {
@@ -131,7 +136,11 @@ fn modules_in_load_order(tree: &Path, wanted: &[&str]) -> Result<Vec<(String, Ve
         loaded.push((name.to_string(), contents));
         Ok(())
     }
-    for name in wanted {
+    for name in optional
+        .iter()
+        .filter(|name| files.contains_key(**name))
+        .chain(wanted)
+    {
         visit(name, &files, &mut loaded, &mut Vec::new())?;
     }
     Ok(loaded)
@@ -171,6 +180,7 @@ pub fn parts() -> Result<VmParts, String> {
         .and_then(|name| name.strip_prefix("vmlinuz-"))
         .unwrap_or_default()
         .to_string();
+    let module_tree = kernel_root.join(format!("lib/modules/{version}/kernel"));
     let containerd_root = PathBuf::from(
         std::env::var_os("NODEKEEPER_CONTAINERD_ROOT")
             .unwrap_or_else(|| "/var/cache/nodekeeper-test/containerd".into()),
@@ -184,10 +194,8 @@ pub fn parts() -> Result<VmParts, String> {
             "/usr/share/qemu/qboot.rom".into(),
             "Debian package qemu-system-data",
         )?,
-        modules: modules_in_load_order(
-            &kernel_root.join(format!("lib/modules/{version}/kernel")),
-            &MODULES,
-        )?,
+        modules: modules_in_load_order(&module_tree, &[], &WATCHDOG_MODULES)?,
+        module_tree,
         kernel,
         busybox: found(
             containerd_root.join("bin/busybox"),
@@ -229,7 +237,7 @@ pub fn initramfs(
     init: &str,
     files: &[(&str, String)],
 ) -> Result<PathBuf, String> {
-    let root = base_initramfs(dir, parts, init)?;
+    let root = base_initramfs(dir, &parts.busybox, &parts.modules, init)?;
     let binary = Path::new(super::agent_process::BINARY);
     make_dir(&root.join("usr/bin"))?;
     let stripped = Command::new("strip")
@@ -260,9 +268,16 @@ pub fn initramfs(
 }
 
 /// Builds `dir/initramfs.cpio` for a machine that boots a root file system: busybox,
-/// the kernel modules ([`LOAD_MODULES`]) and `/init` (see [`switch_root_init`]).
+/// the kernel modules ([`LOAD_MODULES`]: the watchdog's, the disk's, the network card's
+/// and ext4's) and `/init` (see [`switch_root_init`]).
 pub fn root_initramfs(dir: &Path, parts: &VmParts, init: &str) -> Result<PathBuf, String> {
-    let root = base_initramfs(dir, parts, init)?;
+    let wanted: Vec<&str> = WATCHDOG_MODULES
+        .iter()
+        .chain(&ROOT_MODULES)
+        .copied()
+        .collect();
+    let modules = modules_in_load_order(&parts.module_tree, &OPTIONAL_ROOT_MODULES, &wanted)?;
+    let root = base_initramfs(dir, &parts.busybox, &modules, init)?;
     pack(dir, &root)
 }
 
@@ -277,20 +292,25 @@ fn copy(from: &Path, to: &Path) -> Result<(), String> {
         .map_err(|e| format!("{} to {}: {e}", from.display(), to.display()))
 }
 
-/// An initramfs tree in `dir/initramfs` with busybox, the modules and their load script,
+/// An initramfs tree in `dir/initramfs` with `busybox`, `modules` and their load script,
 /// and `init` as `/init`.
-fn base_initramfs(dir: &Path, parts: &VmParts, init: &str) -> Result<PathBuf, String> {
+fn base_initramfs(
+    dir: &Path,
+    busybox: &Path,
+    modules: &[(String, Vec<u8>)],
+    init: &str,
+) -> Result<PathBuf, String> {
     let root = dir.join("initramfs");
     for sub in ["bin", "proc", "sys", "dev", "run", "tmp", "lib/modules"] {
         make_dir(&root.join(sub))?;
     }
-    copy(&parts.busybox, &root.join("bin/busybox"))?;
+    copy(busybox, &root.join("bin/busybox"))?;
     for applet in APPLETS {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet))
             .map_err(|e| format!("bin/{applet}: {e}"))?;
     }
     let mut load = String::new();
-    for (name, contents) in &parts.modules {
+    for (name, contents) in modules {
         let path = root.join("lib/modules").join(format!("{name}.ko"));
         std::fs::write(&path, contents).map_err(|e| format!("{}: {e}", path.display()))?;
         load.push_str(&format!("insmod /lib/modules/{name}.ko\n"));
@@ -497,10 +517,10 @@ pub struct Vm {
     qemu: Child,
     console: Seen<String>,
     events: Seen<Value>,
-    /// QMP's answers to the commands the test gave, in order.
+    /// QMP's answers, each with the `id` of its command.
     answers: Seen<Value>,
-    /// The QMP socket's writing end, once connected.
-    commands: Mutex<Option<std::os::unix::net::UnixStream>>,
+    /// The QMP socket's writing end, once connected, and the last command's `id`.
+    commands: Mutex<Option<(std::os::unix::net::UnixStream, u64)>>,
     stderr: Arc<Mutex<String>>,
 }
 
@@ -548,17 +568,23 @@ impl Vm {
         if machine.forwards.is_empty() {
             command.args(["-nic", "none"]);
         } else {
-            // qemu's option syntax takes a comma doubled as a literal one; none of these
-            // has any.
+            // qemu splits its options at commas and the command at white space: the
+            // busybox path must have neither. Each connection's `nc` is qemu's child,
+            // not this test's; it ends when the host side closes (the controller or API
+            // server ends, at the latest with this test's process).
+            let busybox = parts.busybox.display().to_string();
+            if busybox.contains([',', ' ', '\t', '"', '\'']) {
+                return Err(format!(
+                    "{busybox}: a comma, a blank or a quote in the path of the busybox qemu runs for each connection"
+                ));
+            }
             let forwards: String = machine
                 .forwards
                 .iter()
                 .map(|forward| {
                     format!(
-                        ",guestfwd=tcp:{}-cmd:{} nc 127.0.0.1 {}",
-                        forward.guest,
-                        parts.busybox.display(),
-                        forward.host_port
+                        ",guestfwd=tcp:{}-cmd:{busybox} nc 127.0.0.1 {}",
+                        forward.guest, forward.host_port
                     )
                 })
                 .collect();
@@ -607,18 +633,27 @@ impl Vm {
     }
 
     /// Runs the QMP command `execute` with `arguments` and returns its answer's
-    /// `return`; fails on an error answer or none within 10 s.
+    /// `return`; fails on an error answer or none within 10 s. Answers are told apart by
+    /// their command's `id`: one that comes too late is never taken for the next's.
     pub fn qmp(&self, execute: &str, arguments: Value) -> Result<Value, String> {
         let mut commands = self.commands.lock().expect("QMP");
-        let stream = commands.as_mut().ok_or("QMP is not connected")?;
-        let before = self.answers.lock().expect("answers").len();
-        let command = serde_json::json!({"execute": execute, "arguments": arguments});
+        let (stream, last_id) = commands.as_mut().ok_or("QMP is not connected")?;
+        *last_id += 1;
+        let id = *last_id;
+        let command = serde_json::json!({"execute": execute, "arguments": arguments, "id": id});
         stream
             .write_all(format!("{command}\n").as_bytes())
             .map_err(|e| format!("QMP {execute}: {e}"))?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some((_, answer)) = self.answers.lock().expect("answers").get(before) {
+            let answer = self
+                .answers
+                .lock()
+                .expect("answers")
+                .iter()
+                .find(|(_, answer)| answer["id"] == id)
+                .map(|(_, answer)| answer.clone());
+            if let Some(answer) = answer {
                 return match answer.get("return") {
                     Some(returned) => Ok(returned.clone()),
                     None => Err(format!("QMP {execute}: {answer}")),
@@ -662,9 +697,8 @@ impl Vm {
         let events = self.events.clone();
         let answers = self.answers.clone();
         std::thread::spawn(move || {
-            // The greeting, then the answer to qmp_capabilities, then the test's own
-            // commands' answers, each in order, between events.
-            let mut capabilities_answered = false;
+            // The greeting, then events and answers (the test's commands' carry their
+            // `id`; qmp_capabilities' has none).
             for line in BufReader::new(stream).lines().map_while(Result::ok) {
                 let Ok(message) = serde_json::from_str::<Value>(&line) else {
                     continue;
@@ -675,17 +709,14 @@ impl Vm {
                         .expect("events")
                         .push((Instant::now(), message));
                 } else if message.get("return").is_some() || message.get("error").is_some() {
-                    if capabilities_answered {
-                        answers
-                            .lock()
-                            .expect("answers")
-                            .push((Instant::now(), message));
-                    }
-                    capabilities_answered = true;
+                    answers
+                        .lock()
+                        .expect("answers")
+                        .push((Instant::now(), message));
                 }
             }
         });
-        *self.commands.lock().expect("QMP") = Some(writer);
+        *self.commands.lock().expect("QMP") = Some((writer, 0));
         Ok(())
     }
 
