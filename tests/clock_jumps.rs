@@ -1275,43 +1275,38 @@ async fn a_wall_clock_jump_neither_cuts_a_dump_short_nor_holds_back_the_power_of
 /// The agent's `kubernetes.conditionHeartbeat` in the test below.
 const HEARTBEAT: Duration = Duration::from_secs(4);
 
-/// `server`'s requests from the `seen`th on that `matches`, each with when it arrived
-/// (to within a look every 50 ms), watched for `span`, or until the first if `first`;
-/// `seen` moves past every request looked at.
-async fn arrivals(
+/// The first of `server`'s requests from the `seen`th on that `matches`, looked for every
+/// 50 ms for up to `within`; `seen` moves past it.
+async fn next_request(
     server: &support::apiserver::FakeApiServer,
     seen: &mut usize,
-    span: Duration,
-    first: bool,
+    within: Duration,
+    what: &str,
     matches: impl Fn(&support::apiserver::RecordedRequest) -> bool,
-) -> Vec<(Instant, support::apiserver::RecordedRequest)> {
-    let until = Instant::now() + span;
-    let mut arrived = Vec::new();
-    while Instant::now() < until && (!first || arrived.is_empty()) {
+) -> support::apiserver::RecordedRequest {
+    let until = Instant::now() + within;
+    loop {
         let requests = server.requests();
-        let now = Instant::now();
-        arrived.extend(
-            requests[*seen..]
-                .iter()
-                .filter(|request| matches(request))
-                .map(|request| (now, request.clone())),
-        );
-        *seen = requests.len();
+        if let Some(found) = requests[*seen..].iter().position(&matches) {
+            *seen += found + 1;
+            return requests[*seen - 1].clone();
+        }
+        assert!(Instant::now() < until, "no {what} within {within:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    arrived
 }
 
 /// The agent's two paces counted on the boot clock, as the kubelet counts them: its node
 /// conditions' heartbeat (`conditionHeartbeat`) and an `EvictionThresholdMet` event
 /// series, repeated once per heartbeat while the node stays starved. The agent binary in
 /// Kubernetes mode on a fake node, its memory below the hard threshold with no pod to
-/// evict. Its wall clock is set two hours back right after a heartbeat, then two hours
-/// forward right after another: neither may silence the heartbeat or the series for the
-/// length of the jump, nor send one early.
+/// evict. Its wall clock is set two hours back right after a heartbeat and an event, then
+/// four hours forward (two ahead) right after another pair: neither may silence the
+/// heartbeat or the series for the length of the jump, nor send one early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wall_clock_jump_neither_silences_nor_hurries_the_agents_heartbeat_or_event_series() {
-    use support::fake_node::{Host, MI, seed_node};
+    use support::apiserver::RecordedRequest;
+    use support::fake_node::{Host, MI, node_condition_record, seed_node};
     let preload = require!("libfaketime", libfaketime());
     let server = support::apiserver::FakeApiServer::start().await;
     seed_node(&server);
@@ -1329,87 +1324,75 @@ async fn a_wall_clock_jump_neither_silences_nor_hurries_the_agents_heartbeat_or_
     )
     .await;
     let log = || agent.whole_log().join("\n");
-    let heartbeat = |r: &support::apiserver::RecordedRequest| {
+    let heartbeat = |r: &RecordedRequest| {
         r.method == "PATCH"
             && r.path == format!("/api/v1/nodes/{}/status", support::fake_node::NODE)
+            && r.status < 300
             && r.body.contains("NodekeeperMemoryPressure")
     };
-    let series = |r: &support::apiserver::RecordedRequest| {
-        r.path.contains("/events") && r.body.contains("EvictionThresholdMet")
+    // A repeat of the series: the agent creates the series' Event again, which exists
+    // (409), then patches its count; a series begun afresh would be created (201).
+    let repeat = |r: &RecordedRequest| {
+        r.method == "POST"
+            && r.path.contains("/events")
+            && r.body.contains("EvictionThresholdMet")
+            && r.status == 409
     };
     let mut seen = server.requests().len();
-
-    // Three heartbeats' time after each jump: three of each, or two (a heartbeat and the
-    // series' event may come in the same cycle or the next).
-    let watched = 3 * HEARTBEAT + Duration::from_millis(500);
-    for (jump, label) in [(-7200, "two hours back"), (7200, "two hours forward")] {
-        // Right after a heartbeat, so that one sent at the jump would come a whole
-        // heartbeat early.
-        let (last, _) = arrivals(&server, &mut seen, 2 * HEARTBEAT, true, heartbeat)
+    // Four heartbeats' time after each jump: three or four of each at a 4 s pace rounded
+    // up to the 1 s cycle; at least two, and none early (a heartbeat sent at the jump
+    // would come within a cycle of it).
+    let watched = 4 * HEARTBEAT;
+    let early = HEARTBEAT - Duration::from_millis(1500);
+    for (jump, label) in [(-7200, "two hours back"), (7200, "four hours forward")] {
+        let last_heartbeat =
+            next_request(&server, &mut seen, 2 * HEARTBEAT, "heartbeat", heartbeat)
+                .await
+                .answered_at;
+        let last_event = next_request(&server, &mut seen, 2 * HEARTBEAT, "series' event", repeat)
             .await
-            .first()
-            .cloned()
-            .unwrap_or_else(|| panic!("no heartbeat in {:?}\n{}", 2 * HEARTBEAT, log()));
+            .answered_at;
         offset_clock(&offset, jump);
-        let arrived = arrivals(&server, &mut seen, watched, false, |r| {
-            heartbeat(r) || series(r)
-        })
-        .await;
-        let of_kind =
-            |kind: &dyn Fn(&support::apiserver::RecordedRequest) -> bool| -> Vec<Instant> {
-                arrived
-                    .iter()
-                    .filter(|(_, request)| kind(request))
-                    .map(|(at, _)| *at)
-                    .collect()
-            };
-        let heartbeats = of_kind(&heartbeat);
-        // The series' event of the heartbeat's own cycle, before the jump, may be seen a
-        // look later.
-        let mut events = of_kind(&series);
-        events.retain(|at| at.duration_since(last) > Duration::from_millis(500));
-        let since_last = |arrived: &[Instant]| -> Vec<f64> {
-            std::iter::once(&last)
-                .chain(arrived)
+        tokio::time::sleep(watched).await;
+        let after = server.requests()[seen..].to_vec();
+        seen += after.len();
+        let paced = |last: Instant, kind: &dyn Fn(&RecordedRequest) -> bool| -> Vec<f64> {
+            std::iter::once(last)
+                .chain(after.iter().filter(|r| kind(r)).map(|r| r.answered_at))
                 .collect::<Vec<_>>()
                 .windows(2)
-                .map(|pair| pair[1].duration_since(*pair[0]).as_secs_f64())
+                .map(|pair| pair[1].duration_since(pair[0]).as_secs_f64())
                 .collect()
         };
+        let (heartbeats, events) = (
+            paced(last_heartbeat, &heartbeat),
+            paced(last_event, &repeat),
+        );
         println!(
-            "clock set {label} right after a heartbeat: heartbeats {:.1?} s apart, threshold events {:.1?} s apart (counted from that heartbeat; conditionHeartbeat {}s)",
-            since_last(&heartbeats),
-            since_last(&events),
+            "clock set {label} right after a heartbeat and an event: heartbeats {heartbeats:.1?} s apart, the series' events {events:.1?} s apart (conditionHeartbeat {}s)",
             HEARTBEAT.as_secs()
         );
-        assert!(
-            (2..=3).contains(&heartbeats.len()),
-            "{} heartbeats in {watched:?} after the clock was set {label}\n{}",
-            heartbeats.len(),
-            log()
-        );
-        assert!(
-            (2..=3).contains(&events.len()),
-            "{} EvictionThresholdMet events in {watched:?} after the clock was set {label}\n{}",
-            events.len(),
-            log()
-        );
-        // None early: each a heartbeat after the one before (its cycle may come up to
-        // the look's 50 ms early).
-        let early = since_last(&heartbeats)
-            .into_iter()
-            .chain(since_last(&events))
-            .find(|gap| *gap < HEARTBEAT.as_secs_f64() - 0.5);
-        assert!(
-            early.is_none(),
-            "a heartbeat or an event {early:?} s after the one before, with the clock set {label}\n{}",
-            log()
-        );
+        for (kind, gaps) in [
+            ("heartbeats", &heartbeats),
+            ("EvictionThresholdMet repeats", &events),
+        ] {
+            assert!(
+                gaps.len() >= 2,
+                "{} {kind} in {watched:?} after the clock was set {label}\n{}",
+                gaps.len(),
+                log()
+            );
+            let first_early = gaps.iter().find(|gap| **gap < early.as_secs_f64());
+            assert!(
+                first_early.is_none(),
+                "{kind} {gaps:?} s apart, with the clock set {label}: one came early\n{}",
+                log()
+            );
+        }
         // The jump reached the agent: it stamps its heartbeats with its wall clock.
-        let stamped =
-            support::fake_node::node_condition_record(&server, "NodekeeperMemoryPressure")
-                .and_then(|condition| condition.last_heartbeat_time)
-                .expect("the condition's heartbeat");
+        let stamped = node_condition_record(&server, "NodekeeperMemoryPressure")
+            .and_then(|condition| condition.last_heartbeat_time)
+            .expect("the condition's heartbeat");
         let ahead = stamped.0.duration_since(Timestamp::now()).as_secs();
         assert!(
             (jump - 100..jump + 100).contains(&ahead),

@@ -93,7 +93,12 @@ echo "guest: boot $(cat /proc/sys/kernel/random/boot_id)"
 last=
 while :; do
     pods=$(find /sys/fs/cgroup/kubepods.slice -name cgroup.procs -exec cat {} + 2>/dev/null | wc -l)
-    unit=$(systemctl show --property=ActiveState --property=UnitFileState kubelet.service | sort | tr '\n' ' ')
+    # A call that fails says nothing; the next look asks again.
+    if ! shown=$(systemctl show --property=ActiveState --property=UnitFileState kubelet.service); then
+        sleep 1
+        continue
+    fi
+    unit=$(echo "$shown" | sort | tr '\n' ' ')
     now="kubelet: ${unit}pods=$pods"
     if [ "$now" != "$last" ]; then
         echo "guest: $now"

@@ -275,7 +275,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
                 "the kubelet's unit {unit} does not exist on this node (report.isolation.kubeletUnit)"
             ));
         }
-        bounded(self.systemd.mask(unit)).await?;
+        bounded_by(RELOAD_TIMEOUT, self.systemd.mask(unit)).await?;
         bounded(self.systemd.stop(unit)).await?;
         if self.wait_stopped(self.settings.stop_timeout).await? {
             return Ok(());
@@ -423,7 +423,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         let unit = self.settings.kubelet_unit.clone();
         tracing::warn!(%unit, "ending the node's isolation on the controller's instruction: the kubelet starts again");
         let ended = async {
-            bounded(self.systemd.unmask(&unit)).await?;
+            bounded_by(RELOAD_TIMEOUT, self.systemd.unmask(&unit)).await?;
             bounded(self.systemd.start(&unit)).await
         }
         .await;
@@ -478,13 +478,27 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
 /// How long one call to systemd may take; a hung one is a failure, not a wait.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a mask or its removal may take: systemd reloads its units for it, its slowest
+/// call, which a busy node stretches (over 10 s on a starved emulated machine in
+/// `tests/self_isolation_vm.rs`; an isolation that gave up then had the node reset for
+/// nothing). A self-isolation stays bounded by its budget all the same.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A systemd call within [`CALL_TIMEOUT`], its error as text.
 async fn bounded<T>(
     call: impl Future<Output = Result<T, crate::systemd::SystemdError>>,
 ) -> Result<T, String> {
-    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+    bounded_by(CALL_TIMEOUT, call).await
+}
+
+/// A systemd call within `limit`, its error as text.
+async fn bounded_by<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, crate::systemd::SystemdError>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, call).await {
         Ok(result) => result.map_err(|error| error.to_string()),
-        Err(_) => Err(format!("systemd did not answer within {CALL_TIMEOUT:?}")),
+        Err(_) => Err(format!("systemd did not answer within {limit:?}")),
     }
 }
 

@@ -20,7 +20,9 @@ use std::time::Duration;
 
 /// Added to twice the kubelet's stop timeout for the isolation's budget: the isolator's
 /// worst case besides those two waits (six systemd calls of at most 10 s each, 5 s after
-/// SIGKILL) and a little more.
+/// SIGKILL) and a little more. The mask's reload may take up to 30 s; a systemd that slow
+/// everywhere runs into the budget, and the node is reset then, as for a failed
+/// isolation: the promise holds either way.
 pub const ISOLATION_SLACK: Duration = Duration::from_secs(70);
 
 /// The agent's self-isolation settings, in the terms of its promise.

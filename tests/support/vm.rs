@@ -38,7 +38,8 @@ const ROOT_MODULES: [&str; 4] = ["virtio_pci", "virtio_blk", "virtio_net", "ext4
 
 /// Loaded first where the kernel has it as a module: the crc32c that the ext4 and jbd2
 /// modules ask the crypto layer for (a soft dependency, which `insmod` does not follow).
-/// Other kernels build it in, or name it otherwise.
+/// Other kernels build it in, or name it otherwise: a kernel whose ext4 then finds no
+/// crc32c says so on the console, and the machine's `/init` fails at the mount.
 const OPTIONAL_ROOT_MODULES: [&str; 1] = ["crc32c_generic"];
 
 /// A module file's contents, uncompressed (`.ko`, or `.ko.xz` where the kernel package
@@ -573,7 +574,7 @@ impl Vm {
             // not this test's; it ends when the host side closes (the controller or API
             // server ends, at the latest with this test's process).
             let busybox = parts.busybox.display().to_string();
-            if busybox.contains([',', ' ', '\t', '"', '\'']) {
+            if busybox.contains([',', ' ', '\t', '"', '\'', '\\']) {
                 return Err(format!(
                     "{busybox}: a comma, a blank or a quote in the path of the busybox qemu runs for each connection"
                 ));

@@ -135,6 +135,8 @@ pub struct RecordedRequest {
     pub user_agent: String,
     pub body: String,
     pub status: u16,
+    /// When the server answered it (and logged it).
+    pub answered_at: std::time::Instant,
 }
 
 /// The RBAC view of a request: which verb on which resource.

@@ -206,6 +206,7 @@ pub async fn handle(
         user_agent,
         body: String::from_utf8_lossy(&body).into_owned(),
         status: response.status().as_u16(),
+        answered_at: std::time::Instant::now(),
     });
     drop(log);
     Ok(response)
