@@ -178,6 +178,15 @@ async fn a_node_back_on_its_old_boot_after_a_confirmed_power_off_is_not_recovere
     controller.powered_off(&server, "worker-2").await;
     let fence = fence_of(&server, "worker-2").expect("the NodeFence");
     assert_eq!(fence["status"]["powerOffBoot"], "boot-a", "{fence:#}");
+    // The pods released on the confirmed power-off (the reconcile after the one that
+    // recorded it; a loaded machine once took longer than the 1.5 s below, and the node
+    // came back before its pods were released).
+    wait_for(&controller, "the release", || {
+        taint_keys(&server, "worker-2")
+            .contains(&"node.kubernetes.io/out-of-service".to_string())
+            .then_some(())
+    })
+    .await;
 
     // worker-2's kubelet is back, Ready, on the boot it ran all along: a Ready posted
     // after the power-off (condition times have whole seconds; one from the second the
