@@ -660,6 +660,23 @@ pub fn reasons(server: &FakeApiServer, name: &str, kind: &str) -> Vec<String> {
 
 pub const LIMIT: Duration = Duration::from_secs(90);
 
+/// What a kubelet writes: `node`'s status, by a status patch, so the node's spec and the
+/// controller's taints stay (seeding the node again would replace it whole, and a
+/// controller that had released the node would have its out-of-service taint wiped).
+pub async fn post_status(server: &FakeApiServer, node: &Node) {
+    let nodes: kube::Api<Node> = kube::Api::all(server.client());
+    let name = node.metadata.name.as_deref().expect("the node's name");
+    let patch = serde_json::json!({ "status": node.status });
+    nodes
+        .patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("the node's status");
+}
+
 /// Fails with the controller's log when `check` does not hold within [`LIMIT`].
 pub async fn wait_for<T>(
     controller: &ControllerProcess,
