@@ -757,7 +757,7 @@ fn only_the_slice_of(
     replica: &ControllerProcess,
 ) -> Vec<(String, Vec<String>, i32, Option<String>)> {
     let address = replica.reports_address();
-    let port = address.rsplit(':').next().unwrap().parse().unwrap();
+    let port = i32::from(support::port_of(&address));
     vec![(
         "nodekeeper-controller-leader".to_string(),
         vec![ip.to_string()],

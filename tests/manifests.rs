@@ -378,8 +378,9 @@ fn only_container(spec: &PodSpec) -> &Container {
     &spec.containers[0]
 }
 
+/// The port of `address`, typed as Kubernetes types ports.
 fn port_of(address: &str) -> i32 {
-    address.rsplit(':').next().unwrap().parse().unwrap()
+    i32::from(support::port_of(address))
 }
 
 /// The container port named `name`.

@@ -651,19 +651,11 @@ fn partition_agent_config(reports: &str) -> String {
 /// What the node lifecycle controller writes: the node's Ready condition, by a status
 /// patch (the controller's taints stay).
 async fn set_ready(server: &FakeApiServer, node: &str, status: &str, since: Timestamp) {
-    let nodes: kube::Api<Node> = kube::Api::all(server.client());
-    let patch = serde_json::json!({"status": {"conditions": [{
+    let conditions = serde_json::json!({"conditions": [{
         "type": "Ready", "status": status, "reason": "test",
         "lastTransitionTime": since.to_string(), "lastHeartbeatTime": since.to_string(),
-    }]}});
-    nodes
-        .patch_status(
-            node,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .expect("the Ready condition");
+    }]});
+    support::controller::patch_node_status(server, node, conditions).await;
 }
 
 /// The node lifecycle controller's grace before it marks a silent node Unknown

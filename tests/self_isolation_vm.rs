@@ -197,14 +197,6 @@ fn root_files(
 }
 
 /// The port of an address `host:port`.
-fn port_of(address: &str) -> u16 {
-    address
-        .rsplit(':')
-        .next()
-        .and_then(|port| port.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {address}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_by_its_link_isolates_itself_and_its_pods_are_released_only_after() {
     let parts = require!("qemu, a Debian kernel", support::vm::parts());
@@ -229,8 +221,8 @@ async fn a_node_cut_off_by_its_link_isolates_itself_and_its_pods_are_released_on
     let config = rig.controller_config(dir.path(), SILENCE, MARGIN);
     let controller = ControllerProcess::start(dir.path(), &rig.server, &config);
     controller.synced().await;
-    let controller_port = port_of(&controller.reports_address());
-    let api_port = port_of(&rig.server.url());
+    let controller_port = support::port_of(&controller.reports_address());
+    let api_port = support::port_of(&rig.server.url());
 
     let kubeconfig = rig
         .server

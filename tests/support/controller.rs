@@ -664,9 +664,14 @@ pub const LIMIT: Duration = Duration::from_secs(90);
 /// controller's taints stay (seeding the node again would replace it whole, and a
 /// controller that had released the node would have its out-of-service taint wiped).
 pub async fn post_status(server: &FakeApiServer, node: &Node) {
-    let nodes: kube::Api<Node> = kube::Api::all(server.client());
     let name = node.metadata.name.as_deref().expect("the node's name");
-    let patch = serde_json::json!({ "status": node.status });
+    patch_node_status(server, name, serde_json::json!(node.status)).await;
+}
+
+/// Merge-patches node `name`'s status with `status`, as [`post_status`] does.
+pub async fn patch_node_status(server: &FakeApiServer, name: &str, status: serde_json::Value) {
+    let nodes: kube::Api<Node> = kube::Api::all(server.client());
+    let patch = serde_json::json!({ "status": status });
     nodes
         .patch_status(
             name,

@@ -25,3 +25,12 @@ pub mod real;
 pub mod reports;
 pub mod tls;
 pub mod vm;
+
+/// The port of `address` (`host:port`, `[v6]:port` or a URL ending in its port).
+pub fn port_of(address: &str) -> u16 {
+    address
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.trim_end_matches('/').parse().ok())
+        .unwrap_or_else(|| panic!("no port in {address}"))
+}
