@@ -18,18 +18,20 @@
 //! Baseline, in the same run before the agent starts: the kernel's own notification
 //! (our `MemcgThreshold` on the same cgroup and trigger, read by a thread that does
 //! nothing else). memcg v1 checks thresholds only every 128 page events per CPU, so this
-//! floor depends on how fast the workload grows; both are measured at each rate.
+//! floor depends on how fast the workload grows.
 //!
-//! Most rows run SCHED_IDLE spinners on every CPU, which yield to any other task at
-//! once; one row of each kind runs with idle CPUs. On the development VM a few percent
-//! of the kernel's own notifications arrive about 4 ms late, and a short probe suggested
-//! that waking a halted vCPU was the cause (docs/performance.md says how far the full
-//! run bore that out).
+//! Some rows run SCHED_IDLE spinners on every CPU, which yield to any other task at once;
+//! the others run with idle CPUs. Each setup is measured with the listening threads on the
+//! normal scheduler and at SCHED_FIFO (the agent's `realtimePriority`): a thread of the
+//! normal scheduler, woken while the workload keeps its CPU busy, may wait for the next
+//! scheduler tick (4 ms at HZ=250), which is where the baseline's slowest few percent
+//! came from (docs/performance.md).
 //!
 //! Run: `sudo cargo bench --bench detection_latency` (root and the v1 memory controller
 //! are required: without them it fails under `CI=true`, and prints SKIPPED and exits 0
-//! otherwise). `NODEKEEPER_BENCH_CROSSINGS` sets the crossings per row (default 1000);
-//! a full run takes about 25 minutes.
+//! otherwise). `NODEKEEPER_BENCH_CROSSINGS` sets the crossings per row (default 1000),
+//! `NODEKEEPER_BENCH_MAX_PODS` leaves out the agent's rows with more pods than that;
+//! a full run takes about 40 minutes.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -59,19 +61,58 @@ const ABOVE: u64 = 8 * MIB;
 /// The agent's housekeeping timer, competing with the notifier for the cycle thread.
 const HOUSEKEEPING: Duration = Duration::from_millis(100);
 const GIB_PER_S: (&str, u64) = ("1 GiB/s", 1 << 30);
-/// The growth rate of earlier versions of this bench.
-const MIB200_PER_S: (&str, u64) = ("200 MiB/s", 200 * MIB);
-/// Growth rates of the kernel baseline: a fast-growing process, and the earlier rate.
-/// The baseline's rows: growth rate, CPUs kept awake.
-const KERNEL_ROWS: [((&str, u64), bool); 3] =
-    [(GIB_PER_S, true), (MIB200_PER_S, true), (GIB_PER_S, false)];
-/// The agent's rows, in order (pods only grow): pods listed per cycle, growth rate,
-/// CPUs kept awake.
-const ROWS: [(usize, (&str, u64), bool); 4] = [
-    (10, GIB_PER_S, true),
-    (10, MIB200_PER_S, true),
-    (10, GIB_PER_S, false),
-    (110, GIB_PER_S, true),
+/// The real-time rows' SCHED_FIFO priority: the listening thread's in the baseline, the
+/// agent's `realtimePriority`.
+const REALTIME_PRIORITY: u8 = 10;
+/// One configuration measured: how fast the workload grows, whether the other CPUs are
+/// kept awake, and whether the listening threads run real-time.
+#[derive(Clone, Copy, PartialEq)]
+struct Setup {
+    rate: (&'static str, u64),
+    awake: bool,
+    realtime: bool,
+}
+
+impl Setup {
+    const fn new(rate: (&'static str, u64), awake: bool, realtime: bool) -> Setup {
+        Setup {
+            rate,
+            awake,
+            realtime,
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} | {} | {}",
+            self.rate.0,
+            if self.awake { "kept awake" } else { "idle" },
+            if self.realtime {
+                "SCHED_FIFO"
+            } else {
+                "normal"
+            }
+        )
+    }
+}
+/// The baseline's rows: the kernel's notification to a thread that waits for nothing
+/// else, for a fast-growing process (at 200 MiB/s the kernel's batching of threshold
+/// checks, 2.5 ms at that rate, sets the floor; docs/performance.md has that run).
+const KERNEL_ROWS: [Setup; 4] = [
+    Setup::new(GIB_PER_S, true, false),
+    Setup::new(GIB_PER_S, false, false),
+    Setup::new(GIB_PER_S, true, true),
+    Setup::new(GIB_PER_S, false, true),
+];
+/// The agent's rows, in order (pods only grow): pods listed per cycle, and the setup,
+/// each with an agent of its own.
+const ROWS: [(usize, Setup); 6] = [
+    (10, Setup::new(GIB_PER_S, true, false)),
+    (10, Setup::new(GIB_PER_S, true, true)),
+    (10, Setup::new(GIB_PER_S, false, false)),
+    (10, Setup::new(GIB_PER_S, false, true)),
+    (110, Setup::new(GIB_PER_S, true, false)),
+    (110, Setup::new(GIB_PER_S, true, true)),
 ];
 const GOAL: Duration = Duration::from_millis(2);
 /// A decision later than this counts as missed (and fails the bench).
@@ -92,51 +133,67 @@ fn main() {
 
     let kernel: Vec<Vec<u64>> = KERNEL_ROWS
         .iter()
-        .map(|&((_, rate), awake)| {
-            let _spinners = awake.then(Spinners::start);
-            bench.kernel_notifications(rate, crossings)
+        .map(|setup| {
+            let _spinners = setup.awake.then(Spinners::start);
+            let samples = bench.kernel_notifications(setup, crossings);
+            // Each row as it is measured, so a run cut short keeps what it measured.
+            println!("kernel | {} | {}", setup.describe(), spread(&samples));
+            samples
         })
         .collect();
-    let agent = bench.start_agent();
-    let decisions: Vec<Vec<u64>> = ROWS
+    let max_pods = env_count("NODEKEEPER_BENCH_MAX_PODS", usize::MAX);
+    let rows: Vec<(usize, Setup)> = ROWS
         .iter()
-        .map(|&(pods, (_, rate), awake)| {
-            bench.list_pods(pods);
-            let _spinners = awake.then(Spinners::start);
-            bench.agent_decisions(&agent, rate, crossings)
+        .copied()
+        .filter(|(pods, _)| *pods <= max_pods)
+        .collect();
+    let decisions: Vec<Vec<u64>> = rows
+        .iter()
+        .map(|(pods, setup)| {
+            bench.list_pods(*pods);
+            let agent = bench.start_agent(setup.realtime);
+            let _spinners = setup.awake.then(Spinners::start);
+            let samples = bench.agent_decisions(&agent, setup.rate.1, crossings);
+            agent.stop();
+            println!(
+                "agent | {pods} | {} | {}",
+                setup.describe(),
+                spread(&samples)
+            );
+            samples
         })
         .collect();
-    agent.stop();
 
-    let cpus = |awake: bool| if awake { "kept awake" } else { "idle" };
     println!();
     println!("Milliseconds from the crossing: median / p99 / p99.9 / max.");
     println!();
-    println!("| growth | other CPUs | crossings | kernel notification (baseline) |");
-    println!("|---|---|---|---|");
-    for (((name, _), awake), samples) in KERNEL_ROWS.iter().zip(&kernel) {
+    println!(
+        "| growth | other CPUs | listening thread | crossings | kernel notification (baseline) |"
+    );
+    println!("|---|---|---|---|---|");
+    for (setup, samples) in KERNEL_ROWS.iter().zip(&kernel) {
         println!(
-            "| {name} | {} | {} | {} |",
-            cpus(*awake),
+            "| {} | {} | {} |",
+            setup.describe(),
             samples.len(),
             spread(samples)
         );
     }
     println!();
     println!(
-        "| pods | growth | other CPUs | crossings | agent decision | agent / kernel at median, p99 | p99 goal < 2 ms |"
+        "| pods | growth | other CPUs | agent's threads | crossings | agent decision | agent / kernel at median, p99 | p99 goal < 2 ms |"
     );
-    println!("|---|---|---|---|---|---|---|");
-    for ((pods, (name, rate), awake), decided) in ROWS.iter().zip(&decisions) {
+    println!("|---|---|---|---|---|---|---|---|");
+    for ((pods, setup), decided) in rows.iter().zip(&decisions) {
         let baseline = KERNEL_ROWS
             .iter()
-            .position(|((_, r), a)| r == rate && a == awake)
+            .position(|kernel| kernel == setup)
             .expect("a baseline row for every agent row");
         let kernel = &kernel[baseline];
         let p99 = percentile(decided, 0.99);
         println!(
-            "| {pods} | {name} | {} | {} | {} | {:.2}×, {:.2}× | {} |",
-            cpus(*awake),
+            "| {pods} | {} | {} | {} | {:.2}×, {:.2}× | {} |",
+            setup.describe(),
             decided.len(),
             spread(decided),
             percentile(decided, 0.5) as f64 / percentile(kernel, 0.5).max(1) as f64,
@@ -149,17 +206,13 @@ fn main() {
         );
     }
     println!();
-    for (((name, _), awake), samples) in KERNEL_ROWS.iter().zip(&kernel) {
-        println!(
-            "kernel, {name}, other CPUs {}: slowest {}",
-            cpus(*awake),
-            slowest(samples)
-        );
+    for (setup, samples) in KERNEL_ROWS.iter().zip(&kernel) {
+        println!("kernel, {}: slowest {}", setup.describe(), slowest(samples));
     }
-    for ((pods, (name, _), awake), samples) in ROWS.iter().zip(&decisions) {
+    for ((pods, setup), samples) in rows.iter().zip(&decisions) {
         println!(
-            "agent, {pods} pods, {name}, other CPUs {}: slowest {}",
-            cpus(*awake),
+            "agent, {pods} pods, {}: slowest {}",
+            setup.describe(),
             slowest(samples)
         );
     }
@@ -314,12 +367,17 @@ impl Bench {
 
     /// The baseline: crossing → the kernel's eventfd notification, read by a thread that
     /// does nothing else.
-    fn kernel_notifications(&mut self, rate: u64, crossings: usize) -> Vec<u64> {
+    fn kernel_notifications(&mut self, setup: &Setup, crossings: usize) -> Vec<u64> {
         let trigger = trigger(&self.parent_dir);
+        let realtime = setup.realtime;
         let (events, notified) = mpsc::channel();
         let dir = self.parent_dir.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let listener = on_runtime_thread(move || async move {
+            if realtime {
+                nodekeeper::process::run_this_thread_realtime(REALTIME_PRIORITY)
+                    .expect("SCHED_FIFO for the listening thread");
+            }
             let mut threshold = MemcgThreshold::register(&dir, trigger).unwrap();
             let _ = events.send(0);
             let listen = async {
@@ -337,7 +395,7 @@ impl Bench {
         notified.recv().unwrap();
         let samples = self.time_crossings(
             &notified,
-            rate,
+            setup.rate.1,
             crossings,
             Duration::from_millis(20),
             Some(trigger),
@@ -348,11 +406,14 @@ impl Bench {
         samples
     }
 
-    fn start_agent(&self) -> RunningAgent {
+    /// An agent of its own for a row; with `realtime`, its kernel-event and cycle threads
+    /// run at SCHED_FIFO (checked).
+    fn start_agent(&self, realtime: bool) -> RunningAgent {
         let (decided_tx, decided) = mpsc::channel();
         let (started_tx, started) = mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let config = self.config.clone();
+        let mut config = self.config.clone();
+        config.realtime_priority = realtime.then_some(REALTIME_PRIORITY);
         let trace = tempfile::tempdir().unwrap();
         let trace_path = trace.path().join("trace.jsonl");
         let thread = on_runtime_thread(move || async move {
@@ -379,6 +440,31 @@ impl Bench {
             .unwrap();
         });
         started.recv().unwrap();
+        // The agent starts its threads after it says it has started, and each thread
+        // moves itself to the real-time scheduler as it begins.
+        let named = ["nodekeeper-even", "nodekeeper-cycl"];
+        let wanted = if realtime {
+            (libc::SCHED_FIFO, u32::from(REALTIME_PRIORITY))
+        } else {
+            (libc::SCHED_OTHER, 0)
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let policies = support::scheduling::thread_policies(std::process::id());
+            let as_wanted = named.iter().all(|thread| {
+                policies
+                    .iter()
+                    .any(|(name, scheduling)| name == thread && *scheduling == wanted)
+            });
+            if as_wanted {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the agent's {named:?} threads are not at {wanted:?}: {policies:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         RunningAgent {
             decided,
             stop,

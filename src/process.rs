@@ -81,6 +81,28 @@ pub fn raise_open_files_limit() -> nix::Result<(u64, u64)> {
     Ok((soft, hard))
 }
 
+/// Moves the calling thread to the real-time scheduler (SCHED_FIFO at `priority`), so
+/// that it runs as soon as it wakes instead of waiting behind a busy process for the
+/// next scheduler tick. SCHED_RESET_ON_FORK: the threads and processes it starts (a
+/// reclaim command, tokio's blocking threads) begin on the normal scheduler. Needs
+/// CAP_SYS_NICE, and a real-time budget where the kernel schedules real-time tasks by
+/// cgroup (`cpu.rt_runtime_us`); systemd's `RestrictRealtime=yes` forbids it.
+pub fn run_this_thread_realtime(priority: u8) -> std::io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: i32::from(priority),
+    };
+    // SAFETY: pid 0 names the calling thread; `param` is a valid sched_param that the
+    // call only reads.
+    let rc = unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,12 +3,21 @@
 mod support {
     #![allow(dead_code)]
     pub mod agent_process;
+    pub mod real;
+    pub mod scheduling;
 }
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::agent_process::{AgentProcess, http_get, http_get_accepting};
+use support::scheduling::{policy_in_stat, thread_policies};
+
+/// A configuration file's head, for the agent's own settings below it.
+const CONFIG_HEAD: &str = "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n";
+/// The threads `realtimePriority` moves, by their names in `/proc` (15 bytes at most).
+const EVENT_THREAD: &str = "nodekeeper-even";
+const CYCLE_THREAD: &str = "nodekeeper-cycl";
 
 /// The `Accept` header Prometheus 2.x scrapes with.
 const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
@@ -239,6 +248,130 @@ fn agent_refuses_a_bad_config_with_the_field_named() {
         stderr.contains("evictionHard[\"memory.available\"]") && stderr.contains("\"lots\""),
         "{stderr}"
     );
+}
+
+/// What `realtimePriority` promises: the two threads between a kernel notification and
+/// the eviction decision (the kernel event thread and the decision cycle) run at
+/// SCHED_FIFO with that priority, and no other thread of the agent does, so neither the
+/// API server nor a scraper gets work run at it.
+#[test]
+fn realtime_priority_runs_the_event_and_cycle_threads_real_time_and_no_other() {
+    require!("CAP_SYS_NICE (root)", support::real::root());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(&config, format!("{CONFIG_HEAD}realtimePriority: 7\n")).unwrap();
+    let agent = AgentProcess::dry_run(&config);
+    for thread in ["kernel event", "decision cycle"] {
+        agent.wait_for_line(
+            &format!("the {thread} thread runs real-time"),
+            Duration::from_secs(10),
+        );
+    }
+    let threads = thread_policies(agent.child.id());
+    for thread in [EVENT_THREAD, CYCLE_THREAD] {
+        assert!(
+            threads.iter().any(|(name, _)| name == thread),
+            "no {thread} thread in {threads:?}"
+        );
+    }
+    for (name, scheduling) in &threads {
+        let wanted = if name == EVENT_THREAD || name == CYCLE_THREAD {
+            (libc::SCHED_FIFO, 7)
+        } else {
+            (libc::SCHED_OTHER, 0)
+        };
+        assert_eq!(*scheduling, wanted, "thread {name}: {threads:?}");
+    }
+}
+
+/// Without `realtimePriority` (the default) every thread of the agent stays on the
+/// normal scheduler.
+#[test]
+fn by_default_no_thread_of_the_agent_runs_real_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(&config, CONFIG_HEAD).unwrap();
+    let agent = AgentProcess::dry_run(&config);
+    wait_until_ready(&agent);
+    let threads = thread_policies(agent.child.id());
+    assert!(
+        threads.iter().any(|(name, _)| name == EVENT_THREAD),
+        "no {EVENT_THREAD} thread in {threads:?}"
+    );
+    for (name, scheduling) in &threads {
+        assert_eq!(
+            *scheduling,
+            (libc::SCHED_OTHER, 0),
+            "thread {name}: {threads:?}"
+        );
+    }
+}
+
+/// An agent that may not run real-time (no CAP_SYS_NICE, as under systemd's
+/// `RestrictRealtime=yes` or in a container without it) says so, naming the setting,
+/// and protects the node on the normal scheduler: it starts, answers `/healthz` and runs
+/// its cycles.
+#[test]
+fn realtime_priority_without_the_privilege_is_a_warning_and_the_agent_runs_on() {
+    require!("root, to drop CAP_SYS_NICE", support::real::root());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.yaml");
+    std::fs::write(&config, format!("{CONFIG_HEAD}realtimePriority: 7\n")).unwrap();
+    // No real-time budget for an unprivileged process, and no CAP_SYS_NICE.
+    let mut command = Command::new("prlimit");
+    command.args([
+        "--rtprio=0:0",
+        "setpriv",
+        "--bounding-set=-sys_nice",
+        "--inh-caps=-sys_nice",
+        "--",
+        support::agent_process::BINARY,
+    ]);
+    let agent = AgentProcess::dry_run_from(command, &config, &[]);
+    for thread in ["kernel event", "decision cycle"] {
+        let (_, line) = agent.wait_for_line(
+            &format!("realtimePriority 7: the {thread} thread stays on the normal scheduler"),
+            Duration::from_secs(10),
+        );
+        assert!(line.contains("WARN"), "{line}");
+        assert!(line.contains("Operation not permitted"), "{line}");
+    }
+    wait_until_ready(&agent);
+    assert_eq!(http_get(&agent.address, "/healthz").0, 200);
+    for (name, scheduling) in thread_policies(agent.child.id()) {
+        assert_eq!(scheduling, (libc::SCHED_OTHER, 0), "thread {name}");
+    }
+}
+
+/// Waits until the agent has completed a cycle (`/readyz` answers 200).
+fn wait_until_ready(agent: &AgentProcess) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http_get(&agent.address, "/readyz").0 != 200 {
+        assert!(Instant::now() < deadline, "the agent never became ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A real-time thread of the agent starts threads and processes (tokio's blocking
+/// threads, a reclaim command) on the normal scheduler: a command the operator
+/// configured must not inherit a priority above the node's workloads.
+#[test]
+fn what_a_real_time_thread_starts_begins_on_the_normal_scheduler() {
+    require!("CAP_SYS_NICE (root)", support::real::root());
+    let own_scheduling =
+        || policy_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
+    let (own, thread, process) = std::thread::spawn(move || {
+        nodekeeper::process::run_this_thread_realtime(5).expect("SCHED_FIFO as root");
+        let thread = std::thread::spawn(own_scheduling).join().unwrap();
+        let process = Command::new("cat").arg("/proc/self/stat").output().unwrap();
+        let process = policy_in_stat(&String::from_utf8_lossy(&process.stdout));
+        (own_scheduling(), thread, process)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(own, (libc::SCHED_FIFO, 5), "the thread itself");
+    assert_eq!(thread, (libc::SCHED_OTHER, 0), "a thread it started");
+    assert_eq!(process, (libc::SCHED_OTHER, 0), "a process it started");
 }
 
 /// A node under memory pressure whose agent knows no pod to evict: the agent says so,

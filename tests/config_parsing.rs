@@ -674,6 +674,15 @@ fn agent_settings_are_validated() {
             "nodeName: \"Node_1\" is not a valid Kubernetes node name",
         ),
         ("dryRun: maybe", "dryRun"),
+        (
+            "realtimePriority: 100",
+            "realtimePriority: 100 is not a SCHED_FIFO priority: 1 to 99, or 0 for the normal scheduler",
+        ),
+        (
+            "realtimePriority: -1",
+            "realtimePriority: -1 is not a SCHED_FIFO priority",
+        ),
+        ("realtimePriority: high", "realtimePriority"),
         // A key written twice: the kubelet's document tolerates it (see
         // values_the_kubelet_accepts_...), nodekeeper's own stays strict.
         (
@@ -686,6 +695,24 @@ fn agent_settings_are_validated() {
             .to_string();
         assert!(error.contains(needle), "{body}: {error}");
     }
+}
+
+/// `realtimePriority` is off unless set: 0 or unset keeps the normal scheduler, 1 to 99
+/// (SCHED_FIFO's range) is taken as given; check-config shows the default.
+#[test]
+fn realtime_priority_is_off_unless_a_fifo_priority_is_given() {
+    let priority = |body: &str| {
+        from_yaml_str(&format!("{AGENT}{body}\n"), "a.yaml", &Overrides::default())
+            .unwrap()
+            .realtime_priority
+    };
+    assert_eq!(priority(""), None);
+    assert_eq!(priority("realtimePriority: 0"), None);
+    assert_eq!(priority("realtimePriority: 1"), Some(1));
+    assert_eq!(priority("realtimePriority: 99"), Some(99));
+    let loaded =
+        config::from_yaml_str_with_warnings(AGENT, "a.yaml", &Overrides::default()).unwrap();
+    assert_eq!(loaded.effective_document.realtime_priority, Some(0));
 }
 
 /// Node-level reclaim goes through the container runtime by default, at the kubelet's

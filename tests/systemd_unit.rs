@@ -15,7 +15,10 @@
 //!   every look, and the restarted agent takes it back from systemd's file descriptor
 //!   store; `systemctl stop` lets it go;
 //! - a power-off not held up by the stored copy: once the agent has drained and let go,
-//!   the node goes down without waiting for logind's limit.
+//!   the node goes down without waiting for logind's limit;
+//! - `realtimePriority` refused by the unit's hardening (the agent warns and works on the
+//!   normal scheduler) until the drop-in docs/install.md gives is added: then its kernel
+//!   event and decision cycle threads run at SCHED_FIFO, and no other thread does.
 
 mod support;
 
@@ -37,11 +40,61 @@ fn agent_config() -> String {
     format!(
         "apiVersion: nodekeeper.io/v1alpha1\nkind: AgentConfiguration\n\
          housekeepingInterval: 1s\nmetricsAddress: 127.0.0.1:0\n\
+         realtimePriority: {REALTIME_PRIORITY}\n\
          evictionHard: {{memory.available: 1000Ti}}\n\
          shutdownGracePeriod: {BUDGET_SECONDS}s\nshutdownGracePeriodCriticalPods: 3s\n\
          workloads:\n  parentCgroup: workloads.slice\n  namespace: default\n  pods:\n\
          \x20 - {{name: keeper.service, critical: true}}\n"
     )
+}
+
+/// The agent's `realtimePriority`.
+const REALTIME_PRIORITY: u32 = 10;
+
+/// The drop-in docs/install.md gives for `realtimePriority`: its one `ini` block.
+fn realtime_drop_in() -> String {
+    let install = include_str!("../docs/install.md");
+    let (_, after) = install
+        .split_once("```ini\n")
+        .expect("an ini block in docs/install.md");
+    let (block, _) = after.split_once("```").expect("the ini block's end");
+    let block: String = block
+        .lines()
+        .map(|line| line.trim())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(block.contains("RestrictRealtime=no"), "{block}");
+    block + "\n"
+}
+
+/// The agent's threads, seen from inside the node: name, policy and priority.
+fn agent_threads(container: &Container) -> Vec<(String, (i32, u32))> {
+    let pid = property(container, "MainPID");
+    support::scheduling::threads_in_stats(
+        &container.stdout(&format!("cat /proc/{pid}/task/*/stat")),
+    )
+}
+
+/// Whether the kernel event and decision cycle threads run at SCHED_FIFO with
+/// `REALTIME_PRIORITY` (`realtime`) or on the normal scheduler; every other thread is
+/// always on the normal scheduler.
+fn assert_realtime_threads(container: &Container, realtime: bool) {
+    let threads = agent_threads(container);
+    for thread in ["nodekeeper-even", "nodekeeper-cycl"] {
+        assert!(
+            threads.iter().any(|(name, _)| name == thread),
+            "no {thread} thread in {threads:?}"
+        );
+    }
+    for (name, scheduling) in &threads {
+        let on_the_path = name == "nodekeeper-even" || name == "nodekeeper-cycl";
+        let wanted = if realtime && on_the_path {
+            (libc::SCHED_FIFO, REALTIME_PRIORITY)
+        } else {
+            (libc::SCHED_OTHER, 0)
+        };
+        assert_eq!(*scheduling, wanted, "thread {name}: {threads:?}");
+    }
 }
 
 /// What the test changes of the shipped unit: where the log goes, and a watchdog period
@@ -276,6 +329,19 @@ fn the_shipped_unit_runs_the_agent_hardened_ready_watched_and_keeping_its_lock()
     let answer = healthz(&metrics_address(&booted));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 
+    // The shipped unit refuses real-time scheduling (RestrictRealtime=yes, no
+    // CAP_SYS_NICE): the agent says so, naming the setting, and works on regardless.
+    let log = agent_log(&booted);
+    for thread in ["kernel event", "decision cycle"] {
+        assert!(
+            log.contains(&format!(
+                "realtimePriority {REALTIME_PRIORITY}: the {thread} thread stays on the normal scheduler"
+            )),
+            "{log}"
+        );
+    }
+    assert_realtime_threads(container, false);
+
     // ... and kill a workload of another user.
     wait_until(
         &booted,
@@ -324,11 +390,28 @@ fn the_shipped_unit_runs_the_agent_hardened_ready_watched_and_keeping_its_lock()
         .stdout("journalctl --no-pager -u nodekeeper-agent.service");
     assert!(journal.contains("Watchdog timeout"), "{journal}");
 
-    // An operator's restart (an upgrade) keeps it the same way.
+    // An operator's restart (an upgrade) keeps it the same way; here the operator adds
+    // the drop-in that lets the agent run real-time.
+    std::fs::write(
+        booted
+            .root
+            .join("etc/systemd/system/nodekeeper-agent.service.d/realtime.conf"),
+        realtime_drop_in(),
+    )
+    .expect("the realtime drop-in");
     restart_keeping_the_lock(&booted, "systemctl restart", |container| {
-        let restarted = container.exec("systemctl restart nodekeeper-agent.service");
+        let restarted =
+            container.exec("systemctl daemon-reload && systemctl restart nodekeeper-agent.service");
         assert!(restarted.status.success(), "{restarted:?}");
     });
+    let log = agent_log(&booted);
+    for thread in ["kernel event", "decision cycle"] {
+        assert!(
+            log.contains(&format!("the {thread} thread runs real-time")),
+            "{log}"
+        );
+    }
+    assert_realtime_threads(&booted.container, true);
 
     // A stop is for good: systemd closes the store with the unit, and the lock goes.
     let container = &booted.container;

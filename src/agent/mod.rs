@@ -38,6 +38,8 @@ pub const API_FLUSH_WAIT: Duration = Duration::from_secs(5);
 pub enum AgentError {
     #[error("cannot start the decision cycle thread: {0}")]
     CycleThread(std::io::Error),
+    #[error("cannot start the kernel event thread: {0}")]
+    EventThread(std::io::Error),
     #[error("metricsAddress {address}: {error}")]
     Metrics {
         address: String,
@@ -145,13 +147,21 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
         service.discard_passed(crate::shutdown::manager::STORED_LOCK_PREFIX);
     }
     let support = agent.announce();
-    agent.start_notifiers(&support, wake.clone());
+    let realtime_priority = agent.config().realtime_priority;
+    let events = EventThread::start(realtime_priority).await?;
+    {
+        // The notifiers wait on the event thread's runtime, so a notification wakes
+        // that thread, and the cycle thread after it, and nothing else on the way.
+        let _events = events.runtime.enter();
+        agent.start_notifiers(&support, wake.clone());
+    }
     agent.start_image_tracking(stop_tx.subscribe());
     // Taken before the agent moves to its thread: it keeps the API senders alive after
     // the agent is gone, until the queue is flushed.
     let pending_writes = agent.pending_writes();
     let cycles = start_cycle_thread(
         agent,
+        realtime_priority,
         interval,
         wake,
         health,
@@ -178,6 +188,8 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
             "the decision cycle did not finish within {CYCLE_STOP_WAIT:?} (stuck on a hung filesystem?); stopping without it"
         ),
     }
+    // The notifiers went with the agent, unless a stuck cycle still holds it.
+    events.stop();
     if let Some((manager, publisher)) = shutdown_manager {
         // The manager finishes a running drain phase bookkeeping and releases the lock.
         let _ = manager.await;
@@ -219,6 +231,7 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
 /// in a blocking call: a cycle hung in the kernel gets the agent restarted.
 fn start_cycle_thread(
     mut agent: Agent,
+    realtime_priority: Option<u8>,
     interval: Duration,
     wake: Arc<Notify>,
     health: Arc<Health>,
@@ -230,6 +243,9 @@ fn start_cycle_thread(
     std::thread::Builder::new()
         .name("nodekeeper-cycle".to_string())
         .spawn(move || {
+            if let Some(priority) = realtime_priority {
+                go_realtime(priority, "decision cycle");
+            }
             runtime.block_on(async move {
                 let mut ticker = tokio::time::interval(interval);
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -269,6 +285,72 @@ fn start_cycle_thread(
         })
         .map_err(AgentError::CycleThread)?;
     Ok(done_rx)
+}
+
+/// The thread the kernel notifiers wait on (memcg thresholds, PSI triggers,
+/// `memory.events`), on a current-thread runtime of its own: a notification then wakes
+/// it at once, whatever the main runtime is busy with (API writes, scrapes, the pod
+/// watch), and with `realtimePriority` it is the one thread besides the cycle's that runs
+/// real-time, so nothing the API server or a scraper sends runs at that priority.
+struct EventThread {
+    runtime: tokio::runtime::Handle,
+    stop: oneshot::Sender<()>,
+}
+
+impl EventThread {
+    async fn start(realtime_priority: Option<u8>) -> Result<EventThread, AgentError> {
+        let (handle_tx, handle_rx) = oneshot::channel();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("nodekeeper-events".to_string())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(error) => {
+                        let _ = handle_tx.send(Err(error));
+                        return;
+                    }
+                };
+                if let Some(priority) = realtime_priority {
+                    go_realtime(priority, "kernel event");
+                }
+                let _ = handle_tx.send(Ok(runtime.handle().clone()));
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+            })
+            .map_err(AgentError::EventThread)?;
+        let runtime = handle_rx
+            .await
+            .map_err(|_| {
+                AgentError::EventThread(std::io::Error::other("the thread ended at its start"))
+            })?
+            .map_err(AgentError::EventThread)?;
+        Ok(EventThread { runtime, stop })
+    }
+
+    /// Ends the thread; its tasks are dropped with its runtime.
+    fn stop(self) {
+        let _ = self.stop.send(());
+    }
+}
+
+/// Moves the calling thread to SCHED_FIFO at `priority` (`realtimePriority`), or says
+/// why it stays on the normal scheduler.
+fn go_realtime(priority: u8, thread: &str) {
+    match crate::process::run_this_thread_realtime(priority) {
+        Ok(()) => tracing::info!(
+            priority,
+            "the {thread} thread runs real-time (SCHED_FIFO, realtimePriority)"
+        ),
+        Err(error) => tracing::warn!(
+            %error,
+            "realtimePriority {priority}: the {thread} thread stays on the normal scheduler, so a crossing may wait for a scheduler tick (needs CAP_SYS_NICE, RestrictRealtime=no under systemd, and a cpu.rt_runtime_us budget where real-time tasks are scheduled by cgroup)"
+        ),
+    }
 }
 
 /// The next watchdog ping is due; never, without a watchdog.

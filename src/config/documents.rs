@@ -150,6 +150,10 @@ pub struct AgentDocument {
     pub metrics_address: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
+    /// SCHED_FIFO priority (1–99) of the threads between a kernel notification and the
+    /// eviction decision; 0 or unset keeps them on the normal scheduler.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub realtime_priority: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -414,6 +418,7 @@ impl AgentDocument {
             pods_cgroup,
             metrics_address,
             dry_run,
+            realtime_priority,
             node_name,
             shutdown_state_file,
             logind_drop_in_path,

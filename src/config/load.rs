@@ -613,6 +613,18 @@ fn build(
             format!("{metrics_address:?} is not an address like 127.0.0.1:9847 or [::]:9847"),
         ));
     }
+    let realtime_priority = match *doc.realtime_priority.get_or_insert(0) {
+        0 => None,
+        priority @ 1..=99 => u8::try_from(priority).ok(),
+        other => {
+            return Err(simple_error(
+                "realtimePriority",
+                format!(
+                    "{other} is not a SCHED_FIFO priority: 1 to 99, or 0 for the normal scheduler"
+                ),
+            ));
+        }
+    };
     if let Some(name) = doc
         .node_name
         .as_deref()
@@ -648,6 +660,7 @@ fn build(
         paths,
         metrics_address: metrics_address.clone(),
         dry_run: doc.dry_run.unwrap_or(false),
+        realtime_priority,
         node_name: doc.node_name.clone(),
         shutdown_state_file: path_field(
             &doc.shutdown_state_file,

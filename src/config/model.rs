@@ -260,6 +260,10 @@ pub struct AgentConfig {
     pub paths: HostPaths,
     pub metrics_address: String,
     pub dry_run: bool,
+    /// SCHED_FIFO priority of the kernel-event and decision-cycle threads (`None`: the
+    /// normal scheduler, the default). A waking thread of the normal scheduler may wait
+    /// for the next scheduler tick behind a busy process; a real-time one runs at once.
+    pub realtime_priority: Option<u8>,
     pub node_name: Option<String>,
     /// Where graceful-shutdown progress is persisted (the shutdown report).
     pub shutdown_state_file: PathBuf,
@@ -489,6 +493,7 @@ impl Default for AgentConfig {
             paths: HostPaths::default(),
             metrics_address: "127.0.0.1:9847".to_string(),
             dry_run: false,
+            realtime_priority: None,
             node_name: None,
             shutdown_state_file: PathBuf::from(DEFAULT_SHUTDOWN_STATE_FILE),
             logind_drop_in_path: PathBuf::from(DEFAULT_LOGIND_DROP_IN_PATH),

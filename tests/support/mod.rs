@@ -23,6 +23,7 @@ pub mod process_usage;
 pub mod proxy;
 pub mod real;
 pub mod reports;
+pub mod scheduling;
 pub mod tls;
 pub mod vm;
 
