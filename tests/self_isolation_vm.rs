@@ -196,7 +196,6 @@ fn root_files(
     (files, links)
 }
 
-/// The port of an address `host:port`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_by_its_link_isolates_itself_and_its_pods_are_released_only_after() {
     let parts = require!("qemu, a Debian kernel", support::vm::parts());
