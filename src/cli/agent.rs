@@ -108,19 +108,20 @@ fn run_agent(args: Args, service: Arc<ServiceManagerLink>) -> anyhow::Result<Exi
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        let shutdown = async {
-            let mut terminate =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(signal) => signal,
-                    Err(error) => {
-                        tracing::error!(%error, "cannot watch SIGTERM; stop with SIGINT");
-                        let _ = tokio::signal::ctrl_c().await;
-                        return;
-                    }
-                };
+        // Both signals are watched from here on, before anything starts: a SIGTERM while
+        // the agent is still starting (a stop right after a start) ends it cleanly too,
+        // instead of by the signal's default action.
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate = signal(SignalKind::terminate())
+            .map_err(|error| tracing::error!(%error, "cannot watch SIGTERM; stop with SIGINT"))
+            .ok();
+        let mut interrupt = signal(SignalKind::interrupt())
+            .map_err(|error| tracing::error!(%error, "cannot watch SIGINT"))
+            .ok();
+        let shutdown = async move {
             tokio::select! {
-                _ = terminate.recv() => tracing::info!("SIGTERM received"),
-                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+                () = next_signal(&mut terminate) => tracing::info!("SIGTERM received"),
+                () = next_signal(&mut interrupt) => tracing::info!("SIGINT received"),
             }
         };
         // The one look at the host: its cgroup layout and boot id, shared by the pod
@@ -188,4 +189,14 @@ fn run_agent(args: Args, service: Arc<ServiceManagerLink>) -> anyhow::Result<Exi
         .map_err(anyhow::Error::from)
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The next delivery of `signal`; never, for a signal that could not be watched.
+async fn next_signal(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
+    }
 }
