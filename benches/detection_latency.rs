@@ -442,7 +442,10 @@ impl Bench {
         started.recv().unwrap();
         // The agent starts its threads after it says it has started, and each thread
         // moves itself to the real-time scheduler as it begins.
-        let named = ["nodekeeper-even", "nodekeeper-cycl"];
+        let named = [
+            support::scheduling::EVENT_THREAD,
+            support::scheduling::CYCLE_THREAD,
+        ];
         let wanted = if realtime {
             (libc::SCHED_FIFO, u32::from(REALTIME_PRIORITY))
         } else {

@@ -79,22 +79,10 @@ fn agent_threads(container: &Container) -> Vec<(String, (i32, u32))> {
 /// `REALTIME_PRIORITY` (`realtime`) or on the normal scheduler; every other thread is
 /// always on the normal scheduler.
 fn assert_realtime_threads(container: &Container, realtime: bool) {
-    let threads = agent_threads(container);
-    for thread in ["nodekeeper-even", "nodekeeper-cycl"] {
-        assert!(
-            threads.iter().any(|(name, _)| name == thread),
-            "no {thread} thread in {threads:?}"
-        );
-    }
-    for (name, scheduling) in &threads {
-        let on_the_path = name == "nodekeeper-even" || name == "nodekeeper-cycl";
-        let wanted = if realtime && on_the_path {
-            (libc::SCHED_FIFO, REALTIME_PRIORITY)
-        } else {
-            (libc::SCHED_OTHER, 0)
-        };
-        assert_eq!(*scheduling, wanted, "thread {name}: {threads:?}");
-    }
+    support::scheduling::assert_real_time_only_on_the_decision_path(
+        &agent_threads(container),
+        realtime.then_some(REALTIME_PRIORITY),
+    );
 }
 
 /// What the test changes of the shipped unit: where the log goes, and a watchdog period

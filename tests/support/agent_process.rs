@@ -248,6 +248,28 @@ impl AgentProcess {
         );
     }
 
+    /// A log line containing `text` among all the agent wrote, whether or not a wait
+    /// (the start's, for its metrics address) has read past it; waits at most `within`.
+    #[allow(dead_code)] // not every test binary that includes this module uses it
+    pub fn logged(&self, text: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(line) = self
+                .whole_log()
+                .into_iter()
+                .find(|line| line.contains(text))
+            {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {text:?} within {within:?}; log:\n{}",
+                self.whole_log().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Every log line the agent wrote so far, consumed or not.
     #[allow(dead_code)] // not every test binary that includes this module uses it
     pub fn whole_log(&self) -> Vec<String> {

@@ -32,6 +32,6 @@ pub fn port_of(address: &str) -> u16 {
     address
         .rsplit(':')
         .next()
-        .and_then(|port| port.trim_end_matches('/').parse().ok())
+        .and_then(|port| port.parse().ok())
         .unwrap_or_else(|| panic!("no port in {address}"))
 }

@@ -1,5 +1,33 @@
 //! How the kernel schedules a process's threads, as `/proc` shows it.
 
+/// The agent's threads `realtimePriority` moves, by their names in `/proc` (`comm` keeps
+/// 15 bytes of `nodekeeper-events` and `nodekeeper-cycle`).
+pub const EVENT_THREAD: &str = "nodekeeper-even";
+pub const CYCLE_THREAD: &str = "nodekeeper-cycl";
+
+/// What `realtimePriority` promises of the agent's `threads`: the kernel event and decision
+/// cycle threads are there, at SCHED_FIFO with `priority` (or on the normal scheduler
+/// without one), and every other thread is on the normal scheduler.
+pub fn assert_real_time_only_on_the_decision_path(
+    threads: &[(String, (i32, u32))],
+    priority: Option<u32>,
+) {
+    for thread in [EVENT_THREAD, CYCLE_THREAD] {
+        assert!(
+            threads.iter().any(|(name, _)| name == thread),
+            "no {thread} thread in {threads:?}"
+        );
+    }
+    for (name, scheduling) in threads {
+        let on_the_path = name == EVENT_THREAD || name == CYCLE_THREAD;
+        let wanted = match priority {
+            Some(priority) if on_the_path => (libc::SCHED_FIFO, priority),
+            _ => (libc::SCHED_OTHER, 0),
+        };
+        assert_eq!(*scheduling, wanted, "thread {name}: {threads:?}");
+    }
+}
+
 /// Each thread of `pid`: its name (`comm`, at most 15 bytes) and its scheduling policy
 /// and real-time priority (`SCHED_OTHER` and 0 for a normal thread).
 pub fn thread_policies(pid: u32) -> Vec<(String, (i32, u32))> {
