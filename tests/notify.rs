@@ -29,6 +29,16 @@ fn allocator_child() {
     support::allocator::run_if_requested();
 }
 
+/// An allocator that grows to `bytes` at 400 MiB/s and holds them.
+fn growing_to(bytes: u64) -> AllocatorPlan {
+    AllocatorPlan {
+        bytes,
+        rate: 400 * MIB,
+        ignore_sigterm: false,
+        report_crossing: None,
+    }
+}
+
 #[tokio::test]
 async fn memcg_threshold_fires_when_a_real_cgroup_crosses_it() {
     let mut cgroups = require!(
@@ -49,15 +59,7 @@ async fn memcg_threshold_fires_when_a_real_cgroup_crosses_it() {
     let mut threshold = MemcgThreshold::register(&dir, trigger).unwrap();
     assert!(usage() < trigger);
 
-    cgroups.spawn_allocator(
-        &parent,
-        &AllocatorPlan {
-            bytes: 160 * MIB,
-            rate: 400 * MIB,
-            ignore_sigterm: false,
-            report_crossing: None,
-        },
-    );
+    cgroups.spawn_allocator(&parent, &growing_to(160 * MIB));
     let crossings = tokio::time::timeout(ARRIVAL, threshold.crossed())
         .await
         .expect("no memcg threshold notification")
@@ -160,21 +162,161 @@ async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
         "trigger {trigger}"
     );
 
-    cgroups.spawn_allocator(
-        &parent,
-        &AllocatorPlan {
-            bytes: 180 * MIB,
-            rate: 400 * MIB,
-            ignore_sigterm: false,
-            report_crossing: None,
-        },
-    );
+    cgroups.spawn_allocator(&parent, &growing_to(180 * MIB));
     tokio::time::timeout(ARRIVAL, wake.notified())
         .await
         .expect("the agent was not woken");
     let counts = notifiers.counts();
     assert!(counts.memcg_crossings >= 1, "{counts:?}");
     assert!(counts.evaluations >= 1, "{counts:?}");
+}
+
+/// The one memcg trigger `notifiers` hold registered now.
+fn registered_trigger(notifiers: &Notifiers) -> u64 {
+    let armed = notifiers.armed();
+    assert_eq!(armed.len(), 1, "{armed:?}");
+    armed[0].trigger.parse().unwrap()
+}
+
+/// Wait until the kernel has signalled `crossings` memcg threshold crossings in all.
+async fn memcg_crossings(notifiers: &Notifiers, crossings: u64) {
+    let deadline = tokio::time::Instant::now() + ARRIVAL;
+    while notifiers.counts().memcg_crossings < crossings {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{crossings} memcg crossings not signalled within {ARRIVAL:?}: {:?}",
+            notifiers.counts()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The kernel signals a memcg threshold once per crossing. When the cycle it woke finds
+/// more inactive file pages than the trigger was computed with (page cache grew since),
+/// the working set is still below the threshold and usage is already past the trigger, so
+/// the kernel will not signal again while usage grows. The trigger that fired follows
+/// that cycle's collection at once, however small the move (a 64 MiB tolerance and an
+/// hour's interval would hold any other), and the next crossing is signalled.
+#[tokio::test]
+async fn a_trigger_that_fired_follows_the_next_collection_and_fires_again() {
+    let (mut cgroups, config) =
+        require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
+    let parent = cgroups.parent.clone();
+    let settings = NotifierSettings {
+        memcg_refresh: nodekeeper::notify::RefreshPolicy {
+            min_interval: Duration::from_secs(3600),
+            tolerance_bytes: 64 * MIB,
+        },
+        ..NotifierSettings::default()
+    };
+    let mut notifiers = memcg_notifiers(&config, settings, Arc::new(Notify::new()));
+    let collector = SignalCollector::new(&config.paths);
+    notifiers.update(&collector.collect());
+    let first = registered_trigger(&notifiers);
+    // 256 MiB − 150 MiB: the first trigger sits at about 106 MiB.
+    cgroups.spawn_allocator(&parent, &growing_to(112 * MIB));
+    memcg_crossings(&notifiers, 1).await;
+
+    let mut collection = collector.collect();
+    collection
+        .memory_usage
+        .get_mut(&Signal::AllocatableMemoryAvailable)
+        .expect("the pods cgroup's memory figures are in the collection")
+        .inactive_file_bytes += 32 * MIB;
+    notifiers.update(&collection);
+    let second = registered_trigger(&notifiers);
+    assert!(
+        second > first + 30 * MIB,
+        "the trigger that fired stayed at {second} (first {first})"
+    );
+    let usage = collector.collect().memory_usage[&Signal::AllocatableMemoryAvailable].usage_bytes;
+    assert!(
+        usage < second,
+        "usage {usage} is already past the new trigger {second}: the test proves nothing"
+    );
+
+    cgroups.spawn_allocator(&parent, &growing_to(48 * MIB));
+    memcg_crossings(&notifiers, 2).await;
+}
+
+/// Sends whether each cycle's decision met a threshold, as the cycle hands it on.
+struct MetThresholds(std::sync::mpsc::Sender<bool>);
+
+impl nodekeeper::ports::CycleObserver for MetThresholds {
+    fn observe(&mut self, report: &nodekeeper::ports::CycleReport) {
+        let _ = self.0.send(!report.decision.thresholds_met.is_empty());
+    }
+}
+
+/// The kernel notifiers wait on the agent's own kernel event thread, and the cycle thread
+/// decides on their word alone: a crossing is decided on while the main runtime thread
+/// (API writes, scrapes, the pod watch, the housekeeping timer) is stalled.
+#[test]
+fn a_crossing_is_decided_on_while_the_main_runtime_thread_is_stalled() {
+    const STALL: Duration = Duration::from_secs(8);
+    const DECIDED_WITHIN: Duration = Duration::from_secs(2);
+    let (mut cgroups, mut config) =
+        require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
+    let parent = cgroups.parent.clone();
+    config.paths.cgroup_root = cgroups.v1_root();
+    config.dry_run = true;
+    config.metrics_address = "127.0.0.1:0".to_string();
+    // Only the first cycle comes from the timer.
+    config.housekeeping_interval = Duration::from_secs(3600).into();
+
+    let (decided_tx, decided) = std::sync::mpsc::channel();
+    let (runtime_tx, runtime) = std::sync::mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let agent = std::thread::spawn(move || {
+        let main_runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let handle = main_runtime.handle().clone();
+        main_runtime
+            .block_on(nodekeeper::agent::run(
+                config.clone(),
+                nodekeeper::signals::Host::detect(&config.paths),
+                None::<
+                    nodekeeper::ports::ShutdownHooks<
+                        nodekeeper::shutdown::runner::DryRunTerminator,
+                    >,
+                >,
+                Arc::new(nodekeeper::systemd::notify::ServiceManagerLink::none()),
+                async {
+                    let _ = stopped.await;
+                },
+                move |agent| agent.add_cycle_observer(Box::new(MetThresholds(decided_tx))),
+                move |_| {
+                    let _ = runtime_tx.send(handle);
+                },
+            ))
+            .unwrap();
+    });
+    let main_runtime = runtime.recv().unwrap();
+    let first = decided.recv_timeout(ARRIVAL).expect("no first cycle");
+    assert!(!first, "a threshold was met before anything was allocated");
+
+    let (stalling_tx, stalling) = std::sync::mpsc::channel();
+    main_runtime.spawn(async move {
+        let _ = stalling_tx.send(());
+        std::thread::sleep(STALL);
+    });
+    stalling.recv().unwrap();
+    let stalled_at = std::time::Instant::now();
+    cgroups.spawn_allocator(&parent, &growing_to(180 * MIB));
+    loop {
+        let left = DECIDED_WITHIN.saturating_sub(stalled_at.elapsed());
+        match decided.recv_timeout(left) {
+            Ok(true) => break,
+            Ok(false) => continue,
+            Err(_) => panic!(
+                "no decision on the crossing within {DECIDED_WITHIN:?} while the main runtime thread was stalled"
+            ),
+        }
+    }
+    let _ = stop.send(());
+    agent.join().unwrap();
 }
 
 #[tokio::test]
@@ -418,6 +560,12 @@ async fn a_memcg_trigger_is_logged_once_and_its_refreshes_only_at_debug() {
             .with_writer(move || writer.clone())
             .finish(),
     );
+    // Another test of this binary runs an agent whose threads have no subscriber. With
+    // one subscriber registered in the process, tracing decides whether a log line is
+    // wanted by the default subscriber of the thread that first meets it, and would remember
+    // "never" for a line the agent's thread met first. With a second one alive, it asks
+    // every registered subscriber, this one included.
+    let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
 
     // Refresh whenever the trigger moves at all, as a busy node's does every few cycles.
     let settings = NotifierSettings {

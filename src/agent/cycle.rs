@@ -80,6 +80,11 @@ struct Aftermath {
     collection: Collection,
     previous_conditions: BTreeSet<NodeCondition>,
     now: Millis,
+    /// Observed into their histograms by `publish`: a histogram takes a lock that a
+    /// scrape on the runtime thread may hold, which a real-time cycle thread must not
+    /// wait for before it acts.
+    collection_time: Duration,
+    decision_time: Duration,
 }
 
 impl Agent {
@@ -433,9 +438,7 @@ impl Agent {
         let started = Instant::now();
         let collection = self.collector.collect();
         let pods = self.collect_pods();
-        self.metrics
-            .collection_duration
-            .observe(started.elapsed().as_secs_f64());
+        let collection_time = started.elapsed();
         let now = self.now();
         let decision_started = Instant::now();
         let decision = synchronize(
@@ -446,9 +449,7 @@ impl Agent {
             now,
             &self.sync_options,
         );
-        self.metrics
-            .eviction_decision_duration
-            .observe(decision_started.elapsed().as_secs_f64());
+        let decision_time = decision_started.elapsed();
         let previous_conditions =
             std::mem::replace(&mut self.state, decision.state.clone()).node_conditions;
         let contention = if self.contention.is_enabled() {
@@ -473,6 +474,8 @@ impl Agent {
             collection,
             previous_conditions,
             now,
+            collection_time,
+            decision_time,
         };
         (report, aftermath)
     }
@@ -484,7 +487,15 @@ impl Agent {
             collection,
             previous_conditions,
             now,
+            collection_time,
+            decision_time,
         } = aftermath;
+        self.metrics
+            .collection_duration
+            .observe(collection_time.as_secs_f64());
+        self.metrics
+            .eviction_decision_duration
+            .observe(decision_time.as_secs_f64());
         self.publish_collection(&collection);
         self.publish_decision(&report.decision, &collection, &previous_conditions);
         self.publish_contention(&report.contention);

@@ -19,14 +19,23 @@ use super::error::NotifyError;
 use super::pollable::register;
 use crate::config::ThresholdValue;
 
-/// The `memory.usage_in_bytes` value at which the working set reaches
-/// `capacity − threshold`: `capacity − threshold + inactive_file` (kubelet §4). A threshold
-/// larger than the capacity puts the trigger at the inactive file pages alone, so any
-/// usage fires it.
+/// The first `memory.usage_in_bytes` value at which the threshold is met: one byte past
+/// `capacity − threshold + inactive_file`, the usage at which the working set reaches
+/// `capacity − threshold` (kubelet §4).
+///
+/// The kubelet registers that point itself, but the kernel signals a crossing when usage
+/// *reaches* a trigger, while a threshold is met only when available is *below* it: a
+/// cycle woken at exactly that usage would find the threshold not met, with the kernel's
+/// one signal for the crossing spent. The byte past it is the first usage that meets it
+/// (usage moves in whole pages, so the kernel signals at the next page). A threshold larger
+/// than the capacity puts the trigger just past the inactive file pages, so any working
+/// set fires it.
 pub fn memcg_trigger_bytes(capacity: i64, threshold: ThresholdValue, inactive_file: u64) -> u64 {
     let threshold_bytes = threshold.resolve(capacity).value();
     let working_set_limit = u64::try_from(capacity.saturating_sub(threshold_bytes)).unwrap_or(0);
-    working_set_limit.saturating_add(inactive_file)
+    working_set_limit
+        .saturating_add(inactive_file)
+        .saturating_add(1)
 }
 
 /// When a registered trigger is replaced by a freshly computed one.
@@ -57,11 +66,16 @@ pub struct Registered {
 
 impl RefreshPolicy {
     /// Whether to register `wanted` now, given what is registered (if anything) and
-    /// whether it fired since. A threshold fires once per crossing: if it fired early
-    /// (inactive file pages grew since it was computed, so the working set is still below
-    /// the eviction threshold), it would stay silent while usage keeps growing. So a
-    /// trigger that fired is replaced as soon as it moved, without waiting for the
-    /// interval.
+    /// whether it fired since.
+    ///
+    /// - A threshold fires once per crossing. If it fired early (inactive file pages grew
+    ///   since it was computed, so the working set is still below the eviction
+    ///   threshold), it stays silent while usage keeps growing. So a trigger that fired
+    ///   is replaced as soon as it moved at all, whatever the tolerance and the interval.
+    /// - A trigger above the wanted one by more than the tolerance (inactive file pages
+    ///   were reclaimed, as they are under pressure) would fire late: replaced at once.
+    /// - Otherwise the trigger is replaced only when it moved by more than the tolerance
+    ///   and the interval has passed, so page-cache jitter does not churn registrations.
     pub fn should_register(
         &self,
         current: Option<Registered>,
@@ -69,13 +83,15 @@ impl RefreshPolicy {
         now: Duration,
         fired_since: bool,
     ) -> bool {
-        match current {
-            None => true,
-            Some(current) => {
-                current.trigger_bytes.abs_diff(wanted) > self.tolerance_bytes
-                    && (fired_since || now.saturating_sub(current.at) >= self.min_interval)
-            }
+        let Some(current) = current else {
+            return true;
+        };
+        if fired_since {
+            return current.trigger_bytes != wanted;
         }
+        let moved = current.trigger_bytes.abs_diff(wanted) > self.tolerance_bytes;
+        let fires_late = wanted < current.trigger_bytes;
+        moved && (fires_late || now.saturating_sub(current.at) >= self.min_interval)
     }
 }
 
@@ -164,19 +180,103 @@ mod tests {
         let threshold = ThresholdValue::Quantity(Quantity::from_value(100 * MI));
         assert_eq!(
             memcg_trigger_bytes(1024 * MI, threshold, 50 << 20),
-            (1024 - 100 + 50) << 20
+            ((1024 - 100 + 50) << 20) + 1
         );
         let quarter = ThresholdValue::Percentage(0.25);
         assert_eq!(
             memcg_trigger_bytes(1000 * MI, quarter, 0),
-            (1000 * MI - 250 * MI) as u64
+            (1000 * MI - 250 * MI) as u64 + 1
         );
     }
 
     #[test]
-    fn a_threshold_above_capacity_triggers_at_the_inactive_pages() {
+    fn a_threshold_above_capacity_triggers_just_past_the_inactive_pages() {
         let threshold = ThresholdValue::Quantity(Quantity::from_value(2048 * MI));
-        assert_eq!(memcg_trigger_bytes(1024 * MI, threshold, 7), 7);
+        assert_eq!(memcg_trigger_bytes(1024 * MI, threshold, 7), 8);
+    }
+
+    /// The kernel signals when usage reaches the trigger; the cycle it wakes must find the
+    /// threshold met there, and not one page before, as the collector computes
+    /// `memory.available` from that usage and the kubelet's rule decides.
+    fn met_at_usage(
+        limit: u64,
+        hugepages: u64,
+        threshold: &ThresholdValue,
+        usage_bytes: u64,
+        inactive_file_bytes: u64,
+    ) -> bool {
+        use crate::eviction::{EvictionState, SyncOptions, synchronize};
+        let observation = crate::signals::memory_observation(
+            limit,
+            hugepages,
+            crate::signals::MemoryUsage {
+                usage_bytes,
+                inactive_file_bytes,
+            },
+        );
+        let config = crate::config::EvictionConfig {
+            thresholds: vec![crate::config::Threshold {
+                signal: crate::signals::Signal::AllocatableMemoryAvailable,
+                value: *threshold,
+                grace_period: Default::default(),
+                min_reclaim: None,
+            }],
+            ..Default::default()
+        };
+        let observations = [(
+            crate::signals::Signal::AllocatableMemoryAvailable,
+            observation,
+        )]
+        .into_iter()
+        .collect();
+        let decision = synchronize(
+            &config,
+            &EvictionState::default(),
+            &observations,
+            &[],
+            crate::eviction::Millis(0),
+            &SyncOptions::default(),
+        );
+        !decision.thresholds_met.is_empty()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_kernel_signals_the_first_page_at_which_the_threshold_is_met(
+            limit_pages in 256u64..(1 << 28),
+            hugepage_share in 0u64..50,
+            threshold_share in 0u64..=100,
+            percentage in proptest::bool::ANY,
+            inactive_pages in 0u64..(1 << 28),
+        ) {
+            const PAGE: u64 = 4096;
+            let limit = limit_pages * PAGE;
+            let hugepages = limit / 100 * hugepage_share / PAGE * PAGE;
+            let capacity = limit - hugepages;
+            let threshold = if percentage {
+                ThresholdValue::Percentage(threshold_share as f32 / 100.0)
+            } else {
+                ThresholdValue::Quantity(Quantity::from_value((capacity / 100 * threshold_share) as i64))
+            };
+            // A threshold of zero is never met (available cannot go below it).
+            let threshold_bytes = u64::try_from(threshold.resolve(capacity as i64).value()).unwrap_or(0);
+            proptest::prop_assume!(threshold_bytes > 0);
+            let inactive = inactive_pages * PAGE;
+            let trigger = memcg_trigger_bytes(capacity as i64, threshold, inactive);
+            // The first whole page the kernel can report at or past the trigger.
+            let signalled = trigger.div_ceil(PAGE) * PAGE;
+            proptest::prop_assert!(
+                met_at_usage(limit, hugepages, &threshold, signalled, inactive),
+                "not met at the signalled usage {signalled} (trigger {trigger})"
+            );
+            if threshold_bytes <= capacity {
+                let page_before = signalled - PAGE;
+                proptest::prop_assert!(
+                    !met_at_usage(limit, hugepages, &threshold, page_before, inactive),
+                    "met a page before the signalled usage {signalled}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -199,18 +299,32 @@ mod tests {
             Duration::from_secs(200),
             false
         ));
-        assert!(policy.should_register(current, 400 << 20, Duration::from_secs(110), false));
+        // Moved far up, late enough.
+        assert!(policy.should_register(current, 600 << 20, Duration::from_secs(110), false));
+    }
+
+    const REGISTERED_500_MIB_AT_100_S: Registered = Registered {
+        trigger_bytes: 500 << 20,
+        at: Duration::from_secs(100),
+    };
+
+    #[test]
+    fn a_trigger_that_would_fire_late_is_replaced_at_once() {
+        let policy = RefreshPolicy::default();
+        let (current, soon) = (Some(REGISTERED_500_MIB_AT_100_S), Duration::from_secs(101));
+        assert!(policy.should_register(current, 400 << 20, soon, false));
+        // Within the tolerance, it waits like any other move.
+        assert!(!policy.should_register(current, (500 << 20) - 4096, soon, false));
     }
 
     #[test]
-    fn a_trigger_that_fired_is_replaced_at_once_when_it_moved() {
+    fn a_trigger_that_fired_is_replaced_at_once_when_it_moved_at_all() {
         let policy = RefreshPolicy::default();
-        let current = Some(Registered {
-            trigger_bytes: 500 << 20,
-            at: Duration::from_secs(100),
-        });
-        let soon = Duration::from_secs(101);
+        let (current, soon) = (Some(REGISTERED_500_MIB_AT_100_S), Duration::from_secs(101));
         assert!(policy.should_register(current, 510 << 20, soon, true));
+        // A page of inactive file pages, well within the tolerance: it may have fired
+        // early, and the kernel will not signal again while usage grows.
+        assert!(policy.should_register(current, (500 << 20) + 4096, soon, true));
         assert!(!policy.should_register(current, 500 << 20, soon, true));
     }
 }

@@ -345,7 +345,7 @@ fn root_memory_usage(
 /// at zero; capacity is available plus the working set. Capacity is the limit itself
 /// unless the floor was hit, and the limit less the pool when one is subtracted, so
 /// percentage thresholds and memcg triggers apply to the memory pods can really use.
-fn memory_observation(limit: u64, hugepages: u64, usage: MemoryUsage) -> Observation {
+pub(crate) fn memory_observation(limit: u64, hugepages: u64, usage: MemoryUsage) -> Observation {
     let working_set = usage.working_set_bytes();
     let available = limit.saturating_sub(working_set).saturating_sub(hugepages);
     observation(available, available.saturating_add(working_set))

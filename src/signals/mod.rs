@@ -17,6 +17,8 @@ pub mod readers;
 
 pub use crate::signal_names::{Contention, NodeCondition, Resource, Signal, UnknownSignal};
 pub use cgroup::{CgroupReader, CgroupUsage, PodCgroupUsage};
+#[cfg(test)]
+pub(crate) use collector::memory_observation;
 pub use collector::{Collection, SignalCollector};
 pub use error::{ErrorSubject, FileError, FileProblem, SignalError};
 pub use filesystem::{Filesystems, FsDevice, FsStats, FsTarget, Mount, device_of, parse_mountinfo};
