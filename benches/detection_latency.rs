@@ -44,7 +44,7 @@ use nodekeeper::agent::RunHandles;
 use nodekeeper::config::{
     AgentConfig, GoDuration, Quantity, Threshold, ThresholdValue, WorkloadsConfig,
 };
-use nodekeeper::notify::{MemcgThreshold, memcg_trigger_bytes};
+use nodekeeper::notify::{MemcgThreshold, memcg_trigger_bytes, page_size};
 use nodekeeper::ports::{CycleObserver, CycleReport, ShutdownHooks};
 use nodekeeper::shutdown::runner::DryRunTerminator;
 use nodekeeper::signals::{Host, Signal};
@@ -588,7 +588,7 @@ fn trigger(parent_dir: &Path) -> u64 {
         .find_map(|line| line.strip_prefix("total_inactive_file "))
         .and_then(|value| value.trim().parse().ok())
         .unwrap_or(0);
-    memcg_trigger_bytes(LIMIT as i64, threshold(), inactive_file)
+    memcg_trigger_bytes(LIMIT as i64, threshold(), inactive_file, page_size())
 }
 
 fn read_u64(path: &Path) -> u64 {

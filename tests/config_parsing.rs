@@ -713,6 +713,23 @@ fn realtime_priority_is_off_unless_a_fifo_priority_is_given() {
     let loaded =
         config::from_yaml_str_with_warnings(AGENT, "a.yaml", &Overrides::default()).unwrap();
     assert_eq!(loaded.effective_document.realtime_priority, Some(0));
+    // At or above the kernel's interrupt threads, taken with a warning naming the field.
+    let warnings = |body: &str| {
+        config::from_yaml_str_with_warnings(
+            &format!("{AGENT}{body}\n"),
+            "a.yaml",
+            &Overrides::default(),
+        )
+        .unwrap()
+        .warnings
+    };
+    assert_eq!(warnings("realtimePriority: 49"), Vec::<String>::new());
+    let high = warnings("realtimePriority: 50");
+    assert_eq!(high.len(), 1, "{high:?}");
+    assert!(
+        high[0].contains("realtimePriority") && high[0].contains("below 50"),
+        "{high:?}"
+    );
 }
 
 /// Node-level reclaim goes through the container runtime by default, at the kubelet's

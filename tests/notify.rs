@@ -15,7 +15,7 @@ use nodekeeper::notify::{
 };
 use nodekeeper::signals::{CgroupReader, NotificationSupport, SignalCollector};
 use nodekeeper::signals::{Signal, probe};
-use support::allocator::AllocatorPlan;
+use support::allocator::{AllocatorPlan, OscillatorPlan, oscillator_grow};
 use support::cgroups::TestCgroups;
 use tokio::sync::Notify;
 
@@ -191,6 +191,61 @@ async fn memcg_crossings(notifiers: &Notifiers, crossings: u64) {
     }
 }
 
+/// The kernel stores a memcg threshold in whole pages and treats one that usage has
+/// reached as crossed, while the threshold is met only when available is below it. With
+/// the threshold's point exactly at today's usage (available equal to the threshold, not
+/// met), the trigger must be the next page: a trigger at the point itself would count as
+/// crossed already, and growth past the threshold would never be signalled.
+#[tokio::test]
+async fn a_threshold_at_todays_usage_is_signalled_when_usage_grows_past_it() {
+    let mut cgroups = require!(
+        "the cgroup v1 memory hierarchy",
+        TestCgroups::create(&["memory"])
+    );
+    let parent = cgroups.parent.clone();
+    cgroups.set_memory_limit(&parent, 256 * MIB);
+    let workload = cgroups.child("workload");
+    let oscillator = cgroups.spawn_oscillator(
+        &workload,
+        &OscillatorPlan {
+            base: 8 * MIB,
+            top: 24 * MIB,
+            usage_file: cgroups.dir("memory", &parent).join("memory.usage_in_bytes"),
+        },
+    );
+    let mut config = allocatable_threshold_on(&parent);
+    let collector = SignalCollector::new(&config.paths);
+    let collection = collector.collect();
+    let signal = Signal::AllocatableMemoryAvailable;
+    let (observation, usage) = (
+        collection.observations[&signal],
+        collection.memory_usage[&signal],
+    );
+    // Available equals the threshold: capacity − threshold + inactive_file is the usage.
+    config.eviction.thresholds[0].value = ThresholdValue::Quantity(Quantity::from_value(
+        observation.capacity - usage.working_set_bytes() as i64,
+    ));
+    let mut notifiers = memcg_notifiers(
+        &config,
+        NotifierSettings::default(),
+        Arc::new(Notify::new()),
+    );
+    notifiers.update(&collection);
+    let trigger = registered_trigger(&notifiers);
+    let page = nodekeeper::notify::page_size();
+    assert_eq!(trigger, usage.usage_bytes + page, "{usage:?}");
+    let now = collector.collect().memory_usage[&signal].usage_bytes;
+    assert!(
+        now < trigger,
+        "usage moved from {} to {now} while the trigger was registered: the test proves nothing",
+        usage.usage_bytes
+    );
+
+    let grown = oscillator_grow(cgroups.child_mut(oscillator), trigger, 0);
+    assert!(grown.is_some(), "usage never reached the trigger {trigger}");
+    memcg_crossings(&notifiers, 1).await;
+}
+
 /// The kernel signals a memcg threshold once per crossing. When the cycle it woke finds
 /// more inactive file pages than the trigger was computed with (page cache grew since),
 /// the working set is still below the threshold and usage is already past the trigger, so
@@ -253,8 +308,9 @@ impl nodekeeper::ports::CycleObserver for MetThresholds {
 /// (API writes, scrapes, the pod watch, the housekeeping timer) is stalled.
 #[test]
 fn a_crossing_is_decided_on_while_the_main_runtime_thread_is_stalled() {
-    const STALL: Duration = Duration::from_secs(8);
-    const DECIDED_WITHIN: Duration = Duration::from_secs(2);
+    // The stall ends when the test has its answer, or after this.
+    const STALL: Duration = Duration::from_secs(60);
+    const DECIDED_WITHIN: Duration = Duration::from_secs(5);
     let (mut cgroups, mut config) =
         require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
     let parent = cgroups.parent.clone();
@@ -298,23 +354,28 @@ fn a_crossing_is_decided_on_while_the_main_runtime_thread_is_stalled() {
     assert!(!first, "a threshold was met before anything was allocated");
 
     let (stalling_tx, stalling) = std::sync::mpsc::channel();
+    let (end_stall, stall_ended) = std::sync::mpsc::channel::<()>();
     main_runtime.spawn(async move {
         let _ = stalling_tx.send(());
-        std::thread::sleep(STALL);
+        // Blocks the runtime thread, as a hung call on it would.
+        let _ = stall_ended.recv_timeout(STALL);
     });
     stalling.recv().unwrap();
     let stalled_at = std::time::Instant::now();
     cgroups.spawn_allocator(&parent, &growing_to(180 * MIB));
-    loop {
+    let decided_in_time = loop {
         let left = DECIDED_WITHIN.saturating_sub(stalled_at.elapsed());
         match decided.recv_timeout(left) {
-            Ok(true) => break,
+            Ok(true) => break true,
             Ok(false) => continue,
-            Err(_) => panic!(
-                "no decision on the crossing within {DECIDED_WITHIN:?} while the main runtime thread was stalled"
-            ),
+            Err(_) => break false,
         }
-    }
+    };
+    let _ = end_stall.send(());
+    assert!(
+        decided_in_time,
+        "no decision on the crossing within {DECIDED_WITHIN:?} while the main runtime thread was stalled"
+    );
     let _ = stop.send(());
     agent.join().unwrap();
 }

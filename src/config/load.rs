@@ -625,6 +625,17 @@ fn build(
             ));
         }
     };
+    if let Some(priority) = realtime_priority.filter(|priority| *priority >= 50) {
+        // Threaded interrupt handlers run at SCHED_FIFO 50: at or above it, a busy cycle
+        // (a v1 freezer wait, a walk of a large pod) could hold off the node's own
+        // interrupt handling on that CPU.
+        warnings.push(simple_warning(
+            "realtimePriority",
+            format!(
+                "{priority} is at or above 50, the priority of the kernel's interrupt threads; the agent's cycle could delay interrupt handling on its CPU: keep it below 50"
+            ),
+        ));
+    }
     if let Some(name) = doc
         .node_name
         .as_deref()

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use super::error::NotifyError;
 use super::events::MemoryEventsWatch;
 use super::limiter::{ForwardCounts, forward_limited};
-use super::memcg::{MemcgThreshold, RefreshPolicy, Registered, memcg_trigger_bytes};
+use super::memcg::{MemcgThreshold, RefreshPolicy, Registered, memcg_trigger_bytes, page_size};
 use super::psi::{PsiReadiness, PsiTrigger, PsiTriggerSpec};
 use crate::config::{AgentConfig, ThresholdValue};
 use crate::signals::{CgroupReader, Collection, NotificationSupport, Signal};
@@ -97,7 +97,9 @@ struct MemcgWatch {
     cgroup: PathBuf,
     dir: PathBuf,
     registered: Option<(Registered, JoinHandle<()>)>,
-    /// Set by the waiting task on every crossing, cleared when the trigger is refreshed.
+    /// Set by the registered trigger's waiting task on every crossing. Each registration
+    /// has a flag of its own, so a crossing of the trigger it replaced, signalled before
+    /// that trigger's task ends, does not count for it.
     fired: Arc<AtomicBool>,
     last_error: Option<String>,
 }
@@ -113,6 +115,8 @@ pub struct Notifiers {
     memcg: Vec<MemcgWatch>,
     reader: Option<CgroupReader>,
     refresh: RefreshPolicy,
+    /// The kernel counts memcg thresholds in pages.
+    page_size: u64,
     epoch: std::time::Instant,
     memcg_registrations: u64,
 }
@@ -149,6 +153,7 @@ impl Notifiers {
             memcg: Vec::new(),
             reader: cgroups,
             refresh: settings.memcg_refresh,
+            page_size: page_size(),
             epoch: std::time::Instant::now(),
             memcg_registrations: 0,
         };
@@ -206,8 +211,8 @@ impl Notifiers {
     /// Refresh memcg thresholds from a fresh collection: the capacity comes from the
     /// observation of each threshold's signal, the inactive file pages from the same
     /// collection's read of the watched cgroup (no file is read again here). Re-registers
-    /// only when the trigger moved and the refresh interval passed. Cheap enough to call
-    /// every cycle.
+    /// as [`RefreshPolicy::should_register`] says: when a trigger fired early, would fire
+    /// late, or moved and the refresh interval passed. Cheap enough to call every cycle.
     pub fn update(&mut self, collection: &Collection) {
         let observations = &collection.observations;
         let now = self.epoch.elapsed();
@@ -218,14 +223,15 @@ impl Notifiers {
                 continue;
             };
             // Read together with the observation, so present whenever it is.
-            let Some(inactive_file) = collection
-                .memory_usage
-                .get(&watch.signal)
-                .map(|usage| usage.inactive_file_bytes)
-            else {
+            let Some(usage) = collection.memory_usage.get(&watch.signal) else {
                 continue;
             };
-            let wanted = memcg_trigger_bytes(observation.capacity, watch.value, inactive_file);
+            let wanted = memcg_trigger_bytes(
+                observation.capacity,
+                watch.value,
+                usage.inactive_file_bytes,
+                self.page_size,
+            );
             let current = watch.registered.as_ref().map(|(registered, _)| *registered);
             let fired = watch.fired.load(Ordering::Relaxed);
             if !self.refresh.should_register(current, wanted, now, fired) {
@@ -233,22 +239,27 @@ impl Notifiers {
             }
             match MemcgThreshold::register(&watch.dir, wanted) {
                 Ok(threshold) => {
-                    watch.fired.store(false, Ordering::Relaxed);
+                    let fired = Arc::new(AtomicBool::new(false));
                     let task = self.runtime.spawn(wait_memcg(
                         threshold,
-                        watch.fired.clone(),
+                        fired.clone(),
                         self.source.clone(),
                         self.sources.clone(),
                     ));
-                    // Registration does not fire for usage already above the trigger, so
-                    // a crossing since the last evaluation gets one right away.
-                    if self
-                        .usage_bytes(&watch.cgroup)
-                        .is_some_and(|usage| usage >= wanted)
+                    // The kernel does not signal a trigger that usage already reached when
+                    // it was registered, so a crossing since this cycle's collection gets
+                    // a wake-up right away. One the collection already showed was decided
+                    // on by this cycle: waking again for it would only repeat that
+                    // decision, every cycle for as long as the trigger keeps moving.
+                    if usage.usage_bytes < wanted
+                        && self
+                            .usage_bytes(&watch.cgroup)
+                            .is_some_and(|usage| usage >= wanted)
                     {
                         self.source.notify_one();
                     }
                     let watch = &mut self.memcg[index];
+                    watch.fired = fired;
                     self.memcg_registrations += 1;
                     // The trigger follows usage, so it is refreshed every few cycles: only
                     // the first registration, and one after a failure, are news.

@@ -19,23 +19,41 @@ use super::error::NotifyError;
 use super::pollable::register;
 use crate::config::ThresholdValue;
 
-/// The first `memory.usage_in_bytes` value at which the threshold is met: one byte past
-/// `capacity − threshold + inactive_file`, the usage at which the working set reaches
-/// `capacity − threshold` (kubelet §4).
+/// The first `memory.usage_in_bytes` value the kernel can report at which the threshold is
+/// met: the first whole page past `capacity − threshold + inactive_file`, the usage at
+/// which the working set reaches `capacity − threshold` (kubelet §4).
 ///
-/// The kubelet registers that point itself, but the kernel signals a crossing when usage
-/// *reaches* a trigger, while a threshold is met only when available is *below* it: a
-/// cycle woken at exactly that usage would find the threshold not met, with the kernel's
-/// one signal for the crossing spent. The byte past it is the first usage that meets it
-/// (usage moves in whole pages, so the kernel signals at the next page). A threshold larger
-/// than the capacity puts the trigger just past the inactive file pages, so any working
-/// set fires it.
-pub fn memcg_trigger_bytes(capacity: i64, threshold: ThresholdValue, inactive_file: u64) -> u64 {
+/// The kubelet registers that point itself, but the kernel counts a threshold in whole
+/// pages, rounded down, and signals a crossing when usage *reaches* it, while a threshold
+/// is met only when available is *below* it: at that point, or at the page below it when
+/// the point is not page-aligned (a percentage), a cycle woken by the signal finds the
+/// threshold not met, with the kernel's one signal for the crossing spent. The next whole
+/// page is the first usage that meets it. A threshold larger than the capacity puts the
+/// trigger at the first page past the inactive file pages, so any working set fires it.
+pub fn memcg_trigger_bytes(
+    capacity: i64,
+    threshold: ThresholdValue,
+    inactive_file: u64,
+    page_size: u64,
+) -> u64 {
     let threshold_bytes = threshold.resolve(capacity).value();
     let working_set_limit = u64::try_from(capacity.saturating_sub(threshold_bytes)).unwrap_or(0);
-    working_set_limit
-        .saturating_add(inactive_file)
+    let page_size = page_size.max(1);
+    let met_past = working_set_limit.saturating_add(inactive_file);
+    (met_past / page_size)
         .saturating_add(1)
+        .saturating_mul(page_size)
+}
+
+/// The kernel's page size, the unit it counts memory cgroup thresholds in (4 KiB on x86,
+/// up to 64 KiB on arm64 and ppc64 kernels).
+pub fn page_size() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|size| u64::try_from(size).ok())
+        .filter(|size| *size > 0)
+        .unwrap_or(4096)
 }
 
 /// When a registered trigger is replaced by a freshly computed one.
@@ -68,14 +86,16 @@ impl RefreshPolicy {
     /// Whether to register `wanted` now, given what is registered (if anything) and
     /// whether it fired since.
     ///
-    /// - A threshold fires once per crossing. If it fired early (inactive file pages grew
-    ///   since it was computed, so the working set is still below the eviction
-    ///   threshold), it stays silent while usage keeps growing. So a trigger that fired
-    ///   is replaced as soon as it moved at all, whatever the tolerance and the interval.
-    /// - A trigger above the wanted one by more than the tolerance (inactive file pages
-    ///   were reclaimed, as they are under pressure) would fire late: replaced at once.
+    /// - A threshold fires once per crossing. If it fired early (the wanted trigger is
+    ///   above it: inactive file pages grew since it was computed, so the working set is
+    ///   still below the eviction threshold), it stays silent while usage keeps growing.
+    ///   So it is replaced at once, however little it moved.
+    /// - A trigger that fired and moved by more than the tolerance is replaced at once
+    ///   too, as is one above the wanted one by more than the tolerance (inactive file
+    ///   pages were reclaimed, as they are under pressure), which would fire late.
     /// - Otherwise the trigger is replaced only when it moved by more than the tolerance
-    ///   and the interval has passed, so page-cache jitter does not churn registrations.
+    ///   and the interval has passed: each registration costs the kernel an RCU grace
+    ///   period, and page-cache jitter must not churn them.
     pub fn should_register(
         &self,
         current: Option<Registered>,
@@ -86,12 +106,14 @@ impl RefreshPolicy {
         let Some(current) = current else {
             return true;
         };
-        if fired_since {
-            return current.trigger_bytes != wanted;
-        }
         let moved = current.trigger_bytes.abs_diff(wanted) > self.tolerance_bytes;
+        let fired_early = fired_since && wanted > current.trigger_bytes;
         let fires_late = wanted < current.trigger_bytes;
-        moved && (fires_late || now.saturating_sub(current.at) >= self.min_interval)
+        fired_early
+            || (moved
+                && (fired_since
+                    || fires_late
+                    || now.saturating_sub(current.at) >= self.min_interval))
     }
 }
 
@@ -175,24 +197,41 @@ mod tests {
 
     const MI: i64 = 1 << 20;
 
+    const PAGE: u64 = 4096;
+
     #[test]
-    fn trigger_is_capacity_minus_threshold_plus_inactive_file() {
+    fn trigger_is_the_page_past_capacity_minus_threshold_plus_inactive_file() {
         let threshold = ThresholdValue::Quantity(Quantity::from_value(100 * MI));
         assert_eq!(
-            memcg_trigger_bytes(1024 * MI, threshold, 50 << 20),
-            ((1024 - 100 + 50) << 20) + 1
+            memcg_trigger_bytes(1024 * MI, threshold, 50 << 20, PAGE),
+            ((1024 - 100 + 50) << 20) + PAGE
         );
+        // 750,000,000 bytes is not page-aligned: the next page past it.
         let quarter = ThresholdValue::Percentage(0.25);
         assert_eq!(
-            memcg_trigger_bytes(1000 * MI, quarter, 0),
-            (1000 * MI - 250 * MI) as u64 + 1
+            memcg_trigger_bytes(1_000_000_000, quarter, 0, PAGE),
+            (750_000_000 / PAGE + 1) * PAGE
+        );
+        assert_eq!(
+            memcg_trigger_bytes(1024 * MI, threshold, 0, 64 << 10),
+            ((1024 - 100) << 20) + (64 << 10)
         );
     }
 
     #[test]
-    fn a_threshold_above_capacity_triggers_just_past_the_inactive_pages() {
+    fn a_threshold_above_capacity_triggers_at_the_page_past_the_inactive_pages() {
         let threshold = ThresholdValue::Quantity(Quantity::from_value(2048 * MI));
-        assert_eq!(memcg_trigger_bytes(1024 * MI, threshold, 7), 8);
+        assert_eq!(memcg_trigger_bytes(1024 * MI, threshold, 7, PAGE), PAGE);
+        assert_eq!(
+            memcg_trigger_bytes(1024 * MI, threshold, 2 * PAGE, PAGE),
+            3 * PAGE
+        );
+    }
+
+    #[test]
+    fn the_page_size_is_the_kernels() {
+        let size = page_size();
+        assert!(size.is_power_of_two() && size >= 4096, "{size}");
     }
 
     /// The kernel signals when usage reaches the trigger; the cycle it wakes must find the
@@ -241,39 +280,44 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The kernel stores a threshold as whole pages, rounded down, and signals an
+        /// upward crossing when usage reaches it (mm/memcontrol-v1.c).
         #[test]
         fn the_kernel_signals_the_first_page_at_which_the_threshold_is_met(
-            limit_pages in 256u64..(1 << 28),
+            page in proptest::sample::select(vec![4096u64, 16 << 10, 64 << 10]),
+            limit_pages in 256u64..(1 << 24),
             hugepage_share in 0u64..50,
-            threshold_share in 0u64..=100,
+            threshold_share in 0u64..=150,
             percentage in proptest::bool::ANY,
-            inactive_pages in 0u64..(1 << 28),
+            inactive_pages in 0u64..(1 << 24),
+            inactive_bytes_past_a_page in 0u64..4096,
         ) {
-            const PAGE: u64 = 4096;
-            let limit = limit_pages * PAGE;
-            let hugepages = limit / 100 * hugepage_share / PAGE * PAGE;
+            let limit = limit_pages * page;
+            let hugepages = limit / 100 * hugepage_share / page * page;
             let capacity = limit - hugepages;
             let threshold = if percentage {
-                ThresholdValue::Percentage(threshold_share as f32 / 100.0)
+                ThresholdValue::Percentage(threshold_share.min(100) as f32 / 100.0)
             } else {
                 ThresholdValue::Quantity(Quantity::from_value((capacity / 100 * threshold_share) as i64))
             };
             // A threshold of zero is never met (available cannot go below it).
             let threshold_bytes = u64::try_from(threshold.resolve(capacity as i64).value()).unwrap_or(0);
             proptest::prop_assume!(threshold_bytes > 0);
-            let inactive = inactive_pages * PAGE;
-            let trigger = memcg_trigger_bytes(capacity as i64, threshold, inactive);
-            // The first whole page the kernel can report at or past the trigger.
-            let signalled = trigger.div_ceil(PAGE) * PAGE;
+            // memory.stat counts pages too; the odd bytes stand for a figure the
+            // collection took from elsewhere.
+            let inactive = inactive_pages * page + inactive_bytes_past_a_page;
+            let trigger = memcg_trigger_bytes(capacity as i64, threshold, inactive, page);
+            let signalled = trigger / page * page;
+            proptest::prop_assert!(signalled > 0, "a trigger of no pages never signals growth");
             proptest::prop_assert!(
                 met_at_usage(limit, hugepages, &threshold, signalled, inactive),
                 "not met at the signalled usage {signalled} (trigger {trigger})"
             );
             if threshold_bytes <= capacity {
-                let page_before = signalled - PAGE;
+                let page_before = signalled - page;
                 proptest::prop_assert!(
                     !met_at_usage(limit, hugepages, &threshold, page_before, inactive),
-                    "met a page before the signalled usage {signalled}"
+                    "met at {page_before}, a page before the signalled usage {signalled}"
                 );
             }
         }
@@ -318,13 +362,17 @@ mod tests {
     }
 
     #[test]
-    fn a_trigger_that_fired_is_replaced_at_once_when_it_moved_at_all() {
+    fn a_trigger_that_fired_early_is_replaced_at_once_however_little_it_moved() {
         let policy = RefreshPolicy::default();
         let (current, soon) = (Some(REGISTERED_500_MIB_AT_100_S), Duration::from_secs(101));
         assert!(policy.should_register(current, 510 << 20, soon, true));
-        // A page of inactive file pages, well within the tolerance: it may have fired
-        // early, and the kernel will not signal again while usage grows.
+        assert!(policy.should_register(current, 490 << 20, soon, true));
+        // Up by a page of inactive file pages, well within the tolerance: it fired early,
+        // and the kernel will not signal again while usage grows.
         assert!(policy.should_register(current, (500 << 20) + 4096, soon, true));
+        // Down by a page: it fired on a met threshold (or on the way down), and is past
+        // usage either way; jitter is not worth a registration.
+        assert!(!policy.should_register(current, (500 << 20) - 4096, soon, true));
         assert!(!policy.should_register(current, 500 << 20, soon, true));
     }
 }
