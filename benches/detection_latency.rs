@@ -589,6 +589,7 @@ fn trigger(parent_dir: &Path) -> u64 {
         .and_then(|value| value.trim().parse().ok())
         .unwrap_or(0);
     memcg_trigger_bytes(LIMIT as i64, threshold(), inactive_file, page_size())
+        .expect("the threshold is within the limit")
 }
 
 fn read_u64(path: &Path) -> u64 {

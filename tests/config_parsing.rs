@@ -724,12 +724,15 @@ fn realtime_priority_is_off_unless_a_fifo_priority_is_given() {
         .warnings
     };
     assert_eq!(warnings("realtimePriority: 49"), Vec::<String>::new());
-    let high = warnings("realtimePriority: 50");
-    assert_eq!(high.len(), 1, "{high:?}");
-    assert!(
-        high[0].contains("realtimePriority") && high[0].contains("below 50"),
-        "{high:?}"
-    );
+    assert_eq!(priority("realtimePriority: 50"), Some(50));
+    for high in ["realtimePriority: 50", "realtimePriority: 99"] {
+        let found = warnings(high);
+        assert_eq!(found.len(), 1, "{high}: {found:?}");
+        assert!(
+            found[0].contains("realtimePriority") && found[0].contains("below 50"),
+            "{high}: {found:?}"
+        );
+    }
 }
 
 /// Node-level reclaim goes through the container runtime by default, at the kubelet's

@@ -626,13 +626,13 @@ fn build(
         }
     };
     if let Some(priority) = realtime_priority.filter(|priority| *priority >= 50) {
-        // Threaded interrupt handlers run at SCHED_FIFO 50: at or above it, a busy cycle
-        // (a v1 freezer wait, a walk of a large pod) could hold off the node's own
-        // interrupt handling on that CPU.
+        // Threaded interrupt handlers run at SCHED_FIFO 50: at or above it, a cycle busy
+        // on the CPU (reading a large pod's files, walking its disk use) could hold off
+        // the node's own interrupt handling there.
         warnings.push(simple_warning(
             "realtimePriority",
             format!(
-                "{priority} is at or above 50, the priority of the kernel's interrupt threads; the agent's cycle could delay interrupt handling on its CPU: keep it below 50"
+                "{priority} is at or above 50, the priority of the kernel's interrupt threads; the agent's kernel event and cycle threads could delay interrupt handling on their CPU: keep it below 50"
             ),
         ));
     }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -94,13 +94,8 @@ struct SourceCounts {
 struct MemcgWatch {
     signal: Signal,
     value: ThresholdValue,
-    cgroup: PathBuf,
     dir: PathBuf,
     registered: Option<(Registered, JoinHandle<()>)>,
-    /// Set by the registered trigger's waiting task on every crossing. Each registration
-    /// has a flag of its own, so a crossing of the trigger it replaced, signalled before
-    /// that trigger's task ends, does not count for it.
-    fired: Arc<AtomicBool>,
     last_error: Option<String>,
 }
 
@@ -211,8 +206,9 @@ impl Notifiers {
     /// Refresh memcg thresholds from a fresh collection: the capacity comes from the
     /// observation of each threshold's signal, the inactive file pages from the same
     /// collection's read of the watched cgroup (no file is read again here). Re-registers
-    /// as [`RefreshPolicy::should_register`] says: when a trigger fired early, would fire
-    /// late, or moved and the refresh interval passed. Cheap enough to call every cycle.
+    /// as [`RefreshPolicy::should_register`] says: at once when usage reached a trigger
+    /// under an unmet threshold or a trigger would fire late, otherwise when it moved and
+    /// the refresh interval passed. Cheap enough to call every cycle.
     pub fn update(&mut self, collection: &Collection) {
         let observations = &collection.observations;
         let now = self.epoch.elapsed();
@@ -226,23 +222,26 @@ impl Notifiers {
             let Some(usage) = collection.memory_usage.get(&watch.signal) else {
                 continue;
             };
-            let wanted = memcg_trigger_bytes(
+            // A threshold that is never met, or always, needs no signal.
+            let Some(wanted) = memcg_trigger_bytes(
                 observation.capacity,
                 watch.value,
                 usage.inactive_file_bytes,
                 self.page_size,
-            );
+            ) else {
+                continue;
+            };
             let current = watch.registered.as_ref().map(|(registered, _)| *registered);
-            let fired = watch.fired.load(Ordering::Relaxed);
-            if !self.refresh.should_register(current, wanted, now, fired) {
+            if !self
+                .refresh
+                .should_register(current, wanted, usage.usage_bytes, now)
+            {
                 continue;
             }
             match MemcgThreshold::register(&watch.dir, wanted) {
                 Ok(threshold) => {
-                    let fired = Arc::new(AtomicBool::new(false));
                     let task = self.runtime.spawn(wait_memcg(
                         threshold,
-                        fired.clone(),
                         self.source.clone(),
                         self.sources.clone(),
                     ));
@@ -252,14 +251,11 @@ impl Notifiers {
                     // on by this cycle: waking again for it would only repeat that
                     // decision, every cycle for as long as the trigger keeps moving.
                     if usage.usage_bytes < wanted
-                        && self
-                            .usage_bytes(&watch.cgroup)
-                            .is_some_and(|usage| usage >= wanted)
+                        && usage_now(&watch.dir).is_some_and(|fresh| fresh >= wanted)
                     {
                         self.source.notify_one();
                     }
                     let watch = &mut self.memcg[index];
-                    watch.fired = fired;
                     self.memcg_registrations += 1;
                     // The trigger follows usage, so it is refreshed every few cycles: only
                     // the first registration, and one after a failure, are news.
@@ -326,11 +322,6 @@ impl Notifiers {
         self.reader.as_ref()?.paths().v2_dir(cgroup)
     }
 
-    fn usage_bytes(&self, cgroup: &Path) -> Option<u64> {
-        let usage = self.reader.as_ref()?.memory_usage(cgroup).ok()?;
-        Some(usage.usage_bytes)
-    }
-
     fn watch_memcg(&mut self, signal: Signal, value: ThresholdValue, pods: Option<&Path>) {
         let cgroup = match signal {
             Signal::AllocatableMemoryAvailable => match pods {
@@ -352,10 +343,8 @@ impl Notifiers {
         self.memcg.push(MemcgWatch {
             signal,
             value,
-            cgroup,
             dir,
             registered: None,
-            fired: Arc::new(AtomicBool::new(false)),
             last_error: None,
         });
     }
@@ -459,16 +448,10 @@ fn report_failure(watch: &mut MemcgWatch, error: NotifyError) {
     }
 }
 
-async fn wait_memcg(
-    mut threshold: MemcgThreshold,
-    fired: Arc<AtomicBool>,
-    source: Arc<Notify>,
-    counts: Arc<SourceCounts>,
-) {
+async fn wait_memcg(mut threshold: MemcgThreshold, source: Arc<Notify>, counts: Arc<SourceCounts>) {
     loop {
         match threshold.crossed().await {
             Ok(_) => {
-                fired.store(true, Ordering::Relaxed);
                 counts.memcg.fetch_add(1, Ordering::Relaxed);
                 source.notify_one();
             }
@@ -479,6 +462,16 @@ async fn wait_memcg(
             }
         }
     }
+}
+
+/// The v1 memory cgroup's usage now, from `memory.usage_in_bytes` alone: the one figure
+/// the kernel compares a threshold with.
+fn usage_now(memcg_dir: &Path) -> Option<u64> {
+    std::fs::read_to_string(memcg_dir.join("memory.usage_in_bytes"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 async fn wait_psi(mut trigger: PsiTrigger, source: Arc<Notify>, counts: Arc<SourceCounts>) {

@@ -26,23 +26,26 @@ use crate::config::ThresholdValue;
 /// The kubelet registers that point itself, but the kernel counts a threshold in whole
 /// pages, rounded down, and signals a crossing when usage *reaches* it, while a threshold
 /// is met only when available is *below* it: at that point, or at the page below it when
-/// the point is not page-aligned (a percentage), a cycle woken by the signal finds the
-/// threshold not met, with the kernel's one signal for the crossing spent. The next whole
-/// page is the first usage that meets it. A threshold larger than the capacity puts the
-/// trigger at the first page past the inactive file pages, so any working set fires it.
+/// the point is not page-aligned (a percentage, a decimal quantity, a capacity counted in
+/// KiB), a cycle woken by the signal finds the threshold not met, with the kernel's one
+/// signal for the crossing spent. The next whole page is the first usage that meets it.
+///
+/// `None` when no usage changes the answer: a threshold of zero is never met (available
+/// cannot go below it), one above the capacity always is.
 pub fn memcg_trigger_bytes(
     capacity: i64,
     threshold: ThresholdValue,
     inactive_file: u64,
     page_size: u64,
-) -> u64 {
+) -> Option<u64> {
     let threshold_bytes = threshold.resolve(capacity).value();
-    let working_set_limit = u64::try_from(capacity.saturating_sub(threshold_bytes)).unwrap_or(0);
+    if threshold_bytes <= 0 || threshold_bytes > capacity {
+        return None;
+    }
+    let working_set_limit = u64::try_from(capacity - threshold_bytes).ok()?;
     let page_size = page_size.max(1);
-    let met_past = working_set_limit.saturating_add(inactive_file);
-    (met_past / page_size)
-        .saturating_add(1)
-        .saturating_mul(page_size)
+    let met_past = working_set_limit.checked_add(inactive_file)?;
+    (met_past / page_size + 1).checked_mul(page_size)
 }
 
 /// The kernel's page size, the unit it counts memory cgroup thresholds in (4 KiB on x86,
@@ -83,16 +86,18 @@ pub struct Registered {
 }
 
 impl RefreshPolicy {
-    /// Whether to register `wanted` now, given what is registered (if anything) and
-    /// whether it fired since.
+    /// Whether to register `wanted` now, given what is registered (if anything) and the
+    /// usage the cycle's collection read (`usage_bytes`). The kernel holds a trigger
+    /// that usage has reached as crossed: it signals it again only on the way down.
     ///
-    /// - A threshold fires once per crossing. If it fired early (the wanted trigger is
-    ///   above it: inactive file pages grew since it was computed, so the working set is
-    ///   still below the eviction threshold), it stays silent while usage keeps growing.
-    ///   So it is replaced at once, however little it moved.
-    /// - A trigger that fired and moved by more than the tolerance is replaced at once
-    ///   too, as is one above the wanted one by more than the tolerance (inactive file
-    ///   pages were reclaimed, as they are under pressure), which would fire late.
+    /// - A trigger that usage has reached while the threshold is not met (the wanted
+    ///   trigger is above usage: inactive file pages grew since the trigger was computed,
+    ///   or it was registered under a met threshold that no longer is) would stay silent
+    ///   while usage grows to the threshold: replaced at once, however little it moved.
+    /// - A trigger that usage has not reached, above the wanted one (inactive file pages
+    ///   were reclaimed, as they are under pressure), would fire late: replaced at once
+    ///   when it is off by more than the tolerance, or when usage is within the
+    ///   tolerance of the wanted one, where a late signal would be a missed one.
     /// - Otherwise the trigger is replaced only when it moved by more than the tolerance
     ///   and the interval has passed: each registration costs the kernel an RCU grace
     ///   period, and page-cache jitter must not churn them.
@@ -100,20 +105,21 @@ impl RefreshPolicy {
         &self,
         current: Option<Registered>,
         wanted: u64,
+        usage_bytes: u64,
         now: Duration,
-        fired_since: bool,
     ) -> bool {
         let Some(current) = current else {
             return true;
         };
+        let reached = current.trigger_bytes <= usage_bytes;
+        if reached && usage_bytes < wanted {
+            return true;
+        }
         let moved = current.trigger_bytes.abs_diff(wanted) > self.tolerance_bytes;
-        let fired_early = fired_since && wanted > current.trigger_bytes;
-        let fires_late = wanted < current.trigger_bytes;
-        fired_early
-            || (moved
-                && (fired_since
-                    || fires_late
-                    || now.saturating_sub(current.at) >= self.min_interval))
+        let fires_late = !reached && wanted < current.trigger_bytes;
+        let near = usage_bytes.saturating_add(self.tolerance_bytes) >= wanted;
+        (fires_late && (moved || near))
+            || (moved && now.saturating_sub(current.at) >= self.min_interval)
     }
 }
 
@@ -204,27 +210,41 @@ mod tests {
         let threshold = ThresholdValue::Quantity(Quantity::from_value(100 * MI));
         assert_eq!(
             memcg_trigger_bytes(1024 * MI, threshold, 50 << 20, PAGE),
-            ((1024 - 100 + 50) << 20) + PAGE
+            Some(((1024 - 100 + 50) << 20) + PAGE)
         );
         // 750,000,000 bytes is not page-aligned: the next page past it.
         let quarter = ThresholdValue::Percentage(0.25);
         assert_eq!(
             memcg_trigger_bytes(1_000_000_000, quarter, 0, PAGE),
-            (750_000_000 / PAGE + 1) * PAGE
+            Some((750_000_000 / PAGE + 1) * PAGE)
         );
         assert_eq!(
             memcg_trigger_bytes(1024 * MI, threshold, 0, 64 << 10),
-            ((1024 - 100) << 20) + (64 << 10)
+            Some(((1024 - 100) << 20) + (64 << 10))
         );
     }
 
     #[test]
-    fn a_threshold_above_capacity_triggers_at_the_page_past_the_inactive_pages() {
-        let threshold = ThresholdValue::Quantity(Quantity::from_value(2048 * MI));
-        assert_eq!(memcg_trigger_bytes(1024 * MI, threshold, 7, PAGE), PAGE);
+    fn a_threshold_never_or_always_met_needs_no_trigger() {
+        let capacity = 1024 * MI;
+        let whole = ThresholdValue::Quantity(Quantity::from_value(capacity));
+        // Met as soon as there is any working set.
         assert_eq!(
-            memcg_trigger_bytes(1024 * MI, threshold, 2 * PAGE, PAGE),
-            3 * PAGE
+            memcg_trigger_bytes(capacity, whole, 2 * PAGE, PAGE),
+            Some(3 * PAGE)
+        );
+        let above = ThresholdValue::Quantity(Quantity::from_value(capacity + 1));
+        assert_eq!(memcg_trigger_bytes(capacity, above, 7, PAGE), None);
+        let zero = ThresholdValue::Quantity(Quantity::from_value(0));
+        assert_eq!(memcg_trigger_bytes(capacity, zero, 7, PAGE), None);
+        assert_eq!(
+            memcg_trigger_bytes(capacity, ThresholdValue::Percentage(0.0), 7, PAGE),
+            None
+        );
+        // Past the largest usage there is.
+        assert_eq!(
+            memcg_trigger_bytes(i64::MAX, whole, u64::MAX - 1, PAGE),
+            None
         );
     }
 
@@ -289,90 +309,101 @@ mod tests {
             hugepage_share in 0u64..50,
             threshold_share in 0u64..=150,
             percentage in proptest::bool::ANY,
+            // Whole pages, as memory.stat and a Mi quantity on a page-aligned limit give
+            // them, or not: a decimal quantity, a capacity from meminfo's KiB.
+            aligned in proptest::bool::ANY,
             inactive_pages in 0u64..(1 << 24),
-            inactive_bytes_past_a_page in 0u64..4096,
+            odd_bytes in 1u64..4096,
         ) {
             let limit = limit_pages * page;
             let hugepages = limit / 100 * hugepage_share / page * page;
             let capacity = limit - hugepages;
+            let odd_bytes = if aligned { 0 } else { odd_bytes };
             let threshold = if percentage {
                 ThresholdValue::Percentage(threshold_share.min(100) as f32 / 100.0)
             } else {
-                ThresholdValue::Quantity(Quantity::from_value((capacity / 100 * threshold_share) as i64))
+                let bytes = capacity / 100 * threshold_share / page * page;
+                ThresholdValue::Quantity(Quantity::from_value((bytes + odd_bytes) as i64))
             };
-            // A threshold of zero is never met (available cannot go below it).
-            let threshold_bytes = u64::try_from(threshold.resolve(capacity as i64).value()).unwrap_or(0);
-            proptest::prop_assume!(threshold_bytes > 0);
-            // memory.stat counts pages too; the odd bytes stand for a figure the
-            // collection took from elsewhere.
-            let inactive = inactive_pages * page + inactive_bytes_past_a_page;
+            let threshold_bytes = threshold.resolve(capacity as i64).value();
+            let inactive = inactive_pages * page + odd_bytes;
             let trigger = memcg_trigger_bytes(capacity as i64, threshold, inactive, page);
-            let signalled = trigger / page * page;
-            proptest::prop_assert!(signalled > 0, "a trigger of no pages never signals growth");
-            proptest::prop_assert!(
-                met_at_usage(limit, hugepages, &threshold, signalled, inactive),
-                "not met at the signalled usage {signalled} (trigger {trigger})"
-            );
-            if threshold_bytes <= capacity {
+            if threshold_bytes <= 0 || threshold_bytes > capacity as i64 {
+                // Never met, or always: nothing to signal.
+                proptest::prop_assert_eq!(trigger, None);
+                let always = threshold_bytes > 0;
+                proptest::prop_assert_eq!(met_at_usage(limit, hugepages, &threshold, 0, 0), always);
+                proptest::prop_assert_eq!(met_at_usage(limit, hugepages, &threshold, limit, 0), always);
+            } else {
+                let trigger = trigger.expect("a trigger for a threshold within capacity");
+                // What the kernel stores.
+                let signalled = trigger / page * page;
+                proptest::prop_assert_eq!(signalled, trigger, "not page-aligned");
+                proptest::prop_assert!(
+                    met_at_usage(limit, hugepages, &threshold, signalled, inactive),
+                    "not met at the signalled usage {}", signalled
+                );
                 let page_before = signalled - page;
                 proptest::prop_assert!(
                     !met_at_usage(limit, hugepages, &threshold, page_before, inactive),
-                    "met at {page_before}, a page before the signalled usage {signalled}"
+                    "met at {}, a page before the signalled usage {}", page_before, signalled
                 );
             }
         }
     }
 
-    #[test]
-    fn refresh_waits_for_the_interval_and_a_real_move() {
-        let policy = RefreshPolicy {
-            min_interval: Duration::from_secs(10),
-            tolerance_bytes: 1 << 20,
-        };
-        let current = Some(Registered {
-            trigger_bytes: 500 << 20,
-            at: Duration::from_secs(100),
-        });
-        assert!(policy.should_register(None, 1, Duration::ZERO, false));
-        // Moved far, but too soon.
-        assert!(!policy.should_register(current, 600 << 20, Duration::from_secs(105), false));
-        // Late enough, but only jitter.
-        assert!(!policy.should_register(
-            current,
-            (500 << 20) + 4096,
-            Duration::from_secs(200),
-            false
-        ));
-        // Moved far up, late enough.
-        assert!(policy.should_register(current, 600 << 20, Duration::from_secs(110), false));
-    }
-
+    const MIB: u64 = 1 << 20;
     const REGISTERED_500_MIB_AT_100_S: Registered = Registered {
-        trigger_bytes: 500 << 20,
+        trigger_bytes: 500 * MIB,
         at: Duration::from_secs(100),
     };
+    /// Right after the registration, and long after it.
+    const SOON: Duration = Duration::from_secs(101);
+    const LATER: Duration = Duration::from_secs(200);
 
     #[test]
-    fn a_trigger_that_would_fire_late_is_replaced_at_once() {
+    fn refresh_waits_for_the_interval_and_a_real_move() {
         let policy = RefreshPolicy::default();
-        let (current, soon) = (Some(REGISTERED_500_MIB_AT_100_S), Duration::from_secs(101));
-        assert!(policy.should_register(current, 400 << 20, soon, false));
-        // Within the tolerance, it waits like any other move.
-        assert!(!policy.should_register(current, (500 << 20) - 4096, soon, false));
+        let current = Some(REGISTERED_500_MIB_AT_100_S);
+        // Usage well below every trigger here.
+        let usage = 100 * MIB;
+        assert!(policy.should_register(None, 1, usage, Duration::ZERO));
+        // Moved far up, but too soon.
+        assert!(!policy.should_register(current, 600 * MIB, usage, SOON));
+        // Late enough, but only jitter, either way.
+        assert!(!policy.should_register(current, 500 * MIB + 4096, usage, LATER));
+        assert!(!policy.should_register(current, 500 * MIB - 4096, usage, LATER));
+        // Moved far up, late enough.
+        assert!(policy.should_register(current, 600 * MIB, usage, Duration::from_secs(110)));
     }
 
     #[test]
-    fn a_trigger_that_fired_early_is_replaced_at_once_however_little_it_moved() {
+    fn a_trigger_that_would_fire_late_is_replaced_at_once_when_off_by_more_than_the_tolerance_or_near()
+     {
         let policy = RefreshPolicy::default();
-        let (current, soon) = (Some(REGISTERED_500_MIB_AT_100_S), Duration::from_secs(101));
-        assert!(policy.should_register(current, 510 << 20, soon, true));
-        assert!(policy.should_register(current, 490 << 20, soon, true));
-        // Up by a page of inactive file pages, well within the tolerance: it fired early,
-        // and the kernel will not signal again while usage grows.
-        assert!(policy.should_register(current, (500 << 20) + 4096, soon, true));
-        // Down by a page: it fired on a met threshold (or on the way down), and is past
-        // usage either way; jitter is not worth a registration.
-        assert!(!policy.should_register(current, (500 << 20) - 4096, soon, true));
-        assert!(!policy.should_register(current, 500 << 20, soon, true));
+        let current = Some(REGISTERED_500_MIB_AT_100_S);
+        assert!(policy.should_register(current, 400 * MIB, 100 * MIB, SOON));
+        // Off by a page, far from usage: it waits like any other move.
+        assert!(!policy.should_register(current, 500 * MIB - 4096, 100 * MIB, SOON));
+        // Off by a page, with usage within the tolerance of the wanted trigger: usage
+        // could stop between the two, met and never signalled.
+        assert!(policy.should_register(current, 500 * MIB - 4096, 500 * MIB - 8192, SOON));
+    }
+
+    #[test]
+    fn a_trigger_usage_reached_under_an_unmet_threshold_is_replaced_at_once() {
+        let policy = RefreshPolicy::default();
+        let current = Some(REGISTERED_500_MIB_AT_100_S);
+        // Usage reached the trigger, but inactive file pages grew by a page since it was
+        // computed: the threshold is not met, and the kernel will not signal again while
+        // usage grows.
+        assert!(policy.should_register(current, 500 * MIB + 4096, 500 * MIB, SOON));
+        assert!(policy.should_register(current, 510 * MIB, 505 * MIB, SOON));
+        // Reached and met: the kernel signals on the way down, and jitter waits.
+        assert!(!policy.should_register(current, 500 * MIB + 4096, 500 * MIB + 4096, SOON));
+        assert!(!policy.should_register(current, 500 * MIB - 4096, 500 * MIB, SOON));
+        assert!(!policy.should_register(current, 500 * MIB, 520 * MIB, SOON));
+        // Not reached: a trigger below the wanted one signals early, which costs a cycle.
+        assert!(!policy.should_register(current, 500 * MIB + 4096, 499 * MIB, SOON));
     }
 }
