@@ -13,7 +13,7 @@ use nodekeeper::notify::{
     Mechanism, MemcgThreshold, MemoryEventsWatch, NotifierSettings, Notifiers, PsiReadiness,
     PsiTrigger, PsiTriggerSpec,
 };
-use nodekeeper::signals::{CgroupReader, NotificationSupport, SignalCollector};
+use nodekeeper::signals::{CgroupReader, Collection, NotificationSupport, SignalCollector};
 use nodekeeper::signals::{Signal, probe};
 use support::allocator::{AllocatorPlan, OscillatorPlan, oscillator_grow};
 use support::cgroups::TestCgroups;
@@ -37,6 +37,19 @@ fn usage_in(dir: &Path) -> u64 {
         .trim()
         .parse()
         .unwrap()
+}
+
+/// Wait until the v1 memory cgroup directory `dir` uses at least `bytes`.
+async fn usage_reaches(dir: &Path, bytes: u64) {
+    let deadline = tokio::time::Instant::now() + ARRIVAL;
+    while usage_in(dir) < bytes {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "usage of {} never reached {bytes}",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// An allocator that grows to `bytes` at 400 MiB/s and holds them.
@@ -247,10 +260,13 @@ async fn a_threshold_at_todays_usage_is_signalled_when_usage_grows_past_it() {
             (usage_in(&dir) == usage.usage_bytes).then_some((notifiers, trigger))
         })
         .expect("usage never held still for a registration");
+    // Time for a signal to arrive, were there one to come before growth.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         notifiers.counts().memcg_crossings,
         0,
-        "signalled before usage grew"
+        "signalled before usage grew (usage now {})",
+        usage_in(&dir)
     );
 
     let grown = oscillator_grow(cgroups.child_mut(oscillator), trigger, 0);
@@ -272,15 +288,7 @@ async fn a_registration_wakes_a_cycle_only_for_a_crossing_its_collection_did_not
     let before_the_crossing = collector.collect();
     // 256 MiB − 150 MiB: the trigger sits at about 106 MiB.
     cgroups.spawn_allocator(&parent, &growing_to(120 * MIB));
-    let dir = cgroups.dir("memory", &parent);
-    let deadline = std::time::Instant::now() + ARRIVAL;
-    while usage_in(&dir) < 115 * MIB {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the allocator never grew"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    usage_reaches(&cgroups.dir("memory", &parent), 115 * MIB).await;
 
     let mut shown = memcg_notifiers(
         &config,
@@ -288,6 +296,11 @@ async fn a_registration_wakes_a_cycle_only_for_a_crossing_its_collection_did_not
         Arc::new(Notify::new()),
     );
     shown.update(&collector.collect());
+    let trigger = registered_trigger(&shown);
+    assert!(
+        trigger < 115 * MIB,
+        "the trigger {trigger} is not below usage"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(shown.counts().wakeups, 0, "{:?}", shown.counts());
 
@@ -307,6 +320,29 @@ async fn a_registration_wakes_a_cycle_only_for_a_crossing_its_collection_did_not
     }
 }
 
+/// Settings that hold a registered memcg trigger against any move of up to 64 MiB for an
+/// hour, so that only the rules that replace one at once can move it.
+fn slow_to_refresh() -> NotifierSettings {
+    NotifierSettings {
+        memcg_refresh: nodekeeper::notify::RefreshPolicy {
+            min_interval: Duration::from_secs(3600),
+            tolerance_bytes: 64 * MIB,
+        },
+        ..NotifierSettings::default()
+    }
+}
+
+/// `collection` as if the pods cgroup held `bytes` more of inactive file pages (page cache
+/// grown since): the same usage, a smaller working set.
+fn with_more_inactive_file(mut collection: Collection, bytes: u64) -> Collection {
+    collection
+        .memory_usage
+        .get_mut(&Signal::AllocatableMemoryAvailable)
+        .expect("the pods cgroup's memory figures are in the collection")
+        .inactive_file_bytes += bytes;
+    collection
+}
+
 /// The kernel signals a memcg threshold once per crossing. When the cycle it woke finds
 /// more inactive file pages than the trigger was computed with (page cache grew since),
 /// the working set is still below the threshold and usage is already past the trigger, so
@@ -318,14 +354,7 @@ async fn a_trigger_reached_under_an_unmet_threshold_follows_the_collection_and_f
     let (mut cgroups, config) =
         require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
     let parent = cgroups.parent.clone();
-    let settings = NotifierSettings {
-        memcg_refresh: nodekeeper::notify::RefreshPolicy {
-            min_interval: Duration::from_secs(3600),
-            tolerance_bytes: 64 * MIB,
-        },
-        ..NotifierSettings::default()
-    };
-    let mut notifiers = memcg_notifiers(&config, settings, Arc::new(Notify::new()));
+    let mut notifiers = memcg_notifiers(&config, slow_to_refresh(), Arc::new(Notify::new()));
     let collector = SignalCollector::new(&config.paths);
     notifiers.update(&collector.collect());
     let first = registered_trigger(&notifiers);
@@ -333,13 +362,7 @@ async fn a_trigger_reached_under_an_unmet_threshold_follows_the_collection_and_f
     cgroups.spawn_allocator(&parent, &growing_to(112 * MIB));
     memcg_crossings(&notifiers, 1).await;
 
-    let mut collection = collector.collect();
-    collection
-        .memory_usage
-        .get_mut(&Signal::AllocatableMemoryAvailable)
-        .expect("the pods cgroup's memory figures are in the collection")
-        .inactive_file_bytes += 32 * MIB;
-    notifiers.update(&collection);
+    notifiers.update(&with_more_inactive_file(collector.collect(), 32 * MIB));
     let second = registered_trigger(&notifiers);
     assert!(
         second > first + 30 * MIB,
@@ -353,6 +376,43 @@ async fn a_trigger_reached_under_an_unmet_threshold_follows_the_collection_and_f
 
     cgroups.spawn_allocator(&parent, &growing_to(48 * MIB));
     memcg_crossings(&notifiers, 2).await;
+}
+
+/// A trigger registered while the threshold is met is one the kernel holds as crossed
+/// from the start: it signals it only on the way down, never a second time on the way
+/// up. When a later collection finds the threshold no longer met (here 32 MiB more of
+/// inactive file pages), the trigger follows it at once, whatever the tolerance (64 MiB)
+/// and the interval (an hour), without any signal having come, and growth past it is
+/// signalled.
+#[tokio::test]
+async fn a_trigger_registered_under_a_met_threshold_follows_once_it_is_unmet() {
+    let (mut cgroups, config) =
+        require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
+    let parent = cgroups.parent.clone();
+    // 256 MiB − 150 MiB: the trigger sits at about 106 MiB.
+    cgroups.spawn_allocator(&parent, &growing_to(112 * MIB));
+    usage_reaches(&cgroups.dir("memory", &parent), 110 * MIB).await;
+    let mut notifiers = memcg_notifiers(&config, slow_to_refresh(), Arc::new(Notify::new()));
+    let collector = SignalCollector::new(&config.paths);
+    notifiers.update(&collector.collect());
+    let first = registered_trigger(&notifiers);
+    assert!(
+        first < 110 * MIB,
+        "the first trigger {first} is not below usage"
+    );
+    // Usage is past it, and the kernel says nothing.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(notifiers.counts().memcg_crossings, 0, "a signal came");
+
+    notifiers.update(&with_more_inactive_file(collector.collect(), 32 * MIB));
+    let second = registered_trigger(&notifiers);
+    assert!(
+        second > first + 30 * MIB,
+        "the trigger stayed at {second} (first {first})"
+    );
+
+    cgroups.spawn_allocator(&parent, &growing_to(48 * MIB));
+    memcg_crossings(&notifiers, 1).await;
 }
 
 /// Sends whether each cycle's decision met a threshold, as the cycle hands it on.

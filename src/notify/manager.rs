@@ -205,10 +205,12 @@ impl Notifiers {
 
     /// Refresh memcg thresholds from a fresh collection: the capacity comes from the
     /// observation of each threshold's signal, the inactive file pages from the same
-    /// collection's read of the watched cgroup (no file is read again here). Re-registers
-    /// as [`RefreshPolicy::should_register`] says: at once when usage reached a trigger
-    /// under an unmet threshold or a trigger would fire late, otherwise when it moved and
-    /// the refresh interval passed. Cheap enough to call every cycle.
+    /// collection's read of the watched cgroup. Re-registers as
+    /// [`RefreshPolicy::should_register`] says: at once when usage reached a trigger under
+    /// an unmet threshold, near the threshold, or when the trigger is late by more than
+    /// the tolerance, otherwise when it moved and the refresh interval passed. A
+    /// registration reads `memory.usage_in_bytes` once more. Cheap enough to call every
+    /// cycle.
     pub fn update(&mut self, collection: &Collection) {
         let observations = &collection.observations;
         let now = self.epoch.elapsed();
@@ -222,13 +224,17 @@ impl Notifiers {
             let Some(usage) = collection.memory_usage.get(&watch.signal) else {
                 continue;
             };
-            // A threshold that is never met, or always, needs no signal.
+            // A threshold that is never met, or always, needs no signal: a trigger
+            // registered for it before would only wake cycles that change nothing.
             let Some(wanted) = memcg_trigger_bytes(
                 observation.capacity,
                 watch.value,
                 usage.inactive_file_bytes,
                 self.page_size,
             ) else {
+                if let Some((_, task)) = self.memcg[index].registered.take() {
+                    task.abort();
+                }
                 continue;
             };
             let current = watch.registered.as_ref().map(|(registered, _)| *registered);
@@ -467,11 +473,7 @@ async fn wait_memcg(mut threshold: MemcgThreshold, source: Arc<Notify>, counts: 
 /// The v1 memory cgroup's usage now, from `memory.usage_in_bytes` alone: the one figure
 /// the kernel compares a threshold with.
 fn usage_now(memcg_dir: &Path) -> Option<u64> {
-    std::fs::read_to_string(memcg_dir.join("memory.usage_in_bytes"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    crate::signals::read_u64(&memcg_dir.join("memory.usage_in_bytes")).ok()
 }
 
 async fn wait_psi(mut trigger: PsiTrigger, source: Arc<Notify>, counts: Arc<SourceCounts>) {

@@ -26,12 +26,13 @@ use crate::config::ThresholdValue;
 /// The kubelet registers that point itself, but the kernel counts a threshold in whole
 /// pages, rounded down, and signals a crossing when usage *reaches* it, while a threshold
 /// is met only when available is *below* it: at that point, or at the page below it when
-/// the point is not page-aligned (a percentage, a decimal quantity, a capacity counted in
-/// KiB), a cycle woken by the signal finds the threshold not met, with the kernel's one
-/// signal for the crossing spent. The next whole page is the first usage that meets it.
+/// the point is not page-aligned (a percentage, a decimal quantity), a cycle woken by the
+/// signal finds the threshold not met, with the kernel's one signal for the crossing
+/// spent. The next whole page is the first usage that meets it.
 ///
 /// `None` when no usage changes the answer: a threshold of zero is never met (available
-/// cannot go below it), one above the capacity always is.
+/// cannot go below it), one above the capacity always is, and a point past the largest
+/// usage there is cannot be reached.
 pub fn memcg_trigger_bytes(
     capacity: i64,
     threshold: ThresholdValue,
@@ -88,19 +89,23 @@ pub struct Registered {
 impl RefreshPolicy {
     /// Whether to register `wanted` now, given what is registered (if anything) and the
     /// usage the cycle's collection read (`usage_bytes`). The kernel holds a trigger
-    /// that usage has reached as crossed: it signals it again only on the way down.
+    /// that usage has reached as crossed and signals it again only on the way down; the
+    /// collection's usage stands in for what the kernel saw, which it checks only every
+    /// 128 page events per CPU.
     ///
     /// - A trigger that usage has reached while the threshold is not met (the wanted
     ///   trigger is above usage: inactive file pages grew since the trigger was computed,
-    ///   or it was registered under a met threshold that no longer is) would stay silent
+    ///   or it was registered under a threshold that no longer holds) would stay silent
     ///   while usage grows to the threshold: replaced at once, however little it moved.
-    /// - A trigger that usage has not reached, above the wanted one (inactive file pages
-    ///   were reclaimed, as they are under pressure), would fire late: replaced at once
-    ///   when it is off by more than the tolerance, or when usage is within the
-    ///   tolerance of the wanted one, where a late signal would be a missed one.
-    /// - Otherwise the trigger is replaced only when it moved by more than the tolerance
-    ///   and the interval has passed: each registration costs the kernel an RCU grace
-    ///   period, and page-cache jitter must not churn them.
+    /// - Near the threshold (usage within the tolerance of either trigger), any move is
+    ///   followed at once: a trigger below the wanted one would signal early and start
+    ///   the storm spacing just before the real crossing, one above it would signal late.
+    /// - A trigger above the wanted one (inactive file pages were reclaimed, as they are
+    ///   under pressure) would fire late: replaced at once when off by more than the
+    ///   tolerance, otherwise once the interval has passed.
+    /// - Any other move is followed when it is larger than the tolerance and the interval
+    ///   has passed: each registration costs the kernel an RCU grace period, and
+    ///   page-cache jitter far from the threshold must not churn them.
     pub fn should_register(
         &self,
         current: Option<Registered>,
@@ -111,15 +116,19 @@ impl RefreshPolicy {
         let Some(current) = current else {
             return true;
         };
+        if current.trigger_bytes == wanted {
+            return false;
+        }
         let reached = current.trigger_bytes <= usage_bytes;
         if reached && usage_bytes < wanted {
             return true;
         }
-        let moved = current.trigger_bytes.abs_diff(wanted) > self.tolerance_bytes;
+        let near =
+            usage_bytes.saturating_add(self.tolerance_bytes) >= current.trigger_bytes.min(wanted);
         let fires_late = !reached && wanted < current.trigger_bytes;
-        let near = usage_bytes.saturating_add(self.tolerance_bytes) >= wanted;
-        (fires_late && (moved || near))
-            || (moved && now.saturating_sub(current.at) >= self.min_interval)
+        let moved = current.trigger_bytes.abs_diff(wanted) > self.tolerance_bytes;
+        let interval_passed = now.saturating_sub(current.at) >= self.min_interval;
+        (!reached && near) || (fires_late && moved) || ((moved || fires_late) && interval_passed)
     }
 }
 
@@ -310,7 +319,7 @@ mod tests {
             threshold_share in 0u64..=150,
             percentage in proptest::bool::ANY,
             // Whole pages, as memory.stat and a Mi quantity on a page-aligned limit give
-            // them, or not: a decimal quantity, a capacity from meminfo's KiB.
+            // them, or not: a decimal quantity, a percentage.
             aligned in proptest::bool::ANY,
             inactive_pages in 0u64..(1 << 24),
             odd_bytes in 1u64..4096,
@@ -362,32 +371,44 @@ mod tests {
     const LATER: Duration = Duration::from_secs(200);
 
     #[test]
-    fn refresh_waits_for_the_interval_and_a_real_move() {
+    fn far_from_the_threshold_refresh_waits_for_the_interval_and_a_real_move() {
         let policy = RefreshPolicy::default();
         let current = Some(REGISTERED_500_MIB_AT_100_S);
         // Usage well below every trigger here.
         let usage = 100 * MIB;
         assert!(policy.should_register(None, 1, usage, Duration::ZERO));
+        assert!(!policy.should_register(current, 500 * MIB, usage, LATER));
         // Moved far up, but too soon.
         assert!(!policy.should_register(current, 600 * MIB, usage, SOON));
-        // Late enough, but only jitter, either way.
+        // Up by a page: only jitter, even late.
         assert!(!policy.should_register(current, 500 * MIB + 4096, usage, LATER));
-        assert!(!policy.should_register(current, 500 * MIB - 4096, usage, LATER));
         // Moved far up, late enough.
         assert!(policy.should_register(current, 600 * MIB, usage, Duration::from_secs(110)));
     }
 
     #[test]
-    fn a_trigger_that_would_fire_late_is_replaced_at_once_when_off_by_more_than_the_tolerance_or_near()
-     {
+    fn a_trigger_that_would_fire_late_is_replaced_at_once_when_off_by_more_than_the_tolerance() {
         let policy = RefreshPolicy::default();
         let current = Some(REGISTERED_500_MIB_AT_100_S);
         assert!(policy.should_register(current, 400 * MIB, 100 * MIB, SOON));
-        // Off by a page, far from usage: it waits like any other move.
+        // Off by a page, far from usage: it may wait for the interval, not longer.
         assert!(!policy.should_register(current, 500 * MIB - 4096, 100 * MIB, SOON));
-        // Off by a page, with usage within the tolerance of the wanted trigger: usage
-        // could stop between the two, met and never signalled.
-        assert!(policy.should_register(current, 500 * MIB - 4096, 500 * MIB - 8192, SOON));
+        assert!(policy.should_register(current, 500 * MIB - 4096, 100 * MIB, LATER));
+    }
+
+    #[test]
+    fn near_the_threshold_any_move_is_followed_at_once() {
+        let policy = RefreshPolicy::default();
+        let current = Some(REGISTERED_500_MIB_AT_100_S);
+        let near = 500 * MIB - 8192;
+        // Above the wanted trigger: usage could stop between the two, met and never
+        // signalled.
+        assert!(policy.should_register(current, 500 * MIB - 4096, near, SOON));
+        // Below it: the early signal would start the storm spacing just before the real
+        // crossing.
+        assert!(policy.should_register(current, 500 * MIB + 4096, near, SOON));
+        // Far below, the early signal costs a cycle, not a late decision.
+        assert!(!policy.should_register(current, 500 * MIB + 4096, 400 * MIB, SOON));
     }
 
     #[test]
@@ -403,7 +424,5 @@ mod tests {
         assert!(!policy.should_register(current, 500 * MIB + 4096, 500 * MIB + 4096, SOON));
         assert!(!policy.should_register(current, 500 * MIB - 4096, 500 * MIB, SOON));
         assert!(!policy.should_register(current, 500 * MIB, 520 * MIB, SOON));
-        // Not reached: a trigger below the wanted one signals early, which costs a cycle.
-        assert!(!policy.should_register(current, 500 * MIB + 4096, 499 * MIB, SOON));
     }
 }

@@ -21,6 +21,7 @@ pub use cgroup::{CgroupReader, CgroupUsage, PodCgroupUsage};
 pub(crate) use collector::memory_observation;
 pub use collector::{Collection, SignalCollector};
 pub use error::{ErrorSubject, FileError, FileProblem, SignalError};
+pub(crate) use fileio::read_u64;
 pub use filesystem::{Filesystems, FsDevice, FsStats, FsTarget, Mount, device_of, parse_mountinfo};
 pub use host::{Host, read_boot_id};
 pub use layout::{
