@@ -16,6 +16,7 @@ use nodekeeper::notify::{
 use nodekeeper::signals::{CgroupReader, Collection, NotificationSupport, SignalCollector};
 use nodekeeper::signals::{Signal, probe};
 use support::allocator::{AllocatorPlan, OscillatorPlan, oscillator_grow};
+use support::apiserver::eventually;
 use support::cgroups::TestCgroups;
 use tokio::sync::Notify;
 
@@ -39,17 +40,17 @@ fn usage_in(dir: &Path) -> u64 {
         .unwrap()
 }
 
-/// Wait until the v1 memory cgroup directory `dir` uses at least `bytes`.
-async fn usage_reaches(dir: &Path, bytes: u64) {
-    let deadline = tokio::time::Instant::now() + ARRIVAL;
-    while usage_in(dir) < bytes {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "usage of {} never reached {bytes}",
-            dir.display()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// Start an allocator of `bytes` in the test's parent cgroup and wait until the parent
+/// uses at least `at_least`.
+async fn grow_past(cgroups: &mut TestCgroups, bytes: u64, at_least: u64) {
+    let parent = cgroups.parent.clone();
+    cgroups.spawn_allocator(&parent, &growing_to(bytes));
+    let dir = cgroups.dir("memory", &parent);
+    let what = format!("{} to use {at_least} bytes", dir.display());
+    eventually(ARRIVAL, &what, || {
+        (usage_in(&dir) >= at_least).then_some(())
+    })
+    .await;
 }
 
 /// An allocator that grows to `bytes` at 400 MiB/s and holds them.
@@ -148,10 +149,8 @@ async fn the_memcg_trigger_follows_the_collections_figures_without_reading_again
     assert!(usage.inactive_file_bytes < MIB, "{usage:?}");
     usage.inactive_file_bytes = 20 * MIB;
     notifiers.update(&collection);
-    let armed = notifiers.armed();
-    assert_eq!(armed.len(), 1, "{armed:?}");
     // 256 MiB capacity − 150 MiB threshold + the collection's 20 MiB.
-    let trigger: u64 = armed[0].trigger.parse().unwrap();
+    let trigger = registered_trigger(&notifiers);
     assert!(
         (126 * MIB..127 * MIB).contains(&trigger),
         "trigger {trigger}"
@@ -197,15 +196,11 @@ fn registered_trigger(notifiers: &Notifiers) -> u64 {
 
 /// Wait until the kernel has signalled `crossings` memcg threshold crossings in all.
 async fn memcg_crossings(notifiers: &Notifiers, crossings: u64) {
-    let deadline = tokio::time::Instant::now() + ARRIVAL;
-    while notifiers.counts().memcg_crossings < crossings {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{crossings} memcg crossings not signalled within {ARRIVAL:?}: {:?}",
-            notifiers.counts()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let what = format!("{crossings} memcg crossings signalled");
+    eventually(ARRIVAL, &what, || {
+        (notifiers.counts().memcg_crossings >= crossings).then_some(())
+    })
+    .await;
 }
 
 /// The kernel stores a memcg threshold in whole pages and treats one that usage has
@@ -215,12 +210,9 @@ async fn memcg_crossings(notifiers: &Notifiers, crossings: u64) {
 /// crossed already, and growth past the threshold would never be signalled.
 #[tokio::test]
 async fn a_threshold_at_todays_usage_is_signalled_when_usage_grows_past_it() {
-    let mut cgroups = require!(
-        "the cgroup v1 memory hierarchy",
-        TestCgroups::create(&["memory"])
-    );
+    let (mut cgroups, allocatable_config) =
+        require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
     let parent = cgroups.parent.clone();
-    cgroups.set_memory_limit(&parent, 256 * MIB);
     let workload = cgroups.child("workload");
     let dir = cgroups.dir("memory", &parent);
     let oscillator = cgroups.spawn_oscillator(
@@ -238,7 +230,7 @@ async fn a_threshold_at_todays_usage_is_signalled_when_usage_grows_past_it() {
     // registration.
     let (notifiers, trigger) = (0..10)
         .find_map(|_| {
-            let mut config = allocatable_threshold_on(&parent);
+            let mut config = allocatable_config.clone();
             let collection = SignalCollector::new(&config.paths).collect();
             let (observation, usage) = (
                 collection.observations[&signal],
@@ -283,12 +275,10 @@ async fn a_threshold_at_todays_usage_is_signalled_when_usage_grows_past_it() {
 async fn a_registration_wakes_a_cycle_only_for_a_crossing_its_collection_did_not_show() {
     let (mut cgroups, config) =
         require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
-    let parent = cgroups.parent.clone();
     let collector = SignalCollector::new(&config.paths);
     let before_the_crossing = collector.collect();
     // 256 MiB − 150 MiB: the trigger sits at about 106 MiB.
-    cgroups.spawn_allocator(&parent, &growing_to(120 * MIB));
-    usage_reaches(&cgroups.dir("memory", &parent), 115 * MIB).await;
+    grow_past(&mut cgroups, 120 * MIB, 115 * MIB).await;
 
     let mut shown = memcg_notifiers(
         &config,
@@ -310,14 +300,12 @@ async fn a_registration_wakes_a_cycle_only_for_a_crossing_its_collection_did_not
         Arc::new(Notify::new()),
     );
     missed.update(&before_the_crossing);
-    let deadline = tokio::time::Instant::now() + ARRIVAL;
-    while missed.counts().wakeups == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a crossing after the collection woke nothing"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(
+        ARRIVAL,
+        "a wake-up for the crossing after the collection",
+        || (missed.counts().wakeups > 0).then_some(()),
+    )
+    .await;
 }
 
 /// Settings that hold a registered memcg trigger against any move of up to 64 MiB for an
@@ -388,10 +376,8 @@ async fn a_trigger_reached_under_an_unmet_threshold_follows_the_collection_and_f
 async fn a_trigger_registered_under_a_met_threshold_follows_once_it_is_unmet() {
     let (mut cgroups, config) =
         require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
-    let parent = cgroups.parent.clone();
     // 256 MiB − 150 MiB: the trigger sits at about 106 MiB.
-    cgroups.spawn_allocator(&parent, &growing_to(112 * MIB));
-    usage_reaches(&cgroups.dir("memory", &parent), 110 * MIB).await;
+    grow_past(&mut cgroups, 112 * MIB, 110 * MIB).await;
     let mut notifiers = memcg_notifiers(&config, slow_to_refresh(), Arc::new(Notify::new()));
     let collector = SignalCollector::new(&config.paths);
     notifiers.update(&collector.collect());
@@ -411,6 +397,7 @@ async fn a_trigger_registered_under_a_met_threshold_follows_once_it_is_unmet() {
         "the trigger stayed at {second} (first {first})"
     );
 
+    let parent = cgroups.parent.clone();
     cgroups.spawn_allocator(&parent, &growing_to(48 * MIB));
     memcg_crossings(&notifiers, 1).await;
 }

@@ -2,8 +2,8 @@
 //! instead of waiting for the next poll.
 //!
 //! - cgroup v1: memcg thresholds ([`MemcgThreshold`]), an eventfd registered in
-//!   `cgroup.event_control` on `memory.usage_in_bytes`, the first whole
-//!   page past `capacity − threshold + inactive_file` ([`memcg_trigger_bytes`]).
+//!   `cgroup.event_control` on `memory.usage_in_bytes`, the first whole page past
+//!   `capacity − threshold + inactive_file` ([`memcg_trigger_bytes`]).
 //! - PSI ([`PsiTrigger`]): `some|full <stall> <window>` written to a pressure file, then
 //!   `POLLPRI`.
 //! - cgroup v2 `memory.events` ([`MemoryEventsWatch`]): inotify, waking when `high`,
