@@ -30,8 +30,14 @@
 //! Run: `sudo cargo bench --bench detection_latency` (root and the v1 memory controller
 //! are required: without them it fails under `CI=true`, and prints SKIPPED and exits 0
 //! otherwise). `NODEKEEPER_BENCH_CROSSINGS` sets the crossings per row (default 1000),
-//! `NODEKEEPER_BENCH_MAX_PODS` leaves out the agent's rows with more pods than that;
-//! a full run takes about 40 minutes.
+//! `NODEKEEPER_BENCH_MAX_PODS` leaves out the agent's rows with more pods than that,
+//! `NODEKEEPER_BENCH_SCHEDULER=normal` or `=SCHED_FIFO` keeps only the rows of that
+//! scheduler; a full run takes about 40 minutes.
+//!
+//! Each agent row is also taken apart: crossing → the deciding cycle's start (the
+//! notification, and any cycle it had to wait behind) and that start → the decision (the
+//! cycle's own collection and decision), with the decisions that came only in a later
+//! cycle than the first to finish after the crossing.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -128,10 +134,22 @@ fn main() {
         TestCgroups::create(&["memory", "pids"])
     );
     let crossings = env_count("NODEKEEPER_BENCH_CROSSINGS", 1000).max(1);
+    let scheduler = std::env::var("NODEKEEPER_BENCH_SCHEDULER").ok();
+    let measured = |setup: &Setup| match scheduler.as_deref() {
+        Some("normal") => !setup.realtime,
+        Some("SCHED_FIFO") => setup.realtime,
+        Some(other) => panic!("NODEKEEPER_BENCH_SCHEDULER={other}: normal or SCHED_FIFO"),
+        None => true,
+    };
     let mut bench = Bench::new(cgroups);
     println!("{crossings} crossings per row, housekeeping every {HOUSEKEEPING:?}");
 
-    let kernel: Vec<Vec<u64>> = KERNEL_ROWS
+    let kernel_rows: Vec<Setup> = KERNEL_ROWS
+        .iter()
+        .copied()
+        .filter(|setup| measured(setup))
+        .collect();
+    let kernel: Vec<Vec<u64>> = kernel_rows
         .iter()
         .map(|setup| {
             let _spinners = setup.awake.then(Spinners::start);
@@ -145,9 +163,9 @@ fn main() {
     let rows: Vec<(usize, Setup)> = ROWS
         .iter()
         .copied()
-        .filter(|(pods, _)| *pods <= max_pods)
+        .filter(|(pods, setup)| *pods <= max_pods && measured(setup))
         .collect();
-    let decisions: Vec<Vec<u64>> = rows
+    let decisions: Vec<Vec<Decided>> = rows
         .iter()
         .map(|(pods, setup)| {
             bench.list_pods(*pods);
@@ -156,9 +174,10 @@ fn main() {
             let samples = bench.agent_decisions(&agent, setup.rate.1, crossings);
             agent.stop();
             println!(
-                "agent | {pods} | {} | {}",
+                "agent | {pods} | {} | {} | {}",
                 setup.describe(),
-                spread(&samples)
+                spread(&latencies(&samples)),
+                taken_apart(&samples)
             );
             samples
         })
@@ -171,7 +190,7 @@ fn main() {
         "| growth | other CPUs | listening thread | crossings | kernel notification (baseline) |"
     );
     println!("|---|---|---|---|---|");
-    for (setup, samples) in KERNEL_ROWS.iter().zip(&kernel) {
+    for (setup, samples) in kernel_rows.iter().zip(&kernel) {
         println!(
             "| {} | {} | {} |",
             setup.describe(),
@@ -185,11 +204,12 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|");
     for ((pods, setup), decided) in rows.iter().zip(&decisions) {
-        let baseline = KERNEL_ROWS
+        let baseline = kernel_rows
             .iter()
             .position(|kernel| kernel == setup)
             .expect("a baseline row for every agent row");
         let kernel = &kernel[baseline];
+        let decided = &latencies(decided);
         let p99 = percentile(decided, 0.99);
         println!(
             "| {pods} | {} | {} | {} | {:.2}×, {:.2}× | {} |",
@@ -206,16 +226,89 @@ fn main() {
         );
     }
     println!();
-    for (setup, samples) in KERNEL_ROWS.iter().zip(&kernel) {
+    println!(
+        "The agent's decisions taken apart, ms: crossing → the deciding cycle's start, and that start → the decision (median / p99 / p99.9 / max each); decisions made only in a later cycle than the first to finish after the crossing."
+    );
+    println!();
+    println!(
+        "| pods | growth | other CPUs | agent's threads | crossing → cycle start | cycle start → decision | in a later cycle |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for ((pods, setup), samples) in rows.iter().zip(&decisions) {
+        println!(
+            "| {pods} | {} | {} |",
+            setup.describe(),
+            taken_apart(samples)
+        );
+    }
+    println!();
+    for (setup, samples) in kernel_rows.iter().zip(&kernel) {
         println!("kernel, {}: slowest {}", setup.describe(), slowest(samples));
     }
     for ((pods, setup), samples) in rows.iter().zip(&decisions) {
         println!(
             "agent, {pods} pods, {}: slowest {}",
             setup.describe(),
-            slowest(samples)
+            slowest_taken_apart(samples)
         );
     }
+}
+
+/// The agent's decision on one crossing, taken apart (ns).
+#[derive(Clone, Copy)]
+struct Decided {
+    /// Crossing → decision: what the goal is about.
+    latency: u64,
+    /// Crossing → the deciding cycle's collection start; 0 when the collection began
+    /// before the crossing and still read it.
+    wake: u64,
+    /// The deciding cycle's collection start → its decision.
+    cycle: u64,
+    /// Cycles that decided after the crossing without choosing the workload (their
+    /// collection began before it): the decision waited behind them.
+    passed_over: usize,
+}
+
+fn latencies(samples: &[Decided]) -> Vec<u64> {
+    samples.iter().map(|sample| sample.latency).collect()
+}
+
+/// The row's "crossing → cycle start | cycle start → decision | in a later cycle" cells.
+fn taken_apart(samples: &[Decided]) -> String {
+    let wake: Vec<u64> = samples.iter().map(|sample| sample.wake).collect();
+    let cycle: Vec<u64> = samples.iter().map(|sample| sample.cycle).collect();
+    let later = samples
+        .iter()
+        .filter(|sample| sample.passed_over > 0)
+        .count();
+    format!(
+        "{} | {} | {later} of {}",
+        spread(&wake),
+        spread(&cycle),
+        samples.len()
+    )
+}
+
+/// The ten slowest decisions, each as "latency (crossing → start + start → decision,
+/// cycles passed over)", in ms.
+fn slowest_taken_apart(samples: &[Decided]) -> String {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable_by_key(|sample| std::cmp::Reverse(sample.latency));
+    let ms = |nanos: u64| nanos as f64 / 1e6;
+    let slowest: Vec<String> = sorted
+        .iter()
+        .take(10)
+        .map(|sample| {
+            format!(
+                "{:.3} ({:.3} + {:.3}, {})",
+                ms(sample.latency),
+                ms(sample.wake),
+                ms(sample.cycle),
+                sample.passed_over
+            )
+        })
+        .collect();
+    slowest.join(", ")
 }
 
 /// The five largest samples, in ms: whether a tail is one outlier or a shoulder.
@@ -395,6 +488,7 @@ impl Bench {
         notified.recv().unwrap();
         let samples = self.time_crossings(
             &notified,
+            |events, crossed| first_after(events, crossed).map(|at| at - crossed),
             setup.rate.1,
             crossings,
             Duration::from_millis(20),
@@ -409,7 +503,7 @@ impl Bench {
     /// An agent of its own for a row; with `realtime`, its kernel-event and cycle threads
     /// run at SCHED_FIFO (checked).
     fn start_agent(&self, realtime: bool) -> RunningAgent {
-        let (decided_tx, decided) = mpsc::channel();
+        let (cycles_tx, cycles) = mpsc::channel();
         let (started_tx, started) = mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let mut config = self.config.clone();
@@ -420,7 +514,7 @@ impl Bench {
             let host = Host::detect(&config.paths);
             let customize = move |agent: &mut nodekeeper::agent::Agent| {
                 agent.set_recorder(nodekeeper::agent::Recorder::new(trace_path, 64 << 20));
-                agent.add_cycle_observer(Box::new(DecisionClock(decided_tx)));
+                agent.add_cycle_observer(Box::new(DecisionClock(cycles_tx)));
             };
             let on_start = move |_: RunHandles| {
                 let _ = started_tx.send(());
@@ -469,7 +563,7 @@ impl Bench {
             std::thread::sleep(Duration::from_millis(10));
         }
         RunningAgent {
-            decided,
+            cycles,
             stop,
             thread,
             _trace: trace,
@@ -477,13 +571,19 @@ impl Bench {
     }
 
     /// Crossing → the agent's decision to evict the workload, through its own cycle.
-    fn agent_decisions(&mut self, agent: &RunningAgent, rate: u64, crossings: usize) -> Vec<u64> {
+    fn agent_decisions(
+        &mut self,
+        agent: &RunningAgent,
+        rate: u64,
+        crossings: usize,
+    ) -> Vec<Decided> {
         // The release's own crossing woke the agent, and the notifier's storm limiter
         // holds a wake-up within 100 ms of that one for a trailing evaluation at its end:
         // rest past both, so the next crossing is news. The agent's trigger follows the
         // inactive file pages, so each crossing's is computed afresh.
         self.time_crossings(
-            &agent.decided,
+            &agent.cycles,
+            decision_after,
             rate,
             crossings,
             AFTER_RELEASE,
@@ -493,27 +593,29 @@ impl Bench {
     }
 
     /// Cross the trigger `crossings` times at `rate`, resting `rest` (plus up to 100 ms)
-    /// before each; each sample is the first of `events` after the crossing, in ns from
-    /// it. `fixed_trigger`: the trigger registered for `events`; `None`: computed from
-    /// the cgroup before each crossing.
-    fn time_crossings(
+    /// before each; each sample is what `sample` makes of `events` after the crossing
+    /// (given its time), those from before it dropped. `fixed_trigger`: the trigger
+    /// registered for `events`; `None`: computed from the cgroup before each crossing.
+    #[allow(clippy::too_many_arguments)]
+    fn time_crossings<E, S>(
         &mut self,
-        events: &mpsc::Receiver<u64>,
+        events: &mpsc::Receiver<E>,
+        sample: impl Fn(&mpsc::Receiver<E>, u64) -> Option<S>,
         rate: u64,
         crossings: usize,
         rest: Duration,
         fixed_trigger: Option<u64>,
         what: &str,
-    ) -> Vec<u64> {
+    ) -> Vec<S> {
         let mut samples = Vec::with_capacity(crossings);
         for _ in 0..crossings {
             self.rest(rest);
             while events.try_recv().is_ok() {}
             let trigger = fixed_trigger.unwrap_or_else(|| trigger(&self.parent_dir));
             let crossed = self.cross(rate, trigger);
-            let at = first_after(events, crossed)
+            let taken = sample(events, crossed)
                 .unwrap_or_else(|| panic!("no {what} within {MISSED_AFTER:?}"));
-            samples.push(at - crossed);
+            samples.push(taken);
             self.release();
         }
         samples
@@ -521,7 +623,7 @@ impl Bench {
 }
 
 struct RunningAgent {
-    decided: mpsc::Receiver<u64>,
+    cycles: mpsc::Receiver<Cycle>,
     stop: tokio::sync::oneshot::Sender<()>,
     thread: std::thread::JoinHandle<()>,
     _trace: tempfile::TempDir,
@@ -550,16 +652,51 @@ where
     })
 }
 
-/// Timestamps every cycle whose decision evicts the workload, as the cycle hands its
-/// report on.
-struct DecisionClock(mpsc::Sender<u64>);
+/// One cycle of the agent, CLOCK_MONOTONIC ns: when its collection started, when it
+/// decided, and whether it chose the workload.
+struct Cycle {
+    started: u64,
+    decided: u64,
+    evicts: bool,
+}
+
+/// Timestamps every cycle as it hands its report on (right after the decision).
+struct DecisionClock(mpsc::Sender<Cycle>);
 
 impl CycleObserver for DecisionClock {
     fn observe(&mut self, report: &CycleReport) {
-        let now = monotonic_nanos();
-        if report.decision.evictions.iter().any(|e| e.name == WORKLOAD) {
-            let _ = self.0.send(now);
+        let decided = monotonic_nanos();
+        let collecting =
+            u64::try_from(report.collection_started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let _ = self.0.send(Cycle {
+            started: decided.saturating_sub(collecting),
+            decided,
+            evicts: report.decision.evictions.iter().any(|e| e.name == WORKLOAD),
+        });
+    }
+}
+
+/// The first cycle to decide on the workload at or after `crossed`, taken apart; the
+/// cycles that decided after it without choosing it are counted.
+fn decision_after(cycles: &mpsc::Receiver<Cycle>, crossed: u64) -> Option<Decided> {
+    let deadline = std::time::Instant::now() + MISSED_AFTER;
+    let mut passed_over = 0;
+    loop {
+        let left = deadline.checked_duration_since(std::time::Instant::now())?;
+        let cycle = cycles.recv_timeout(left).ok()?;
+        if cycle.decided < crossed {
+            continue;
         }
+        if !cycle.evicts {
+            passed_over += 1;
+            continue;
+        }
+        return Some(Decided {
+            latency: cycle.decided - crossed,
+            wake: cycle.started.saturating_sub(crossed),
+            cycle: cycle.decided - cycle.started,
+            passed_over,
+        });
     }
 }
 

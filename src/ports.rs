@@ -41,6 +41,9 @@ pub trait PodSource: Send {
 /// What one cycle saw and decided, for logs, observers and tests.
 #[derive(Debug, Clone)]
 pub struct CycleReport {
+    /// When the cycle began collecting: its observations are as of this moment or later
+    /// (an observer can tell a crossing the collection may have missed).
+    pub collection_started: std::time::Instant,
     pub observations: Observations,
     pub pods: Vec<Pod>,
     pub decision: Decision,

@@ -461,6 +461,7 @@ impl Agent {
             ContentionReport::default()
         };
         let report = CycleReport {
+            collection_started: started,
             observations: collection.observations.clone(),
             collection_errors: collection.errors.len(),
             pods,
