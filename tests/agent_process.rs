@@ -3,6 +3,8 @@
 mod support {
     #![allow(dead_code)]
     pub mod agent_process;
+    pub mod allocator;
+    pub mod cgroups;
     pub mod real;
     pub mod scheduling;
 }
@@ -453,4 +455,77 @@ fn a_threshold_met_with_no_pod_to_evict_is_said_once_per_streak() {
             .all(|line| line.contains("WARN") && line.contains("signal=memory.available")),
         "{said:#?}"
     );
+}
+
+/// The agent's cycles keep the kernel files they read open from one cycle to the next
+/// (fewer system calls per decision), but a removed pod's cgroup files are closed at the
+/// end of the next cycle: the agent must not hold on to what the kubelet removed.
+#[test]
+fn the_agent_keeps_a_pods_cgroup_files_open_until_the_cgroup_is_removed() {
+    let mut cgroups = require!(
+        "the cgroup v1 memory hierarchy",
+        support::cgroups::TestCgroups::create(&["memory"])
+    );
+    let parent = cgroups.parent.clone();
+    let pod = cgroups.child("pod");
+    let pod_dir = cgroups.dir("memory", &pod);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_with(
+        &dir,
+        &format!(
+            "housekeepingInterval: 100ms\ncgroupRoot: {root}\npodsCgroup: {parent}\n\
+             workloads:\n  parentCgroup: {parent}\n  namespace: test\n",
+            root = cgroups.v1_root().display(),
+            parent = parent.display()
+        ),
+    );
+    let agent = AgentProcess::dry_run(&config);
+    let fd_dir = format!("/proc/{}/fd", agent.child.id());
+    // The descriptors open on the pod cgroup's files, with what they name.
+    let open_on_pod = || -> Vec<(String, String)> {
+        let mut open: Vec<(String, String)> = std::fs::read_dir(&fd_dir)
+            .unwrap()
+            .filter_map(|entry| {
+                let entry = entry.ok()?;
+                let target = std::fs::read_link(entry.path()).ok()?;
+                target.starts_with(&pod_dir).then(|| {
+                    (
+                        entry.file_name().to_string_lossy().into_owned(),
+                        target.display().to_string(),
+                    )
+                })
+            })
+            .collect();
+        open.sort();
+        open
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let kept = loop {
+        let open = open_on_pod();
+        if open.len() >= 2 {
+            break open;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pod's memory files are not kept open: {open:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Several cycles later the same descriptors: kept, not opened again.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(open_on_pod(), kept, "the pod's files were not kept open");
+
+    std::fs::remove_dir(&pod_dir).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let open = open_on_pod();
+        if open.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the removed pod cgroup's files are still open: {open:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -14,7 +14,10 @@ use std::process::Command;
 use support::cgroups::TestCgroups;
 
 use nodekeeper::config::HostPaths;
-use nodekeeper::signals::{CgroupLayout, CgroupReader, Signal, SignalCollector, probe};
+use nodekeeper::signals::{
+    CgroupLayout, CgroupReader, MemoryController, Signal, SignalCollector, V1Memory,
+    end_kernel_file_cycle, keep_kernel_files_open_on_this_thread, kernel_files_kept_open, probe,
+};
 
 fn this_host() -> HostPaths {
     HostPaths {
@@ -178,6 +181,51 @@ fn real_v1_cgroup_usage_reports_limit_and_processes() {
             .unwrap()
             .contains(&PathBuf::from("/").join(&parent))
     );
+}
+
+/// The cycle thread keeps the kernel files it reads open between cycles. A pod cgroup
+/// removed and made again under the same name must be read as the new cgroup, not
+/// through the removed one's file, and a removed cgroup's file must not stay open.
+#[test]
+fn a_cgroup_made_again_under_its_name_is_read_afresh_by_a_thread_that_keeps_files_open() {
+    let mut cgroups = require!(
+        "the cgroup v1 memory hierarchy",
+        TestCgroups::create(&["memory"])
+    );
+    let pod = cgroups.child("pod");
+    cgroups.set_memory_limit(&pod, 64 << 20);
+    let dir = cgroups.dir("memory", &pod);
+    std::thread::spawn(move || {
+        keep_kernel_files_open_on_this_thread();
+        assert_eq!(V1Memory.limit(&dir).unwrap(), Some(64 << 20));
+        assert_eq!(kernel_files_kept_open(), 1, "the limit file is kept open");
+        end_kernel_file_cycle();
+
+        // rmdir succeeds with the file open: the kernel drains it.
+        std::fs::remove_dir(&dir).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(
+            dir.join("memory.limit_in_bytes"),
+            (128u64 << 20).to_string(),
+        )
+        .unwrap();
+        assert_eq!(V1Memory.limit(&dir).unwrap(), Some(128 << 20));
+        assert_eq!(kernel_files_kept_open(), 1, "the new cgroup's file is kept");
+
+        std::fs::remove_dir(&dir).unwrap();
+        let error = V1Memory.limit(&dir).unwrap_err();
+        assert!(
+            error.to_string().contains("memory.limit_in_bytes"),
+            "{error}"
+        );
+        assert_eq!(
+            kernel_files_kept_open(),
+            0,
+            "the removed cgroup's file is closed"
+        );
+    })
+    .join()
+    .unwrap();
 }
 
 /// Where no pids controller covers a cgroup, its processes are the entries of its

@@ -246,6 +246,9 @@ fn start_cycle_thread(
             if let Some(priority) = realtime_priority {
                 go_realtime(priority, "decision cycle");
             }
+            // The cycle reads the same kernel files every time: kept open, each read
+            // skips the path lookup, the open and the close.
+            crate::signals::keep_kernel_files_open_on_this_thread();
             runtime.block_on(async move {
                 let mut ticker = tokio::time::interval(interval);
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -274,6 +277,7 @@ fn start_cycle_thread(
                             () = next_ping(&mut watchdog) => service.ping_watchdog(),
                         }
                     };
+                    crate::signals::end_kernel_file_cycle();
                     health.tick();
                     if evicted {
                         // Like the kubelet after its cleanup wait: look again at once.

@@ -1,8 +1,19 @@
 //! Reading small kernel files without heap allocation: one stack buffer per read.
+//!
+//! The thread that runs the decision cycles reads the same few dozen kernel files every
+//! cycle; opening and closing them was a third of its CPU, most of it path lookups through
+//! kernfs. On that thread (see [`keep_kernel_files_open_on_this_thread`]) a file of a
+//! kernel pseudo-filesystem stays open and is read again from its start, which makes the
+//! kernel generate it afresh. A file whose cgroup was removed fails that read (`ENODEV`:
+//! the kernel drains the files of a removed cgroup), and is then opened again by its path,
+//! so a cgroup removed and made again under the same name is read as the new one. Files
+//! not read in a cycle are closed at its end, so a removed pod's files are not held.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::Read;
-use std::path::Path;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 
 use super::error::{FileError, FileProblem};
 
@@ -35,33 +46,71 @@ fn read_once<T>(
     path: &Path,
     parse: &mut impl FnMut(&str) -> Result<T, FileProblem>,
 ) -> Result<T, FileError> {
+    // Taken out of the thread's set while in use, so a parser that reads a file itself
+    // cannot find the set borrowed.
+    let kept = KEPT_OPEN.with_borrow_mut(|kept| kept.as_mut().map(|kept| kept.take(path)));
+    let Some(kept) = kept else {
+        // This thread keeps no files.
+        let mut file = File::open(path).map_err(|e| FileError::new(path, e))?;
+        return read_and_parse(&mut file, path, parse, &mut false);
+    };
+    if let Some(mut file) = kept {
+        let mut unreadable = file.seek(SeekFrom::Start(0)).is_err();
+        if !unreadable {
+            let read = read_and_parse(&mut file, path, parse, &mut unreadable);
+            if !unreadable {
+                // Its figure, or what is wrong with its text: this read's answer.
+                keep(path, file);
+                return read;
+            }
+        }
+        // Its cgroup was removed: the file is closed and the path opened again.
+    }
     let mut file = File::open(path).map_err(|e| FileError::new(path, e))?;
+    let read = read_and_parse(&mut file, path, parse, &mut false);
+    if read.is_ok() && is_kernel_pseudo_file(&file) {
+        keep(path, file);
+    }
+    read
+}
+
+/// Read `file` from where it stands to its end and parse the text; `unreadable` is set
+/// when the file itself could not be read (rather than holding bad text).
+fn read_and_parse<T>(
+    file: &mut File,
+    path: &Path,
+    parse: &mut impl FnMut(&str) -> Result<T, FileProblem>,
+    unreadable: &mut bool,
+) -> Result<T, FileError> {
     let mut buffer = [0u8; STACK_BUFFER];
     let filled = loop {
         match file.read(&mut buffer) {
             Ok(n) => break n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(FileError::new(path, e)),
+            Err(e) => {
+                *unreadable = true;
+                return Err(FileError::new(path, e));
+            }
         }
     };
-    if filled == buffer.len() {
-        return read_rest_on_heap(&mut file, &buffer, path, parse);
+    if filled < buffer.len() {
+        return parse_text(&buffer[..filled], path, parse);
     }
-    let text = std::str::from_utf8(&buffer[..filled])
-        .map_err(|_| FileError::new(path, FileProblem::Malformed("not UTF-8".into())))?;
-    parse(text).map_err(|problem| FileError::new(path, problem))
+    // The buffer is full: the rest on the heap.
+    let mut all = buffer.to_vec();
+    if let Err(e) = file.read_to_end(&mut all) {
+        *unreadable = true;
+        return Err(FileError::new(path, e));
+    }
+    parse_text(&all, path, parse)
 }
 
-fn read_rest_on_heap<T>(
-    file: &mut File,
-    head: &[u8],
+fn parse_text<T>(
+    bytes: &[u8],
     path: &Path,
     parse: &mut impl FnMut(&str) -> Result<T, FileProblem>,
 ) -> Result<T, FileError> {
-    let mut all = head.to_vec();
-    file.read_to_end(&mut all)
-        .map_err(|e| FileError::new(path, e))?;
-    let text = std::str::from_utf8(&all)
+    let text = std::str::from_utf8(bytes)
         .map_err(|_| FileError::new(path, FileProblem::Malformed("not UTF-8".into())))?;
     parse(text).map_err(|problem| FileError::new(path, problem))
 }
@@ -71,6 +120,114 @@ pub(crate) fn read_u64(path: &Path) -> Result<u64, FileError> {
     with_file_text(path, super::parse::single_u64)
 }
 
+/// The files kept open on this thread, when it keeps any.
+struct KeptOpen {
+    files: HashMap<PathBuf, KeptFile>,
+    /// The cycle now under way; a file last read in an earlier one is closed.
+    cycle: u64,
+    /// At most this many files: a node with many pods must not run the agent out of
+    /// file descriptors. Files past it are opened and closed for every read, as before.
+    capacity: usize,
+}
+
+struct KeptFile {
+    file: File,
+    read_in_cycle: u64,
+}
+
+impl KeptOpen {
+    /// The kept file for `path`, taken out of the set: `None` when there is none.
+    fn take(&mut self, path: &Path) -> Option<File> {
+        self.files.remove(path).map(|kept| kept.file)
+    }
+}
+
+thread_local! {
+    static KEPT_OPEN: RefCell<Option<KeptOpen>> = const { RefCell::new(None) };
+}
+
+/// At most this many files are kept open, and at most a quarter of the process's soft
+/// limit of open files.
+const MOST_KEPT_OPEN: usize = 512;
+
+fn keep(path: &Path, file: File) {
+    KEPT_OPEN.with_borrow_mut(|kept| {
+        let Some(kept) = kept.as_mut() else {
+            return;
+        };
+        if kept.files.len() >= kept.capacity && !kept.files.contains_key(path) {
+            return;
+        }
+        let read_in_cycle = kept.cycle;
+        kept.files.insert(
+            path.to_path_buf(),
+            KeptFile {
+                file,
+                read_in_cycle,
+            },
+        );
+    });
+}
+
+/// Files of the kernel's pseudo-filesystems (cgroupfs, procfs, sysfs) are generated
+/// afresh by each read from the start, and those of a removed cgroup fail to read. A
+/// regular file could be replaced under its name with no error on the old one, so it is
+/// never kept.
+fn is_kernel_pseudo_file(file: &File) -> bool {
+    use nix::sys::statfs::{
+        CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, PROC_SUPER_MAGIC, SYSFS_MAGIC, fstatfs,
+    };
+    fstatfs(file).is_ok_and(|fs| {
+        let kind = fs.filesystem_type();
+        [
+            CGROUP_SUPER_MAGIC,
+            CGROUP2_SUPER_MAGIC,
+            PROC_SUPER_MAGIC,
+            SYSFS_MAGIC,
+        ]
+        .contains(&kind)
+    })
+}
+
+/// From now on this thread keeps the kernel files it reads open between cycles (the
+/// module's documentation says why and how). For the one thread that runs the decision
+/// cycles, which calls [`end_kernel_file_cycle`] after each.
+pub fn keep_kernel_files_open_on_this_thread() {
+    let soft_limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    let capacity = usize::try_from(soft_limit / 4)
+        .unwrap_or(MOST_KEPT_OPEN)
+        .min(MOST_KEPT_OPEN);
+    keep_at_most_on_this_thread(capacity);
+}
+
+fn keep_at_most_on_this_thread(capacity: usize) {
+    KEPT_OPEN.with_borrow_mut(|kept| {
+        kept.get_or_insert_with(|| KeptOpen {
+            files: HashMap::new(),
+            cycle: 0,
+            capacity,
+        });
+    });
+}
+
+/// A cycle has ended on this thread: close the kept files it did not read (a pod gone,
+/// a signal no longer collected). Nothing on a thread that keeps no files.
+pub fn end_kernel_file_cycle() {
+    KEPT_OPEN.with_borrow_mut(|kept| {
+        if let Some(kept) = kept.as_mut() {
+            let cycle = kept.cycle;
+            kept.files.retain(|_, file| file.read_in_cycle == cycle);
+            kept.cycle += 1;
+        }
+    });
+}
+
+/// How many files this thread keeps open now.
+pub fn kernel_files_kept_open() -> usize {
+    KEPT_OPEN.with_borrow(|kept| kept.as_ref().map_or(0, |kept| kept.files.len()))
+}
+
 pub(crate) fn is_not_found(problem: &FileError) -> bool {
     matches!(&problem.problem, FileProblem::Io(e) if e.kind() == std::io::ErrorKind::NotFound)
 }
@@ -78,6 +235,115 @@ pub(crate) fn is_not_found(problem: &FileError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// On its own thread: the kept files are per thread.
+    fn on_a_new_thread(test: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(test).join().unwrap();
+    }
+
+    fn name(text: &str) -> Result<String, FileProblem> {
+        Ok(text.trim().to_string())
+    }
+
+    /// A procfs file this thread can change: its own name.
+    const COMM: &str = "/proc/thread-self/comm";
+
+    #[test]
+    fn a_kept_kernel_file_is_read_afresh_and_closed_after_a_cycle_without_a_read() {
+        on_a_new_thread(|| {
+            let comm = Path::new(COMM);
+            std::fs::write(comm, "not-kept").unwrap();
+            assert_eq!(with_file_text(comm, name).unwrap(), "not-kept");
+            assert_eq!(
+                kernel_files_kept_open(),
+                0,
+                "kept on a thread that keeps none"
+            );
+
+            keep_kernel_files_open_on_this_thread();
+            std::fs::write(comm, "kept-first").unwrap();
+            assert_eq!(with_file_text(comm, name).unwrap(), "kept-first");
+            assert_eq!(kernel_files_kept_open(), 1);
+            // Through the kept file: what the kernel makes of it now.
+            std::fs::write(comm, "kept-second").unwrap();
+            assert_eq!(with_file_text(comm, name).unwrap(), "kept-second");
+            assert_eq!(with_file_text(comm, name).unwrap(), "kept-second");
+            assert_eq!(kernel_files_kept_open(), 1);
+
+            end_kernel_file_cycle();
+            assert_eq!(kernel_files_kept_open(), 1, "read in the cycle that ended");
+            end_kernel_file_cycle();
+            assert_eq!(kernel_files_kept_open(), 0, "not read in the last cycle");
+        });
+    }
+
+    /// A kept file that can no longer be read (here a process's, once it has ended; a
+    /// removed cgroup's fails the same way) is closed, and its path opened again.
+    #[test]
+    fn a_kept_file_that_fails_to_read_is_closed_and_its_path_opened_again() {
+        on_a_new_thread(|| {
+            keep_kernel_files_open_on_this_thread();
+            let mut child = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap();
+            let comm = PathBuf::from(format!("/proc/{}/comm", child.id()));
+            assert_eq!(with_file_text(&comm, name).unwrap(), "sleep");
+            assert_eq!(kernel_files_kept_open(), 1);
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let error = with_file_text(&comm, name).unwrap_err();
+            assert!(is_not_found(&error), "the path is read again: {error}");
+            assert_eq!(kernel_files_kept_open(), 0);
+        });
+    }
+
+    /// A regular file can be replaced under its name with no error on the old one: it
+    /// is never kept, so a replacement is read.
+    #[test]
+    fn regular_files_are_not_kept() {
+        on_a_new_thread(|| {
+            keep_kernel_files_open_on_this_thread();
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("memory.current");
+            std::fs::write(&path, "1\n").unwrap();
+            assert_eq!(read_u64(&path).unwrap(), 1);
+            let replacement = dir.path().join("replacement");
+            std::fs::write(&replacement, "2\n").unwrap();
+            std::fs::rename(&replacement, &path).unwrap();
+            assert_eq!(read_u64(&path).unwrap(), 2);
+            assert_eq!(kernel_files_kept_open(), 0);
+        });
+    }
+
+    #[test]
+    fn no_more_files_are_kept_than_the_limit_and_the_others_are_still_read() {
+        on_a_new_thread(|| {
+            keep_at_most_on_this_thread(2);
+            for file in ["/proc/loadavg", "/proc/meminfo", "/proc/uptime"] {
+                with_file_text(Path::new(file), name).unwrap();
+            }
+            assert_eq!(kernel_files_kept_open(), 2);
+            // The third is read every time without being kept.
+            std::fs::write(COMM, "over-the-limit").unwrap();
+            assert_eq!(
+                with_file_text(Path::new(COMM), name).unwrap(),
+                "over-the-limit"
+            );
+            assert_eq!(kernel_files_kept_open(), 2);
+        });
+    }
+
+    #[test]
+    fn the_limit_is_a_quarter_of_the_open_file_limit_and_at_most_512() {
+        on_a_new_thread(|| {
+            let (soft, _) =
+                nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+            keep_kernel_files_open_on_this_thread();
+            let capacity = KEPT_OPEN.with_borrow(|kept| kept.as_ref().unwrap().capacity);
+            assert_eq!(capacity as u64, (soft / 4).min(512));
+        });
+    }
 
     #[test]
     fn files_larger_than_the_stack_buffer_are_read_whole() {

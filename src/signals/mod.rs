@@ -22,6 +22,9 @@ pub(crate) use collector::memory_observation;
 pub use collector::{Collection, SignalCollector};
 pub use error::{ErrorSubject, FileError, FileProblem, SignalError};
 pub(crate) use fileio::read_u64;
+pub use fileio::{
+    end_kernel_file_cycle, keep_kernel_files_open_on_this_thread, kernel_files_kept_open,
+};
 pub use filesystem::{Filesystems, FsDevice, FsStats, FsTarget, Mount, device_of, parse_mountinfo};
 pub use host::{Host, read_boot_id};
 pub use layout::{
