@@ -36,8 +36,9 @@
 //!
 //! Each agent row is also taken apart: crossing → the deciding cycle's start (the
 //! notification, and any cycle it had to wait behind) and that start → the decision (the
-//! cycle's own collection and decision), with the decisions that came only in a later
-//! cycle than the first to finish after the crossing.
+//! cycle's own collection and decision), with the decisions that waited behind a cycle
+//! begun before the crossing, and, for the slowest, the time since the last decision
+//! before the crossing (a cycle goes on after its decision).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -138,9 +139,14 @@ fn main() {
     let measured = |setup: &Setup| match scheduler.as_deref() {
         Some("normal") => !setup.realtime,
         Some("SCHED_FIFO") => setup.realtime,
-        Some(other) => panic!("NODEKEEPER_BENCH_SCHEDULER={other}: normal or SCHED_FIFO"),
-        None => true,
+        _ => true,
     };
+    if let Some(other) = scheduler
+        .as_deref()
+        .filter(|name| !["normal", "SCHED_FIFO"].contains(name))
+    {
+        panic!("NODEKEEPER_BENCH_SCHEDULER={other}: normal or SCHED_FIFO");
+    }
     let mut bench = Bench::new(cgroups);
     println!("{crossings} crossings per row, housekeeping every {HOUSEKEEPING:?}");
 
@@ -227,13 +233,13 @@ fn main() {
     }
     println!();
     println!(
-        "The agent's decisions taken apart, ms: crossing → the deciding cycle's start, and that start → the decision (median / p99 / p99.9 / max each); decisions made only in a later cycle than the first to finish after the crossing."
+        "The agent's decisions taken apart, ms: crossing → the deciding cycle's start, and that start → the decision (median / p99 / p99.9 / max each); decisions that waited behind a cycle begun before the crossing that did not choose the workload; decisions after a cycle begun after the crossing that did not. The slowest list gives, per decision, also the ms from the last decision before the crossing."
     );
     println!();
     println!(
-        "| pods | growth | other CPUs | agent's threads | crossing → cycle start | cycle start → decision | in a later cycle |"
+        "| pods | growth | other CPUs | agent's threads | crossing → cycle start | cycle start → decision | behind a cycle begun before | after a cycle that missed it |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for ((pods, setup), samples) in rows.iter().zip(&decisions) {
         println!(
             "| {pods} | {} | {} |",
@@ -262,35 +268,42 @@ struct Decided {
     /// Crossing → the deciding cycle's collection start; 0 when the collection began
     /// before the crossing and still read it.
     wake: u64,
-    /// The deciding cycle's collection start → its decision.
+    /// The deciding cycle's collection start (or the crossing, if later) → its decision:
+    /// `wake + cycle == latency`.
     cycle: u64,
-    /// Cycles that decided after the crossing without choosing the workload (their
-    /// collection began before it): the decision waited behind them.
-    passed_over: usize,
+    /// Cycles begun before the crossing that decided after it without choosing the
+    /// workload: the decision waited behind them.
+    behind: usize,
+    /// Cycles begun after the crossing that did not choose the workload (the crossing is
+    /// timed from the start of the step that reached the trigger, so one may begin
+    /// before usage reached it).
+    missed: usize,
+    /// The last decision before the crossing → the crossing. The cycle goes on after its
+    /// decision (the act, the bookkeeping): a crossing soon after a decision may find
+    /// the cycle thread still busy, and wait in `wake`.
+    since_last_decision: Option<u64>,
 }
 
 fn latencies(samples: &[Decided]) -> Vec<u64> {
     samples.iter().map(|sample| sample.latency).collect()
 }
 
-/// The row's "crossing → cycle start | cycle start → decision | in a later cycle" cells.
+/// The row's "crossing → cycle start | cycle start → decision | behind a cycle begun
+/// before | missed by a cycle begun after" cells.
 fn taken_apart(samples: &[Decided]) -> String {
     let wake: Vec<u64> = samples.iter().map(|sample| sample.wake).collect();
     let cycle: Vec<u64> = samples.iter().map(|sample| sample.cycle).collect();
-    let later = samples
-        .iter()
-        .filter(|sample| sample.passed_over > 0)
-        .count();
+    let behind = samples.iter().filter(|sample| sample.behind > 0).count();
+    let missed = samples.iter().filter(|sample| sample.missed > 0).count();
     format!(
-        "{} | {} | {later} of {}",
+        "{} | {} | {behind} | {missed}",
         spread(&wake),
-        spread(&cycle),
-        samples.len()
+        spread(&cycle)
     )
 }
 
-/// The ten slowest decisions, each as "latency (crossing → start + start → decision,
-/// cycles passed over)", in ms.
+/// The ten slowest decisions, each as "latency (crossing → start + start → decision;
+/// cycles behind, missed; ms since the last decision before the crossing)", in ms.
 fn slowest_taken_apart(samples: &[Decided]) -> String {
     let mut sorted = samples.to_vec();
     sorted.sort_unstable_by_key(|sample| std::cmp::Reverse(sample.latency));
@@ -299,12 +312,16 @@ fn slowest_taken_apart(samples: &[Decided]) -> String {
         .iter()
         .take(10)
         .map(|sample| {
+            let since = sample
+                .since_last_decision
+                .map_or("-".to_string(), |nanos| format!("{:.1}", ms(nanos)));
             format!(
-                "{:.3} ({:.3} + {:.3}, {})",
+                "{:.3} ({:.3} + {:.3}; {}, {}; {since})",
                 ms(sample.latency),
                 ms(sample.wake),
                 ms(sample.cycle),
-                sample.passed_over
+                sample.behind,
+                sample.missed
             )
         })
         .collect();
@@ -488,7 +505,7 @@ impl Bench {
         notified.recv().unwrap();
         let samples = self.time_crossings(
             &notified,
-            |events, crossed| first_after(events, crossed).map(|at| at - crossed),
+            |events, _, crossed| first_after(events, crossed).map(|at| at - crossed),
             setup.rate.1,
             crossings,
             Duration::from_millis(20),
@@ -594,13 +611,13 @@ impl Bench {
 
     /// Cross the trigger `crossings` times at `rate`, resting `rest` (plus up to 100 ms)
     /// before each; each sample is what `sample` makes of `events` after the crossing
-    /// (given its time), those from before it dropped. `fixed_trigger`: the trigger
+    /// (given the last event before the crossing began, and the crossing's time). `fixed_trigger`: the trigger
     /// registered for `events`; `None`: computed from the cgroup before each crossing.
     #[allow(clippy::too_many_arguments)]
     fn time_crossings<E, S>(
         &mut self,
         events: &mpsc::Receiver<E>,
-        sample: impl Fn(&mpsc::Receiver<E>, u64) -> Option<S>,
+        sample: impl Fn(&mpsc::Receiver<E>, Option<E>, u64) -> Option<S>,
         rate: u64,
         crossings: usize,
         rest: Duration,
@@ -610,10 +627,13 @@ impl Bench {
         let mut samples = Vec::with_capacity(crossings);
         for _ in 0..crossings {
             self.rest(rest);
-            while events.try_recv().is_ok() {}
+            let mut last = None;
+            while let Ok(event) = events.try_recv() {
+                last = Some(event);
+            }
             let trigger = fixed_trigger.unwrap_or_else(|| trigger(&self.parent_dir));
             let crossed = self.cross(rate, trigger);
-            let taken = sample(events, crossed)
+            let taken = sample(events, last, crossed)
                 .unwrap_or_else(|| panic!("no {what} within {MISSED_AFTER:?}"));
             samples.push(taken);
             self.release();
@@ -676,26 +696,38 @@ impl CycleObserver for DecisionClock {
     }
 }
 
-/// The first cycle to decide on the workload at or after `crossed`, taken apart; the
-/// cycles that decided after it without choosing it are counted.
-fn decision_after(cycles: &mpsc::Receiver<Cycle>, crossed: u64) -> Option<Decided> {
+/// The first cycle to decide on the workload at or after `crossed`, taken apart;
+/// `last`: the last cycle seen before the crossing began.
+fn decision_after(
+    cycles: &mpsc::Receiver<Cycle>,
+    mut last: Option<Cycle>,
+    crossed: u64,
+) -> Option<Decided> {
     let deadline = std::time::Instant::now() + MISSED_AFTER;
-    let mut passed_over = 0;
+    let (mut behind, mut missed) = (0, 0);
     loop {
         let left = deadline.checked_duration_since(std::time::Instant::now())?;
         let cycle = cycles.recv_timeout(left).ok()?;
         if cycle.decided < crossed {
+            last = Some(cycle);
             continue;
         }
         if !cycle.evicts {
-            passed_over += 1;
+            if cycle.started < crossed {
+                behind += 1;
+            } else {
+                missed += 1;
+            }
             continue;
         }
+        let begun = cycle.started.max(crossed);
         return Some(Decided {
             latency: cycle.decided - crossed,
-            wake: cycle.started.saturating_sub(crossed),
-            cycle: cycle.decided - cycle.started,
-            passed_over,
+            wake: begun - crossed,
+            cycle: cycle.decided - begun,
+            behind,
+            missed,
+            since_last_decision: last.map(|last| crossed.saturating_sub(last.decided)),
         });
     }
 }

@@ -481,14 +481,20 @@ fn the_agent_keeps_a_pods_cgroup_files_open_until_the_cgroup_is_removed() {
     );
     let agent = AgentProcess::dry_run(&config);
     let fd_dir = format!("/proc/{}/fd", agent.child.id());
-    // The descriptors open on the pod cgroup's files, with what they name.
+    // The descriptors open on the pod cgroup's memory files, with what they name (its
+    // directory and `cgroup.procs`, walked for its processes, are opened for a moment
+    // every cycle).
     let open_on_pod = || -> Vec<(String, String)> {
         let mut open: Vec<(String, String)> = std::fs::read_dir(&fd_dir)
             .unwrap()
             .filter_map(|entry| {
                 let entry = entry.ok()?;
                 let target = std::fs::read_link(entry.path()).ok()?;
-                target.starts_with(&pod_dir).then(|| {
+                let memory_file = target.starts_with(&pod_dir)
+                    && target
+                        .file_name()
+                        .is_some_and(|name| name.to_string_lossy().starts_with("memory."));
+                memory_file.then(|| {
                     (
                         entry.file_name().to_string_lossy().into_owned(),
                         target.display().to_string(),

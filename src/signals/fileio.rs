@@ -8,6 +8,12 @@
 //! the kernel drains the files of a removed cgroup), and is then opened again by its path,
 //! so a cgroup removed and made again under the same name is read as the new one. Files
 //! not read in a cycle are closed at its end, so a removed pod's files are not held.
+//!
+//! Not every kernel file starts afresh when read again from its start: a v1
+//! `cgroup.procs` or `tasks` serves the pid list made for that open file for about a
+//! second, and `/proc/<pid>/maps`, `environ` and the like hold the process's memory as
+//! it was at open. None of them is read through this module (pid lists are walked with
+//! `std::fs`), and none may be.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -282,16 +288,25 @@ mod tests {
     #[test]
     fn a_kept_file_that_fails_to_read_is_closed_and_its_path_opened_again() {
         on_a_new_thread(|| {
+            /// Ends the child however the test ends.
+            struct Sleeper(std::process::Child);
+            impl Drop for Sleeper {
+                fn drop(&mut self) {
+                    let _ = self.0.kill();
+                    let _ = self.0.wait();
+                }
+            }
             keep_kernel_files_open_on_this_thread();
-            let mut child = std::process::Command::new("sleep")
-                .arg("30")
-                .spawn()
-                .unwrap();
-            let comm = PathBuf::from(format!("/proc/{}/comm", child.id()));
+            let child = Sleeper(
+                std::process::Command::new("sleep")
+                    .arg("30")
+                    .spawn()
+                    .unwrap(),
+            );
+            let comm = PathBuf::from(format!("/proc/{}/comm", child.0.id()));
             assert_eq!(with_file_text(&comm, name).unwrap(), "sleep");
             assert_eq!(kernel_files_kept_open(), 1);
-            child.kill().unwrap();
-            child.wait().unwrap();
+            drop(child);
             let error = with_file_text(&comm, name).unwrap_err();
             assert!(is_not_found(&error), "the path is read again: {error}");
             assert_eq!(kernel_files_kept_open(), 0);
