@@ -517,8 +517,8 @@ impl Bench {
         samples
     }
 
-    /// An agent of its own for a row; with `realtime`, its kernel-event and cycle threads
-    /// run at SCHED_FIFO (checked).
+    /// An agent of its own for a row; with `realtime`, its decision cycle thread (on
+    /// which the kernel notifiers wait) runs at SCHED_FIFO (checked).
     fn start_agent(&self, realtime: bool) -> RunningAgent {
         let (cycles_tx, cycles) = mpsc::channel();
         let (started_tx, started) = mpsc::channel();
@@ -553,10 +553,7 @@ impl Bench {
         started.recv().unwrap();
         // The agent starts its threads after it says it has started, and each thread
         // moves itself to the real-time scheduler as it begins.
-        let named = [
-            support::scheduling::EVENT_THREAD,
-            support::scheduling::CYCLE_THREAD,
-        ];
+        let named = [support::scheduling::CYCLE_THREAD];
         let wanted = if realtime {
             (libc::SCHED_FIFO, u32::from(REALTIME_PRIORITY))
         } else {

@@ -259,23 +259,21 @@ fn agent_refuses_a_bad_config_with_the_field_named() {
     );
 }
 
-/// What `realtimePriority` promises: the two threads between a kernel notification and
-/// the eviction decision (the kernel event thread and the decision cycle) run at
+/// What `realtimePriority` promises: the thread between a kernel notification and the
+/// eviction decision (the decision cycle thread, on which the notifiers wait) runs at
 /// SCHED_FIFO with that priority, and no other thread of the agent does, so neither the
 /// API server nor a scraper gets work run at it.
 #[test]
-fn realtime_priority_runs_the_event_and_cycle_threads_real_time_and_no_other() {
+fn realtime_priority_runs_the_cycle_thread_real_time_and_no_other() {
     require!("CAP_SYS_NICE (root)", support::real::root());
     let dir = tempfile::tempdir().unwrap();
     let agent = AgentProcess::dry_run(&config_with(&dir, "realtimePriority: 7\n"));
-    // The event thread may say so before the metrics server does, which the start
+    // The cycle thread may say so before the metrics server does, which the start
     // waits for: look through the whole log.
-    for thread in ["kernel event", "decision cycle"] {
-        agent.logged(
-            &format!("the {thread} thread runs real-time"),
-            Duration::from_secs(10),
-        );
-    }
+    agent.logged(
+        "the decision cycle thread runs real-time",
+        Duration::from_secs(10),
+    );
     assert_real_time_only_on_the_decision_path(&thread_policies(agent.child.id()), Some(7));
 }
 
@@ -309,14 +307,12 @@ fn realtime_priority_without_the_privilege_is_a_warning_and_the_agent_runs_on() 
         support::agent_process::BINARY,
     ]);
     let agent = AgentProcess::dry_run_from(command, &config, &[]);
-    for thread in ["kernel event", "decision cycle"] {
-        let line = agent.logged(
-            &format!("realtimePriority 7: the {thread} thread stays on the normal scheduler"),
-            Duration::from_secs(10),
-        );
-        assert!(line.contains("WARN"), "{line}");
-        assert!(line.contains("Operation not permitted"), "{line}");
-    }
+    let line = agent.logged(
+        "realtimePriority 7: the decision cycle thread stays on the normal scheduler",
+        Duration::from_secs(10),
+    );
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("Operation not permitted"), "{line}");
     wait_until_ready(&agent);
     assert_eq!(http_get(&agent.address, "/healthz").0, 200);
     assert_real_time_only_on_the_decision_path(&thread_policies(agent.child.id()), None);

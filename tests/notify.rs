@@ -15,6 +15,7 @@ use nodekeeper::notify::{
 };
 use nodekeeper::signals::{CgroupReader, Collection, NotificationSupport, SignalCollector};
 use nodekeeper::signals::{Signal, probe};
+use nodekeeper::systemd::notify::{NotifyTarget, ServiceManagerLink};
 use support::allocator::{AllocatorPlan, OscillatorPlan, oscillator_grow};
 use support::apiserver::eventually;
 use support::cgroups::TestCgroups;
@@ -411,69 +412,102 @@ impl nodekeeper::ports::CycleObserver for MetThresholds {
     }
 }
 
-/// The kernel notifiers wait on the agent's own kernel event thread, and the cycle thread
-/// decides on their word alone: a crossing is decided on while the main runtime thread
-/// (API writes, scrapes, the pod watch, the housekeeping timer) is stalled.
+/// The agent run in-process (`agent::run`, dry-run, metrics on a free port) on a thread of
+/// its own, with a handle on its main runtime, to stall it, and whether each cycle's
+/// decision met a threshold. `service`: the link to a service manager, if any.
+struct InProcessAgent {
+    main_runtime: tokio::runtime::Handle,
+    decided: std::sync::mpsc::Receiver<bool>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl InProcessAgent {
+    fn start(
+        mut config: AgentConfig,
+        service: nodekeeper::systemd::notify::ServiceManagerLink,
+    ) -> InProcessAgent {
+        config.dry_run = true;
+        config.metrics_address = "127.0.0.1:0".to_string();
+        let (decided_tx, decided) = std::sync::mpsc::channel();
+        let (runtime_tx, runtime) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let main_runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let handle = main_runtime.handle().clone();
+            main_runtime
+                .block_on(nodekeeper::agent::run(
+                    config.clone(),
+                    nodekeeper::signals::Host::detect(&config.paths),
+                    None::<
+                        nodekeeper::ports::ShutdownHooks<
+                            nodekeeper::shutdown::runner::DryRunTerminator,
+                        >,
+                    >,
+                    Arc::new(service),
+                    async {
+                        let _ = stopped.await;
+                    },
+                    move |agent| agent.add_cycle_observer(Box::new(MetThresholds(decided_tx))),
+                    move |_| {
+                        let _ = runtime_tx.send(handle);
+                    },
+                ))
+                .unwrap();
+        });
+        let main_runtime = runtime.recv().unwrap();
+        InProcessAgent {
+            main_runtime,
+            decided,
+            stop,
+            thread,
+        }
+    }
+
+    /// Blocks the main runtime's thread, as a hung call on it would, until the returned
+    /// sender is used or dropped (or after a minute at most).
+    fn stall_main_runtime(&self) -> std::sync::mpsc::Sender<()> {
+        let (stalling_tx, stalling) = std::sync::mpsc::channel();
+        let (end_stall, stall_ended) = std::sync::mpsc::channel::<()>();
+        self.main_runtime.spawn(async move {
+            let _ = stalling_tx.send(());
+            let _ = stall_ended.recv_timeout(Duration::from_secs(60));
+        });
+        stalling.recv().unwrap();
+        end_stall
+    }
+
+    fn stop(self) {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap();
+    }
+}
+
+/// The kernel notifiers wait on the agent's decision cycle thread itself, which decides
+/// on their word alone: a crossing is decided on while the main runtime thread (API
+/// writes, scrapes, the pod watch) is stalled.
 #[test]
 fn a_crossing_is_decided_on_while_the_main_runtime_thread_is_stalled() {
-    // The stall ends when the test has its answer, or after this.
-    const STALL: Duration = Duration::from_secs(60);
     const DECIDED_WITHIN: Duration = Duration::from_secs(5);
     let (mut cgroups, mut config) =
         require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
     let parent = cgroups.parent.clone();
     config.paths.cgroup_root = cgroups.v1_root();
-    config.dry_run = true;
-    config.metrics_address = "127.0.0.1:0".to_string();
     // Only the first cycle comes from the timer.
     config.housekeeping_interval = Duration::from_secs(3600).into();
-
-    let (decided_tx, decided) = std::sync::mpsc::channel();
-    let (runtime_tx, runtime) = std::sync::mpsc::channel();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let agent = std::thread::spawn(move || {
-        let main_runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let handle = main_runtime.handle().clone();
-        main_runtime
-            .block_on(nodekeeper::agent::run(
-                config.clone(),
-                nodekeeper::signals::Host::detect(&config.paths),
-                None::<
-                    nodekeeper::ports::ShutdownHooks<
-                        nodekeeper::shutdown::runner::DryRunTerminator,
-                    >,
-                >,
-                Arc::new(nodekeeper::systemd::notify::ServiceManagerLink::none()),
-                async {
-                    let _ = stopped.await;
-                },
-                move |agent| agent.add_cycle_observer(Box::new(MetThresholds(decided_tx))),
-                move |_| {
-                    let _ = runtime_tx.send(handle);
-                },
-            ))
-            .unwrap();
-    });
-    let main_runtime = runtime.recv().unwrap();
-    let first = decided.recv_timeout(ARRIVAL).expect("no first cycle");
+    let agent = InProcessAgent::start(config, ServiceManagerLink::none());
+    let first = agent.decided.recv_timeout(ARRIVAL).expect("no first cycle");
     assert!(!first, "a threshold was met before anything was allocated");
 
-    let (stalling_tx, stalling) = std::sync::mpsc::channel();
-    let (end_stall, stall_ended) = std::sync::mpsc::channel::<()>();
-    main_runtime.spawn(async move {
-        let _ = stalling_tx.send(());
-        // Blocks the runtime thread, as a hung call on it would.
-        let _ = stall_ended.recv_timeout(STALL);
-    });
-    stalling.recv().unwrap();
+    let end_stall = agent.stall_main_runtime();
     let stalled_at = std::time::Instant::now();
     cgroups.spawn_allocator(&parent, &growing_to(180 * MIB));
     let decided_in_time = loop {
         let left = DECIDED_WITHIN.saturating_sub(stalled_at.elapsed());
-        match decided.recv_timeout(left) {
+        match agent.decided.recv_timeout(left) {
             Ok(true) => break true,
             Ok(false) => continue,
             Err(_) => break false,
@@ -484,8 +518,89 @@ fn a_crossing_is_decided_on_while_the_main_runtime_thread_is_stalled() {
         decided_in_time,
         "no decision on the crossing within {DECIDED_WITHIN:?} while the main runtime thread was stalled"
     );
-    let _ = stop.send(());
-    agent.join().unwrap();
+    agent.stop();
+}
+
+/// The housekeeping timer runs on the decision cycle thread too: while the main runtime
+/// thread is stalled, the signals no kernel notification covers (disk, inodes, PIDs) are
+/// still looked at every `housekeepingInterval`.
+#[test]
+fn housekeeping_cycles_go_on_while_the_main_runtime_thread_is_stalled() {
+    const STALLED_FOR: Duration = Duration::from_secs(2);
+    const INTERVAL: Duration = Duration::from_millis(100);
+    let agent = InProcessAgent::start(without_thresholds(INTERVAL), ServiceManagerLink::none());
+    agent.decided.recv_timeout(ARRIVAL).expect("no first cycle");
+
+    let end_stall = agent.stall_main_runtime();
+    // Cycles that ended before the stall began are not counted.
+    while agent.decided.try_recv().is_ok() {}
+    std::thread::sleep(STALLED_FOR);
+    let cycles_while_stalled = agent.decided.try_iter().count();
+    let _ = end_stall.send(());
+    // Twenty intervals; half of them leaves room for a slow machine.
+    assert!(
+        cycles_while_stalled >= 10,
+        "{cycles_while_stalled} housekeeping cycles in {STALLED_FOR:?} of a stalled main runtime (interval {INTERVAL:?})"
+    );
+    agent.stop();
+}
+
+/// The agent with no threshold (so no cycle ever waits for a reclaim or an eviction's
+/// cleanup, whatever the host's figures), a cycle every `interval`.
+fn without_thresholds(interval: Duration) -> AgentConfig {
+    let mut config = AgentConfig::default();
+    config.eviction.thresholds.clear();
+    config.housekeeping_interval = interval.into();
+    config
+}
+
+/// The watchdog pings come from the cycle thread, which no longer needs the main runtime
+/// thread for its timer, and they vouch for that thread too: while it is stalled (the API
+/// writes, `/healthz` and the shutdown handling with it), no ping goes out, so systemd
+/// restarts the agent; once it runs again, the pings resume.
+#[test]
+fn the_watchdog_is_not_pinged_while_the_main_runtime_thread_is_stalled() {
+    const PINGS_EVERY: Duration = Duration::from_millis(100);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let manager = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    let pings_within = |within: Duration| {
+        let deadline = std::time::Instant::now() + within;
+        let mut pings = 0;
+        let mut message = [0u8; 4096];
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return pings;
+            }
+            manager.set_read_timeout(Some(left)).unwrap();
+            if let Ok(length) = manager.recv(&mut message)
+                && &message[..length] == b"WATCHDOG=1"
+            {
+                pings += 1;
+            }
+        }
+    };
+    let agent = InProcessAgent::start(
+        without_thresholds(Duration::from_millis(100)),
+        ServiceManagerLink::to(NotifyTarget::Path(path.clone()), Some(PINGS_EVERY)),
+    );
+    agent.decided.recv_timeout(ARRIVAL).expect("no first cycle");
+    let before = pings_within(Duration::from_secs(1));
+    assert!(before >= 5, "{before} pings in a second before the stall");
+
+    let end_stall = agent.stall_main_runtime();
+    // A ping may go out while the last beat is younger than the ping interval.
+    pings_within(PINGS_EVERY * 3);
+    let while_stalled = pings_within(Duration::from_secs(1));
+    let _ = end_stall.send(());
+    assert_eq!(
+        while_stalled, 0,
+        "watchdog pings while the main runtime thread was stalled"
+    );
+    let after = pings_within(Duration::from_secs(1));
+    assert!(after >= 5, "{after} pings in a second after the stall");
+    agent.stop();
 }
 
 #[tokio::test]

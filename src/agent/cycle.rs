@@ -195,7 +195,9 @@ impl Agent {
     }
 
     /// Start the kernel notifiers this host supports; each wakes `wake` for an
-    /// immediate cycle. Must run inside the tokio runtime.
+    /// immediate cycle. Must run inside the tokio runtime the cycles are driven by: the
+    /// notifiers' tasks run there, and the cycles' refreshes of memcg triggers spawn
+    /// there too.
     pub fn start_notifiers(
         &mut self,
         support: &NotificationSupport,

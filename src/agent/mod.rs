@@ -19,7 +19,8 @@ pub use shutdown::start as start_shutdown_manager;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, oneshot, watch};
 
@@ -38,8 +39,6 @@ pub const API_FLUSH_WAIT: Duration = Duration::from_secs(5);
 pub enum AgentError {
     #[error("cannot start the decision cycle thread: {0}")]
     CycleThread(std::io::Error),
-    #[error("cannot start the kernel event thread: {0}")]
-    EventThread(std::io::Error),
     #[error("metricsAddress {address}: {error}")]
     Metrics {
         address: String,
@@ -148,26 +147,29 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
     }
     let support = agent.announce();
     let realtime_priority = agent.config().realtime_priority;
-    let events = EventThread::start(realtime_priority).await?;
-    {
-        // The notifiers wait on the event thread's runtime, so a notification wakes
-        // that thread, and the cycle thread after it, and nothing else on the way.
-        let _events = events.runtime.enter();
-        agent.start_notifiers(&support, wake.clone());
-    }
+    let heartbeat = service.watchdog_interval().map(|ping_interval| {
+        let heartbeat = Arc::new(RuntimeHeartbeat::new());
+        let beats = tokio::spawn(heartbeat.clone().beat_every(ping_interval / 2));
+        (heartbeat, beats)
+    });
     agent.start_image_tracking(stop_tx.subscribe());
     // Taken before the agent moves to its thread: it keeps the API senders alive after
     // the agent is gone, until the queue is flushed.
     let pending_writes = agent.pending_writes();
     let cycles = start_cycle_thread(
         agent,
+        support,
         realtime_priority,
         interval,
         wake,
         health,
-        service.clone(),
+        WatchdogPinger::new(
+            service.clone(),
+            heartbeat.as_ref().map(|(heartbeat, _)| heartbeat.clone()),
+        ),
         stop_tx.subscribe(),
-    )?;
+    )
+    .await?;
     let ready_anyway = {
         let reporter = reporter.clone();
         tokio::spawn(async move {
@@ -188,8 +190,9 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
             "the decision cycle did not finish within {CYCLE_STOP_WAIT:?} (stuck on a hung filesystem?); stopping without it"
         ),
     }
-    // The notifiers went with the agent, unless a stuck cycle still holds it.
-    events.stop();
+    if let Some((_, beats)) = heartbeat {
+        beats.abort();
+    }
     if let Some((manager, publisher)) = shutdown_manager {
         // The manager finishes a running drain phase bookkeeping and releases the lock.
         let _ = manager.await;
@@ -222,37 +225,67 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
 }
 
 /// Start the thread that runs the decision cycles: every `interval`, or at once when
-/// `wake` fires, until `stop` turns true. It drives its futures through the runtime's
-/// handle, so timers, spawned escalations and channels work as before, while everything
-/// it blocks on blocks this thread only. Resolves when the thread has finished.
+/// `wake` fires, until `stop` turns true. Resolves when the thread has finished.
+///
+/// The thread runs a current-thread runtime of its own, and waits there for its timer and
+/// for the kernel notifiers `support` offers (started on that runtime): a
+/// notification wakes this thread directly, whatever the main runtime is busy with (API
+/// writes, scrapes, the pod watch), and with `realtimePriority` this thread is the one
+/// that runs real-time, so nothing the API server or a scraper sends runs at that
+/// priority. A cycle itself runs in the main runtime's context ([`InRuntime`]): what it
+/// spawns (a SIGKILL that follows a grace period, a blocking kill step) runs there, not
+/// behind the next blocking cycle on this thread.
 ///
 /// The service manager's watchdog is pinged from this thread, between cycles and while a
 /// cycle awaits (a reclaim command, the cleanup after a kill), but not while it is stuck
-/// in a blocking call: a cycle hung in the kernel gets the agent restarted.
-fn start_cycle_thread(
+/// in a blocking call, nor while the runtime thread is stalled ([`WatchdogPinger`]): a
+/// cycle hung in the kernel, or a runtime thread that no longer serves the API writes,
+/// `/healthz` and the shutdown handling, gets the agent restarted.
+#[allow(clippy::too_many_arguments)]
+async fn start_cycle_thread(
     mut agent: Agent,
+    support: crate::signals::NotificationSupport,
     realtime_priority: Option<u8>,
     interval: Duration,
     wake: Arc<Notify>,
     health: Arc<Health>,
-    service: Arc<ServiceManagerLink>,
+    mut pinger: WatchdogPinger,
     mut stop: watch::Receiver<bool>,
 ) -> Result<oneshot::Receiver<()>, AgentError> {
-    let runtime = tokio::runtime::Handle::current();
+    let main_runtime = tokio::runtime::Handle::current();
+    let (started_tx, started_rx) = oneshot::channel();
     let (done_tx, done_rx) = oneshot::channel();
     std::thread::Builder::new()
         .name("nodekeeper-cycle".to_string())
         .spawn(move || {
+            // Built on this thread, so that no runtime is ever dropped inside the main
+            // runtime's (which panics).
+            let cycle_runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    let _ = started_tx.send(Err(error));
+                    return;
+                }
+            };
+            {
+                // The notifiers' tasks wait in the runtime's queue until it runs below.
+                let _cycle = cycle_runtime.enter();
+                agent.start_notifiers(&support, wake.clone());
+            }
+            let _ = started_tx.send(Ok(()));
             if let Some(priority) = realtime_priority {
                 go_realtime(priority, "decision cycle");
             }
             // The cycle reads the same kernel files every time: kept open, each read
             // skips the path lookup, the open and the close.
             crate::signals::keep_kernel_files_open_on_this_thread();
-            runtime.block_on(async move {
+            cycle_runtime.block_on(async move {
                 let mut ticker = tokio::time::interval(interval);
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let mut watchdog = service.watchdog_interval().map(|period| {
+                let mut watchdog = pinger.interval().map(|period| {
                     let mut pings = tokio::time::interval(period);
                     pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     pings
@@ -262,7 +295,7 @@ fn start_cycle_thread(
                         biased;
                         _ = stop.wait_for(|stop| *stop) => break,
                         () = next_ping(&mut watchdog) => {
-                            service.ping_watchdog();
+                            pinger.ping();
                             continue;
                         }
                         _ = ticker.tick() => {}
@@ -270,11 +303,15 @@ fn start_cycle_thread(
                     }
                     let cycle = agent.run_cycle();
                     tokio::pin!(cycle);
+                    let mut cycle = InRuntime {
+                        runtime: &main_runtime,
+                        future: cycle,
+                    };
                     let (_, evicted) = loop {
                         tokio::select! {
                             biased;
                             done = &mut cycle => break done,
-                            () = next_ping(&mut watchdog) => service.ping_watchdog(),
+                            () = next_ping(&mut watchdog) => pinger.ping(),
                         }
                     };
                     crate::signals::end_kernel_file_cycle();
@@ -288,57 +325,117 @@ fn start_cycle_thread(
             let _ = done_tx.send(());
         })
         .map_err(AgentError::CycleThread)?;
+    started_rx
+        .await
+        .map_err(|_| {
+            AgentError::CycleThread(std::io::Error::other("the thread ended at its start"))
+        })?
+        .map_err(AgentError::CycleThread)?;
     Ok(done_rx)
 }
 
-/// The thread the kernel notifiers wait on (memcg thresholds, PSI triggers,
-/// `memory.events`), on a current-thread runtime of its own: a notification then wakes
-/// it at once, whatever the main runtime is busy with (API writes, scrapes, the pod
-/// watch), and with `realtimePriority` it is the one thread besides the cycle's that runs
-/// real-time, so nothing the API server or a scraper sends runs at that priority.
-struct EventThread {
-    runtime: tokio::runtime::Handle,
-    stop: oneshot::Sender<()>,
+/// When the runtime thread last ran a task. The watchdog is pinged from the cycle thread,
+/// whose timer no longer depends on the runtime thread; the heartbeat lets the pings
+/// vouch for the runtime thread too.
+#[derive(Debug)]
+struct RuntimeHeartbeat {
+    started: Instant,
+    /// Nanoseconds from `started` to the last beat.
+    last_beat: AtomicU64,
 }
 
-impl EventThread {
-    async fn start(realtime_priority: Option<u8>) -> Result<EventThread, AgentError> {
-        let (handle_tx, handle_rx) = oneshot::channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name("nodekeeper-events".to_string())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(error) => {
-                        let _ = handle_tx.send(Err(error));
-                        return;
-                    }
-                };
-                if let Some(priority) = realtime_priority {
-                    go_realtime(priority, "kernel event");
-                }
-                let _ = handle_tx.send(Ok(runtime.handle().clone()));
-                runtime.block_on(async {
-                    let _ = stopped.await;
-                });
-            })
-            .map_err(AgentError::EventThread)?;
-        let runtime = handle_rx
-            .await
-            .map_err(|_| {
-                AgentError::EventThread(std::io::Error::other("the thread ended at its start"))
-            })?
-            .map_err(AgentError::EventThread)?;
-        Ok(EventThread { runtime, stop })
+impl RuntimeHeartbeat {
+    fn new() -> RuntimeHeartbeat {
+        RuntimeHeartbeat {
+            started: Instant::now(),
+            last_beat: AtomicU64::new(0),
+        }
     }
 
-    /// Ends the thread; its tasks are dropped with its runtime.
-    fn stop(self) {
-        let _ = self.stop.send(());
+    /// Beats every `period` on the runtime it is spawned on, until aborted.
+    async fn beat_every(self: Arc<Self>, period: Duration) {
+        let mut beats = tokio::time::interval(period);
+        beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            beats.tick().await;
+            let since_start = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.last_beat.store(since_start, Ordering::Relaxed);
+        }
+    }
+
+    fn since_last_beat(&self) -> Duration {
+        self.started
+            .elapsed()
+            .saturating_sub(Duration::from_nanos(self.last_beat.load(Ordering::Relaxed)))
+    }
+}
+
+/// Whether the runtime thread counts as running: it beats every half ping interval, so
+/// a whole interval without a beat is two beats missed.
+fn runtime_thread_answers(since_last_beat: Duration, ping_interval: Duration) -> bool {
+    since_last_beat < ping_interval
+}
+
+/// Pings the service manager's watchdog for the cycle thread, while the runtime thread
+/// beats too.
+struct WatchdogPinger {
+    service: Arc<ServiceManagerLink>,
+    heartbeat: Option<Arc<RuntimeHeartbeat>>,
+    /// Pings are withheld because the runtime thread stopped beating (said once).
+    withholding: bool,
+}
+
+impl WatchdogPinger {
+    fn new(service: Arc<ServiceManagerLink>, heartbeat: Option<Arc<RuntimeHeartbeat>>) -> Self {
+        WatchdogPinger {
+            service,
+            heartbeat,
+            withholding: false,
+        }
+    }
+
+    fn interval(&self) -> Option<Duration> {
+        self.service.watchdog_interval()
+    }
+
+    fn ping(&mut self) {
+        let (Some(heartbeat), Some(interval)) = (&self.heartbeat, self.interval()) else {
+            self.service.ping_watchdog();
+            return;
+        };
+        let since = heartbeat.since_last_beat();
+        if runtime_thread_answers(since, interval) {
+            if self.withholding {
+                tracing::info!("the runtime thread runs again; pinging the watchdog again");
+                self.withholding = false;
+            }
+            self.service.ping_watchdog();
+        } else if !self.withholding {
+            tracing::error!(
+                "the runtime thread (API writes, /healthz, the shutdown handling) has not run for {since:?}; not pinging the watchdog, so the service manager restarts the agent"
+            );
+            self.withholding = true;
+        }
+    }
+}
+
+/// Polls `future` inside `runtime`'s context, so that what it spawns, and the timers it
+/// sets, belong to that runtime whichever thread polls it.
+struct InRuntime<'a, F> {
+    runtime: &'a tokio::runtime::Handle,
+    future: std::pin::Pin<&'a mut F>,
+}
+
+impl<F: Future> Future for InRuntime<'_, F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.get_mut();
+        let _entered = this.runtime.enter();
+        this.future.as_mut().poll(context)
     }
 }
 

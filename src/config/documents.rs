@@ -150,8 +150,9 @@ pub struct AgentDocument {
     pub metrics_address: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
-    /// SCHED_FIFO priority (1–99) of the threads between a kernel notification and the
-    /// eviction decision; 0 or unset keeps them on the normal scheduler.
+    /// SCHED_FIFO priority (1–99) of the thread between a kernel notification and the
+    /// eviction decision (the decision cycle thread); 0 or unset keeps it on the normal
+    /// scheduler.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub realtime_priority: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -632,7 +632,7 @@ fn build(
         warnings.push(simple_warning(
             "realtimePriority",
             format!(
-                "{priority} is at or above 50, the priority of the kernel's interrupt threads; the agent's kernel event and cycle threads could delay interrupt handling on their CPU: keep it below 50"
+                "{priority} is at or above 50, the priority of the kernel's interrupt threads; the agent's decision cycle thread could delay interrupt handling on its CPU: keep it below 50"
             ),
         ));
     }

@@ -121,7 +121,8 @@ impl Notifiers {
     /// A mechanism that fails is logged and skipped; the poll remains the safety net.
     /// memcg thresholds are registered by the first [`Notifiers::update`], which needs
     /// the memory capacity observed by a collection. Must be called inside a tokio
-    /// runtime.
+    /// runtime, the one that is to run the notifiers' tasks (the agent's cycle thread's):
+    /// `update` spawns the memcg watches on it too.
     pub fn start(
         config: &AgentConfig,
         cgroups: Option<CgroupReader>,

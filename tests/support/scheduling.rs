@@ -1,25 +1,23 @@
 //! How the kernel schedules a process's threads, as `/proc` shows it.
 
-/// The agent's threads `realtimePriority` moves, by their names in `/proc` (`comm` keeps
-/// 15 bytes of `nodekeeper-events` and `nodekeeper-cycle`).
-pub const EVENT_THREAD: &str = "nodekeeper-even";
+/// The agent's thread `realtimePriority` moves, the decision cycle thread (on which the
+/// kernel notifiers wait too), by its name in `/proc` (`comm` keeps 15 bytes of
+/// `nodekeeper-cycle`).
 pub const CYCLE_THREAD: &str = "nodekeeper-cycl";
 
-/// What `realtimePriority` promises of the agent's `threads`: the kernel event and decision
-/// cycle threads are there, at SCHED_FIFO with `priority` (or on the normal scheduler
-/// without one), and every other thread is on the normal scheduler.
+/// What `realtimePriority` promises of the agent's `threads`: the decision cycle thread is
+/// there, at SCHED_FIFO with `priority` (or on the normal scheduler without one), and
+/// every other thread is on the normal scheduler.
 pub fn assert_real_time_only_on_the_decision_path(
     threads: &[(String, (i32, u32))],
     priority: Option<u32>,
 ) {
-    for thread in [EVENT_THREAD, CYCLE_THREAD] {
-        assert!(
-            threads.iter().any(|(name, _)| name == thread),
-            "no {thread} thread in {threads:?}"
-        );
-    }
+    assert!(
+        threads.iter().any(|(name, _)| name == CYCLE_THREAD),
+        "no {CYCLE_THREAD} thread in {threads:?}"
+    );
     for (name, scheduling) in threads {
-        let on_the_path = name == EVENT_THREAD || name == CYCLE_THREAD;
+        let on_the_path = name == CYCLE_THREAD;
         let wanted = match priority {
             Some(priority) if on_the_path => (libc::SCHED_FIFO, priority),
             _ => (libc::SCHED_OTHER, 0),
