@@ -5,6 +5,9 @@
 #[path = "../tests/support/logind_fake.rs"]
 mod logind_fake;
 #[allow(dead_code)]
+#[path = "../tests/support/poll.rs"]
+mod poll;
+#[allow(dead_code)]
 #[path = "../tests/support/real.rs"]
 pub mod real;
 /// Where `require!` looks for its helpers: without a dbus-daemon the bench fails under

@@ -23,6 +23,8 @@ mod support {
     pub mod cgroups;
     pub mod logind_fake;
     #[allow(dead_code)]
+    pub mod poll;
+    #[allow(dead_code)]
     pub mod real;
 }
 

@@ -5,14 +5,16 @@ mod support {
     pub mod agent_process;
     pub mod allocator;
     pub mod cgroups;
+    pub mod poll;
     pub mod real;
     pub mod scheduling;
 }
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::agent_process::{AgentProcess, http_get, http_get_accepting};
+use support::poll::Wait;
 use support::scheduling::{
     assert_real_time_only_on_the_decision_path, policy_in_stat, thread_policies,
 };
@@ -86,11 +88,7 @@ fn agent_serves_metrics_and_stops_cleanly_on_sigterm() {
     let (status, _) = http_get(&agent.address, "/healthz");
     assert_eq!(status, 200);
     // The first cycle runs at start; wait for readiness rather than sleeping blindly.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http_get(&agent.address, "/readyz").0 != 200 {
-        assert!(Instant::now() < deadline, "agent never became ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_ready(&agent);
 
     // Prometheus asks for OpenMetrics and gets it.
     let (status, head, body) =
@@ -320,11 +318,9 @@ fn realtime_priority_without_the_privilege_is_a_warning_and_the_agent_runs_on() 
 
 /// Waits until the agent has completed a cycle (`/readyz` answers 200).
 fn wait_until_ready(agent: &AgentProcess) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http_get(&agent.address, "/readyz").0 != 200 {
-        assert!(Instant::now() < deadline, "the agent never became ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    Wait::for_("the agent to be ready", Duration::from_secs(20))
+        .every(Duration::from_millis(50))
+        .until_true(|| http_get(&agent.address, "/readyz").0 == 200)
 }
 
 /// A real-time thread of the agent starts threads and processes (tokio's blocking
@@ -410,15 +406,13 @@ fn a_threshold_met_with_no_pod_to_evict_is_said_once_per_streak() {
     };
     // Waits until at least `cycles` cycles have been pressured in all.
     let pressured = |agent: &AgentProcess, cycles: usize| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while count(agent, PRESSED) < cycles {
-            assert!(
-                Instant::now() < deadline,
-                "not {cycles} cycles under pressure:\n{}",
-                agent.whole_log().join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        Wait::for_(
+            &format!("{cycles} cycles under pressure"),
+            Duration::from_secs(20),
+        )
+        .every(Duration::from_millis(50))
+        .showing(|| agent.whole_log().join("\n"))
+        .until_true(|| count(agent, PRESSED) >= cycles)
     };
 
     set_free(50 * MI);
@@ -427,17 +421,12 @@ fn a_threshold_met_with_no_pod_to_evict_is_said_once_per_streak() {
     // The pressure ends, then comes back: a new streak, said again once.
     set_free(4096 * MI);
     let threshold_met = "nodekeeper_threshold_met{signal=\"memory.available\",threshold=\"memory.available<100Mi\",kind=\"hard\"}";
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while sample(
-        &parse_exposition(
-            &http_get_accepting(&agent.address, "/metrics", Some(PROMETHEUS_ACCEPT)).2,
-        ),
-        threshold_met,
-    ) != Some(0.0)
-    {
-        assert!(Instant::now() < deadline, "the pressure never ended");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    Wait::for_("the pressure to end", Duration::from_secs(20))
+        .every(Duration::from_millis(50))
+        .until_true(|| {
+            let metrics = http_get_accepting(&agent.address, "/metrics", Some(PROMETHEUS_ACCEPT));
+            sample(&parse_exposition(&metrics.2), threshold_met) == Some(0.0)
+        });
     let before = count(&agent, PRESSED);
     set_free(50 * MI);
     pressured(&agent, before + 4);
@@ -501,33 +490,18 @@ fn the_agent_keeps_a_pods_cgroup_files_open_until_the_cgroup_is_removed() {
         open.sort();
         open
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let kept = loop {
-        let open = open_on_pod();
-        if open.len() >= 2 {
-            break open;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the pod's memory files are not kept open: {open:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let kept = Wait::for_("the pod's memory files kept open", Duration::from_secs(10))
+        .showing(|| format!("open now: {:?}", open_on_pod()))
+        .until(|| Some(open_on_pod()).filter(|open| open.len() >= 2));
     // Several cycles later the same descriptors: kept, not opened again.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(open_on_pod(), kept, "the pod's files were not kept open");
 
     std::fs::remove_dir(&pod_dir).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let open = open_on_pod();
-        if open.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the removed pod cgroup's files are still open: {open:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    Wait::for_(
+        "the removed pod cgroup's files to be closed",
+        Duration::from_secs(5),
+    )
+    .showing(|| format!("open now: {:?}", open_on_pod()))
+    .until_true(|| open_on_pod().is_empty());
 }

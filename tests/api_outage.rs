@@ -168,18 +168,11 @@ impl Outage {
         what: &str,
         mut check: impl FnMut(&Outage) -> Option<T>,
     ) -> T {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(found) = check(self) {
-                return found;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not within {within:?}; agent log:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        support::poll::Wait::for_(what, within)
+            .every(Duration::from_millis(50))
+            .showing(|| format!("agent log:\n{}", self.log()))
+            .eventually(|| check(self))
+            .await
     }
 
     /// Waits until every write owed for the pods evicted so far is on the server: each

@@ -17,7 +17,7 @@ mod support;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::agent_process::{AgentProcess, BINARY, http_get};
 use support::cgroups::TestCgroups;
@@ -35,12 +35,10 @@ fn write_errors(agent: &AgentProcess, file: &str) -> u64 {
 }
 
 /// Polls `check` every 50 ms for up to `within`; panics with `what` if it never holds.
-fn wait_until(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_until(what: &str, within: Duration, check: impl FnMut() -> bool) {
+    support::poll::Wait::for_(what, within)
+        .every(Duration::from_millis(50))
+        .until_true(check)
 }
 
 /// How many steps the trace file holds so far (one line each).

@@ -82,20 +82,18 @@ async fn wait_until<T>(
     booted: &Booted,
     what: &str,
     limit: Duration,
-    mut check: impl FnMut() -> Option<T>,
+    check: impl FnMut() -> Option<T>,
 ) -> T {
-    let give_up = Instant::now() + limit;
-    loop {
-        if let Some(found) = check() {
-            return found;
-        }
-        assert!(
-            Instant::now() < give_up,
-            "timed out waiting for {what}; agent log:\n{}",
-            std::fs::read_to_string(booted.shared.join("agent.log")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::poll::Wait::for_(what, limit)
+        .every(Duration::from_millis(50))
+        .showing(|| {
+            format!(
+                "agent log:\n{}",
+                std::fs::read_to_string(booted.shared.join("agent.log")).unwrap_or_default()
+            )
+        })
+        .eventually(check)
+        .await
 }
 
 /// The agent runs in a pod of its own, as a DaemonSet's agent does.

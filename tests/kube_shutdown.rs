@@ -12,6 +12,8 @@ mod support {
     pub mod kubelet;
     pub mod logind_fake;
     pub mod netns;
+    #[allow(dead_code)]
+    pub mod poll;
     pub mod real;
 }
 

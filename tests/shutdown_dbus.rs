@@ -6,6 +6,8 @@
 mod support {
     pub mod logind_fake;
     #[allow(dead_code)]
+    pub mod poll;
+    #[allow(dead_code)]
     pub mod real;
 }
 

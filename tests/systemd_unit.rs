@@ -146,16 +146,11 @@ fn agent_log(booted: &Booted) -> String {
 }
 
 /// Waits up to `limit` for `check`; fails naming `what`, with the agent's log.
-fn wait_until(booted: &Booted, what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let give_up = Instant::now() + limit;
-    while !check() {
-        assert!(
-            Instant::now() < give_up,
-            "timed out waiting for {what}; agent log:\n{}",
-            agent_log(booted)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_until(booted: &Booted, what: &str, limit: Duration, check: impl FnMut() -> bool) {
+    support::poll::Wait::for_(what, limit)
+        .every(Duration::from_millis(50))
+        .showing(|| format!("agent log:\n{}", agent_log(booted)))
+        .until_true(check)
 }
 
 /// The agent's last /metrics address, from its log.

@@ -220,15 +220,11 @@ impl AgentProcess {
     /// Polls `check` every 50 ms until it holds, at most `within`; fails naming `what`,
     /// with the agent's whole log.
     pub async fn until(&self, within: Duration, what: &str, check: impl Fn() -> bool) {
-        let deadline = Instant::now() + within;
-        while !check() {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not within {within:?}; agent log:\n{}",
-                self.whole_log().join("\n")
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        super::poll::Wait::for_(what, within)
+            .every(Duration::from_millis(50))
+            .showing(|| format!("agent log:\n{}", self.whole_log().join("\n")))
+            .eventually_true(check)
+            .await
     }
 
     /// The first log line not read yet that contains `text`, with the time it was read.

@@ -698,25 +698,21 @@ pub async fn wait_for_within<T>(
     limit: Duration,
     mut check: impl FnMut() -> Option<T>,
 ) -> T {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if let Some(found) = check() {
-            return found;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!(
-                "timed out waiting for {what}; controller log:\n{}",
-                controller.log()
-            );
-        }
-        if controller.exited() {
-            panic!(
+    super::poll::Wait::for_(what, limit)
+        .every(Duration::from_millis(50))
+        .showing(|| format!("controller log:\n{}", controller.log()))
+        .eventually(|| {
+            if let Some(found) = check() {
+                return Some(found);
+            }
+            assert!(
+                !controller.exited(),
                 "the controller exited while waiting for {what}; its log:\n{}",
                 controller.log()
             );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            None
+        })
+        .await
 }
 
 /// The cluster of the first test, with the controller not yet started: three Ready

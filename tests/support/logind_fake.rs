@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
+use super::poll::Wait;
+
 // ---------------------------------------------------------------- private bus
 
 /// A dbus-daemon this test started, stopped by its PID.
@@ -108,20 +110,22 @@ impl Drop for PrivateBus {
     }
 }
 
-pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < give_up, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+/// How long a wait on the bus may take.
+const BUS_WAIT: Duration = Duration::from_secs(20);
+
+/// Blocks until `done` holds, checking every 5 ms, at most [`BUS_WAIT`].
+pub fn wait_for(what: &str, done: impl FnMut() -> bool) {
+    Wait::for_(what, BUS_WAIT)
+        .every(Duration::from_millis(5))
+        .until_true(done)
 }
 
-pub async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < give_up, "gave up waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+/// Waits until `done` holds, checking every 2 ms, at most [`BUS_WAIT`].
+pub async fn wait_until(what: &str, done: impl FnMut() -> bool) {
+    Wait::for_(what, BUS_WAIT)
+        .every(Duration::from_millis(2))
+        .eventually_true(done)
+        .await
 }
 
 // ---------------------------------------------------------------- fake logind
@@ -271,14 +275,12 @@ impl FakeLogind {
     /// Blocks (the calling thread, not a runtime's) until no delay lock is held: the
     /// drain released it. Panics after 10 s.
     pub fn wait_for_release(&self) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while self.held() != 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the drain never released the delay lock"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        Wait::for_(
+            "the drain to release the delay lock",
+            Duration::from_secs(10),
+        )
+        .every(Duration::from_millis(10))
+        .until_true(|| self.held() == 0)
     }
 
     pub fn inhibit_calls(&self) -> usize {

@@ -19,6 +19,7 @@ pub mod logind_fake;
 pub mod netns;
 pub mod node_units;
 pub mod nspawn;
+pub mod poll;
 pub mod process_usage;
 pub mod proxy;
 pub mod real;

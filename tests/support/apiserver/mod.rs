@@ -396,18 +396,8 @@ pub fn fake_only(cluster: &TestCluster) -> Result<&FakeApiServer, String> {
 }
 
 /// Polls `check` every 20 ms until it returns Some, or panics after `limit`.
-pub async fn eventually<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if let Some(found) = check() {
-            return found;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+pub async fn eventually<T>(limit: Duration, what: &str, check: impl FnMut() -> Option<T>) -> T {
+    super::poll::Wait::for_(what, limit).eventually(check).await
 }
 
 /// A token for `account` bound to the pod `pod` (its uid included) and valid an hour, as
