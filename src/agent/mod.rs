@@ -412,7 +412,7 @@ impl WatchdogPinger {
             self.service.ping_watchdog();
         } else if !self.withholding {
             tracing::error!(
-                "the runtime thread (API writes, /healthz, the shutdown handling) has not run for {since:?}; not pinging the watchdog, so the service manager restarts the agent"
+                "the runtime thread (API writes, /healthz, the shutdown handling) has not run for {since:?}; not pinging the watchdog, so the service manager restarts the agent if it stays so"
             );
             self.withholding = true;
         }

@@ -260,8 +260,8 @@ pub struct AgentConfig {
     pub paths: HostPaths,
     pub metrics_address: String,
     pub dry_run: bool,
-    /// SCHED_FIFO priority of the kernel-event and decision-cycle threads (`None`: the
-    /// normal scheduler, the default). A waking thread of the normal scheduler may wait
+    /// SCHED_FIFO priority of the decision cycle thread, on which the kernel notifiers
+    /// wait (`None`: the normal scheduler, the default). A waking thread of the normal scheduler may wait
     /// for the next scheduler tick behind a busy process; a real-time one runs at once.
     pub realtime_priority: Option<u8>,
     pub node_name: Option<String>,
