@@ -147,11 +147,7 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
     }
     let support = agent.announce();
     let realtime_priority = agent.config().realtime_priority;
-    let heartbeat = service.watchdog_interval().map(|ping_interval| {
-        let heartbeat = Arc::new(RuntimeHeartbeat::new());
-        let beats = tokio::spawn(heartbeat.clone().beat_every(ping_interval / 2));
-        (heartbeat, beats)
-    });
+    let (pinger, heartbeat) = WatchdogPinger::start(&service).unzip();
     agent.start_image_tracking(stop_tx.subscribe());
     // Taken before the agent moves to its thread: it keeps the API senders alive after
     // the agent is gone, until the queue is flushed.
@@ -163,10 +159,7 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
         interval,
         wake,
         health,
-        WatchdogPinger::new(
-            service.clone(),
-            heartbeat.as_ref().map(|(heartbeat, _)| heartbeat.clone()),
-        ),
+        pinger,
         stop_tx.subscribe(),
     )
     .await?;
@@ -190,8 +183,8 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
             "the decision cycle did not finish within {CYCLE_STOP_WAIT:?} (stuck on a hung filesystem?); stopping without it"
         ),
     }
-    if let Some((_, beats)) = heartbeat {
-        beats.abort();
+    if let Some(heartbeat) = heartbeat {
+        heartbeat.abort();
     }
     if let Some((manager, publisher)) = shutdown_manager {
         // The manager finishes a running drain phase bookkeeping and releases the lock.
@@ -236,9 +229,10 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
 /// spawns (a SIGKILL that follows a grace period, a blocking kill step) runs there, not
 /// behind the next blocking cycle on this thread.
 ///
-/// The service manager's watchdog is pinged from this thread, between cycles and while a
-/// cycle awaits (a reclaim command, the cleanup after a kill), but not while it is stuck
-/// in a blocking call, nor while the runtime thread is stalled ([`WatchdogPinger`]): a
+/// The service manager's watchdog (`pinger`, when it is on) is pinged from this thread,
+/// between cycles and while a cycle awaits (a reclaim command, the cleanup after a kill),
+/// but not while it is stuck in a blocking call, nor while the runtime thread is stalled
+/// ([`WatchdogPinger`]): a
 /// cycle hung in the kernel, or a runtime thread that no longer serves the API writes,
 /// `/healthz` and the shutdown handling, gets the agent restarted.
 #[allow(clippy::too_many_arguments)]
@@ -249,7 +243,7 @@ async fn start_cycle_thread(
     interval: Duration,
     wake: Arc<Notify>,
     health: Arc<Health>,
-    mut pinger: WatchdogPinger,
+    pinger: Option<WatchdogPinger>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<oneshot::Receiver<()>, AgentError> {
     let main_runtime = tokio::runtime::Handle::current();
@@ -285,17 +279,19 @@ async fn start_cycle_thread(
             cycle_runtime.block_on(async move {
                 let mut ticker = tokio::time::interval(interval);
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let mut watchdog = pinger.interval().map(|period| {
-                    let mut pings = tokio::time::interval(period);
+                // Its timer on this thread's runtime: the pings do not wait for the
+                // runtime thread's.
+                let mut watchdog = pinger.map(|pinger| {
+                    let mut pings = tokio::time::interval(pinger.interval);
                     pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    pings
+                    (pinger, pings)
                 });
                 loop {
                     tokio::select! {
                         biased;
                         _ = stop.wait_for(|stop| *stop) => break,
                         () = next_ping(&mut watchdog) => {
-                            pinger.ping();
+                            ping(&mut watchdog);
                             continue;
                         }
                         _ = ticker.tick() => {}
@@ -311,7 +307,7 @@ async fn start_cycle_thread(
                         tokio::select! {
                             biased;
                             done = &mut cycle => break done,
-                            () = next_ping(&mut watchdog) => pinger.ping(),
+                            () = next_ping(&mut watchdog) => ping(&mut watchdog),
                         }
                     };
                     crate::signals::end_kernel_file_cycle();
@@ -380,31 +376,34 @@ fn runtime_thread_answers(since_last_beat: Duration, ping_interval: Duration) ->
 /// beats too.
 struct WatchdogPinger {
     service: Arc<ServiceManagerLink>,
-    heartbeat: Option<Arc<RuntimeHeartbeat>>,
+    /// How often the watchdog wants a ping.
+    interval: Duration,
+    heartbeat: Arc<RuntimeHeartbeat>,
     /// Pings are withheld because the runtime thread stopped beating (said once).
     withholding: bool,
 }
 
 impl WatchdogPinger {
-    fn new(service: Arc<ServiceManagerLink>, heartbeat: Option<Arc<RuntimeHeartbeat>>) -> Self {
-        WatchdogPinger {
-            service,
+    /// With the service manager's watchdog on: a pinger, and the heartbeat task it
+    /// started on the current runtime (the runtime thread's), to abort at stop.
+    fn start(
+        service: &Arc<ServiceManagerLink>,
+    ) -> Option<(WatchdogPinger, tokio::task::JoinHandle<()>)> {
+        let interval = service.watchdog_interval()?;
+        let heartbeat = Arc::new(RuntimeHeartbeat::new());
+        let beats = tokio::spawn(heartbeat.clone().beat_every(interval / 2));
+        let pinger = WatchdogPinger {
+            service: service.clone(),
+            interval,
             heartbeat,
             withholding: false,
-        }
-    }
-
-    fn interval(&self) -> Option<Duration> {
-        self.service.watchdog_interval()
+        };
+        Some((pinger, beats))
     }
 
     fn ping(&mut self) {
-        let (Some(heartbeat), Some(interval)) = (&self.heartbeat, self.interval()) else {
-            self.service.ping_watchdog();
-            return;
-        };
-        let since = heartbeat.since_last_beat();
-        if runtime_thread_answers(since, interval) {
+        let since = self.heartbeat.since_last_beat();
+        if runtime_thread_answers(since, self.interval) {
             if self.withholding {
                 tracing::info!("the runtime thread runs again; pinging the watchdog again");
                 self.withholding = false;
@@ -455,11 +454,18 @@ fn go_realtime(priority: u8, thread: &str) {
 }
 
 /// The next watchdog ping is due; never, without a watchdog.
-async fn next_ping(watchdog: &mut Option<tokio::time::Interval>) {
+async fn next_ping(watchdog: &mut Option<(WatchdogPinger, tokio::time::Interval)>) {
     match watchdog {
-        Some(pings) => {
+        Some((_, pings)) => {
             pings.tick().await;
         }
         None => std::future::pending().await,
+    }
+}
+
+/// Pings the watchdog, when there is one.
+fn ping(watchdog: &mut Option<(WatchdogPinger, tokio::time::Interval)>) {
+    if let Some((pinger, _)) = watchdog {
+        pinger.ping();
     }
 }

@@ -261,8 +261,9 @@ pub struct AgentConfig {
     pub metrics_address: String,
     pub dry_run: bool,
     /// SCHED_FIFO priority of the decision cycle thread, on which the kernel notifiers
-    /// wait (`None`: the normal scheduler, the default). A waking thread of the normal scheduler may wait
-    /// for the next scheduler tick behind a busy process; a real-time one runs at once.
+    /// wait (`None`: the normal scheduler, the default). A waking thread of the normal
+    /// scheduler may wait for the next scheduler tick behind a busy process; a real-time
+    /// one runs at once.
     pub realtime_priority: Option<u8>,
     pub node_name: Option<String>,
     /// Where graceful-shutdown progress is persisted (the shutdown report).

@@ -74,7 +74,9 @@ fn read_once<T>(
     }
     let mut file = File::open(path).map_err(|e| FileError::new(path, e))?;
     let read = read_and_parse(&mut file, path, parse, &mut false);
-    if read.is_ok() && is_kernel_pseudo_file(&file) {
+    // The filesystem is asked only when there is room to keep the file: past the limit,
+    // a read costs no more than on a thread that keeps none.
+    if read.is_ok() && has_room_for(path) && is_kernel_pseudo_file(&file) {
         keep(path, file);
     }
     read
@@ -146,6 +148,10 @@ impl KeptOpen {
     fn take(&mut self, path: &Path) -> Option<File> {
         self.files.remove(path).map(|kept| kept.file)
     }
+
+    fn has_room_for(&self, path: &Path) -> bool {
+        self.files.len() < self.capacity || self.files.contains_key(path)
+    }
 }
 
 thread_local! {
@@ -156,12 +162,17 @@ thread_local! {
 /// limit of open files.
 const MOST_KEPT_OPEN: usize = 512;
 
+/// Whether this thread would keep the file of `path` (at most [`KeptOpen::capacity`]).
+fn has_room_for(path: &Path) -> bool {
+    KEPT_OPEN.with_borrow(|kept| kept.as_ref().is_some_and(|kept| kept.has_room_for(path)))
+}
+
 fn keep(path: &Path, file: File) {
     KEPT_OPEN.with_borrow_mut(|kept| {
         let Some(kept) = kept.as_mut() else {
             return;
         };
-        if kept.files.len() >= kept.capacity && !kept.files.contains_key(path) {
+        if !kept.has_room_for(path) {
             return;
         }
         let read_in_cycle = kept.cycle;
