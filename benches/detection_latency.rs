@@ -52,7 +52,7 @@ use nodekeeper::config::{
     AgentConfig, GoDuration, Quantity, Threshold, ThresholdValue, WorkloadsConfig,
 };
 use nodekeeper::notify::{MemcgThreshold, memcg_trigger_bytes, page_size};
-use nodekeeper::ports::{CycleObserver, CycleReport, ShutdownHooks};
+use nodekeeper::ports::{CycleObserver, CycleReport, CycleStart, ShutdownHooks};
 use nodekeeper::shutdown::runner::DryRunTerminator;
 use nodekeeper::signals::{Host, Signal};
 use support::allocator::{OscillatorPlan, monotonic_nanos, oscillator_grow, oscillator_release};
@@ -180,10 +180,11 @@ fn main() {
             let samples = bench.agent_decisions(&agent, setup.rate.1, crossings);
             agent.stop();
             println!(
-                "agent | {pods} | {} | {} | {}",
+                "agent | {pods} | {} | {} | {} | {}",
                 setup.describe(),
                 spread(&latencies(&samples)),
-                taken_apart(&samples)
+                taken_apart(&samples),
+                started_by(&samples)
             );
             samples
         })
@@ -248,6 +249,22 @@ fn main() {
         );
     }
     println!();
+    println!(
+        "What started each deciding cycle (the timer, a notification evaluated at once, notifications the storm limiter held back, a look again after an eviction); over the decisions a notification started, ms: the crossing → the agent's notifier received the kernel's notification, and that → the cycle's start (median / p99 / p99.9 / max each)."
+    );
+    println!();
+    println!(
+        "| pods | growth | other CPUs | agent's threads | deciding cycles started by | crossing → notification received | notification received → cycle start |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for ((pods, setup), samples) in rows.iter().zip(&decisions) {
+        println!(
+            "| {pods} | {} | {} |",
+            setup.describe(),
+            started_by(samples)
+        );
+    }
+    println!();
     for (setup, samples) in kernel_rows.iter().zip(&kernel) {
         println!("kernel, {}: slowest {}", setup.describe(), slowest(samples));
     }
@@ -282,6 +299,13 @@ struct Decided {
     /// decision (the act, the bookkeeping): a crossing soon after a decision may find
     /// the cycle thread still busy, and wait in `wake`.
     since_last_decision: Option<u64>,
+    /// What started the deciding cycle (`timer`, `notification`,
+    /// `notification_trailing`, `after_eviction`).
+    started_by: &'static str,
+    /// For a deciding cycle woken ahead of its timer: the crossing → when the wake-up was
+    /// wanted (the agent's notifier received the kernel's notification, or the first
+    /// one held back); negative when it was wanted before the crossing.
+    notified: Option<i128>,
 }
 
 fn latencies(samples: &[Decided]) -> Vec<u64> {
@@ -302,8 +326,41 @@ fn taken_apart(samples: &[Decided]) -> String {
     )
 }
 
+/// The row's "what started the deciding cycles | crossing → notification received |
+/// notification received → cycle start" cells, the last two over the decisions a
+/// notification evaluated at once started.
+fn started_by(samples: &[Decided]) -> String {
+    let count = |name: &str| {
+        samples
+            .iter()
+            .filter(|sample| sample.started_by == name)
+            .count()
+    };
+    let counts: Vec<String> = nodekeeper::ports::CycleStart::names()
+        .map(|name| format!("{name} {}", count(name)))
+        .collect();
+    // (crossing → received, received → cycle start) of each decision a notification
+    // started. Received before the crossing is 0 here: the crossing is timed from the
+    // start of the step that reached the trigger.
+    let (received, to_cycle): (Vec<u64>, Vec<u64>) = samples
+        .iter()
+        .filter(|sample| sample.started_by == "notification")
+        .filter_map(|sample| {
+            let received = u64::try_from(sample.notified?.max(0)).unwrap_or(u64::MAX);
+            Some((received, sample.wake.saturating_sub(received)))
+        })
+        .unzip();
+    format!(
+        "{} | {} | {}",
+        counts.join(", "),
+        spread(&received),
+        spread(&to_cycle)
+    )
+}
+
 /// The ten slowest decisions, each as "latency (crossing → start + start → decision;
-/// cycles behind, missed; ms since the last decision before the crossing)", in ms.
+/// cycles behind, missed; ms since the last decision before the crossing; what started
+/// the deciding cycle, with the ms from the crossing to the wake-up it answered)", in ms.
 fn slowest_taken_apart(samples: &[Decided]) -> String {
     let mut sorted = samples.to_vec();
     sorted.sort_unstable_by_key(|sample| std::cmp::Reverse(sample.latency));
@@ -315,8 +372,12 @@ fn slowest_taken_apart(samples: &[Decided]) -> String {
             let since = sample
                 .since_last_decision
                 .map_or("-".to_string(), |nanos| format!("{:.1}", ms(nanos)));
+            let started_by = match sample.notified {
+                Some(nanos) => format!("{} {:.3}", sample.started_by, nanos as f64 / 1e6),
+                None => sample.started_by.to_string(),
+            };
             format!(
-                "{:.3} ({:.3} + {:.3}; {}, {}; {since})",
+                "{:.3} ({:.3} + {:.3}; {}, {}; {since}; {started_by})",
                 ms(sample.latency),
                 ms(sample.wake),
                 ms(sample.cycle),
@@ -675,6 +736,12 @@ struct Cycle {
     started: u64,
     decided: u64,
     evicts: bool,
+    /// What started it (the `started_by` label of `nodekeeper_cycles_total`).
+    started_by: &'static str,
+    /// For a cycle woken ahead of its timer: since when the wake-up was wanted (for a
+    /// notification, when the agent's notifier received the kernel's; for one the storm
+    /// limiter held back, the first of those held).
+    woken_since: Option<u64>,
 }
 
 /// Timestamps every cycle as it hands its report on (right after the decision).
@@ -685,10 +752,18 @@ impl CycleObserver for DecisionClock {
         let decided = monotonic_nanos();
         let collecting =
             u64::try_from(report.collection_started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let woken_since = match report.started_by {
+            CycleStart::Timer => None,
+            CycleStart::Woken(wakeup) => Some(decided.saturating_sub(
+                u64::try_from(wakeup.since.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            )),
+        };
         let _ = self.0.send(Cycle {
             started: decided.saturating_sub(collecting),
             decided,
             evicts: report.decision.evictions.iter().any(|e| e.name == WORKLOAD),
+            started_by: report.started_by.as_str(),
+            woken_since,
         });
     }
 }
@@ -725,6 +800,10 @@ fn decision_after(
             behind,
             missed,
             since_last_decision: last.map(|last| crossed.saturating_sub(last.decided)),
+            started_by: cycle.started_by,
+            notified: cycle
+                .woken_since
+                .map(|since| i128::from(since) - i128::from(crossed)),
         });
     }
 }

@@ -14,6 +14,7 @@ pub use crate::eviction::{EvictError, Evictor};
 
 use crate::eviction::Decision;
 use crate::isolation::PodsCgroup;
+use crate::notify::{WakeReason, Wakeup};
 use crate::pods::Pod;
 use crate::report::ApiReachability;
 use crate::report::contact::LeaseSource;
@@ -41,6 +42,8 @@ pub trait PodSource: Send {
 /// What one cycle saw and decided, for logs, observers and tests.
 #[derive(Debug, Clone)]
 pub struct CycleReport {
+    /// What started the cycle.
+    pub started_by: CycleStart,
     /// When the cycle began collecting: its observations are as of this moment or later
     /// (an observer can tell a crossing the collection may have missed).
     pub collection_started: std::time::Instant,
@@ -50,6 +53,34 @@ pub struct CycleReport {
     pub collection_errors: usize,
     /// The KEP-5394 contention conditions (only those turned on) and their events.
     pub contention: crate::signals::contention::ContentionReport,
+}
+
+/// What started a decision cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CycleStart {
+    /// The housekeeping timer (and a cycle run on request, as tests do).
+    Timer,
+    /// A wake-up ahead of the timer: a kernel notification, or a look again after an
+    /// eviction.
+    Woken(Wakeup),
+}
+
+impl CycleStart {
+    const TIMER: &'static str = "timer";
+
+    /// The `started_by` label of the `nodekeeper_cycles_total` metric.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CycleStart::Timer => CycleStart::TIMER,
+            CycleStart::Woken(wakeup) => wakeup.reason.as_str(),
+        }
+    }
+
+    /// Every `started_by` label a cycle can have.
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        std::iter::once(CycleStart::TIMER)
+            .chain(WakeReason::ALL.into_iter().map(WakeReason::as_str))
+    }
 }
 
 /// Sees every cycle's observations and decision, after the decision is made and before

@@ -206,6 +206,22 @@ fn agent_serves_metrics_and_stops_cleanly_on_sigterm() {
         Some(0.0),
         "{body}"
     );
+    // Cycles are counted by what started them, each way from the start: the first
+    // cycle is the timer's.
+    assert!(
+        sample(&samples, "nodekeeper_cycles_total{started_by=\"timer\"}").is_some_and(|c| c >= 1.0),
+        "{body}"
+    );
+    for started_by in ["notification", "notification_trailing", "after_eviction"] {
+        assert!(
+            sample(
+                &samples,
+                &format!("nodekeeper_cycles_total{{started_by=\"{started_by}\"}}")
+            )
+            .is_some(),
+            "no {started_by} series in {body}"
+        );
+    }
     // The shipped configuration is a dry run, and says so (the storm alert reads it).
     assert_eq!(sample(&samples, "nodekeeper_dry_run"), Some(1.0));
     // This configuration has no graceful shutdown: no lock, so no lock gauge to alert on.

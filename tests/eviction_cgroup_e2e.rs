@@ -8,8 +8,10 @@
 
 #[allow(dead_code)]
 mod support {
+    pub mod agent_process;
     pub mod allocator;
     pub mod cgroups;
+    pub mod poll;
     pub mod real;
 }
 
@@ -197,6 +199,20 @@ workloads:
     let hog_status = fixture.exited("hog").unwrap();
     std::thread::sleep(Duration::from_millis(500));
     log.extend(rx.try_iter());
+    // What started the cycles: the hog's crossing woke one through the kernel's memcg
+    // notification, and the eviction was followed by a look again at once.
+    let address = log
+        .iter()
+        .find_map(|line| support::agent_process::metrics_address(line))
+        .expect("the metrics address in the log");
+    let (_, metrics) = support::agent_process::http_get(address, "/metrics");
+    let cycles = |started_by: &str| {
+        let series = format!("nodekeeper_cycles_total{{started_by=\"{started_by}\"}} ");
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+    };
 
     let _ = kill(Pid::from_raw(agent.id() as i32), Signal::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -243,6 +259,12 @@ workloads:
         matches!(agent_status, Some(s) if s.success()),
         "agent did not exit cleanly: {agent_status:?}"
     );
+    for started_by in ["notification", "after_eviction"] {
+        assert!(
+            cycles(started_by).is_some_and(|count| count >= 1.0),
+            "no cycle started by {started_by}:\n{metrics}"
+        );
+    }
     eprintln!(
         "hog evicted {:?} after it started growing",
         started.elapsed()

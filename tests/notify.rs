@@ -10,16 +10,16 @@ use std::time::Duration;
 
 use nodekeeper::config::{AgentConfig, Quantity, Threshold, ThresholdValue};
 use nodekeeper::notify::{
-    Mechanism, MemcgThreshold, MemoryEventsWatch, NotifierSettings, Notifiers, PsiReadiness,
-    PsiTrigger, PsiTriggerSpec,
+    CycleWake, Mechanism, MemcgThreshold, MemoryEventsWatch, NotifierSettings, Notifiers,
+    PsiReadiness, PsiTrigger, PsiTriggerSpec, WakeReason,
 };
+use nodekeeper::ports::CycleStart;
 use nodekeeper::signals::{CgroupReader, Collection, NotificationSupport, SignalCollector};
 use nodekeeper::signals::{Signal, probe};
 use nodekeeper::systemd::notify::{NotifyTarget, ServiceManagerLink};
 use support::allocator::{AllocatorPlan, OscillatorPlan, oscillator_grow};
 use support::apiserver::eventually;
 use support::cgroups::TestCgroups;
-use tokio::sync::Notify;
 
 const MIB: u64 = 1 << 20;
 /// Generous bound for "the notification arrives"; it normally takes milliseconds.
@@ -118,7 +118,7 @@ fn pods_cgroup_of_256_mib() -> Result<(TestCgroups, AgentConfig), String> {
 fn memcg_notifiers(
     config: &AgentConfig,
     settings: NotifierSettings,
-    wake: Arc<Notify>,
+    wake: Arc<CycleWake>,
 ) -> Notifiers {
     let support = probe(&config.paths);
     assert!(support.memcg_eventfd_v1, "{support}");
@@ -140,7 +140,7 @@ async fn the_memcg_trigger_follows_the_collections_figures_without_reading_again
     let mut notifiers = memcg_notifiers(
         &config,
         NotifierSettings::default(),
-        Arc::new(Notify::new()),
+        Arc::new(CycleWake::new()),
     );
     let mut collection = SignalCollector::new(&config.paths).collect();
     let usage = collection
@@ -163,7 +163,7 @@ async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
     let (mut cgroups, config) =
         require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
     let parent = cgroups.parent.clone();
-    let wake = Arc::new(Notify::new());
+    let wake = Arc::new(CycleWake::new());
     let mut notifiers = memcg_notifiers(&config, NotifierSettings::default(), wake.clone());
     let collection = SignalCollector::new(&config.paths).collect();
     notifiers.update(&collection);
@@ -180,7 +180,7 @@ async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
     );
 
     cgroups.spawn_allocator(&parent, &growing_to(180 * MIB));
-    tokio::time::timeout(ARRIVAL, wake.notified())
+    tokio::time::timeout(ARRIVAL, wake.woken())
         .await
         .expect("the agent was not woken");
     let counts = notifiers.counts();
@@ -245,7 +245,7 @@ async fn a_threshold_at_todays_usage_is_signalled_when_usage_grows_past_it() {
             let mut notifiers = memcg_notifiers(
                 &config,
                 NotifierSettings::default(),
-                Arc::new(Notify::new()),
+                Arc::new(CycleWake::new()),
             );
             notifiers.update(&collection);
             let trigger = registered_trigger(&notifiers);
@@ -284,7 +284,7 @@ async fn a_registration_wakes_a_cycle_only_for_a_crossing_its_collection_did_not
     let mut shown = memcg_notifiers(
         &config,
         NotifierSettings::default(),
-        Arc::new(Notify::new()),
+        Arc::new(CycleWake::new()),
     );
     shown.update(&collector.collect());
     let trigger = registered_trigger(&shown);
@@ -298,7 +298,7 @@ async fn a_registration_wakes_a_cycle_only_for_a_crossing_its_collection_did_not
     let mut missed = memcg_notifiers(
         &config,
         NotifierSettings::default(),
-        Arc::new(Notify::new()),
+        Arc::new(CycleWake::new()),
     );
     missed.update(&before_the_crossing);
     eventually(
@@ -343,7 +343,7 @@ async fn a_trigger_reached_under_an_unmet_threshold_follows_the_collection_and_f
     let (mut cgroups, config) =
         require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
     let parent = cgroups.parent.clone();
-    let mut notifiers = memcg_notifiers(&config, slow_to_refresh(), Arc::new(Notify::new()));
+    let mut notifiers = memcg_notifiers(&config, slow_to_refresh(), Arc::new(CycleWake::new()));
     let collector = SignalCollector::new(&config.paths);
     notifiers.update(&collector.collect());
     let first = registered_trigger(&notifiers);
@@ -379,7 +379,7 @@ async fn a_trigger_registered_under_a_met_threshold_follows_once_it_is_unmet() {
         require!("the cgroup v1 memory hierarchy", pods_cgroup_of_256_mib());
     // 256 MiB − 150 MiB: the trigger sits at about 106 MiB.
     grow_past(&mut cgroups, 112 * MIB, 110 * MIB).await;
-    let mut notifiers = memcg_notifiers(&config, slow_to_refresh(), Arc::new(Notify::new()));
+    let mut notifiers = memcg_notifiers(&config, slow_to_refresh(), Arc::new(CycleWake::new()));
     let collector = SignalCollector::new(&config.paths);
     notifiers.update(&collector.collect());
     let first = registered_trigger(&notifiers);
@@ -403,12 +403,25 @@ async fn a_trigger_registered_under_a_met_threshold_follows_once_it_is_unmet() {
     memcg_crossings(&notifiers, 1).await;
 }
 
-/// Sends whether each cycle's decision met a threshold, as the cycle hands it on.
-struct MetThresholds(std::sync::mpsc::Sender<bool>);
+/// One cycle as the agent hands it on: whether its decision met a threshold, what
+/// started it, and when its collection began.
+#[derive(Debug)]
+struct Decided {
+    met: bool,
+    started_by: CycleStart,
+    collection_started: std::time::Instant,
+}
+
+/// Sends each cycle's [`Decided`].
+struct MetThresholds(std::sync::mpsc::Sender<Decided>);
 
 impl nodekeeper::ports::CycleObserver for MetThresholds {
     fn observe(&mut self, report: &nodekeeper::ports::CycleReport) {
-        let _ = self.0.send(!report.decision.thresholds_met.is_empty());
+        let _ = self.0.send(Decided {
+            met: !report.decision.thresholds_met.is_empty(),
+            started_by: report.started_by,
+            collection_started: report.collection_started,
+        });
     }
 }
 
@@ -417,7 +430,7 @@ impl nodekeeper::ports::CycleObserver for MetThresholds {
 /// decision met a threshold. `service`: the link to a service manager, if any.
 struct InProcessAgent {
     main_runtime: tokio::runtime::Handle,
-    decided: std::sync::mpsc::Receiver<bool>,
+    decided: std::sync::mpsc::Receiver<Decided>,
     stop: tokio::sync::oneshot::Sender<()>,
     thread: std::thread::JoinHandle<()>,
 }
@@ -500,7 +513,11 @@ fn a_crossing_is_decided_on_while_the_main_runtime_thread_is_stalled() {
     config.housekeeping_interval = Duration::from_secs(3600).into();
     let agent = InProcessAgent::start(config, ServiceManagerLink::none());
     let first = agent.decided.recv_timeout(ARRIVAL).expect("no first cycle");
-    assert!(!first, "a threshold was met before anything was allocated");
+    assert!(
+        !first.met,
+        "a threshold was met before anything was allocated"
+    );
+    assert_eq!(first.started_by, CycleStart::Timer, "{first:?}");
 
     let end_stall = agent.stall_main_runtime();
     let stalled_at = std::time::Instant::now();
@@ -508,15 +525,35 @@ fn a_crossing_is_decided_on_while_the_main_runtime_thread_is_stalled() {
     let decided_in_time = loop {
         let left = DECIDED_WITHIN.saturating_sub(stalled_at.elapsed());
         match agent.decided.recv_timeout(left) {
-            Ok(true) => break true,
-            Ok(false) => continue,
-            Err(_) => break false,
+            Ok(cycle) if cycle.met => break Some(cycle),
+            Ok(_) => continue,
+            Err(_) => break None,
         }
     };
     let _ = end_stall.send(());
-    assert!(
-        decided_in_time,
+    let decided = decided_in_time.unwrap_or_else(|| panic!(
         "no decision on the crossing within {DECIDED_WITHIN:?} while the main runtime thread was stalled"
+    ));
+    // The cycle says the kernel's notification started it, and since when it was wanted:
+    // after the stall began (just before the allocation), before the cycle's collection.
+    let CycleStart::Woken(wakeup) = decided.started_by else {
+        panic!("the deciding cycle was not woken: {decided:?}");
+    };
+    assert!(
+        matches!(
+            wakeup.reason,
+            WakeReason::Notification | WakeReason::TrailingNotification
+        ),
+        "{decided:?}"
+    );
+    let since = wakeup.since.into_std();
+    assert!(
+        stalled_at <= since && since <= decided.collection_started,
+        "woken at {:?} after the stall began, collection at {:?}",
+        since.checked_duration_since(stalled_at),
+        decided
+            .collection_started
+            .checked_duration_since(stalled_at)
     );
     agent.stop();
 }
@@ -535,8 +572,16 @@ fn housekeeping_cycles_go_on_while_the_main_runtime_thread_is_stalled() {
     // Cycles that ended before the stall began are not counted.
     while agent.decided.try_recv().is_ok() {}
     std::thread::sleep(STALLED_FOR);
-    let cycles_while_stalled = agent.decided.try_iter().count();
+    let while_stalled: Vec<Decided> = agent.decided.try_iter().collect();
+    let cycles_while_stalled = while_stalled.len();
     let _ = end_stall.send(());
+    // With no threshold no notifier is armed: each of them was the timer's.
+    assert!(
+        while_stalled
+            .iter()
+            .all(|cycle| cycle.started_by == CycleStart::Timer),
+        "{while_stalled:?}"
+    );
     // Twenty intervals; half of them leaves room for a slow machine.
     assert!(
         cycles_while_stalled >= 10,
@@ -723,7 +768,7 @@ fn fake_file_settings() -> NotifierSettings {
 async fn notifiers_on_a_v2_host_arm_psi_and_memory_events_and_wake_the_agent() {
     let dir = tempfile::tempdir().unwrap();
     let config = fake_v2_host(dir.path());
-    let wake = Arc::new(Notify::new());
+    let wake = Arc::new(CycleWake::new());
     let notifiers = Notifiers::start(
         &config,
         CgroupReader::detect(&config.paths.cgroup_root).ok(),
@@ -756,12 +801,12 @@ async fn notifiers_on_a_v2_host_arm_psi_and_memory_events_and_wake_the_agent() {
 
     let events = dir.path().join("cgroup/kubepods/memory.events");
     std::fs::write(&events, "high 0\nmax 0\noom 1\noom_kill 1\n").unwrap();
-    tokio::time::timeout(ARRIVAL, wake.notified())
+    tokio::time::timeout(ARRIVAL, wake.woken())
         .await
         .expect("memory.events did not wake the agent");
 
     std::fs::write(dir.path().join("proc/pressure/memory"), "x").unwrap();
-    tokio::time::timeout(ARRIVAL, wake.notified())
+    tokio::time::timeout(ARRIVAL, wake.woken())
         .await
         .expect("PSI did not wake the agent");
     let counts = notifiers.counts();
@@ -776,7 +821,7 @@ async fn a_failing_mechanism_is_skipped_and_the_others_still_run() {
     let config = fake_v2_host(dir.path());
     std::fs::remove_file(dir.path().join("proc/pressure/memory")).unwrap();
     std::fs::remove_file(dir.path().join("cgroup/kubepods/memory.pressure")).unwrap();
-    let wake = Arc::new(Notify::new());
+    let wake = Arc::new(CycleWake::new());
     let notifiers = Notifiers::start(
         &config,
         CgroupReader::detect(&config.paths.cgroup_root).ok(),
@@ -789,7 +834,7 @@ async fn a_failing_mechanism_is_skipped_and_the_others_still_run() {
 
     let events = dir.path().join("cgroup/kubepods/memory.events");
     std::fs::write(&events, "high 3\nmax 0\noom 0\noom_kill 0\n").unwrap();
-    tokio::time::timeout(ARRIVAL, wake.notified())
+    tokio::time::timeout(ARRIVAL, wake.woken())
         .await
         .expect("memory.events did not wake the agent");
 }
@@ -804,7 +849,7 @@ async fn without_memory_thresholds_nothing_is_armed() {
         CgroupReader::detect(&config.paths.cgroup_root).ok(),
         &v2_support(true),
         fake_file_settings(),
-        Arc::new(Notify::new()),
+        Arc::new(CycleWake::new()),
     );
     assert!(notifiers.armed().is_empty());
 }
@@ -859,7 +904,7 @@ async fn a_memcg_trigger_is_logged_once_and_its_refreshes_only_at_debug() {
         },
         ..NotifierSettings::default()
     };
-    let mut notifiers = memcg_notifiers(&config, settings, Arc::new(Notify::new()));
+    let mut notifiers = memcg_notifiers(&config, settings, Arc::new(CycleWake::new()));
     let mut collection = SignalCollector::new(&config.paths).collect();
     notifiers.update(&collection);
     for _ in 0..3 {

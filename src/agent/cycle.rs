@@ -6,6 +6,8 @@ use std::time::Instant;
 
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+
 use super::record::Recorder;
 use super::standalone::workload_pods;
 use crate::act::CgroupEvictor;
@@ -13,10 +15,14 @@ use crate::config::AgentConfig;
 use crate::eviction::{
     Decision, EvictionState, Millis, SyncOptions, pressure_remains_after_reclaim, synchronize,
 };
-use crate::metrics::{ConditionLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels};
+use crate::metrics::{
+    ConditionLabels, CycleLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels,
+};
 use crate::notify::{NotifierSettings, Notifiers};
 use crate::pods::Pod;
-use crate::ports::{CycleObserver, CycleReport, Evictor, Integration, PendingWrites, PodSource};
+use crate::ports::{
+    CycleObserver, CycleReport, CycleStart, Evictor, Integration, PendingWrites, PodSource,
+};
 use crate::signals::contention::{ContentionReport, ContentionTracker, stall_averages};
 use crate::signals::{
     Collection, Host, NodeCondition, NotificationSupport, SignalCollector, probe_host,
@@ -73,6 +79,8 @@ pub struct Agent {
     service: Option<Arc<super::service::ServiceReporter>>,
     /// The pods this cycle evicted (in dry-run mode: would have), for the service status.
     evicted_this_cycle: Vec<String>,
+    /// `nodekeeper_cycles_total`, one counter per `started_by` label.
+    cycles_started_by: Vec<(&'static str, Counter)>,
 }
 
 /// What a cycle keeps from deciding to its bookkeeping after the act.
@@ -129,6 +137,17 @@ impl Agent {
             fs_layout,
             node_reclaimer_configured: reclaimer.is_some(),
         };
+        // Each series exists at 0 from the start; the handles are counted through
+        // without a lookup on the cycle thread.
+        let cycles_started_by = CycleStart::names()
+            .map(|name| {
+                let counter = metrics
+                    .cycles
+                    .get_or_create(&CycleLabels::started_by(name))
+                    .clone();
+                (name, counter)
+            })
+            .collect();
         let contention = ContentionTracker::new(&config.contention_thresholds);
         for (condition, fraction) in &config.contention_thresholds {
             tracing::info!(
@@ -170,6 +189,7 @@ impl Agent {
             service: None,
             evicted_this_cycle: Vec::new(),
             contention,
+            cycles_started_by,
         }
         .with_standalone_evictor()
     }
@@ -201,7 +221,7 @@ impl Agent {
     pub fn start_notifiers(
         &mut self,
         support: &NotificationSupport,
-        wake: std::sync::Arc<tokio::sync::Notify>,
+        wake: std::sync::Arc<crate::notify::CycleWake>,
     ) {
         // Each notifier logs itself as it is armed.
         let notifiers = Notifiers::start(
@@ -390,7 +410,13 @@ impl Agent {
     /// when a pod that ran here was evicted (evicting pods with no cgroup here freed
     /// nothing on this node, and deciding again at once would only evict the next one).
     pub async fn run_cycle(&mut self) -> (CycleReport, bool) {
-        let (report, aftermath) = self.observe_and_decide();
+        self.run_cycle_started_by(CycleStart::Timer).await
+    }
+
+    /// [`run_cycle`](Self::run_cycle), for a cycle `started_by` a wake-up or the timer
+    /// (counted in `nodekeeper_cycles_total`, and in the report).
+    pub async fn run_cycle_started_by(&mut self, started_by: CycleStart) -> (CycleReport, bool) {
+        let (report, aftermath) = self.observe_and_decide(started_by);
         self.evicted_this_cycle.clear();
         let evicted = self.act(&report, aftermath).await;
         self.summarize(&report);
@@ -436,7 +462,7 @@ impl Agent {
     /// observers. No side effects on the node; what is only bookkeeping (metrics, the
     /// notifiers' triggers, the trace) is left to [`publish`](Self::publish), so none of
     /// it stands between a crossing and the evictions.
-    fn observe_and_decide(&mut self) -> (CycleReport, Aftermath) {
+    fn observe_and_decide(&mut self, started_by: CycleStart) -> (CycleReport, Aftermath) {
         let started = Instant::now();
         let collection = self.collector.collect();
         let pods = self.collect_pods();
@@ -463,6 +489,7 @@ impl Agent {
             ContentionReport::default()
         };
         let report = CycleReport {
+            started_by,
             collection_started: started,
             observations: collection.observations.clone(),
             collection_errors: collection.errors.len(),
@@ -502,6 +529,14 @@ impl Agent {
         self.publish_collection(&collection);
         self.publish_decision(&report.decision, &collection, &previous_conditions);
         self.publish_contention(&report.contention);
+        let started_by = report.started_by.as_str();
+        if let Some((_, cycles)) = self
+            .cycles_started_by
+            .iter()
+            .find(|(name, _)| *name == started_by)
+        {
+            cycles.inc();
+        }
         if let Some(notifiers) = self.notifiers.as_mut() {
             notifiers.update(&collection);
         }

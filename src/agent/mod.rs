@@ -22,10 +22,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 use crate::config::AgentConfig;
 use crate::metrics::{self, Health, Metrics};
+use crate::notify::{CycleWake, WakeReason, Wakeup};
+use crate::ports::CycleStart;
 use crate::systemd::notify::ServiceManagerLink;
 
 /// How long a stop waits for the running cycle.
@@ -49,7 +51,7 @@ pub enum AgentError {
 /// Handles the agent exposes while it runs, for the binary and for tests.
 pub struct RunHandles {
     /// Wakes the loop for an immediate evaluation (kernel notifiers use it).
-    pub wake: Arc<Notify>,
+    pub wake: Arc<CycleWake>,
     /// Receives the bound metrics address once the HTTP server listens.
     pub metrics_bound: oneshot::Receiver<SocketAddr>,
 }
@@ -116,7 +118,7 @@ pub async fn run<T: crate::shutdown::runner::PodTerminator>(
         server_stop,
     ));
 
-    let wake = Arc::new(Notify::new());
+    let wake = Arc::new(CycleWake::new());
     on_start(RunHandles {
         wake: wake.clone(),
         metrics_bound: bound_rx,
@@ -241,7 +243,7 @@ async fn start_cycle_thread(
     support: crate::signals::NotificationSupport,
     realtime_priority: Option<u8>,
     interval: Duration,
-    wake: Arc<Notify>,
+    wake: Arc<CycleWake>,
     health: Arc<Health>,
     pinger: Option<WatchdogPinger>,
     mut stop: watch::Receiver<bool>,
@@ -286,18 +288,37 @@ async fn start_cycle_thread(
                     pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     (pinger, pings)
                 });
+                // Set after a cycle that evicted: the next one starts at once.
+                let mut look_again: Option<tokio::time::Instant> = None;
                 loop {
-                    tokio::select! {
-                        biased;
-                        _ = stop.wait_for(|stop| *stop) => break,
-                        () = next_ping(&mut watchdog) => {
-                            ping(&mut watchdog);
-                            continue;
+                    let started_by = match look_again.take() {
+                        Some(since) => {
+                            if *stop.borrow() {
+                                break;
+                            }
+                            // What else is pending is answered by this cycle too.
+                            let _ = wake.take_pending();
+                            CycleStart::Woken(Wakeup {
+                                reason: WakeReason::AfterEviction,
+                                since,
+                            })
                         }
-                        _ = ticker.tick() => {}
-                        () = wake.notified() => {}
-                    }
-                    let cycle = agent.run_cycle();
+                        None => tokio::select! {
+                            biased;
+                            _ = stop.wait_for(|stop| *stop) => break,
+                            () = next_ping(&mut watchdog) => {
+                                ping(&mut watchdog);
+                                continue;
+                            }
+                            // A wake-up that came meanwhile is answered by this cycle,
+                            // and counted as what started it.
+                            _ = ticker.tick() => wake
+                                .take_pending()
+                                .map_or(CycleStart::Timer, CycleStart::Woken),
+                            wakeup = wake.woken() => CycleStart::Woken(wakeup),
+                        },
+                    };
+                    let cycle = agent.run_cycle_started_by(started_by);
                     tokio::pin!(cycle);
                     let mut cycle = InRuntime {
                         runtime: &main_runtime,
@@ -314,7 +335,7 @@ async fn start_cycle_thread(
                     health.tick();
                     if evicted {
                         // Like the kubelet after its cleanup wait: look again at once.
-                        wake.notify_one();
+                        look_again = Some(tokio::time::Instant::now());
                     }
                 }
             });

@@ -62,6 +62,20 @@ pub struct StateFileLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CycleLabels {
+    /// `timer`, `notification`, `notification_trailing` or `after_eviction`
+    pub started_by: String,
+}
+
+impl CycleLabels {
+    pub fn started_by(started_by: &str) -> CycleLabels {
+        CycleLabels {
+            started_by: started_by.to_string(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub priority: String,
 }
@@ -88,6 +102,7 @@ pub struct Metrics {
     pub notification_mechanism: Family<MechanismLabels, Gauge>,
     pub evictions: Family<SignalLabels, Counter>,
     pub eviction_decision_duration: Histogram,
+    pub cycles: Family<CycleLabels, Counter>,
     pub last_collection_timestamp: FloatGauge,
     pub api_actions: Family<ApiActionLabels, Counter>,
     pub api_outbox_pending: Gauge,
@@ -186,6 +201,12 @@ impl Metrics {
             "Time from the start of an evaluation to the eviction decision",
             eviction_decision_duration.clone(),
         );
+        let cycles = Family::<CycleLabels, Counter>::default();
+        registry.register(
+            "cycles",
+            "Decision cycles, by what started them: timer (the housekeeping interval), notification (a kernel notification, evaluated at once), notification_trailing (notifications the storm limiter held back until its spacing, 100 ms by default, had passed), after_eviction (a look again after evicting)",
+            cycles.clone(),
+        );
         let last_collection_timestamp = FloatGauge::default();
         registry.register(
             "last_collection_timestamp_seconds",
@@ -278,6 +299,7 @@ impl Metrics {
             notification_mechanism,
             evictions,
             eviction_decision_duration,
+            cycles,
             last_collection_timestamp,
             api_actions,
             api_outbox_pending,

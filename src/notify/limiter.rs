@@ -12,6 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::wake::{CycleWake, WakeReason, Wakeup};
 
 /// What the caller does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,43 +94,71 @@ impl ForwardCounts {
     }
 }
 
-/// Forward wakeups from `source` to `target` through a [`StormLimiter`], forever.
+/// Forward wakeups from `source` to `target` through a [`StormLimiter`], forever, each
+/// with its reason: a notification evaluated at once, or ones held back for a trailing
+/// evaluation (since the first of them arrived).
 /// `Notify` keeps at most one pending permit, so a burst that arrives while this task
 /// is busy is already one wakeup when it gets here.
 pub async fn forward_limited(
     source: Arc<Notify>,
-    target: Arc<Notify>,
+    target: Arc<CycleWake>,
     min_spacing: Duration,
     counts: Arc<ForwardCounts>,
 ) {
-    let epoch = tokio::time::Instant::now();
+    let epoch = Instant::now();
     let mut limiter = StormLimiter::new(min_spacing);
     let mut trailing: Option<Duration> = None;
+    // When the first wakeup held back for the trailing evaluation arrived.
+    let mut held_since: Option<Instant> = None;
     loop {
+        let woken_at;
         let next = match trailing {
             None => {
                 source.notified().await;
                 counts.wakeups.fetch_add(1, Ordering::Relaxed);
+                woken_at = Some(Instant::now());
                 limiter.wakeup(epoch.elapsed())
             }
             Some(at) => {
                 tokio::select! {
                     () = source.notified() => {
                         counts.wakeups.fetch_add(1, Ordering::Relaxed);
+                        woken_at = Some(Instant::now());
                         limiter.wakeup(epoch.elapsed())
                     }
-                    () = tokio::time::sleep_until(epoch + at) => limiter.deadline(epoch.elapsed()),
+                    () = tokio::time::sleep_until(epoch + at) => {
+                        woken_at = None;
+                        limiter.deadline(epoch.elapsed())
+                    }
                 }
             }
         };
         trailing = match next {
             Next::EvaluateNow => {
                 counts.evaluations.fetch_add(1, Ordering::Relaxed);
-                target.notify_one();
+                // The limiter evaluates a wakeup at once only when nothing is held back;
+                // an evaluation at a deadline is the trailing one.
+                let wakeup = match (woken_at, held_since.take()) {
+                    (Some(at), _) => Wakeup {
+                        reason: WakeReason::Notification,
+                        since: at,
+                    },
+                    (None, since) => Wakeup {
+                        reason: WakeReason::TrailingNotification,
+                        since: since.unwrap_or_else(Instant::now),
+                    },
+                };
+                target.wake(wakeup);
                 None
             }
-            Next::WaitUntil(at) => Some(at),
-            Next::Idle => None,
+            Next::WaitUntil(at) => {
+                held_since = held_since.or(woken_at);
+                Some(at)
+            }
+            Next::Idle => {
+                held_since = None;
+                None
+            }
         };
     }
 }
@@ -205,6 +236,59 @@ mod tests {
         assert_eq!(evaluations.len(), 11);
         assert_eq!(evaluations.first(), Some(&ms(0)));
         assert_eq!(evaluations.last(), Some(&ms(1000)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_forwarded_wakeup_says_whether_it_was_held_back_and_since_when() {
+        let source = Arc::new(Notify::new());
+        let target = Arc::new(CycleWake::new());
+        let counts = Arc::new(ForwardCounts::default());
+        let forwarder = tokio::spawn(forward_limited(
+            source.clone(),
+            target.clone(),
+            ms(100),
+            counts.clone(),
+        ));
+        let start = Instant::now();
+        // Let the forwarder wait on its source before the first notification.
+        tokio::task::yield_now().await;
+        source.notify_one();
+        let first = target.woken().await;
+        assert_eq!(
+            first,
+            Wakeup {
+                reason: WakeReason::Notification,
+                since: start
+            }
+        );
+        // Two more inside the spacing: held back, evaluated once at its end, as of the
+        // first of them.
+        tokio::time::advance(ms(10)).await;
+        source.notify_one();
+        tokio::task::yield_now().await;
+        tokio::time::advance(ms(40)).await;
+        source.notify_one();
+        let trailing = target.woken().await;
+        assert_eq!(
+            trailing,
+            Wakeup {
+                reason: WakeReason::TrailingNotification,
+                since: start + ms(10)
+            }
+        );
+        assert_eq!(Instant::now(), start + ms(100));
+        // After a quiet spell, at once again.
+        tokio::time::advance(ms(300)).await;
+        source.notify_one();
+        assert_eq!(
+            target.woken().await,
+            Wakeup {
+                reason: WakeReason::Notification,
+                since: start + ms(400)
+            }
+        );
+        assert_eq!((counts.wakeups(), counts.evaluations()), (4, 3));
+        forwarder.abort();
     }
 
     proptest! {

@@ -1,5 +1,5 @@
 //! Starts the notifiers the host supports for the configured memory thresholds and funnels
-//! their wakeups, through the storm limiter, into the agent loop's `Notify`.
+//! their wakeups, through the storm limiter, into the decision cycle's [`CycleWake`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use super::events::MemoryEventsWatch;
 use super::limiter::{ForwardCounts, forward_limited};
 use super::memcg::{MemcgThreshold, RefreshPolicy, Registered, memcg_trigger_bytes, page_size};
 use super::psi::{PsiReadiness, PsiTrigger, PsiTriggerSpec};
+use super::wake::CycleWake;
 use crate::config::{AgentConfig, ThresholdValue};
 use crate::signals::{CgroupReader, Collection, NotificationSupport, Signal};
 
@@ -128,7 +129,7 @@ impl Notifiers {
         cgroups: Option<CgroupReader>,
         support: &NotificationSupport,
         settings: NotifierSettings,
-        wake: Arc<Notify>,
+        wake: Arc<CycleWake>,
     ) -> Notifiers {
         let runtime = Handle::current();
         let source = Arc::new(Notify::new());

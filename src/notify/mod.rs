@@ -10,7 +10,9 @@
 //!   `max`, `oom` or `oom_kill` grow.
 //!
 //! All of them feed one [`StormLimiter`], so a notification evaluates at once but a storm
-//! cannot run evaluations back to back. [`Notifiers`] starts what the host supports.
+//! cannot run evaluations back to back; it wakes the decision cycle through a
+//! [`CycleWake`], saying whether the notification was held back. [`Notifiers`] starts
+//! what the host supports.
 
 mod error;
 mod events;
@@ -20,6 +22,7 @@ mod manager;
 mod memcg;
 mod pollable;
 mod psi;
+mod wake;
 
 pub use error::NotifyError;
 pub use events::{MemoryEventCounts, MemoryEventsWatch};
@@ -28,3 +31,4 @@ pub use limiter::{ForwardCounts, Next, StormLimiter, forward_limited};
 pub use manager::{ArmedNotifier, Mechanism, NotifierCounts, NotifierSettings, Notifiers};
 pub use memcg::{MemcgThreshold, RefreshPolicy, Registered, memcg_trigger_bytes, page_size};
 pub use psi::{PsiReadiness, PsiTrigger, PsiTriggerSpec};
+pub use wake::{CycleWake, WakeReason, Wakeup};

@@ -18,7 +18,8 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::error::{FileError, FileProblem};
@@ -57,23 +58,25 @@ fn read_once<T>(
     let kept = KEPT_OPEN.with_borrow_mut(|kept| kept.as_mut().map(|kept| kept.take(path)));
     let Some(kept) = kept else {
         // This thread keeps no files.
-        let mut file = File::open(path).map_err(|e| FileError::new(path, e))?;
-        return read_and_parse(&mut file, path, parse, &mut false);
+        let file = File::open(path).map_err(|e| FileError::new(path, e))?;
+        return read_and_parse(&file, ReadAt::Position, path, parse, &mut false);
     };
-    if let Some(mut file) = kept {
-        let mut unreadable = file.seek(SeekFrom::Start(0)).is_err();
+    if let Some(file) = kept {
+        // Read at offset 0 (`pread`): no seek back first. A file that cannot be read
+        // at an offset (ESPIPE: none of the kernel files read here is such a stream)
+        // fails like a removed cgroup's, and is opened again by its path below, each
+        // time it is read.
+        let mut unreadable = false;
+        let read = read_and_parse(&file, ReadAt::Offsets, path, parse, &mut unreadable);
         if !unreadable {
-            let read = read_and_parse(&mut file, path, parse, &mut unreadable);
-            if !unreadable {
-                // Its figure, or what is wrong with its text: this read's answer.
-                keep(path, file);
-                return read;
-            }
+            // Its figure, or what is wrong with its text: this read's answer.
+            keep(path, file);
+            return read;
         }
         // Its cgroup was removed: the file is closed and the path opened again.
     }
-    let mut file = File::open(path).map_err(|e| FileError::new(path, e))?;
-    let read = read_and_parse(&mut file, path, parse, &mut false);
+    let file = File::open(path).map_err(|e| FileError::new(path, e))?;
+    let read = read_and_parse(&file, ReadAt::Position, path, parse, &mut false);
     // The filesystem is asked only when there is room to keep the file: past the limit,
     // a read costs no more than on a thread that keeps none.
     if read.is_ok() && has_room_for(path) && is_kernel_pseudo_file(&file) {
@@ -82,35 +85,70 @@ fn read_once<T>(
     read
 }
 
-/// Read `file` from where it stands to its end and parse the text; `unreadable` is set
-/// when the file itself could not be read (rather than holding bad text).
+/// How a file is read: at explicit offsets from 0 whatever its position (`pread`, for a
+/// file kept open and read again), or on from where it stands (a fresh open, at its
+/// start).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReadAt {
+    Offsets,
+    Position,
+}
+
+/// Read `file` to its end (from offset 0, or from where it stands) and parse the text;
+/// `unreadable` is set when the file itself could not be read (rather than holding bad
+/// text).
 fn read_and_parse<T>(
-    file: &mut File,
+    file: &File,
+    from: ReadAt,
     path: &Path,
     parse: &mut impl FnMut(&str) -> Result<T, FileProblem>,
     unreadable: &mut bool,
 ) -> Result<T, FileError> {
     let mut buffer = [0u8; STACK_BUFFER];
-    let filled = loop {
-        match file.read(&mut buffer) {
-            Ok(n) => break n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                *unreadable = true;
-                return Err(FileError::new(path, e));
-            }
+    let filled = match read_into(file, from, 0, &mut buffer) {
+        Ok(filled) => filled,
+        Err(e) => {
+            *unreadable = true;
+            return Err(FileError::new(path, e));
         }
     };
     if filled < buffer.len() {
         return parse_text(&buffer[..filled], path, parse);
     }
-    // The buffer is full: the rest on the heap.
+    // The buffer is full: the rest on the heap, from where the buffer ended.
     let mut all = buffer.to_vec();
-    if let Err(e) = file.read_to_end(&mut all) {
-        *unreadable = true;
-        return Err(FileError::new(path, e));
+    let mut chunk = vec![0u8; STACK_BUFFER];
+    loop {
+        match read_into(file, from, all.len() as u64, &mut chunk) {
+            Ok(0) => break,
+            Ok(n) => all.extend_from_slice(&chunk[..n]),
+            Err(e) => {
+                *unreadable = true;
+                return Err(FileError::new(path, e));
+            }
+        }
     }
     parse_text(&all, path, parse)
+}
+
+/// One read into `buffer`: at `offset` with [`ReadAt::Offsets`], else where the file
+/// stands (`offset` unused: it stands there). Retried when interrupted.
+fn read_into(
+    mut file: &File,
+    from: ReadAt,
+    offset: u64,
+    buffer: &mut [u8],
+) -> std::io::Result<usize> {
+    loop {
+        let read = match from {
+            ReadAt::Offsets => file.read_at(buffer, offset),
+            ReadAt::Position => file.read(buffer),
+        };
+        match read {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            read => return read,
+        }
+    }
 }
 
 fn parse_text<T>(
@@ -262,6 +300,16 @@ mod tests {
         Ok(text.trim().to_string())
     }
 
+    /// Ends the child however the test ends.
+    struct Sleeper(std::process::Child);
+
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     /// A procfs file this thread can change: its own name.
     const COMM: &str = "/proc/thread-self/comm";
 
@@ -299,14 +347,6 @@ mod tests {
     #[test]
     fn a_kept_file_that_fails_to_read_is_closed_and_its_path_opened_again() {
         on_a_new_thread(|| {
-            /// Ends the child however the test ends.
-            struct Sleeper(std::process::Child);
-            impl Drop for Sleeper {
-                fn drop(&mut self) {
-                    let _ = self.0.kill();
-                    let _ = self.0.wait();
-                }
-            }
             keep_kernel_files_open_on_this_thread();
             let child = Sleeper(
                 std::process::Command::new("sleep")
@@ -382,6 +422,41 @@ mod tests {
             super::super::parse::flat_keyed_u64(t, "inactive_file")
         });
         assert_eq!(value.unwrap(), 4242);
+    }
+
+    /// A kept file is read at offset 0 however far the last read went, and one larger
+    /// than the stack buffer is read on at the offsets that follow, every time.
+    ///
+    /// The file is a process's environment, in procfs: larger than the buffer, and its
+    /// text stays the same, so each read can be checked whole. The agent itself must not
+    /// keep such a file (the module's note), and it is not a seq_file, as the cgroup and
+    /// proc files the agent reads are: this shows the offsets, not the kernel's
+    /// regeneration, which the test of `comm` above shows.
+    #[test]
+    fn a_kept_kernel_file_larger_than_the_stack_buffer_is_read_whole_every_time() {
+        on_a_new_thread(|| {
+            let big = "x".repeat(3 * STACK_BUFFER + 100);
+            let child = Sleeper(
+                std::process::Command::new("sleep")
+                    .arg("60")
+                    .env_clear()
+                    .env("BIG", &big)
+                    .spawn()
+                    .expect("sleep starts"),
+            );
+            let path = PathBuf::from(format!("/proc/{}/environ", child.0.id()));
+            keep_kernel_files_open_on_this_thread();
+            let whole = |text: &str| Ok(text.to_string());
+            let reads: Vec<_> = (0..3).map(|_| with_file_text(&path, whole)).collect();
+            let kept = kernel_files_kept_open();
+            drop(child);
+            let expected = format!("BIG={big}\0");
+            for read in reads {
+                let read = read.map(|text| text.len()).map_err(|e| e.to_string());
+                assert_eq!(read, Ok(expected.len()));
+            }
+            assert_eq!(kept, 1, "the environ file was kept open between the reads");
+        });
     }
 
     /// A file read cut short the first time (`41` of a `pid_max` of `4194304`, the file

@@ -103,10 +103,7 @@ impl AgentProcess {
             history,
         };
         let (_, line) = agent.wait_for_line("serving /metrics", START_WAIT);
-        agent.address = line
-            .split("address=")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
+        agent.address = metrics_address(&line)
             .expect("the metrics address in the log")
             .to_string();
         agent
@@ -293,6 +290,14 @@ impl AgentProcess {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// The metrics address in the agent's "serving /metrics" log line.
+pub fn metrics_address(line: &str) -> Option<&str> {
+    if !line.contains("serving /metrics") {
+        return None;
+    }
+    line.split("address=").nth(1)?.split_whitespace().next()
 }
 
 /// `GET path` from the agent: the status code and the body.
