@@ -107,12 +107,8 @@ impl Fixture {
     }
 }
 
-fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait_for(what: &str, timeout: Duration, condition: impl FnMut() -> bool) {
+    support::poll::Wait::for_(what, timeout).until_true(condition);
 }
 
 #[test]

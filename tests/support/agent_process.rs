@@ -245,22 +245,13 @@ impl AgentProcess {
     /// (the start's, for its metrics address) has read past it; waits at most `within`.
     #[allow(dead_code)] // not every test binary that includes this module uses it
     pub fn logged(&self, text: &str, within: Duration) -> String {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(line) = self
-                .whole_log()
-                .into_iter()
-                .find(|line| line.contains(text))
-            {
-                return line;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no log line with {text:?} within {within:?}; log:\n{}",
-                self.whole_log().join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        super::poll::Wait::for_(&format!("a log line with {text:?}"), within)
+            .showing(|| format!("log:\n{}", self.whole_log().join("\n")))
+            .until(|| {
+                self.whole_log()
+                    .into_iter()
+                    .find(|line| line.contains(text))
+            })
     }
 
     /// Every log line the agent wrote so far, consumed or not.
