@@ -1,10 +1,11 @@
 //! Waking the decision cycle ahead of its timer, and saying why.
 //!
-//! The notifiers (through the storm limiter) and the cycle loop itself (to look again
-//! after an eviction) wake the cycle. Each wake-up carries its reason and when it was
-//! first asked for, so a cycle can report what started it: an operator sees how many
-//! cycles the kernel's notifications drive, and a slow decision can be taken apart
-//! (a notification that came late, one the storm limiter held back, or none at all).
+//! The notifiers wake the cycle through the storm limiter. Each wake-up carries its
+//! reason and when it was first asked for, so a cycle can report what started it: an
+//! operator sees how many cycles the kernel's notifications drive, and a slow decision
+//! can be taken apart (a notification that came late, one the storm limiter held back,
+//! or none at all). A look again after an eviction starts the next cycle from the cycle
+//! loop itself, not through here: a notification pending then must not take its place.
 
 use std::sync::Mutex;
 
@@ -85,12 +86,7 @@ impl CycleWake {
     /// Wake the cycle (or the next one to wait) for `wakeup`.
     pub fn wake(&self, wakeup: Wakeup) {
         {
-            // A poisoned lock only means a panic elsewhere while holding it; the data is
-            // a plain value, still whole.
-            let mut pending = self
-                .pending
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut pending = self.pending();
             *pending = Some(match *pending {
                 Some(earlier) => earlier.merge(wakeup),
                 None => wakeup,
@@ -115,10 +111,15 @@ impl CycleWake {
     /// answers it too. (Its permit stays behind; the next [`woken`](Self::woken) finds
     /// nothing pending and waits on.)
     pub fn take_pending(&self) -> Option<Wakeup> {
+        self.pending().take()
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Option<Wakeup>> {
+        // A poisoned lock only means a panic elsewhere while holding it; the data is a
+        // plain value, still whole.
         self.pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
     }
 }
 
