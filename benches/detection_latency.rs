@@ -34,6 +34,14 @@
 //! `NODEKEEPER_BENCH_SCHEDULER=normal` or `=SCHED_FIFO` keeps only the rows of that
 //! scheduler; a full run takes about 40 minutes.
 //!
+//! During the agent's rows a witness listens too: the same `MemcgThreshold`, registered
+//! at the crossing's trigger, read by a thread that does nothing else at a real-time
+//! priority above the agent's. The kernel signals both in one pass, so a slow decision
+//! whose notification reached both late had a late signal, and one the witness received
+//! on time lost its time in the agent thread's wake-up. Each row also
+//! records the CPU time the host stole from the virtual machine, and the header the
+//! guest's idle polling (haltpoll), where it has it.
+//!
 //! Each agent row is also taken apart: crossing → the deciding cycle's start (the
 //! notification, and any cycle it had to wait behind) and that start → the decision (the
 //! cycle's own collection and decision), with the decisions that waited behind a cycle
@@ -148,7 +156,10 @@ fn main() {
         panic!("NODEKEEPER_BENCH_SCHEDULER={other}: normal or SCHED_FIFO");
     }
     let mut bench = Bench::new(cgroups);
-    println!("{crossings} crossings per row, housekeeping every {HOUSEKEEPING:?}");
+    println!(
+        "{crossings} crossings per row, housekeeping every {HOUSEKEEPING:?}; {}",
+        halt_polling()
+    );
 
     let kernel_rows: Vec<Setup> = KERNEL_ROWS
         .iter()
@@ -176,15 +187,20 @@ fn main() {
         .map(|(pods, setup)| {
             bench.list_pods(*pods);
             let agent = bench.start_agent(setup.realtime);
+            let witness = Witness::start(bench.parent_dir.clone());
             let _spinners = setup.awake.then(Spinners::start);
-            let samples = bench.agent_decisions(&agent, setup.rate.1, crossings);
+            let stolen = StolenTime::since_now();
+            let samples = bench.agent_decisions(&agent, &witness, setup.rate.1, crossings);
+            let stolen = stolen.so_far();
             agent.stop();
+            let triggers = witness.stop();
             println!(
-                "agent | {pods} | {} | {} | {} | {}",
+                "agent | {pods} | {} | {} | {} | {} | {} | {triggers} trigger(s), {stolen}",
                 setup.describe(),
                 spread(&latencies(&samples)),
                 taken_apart(&samples),
-                started_by(&samples)
+                started_by(&samples),
+                witnessed(&samples)
             );
             samples
         })
@@ -265,6 +281,18 @@ fn main() {
         );
     }
     println!();
+    println!(
+        "The witness (a real-time thread above the agent's, registered at the crossing's trigger) against the agent's notifier, over the decisions a notification started, ms: the crossing → the witness's receipt, and that → the agent's notifier's receipt; the decisions over the goal whose notification reached both more than {LATE_SIGNAL} ns after the crossing (late signal), those where the agent's notifier read it more than {LATE_WAKE_UP} ns after the first receipt (late wake-up), and the others; decisions the witness saw no notification for."
+    );
+    println!();
+    println!(
+        "| pods | growth | other CPUs | agent's threads | crossing → witness received | witness → agent received | over the goal: late signal, late wake-up, other | not witnessed |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for ((pods, setup), samples) in rows.iter().zip(&decisions) {
+        println!("| {pods} | {} | {} |", setup.describe(), witnessed(samples));
+    }
+    println!();
     for (setup, samples) in kernel_rows.iter().zip(&kernel) {
         println!("kernel, {}: slowest {}", setup.describe(), slowest(samples));
     }
@@ -306,6 +334,19 @@ struct Decided {
     /// wanted (the agent's notifier received the kernel's notification, or the first
     /// one held back); negative when it was wanted before the crossing.
     notified: Option<i128>,
+    /// The witness's receipt of the kernel's notification of the same crossing.
+    witnessed: Option<Witnessed>,
+    /// The CPU the agent's cycle thread decided on.
+    cpu: i32,
+}
+
+/// When the witness received the kernel's notification of a crossing, and where.
+#[derive(Clone, Copy)]
+struct Witnessed {
+    /// Crossing → receipt (ns).
+    after_crossing: u64,
+    /// The CPU the witness ran on when it read the notification.
+    cpu: i32,
 }
 
 fn latencies(samples: &[Decided]) -> Vec<u64> {
@@ -358,9 +399,69 @@ fn started_by(samples: &[Decided]) -> String {
     )
 }
 
+/// The row's "crossing → witness received | witness → agent's notifier received |
+/// decisions over the goal: late signal (both receipts late), late agent wake-up (the
+/// agent's notifier late after the first receipt), neither | decisions without a witness
+/// receipt" cells, the first two over the decisions a notification evaluated at once
+/// started. The agent's notifier may read the notification before the witness (on the
+/// other CPU): those count as 0 in the second cell.
+fn witnessed(samples: &[Decided]) -> String {
+    let pairs: Vec<(u64, i128)> = samples
+        .iter()
+        .filter(|sample| sample.started_by == "notification")
+        .filter_map(|sample| {
+            let witness = sample.witnessed?.after_crossing;
+            Some((witness, sample.notified? - i128::from(witness)))
+        })
+        .collect();
+    let to_witness: Vec<u64> = pairs.iter().map(|(witness, _)| *witness).collect();
+    let to_agent: Vec<u64> = pairs
+        .iter()
+        .map(|(_, after)| u64::try_from((*after).max(0)).unwrap_or(u64::MAX))
+        .collect();
+    let agent_first = pairs.iter().filter(|(_, after)| *after < 0).count();
+    let goal = u64::try_from(GOAL.as_nanos()).unwrap_or(u64::MAX);
+    let (mut late_signal, mut late_agent, mut neither) = (0, 0, 0);
+    for sample in samples.iter().filter(|sample| sample.latency > goal) {
+        let witness = sample.witnessed.map(|w| i128::from(w.after_crossing));
+        // The first of the two receipts: either thread's wake-up can be late on its own.
+        let first = match (witness, sample.notified) {
+            (Some(witness), Some(notified)) => Some(witness.min(notified)),
+            (witness, notified) => witness.or(notified),
+        };
+        if first.is_some_and(|first| first > i128::from(LATE_SIGNAL)) {
+            late_signal += 1;
+        } else if sample
+            .notified
+            .zip(first)
+            .is_some_and(|(notified, first)| notified - first > i128::from(LATE_WAKE_UP))
+        {
+            late_agent += 1;
+        } else {
+            neither += 1;
+        }
+    }
+    let unwitnessed = samples.iter().filter(|s| s.witnessed.is_none()).count();
+    format!(
+        "{} | {} (agent first {agent_first}) | {late_signal}, {late_agent}, {neither} | {unwitnessed}",
+        spread(&to_witness),
+        spread(&to_agent)
+    )
+}
+
+/// A notification that reached both the witness and the agent's notifier later than this
+/// after the crossing was late in the kernel's signal (or the machine): the real-time
+/// baseline's median is about 0.3 ms, and its p99 0.6 ms in most runs.
+const LATE_SIGNAL: u64 = 1_000_000;
+/// An agent notifier that read the notification later than this after the first receipt
+/// was woken late.
+const LATE_WAKE_UP: u64 = 500_000;
+
 /// The ten slowest decisions, each as "latency (crossing → start + start → decision;
 /// cycles behind, missed; ms since the last decision before the crossing; what started
-/// the deciding cycle, with the ms from the crossing to the wake-up it answered)", in ms.
+/// the deciding cycle, with the ms from the crossing to the wake-up it answered, and the
+/// CPU the cycle decided on; the ms from the crossing to the witness's receipt, and its
+/// CPU)", in ms.
 fn slowest_taken_apart(samples: &[Decided]) -> String {
     let mut sorted = samples.to_vec();
     sorted.sort_unstable_by_key(|sample| std::cmp::Reverse(sample.latency));
@@ -376,13 +477,17 @@ fn slowest_taken_apart(samples: &[Decided]) -> String {
                 Some(nanos) => format!("{} {:.3}", sample.started_by, nanos as f64 / 1e6),
                 None => sample.started_by.to_string(),
             };
+            let witness = sample.witnessed.map_or("no witness".to_string(), |w| {
+                format!("witness {:.3} on CPU {}", ms(w.after_crossing), w.cpu)
+            });
             format!(
-                "{:.3} ({:.3} + {:.3}; {}, {}; {since}; {started_by})",
+                "{:.3} ({:.3} + {:.3}; {}, {}; {since}; {started_by} on CPU {}; {witness})",
                 ms(sample.latency),
                 ms(sample.wake),
                 ms(sample.cycle),
                 sample.behind,
-                sample.missed
+                sample.missed,
+                sample.cpu
             )
         })
         .collect();
@@ -399,6 +504,64 @@ fn slowest(values: &[u64]) -> String {
         .map(|nanos| format!("{:.3}", *nanos as f64 / 1e6))
         .collect();
     ms.join(", ")
+}
+
+/// CPU time the host took from this virtual machine's CPUs (`steal` in /proc/stat),
+/// from a start: a vCPU the host does not run cannot take a wake-up.
+struct StolenTime {
+    ticks: Option<u64>,
+    started: std::time::Instant,
+}
+
+impl StolenTime {
+    fn since_now() -> StolenTime {
+        StolenTime {
+            ticks: steal_ticks(),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// "stolen N ms of M CPU-seconds", or that /proc/stat does not say.
+    fn so_far(&self) -> String {
+        match self.ticks.zip(steal_ticks()) {
+            Some((before, now)) => {
+                // SAFETY: sysconf has no preconditions.
+                let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                format!(
+                    "stolen {} ms of {:.0} CPU-seconds",
+                    now.saturating_sub(before) * 1000 / per_second,
+                    self.started.elapsed().as_secs_f64() * cpus as f64
+                )
+            }
+            None => "stolen time unknown".to_string(),
+        }
+    }
+}
+
+/// The `steal` field of /proc/stat's `cpu` line, all CPUs together (USER_HZ ticks).
+fn steal_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu = stat.lines().find(|line| line.starts_with("cpu "))?;
+    cpu.split_whitespace().nth(8)?.parse().ok()
+}
+
+/// The guest's idle polling (haltpoll), if it has it: a vCPU that polls before it
+/// halts takes a wake-up without an exit to the host.
+fn halt_polling() -> String {
+    let read = |path: &str| {
+        std::fs::read_to_string(path)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    match (
+        read("/sys/devices/system/cpu/cpuidle/current_driver"),
+        read("/sys/module/haltpoll/parameters/guest_halt_poll_ns"),
+    ) {
+        (Some(driver), Some(poll)) => format!("cpuidle driver {driver}, guest_halt_poll_ns {poll}"),
+        (Some(driver), None) => format!("cpuidle driver {driver}"),
+        _ => "no cpuidle driver".to_string(),
+    }
 }
 
 /// One SCHED_IDLE busy loop per CPU, stopped when dropped: it keeps every CPU out of
@@ -566,11 +729,13 @@ impl Bench {
         notified.recv().unwrap();
         let samples = self.time_crossings(
             &notified,
-            |events, _, crossed| first_after(events, crossed).map(|at| at - crossed),
+            |events, _, crossed| {
+                first_after(events, crossed, MISSED_AFTER, |at| *at).map(|at| at - crossed)
+            },
             setup.rate.1,
             crossings,
             Duration::from_millis(20),
-            Some(trigger),
+            |_| trigger,
             "kernel notification",
         );
         let _ = stop.send(());
@@ -645,32 +810,43 @@ impl Bench {
         }
     }
 
-    /// Crossing → the agent's decision to evict the workload, through its own cycle.
+    /// Crossing → the agent's decision to evict the workload, through its own cycle, and
+    /// → the witness's receipt of the kernel's notification of the same crossing.
     fn agent_decisions(
         &mut self,
         agent: &RunningAgent,
+        witness: &Witness,
         rate: u64,
         crossings: usize,
     ) -> Vec<Decided> {
         // The release's own crossing woke the agent, and the notifier's storm limiter
         // holds a wake-up within 100 ms of that one for a trailing evaluation at its end:
         // rest past both, so the next crossing is news. The agent's trigger follows the
-        // inactive file pages, so each crossing's is computed afresh.
+        // inactive file pages, so each crossing's is computed afresh, and the witness
+        // registered at it.
         self.time_crossings(
             &agent.cycles,
-            decision_after,
+            |cycles, last, crossed| {
+                let mut decided = decision_after(cycles, last, crossed)?;
+                decided.witnessed = witness.received_after(crossed);
+                Some(decided)
+            },
             rate,
             crossings,
             AFTER_RELEASE,
-            None,
+            |parent_dir| {
+                let trigger = trigger(parent_dir);
+                witness.arm(trigger);
+                trigger
+            },
             "agent decision",
         )
     }
 
     /// Cross the trigger `crossings` times at `rate`, resting `rest` (plus up to 100 ms)
     /// before each; each sample is what `sample` makes of `events` after the crossing
-    /// (given the last event before the crossing began, and the crossing's time). `fixed_trigger`: the trigger
-    /// registered for `events`; `None`: computed from the cgroup before each crossing.
+    /// (given the last event before the crossing began, and the crossing's time).
+    /// `trigger_now`: the trigger to cross, asked after each rest.
     #[allow(clippy::too_many_arguments)]
     fn time_crossings<E, S>(
         &mut self,
@@ -679,7 +855,7 @@ impl Bench {
         rate: u64,
         crossings: usize,
         rest: Duration,
-        fixed_trigger: Option<u64>,
+        mut trigger_now: impl FnMut(&Path) -> u64,
         what: &str,
     ) -> Vec<S> {
         let mut samples = Vec::with_capacity(crossings);
@@ -689,7 +865,7 @@ impl Bench {
             while let Ok(event) = events.try_recv() {
                 last = Some(event);
             }
-            let trigger = fixed_trigger.unwrap_or_else(|| trigger(&self.parent_dir));
+            let trigger = trigger_now(&self.parent_dir);
             let crossed = self.cross(rate, trigger);
             let taken = sample(events, last, crossed)
                 .unwrap_or_else(|| panic!("no {what} within {MISSED_AFTER:?}"));
@@ -711,6 +887,140 @@ impl RunningAgent {
     fn stop(self) {
         let _ = self.stop.send(());
         self.thread.join().unwrap();
+    }
+}
+
+/// A second listener on the agent's rows: our `MemcgThreshold` registered at the trigger
+/// the bench computes for the crossing (the agent computes its own from the same
+/// figures), read by a thread that does nothing else, at a real-time priority above the
+/// agent's, so that when both are woken on one CPU it reads first. The kernel signals
+/// every threshold a charge crosses in one pass, so the two receipts come from the same
+/// signal: a decision whose notification reached both late had a late signal (or the
+/// whole virtual machine stalled); one whose notification reached the witness on time
+/// and the agent late lost its time in the agent thread's wake-up. Reading its
+/// notification, the witness preempts whatever runs on its CPU (the agent's thread too)
+/// for as long as that takes (not measured).
+struct Witness {
+    triggers: tokio::sync::watch::Sender<u64>,
+    /// The triggers the witness has registered, in order.
+    registered: mpsc::Receiver<u64>,
+    /// (CLOCK_MONOTONIC ns, CPU) of each notification read.
+    received: mpsc::Receiver<(u64, i32)>,
+    armed: std::cell::Cell<Option<u64>>,
+    /// Different triggers registered over the row.
+    distinct: std::cell::Cell<usize>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// The witness's real-time priority: above the agent's, so it reads first.
+const WITNESS_PRIORITY: u8 = REALTIME_PRIORITY + 1;
+
+impl Witness {
+    fn start(dir: PathBuf) -> Witness {
+        let (triggers, mut wanted) = tokio::sync::watch::channel(0_u64);
+        let (registered_tx, registered) = mpsc::channel();
+        let (received_tx, received) = mpsc::channel();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = on_runtime_thread(move || async move {
+            nodekeeper::process::run_this_thread_realtime(WITNESS_PRIORITY)
+                .expect("SCHED_FIFO for the witness");
+            let mut threshold: Option<MemcgThreshold> = None;
+            loop {
+                // The branches' futures end with the select, before `threshold` is
+                // replaced.
+                let crossed = tokio::select! {
+                    changed = wanted.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        None
+                    }
+                    read = async {
+                        match threshold.as_mut() {
+                            Some(threshold) => threshold.crossed().await,
+                            None => std::future::pending().await,
+                        }
+                    } => Some(read),
+                    _ = &mut stopped => return,
+                };
+                match crossed {
+                    Some(read) => {
+                        read.expect("read the witness's eventfd");
+                        let at = monotonic_nanos();
+                        // SAFETY: sched_getcpu has no arguments and no preconditions.
+                        let cpu = unsafe { libc::sched_getcpu() };
+                        if received_tx.send((at, cpu)).is_err() {
+                            return;
+                        }
+                    }
+                    None => {
+                        let trigger = *wanted.borrow_and_update();
+                        // The old registration is dropped (unregistered) first.
+                        drop(threshold.take());
+                        threshold = Some(
+                            MemcgThreshold::register(&dir, trigger)
+                                .expect("register the witness's threshold"),
+                        );
+                        if registered_tx.send(trigger).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Witness {
+            triggers,
+            registered,
+            received,
+            armed: std::cell::Cell::new(None),
+            distinct: std::cell::Cell::new(0),
+            stop,
+            thread,
+        }
+    }
+
+    /// Registered at `trigger` (at once if it already is), before the crossing begins.
+    fn arm(&self, trigger: u64) {
+        if self.armed.get() == Some(trigger) {
+            return;
+        }
+        self.triggers
+            .send(trigger)
+            .expect("the witness is listening");
+        loop {
+            let registered = self
+                .registered
+                .recv_timeout(Duration::from_secs(5))
+                .expect("the witness registers its threshold within 5 s");
+            if registered == trigger {
+                break;
+            }
+        }
+        self.armed.set(Some(trigger));
+        self.distinct.set(self.distinct.get() + 1);
+    }
+
+    /// The witness's first receipt at or after `crossed` (waited for briefly: it comes
+    /// before or about when the agent decides).
+    fn received_after(&self, crossed: u64) -> Option<Witnessed> {
+        let (at, cpu) = first_after(
+            &self.received,
+            crossed,
+            Duration::from_millis(200),
+            |(at, _)| *at,
+        )?;
+        Some(Witnessed {
+            after_crossing: at - crossed,
+            cpu,
+        })
+    }
+
+    /// Stop; the number of different triggers it registered.
+    fn stop(self) -> usize {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap();
+        self.distinct.get()
     }
 }
 
@@ -742,6 +1052,8 @@ struct Cycle {
     /// notification, when the agent's notifier received the kernel's; for one the storm
     /// limiter held back, the first of those held).
     woken_since: Option<u64>,
+    /// The CPU the cycle thread decided on.
+    cpu: i32,
 }
 
 /// Timestamps every cycle as it hands its report on (right after the decision).
@@ -758,7 +1070,10 @@ impl CycleObserver for DecisionClock {
                 u64::try_from(wakeup.since.elapsed().as_nanos()).unwrap_or(u64::MAX),
             )),
         };
+        // SAFETY: sched_getcpu has no arguments and no preconditions.
+        let cpu = unsafe { libc::sched_getcpu() };
         let _ = self.0.send(Cycle {
+            cpu,
             started: decided.saturating_sub(collecting),
             decided,
             evicts: report.decision.evictions.iter().any(|e| e.name == WORKLOAD),
@@ -804,17 +1119,25 @@ fn decision_after(
             notified: cycle
                 .woken_since
                 .map(|since| i128::from(since) - i128::from(crossed)),
+            witnessed: None,
+            cpu: cycle.cpu,
         });
     }
 }
 
-/// The first timestamp at or after `crossed`; earlier ones belong to the last crossing.
-fn first_after(events: &mpsc::Receiver<u64>, crossed: u64) -> Option<u64> {
-    let deadline = std::time::Instant::now() + MISSED_AFTER;
+/// The first event timestamped (`at`) at or after `crossed`, waited for up to `wait`;
+/// earlier ones belong to the last crossing.
+fn first_after<E>(
+    events: &mpsc::Receiver<E>,
+    crossed: u64,
+    wait: Duration,
+    at: impl Fn(&E) -> u64,
+) -> Option<E> {
+    let deadline = std::time::Instant::now() + wait;
     loop {
         let left = deadline.checked_duration_since(std::time::Instant::now())?;
         match events.recv_timeout(left) {
-            Ok(at) if at >= crossed => return Some(at),
+            Ok(event) if at(&event) >= crossed => return Some(event),
             Ok(_) => continue,
             Err(_) => return None,
         }
