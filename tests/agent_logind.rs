@@ -176,18 +176,12 @@ workloads:
     // With graceful shutdown on, the lock's gauges are exported, and say it is held.
     let held = "nodekeeper_shutdown_inhibit_lock_held 1";
     let sufficient = "nodekeeper_shutdown_inhibit_delay_sufficient 1";
-    let give_up = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, metrics) = http_get(&agent.address, "/metrics");
-        if metrics.contains(held) && metrics.contains(sufficient) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < give_up,
-            "{held} and {sufficient} missing:\n{metrics}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    support::poll::Wait::for_(&format!("{held} and {sufficient}"), Duration::from_secs(10))
+        .showing(|| http_get(&agent.address, "/metrics").1)
+        .until_true(|| {
+            let (_, metrics) = http_get(&agent.address, "/metrics");
+            metrics.contains(held) && metrics.contains(sufficient)
+        });
 
     runtime.block_on(logind.announce(true));
     let (_, line) = agent.wait_for_line("would stop pod", Duration::from_secs(10));
@@ -417,16 +411,10 @@ fn as_a_systemd_service_it_says_ready_pings_from_its_decision_loop_and_keeps_its
     assert_eq!(removed, format!("FDSTOREREMOVE=1\nFDNAME={name}"));
     // systemd closes its copy on FDSTOREREMOVE; the agent already closed its own.
     drop(kept_by_systemd);
-    let give_up = Instant::now() + Duration::from_secs(5);
-    while logind.held() != 1 || logind.inhibit_calls() != 2 {
-        assert!(
-            Instant::now() < give_up,
-            "held {} of {} locks",
-            logind.held(),
-            logind.inhibit_calls()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    support::poll::Wait::for_("one lock held of two taken", Duration::from_secs(5))
+        .every(Duration::from_millis(10))
+        .showing(|| format!("held {} of {} locks", logind.held(), logind.inhibit_calls()))
+        .until_true(|| logind.held() == 1 && logind.inhibit_calls() == 2);
     stop(&mut agent);
 
     // An agent whose configuration no longer asks for graceful shutdown lets a stored
@@ -447,11 +435,9 @@ fn as_a_systemd_service_it_says_ready_pings_from_its_decision_loop_and_keeps_its
     let (_, removed, _) = manager.next("FDSTOREREMOVE=1", Duration::from_secs(10), &mut seen);
     assert_eq!(removed, format!("FDSTOREREMOVE=1\nFDNAME={new_name}"));
     drop(new_kept_by_systemd);
-    let give_up = Instant::now() + Duration::from_secs(5);
-    while logind.held() != 0 {
-        assert!(Instant::now() < give_up, "the stored lock is still held");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    support::poll::Wait::for_("the stored lock to be let go", Duration::from_secs(5))
+        .every(Duration::from_millis(10))
+        .until_true(|| logind.held() == 0);
     stop(&mut agent);
 }
 

@@ -130,23 +130,17 @@ impl Outage {
     /// comes back and the pod's cgroup empties, as they do once its processes are gone.
     async fn pressure_evicts(&mut self) -> String {
         self.host.set_free_memory(50 * MI);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let pod = loop {
-            let evicted = self
-                .agent
-                .lines_so_far()
-                .into_iter()
-                .find(|line| line.contains(EVICTED));
-            if let Some(line) = evicted {
-                break field(&line, "pod").unwrap_or_else(|| panic!("no pod in {line:?}"));
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nothing evicted under pressure; log:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let evicted =
+            support::poll::Wait::for_("an eviction under pressure", Duration::from_secs(20))
+                .showing(|| format!("log:\n{}", self.log()))
+                .eventually(|| {
+                    self.agent
+                        .lines_so_far()
+                        .into_iter()
+                        .find(|line| line.contains(EVICTED))
+                })
+                .await;
+        let pod = field(&evicted, "pod").unwrap_or_else(|| panic!("no pod in {evicted:?}"));
         self.host.set_free_memory(4096 * MI);
         let fixture = [&WAVE_1, &WAVE_2, &WAVE_3, &WAVE_4, &LATE_A, &LATE_B]
             .into_iter()

@@ -745,20 +745,25 @@ async fn a_compromised_agent_cannot_get_a_healthy_node_fenced() {
         .patch_status("worker-2", &merge, &Patch::Merge(&not_ready_for_an_hour()))
         .await
         .expect("the administrator's patch");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while std::fs::read_to_string(&fabric)
-        .expect("the fabric port")
-        .trim()
-        != "off"
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "worker-2 was not fenced on the administrator's NotReady; fence {:?}; controller log:\n{}",
+    support::poll::Wait::for_(
+        "worker-2 fenced on the administrator's NotReady",
+        Duration::from_secs(30),
+    )
+    .every(Duration::from_millis(50))
+    .showing(|| {
+        format!(
+            "fence {:?}; controller log:\n{}",
             fence_of(server, "worker-2"),
             controller.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        )
+    })
+    .eventually_true(|| {
+        std::fs::read_to_string(&fabric)
+            .expect("the fabric port")
+            .trim()
+            == "off"
+    })
+    .await;
     assert!(fence_of(server, "worker-2").is_some());
     println!(
         "compromised agent vs the controller: {} attempts refused; worker-2 untouched for 5 s \

@@ -17,7 +17,7 @@ mod support;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::netns::{NETNS, Netns};
 use support::nspawn::{BootOptions, Booted, Container, NSPAWN};
@@ -288,22 +288,23 @@ fn http_get(container: &Container, port: u16, path: &str) -> String {
 
 /// Waits up to 20 s for the agent's /metrics on `port` to answer 200 with `needle`.
 fn wait_for_metrics(container: &Container, port: u16, needle: &str) -> String {
-    let give_up = Instant::now() + Duration::from_secs(20);
-    loop {
-        let response = http_get(container, port, "/metrics");
-        if response.starts_with("HTTP/1.")
-            && response.contains(" 200 ")
-            && response.contains(needle)
-        {
-            return response;
-        }
-        assert!(
-            Instant::now() < give_up,
-            "no /metrics with {needle:?} on port {port}; last answer:\n{response:.400}\njournal:\n{}",
+    support::poll::Wait::for_(
+        &format!("/metrics with {needle:?} on port {port}"),
+        Duration::from_secs(20),
+    )
+    .every(Duration::from_millis(200))
+    .showing(|| {
+        format!(
+            "last answer:\n{:.400}\njournal:\n{}",
+            http_get(container, port, "/metrics"),
             agent_journal(container)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        )
+    })
+    .until(|| {
+        let response = http_get(container, port, "/metrics");
+        (response.starts_with("HTTP/1.") && response.contains(" 200 ") && response.contains(needle))
+            .then_some(response)
+    })
 }
 
 /// A unit that says the container has booted (the test's `ready_line`), since no agent

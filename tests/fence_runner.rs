@@ -148,14 +148,13 @@ sleep 300"#,
         .parse()
         .expect("a pid");
     // The orphaned child is reparented and reaped by init; give that a moment.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while process_exists(child) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        !process_exists(child),
-        "the agent's child {child} still runs"
-    );
+    support::poll::Wait::for_(
+        &format!("the agent's child {child} to be gone"),
+        Duration::from_secs(5),
+    )
+    .every(Duration::from_millis(50))
+    .eventually_true(|| !process_exists(child))
+    .await;
 }
 
 #[tokio::test]
@@ -480,14 +479,13 @@ async fn children_an_agent_leaves_behind_are_killed_when_it_exits() {
         .trim()
         .parse()
         .expect("a pid");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while process_exists(child) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        !process_exists(child),
-        "the agent's child {child} outlived it"
-    );
+    support::poll::Wait::for_(
+        &format!("the agent's child {child} not to outlive it"),
+        Duration::from_secs(5),
+    )
+    .every(Duration::from_millis(50))
+    .eventually_true(|| !process_exists(child))
+    .await;
 }
 
 #[tokio::test]

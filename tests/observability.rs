@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
@@ -357,23 +357,20 @@ impl Prometheus {
             let mut prometheus = Prometheus {
                 child,
                 address,
-                log,
+                log: log.clone(),
             };
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                if let Ok(Some(status)) = prometheus.child.try_wait() {
-                    eprintln!("Prometheus exited ({status}):\n{}", prometheus.log());
-                    break;
-                }
-                if prometheus.get("/-/ready").0 == 200 {
-                    return prometheus;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "Prometheus never became ready:\n{}",
-                    prometheus.log()
-                );
-                std::thread::sleep(Duration::from_millis(100));
+            // Ready, or exited (its port taken meanwhile).
+            let exited =
+                support::poll::Wait::for_("Prometheus to become ready", Duration::from_secs(30))
+                    .every(Duration::from_millis(100))
+                    .showing(|| std::fs::read_to_string(&log).unwrap_or_default())
+                    .until(|| match prometheus.child.try_wait() {
+                        Ok(Some(status)) => Some(Some(status)),
+                        _ => (prometheus.get("/-/ready").0 == 200).then_some(None),
+                    });
+            match exited {
+                None => return prometheus,
+                Some(status) => eprintln!("Prometheus exited ({status}):\n{}", prometheus.log()),
             }
         }
         panic!("Prometheus could not start on any of three ports");
@@ -638,25 +635,27 @@ scrape_configs:
         .flat_map(|expression| metric_names(expression))
         .collect();
     assert!(wanted.len() > 40, "{wanted:?}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut missing: Vec<String>;
-    loop {
-        missing = wanted
+    let missing = || -> Vec<&String> {
+        wanted
             .iter()
             .filter(|name| prometheus.query(name).is_empty())
-            .cloned()
-            .collect();
-        if missing.is_empty() || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    assert!(
-        missing.is_empty(),
-        "no data in Prometheus for {missing:?}\nagent:\n{}\ncontroller:\n{}",
-        http_get_accepting(&agent.address, "/metrics", None).2,
-        http_get_accepting(&controller.metrics_address(), "/metrics", None).2,
-    );
+            .collect()
+    };
+    support::poll::Wait::for_(
+        "data in Prometheus for every metric the alerts and the dashboard use",
+        Duration::from_secs(60),
+    )
+    .every(Duration::from_millis(500))
+    .showing(|| {
+        format!(
+            "none for {:?}\nagent:\n{}\ncontroller:\n{}",
+            missing(),
+            http_get_accepting(&agent.address, "/metrics", None).2,
+            http_get_accepting(&controller.metrics_address(), "/metrics", None).2,
+        )
+    })
+    .eventually_true(|| missing().is_empty())
+    .await;
 
     // Data that shows the situation: the fence, the pause, the last shutdown, the
     // threshold met and the evictions it caused (counted in a dry run), the reports.
@@ -705,8 +704,7 @@ scrape_configs:
     // situation calls for: worker-1's threshold met and worker-3's paused fence (both
     // pending: they need minutes), and nothing else (no storm from a dry run's counts, no
     // shutdown alert for an agent whose lock is held, no alert on the healthy controller).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let unhealthy_rules = || -> Vec<String> {
         let groups = prometheus.api("/api/v1/rules");
         let rules: Vec<&Value> = groups["groups"]
             .as_array()
@@ -715,17 +713,17 @@ scrape_configs:
             .flat_map(|group| group["rules"].as_array().expect("rules").iter())
             .collect();
         assert_eq!(rules.len(), alerts.len(), "{groups}");
-        let bad: Vec<String> = rules
+        rules
             .iter()
             .filter(|rule| rule["health"] != "ok")
             .map(|rule| format!("{}: {} {}", rule["name"], rule["health"], rule["lastError"]))
-            .collect();
-        if bad.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "rules not evaluated: {bad:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+            .collect()
+    };
+    support::poll::Wait::for_("every rule evaluated", Duration::from_secs(30))
+        .every(Duration::from_millis(200))
+        .showing(|| format!("not evaluated: {:?}", unhealthy_rules()))
+        .eventually_true(|| unhealthy_rules().is_empty())
+        .await;
     let expected: BTreeSet<(String, String)> = [
         ("NodekeeperEvictionThresholdMetTooLong", "pending"),
         ("NodekeeperFencePaused", "pending"),
@@ -752,20 +750,26 @@ scrape_configs:
     // count, which the storm alert must not take for one.
     let storm_by_count =
         "sum by (job, instance, node) (increase(nodekeeper_evictions_total[10m])) > 5";
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while prometheus.query(storm_by_count).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the dry run never counted 6 evictions"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    support::poll::Wait::for_("the dry run to count 6 evictions", Duration::from_secs(30))
+        .every(Duration::from_millis(200))
+        .eventually_true(|| !prometheus.query(storm_by_count).is_empty())
+        .await;
     // The rules are evaluated every second, each group on its own timer; the set must
     // then hold for a few more evaluations.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while alerting() != expected && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    support::poll::Wait::for_(
+        "exactly the alerts this situation calls for",
+        Duration::from_secs(20),
+    )
+    .every(Duration::from_millis(200))
+    .showing(|| {
+        format!(
+            "alerts under way: {:?}, expected {expected:?}; rules: {}",
+            alerting(),
+            prometheus.api("/api/v1/rules")
+        )
+    })
+    .eventually_true(|| alerting() == expected)
+    .await;
     for _ in 0..3 {
         assert_eq!(
             alerting(),

@@ -893,13 +893,13 @@ async fn only_the_leaders_answer_counts_as_contact() {
     );
     let leading_from = since_boot();
     hub.set_leading(true);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while contact.last_contact().is_none() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let counted = contact
-        .last_contact()
-        .expect("the leader's answer is a contact");
+    let counted = support::poll::Wait::for_(
+        "the leader's answer to count as a contact",
+        Duration::from_secs(5),
+    )
+    .every(Duration::from_millis(50))
+    .eventually(|| contact.last_contact())
+    .await;
     // Counted from a send at most one interval before the leader took over, never
     // from later than the answer arrived.
     assert!(

@@ -11,6 +11,8 @@ mod support {
     pub mod debian;
     #[allow(dead_code)]
     pub mod nspawn;
+    #[allow(dead_code)]
+    pub mod poll;
     pub mod real;
 }
 
@@ -62,6 +64,14 @@ fn events(shared: &Path) -> Vec<(f64, String, String)> {
         .collect()
 }
 
+/// Until the container's four workloads have started (30 s at most).
+fn wait_for_workloads(shared: &Path) {
+    support::poll::Wait::for_("the workloads to start", Duration::from_secs(30))
+        .every(Duration::from_millis(50))
+        .showing(|| format!("{:?}", events(shared)))
+        .until_true(|| events(shared).iter().filter(|e| e.2 == "START").count() >= 4);
+}
+
 #[test]
 fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
     let mut booted: Booted = require!(NSPAWN, boot());
@@ -86,15 +96,7 @@ fn real_logind_waits_for_the_phases_and_the_container_powers_off() {
         std::fs::read_to_string(root.join("etc/systemd/logind.conf.d/99-nodekeeper.conf")).unwrap();
     assert!(dropin.contains("InhibitDelayMaxSec=9"), "{dropin}");
 
-    let give_up = Instant::now() + Duration::from_secs(30);
-    while events(&shared).iter().filter(|e| e.2 == "START").count() < 4 {
-        assert!(
-            Instant::now() < give_up,
-            "workloads did not start: {:?}",
-            events(&shared)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_workloads(&shared);
 
     let gone_after = container.power_off();
 
@@ -170,11 +172,7 @@ fn an_agent_killed_mid_shutdown_resumes_the_remaining_phases() {
     let mut booted: Booted = require!(NSPAWN, boot());
     let shared = booted.shared.clone();
     let container = &mut booted.container;
-    let give_up = Instant::now() + Duration::from_secs(30);
-    while events(&shared).iter().filter(|e| e.2 == "START").count() < 4 {
-        assert!(Instant::now() < give_up, "workloads did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_workloads(&shared);
     let other = container.exec(
         "systemd-run --unit=other-delay-lock systemd-inhibit --what=shutdown --mode=delay \
          --who=other --why=test sleep 60",
@@ -182,32 +180,28 @@ fn an_agent_killed_mid_shutdown_resumes_the_remaining_phases() {
     assert!(other.status.success(), "{other:?}");
     // systemd-run returns once the unit started, not once its lock is taken: without
     // the lock, killing the agent would leave logind nothing to wait for.
-    let give_up = Instant::now() + Duration::from_secs(10);
-    loop {
-        let listed = container.exec("systemd-inhibit --list --no-pager");
-        let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
-        if listed
-            .lines()
-            .any(|line| line.contains("other") && line.contains("delay"))
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < give_up,
-            "the second delay lock was never taken:\n{listed}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let inhibitors = || {
+        String::from_utf8_lossy(&container.exec("systemd-inhibit --list --no-pager").stdout)
+            .into_owned()
+    };
+    support::poll::Wait::for_("the second delay lock to be taken", Duration::from_secs(10))
+        .every(Duration::from_millis(50))
+        .showing(inhibitors)
+        .until_true(|| {
+            inhibitors()
+                .lines()
+                .any(|line| line.contains("other") && line.contains("delay"))
+        });
     let poweroff = container.exec("systemctl poweroff");
     assert!(poweroff.status.success(), "{poweroff:?}");
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while !events(&shared)
-        .iter()
-        .any(|e| e.1 == "default/web" && e.2 == "TERM")
-    {
-        assert!(Instant::now() < give_up, "phase 0 never started");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    support::poll::Wait::for_("phase 0 to start", Duration::from_secs(10))
+        .every(Duration::from_millis(10))
+        .showing(|| format!("{:?}", events(&shared)))
+        .until_true(|| {
+            events(&shared)
+                .iter()
+                .any(|e| e.1 == "default/web" && e.2 == "TERM")
+        });
     let killed = container.exec("systemctl kill --signal=SIGKILL nodekeeper-shutdown.service");
     assert!(killed.status.success(), "{killed:?}");
     let killed_at = Instant::now();
