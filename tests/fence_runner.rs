@@ -69,6 +69,23 @@ fn process_exists(pid: i32) -> bool {
             .is_ok_and(|stat| !stat.contains(") Z "))
 }
 
+/// Waits (5 s at most) until the agent's child, whose pid it wrote to `pids`, is gone:
+/// an orphaned child is reparented and reaped by init, which takes a moment.
+async fn agent_child_ends(pids: &Path) {
+    let child: i32 = std::fs::read_to_string(pids)
+        .expect("the agent's child wrote its pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    support::poll::Wait::for_(
+        &format!("the agent's child {child} to be gone"),
+        Duration::from_secs(5),
+    )
+    .every(Duration::from_millis(50))
+    .eventually_true(|| !process_exists(child))
+    .await;
+}
+
 #[tokio::test]
 async fn options_reach_the_agent_only_on_stdin_with_the_action_last() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -142,19 +159,7 @@ sleep 300"#,
         call.output, "Connecting to the device\n",
         "output kept up to the kill"
     );
-    let child: i32 = std::fs::read_to_string(&pids)
-        .expect("the agent's child wrote its pid")
-        .trim()
-        .parse()
-        .expect("a pid");
-    // The orphaned child is reparented and reaped by init; give that a moment.
-    support::poll::Wait::for_(
-        &format!("the agent's child {child} to be gone"),
-        Duration::from_secs(5),
-    )
-    .every(Duration::from_millis(50))
-    .eventually_true(|| !process_exists(child))
-    .await;
+    agent_child_ends(&pids).await;
 }
 
 #[tokio::test]
@@ -474,18 +479,7 @@ async fn children_an_agent_leaves_behind_are_killed_when_it_exits() {
     let runner = runner(dir.path(), Duration::from_secs(20));
     let call = runner.call("fence_leaky", "status", &[]).await;
     assert!(call.succeeded(), "{call:?}");
-    let child: i32 = std::fs::read_to_string(&pids)
-        .expect("pid written")
-        .trim()
-        .parse()
-        .expect("a pid");
-    support::poll::Wait::for_(
-        &format!("the agent's child {child} not to outlive it"),
-        Duration::from_secs(5),
-    )
-    .every(Duration::from_millis(50))
-    .eventually_true(|| !process_exists(child))
-    .await;
+    agent_child_ends(&pids).await;
 }
 
 #[tokio::test]
