@@ -11,6 +11,7 @@ mod support {
     pub mod agent_process;
     pub mod allocator;
     pub mod cgroups;
+    pub mod exposition;
     pub mod poll;
     pub mod real;
 }
@@ -203,11 +204,10 @@ workloads:
         .expect("the metrics address in the log");
     let (_, metrics) = support::agent_process::http_get(address, "/metrics");
     let cycles = |started_by: &str| {
-        let series = format!("nodekeeper_cycles_total{{started_by=\"{started_by}\"}} ");
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix(series.as_str()))
-            .and_then(|value| value.trim().parse::<f64>().ok())
+        support::exposition::metric_value(
+            &metrics,
+            &format!("nodekeeper_cycles_total{{started_by=\"{started_by}\"}}"),
+        )
     };
 
     let _ = kill(Pid::from_raw(agent.id() as i32), Signal::SIGTERM);

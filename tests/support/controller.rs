@@ -378,14 +378,7 @@ pub fn seed_node_tokens<T: AsRef<str>>(server: &FakeApiServer, tokens: &[(&str, 
     server.seed(&secret);
 }
 
-/// The value of the exposition line for `series` (a metric name with its labels, as
-/// exposed), if there is one.
-pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-}
+pub use super::exposition::metric_value;
 
 /// The controller process; killed (by its PID) when dropped.
 pub struct ControllerProcess {

@@ -8,6 +8,7 @@ pub mod controller;
 pub mod controller_rbac;
 pub mod debian;
 pub mod documents;
+pub mod exposition;
 pub mod fake_fence_agents;
 pub mod fake_node;
 pub mod fence_emulators;
