@@ -31,6 +31,7 @@
 //! are required: without them it fails under `CI=true`, and prints SKIPPED and exits 0
 //! otherwise). `NODEKEEPER_BENCH_CROSSINGS` sets the crossings per row (default 1000),
 //! `NODEKEEPER_BENCH_MAX_PODS` leaves out the agent's rows with more pods than that,
+//! `NODEKEEPER_BENCH_MIN_PODS` those with fewer,
 //! `NODEKEEPER_BENCH_SCHEDULER=normal` or `=SCHED_FIFO` keeps only the rows of that
 //! scheduler; a full run takes about 40 minutes.
 //!
@@ -56,13 +57,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use nodekeeper::agent::RunHandles;
-use nodekeeper::config::{
-    AgentConfig, GoDuration, Quantity, Threshold, ThresholdValue, WorkloadsConfig,
-};
+use nodekeeper::config::{AgentConfig, Quantity, ThresholdValue};
 use nodekeeper::notify::{MemcgThreshold, memcg_trigger_bytes, page_size};
 use nodekeeper::ports::{CycleObserver, CycleReport, CycleStart, ShutdownHooks};
 use nodekeeper::shutdown::runner::DryRunTerminator;
-use nodekeeper::signals::{Host, Signal};
+use nodekeeper::signals::Host;
 use support::allocator::{OscillatorPlan, monotonic_nanos, oscillator_grow, oscillator_release};
 use support::cgroups::TestCgroups;
 
@@ -177,10 +176,11 @@ fn main() {
         })
         .collect();
     let max_pods = env_count("NODEKEEPER_BENCH_MAX_PODS", usize::MAX);
+    let min_pods = env_count("NODEKEEPER_BENCH_MIN_PODS", 0);
     let rows: Vec<(usize, Setup)> = ROWS
         .iter()
         .copied()
-        .filter(|(pods, setup)| *pods <= max_pods && measured(setup))
+        .filter(|(pods, setup)| (min_pods..=max_pods).contains(pods) && measured(setup))
         .collect();
     let decisions: Vec<Vec<Decided>> = rows
         .iter()
@@ -627,25 +627,7 @@ impl Bench {
         cgroups.set_memory_limit(&parent, LIMIT);
         let workload = cgroups.child(WORKLOAD);
         let parent_dir = cgroups.dir("memory", &parent);
-        let mut config = AgentConfig {
-            dry_run: true,
-            housekeeping_interval: GoDuration::from(HOUSEKEEPING),
-            metrics_address: "127.0.0.1:0".to_string(),
-            ..AgentConfig::default()
-        };
-        config.paths.cgroup_root = cgroups.v1_root();
-        config.paths.pods_cgroup = Some(parent.clone());
-        config.eviction.thresholds = vec![Threshold {
-            signal: Signal::AllocatableMemoryAvailable,
-            value: threshold(),
-            grace_period: GoDuration::ZERO,
-            min_reclaim: None,
-        }];
-        config.workloads = Some(WorkloadsConfig {
-            parent_cgroup: parent.clone(),
-            namespace: "bench".to_string(),
-            pods: Vec::new(),
-        });
+        let config = cgroups.standalone_agent_config(THRESHOLD, HOUSEKEEPING);
         // Rest BELOW under the trigger, counting what the cgroup already holds.
         let room = trigger(&parent_dir)
             .saturating_sub(read_u64(&parent_dir.join("memory.usage_in_bytes")));

@@ -8,6 +8,10 @@
 //! looks at each pod once) and "rank every pod, then take the first evictable one" (the
 //! sort-based choice). The full ranking that `nodekeeper rank` prints is timed as well.
 
+#[path = "../tests/support/process_usage.rs"]
+#[allow(dead_code)]
+mod process_usage;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -20,6 +24,7 @@ use nodekeeper::pods::{
     ContainerStats, ContainerUsage, EmptyDirStats, Pod, PodUsage, ResourceAmounts,
 };
 use nodekeeper::signals::{Observation, Observations, Signal};
+use process_usage::thread_cpu_time;
 
 const SIZES: [usize; 3] = [110, 1_000, 10_000];
 const MI: i64 = 1 << 20;
@@ -249,19 +254,6 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
-}
-
-/// CPU time of this thread: unlike wall time it does not count the time the scheduler
-/// gives to other processes, which dominates multi-millisecond samples on a busy host.
-fn thread_cpu_time() -> Duration {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid, writable timespec for the duration of the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// Median and p99 (nearest rank) of a sorted sample.

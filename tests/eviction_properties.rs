@@ -9,7 +9,7 @@ use nodekeeper::eviction::{
     EvictionState, Millis, SyncOptions, measured_storage, rank, rank_cmp, synchronize,
 };
 use nodekeeper::pods::{DiskAmount, Pod, PodUsage, ResourceAmounts, StorageUsage};
-use nodekeeper::signals::{Observation, Observations, Signal};
+use nodekeeper::signals::{Observation, Observations, Resource, Signal};
 use proptest::prelude::*;
 
 const MI: i64 = 1 << 20;
@@ -251,6 +251,53 @@ proptest! {
             prop_assert!(decision.evictions.iter().filter(|o| o.disruption_target).count() <= 1);
             state = decision.state;
             state_shuffled = other.state;
+        }
+    }
+
+    /// The agent counts each pod's processes only when a threshold ranks by them (a
+    /// `pid.available` one; `EvictionConfig::ranks_by_process_count`). That is sound
+    /// only if no other decision reads the counts: with any other thresholds, every
+    /// cycle decides the same with the counts as without. The reader gives a pod a count
+    /// only with its memory figure, so a pod without memory has no count in either.
+    #[test]
+    fn process_counts_change_no_decision_without_a_pid_threshold(
+        pods in pods(16),
+        cycles in proptest::collection::vec(observations(), 1..5),
+        layout in layout(),
+        kept in proptest::collection::vec(proptest::bool::ANY, Signal::ALL.len()),
+    ) {
+        let mut config = hard_thresholds();
+        let mut keep = kept.into_iter();
+        config.thresholds.retain(|threshold| {
+            keep.next().unwrap_or(true) && threshold.signal.resource() != Resource::Pids
+        });
+        prop_assert!(!config.ranks_by_process_count());
+        let counted: Vec<Pod> = pods
+            .into_iter()
+            .map(|mut pod| {
+                if pod.usage.memory.is_none() {
+                    pod.usage.pids = None;
+                }
+                pod
+            })
+            .collect();
+        let uncounted: Vec<Pod> = counted
+            .iter()
+            .cloned()
+            .map(|mut pod| {
+                pod.usage.pids = None;
+                pod
+            })
+            .collect();
+        let options = SyncOptions { fs_layout: layout, ..SyncOptions::default() };
+        let (mut state, mut state_uncounted) = (EvictionState::default(), EvictionState::default());
+        for (i, observations) in cycles.iter().enumerate() {
+            let now = Millis(i as u64 * 10_000);
+            let decision = synchronize(&config, &state, observations, &counted, now, &options);
+            let other = synchronize(&config, &state_uncounted, observations, &uncounted, now, &options);
+            prop_assert_eq!(&decision, &other);
+            state = decision.state;
+            state_uncounted = other.state;
         }
     }
 

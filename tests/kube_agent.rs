@@ -256,6 +256,68 @@ async fn memory_pressure_evicts_the_right_pod_through_the_api() {
     );
 }
 
+/// PID pressure, ranked as the kubelet's `rankPIDPressure` does: by priority, then by
+/// process count, largest first. The agent counts each pod's processes only when a
+/// threshold ranks by them, so this is also the check that a `pid.available` threshold
+/// turns the counting on: without the counts, hog and modest (the same priority) would
+/// tie, and the tie goes to hog.
+#[tokio::test]
+async fn pid_pressure_evicts_the_pod_with_the_most_processes() {
+    let mut s = scenario(
+        "evictionSoft:\n  pid.available: \"1000\"\nevictionSoftGracePeriod:\n  pid.available: 0s\n",
+    )
+    .await;
+    // No memory pressure; 4096 pids, 3500 in use.
+    s.host.set_free_memory(4096 * MI);
+    let proc_root = s.host.dir.path().join("proc");
+    std::fs::write(proc_root.join("sys/kernel/pid_max"), "4096\n").unwrap();
+    std::fs::write(proc_root.join("sys/kernel/threads-max"), "60000\n").unwrap();
+    std::fs::write(proc_root.join("loadavg"), "0.10 0.20 0.30 2/3500 4321\n").unwrap();
+    for (fixture, procs) in [(&PODS[0], "100\n"), (&PODS[1], "200\n201\n202\n")] {
+        std::fs::write(
+            s.host
+                .pod_cgroup(qos_dir(fixture), fixture.uid)
+                .join("cgroup.procs"),
+            procs,
+        )
+        .unwrap();
+    }
+    let (report, _) = s.agent.run_cycle().await;
+    let chosen: Vec<String> = report
+        .decision
+        .evictions
+        .iter()
+        .map(|order| order.key())
+        .collect();
+    assert_eq!(chosen, ["default/modest"], "{:?}", report.decision);
+    let counts: BTreeMap<String, Option<i64>> = report
+        .pods
+        .iter()
+        .map(|pod| (pod.name.clone(), pod.usage.pids))
+        .collect();
+    assert_eq!(counts["hog"], Some(1), "{counts:?}");
+    assert_eq!(counts["modest"], Some(3), "{counts:?}");
+    eventually(WAIT, "modest deleted", || {
+        pod(&s.server, "modest").metadata.deletion_timestamp
+    })
+    .await;
+    assert!(pod(&s.server, "hog").metadata.deletion_timestamp.is_none());
+}
+
+/// Without a `pid.available` threshold (the kubelet's defaults have none) no pod's
+/// processes are counted: the cycle reads no file for them.
+#[tokio::test]
+async fn without_a_pid_threshold_no_pod_processes_are_counted() {
+    let mut s = scenario("").await;
+    s.host.set_free_memory(4096 * MI);
+    let (report, _) = s.agent.run_cycle().await;
+    assert_eq!(report.pods.len(), 4);
+    for pod in &report.pods {
+        assert!(pod.usage.memory.is_some(), "{}: {:?}", pod.name, pod.usage);
+        assert_eq!(pod.usage.pids, None, "{}", pod.name);
+    }
+}
+
 /// `HugepageAwareEviction` (kubelet PR #138127, on by default from 1.37): the summary
 /// provider's `adjustForHugePages` takes the huge page pool out of the node's available
 /// memory before the eviction manager compares it, since no memory cgroup's working set

@@ -25,7 +25,8 @@ use crate::ports::{
 };
 use crate::signals::contention::{ContentionReport, ContentionTracker, stall_averages};
 use crate::signals::{
-    Collection, Host, NodeCondition, NotificationSupport, SignalCollector, probe_host,
+    Collection, Host, NodeCondition, NotificationSupport, ProcessCounts, SignalCollector,
+    probe_host,
 };
 
 const CONDITIONS: [NodeCondition; 3] = [
@@ -572,7 +573,9 @@ impl Agent {
         else {
             return Vec::new();
         };
-        match workload_pods(reader, workloads) {
+        let process_counts =
+            ProcessCounts::for_ranking(self.config.eviction.ranks_by_process_count());
+        match workload_pods(reader, workloads, process_counts) {
             Ok((pods, errors)) => {
                 for error in errors {
                     tracing::debug!(%error, "workload without stats");

@@ -19,7 +19,7 @@ use crate::shutdown::manager::{ManagerOptions, ManagerStatus, PodLister, run_shu
 use crate::shutdown::plan::phases_from_config;
 use crate::shutdown::runner::{DryRunTerminator, PodTerminator, SystemClock};
 use crate::shutdown::state::metrics_from_state;
-use crate::signals::{CgroupLayout, CgroupReader, Host, join_relative};
+use crate::signals::{CgroupLayout, CgroupReader, Host, ProcessCounts, join_relative};
 
 /// Start the shutdown manager when graceful shutdown is configured: with `kube` hooks it
 /// drains this node's pods through the API, else the agent's workload cgroups. In dry-run
@@ -137,7 +137,8 @@ fn workload_terminator(
             let terminator = CgroupTerminator::flat(dir, &workloads.namespace);
             let (reader, workloads) = (reader.clone(), workloads.clone());
             let pods: PodLister = Arc::new(move || {
-                workload_pods(&reader, &workloads)
+                // The shutdown order is by priority alone: no process counts.
+                workload_pods(&reader, &workloads, ProcessCounts::NotNeeded)
                     .map(|(pods, _)| pods)
                     .map_err(|e| e.to_string())
             });

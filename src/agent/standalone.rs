@@ -4,19 +4,21 @@
 use std::path::PathBuf;
 
 use crate::config::WorkloadsConfig;
-use crate::signals::{CgroupReader, SignalError};
+use crate::signals::{CgroupReader, ProcessCounts, SignalError};
 
 use crate::pods::{Pod, PodUsage};
 
-/// The workloads under the configured parent. A workload whose files cannot be read is
-/// still listed, without stats, exactly as the kubelet treats a pod without stats; the
-/// read error is returned for logging and metrics.
+/// The workloads under the configured parent, each with its process count when
+/// `process_counts` asks for it. A workload whose files cannot be read is still listed,
+/// without stats, exactly as the kubelet treats a pod without stats; the read error is
+/// returned for logging and metrics.
 pub fn workload_pods(
     reader: &CgroupReader,
     workloads: &WorkloadsConfig,
+    process_counts: ProcessCounts,
 ) -> Result<(Vec<Pod>, Vec<SignalError>), SignalError> {
     let children = reader.list_child_cgroups(&workloads.parent_cgroup)?;
-    Ok(pods_of(reader, workloads, children))
+    Ok(pods_of(reader, workloads, children, process_counts))
 }
 
 /// The pods of `children`, the workload cgroups listed a moment before. A cgroup that is
@@ -28,6 +30,7 @@ fn pods_of(
     reader: &CgroupReader,
     workloads: &WorkloadsConfig,
     children: Vec<PathBuf>,
+    process_counts: ProcessCounts,
 ) -> (Vec<Pod>, Vec<SignalError>) {
     let mut errors = Vec::new();
     let pods = children
@@ -38,10 +41,10 @@ fn pods_of(
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let settings = workloads.pods.iter().find(|p| p.matches(&name));
-            let usage = match reader.read_pod_usage(&cgroup) {
+            let usage = match reader.read_pod_usage(&cgroup, process_counts) {
                 Ok(usage) => PodUsage {
                     memory: Some(saturating_i64(usage.working_set_bytes)),
-                    pids: Some(saturating_i64(usage.process_count)),
+                    pids: usage.process_count.map(saturating_i64),
                     ..PodUsage::default()
                 },
                 Err(_) if !reader.paths().memory_dir(&cgroup).exists() => {
@@ -118,7 +121,7 @@ mod tests {
         // Gone after the listing: the race of a workload that exits.
         let mut children = listed;
         children.push(PathBuf::from("pods/ended"));
-        let (pods, errors) = pods_of(&reader, &workloads(), children);
+        let (pods, errors) = pods_of(&reader, &workloads(), children, ProcessCounts::Read);
         let names: Vec<&str> = pods.iter().map(|pod| pod.name.as_str()).collect();
         assert_eq!(names, ["running", "unreadable"]);
         assert_eq!(pods[0].usage.memory, Some(1_048_576));
@@ -126,5 +129,34 @@ mod tests {
         // kubelet keeps a pod without stats; its error is reported.
         assert_eq!(pods[1].usage.memory, None);
         assert_eq!(errors.len(), 1);
+    }
+
+    /// Without a `pid.available` threshold no decision reads a pod's process count, and
+    /// the cycle does not count: `pids.current` is not read at all (garbage in it costs
+    /// the pod nothing), and the pod keeps its memory figure. Asked for, it is read, and
+    /// garbage in it is the pod's read error, as before.
+    #[test]
+    fn process_counts_are_read_only_when_asked_for() {
+        let root = tempfile::tempdir().expect("a fake cgroup tree");
+        write(root.path(), "pods/web", "memory.current", "1048576\n");
+        write(root.path(), "pods/web", "memory.stat", "inactive_file 0\n");
+        write(root.path(), "pods/web", "pids.current", "many\n");
+        let reader = CgroupReader::new(root.path(), CgroupLayout::Unified);
+        let read = |counts| workload_pods(&reader, &workloads(), counts).expect("the listing");
+
+        let (pods, errors) = read(ProcessCounts::NotNeeded);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(pods[0].usage.memory, Some(1_048_576));
+        assert_eq!(pods[0].usage.pids, None);
+
+        let (pods, errors) = read(ProcessCounts::Read);
+        assert_eq!(errors.len(), 1, "the garbage count is read and reported");
+        assert_eq!(pods[0].usage.memory, None);
+
+        write(root.path(), "pods/web", "pids.current", "3\n");
+        let (pods, errors) = read(ProcessCounts::Read);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(pods[0].usage.memory, Some(1_048_576));
+        assert_eq!(pods[0].usage.pids, Some(3));
     }
 }

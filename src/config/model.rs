@@ -80,6 +80,14 @@ pub struct EvictionConfig {
 }
 
 impl EvictionConfig {
+    /// Whether any threshold, met, ranks pods by their process count: a `pid.available`
+    /// one. Without one, the cycle need not count each pod's processes.
+    pub fn ranks_by_process_count(&self) -> bool {
+        self.thresholds
+            .iter()
+            .any(|threshold| threshold.signal.resource() == crate::signal_names::Resource::Pids)
+    }
+
     /// Derive the `containerfs.*` thresholds for `layout` instead of the one they were
     /// loaded for: the agent learns the real layout only when it compares the
     /// filesystems' devices at start, as the kubelet's first synchronize does.

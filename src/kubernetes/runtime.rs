@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::ports::{
     CycleObserver, CycleReport, Integration, PendingWrites, ResumedEviction, ShutdownHooks,
 };
-use crate::signals::Host;
+use crate::signals::{Host, ProcessCounts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -225,7 +225,9 @@ impl KubeRuntime {
                 None => PodCgroupNaming::detect(reader, &settings.pods_cgroup_name),
             };
             tracing::info!(driver = %naming.driver(), pods_cgroup = %naming.pods_cgroup().display(), "pod cgroups");
-            PodUsageReader::new(reader.clone(), naming, settings)
+            PodUsageReader::new(reader.clone(), naming, settings).counting_processes(
+                ProcessCounts::for_ranking(config.eviction.ranks_by_process_count()),
+            )
         });
         let local_killer = reader.filter(|_| settings.local_kill).map(|reader| {
             Box::new(CgroupKiller::new(

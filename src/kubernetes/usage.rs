@@ -17,7 +17,7 @@ use super::disk_walk::{DiskUsage, DiskWalker, PodDirectories};
 use crate::act::is_path_component;
 use crate::config::KubernetesConfig;
 use crate::pods::DiskAmount;
-use crate::signals::{CgroupReader, PodCgroupUsage};
+use crate::signals::{CgroupReader, PodCgroupUsage, ProcessCounts};
 
 /// How long a pod cgroup's last figures stand in for ones that cannot be read: cAdvisor's
 /// default `storage_duration`, for which the kubelet's stats still hold a container's
@@ -34,6 +34,9 @@ pub struct PodUsageReader {
     kubelet_root_path: PathBuf,
     writable_layer_path: Option<String>,
     disk: DiskWalker,
+    /// Whether each pod's processes are counted (only a `pid.available` threshold ranks
+    /// by the count).
+    process_counts: ProcessCounts,
     /// The cgroup figures last read for each pod, by UID, and when.
     last_figures: Arc<Mutex<HashMap<String, (Instant, PodCgroupUsage)>>>,
 }
@@ -47,8 +50,16 @@ impl PodUsageReader {
             kubelet_root_path: config.kubelet_root_path.clone(),
             writable_layer_path: config.writable_layer_path.clone(),
             disk: DiskWalker::new(config.disk_walk_max_entries),
+            process_counts: ProcessCounts::Read,
             last_figures: Arc::default(),
         }
+    }
+
+    /// Count each pod's processes only as `process_counts` says (they are counted
+    /// unless told otherwise).
+    pub fn counting_processes(mut self, process_counts: ProcessCounts) -> Self {
+        self.process_counts = process_counts;
+        self
     }
 
     /// Stop measuring the disk usage of pods that are no longer on the node.
@@ -85,7 +96,7 @@ impl PodUsageReader {
         cgroup: &std::path::Path,
         now: Instant,
     ) -> Option<PodCgroupUsage> {
-        let read = self.reader.read_pod_usage(cgroup);
+        let read = self.reader.read_pod_usage(cgroup, self.process_counts);
         let mut last_figures = self
             .last_figures
             .lock()
@@ -155,7 +166,7 @@ impl PodUsageReader {
         let usage = self.pod_cgroup_usage(&uid, &cgroup, now);
         if let Some(usage) = usage {
             pod.usage.memory = Some(saturating(usage.working_set_bytes));
-            pod.usage.pids = Some(saturating(usage.process_count));
+            pod.usage.pids = usage.process_count.map(saturating);
         }
         pod.cgroup = Some(cgroup.clone());
 
@@ -406,6 +417,24 @@ mod tests {
             PodCgroupNaming::new(CgroupDriver::Cgroupfs, "/kubepods"),
             &config(files),
         )
+    }
+
+    /// Told that no threshold ranks by process count, the reader leaves each pod's count
+    /// out (the pod's `cgroup.procs` lists two here) and keeps its memory figure.
+    #[test]
+    fn process_counts_are_left_out_when_no_threshold_ranks_by_them() {
+        let cgroups = tree(false);
+        write_cgroup(cgroups.path(), false, "kubepods/pod1-2", 900, 100, "7\n8\n");
+        let files = tempfile::tempdir().unwrap();
+        let measured = |counts| {
+            let usage_reader =
+                cgroupfs_reader(cgroups.path(), files.path()).counting_processes(counts);
+            let mut pod = node_pod(QosClass::Guaranteed);
+            usage_reader.measure(&mut pod);
+            (pod.pod.usage.memory, pod.pod.usage.pids)
+        };
+        assert_eq!(measured(ProcessCounts::NotNeeded), (Some(800), None));
+        assert_eq!(measured(ProcessCounts::Read), (Some(800), Some(2)));
     }
 
     #[test]

@@ -27,8 +27,30 @@ pub struct CgroupUsage {
 pub struct PodCgroupUsage {
     pub working_set_bytes: u64,
     pub usage_bytes: u64,
-    /// Processes and threads in the cgroup and all its descendants.
-    pub process_count: u64,
+    /// Processes and threads in the cgroup and all its descendants; `None` when not
+    /// read ([`ProcessCounts::NotNeeded`]).
+    pub process_count: Option<u64>,
+}
+
+/// Whether a cycle counts each pod's processes. Only the PID ranking uses a pod's count,
+/// and only a `pid.available` threshold can call for it (the kubelet sets none by
+/// default): without one, the count is a file per pod per cycle that no decision reads,
+/// or on a host without the pids controller a walk of every pod's `cgroup.procs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessCounts {
+    Read,
+    NotNeeded,
+}
+
+impl ProcessCounts {
+    /// Read when a threshold can rank pods by their process count.
+    pub fn for_ranking(ranks_by_process_count: bool) -> Self {
+        if ranks_by_process_count {
+            ProcessCounts::Read
+        } else {
+            ProcessCounts::NotNeeded
+        }
+    }
 }
 
 /// The memory backend for a layout: an enum dispatcher, so readers need no trait objects.
@@ -98,26 +120,34 @@ impl CgroupReader {
 
     /// Working set, usage, limit and process count of one cgroup.
     pub fn read_cgroup_usage(&self, cgroup: &Path) -> Result<CgroupUsage, SignalError> {
-        let usage = self.read_pod_usage(cgroup)?;
-        let limit_bytes = self
-            .memory_limit(cgroup)
-            .map_err(|e| e.for_subject(ErrorSubject::CgroupUsage))?;
-        Ok(CgroupUsage {
-            working_set_bytes: usage.working_set_bytes,
-            usage_bytes: usage.usage_bytes,
-            limit_bytes,
-            process_count: usage.process_count,
-        })
-    }
-
-    /// What ranking a pod needs of its cgroup each cycle: working set, usage and process
-    /// count, without the limit that [`read_cgroup_usage`](Self::read_cgroup_usage) also
-    /// reads. Every cycle reads this for every pod, so each file left out is a file per
-    /// pod per cycle between a memory crossing and the decision.
-    pub fn read_pod_usage(&self, cgroup: &Path) -> Result<PodCgroupUsage, SignalError> {
         let usage_error = |e: FileError| e.for_subject(ErrorSubject::CgroupUsage);
         let usage = self.memory_usage(cgroup).map_err(usage_error)?;
         let process_count = self.process_count(cgroup).map_err(usage_error)?;
+        let limit_bytes = self.memory_limit(cgroup).map_err(usage_error)?;
+        Ok(CgroupUsage {
+            working_set_bytes: usage.working_set_bytes(),
+            usage_bytes: usage.usage_bytes,
+            limit_bytes,
+            process_count,
+        })
+    }
+
+    /// What ranking a pod needs of its cgroup each cycle: working set and usage, and the
+    /// process count when `process_counts` asks for it, without the limit that
+    /// [`read_cgroup_usage`](Self::read_cgroup_usage) also reads. Every cycle reads this
+    /// for every pod, so each file left out is a file per pod per cycle between a memory
+    /// crossing and the decision.
+    pub fn read_pod_usage(
+        &self,
+        cgroup: &Path,
+        process_counts: ProcessCounts,
+    ) -> Result<PodCgroupUsage, SignalError> {
+        let usage_error = |e: FileError| e.for_subject(ErrorSubject::CgroupUsage);
+        let usage = self.memory_usage(cgroup).map_err(usage_error)?;
+        let process_count = match process_counts {
+            ProcessCounts::Read => Some(self.process_count(cgroup).map_err(usage_error)?),
+            ProcessCounts::NotNeeded => None,
+        };
         Ok(PodCgroupUsage {
             working_set_bytes: usage.working_set_bytes(),
             usage_bytes: usage.usage_bytes,
@@ -150,7 +180,9 @@ impl CgroupReader {
                 children.push(parent.join(entry.file_name()));
             }
         }
-        children.sort();
+        // By the bytes of the names: siblings differ only in their last name, so this is
+        // the order of their paths, without comparing the paths component by component.
+        children.sort_unstable_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
         Ok(children)
     }
 }

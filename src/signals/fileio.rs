@@ -1,4 +1,5 @@
-//! Reading small kernel files without heap allocation: one stack buffer per read.
+//! Reading small kernel files without an allocation per read: each thread reads into one
+//! buffer of its own, reused from read to read.
 //!
 //! The thread that runs the decision cycles reads the same few dozen kernel files every
 //! cycle; opening and closing them was a third of its CPU, most of it path lookups through
@@ -17,16 +18,18 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fs::File;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Read;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::error::{FileError, FileProblem};
 
 /// Big enough for every cgroup and proc file we read (a v1 `memory.stat` is ~1.5 KiB,
 /// `/proc/meminfo` ~1.5 KiB); a file that fills it is read to the end on the heap.
-const STACK_BUFFER: usize = 8 * 1024;
+const READ_BUFFER_SIZE: usize = 8 * 1024;
 
 /// Read `path` and hand its text to `parse`. Kernel files of one record (sysfs, sysctl,
 /// `meminfo`, `memory.stat`, PSI) produce their whole content on the first read, and so
@@ -53,8 +56,8 @@ fn read_once<T>(
     path: &Path,
     parse: &mut impl FnMut(&str) -> Result<T, FileProblem>,
 ) -> Result<T, FileError> {
-    // Taken out of the thread's set while in use, so a parser that reads a file itself
-    // cannot find the set borrowed.
+    // Taken out of its entry while in use, so a parser that reads a file itself cannot
+    // find the set borrowed; the entry and its key stay, for the file to go back to.
     let kept = KEPT_OPEN.with_borrow_mut(|kept| kept.as_mut().map(|kept| kept.take(path)));
     let Some(kept) = kept else {
         // This thread keeps no files.
@@ -74,6 +77,7 @@ fn read_once<T>(
             return read;
         }
         // Its cgroup was removed: the file is closed and the path opened again.
+        forget(path);
     }
     let file = File::open(path).map_err(|e| FileError::new(path, e))?;
     let read = read_and_parse(&file, ReadAt::Position, path, parse, &mut false);
@@ -104,8 +108,30 @@ fn read_and_parse<T>(
     parse: &mut impl FnMut(&str) -> Result<T, FileProblem>,
     unreadable: &mut bool,
 ) -> Result<T, FileError> {
-    let mut buffer = [0u8; STACK_BUFFER];
-    let filled = match read_into(file, from, 0, &mut buffer) {
+    // The thread's buffer, taken while in use (a parser that reads a file itself gets a
+    // new one): a buffer zeroed on the stack for every read cost 8 KiB of writes a read,
+    // hundreds of times a cycle on a node with many pods.
+    let mut buffer = READ_BUFFER.take();
+    buffer.resize(READ_BUFFER_SIZE, 0);
+    let read = read_and_parse_with(file, from, path, parse, unreadable, &mut buffer);
+    READ_BUFFER.set(buffer);
+    read
+}
+
+thread_local! {
+    /// The buffer each read on this thread goes into; kept between reads.
+    static READ_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+fn read_and_parse_with<T>(
+    file: &File,
+    from: ReadAt,
+    path: &Path,
+    parse: &mut impl FnMut(&str) -> Result<T, FileProblem>,
+    unreadable: &mut bool,
+    buffer: &mut [u8],
+) -> Result<T, FileError> {
+    let filled = match read_into(file, from, 0, buffer) {
         Ok(filled) => filled,
         Err(e) => {
             *unreadable = true;
@@ -117,7 +143,7 @@ fn read_and_parse<T>(
     }
     // The buffer is full: the rest on the heap, from where the buffer ended.
     let mut all = buffer.to_vec();
-    let mut chunk = vec![0u8; STACK_BUFFER];
+    let mut chunk = vec![0u8; READ_BUFFER_SIZE];
     loop {
         match read_into(file, from, all.len() as u64, &mut chunk) {
             Ok(0) => break,
@@ -168,7 +194,9 @@ pub(crate) fn read_u64(path: &Path) -> Result<u64, FileError> {
 
 /// The files kept open on this thread, when it keeps any.
 struct KeptOpen {
-    files: HashMap<PathBuf, KeptFile>,
+    /// By the path's bytes: the cycle looks up every file it reads here, and hashing a
+    /// `Path` goes component by component, which cost more than some of the reads.
+    files: HashMap<OsString, KeptFile, BuildHasherDefault<PathHasher>>,
     /// The cycle now under way; a file last read in an earlier one is closed.
     cycle: u64,
     /// At most this many files: a node with many pods must not run the agent out of
@@ -177,18 +205,48 @@ struct KeptOpen {
 }
 
 struct KeptFile {
-    file: File,
+    /// `None` while a read has it out.
+    file: Option<File>,
     read_in_cycle: u64,
 }
 
 impl KeptOpen {
-    /// The kept file for `path`, taken out of the set: `None` when there is none.
+    /// The kept file for `path`, taken out of its entry: `None` when there is none.
     fn take(&mut self, path: &Path) -> Option<File> {
-        self.files.remove(path).map(|kept| kept.file)
+        self.files
+            .get_mut(path.as_os_str())
+            .and_then(|kept| kept.file.take())
     }
 
     fn has_room_for(&self, path: &Path) -> bool {
-        self.files.len() < self.capacity || self.files.contains_key(path)
+        self.files.len() < self.capacity || self.files.contains_key(path.as_os_str())
+    }
+}
+
+/// FxHash's step (a rotate, an xor and a multiply per eight bytes): the keys are paths
+/// the agent makes itself, so nothing needs SipHash's resistance to chosen keys.
+#[derive(Default)]
+struct PathHasher(u64);
+
+impl Hasher for PathHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(SEED);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(SEED);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
 
@@ -197,30 +255,50 @@ thread_local! {
 }
 
 /// At most this many files are kept open, and at most a quarter of the process's soft
-/// limit of open files.
-const MOST_KEPT_OPEN: usize = 512;
+/// limit of open files. Each costs the kernel about 4.5 KiB (its open file and the page
+/// its text is generated into), charged to the agent's cgroup: 2,048 come to about 9 MiB.
+/// Enough for 250 pods of one container in Kubernetes mode (five files each: the pod's
+/// usage, `memory.stat` and process count, the container's usage and `memory.stat`), or
+/// of three in standalone mode.
+const MOST_KEPT_OPEN: usize = 2048;
 
 /// Whether this thread would keep the file of `path` (at most [`KeptOpen::capacity`]).
 fn has_room_for(path: &Path) -> bool {
     KEPT_OPEN.with_borrow(|kept| kept.as_ref().is_some_and(|kept| kept.has_room_for(path)))
 }
 
+/// Put `file` (back) in the entry for `path`, read in this cycle. A new entry, with its
+/// key, is made only the first time (or after the file failed), within the limit.
 fn keep(path: &Path, file: File) {
     KEPT_OPEN.with_borrow_mut(|kept| {
         let Some(kept) = kept.as_mut() else {
             return;
         };
+        let read_in_cycle = kept.cycle;
+        if let Some(entry) = kept.files.get_mut(path.as_os_str()) {
+            entry.file = Some(file);
+            entry.read_in_cycle = read_in_cycle;
+            return;
+        }
         if !kept.has_room_for(path) {
             return;
         }
-        let read_in_cycle = kept.cycle;
         kept.files.insert(
-            path.to_path_buf(),
+            path.as_os_str().to_os_string(),
             KeptFile {
-                file,
+                file: Some(file),
                 read_in_cycle,
             },
         );
+    });
+}
+
+/// Drop the entry for `path`: its file could not be read (its cgroup was removed).
+fn forget(path: &Path) {
+    KEPT_OPEN.with_borrow_mut(|kept| {
+        if let Some(kept) = kept.as_mut() {
+            kept.files.remove(path.as_os_str());
+        }
     });
 }
 
@@ -259,7 +337,7 @@ pub fn keep_kernel_files_open_on_this_thread() {
 fn keep_at_most_on_this_thread(capacity: usize) {
     KEPT_OPEN.with_borrow_mut(|kept| {
         kept.get_or_insert_with(|| KeptOpen {
-            files: HashMap::new(),
+            files: HashMap::default(),
             cycle: 0,
             capacity,
         });
@@ -280,7 +358,14 @@ pub fn end_kernel_file_cycle() {
 
 /// How many files this thread keeps open now.
 pub fn kernel_files_kept_open() -> usize {
-    KEPT_OPEN.with_borrow(|kept| kept.as_ref().map_or(0, |kept| kept.files.len()))
+    KEPT_OPEN.with_borrow(|kept| {
+        kept.as_ref().map_or(0, |kept| {
+            kept.files
+                .values()
+                .filter(|entry| entry.file.is_some())
+                .count()
+        })
+    })
 }
 
 pub(crate) fn is_not_found(problem: &FileError) -> bool {
@@ -290,6 +375,7 @@ pub(crate) fn is_not_found(problem: &FileError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     /// On its own thread: the kept files are per thread.
     fn on_a_new_thread(test: impl FnOnce() + Send + 'static) {
@@ -339,6 +425,33 @@ mod tests {
             assert_eq!(kernel_files_kept_open(), 1, "read in the cycle that ended");
             end_kernel_file_cycle();
             assert_eq!(kernel_files_kept_open(), 0, "not read in the last cycle");
+        });
+    }
+
+    /// A parser that reads a file itself, the very file being parsed included, finds
+    /// neither the kept files nor the read buffer in use: each read gets its own, both
+    /// answers are whole, and one file stays kept for the path.
+    #[test]
+    fn a_read_inside_a_parse_gets_its_own_file_and_buffer() {
+        on_a_new_thread(|| {
+            keep_kernel_files_open_on_this_thread();
+            let comm = Path::new(COMM);
+            std::fs::write(comm, "outer").unwrap();
+            assert_eq!(with_file_text(comm, name).unwrap(), "outer");
+            let nested = with_file_text(comm, |outer| {
+                std::fs::write(comm, "inner").unwrap();
+                let inner = with_file_text(comm, name)
+                    .map_err(|e| FileProblem::Malformed(e.to_string()))?;
+                let loadavg = with_file_text(Path::new("/proc/loadavg"), name)
+                    .map_err(|e| FileProblem::Malformed(e.to_string()))?;
+                Ok((outer.trim().to_string(), inner, loadavg.split(' ').count()))
+            })
+            .unwrap();
+            assert_eq!(nested, ("outer".to_string(), "inner".to_string(), 5));
+            assert_eq!(kernel_files_kept_open(), 2, "comm and loadavg");
+            std::fs::write(comm, "after").unwrap();
+            assert_eq!(with_file_text(comm, name).unwrap(), "after");
+            assert_eq!(kernel_files_kept_open(), 2);
         });
     }
 
@@ -401,21 +514,21 @@ mod tests {
     }
 
     #[test]
-    fn the_limit_is_a_quarter_of_the_open_file_limit_and_at_most_512() {
+    fn the_limit_is_a_quarter_of_the_open_file_limit_and_at_most_2048() {
         on_a_new_thread(|| {
             let (soft, _) =
                 nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
             keep_kernel_files_open_on_this_thread();
             let capacity = KEPT_OPEN.with_borrow(|kept| kept.as_ref().unwrap().capacity);
-            assert_eq!(capacity as u64, (soft / 4).min(512));
+            assert_eq!(capacity as u64, (soft / 4).min(2048));
         });
     }
 
     #[test]
-    fn files_larger_than_the_stack_buffer_are_read_whole() {
+    fn files_larger_than_the_read_buffer_are_read_whole() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("memory.stat");
-        let mut text = "filler 1\n".repeat(STACK_BUFFER / 9 + 10);
+        let mut text = "filler 1\n".repeat(READ_BUFFER_SIZE / 9 + 10);
         text.push_str("inactive_file 4242\n");
         std::fs::write(&path, &text).unwrap();
         let value = with_file_text(&path, |t| {
@@ -425,7 +538,7 @@ mod tests {
     }
 
     /// A kept file is read at offset 0 however far the last read went, and one larger
-    /// than the stack buffer is read on at the offsets that follow, every time.
+    /// than the read buffer is read on at the offsets that follow, every time.
     ///
     /// The file is a process's environment, in procfs: larger than the buffer, and its
     /// text stays the same, so each read can be checked whole. The agent itself must not
@@ -433,9 +546,9 @@ mod tests {
     /// proc files the agent reads are: this shows the offsets, not the kernel's
     /// regeneration, which the test of `comm` above shows.
     #[test]
-    fn a_kept_kernel_file_larger_than_the_stack_buffer_is_read_whole_every_time() {
+    fn a_kept_kernel_file_larger_than_the_read_buffer_is_read_whole_every_time() {
         on_a_new_thread(|| {
-            let big = "x".repeat(3 * STACK_BUFFER + 100);
+            let big = "x".repeat(3 * READ_BUFFER_SIZE + 100);
             let child = Sleeper(
                 std::process::Command::new("sleep")
                     .arg("60")

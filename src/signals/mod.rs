@@ -16,7 +16,7 @@ mod probe;
 pub mod readers;
 
 pub use crate::signal_names::{Contention, NodeCondition, Resource, Signal, UnknownSignal};
-pub use cgroup::{CgroupReader, CgroupUsage, PodCgroupUsage};
+pub use cgroup::{CgroupReader, CgroupUsage, PodCgroupUsage, ProcessCounts};
 #[cfg(test)]
 pub(crate) use collector::memory_observation;
 pub use collector::{Collection, SignalCollector};

@@ -207,6 +207,40 @@ impl TestCgroups {
         self.mount(hierarchy).join(relative)
     }
 
+    /// A standalone dry-run agent's configuration whose workloads are this test's
+    /// children: a hard `allocatableMemory.available` threshold of `threshold_bytes` on the
+    /// parent (its `podsCgroup`), and the housekeeping timer at `housekeeping`.
+    pub fn standalone_agent_config(
+        &self,
+        threshold_bytes: u64,
+        housekeeping: Duration,
+    ) -> nodekeeper::config::AgentConfig {
+        use nodekeeper::config::{
+            AgentConfig, GoDuration, Quantity, Threshold, ThresholdValue, WorkloadsConfig,
+        };
+        let mut config = AgentConfig {
+            dry_run: true,
+            housekeeping_interval: GoDuration::from(housekeeping),
+            metrics_address: "127.0.0.1:0".to_string(),
+            ..AgentConfig::default()
+        };
+        config.paths.cgroup_root = self.v1_root();
+        config.paths.pods_cgroup = Some(self.parent.clone());
+        let threshold = i64::try_from(threshold_bytes).expect("a threshold in i64");
+        config.eviction.thresholds = vec![Threshold {
+            signal: nodekeeper::signals::Signal::AllocatableMemoryAvailable,
+            value: ThresholdValue::Quantity(Quantity::from_value(threshold)),
+            grace_period: GoDuration::ZERO,
+            min_reclaim: None,
+        }];
+        config.workloads = Some(WorkloadsConfig {
+            parent_cgroup: self.parent.clone(),
+            namespace: "bench".to_string(),
+            pods: Vec::new(),
+        });
+        config
+    }
+
     pub fn set_memory_limit(&self, relative: &Path, bytes: u64) {
         std::fs::write(
             self.dir("memory", relative).join("memory.limit_in_bytes"),

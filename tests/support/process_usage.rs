@@ -1,5 +1,6 @@
 //! What `/proc` says about the CPU and memory of another process, for the benchmarks that
-//! measure a process of their own (the agent, the controller).
+//! measure a process of their own (the agent, the controller), and the CPU time of the
+//! calling thread, for those that measure in their own process.
 
 use std::time::Duration;
 
@@ -24,6 +25,20 @@ pub fn cpu_time(pid: u32) -> Duration {
     // SAFETY: sysconf only reads a system constant.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Duration::from_secs_f64(ticks as f64 / per_second)
+}
+
+/// CPU time of the calling thread, in nanoseconds: unlike wall time it does not count the
+/// time the scheduler gives to other processes, which dominates multi-millisecond samples
+/// on a busy host.
+pub fn thread_cpu_time() -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// A `kB` figure of `/proc/<pid>/status`, such as `VmRSS:` or `VmHWM:`, in KiB.
