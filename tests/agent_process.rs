@@ -332,6 +332,40 @@ fn realtime_priority_without_the_privilege_is_a_warning_and_the_agent_runs_on() 
     assert_real_time_only_on_the_decision_path(&thread_policies(agent.child.id()), None);
 }
 
+/// Started with a soft limit of open files below the hard one (systemd's default soft
+/// limit is 1024), the agent raises the soft limit to the hard one, as Go programs such
+/// as the kubelet do: its decision cycle keeps up to a quarter of the soft limit of the
+/// pods' cgroup files open between cycles, and a quarter of 1024 holds the files of fewer
+/// than a hundred pods.
+#[test]
+fn the_agent_raises_its_soft_limit_of_open_files_to_the_hard_one() {
+    let (_, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    let hard = hard.min(8192);
+    let soft = (hard / 2).min(1024);
+    assert!(
+        soft < hard,
+        "this test's hard limit of open files ({hard}) is too low"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new("prlimit");
+    command.args([
+        &format!("--nofile={soft}:{hard}"),
+        "--",
+        support::agent_process::BINARY,
+    ]);
+    let agent = AgentProcess::dry_run_from(command, &config_with(&dir, ""), &[]);
+    wait_until_ready(&agent);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", agent.child.id())).unwrap();
+    let line = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .unwrap_or_else(|| panic!("no open files limit in {limits}"));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let hard = hard.to_string();
+    assert_eq!(fields[3..5], [hard.as_str(), hard.as_str()], "{line}");
+}
+
 /// Waits until the agent has completed a cycle (`/readyz` answers 200).
 fn wait_until_ready(agent: &AgentProcess) {
     Wait::for_("the agent to be ready", Duration::from_secs(20))

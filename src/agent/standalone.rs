@@ -42,11 +42,14 @@ fn pods_of(
                 .unwrap_or_default();
             let settings = workloads.pods.iter().find(|p| p.matches(&name));
             let usage = match reader.read_pod_usage(&cgroup, process_counts) {
-                Ok(usage) => PodUsage {
-                    memory: Some(saturating_i64(usage.working_set_bytes)),
-                    pids: usage.process_count.map(saturating_i64),
-                    ..PodUsage::default()
-                },
+                Ok((usage, count_error)) => {
+                    errors.extend(count_error);
+                    PodUsage {
+                        memory: Some(saturating_i64(usage.working_set_bytes)),
+                        pids: usage.process_count.map(saturating_i64),
+                        ..PodUsage::default()
+                    }
+                }
                 Err(_) if !reader.paths().memory_dir(&cgroup).exists() => {
                     tracing::debug!(cgroup = %cgroup.display(), "workload ended while it was read");
                     return None;
@@ -132,9 +135,10 @@ mod tests {
     }
 
     /// Without a `pid.available` threshold no decision reads a pod's process count, and
-    /// the cycle does not count: `pids.current` is not read at all (garbage in it costs
-    /// the pod nothing), and the pod keeps its memory figure. Asked for, it is read, and
-    /// garbage in it is the pod's read error, as before.
+    /// the cycle does not count: `pids.current` is not read at all (garbage in it is not
+    /// reported), and the pod keeps its memory figure. Asked for, it is read: garbage in it
+    /// is reported and leaves the pod without a count, and the pod keeps its memory
+    /// figure all the same, so a pid threshold cannot change the memory ranking.
     #[test]
     fn process_counts_are_read_only_when_asked_for() {
         let root = tempfile::tempdir().expect("a fake cgroup tree");
@@ -151,7 +155,13 @@ mod tests {
 
         let (pods, errors) = read(ProcessCounts::Read);
         assert_eq!(errors.len(), 1, "the garbage count is read and reported");
-        assert_eq!(pods[0].usage.memory, None);
+        assert!(
+            errors[0].to_string().contains("pids.current"),
+            "{}",
+            errors[0]
+        );
+        assert_eq!(pods[0].usage.memory, Some(1_048_576));
+        assert_eq!(pods[0].usage.pids, None);
 
         write(root.path(), "pods/web", "pids.current", "3\n");
         let (pods, errors) = read(ProcessCounts::Read);

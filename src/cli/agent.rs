@@ -103,6 +103,10 @@ fn run_agent(args: Args, service: Arc<ServiceManagerLink>) -> anyhow::Result<Exi
             }
         }
     }
+    // Before the decision cycle thread starts: it keeps up to a quarter of the soft limit
+    // of pod cgroup files open between cycles, and systemd's default of 1024 would hold
+    // the files of fewer than a hundred pods.
+    super::raise_open_files_limit("the decision cycle keeps the pods' cgroup files open");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

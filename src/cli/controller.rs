@@ -113,15 +113,6 @@ fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Every agent keeps a connection open to the report endpoint.
-fn raise_open_files_limit() {
-    match nodekeeper::process::raise_open_files_limit() {
-        Ok((from, to)) if from < to => tracing::debug!(from, to, "raised the open files limit"),
-        Ok(_) => {}
-        Err(error) => tracing::warn!(%error, "cannot raise the open files limit"),
-    }
-}
-
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(Command::Status(status_args)) = args.command {
         return status(status_args);
@@ -129,7 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
     let policy = load_policy(args.config.as_deref())?;
     if policy.reports.enabled {
-        raise_open_files_limit();
+        super::raise_open_files_limit("every agent keeps a connection open to the report endpoint");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -176,6 +176,18 @@ pub fn init_stderr_logging(default: &str) {
 
 /// Whether the log on stderr is colored: on a terminal, unless `NO_COLOR` is set to
 /// anything (no-color.org), as a serial console or a log collector on a pty needs.
+/// Raises the soft limit on open files to the hard one (as Go programs, the kubelet
+/// among them, do at start), logging what came of it; `why` says what needs the files.
+pub fn raise_open_files_limit(why: &str) {
+    match nodekeeper::process::raise_open_files_limit() {
+        Ok((from, to)) if from < to => {
+            tracing::debug!(from, to, why, "raised the open files limit")
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, why, "cannot raise the open files limit"),
+    }
+}
+
 pub fn colored_logs() -> bool {
     colors(
         std::io::IsTerminal::is_terminal(&std::io::stderr()),

@@ -89,7 +89,9 @@ impl PodUsageReader {
     /// The pod cgroup's figures: read now, or, when its files cannot be read (cut short,
     /// garbage, a read error), the last ones read within [`LAST_FIGURES_KEPT`]. Without
     /// them the pod would look empty and be ranked as the smallest, and the kubelet's
-    /// choice, a larger pod, would be spared for the one cycle a file was unreadable.
+    /// choice, a larger pod, would be spared for the one cycle a file was unreadable. A
+    /// process count alone unreadable takes the last count so read, beside the memory
+    /// figures read now.
     fn pod_cgroup_usage(
         &self,
         uid: &str,
@@ -101,8 +103,23 @@ impl PodUsageReader {
             .last_figures
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let recent = |(read_at, _): &&(Instant, PodCgroupUsage)| {
+            now.saturating_duration_since(*read_at) <= LAST_FIGURES_KEPT
+        };
         match read {
-            Ok(usage) => {
+            Ok((usage, Some(error))) => {
+                // The figures kept stay those of the last whole read, with its time.
+                let process_count = last_figures
+                    .get(uid)
+                    .filter(recent)
+                    .and_then(|(_, last)| last.process_count);
+                tracing::debug!(%uid, %error, ?process_count, "pod process count unreadable; the last one stands");
+                Some(PodCgroupUsage {
+                    process_count,
+                    ..usage
+                })
+            }
+            Ok((usage, None)) => {
                 // Overwritten in place: no new key for each pod at every cycle.
                 match last_figures.get_mut(uid) {
                     Some(last) => *last = (now, usage),
@@ -115,9 +132,7 @@ impl PodUsageReader {
             Err(error) => {
                 let last = last_figures
                     .get(uid)
-                    .filter(|(read_at, _)| {
-                        now.saturating_duration_since(*read_at) <= LAST_FIGURES_KEPT
-                    })
+                    .filter(recent)
                     .map(|(_, usage)| *usage);
                 match last {
                     Some(_) => {
@@ -508,6 +523,43 @@ mod tests {
         // A pod gone from the node takes its figures with it: one with its UID back has none.
         usage_reader.retain_pods(&HashSet::new());
         assert_eq!(measured(later + Duration::from_secs(2)), (None, None));
+    }
+
+    /// The process count alone unreadable: the memory figure is the one read now (a
+    /// `pid.available` threshold must not change how the pod ranks for memory), and the
+    /// count is the last one read, for two minutes.
+    #[test]
+    fn an_unreadable_process_count_keeps_the_memory_read_now_and_the_last_count() {
+        let cgroups = tree(false);
+        write_cgroup(
+            cgroups.path(),
+            false,
+            "kubepods/pod1-2",
+            3000,
+            1000,
+            "7\n8\n",
+        );
+        let files = tempfile::tempdir().unwrap();
+        let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
+        let measured = |now| {
+            let mut pod = node_pod(QosClass::Guaranteed);
+            usage_reader.measure_at(&mut pod, now);
+            (pod.pod.usage.memory, pod.pod.usage.pids)
+        };
+        let start = Instant::now();
+        assert_eq!(measured(start), (Some(2000), Some(2)));
+        let pod_dir = cgroups.path().join("kubepods/pod1-2");
+        std::fs::write(pod_dir.join("pids.current"), "garbage\n").unwrap();
+        std::fs::write(pod_dir.join("memory.current"), "5000\n").unwrap();
+        assert_eq!(
+            measured(start + Duration::from_secs(120)),
+            (Some(4000), Some(2))
+        );
+        assert_eq!(
+            measured(start + Duration::from_secs(121)),
+            (Some(4000), None),
+            "two minutes on, no count; the memory figure still read"
+        );
     }
 
     #[test]

@@ -137,22 +137,31 @@ impl CgroupReader {
     /// [`read_cgroup_usage`](Self::read_cgroup_usage) also reads. Every cycle reads this
     /// for every pod, so each file left out is a file per pod per cycle between a memory
     /// crossing and the decision.
+    ///
+    /// A count that cannot be read leaves `process_count` empty and comes back beside the
+    /// figures: the memory figures stand on their own (as cAdvisor's memory and process
+    /// stats do), so configuring a `pid.available` threshold cannot change how a pod
+    /// ranks for memory.
     pub fn read_pod_usage(
         &self,
         cgroup: &Path,
         process_counts: ProcessCounts,
-    ) -> Result<PodCgroupUsage, SignalError> {
+    ) -> Result<(PodCgroupUsage, Option<SignalError>), SignalError> {
         let usage_error = |e: FileError| e.for_subject(ErrorSubject::CgroupUsage);
         let usage = self.memory_usage(cgroup).map_err(usage_error)?;
-        let process_count = match process_counts {
-            ProcessCounts::Read => Some(self.process_count(cgroup).map_err(usage_error)?),
-            ProcessCounts::NotNeeded => None,
+        let (process_count, count_error) = match process_counts {
+            ProcessCounts::Read => match self.process_count(cgroup) {
+                Ok(count) => (Some(count), None),
+                Err(error) => (None, Some(usage_error(error))),
+            },
+            ProcessCounts::NotNeeded => (None, None),
         };
-        Ok(PodCgroupUsage {
+        let figures = PodCgroupUsage {
             working_set_bytes: usage.working_set_bytes(),
             usage_bytes: usage.usage_bytes,
             process_count,
-        })
+        };
+        Ok((figures, count_error))
     }
 
     /// `pids.current` where the pids controller covers the cgroup; otherwise the

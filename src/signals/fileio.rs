@@ -255,11 +255,13 @@ thread_local! {
 }
 
 /// At most this many files are kept open, and at most a quarter of the process's soft
-/// limit of open files. Each costs the kernel about 4.5 KiB (its open file and the page
-/// its text is generated into), charged to the agent's cgroup: 2,048 come to about 9 MiB.
-/// Enough for 250 pods of one container in Kubernetes mode (five files each: the pod's
-/// usage, `memory.stat` and process count, the container's usage and `memory.stat`), or
-/// of three in standalone mode.
+/// limit of open files (the agent raises its soft limit to the hard one at start). Each
+/// costs the kernel about 4.3–4.7 KiB (its open file and the page its text is generated
+/// into), charged to the agent's cgroup: 2,048 come to about 9–10 MiB. Enough for 250 pods
+/// of one container in Kubernetes mode (four files each: the pod's usage and
+/// `memory.stat`, the container's usage and `memory.stat`; five with a `pid.available`
+/// threshold, which adds the pod's process count), and for standalone mode's two or
+/// three per pod.
 const MOST_KEPT_OPEN: usize = 2048;
 
 /// Whether this thread would keep the file of `path` (at most [`KeptOpen::capacity`]).
@@ -324,14 +326,16 @@ fn is_kernel_pseudo_file(file: &File) -> bool {
 
 /// From now on this thread keeps the kernel files it reads open between cycles (the
 /// module's documentation says why and how). For the one thread that runs the decision
-/// cycles, which calls [`end_kernel_file_cycle`] after each.
-pub fn keep_kernel_files_open_on_this_thread() {
+/// cycles, which calls [`end_kernel_file_cycle`] after each. Returns how many files it
+/// keeps at most.
+pub fn keep_kernel_files_open_on_this_thread() -> usize {
     let soft_limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_or(1024, |(soft, _)| soft);
     let capacity = usize::try_from(soft_limit / 4)
         .unwrap_or(MOST_KEPT_OPEN)
         .min(MOST_KEPT_OPEN);
     keep_at_most_on_this_thread(capacity);
+    capacity
 }
 
 fn keep_at_most_on_this_thread(capacity: usize) {
