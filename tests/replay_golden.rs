@@ -38,6 +38,46 @@ fn pid_pressure() {
     insta::assert_snapshot!(trace("pid-pressure"));
 }
 
+/// The agent records process counts only when it has a `pid.available` threshold, so a
+/// trace it recorded without one, replayed with one, has pods that would rank as if they
+/// ran nothing: `replay` says so, naming them, and still replays. A trace with the counts
+/// gets no warning.
+#[test]
+fn a_pid_threshold_over_a_trace_without_process_counts_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("uncounted.yaml");
+    std::fs::write(
+        &trace,
+        "config:\n  evictionHard:\n    pid.available: 2000\n    memory.available: 100Mi\n\
+         steps:\n- at: 0s\n  signals:\n    pid.available: {available: 1500, capacity: 32768}\n  \
+         pods:\n  - {namespace: ci, name: web, usage: {memory: 100Mi}}\n  \
+         - {namespace: ci, name: batch, usage: {memory: 200Mi, pids: 12}}\n  \
+         - {namespace: ci, name: starting}\n",
+    )
+    .unwrap();
+    let run = |path: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+            .arg("replay")
+            .arg(path)
+            .output()
+            .unwrap()
+    };
+    let output = run(&trace);
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("warning: a pid.available threshold ranks pods by their process count, and the trace has none for ci/web;"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&output.stdout).is_empty());
+
+    let counted =
+        run(&std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/traces/pid-pressure.yaml"));
+    assert!(counted.status.success(), "{counted:?}");
+    assert_eq!(String::from_utf8_lossy(&counted.stderr), "");
+}
+
 #[test]
 fn transition_damping() {
     insta::assert_snapshot!(trace("transition-damping"));

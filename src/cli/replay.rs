@@ -38,7 +38,15 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let lines = replay_file(&args.trace, args.config.as_deref())?;
+    let Replayed { lines, uncounted } = replay_file(&args.trace, args.config.as_deref())?;
+    if !uncounted.is_empty() {
+        // The agent records process counts only when it has a pid.available threshold:
+        // replayed with one, its trace's pods would all rank as if they ran nothing.
+        eprintln!(
+            "warning: a pid.available threshold ranks pods by their process count, and the trace has none for {}; they count as 0",
+            uncounted.join(", ")
+        );
+    }
     let mut out = std::io::stdout().lock();
     for line in lines {
         writeln!(out, "{}", line.to_json()).context("writing to standard output")?;
@@ -175,20 +183,42 @@ pub fn replay(
         .collect()
 }
 
-/// Load, configure and replay a trace file: what `nodekeeper replay` prints.
-pub fn replay_file(
-    trace_path: &Path,
-    config_file: Option<&Path>,
-) -> Result<Vec<ReplayLine>, ReplayError> {
+/// What `nodekeeper replay` prints, and the pods it warns about.
+pub struct Replayed {
+    pub lines: Vec<ReplayLine>,
+    /// Pods with stats but no process count, by key, when a threshold ranks by the count.
+    pub uncounted: Vec<String>,
+}
+
+/// Load, configure and replay a trace file.
+pub fn replay_file(trace_path: &Path, config_file: Option<&Path>) -> Result<Replayed, ReplayError> {
     let trace_name = trace_path.display().to_string();
     let trace = TraceFile::from_path(trace_path)?;
     let config = trace_config(&trace, &trace_name, config_file)?;
     let steps = parse_steps(&trace, &trace_name)?;
-    Ok(replay(
+    let uncounted = uncounted_pods(&config.eviction, &steps);
+    let lines = replay(
         &config.eviction,
         &steps,
         &SyncOptions::for_paths(&config.paths, false),
-    ))
+    );
+    Ok(Replayed { lines, uncounted })
+}
+
+/// The pods with stats but no process count in any step, when a threshold of `config`
+/// ranks by the count: a trace the agent recorded without a `pid.available` threshold
+/// has none.
+fn uncounted_pods(config: &EvictionConfig, steps: &[ParsedStep]) -> Vec<String> {
+    if !config.ranks_by_process_count() {
+        return Vec::new();
+    }
+    let keys: std::collections::BTreeSet<String> = steps
+        .iter()
+        .flat_map(|step| &step.pods)
+        .filter(|pod| pod.has_stats() && pod.usage.pids.is_none())
+        .map(|pod| pod.key())
+        .collect();
+    keys.into_iter().collect()
 }
 
 /// The pods of a trace's last step and the configuration it is read with, for

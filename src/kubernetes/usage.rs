@@ -463,6 +463,13 @@ mod tests {
         assert_eq!(pod.pod.cgroup, None);
     }
 
+    /// The fixture pod's memory and process count, measured at `now`.
+    fn memory_and_pids(usage_reader: &PodUsageReader, now: Instant) -> (Option<i64>, Option<i64>) {
+        let mut pod = node_pod(QosClass::Guaranteed);
+        usage_reader.measure_at(&mut pod, now);
+        (pod.pod.usage.memory, pod.pod.usage.pids)
+    }
+
     /// issue 16: a pod file cut short or garbage for a cycle. The kubelet's stats still
     /// hold the last sample cAdvisor read, for two minutes; a pod measured as empty would
     /// rank as the smallest and spare the pod the kubelet would evict.
@@ -482,11 +489,7 @@ mod tests {
         whole();
         let files = tempfile::tempdir().unwrap();
         let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
-        let measured = |now| {
-            let mut pod = node_pod(QosClass::Guaranteed);
-            usage_reader.measure_at(&mut pod, now);
-            (pod.pod.usage.memory, pod.pod.usage.pids)
-        };
+        let measured = |now| memory_and_pids(&usage_reader, now);
         let start = Instant::now();
         assert_eq!(measured(start), (Some(2000), Some(2)));
         let current = cgroups.path().join("kubepods/pod1-2/memory.current");
@@ -541,11 +544,7 @@ mod tests {
         );
         let files = tempfile::tempdir().unwrap();
         let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
-        let measured = |now| {
-            let mut pod = node_pod(QosClass::Guaranteed);
-            usage_reader.measure_at(&mut pod, now);
-            (pod.pod.usage.memory, pod.pod.usage.pids)
-        };
+        let measured = |now| memory_and_pids(&usage_reader, now);
         let start = Instant::now();
         assert_eq!(measured(start), (Some(2000), Some(2)));
         let pod_dir = cgroups.path().join("kubepods/pod1-2");
