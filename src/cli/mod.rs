@@ -174,8 +174,6 @@ pub fn init_stderr_logging(default: &str) {
         .init();
 }
 
-/// Whether the log on stderr is colored: on a terminal, unless `NO_COLOR` is set to
-/// anything (no-color.org), as a serial console or a log collector on a pty needs.
 /// Raises the soft limit on open files to the hard one (as Go programs, the kubelet
 /// among them, do at start), logging what came of it; `why` says what needs the files.
 pub fn raise_open_files_limit(why: &str) {
@@ -188,6 +186,8 @@ pub fn raise_open_files_limit(why: &str) {
     }
 }
 
+/// Whether the log on stderr is colored: on a terminal, unless `NO_COLOR` is set to
+/// anything (no-color.org), as a serial console or a log collector on a pty needs.
 pub fn colored_logs() -> bool {
     colors(
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
