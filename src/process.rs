@@ -4,6 +4,7 @@
 //! fence-agent runner. Also this process's own limit on open files.
 
 use std::process::ExitStatus;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
@@ -21,10 +22,20 @@ pub enum Waited {
 /// not go on acting for a controller that is gone, while the next one asks the device
 /// what happened. (The kernel ties that to the spawning thread; the tokio worker threads
 /// that spawn live as long as the runtime.)
+///
+/// The child also gets back the soft limit of open files this process started with, when
+/// [`raise_open_files_limit`] raised it: a program that uses `select()` or closes every
+/// descriptor up to its limit expects the usual one (Go gives its children the same).
 pub fn in_own_group(command: &mut Command) -> &mut Command {
     let parent = std::process::id();
+    let open_files = ORIGINAL_OPEN_FILES_LIMIT
+        .get()
+        .map(|&(soft, hard)| libc::rlimit {
+            rlim_cur: soft as libc::rlim_t,
+            rlim_max: hard as libc::rlim_t,
+        });
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (prctl, getppid, _exit); it allocates nothing.
+    // async-signal-safe functions (prctl, getppid, setrlimit, _exit); it allocates nothing.
     unsafe {
         command.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
@@ -33,6 +44,11 @@ pub fn in_own_group(command: &mut Command) -> &mut Command {
             // The parent died before the prctl took effect: nobody waits for us.
             if u32::try_from(libc::getppid()).ok() != Some(parent) {
                 libc::_exit(1);
+            }
+            if let Some(limit) = &open_files
+                && libc::setrlimit(libc::RLIMIT_NOFILE, limit) == -1
+            {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
@@ -69,14 +85,20 @@ pub fn kill_group(group: i32) {
     }
 }
 
+/// The soft and hard limits of open files this process had before it raised the soft one.
+static ORIGINAL_OPEN_FILES_LIMIT: OnceLock<(u64, u64)> = OnceLock::new();
+
 /// Raises this process's soft limit on open files to its hard limit, as Go programs do:
-/// a server with thousands of clients (the controller's report endpoint) needs more than
-/// the soft limit systemd gives (1024). Returns the limit before and after.
+/// a server with thousands of clients (the controller's report endpoint) and the agent's
+/// decision cycle, which keeps the pods' cgroup files open, need more than the soft limit
+/// systemd gives (1024). The processes [`in_own_group`] starts get the old soft limit
+/// back. Returns the limit before and after.
 pub fn raise_open_files_limit() -> nix::Result<(u64, u64)> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
     if soft < hard {
         setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+        let _ = ORIGINAL_OPEN_FILES_LIMIT.set((soft, hard));
     }
     Ok((soft, hard))
 }
@@ -114,6 +136,46 @@ mod tests {
             stat.rsplit_once(')')
                 .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
         })
+    }
+
+    /// The limit raised for this process is not its children's: a command it starts sees
+    /// the soft limit the process started with. (Each test runs in a process of its own
+    /// under nextest; raising the limit changes nothing the other tests look at.)
+    #[test]
+    fn children_get_the_soft_limit_of_open_files_the_process_started_with() {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("the limit");
+        let started_with = (hard / 2).min(1024);
+        assert!(
+            started_with < hard,
+            "hard limit {hard} too low for this test"
+        );
+        setrlimit(Resource::RLIMIT_NOFILE, started_with, hard).expect("lowered");
+        assert_eq!(
+            raise_open_files_limit().expect("raised"),
+            (started_with, hard)
+        );
+        assert_eq!(
+            getrlimit(Resource::RLIMIT_NOFILE).expect("the limit"),
+            (hard, hard)
+        );
+        let output = std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let mut command = Command::new("sh");
+                command.args(["-c", "ulimit -Sn; ulimit -Hn"]);
+                in_own_group(&mut command).output().await.expect("sh runs")
+            })
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            format!("{started_with}\n{hard}\n")
+        );
     }
 
     #[test]

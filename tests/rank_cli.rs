@@ -53,6 +53,41 @@ fn rank_json_is_an_array_of_keys() {
     assert_eq!(stdout(&out), "[\"ci/fork-bomb\"]\n");
 }
 
+/// Ranked for pid.available, pods with stats but no process count (a trace the agent
+/// recorded without a pid.available threshold has none) are named on stderr; they rank
+/// as running no process. The pid-pressure trace, which has the counts, gets no warning.
+#[test]
+fn rank_for_pids_names_the_pods_without_a_process_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write(
+        dir.path(),
+        "uncounted.yaml",
+        "steps:\n- at: 0s\n  pods:\n  - {namespace: ci, name: web, usage: {memory: 100Mi}}\n  \
+         - {namespace: ci, name: batch, usage: {memory: 200Mi, pids: 12}}\n",
+    );
+    let out = nodekeeper(&["rank", "--signal", "pid.available", &trace]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "ci/batch\nci/web\n");
+    assert!(
+        stderr(&out).starts_with("warning: the trace records no process count for ci/web ("),
+        "{}",
+        stderr(&out)
+    );
+    let memory = nodekeeper(&["rank", "--signal", "memory.available", &trace]);
+    assert_eq!(
+        stderr(&memory),
+        "",
+        "no warning when the counts are not ranked"
+    );
+    let counted = nodekeeper(&[
+        "rank",
+        "--signal",
+        "pid.available",
+        "tests/traces/pid-pressure.yaml",
+    ]);
+    assert_eq!(stderr(&counted), "");
+}
+
 #[test]
 fn rank_leaves_out_critical_pods_and_names_them_on_stderr() {
     let out = nodekeeper(&[

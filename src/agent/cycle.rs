@@ -578,7 +578,7 @@ impl Agent {
         match workload_pods(reader, workloads, process_counts) {
             Ok((pods, errors)) => {
                 for error in errors {
-                    tracing::debug!(%error, "workload without stats");
+                    tracing::debug!(%error, "workload figures unreadable");
                 }
                 pods
             }

@@ -41,7 +41,14 @@ fn pods_of(
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let settings = workloads.pods.iter().find(|p| p.matches(&name));
+            let ended = || {
+                tracing::debug!(cgroup = %cgroup.display(), "workload ended while it was read");
+            };
             let usage = match reader.read_pod_usage(&cgroup, process_counts) {
+                Ok((_, Some(_))) if !reader.paths().memory_dir(&cgroup).exists() => {
+                    ended();
+                    return None;
+                }
                 Ok((usage, count_error)) => {
                     errors.extend(count_error);
                     PodUsage {
@@ -51,7 +58,7 @@ fn pods_of(
                     }
                 }
                 Err(_) if !reader.paths().memory_dir(&cgroup).exists() => {
-                    tracing::debug!(cgroup = %cgroup.display(), "workload ended while it was read");
+                    ended();
                     return None;
                 }
                 Err(error) => {

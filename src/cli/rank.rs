@@ -62,6 +62,9 @@ fn parse_signal(text: &str) -> Result<Signal, String> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (step, config) = last_step(&args.trace, args.config.as_deref())?;
+    if args.signal.resource() == nodekeeper::signals::Resource::Pids {
+        super::replay::warn_uncounted(&super::replay::uncounted_pods(std::slice::from_ref(&step)));
+    }
     let layout = config.paths.fs_layout();
     let (critical, ranked): (Vec<_>, Vec<_>) = rank(args.signal, layout, &step.pods)
         .into_iter()

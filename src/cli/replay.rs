@@ -39,14 +39,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Replayed { lines, uncounted } = replay_file(&args.trace, args.config.as_deref())?;
-    if !uncounted.is_empty() {
-        // The agent records process counts only when it has a pid.available threshold:
-        // replayed with one, its trace's pods would all rank as if they ran nothing.
-        eprintln!(
-            "warning: a pid.available threshold ranks pods by their process count, and the trace has none for {}; they count as 0",
-            uncounted.join(", ")
-        );
-    }
+    warn_uncounted(&uncounted);
     let mut out = std::io::stdout().lock();
     for line in lines {
         writeln!(out, "{}", line.to_json()).context("writing to standard output")?;
@@ -186,7 +179,8 @@ pub fn replay(
 /// What `nodekeeper replay` prints, and the pods it warns about.
 pub struct Replayed {
     pub lines: Vec<ReplayLine>,
-    /// Pods with stats but no process count, by key, when a threshold ranks by the count.
+    /// Pods with stats but no process count, by key, when a threshold ranks by the count
+    /// (for [`warn_uncounted`]).
     pub uncounted: Vec<String>,
 }
 
@@ -196,7 +190,11 @@ pub fn replay_file(trace_path: &Path, config_file: Option<&Path>) -> Result<Repl
     let trace = TraceFile::from_path(trace_path)?;
     let config = trace_config(&trace, &trace_name, config_file)?;
     let steps = parse_steps(&trace, &trace_name)?;
-    let uncounted = uncounted_pods(&config.eviction, &steps);
+    let uncounted = if config.eviction.ranks_by_process_count() {
+        uncounted_pods(&steps)
+    } else {
+        Vec::new()
+    };
     let lines = replay(
         &config.eviction,
         &steps,
@@ -205,13 +203,27 @@ pub fn replay_file(trace_path: &Path, config_file: Option<&Path>) -> Result<Repl
     Ok(Replayed { lines, uncounted })
 }
 
-/// The pods with stats but no process count in any step, when a threshold of `config`
-/// ranks by the count: a trace the agent recorded without a `pid.available` threshold
-/// has none.
-fn uncounted_pods(config: &EvictionConfig, steps: &[ParsedStep]) -> Vec<String> {
-    if !config.ranks_by_process_count() {
-        return Vec::new();
+/// Says on stderr which pods a PID ranking would count as running no process, because
+/// the trace has no count for them. The agent records counts only when it has a
+/// `pid.available` threshold, so a trace it recorded without one, read with one, would
+/// rank all its pods as if they ran nothing.
+pub fn warn_uncounted(uncounted: &[String]) {
+    const NAMED: usize = 10;
+    if uncounted.is_empty() {
+        return;
     }
+    let shown: Vec<&str> = uncounted.iter().take(NAMED).map(String::as_str).collect();
+    let mut named = shown.join(", ");
+    if uncounted.len() > NAMED {
+        named.push_str(&format!(" and {} more", uncounted.len() - NAMED));
+    }
+    eprintln!(
+        "warning: the trace records no process count for {named} (the agent records counts only when it has a pid.available threshold); a pid.available threshold ranks them as running 0 processes"
+    );
+}
+
+/// The pods with stats but no process count in any of `steps`.
+pub fn uncounted_pods(steps: &[ParsedStep]) -> Vec<String> {
     let keys: std::collections::BTreeSet<String> = steps
         .iter()
         .flat_map(|step| &step.pods)

@@ -38,7 +38,33 @@ pub struct PodUsageReader {
     /// by the count).
     process_counts: ProcessCounts,
     /// The cgroup figures last read for each pod, by UID, and when.
-    last_figures: Arc<Mutex<HashMap<String, (Instant, PodCgroupUsage)>>>,
+    last_figures: Arc<Mutex<HashMap<String, LastFigures>>>,
+}
+
+/// A pod cgroup's figures as last read: the memory ones and the process count each with
+/// the time it was read, since a count can fail to read while the memory files do not.
+#[derive(Debug, Clone, Copy)]
+struct LastFigures {
+    memory_read_at: Instant,
+    working_set_bytes: u64,
+    usage_bytes: u64,
+    process_count: Option<(Instant, u64)>,
+}
+
+impl LastFigures {
+    /// The figures still standing at `now` (each read within [`LAST_FIGURES_KEPT`]):
+    /// `None` without recent memory figures.
+    fn standing_at(&self, now: Instant) -> Option<PodCgroupUsage> {
+        let recent = |read_at: Instant| now.saturating_duration_since(read_at) <= LAST_FIGURES_KEPT;
+        recent(self.memory_read_at).then(|| PodCgroupUsage {
+            working_set_bytes: self.working_set_bytes,
+            usage_bytes: self.usage_bytes,
+            process_count: self
+                .process_count
+                .filter(|(read_at, _)| recent(*read_at))
+                .map(|(_, count)| count),
+        })
+    }
 }
 
 impl PodUsageReader {
@@ -103,37 +129,37 @@ impl PodUsageReader {
             .last_figures
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let recent = |(read_at, _): &&(Instant, PodCgroupUsage)| {
-            now.saturating_duration_since(*read_at) <= LAST_FIGURES_KEPT
-        };
         match read {
-            Ok((usage, Some(error))) => {
-                // The figures kept stay those of the last whole read, with its time.
-                let process_count = last_figures
-                    .get(uid)
-                    .filter(recent)
-                    .and_then(|(_, last)| last.process_count);
-                tracing::debug!(%uid, %error, ?process_count, "pod process count unreadable; the last one stands");
-                Some(PodCgroupUsage {
+            Ok((usage, count_error)) => {
+                let last = last_figures.get(uid).copied();
+                // A count read now, or the last one read (its own time kept with it).
+                let process_count = match (usage.process_count, &count_error) {
+                    (Some(count), _) => Some((now, count)),
+                    (None, Some(_)) => last.and_then(|last| last.process_count),
+                    (None, None) => None,
+                };
+                let figures = LastFigures {
+                    memory_read_at: now,
+                    working_set_bytes: usage.working_set_bytes,
+                    usage_bytes: usage.usage_bytes,
                     process_count,
-                    ..usage
-                })
-            }
-            Ok((usage, None)) => {
+                };
                 // Overwritten in place: no new key for each pod at every cycle.
                 match last_figures.get_mut(uid) {
-                    Some(last) => *last = (now, usage),
+                    Some(kept) => *kept = figures,
                     None => {
-                        last_figures.insert(uid.to_string(), (now, usage));
+                        last_figures.insert(uid.to_string(), figures);
                     }
                 }
-                Some(usage)
+                let standing = figures.standing_at(now);
+                if let Some(error) = count_error {
+                    let process_count = standing.and_then(|usage| usage.process_count);
+                    tracing::debug!(%uid, %error, ?process_count, "pod process count unreadable; the last one read stands");
+                }
+                standing
             }
             Err(error) => {
-                let last = last_figures
-                    .get(uid)
-                    .filter(recent)
-                    .map(|(_, usage)| *usage);
+                let last = last_figures.get(uid).and_then(|last| last.standing_at(now));
                 match last {
                     Some(_) => {
                         tracing::debug!(%uid, %error, "pod cgroup unreadable; its last figures stand")
@@ -530,7 +556,7 @@ mod tests {
 
     /// The process count alone unreadable: the memory figure is the one read now (a
     /// `pid.available` threshold must not change how the pod ranks for memory), and the
-    /// count is the last one read, for two minutes.
+    /// count is the last one read, for two minutes from its own read.
     #[test]
     fn an_unreadable_process_count_keeps_the_memory_read_now_and_the_last_count() {
         let cgroups = tree(false);
@@ -559,6 +585,14 @@ mod tests {
             (Some(4000), None),
             "two minutes on, no count; the memory figure still read"
         );
+        // The memory files fail too: the memory figures last read (at 121 s, while the
+        // count failed) stand for two minutes from then, not from the last whole read.
+        std::fs::write(pod_dir.join("memory.current"), "garbage\n").unwrap();
+        assert_eq!(
+            measured(start + Duration::from_secs(241)),
+            (Some(4000), None)
+        );
+        assert_eq!(measured(start + Duration::from_secs(242)), (None, None));
     }
 
     #[test]
