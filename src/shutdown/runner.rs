@@ -107,6 +107,19 @@ pub enum RunOutcome {
     Cancelled,
 }
 
+/// The status of a phase whose pods have all ended at `now`: timed out if the budget ran
+/// out first. A pod that ignored SIGTERM is killed at the end of a grace period cut to the
+/// budget, so its termination ends just as the phase's timer does, and the runtime may see
+/// either first (the agent's shutdown test once saw a 4 s phase end "completed" at 4,003
+/// ms); the phase used its whole budget and timed out either way.
+fn all_ended(now: tokio::time::Instant, deadline: tokio::time::Instant) -> PhaseStatus {
+    if now >= deadline {
+        PhaseStatus::TimedOut
+    } else {
+        PhaseStatus::Completed
+    }
+}
+
 /// Run every phase of `state` that is not done yet. `cancelled` turning true stops the
 /// run at once (terminations in flight are abandoned, later phases never start).
 /// A state file that cannot be written is logged, not fatal: draining matters more.
@@ -162,12 +175,13 @@ pub async fn run_phases<T: PodTerminator>(
         }
 
         let mut failed = Vec::new();
-        let timer = tokio::time::sleep(budget);
+        let deadline = tokio::time::Instant::now() + budget;
+        let timer = tokio::time::sleep_until(deadline);
         tokio::pin!(timer);
         let status = loop {
             tokio::select! {
                 joined = terminations.join_next() => match joined {
-                    None => break PhaseStatus::Completed,
+                    None => break all_ended(tokio::time::Instant::now(), deadline),
                     Some(Ok((key, Ok(outcome)))) => {
                         tracing::info!(pod = %key, %outcome, "pod terminated for node shutdown");
                     }
@@ -386,6 +400,24 @@ mod tests {
         );
         assert_eq!(state.outcome, ShutdownOutcome::Finished);
         assert_eq!(store.load().unwrap(), Some(state));
+    }
+
+    /// Pods that all ended as the budget ran out, or after it (the timer's wake-up seen
+    /// late), timed the phase out; ended before it, they completed it.
+    #[test]
+    fn pods_ending_as_the_budget_runs_out_time_the_phase_out() {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+        let at = |ms: i64| {
+            let offset = Duration::from_millis(ms.unsigned_abs());
+            if ms < 0 {
+                deadline - offset
+            } else {
+                deadline + offset
+            }
+        };
+        assert_eq!(all_ended(at(-1), deadline), PhaseStatus::Completed);
+        assert_eq!(all_ended(at(0), deadline), PhaseStatus::TimedOut);
+        assert_eq!(all_ended(at(3), deadline), PhaseStatus::TimedOut);
     }
 
     #[tokio::test(start_paused = true)]
