@@ -33,7 +33,9 @@
 //! `NODEKEEPER_BENCH_MAX_PODS` leaves out the agent's rows with more pods than that,
 //! `NODEKEEPER_BENCH_MIN_PODS` those with fewer,
 //! `NODEKEEPER_BENCH_SCHEDULER=normal` or `=SCHED_FIFO` keeps only the rows of that
-//! scheduler; a full run takes about 40 minutes.
+//! scheduler, `NODEKEEPER_BENCH_POD_STATS_MAX_AGE` (a Go duration such as `10s`) sets the
+//! agent's `podStatsMaxAge`, so that a cycle a notification starts ranks on the pod
+//! figures of the last timer cycle; a full run takes about 40 minutes.
 //!
 //! During the agent's rows a witness listens too: the same `MemcgThreshold`, registered
 //! at the crossing's trigger, read by a thread that does nothing else at a real-time
@@ -132,6 +134,15 @@ const GOAL: Duration = Duration::from_millis(2);
 /// A decision later than this counts as missed (and fails the bench).
 const MISSED_AFTER: Duration = Duration::from_secs(5);
 const WORKLOAD: &str = "workload";
+/// The agent's `podStatsMaxAge`, from `NODEKEEPER_BENCH_POD_STATS_MAX_AGE`.
+fn pod_stats_max_age() -> Option<nodekeeper::config::GoDuration> {
+    const VARIABLE: &str = "NODEKEEPER_BENCH_POD_STATS_MAX_AGE";
+    let text = std::env::var(VARIABLE).ok()?;
+    let age = nodekeeper::config::GoDuration::parse(&text)
+        .unwrap_or_else(|error| panic!("{VARIABLE}={text}: {error}"));
+    (!age.is_zero()).then_some(age)
+}
+
 /// Twice the notifier's storm spacing, plus margin.
 const AFTER_RELEASE: Duration = Duration::from_millis(230);
 
@@ -155,8 +166,12 @@ fn main() {
         panic!("NODEKEEPER_BENCH_SCHEDULER={other}: normal or SCHED_FIFO");
     }
     let mut bench = Bench::new(cgroups);
+    let pod_figures = match pod_stats_max_age() {
+        Some(age) => format!("pod figures kept for the notified cycles up to {age}"),
+        None => "every pod read afresh in every cycle".to_string(),
+    };
     println!(
-        "{crossings} crossings per row, housekeeping every {HOUSEKEEPING:?}; {}",
+        "{crossings} crossings per row, housekeeping every {HOUSEKEEPING:?}, {pod_figures}; {}",
         halt_polling()
     );
 
@@ -627,7 +642,8 @@ impl Bench {
         cgroups.set_memory_limit(&parent, LIMIT);
         let workload = cgroups.child(WORKLOAD);
         let parent_dir = cgroups.dir("memory", &parent);
-        let config = cgroups.standalone_agent_config(THRESHOLD, HOUSEKEEPING);
+        let mut config = cgroups.standalone_agent_config(THRESHOLD, HOUSEKEEPING);
+        config.pod_stats_max_age = pod_stats_max_age();
         // Rest BELOW under the trigger, counting what the cgroup already holds.
         let room = trigger(&parent_dir)
             .saturating_sub(read_u64(&parent_dir.join("memory.usage_in_bytes")));

@@ -683,6 +683,15 @@ fn agent_settings_are_validated() {
             "realtimePriority: -1 is not a SCHED_FIFO priority",
         ),
         ("realtimePriority: high", "realtimePriority"),
+        (
+            "podStatsMaxAge: -1s",
+            "podStatsMaxAge: -1s must not be negative",
+        ),
+        (
+            "podStatsMaxAge: 2m1s",
+            "podStatsMaxAge: 2m1s is longer than 2m0s: the kubelet's stats keep no sample longer",
+        ),
+        ("podStatsMaxAge: soon", "podStatsMaxAge"),
         // A key written twice: the kubelet's document tolerates it (see
         // values_the_kubelet_accepts_...), nodekeeper's own stays strict.
         (
@@ -695,6 +704,50 @@ fn agent_settings_are_validated() {
             .to_string();
         assert!(error.contains(needle), "{body}: {error}");
     }
+}
+
+/// `podStatsMaxAge` is off unless set: 0 or unset reads every pod afresh in every cycle;
+/// any Go duration up to two minutes is taken; check-config shows the default.
+#[test]
+fn pod_stats_max_age_is_off_unless_a_duration_is_given() {
+    let max_age = |body: &str| {
+        from_yaml_str(&format!("{AGENT}{body}\n"), "a.yaml", &Overrides::default())
+            .unwrap()
+            .pod_stats_max_age
+            .map(|age| age.to_std())
+    };
+    assert_eq!(max_age(""), None);
+    assert_eq!(max_age("podStatsMaxAge: 0s"), None);
+    assert_eq!(max_age("podStatsMaxAge: \"0\""), None);
+    assert_eq!(
+        max_age("podStatsMaxAge: 10s"),
+        Some(std::time::Duration::from_secs(10))
+    );
+    assert_eq!(
+        max_age("podStatsMaxAge: 1m30s"),
+        Some(std::time::Duration::from_secs(90))
+    );
+    assert_eq!(
+        max_age("podStatsMaxAge: 2m"),
+        Some(std::time::Duration::from_secs(120))
+    );
+    let loaded =
+        config::from_yaml_str_with_warnings(AGENT, "a.yaml", &Overrides::default()).unwrap();
+    assert_eq!(
+        loaded.effective_document.pod_stats_max_age.as_deref(),
+        Some("0s")
+    );
+    // Shown as Go prints a duration, as the other durations are.
+    let loaded = config::from_yaml_str_with_warnings(
+        &format!("{AGENT}podStatsMaxAge: 90s\n"),
+        "a.yaml",
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        loaded.effective_document.pod_stats_max_age.as_deref(),
+        Some("1m30s")
+    );
 }
 
 /// `realtimePriority` is off unless set: 0 or unset keeps the normal scheduler, 1 to 99

@@ -410,6 +410,8 @@ struct Decided {
     met: bool,
     started_by: CycleStart,
     collection_started: std::time::Instant,
+    /// The names of the pods the cycle chose to evict.
+    evicted: Vec<String>,
 }
 
 /// Sends each cycle's [`Decided`].
@@ -421,6 +423,12 @@ impl nodekeeper::ports::CycleObserver for MetThresholds {
             met: !report.decision.thresholds_met.is_empty(),
             started_by: report.started_by,
             collection_started: report.collection_started,
+            evicted: report
+                .decision
+                .evictions
+                .iter()
+                .map(|order| order.name.clone())
+                .collect(),
         });
     }
 }
@@ -556,6 +564,76 @@ fn a_crossing_is_decided_on_while_the_main_runtime_thread_is_stalled() {
             .checked_duration_since(stalled_at)
     );
     agent.stop();
+}
+
+/// Which pod the first cycle a memcg notification starts chooses, with `podStatsMaxAge`
+/// set to `max_age` or not: two workloads of the pods cgroup (256 MiB, the 150 MiB
+/// threshold of [`allocatable_threshold_on`]), `early` using 30 MiB from before the
+/// agent's first (timer) cycle, `late` empty then, and then growing to 100 MiB, which
+/// crosses the threshold with `late` at about 76 MiB, the larger of the two.
+fn pod_chosen_on_a_notification(max_age: Option<Duration>) -> Option<Decided> {
+    let (mut cgroups, mut config) = require!(
+        "the cgroup v1 memory hierarchy",
+        pods_cgroup_of_256_mib(),
+        else None
+    );
+    let parent = cgroups.parent.clone();
+    let early = cgroups.child("early");
+    let late = cgroups.child("late");
+    config.paths.cgroup_root = cgroups.v1_root();
+    config.workloads = Some(nodekeeper::config::WorkloadsConfig {
+        parent_cgroup: parent.clone(),
+        namespace: "test".to_string(),
+        pods: Vec::new(),
+    });
+    config.pod_stats_max_age = max_age.map(Into::into);
+    // Only the first cycle comes from the timer.
+    config.housekeeping_interval = Duration::from_secs(3600).into();
+    cgroups.spawn_allocator(&early, &growing_to(30 * MIB));
+    let early_dir = cgroups.dir("memory", &early);
+    support::poll::Wait::for_("`early` to use 30 MiB", ARRIVAL)
+        .until_true(|| usage_in(&early_dir) >= 30 * MIB);
+
+    let agent = InProcessAgent::start(config, ServiceManagerLink::none());
+    let first = agent.decided.recv_timeout(ARRIVAL).expect("no first cycle");
+    assert!(!first.met, "a threshold was met before `late` grew");
+    assert_eq!(first.started_by, CycleStart::Timer, "{first:?}");
+
+    cgroups.spawn_allocator(&late, &growing_to(100 * MIB));
+    let decided = loop {
+        match agent.decided.recv_timeout(ARRIVAL) {
+            Ok(cycle) if cycle.met => break cycle,
+            Ok(_) => continue,
+            Err(_) => panic!("no decision on the crossing within {ARRIVAL:?}"),
+        }
+    };
+    agent.stop();
+    assert!(
+        matches!(decided.started_by, CycleStart::Woken(_)),
+        "the deciding cycle was not woken: {decided:?}"
+    );
+    Some(decided)
+}
+
+/// By default every cycle reads each pod's figures afresh: the one a notification starts
+/// chooses the pod that grew since the last timer cycle, the larger now.
+#[test]
+fn without_pod_stats_max_age_a_notified_cycle_ranks_pods_on_fresh_figures() {
+    let Some(decided) = pod_chosen_on_a_notification(None) else {
+        return;
+    };
+    assert_eq!(decided.evicted, ["late"], "{decided:?}");
+}
+
+/// With `podStatsMaxAge`, a cycle a notification starts ranks the pods on the figures of
+/// the last timer cycle, as the kubelet ranks on cAdvisor's: `late` was empty then, and
+/// `early` is chosen although `late` is the larger now.
+#[test]
+fn with_pod_stats_max_age_a_notified_cycle_ranks_pods_on_the_timer_cycles_figures() {
+    let Some(decided) = pod_chosen_on_a_notification(Some(Duration::from_secs(120))) else {
+        return;
+    };
+    assert_eq!(decided.evicted, ["early"], "{decided:?}");
 }
 
 /// The housekeeping timer runs on the decision cycle thread too: while the main runtime

@@ -25,8 +25,8 @@ use crate::ports::{
 };
 use crate::signals::contention::{ContentionReport, ContentionTracker, stall_averages};
 use crate::signals::{
-    Collection, Host, NodeCondition, NotificationSupport, ProcessCounts, SignalCollector,
-    probe_host,
+    Collection, Host, NodeCondition, NotificationSupport, PodFigures, ProcessCounts,
+    SignalCollector, probe_host, with_pod_figures,
 };
 
 const CONDITIONS: [NodeCondition; 3] = [
@@ -80,6 +80,10 @@ pub struct Agent {
     service: Option<Arc<super::service::ServiceReporter>>,
     /// The pods this cycle evicted (in dry-run mode: would have), for the service status.
     evicted_this_cycle: Vec<String>,
+    /// When a cycle last read every pod's figures afresh (with `podStatsMaxAge` only).
+    pods_read_afresh_at: Option<Instant>,
+    /// Whether the last cycle ranked on kept pod figures.
+    reused_pod_figures: bool,
     /// `nodekeeper_cycles_total`, one counter per `started_by` label.
     cycles_started_by: Vec<(&'static str, Counter)>,
 }
@@ -189,6 +193,8 @@ impl Agent {
             summary: super::summary::Summary::new(super::summary::SUMMARY_PERIOD, Duration::ZERO),
             service: None,
             evicted_this_cycle: Vec::new(),
+            pods_read_afresh_at: None,
+            reused_pod_figures: false,
             contention,
             cycles_started_by,
         }
@@ -466,7 +472,7 @@ impl Agent {
     fn observe_and_decide(&mut self, started_by: CycleStart) -> (CycleReport, Aftermath) {
         let started = Instant::now();
         let collection = self.collector.collect();
-        let pods = self.collect_pods();
+        let pods = self.collect_pods(started_by);
         let collection_time = started.elapsed();
         let now = self.now();
         let decision_started = Instant::now();
@@ -549,8 +555,25 @@ impl Agent {
     /// The pods that may be chosen: those listed, less those evicted or being deleted
     /// that have ended here. A pod being deleted that still runs stays a candidate, as
     /// in the kubelet, whose active pods keep it until it is known terminated.
-    fn collect_pods(&mut self) -> Vec<Pod> {
-        let listed = self.list_pods();
+    fn collect_pods(&mut self, started_by: CycleStart) -> Vec<Pod> {
+        let listed = match self.config.pod_stats_max_age {
+            None => self.list_pods(),
+            Some(max_age) => {
+                let now = Instant::now();
+                let figures = pod_figures(
+                    started_by,
+                    max_age.to_std(),
+                    self.pods_read_afresh_at,
+                    self.config.housekeeping_interval.to_std(),
+                    now,
+                );
+                if figures == PodFigures::ReadAndKeep {
+                    self.pods_read_afresh_at = Some(now);
+                }
+                self.reused_pod_figures = figures != PodFigures::ReadAndKeep;
+                with_pod_figures(figures, now, || self.list_pods())
+            }
+        };
         let reader = self.collector.cgroups();
         let running = |pod: &Pod| {
             let (Some(reader), Some(cgroup)) = (reader, pod.cgroup.as_ref()) else {
@@ -563,6 +586,12 @@ impl Agent {
         let mut active = self.evicted.active(listed, running);
         active.retain(|pod| !pod.terminating || running(pod));
         active
+    }
+
+    /// Whether the last cycle ranked on pod figures kept from an earlier one: it did not
+    /// read the pods' files, which must stay open for the cycle that reads them next.
+    pub fn reused_pod_figures(&self) -> bool {
+        self.reused_pod_figures
     }
 
     fn list_pods(&mut self) -> Vec<Pod> {
@@ -902,6 +931,28 @@ impl Agent {
     }
 }
 
+/// With `podStatsMaxAge` (`max_age`), how a cycle gets the pods' memory figures. A cycle
+/// a notification (or a look again after an eviction) starts must decide at once, and
+/// ranks on the figures kept within `max_age`, as the kubelet ranks on cAdvisor's; the
+/// others read every pod afresh and keep the figures. So do woken cycles once none has
+/// read afresh (last `read_afresh_at`) for a housekeeping `interval`: a timer tick that
+/// finds a wake-up pending counts as woken, and looks again after evictions chain, and
+/// the figures must still be refreshed at least that often, as cAdvisor's are.
+fn pod_figures(
+    started_by: CycleStart,
+    max_age: Duration,
+    read_afresh_at: Option<Instant>,
+    interval: Duration,
+    now: Instant,
+) -> PodFigures {
+    let refreshed_within_interval =
+        read_afresh_at.is_some_and(|at| now.saturating_duration_since(at) < interval);
+    match started_by {
+        CycleStart::Woken(_) if refreshed_within_interval => PodFigures::ReuseWithin(max_age),
+        _ => PodFigures::ReadAndKeep,
+    }
+}
+
 /// A PSI average (the kernel prints a percentage with two decimals) as a ratio. Counted
 /// in hundredths of a percent, so the exported value keeps its short decimal form
 /// (0.0185, not the 0.018500000000000004 that `percent / 100.0` gives).
@@ -911,7 +962,52 @@ fn stall_ratio(percent: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::stall_ratio;
+    use super::{CycleStart, Duration, Instant, PodFigures, pod_figures, stall_ratio};
+
+    /// With `podStatsMaxAge`, only a woken cycle reuses kept figures, and only while a
+    /// cycle has read every pod afresh within the housekeeping interval: timer cycles,
+    /// the first cycle, and woken cycles after an interval without a fresh read (a tick
+    /// that found a wake-up pending, looks again chained after evictions) read afresh.
+    #[test]
+    fn woken_cycles_reuse_pod_figures_only_while_a_fresh_read_is_recent() {
+        use crate::notify::{WakeReason, Wakeup};
+        let max_age = Duration::from_secs(120);
+        let interval = Duration::from_secs(10);
+        let start = Instant::now();
+        let woken = |reason| {
+            CycleStart::Woken(Wakeup {
+                reason,
+                since: tokio::time::Instant::now(),
+            })
+        };
+        let figures = |started_by, read_afresh_at, after_secs| {
+            pod_figures(
+                started_by,
+                max_age,
+                read_afresh_at,
+                interval,
+                start + Duration::from_secs(after_secs),
+            )
+        };
+        let reuse = PodFigures::ReuseWithin(max_age);
+        for reason in [
+            WakeReason::Notification,
+            WakeReason::TrailingNotification,
+            WakeReason::AfterEviction,
+        ] {
+            assert_eq!(figures(woken(reason), Some(start), 0), reuse);
+            assert_eq!(figures(woken(reason), Some(start), 9), reuse);
+            assert_eq!(
+                figures(woken(reason), Some(start), 10),
+                PodFigures::ReadAndKeep
+            );
+            assert_eq!(figures(woken(reason), None, 0), PodFigures::ReadAndKeep);
+        }
+        assert_eq!(
+            figures(CycleStart::Timer, Some(start), 1),
+            PodFigures::ReadAndKeep
+        );
+    }
 
     #[test]
     fn stall_ratios_print_as_the_kernels_decimals() {

@@ -319,20 +319,26 @@ async fn start_cycle_thread(
                             wakeup = wake.woken() => CycleStart::Woken(wakeup),
                         },
                     };
-                    let cycle = agent.run_cycle_started_by(started_by);
-                    tokio::pin!(cycle);
-                    let mut cycle = InRuntime {
-                        runtime: &main_runtime,
-                        future: cycle,
-                    };
-                    let (_, evicted) = loop {
-                        tokio::select! {
-                            biased;
-                            done = &mut cycle => break done,
-                            () = next_ping(&mut watchdog) => ping(&mut watchdog),
+                    let (_, evicted) = {
+                        let cycle = agent.run_cycle_started_by(started_by);
+                        tokio::pin!(cycle);
+                        let mut cycle = InRuntime {
+                            runtime: &main_runtime,
+                            future: cycle,
+                        };
+                        loop {
+                            tokio::select! {
+                                biased;
+                                done = &mut cycle => break done,
+                                () = next_ping(&mut watchdog) => ping(&mut watchdog),
+                            }
                         }
                     };
-                    crate::signals::end_kernel_file_cycle();
+                    // A cycle that ranked on kept pod figures read none of the pods'
+                    // files: they stay open for the next cycle that reads them.
+                    if !agent.reused_pod_figures() {
+                        crate::signals::end_kernel_file_cycle();
+                    }
                     health.tick();
                     if evicted {
                         // Like the kubelet after its cleanup wait: look again at once.

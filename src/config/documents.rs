@@ -155,6 +155,10 @@ pub struct AgentDocument {
     /// scheduler.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub realtime_priority: Option<i64>,
+    /// How old a pod's memory figures may be in a cycle a notification starts; 0 or unset
+    /// reads them afresh in every cycle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_stats_max_age: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -420,6 +424,7 @@ impl AgentDocument {
             metrics_address,
             dry_run,
             realtime_priority,
+            pod_stats_max_age,
             node_name,
             shutdown_state_file,
             logind_drop_in_path,

@@ -435,6 +435,10 @@ fn default_hard_map() -> ScalarMap {
 
 const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9847";
 
+/// The longest `podStatsMaxAge`: cAdvisor's `storage_duration`, for which the kubelet's
+/// stats keep a container's last sample.
+const POD_STATS_MAX_AGE_LIMIT: GoDuration = GoDuration::from_secs(120);
+
 fn build(
     doc: AgentDocument,
     mut origins: Origins,
@@ -636,6 +640,28 @@ fn build(
             ),
         ));
     }
+    const POD_STATS_MAX_AGE: &str = "podStatsMaxAge";
+    let pod_stats_max_age = {
+        let text = doc
+            .pod_stats_max_age
+            .get_or_insert_with(|| GoDuration::ZERO.to_string());
+        let age = duration(POD_STATS_MAX_AGE, text)?;
+        if age.is_negative() {
+            return Err(simple_error(
+                POD_STATS_MAX_AGE,
+                format!("{text} must not be negative"),
+            ));
+        }
+        if age.nanos() > POD_STATS_MAX_AGE_LIMIT.nanos() {
+            return Err(simple_error(
+                POD_STATS_MAX_AGE,
+                format!(
+                    "{text} is longer than {POD_STATS_MAX_AGE_LIMIT}: the kubelet's stats keep no sample longer"
+                ),
+            ));
+        }
+        (!age.is_zero()).then_some(age)
+    };
     if let Some(name) = doc
         .node_name
         .as_deref()
@@ -672,6 +698,7 @@ fn build(
         metrics_address: metrics_address.clone(),
         dry_run: doc.dry_run.unwrap_or(false),
         realtime_priority,
+        pod_stats_max_age,
         node_name: doc.node_name.clone(),
         shutdown_state_file: path_field(
             &doc.shutdown_state_file,
@@ -1380,6 +1407,12 @@ fn effective_document(mut doc: AgentDocument, config: &AgentConfig) -> AgentDocu
     doc.shutdown_grace_period_by_pod_priority
         .get_or_insert_with(Vec::new);
     doc.housekeeping_interval = Some(config.housekeeping_interval.to_string());
+    doc.pod_stats_max_age = Some(
+        config
+            .pod_stats_max_age
+            .unwrap_or(GoDuration::ZERO)
+            .to_string(),
+    );
     let path = |p: &Path| Some(p.display().to_string());
     doc.cgroup_root = path(&config.paths.cgroup_root);
     doc.proc_root = path(&config.paths.proc_root);

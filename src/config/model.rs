@@ -273,6 +273,12 @@ pub struct AgentConfig {
     /// scheduler may wait for the next scheduler tick behind a busy process; a real-time
     /// one runs at once.
     pub realtime_priority: Option<u8>,
+    /// How old a pod's memory figures may be in a cycle a kernel notification (or a look
+    /// again after an eviction) starts: `None`, the default, reads every pod's cgroup
+    /// afresh in every cycle. The timer's cycles read afresh, and keep what they read for
+    /// the others; so does any cycle when none has for a housekeeping interval. The kubelet ranks on cAdvisor's figures, refreshed every
+    /// housekeeping interval; reading 110 pods' files costs more than the decision.
+    pub pod_stats_max_age: Option<GoDuration>,
     pub node_name: Option<String>,
     /// Where graceful-shutdown progress is persisted (the shutdown report).
     pub shutdown_state_file: PathBuf,
@@ -503,6 +509,7 @@ impl Default for AgentConfig {
             metrics_address: "127.0.0.1:9847".to_string(),
             dry_run: false,
             realtime_priority: None,
+            pod_stats_max_age: None,
             node_name: None,
             shutdown_state_file: PathBuf::from(DEFAULT_SHUTDOWN_STATE_FILE),
             logind_drop_in_path: PathBuf::from(DEFAULT_LOGIND_DROP_IN_PATH),

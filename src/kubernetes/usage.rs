@@ -63,6 +63,7 @@ impl LastFigures {
                 .process_count
                 .filter(|(read_at, _)| recent(*read_at))
                 .map(|(_, count)| count),
+            memory_kept_from: None,
         })
     }
 }
@@ -139,7 +140,9 @@ impl PodUsageReader {
                     (None, None) => None,
                 };
                 let figures = LastFigures {
-                    memory_read_at: now,
+                    // Figures kept from an earlier listing stand in for two minutes
+                    // from their own read, not from this reuse.
+                    memory_read_at: usage.memory_kept_from.unwrap_or(now),
                     working_set_bytes: usage.working_set_bytes,
                     usage_bytes: usage.usage_bytes,
                     process_count,
@@ -223,7 +226,7 @@ impl PodUsageReader {
                 .map(|(_, id)| id.as_str())
                 .filter(|id| usable_in_path(&pod_key, "containerID", id));
             if let Some(child) = id.and_then(|id| container_cgroup(&self.reader, &cgroup, id))
-                && let Ok(memory) = self.reader.memory_usage(&child)
+                && let Ok((memory, _)) = self.reader.pod_memory_usage(&child)
             {
                 container.usage.memory = Some(saturating(memory.working_set_bytes()));
             }
@@ -476,6 +479,63 @@ mod tests {
         };
         assert_eq!(measured(ProcessCounts::NotNeeded), (Some(800), None));
         assert_eq!(measured(ProcessCounts::Read), (Some(800), Some(2)));
+    }
+
+    /// In a listing that may reuse pod figures (a cycle a notification starts, with
+    /// `podStatsMaxAge`), the pod and its containers keep the memory figures the last
+    /// timer cycle read; the process count is read afresh.
+    #[test]
+    fn a_listing_that_reuses_figures_keeps_the_pod_and_container_memory_read_before() {
+        use crate::signals::{PodFigures, with_pod_figures};
+        let cgroups = tree(false);
+        write_cgroup(cgroups.path(), false, "kubepods/pod1-2", 900, 100, "7\n");
+        write_cgroup(
+            cgroups.path(),
+            false,
+            "kubepods/pod1-2/c0ffee",
+            700,
+            50,
+            "7\n",
+        );
+        let files = tempfile::tempdir().unwrap();
+        let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
+        let measured = |figures| {
+            let mut pod = node_pod(QosClass::Guaranteed);
+            with_pod_figures(figures, Instant::now(), || usage_reader.measure(&mut pod));
+            let pod = pod.pod;
+            (
+                pod.usage.memory,
+                pod.containers[0].usage.memory,
+                pod.usage.pids,
+            )
+        };
+        assert_eq!(
+            measured(PodFigures::ReadAndKeep),
+            (Some(800), Some(650), Some(2))
+        );
+
+        write_cgroup(
+            cgroups.path(),
+            false,
+            "kubepods/pod1-2",
+            2_000,
+            100,
+            "7\n8\n",
+        );
+        write_cgroup(
+            cgroups.path(),
+            false,
+            "kubepods/pod1-2/c0ffee",
+            1_500,
+            50,
+            "7\n8\n",
+        );
+        let reuse = PodFigures::ReuseWithin(Duration::from_secs(10));
+        assert_eq!(measured(reuse), (Some(800), Some(650), Some(4)));
+        assert_eq!(
+            measured(PodFigures::ReadAndKeep),
+            (Some(1_900), Some(1_450), Some(4))
+        );
     }
 
     #[test]

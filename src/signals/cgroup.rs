@@ -2,6 +2,7 @@
 //! and the child cgroups of a parent (standalone mode treats those as pods).
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -30,6 +31,9 @@ pub struct PodCgroupUsage {
     /// Processes and threads in the cgroup and all its descendants; `None` when not
     /// read ([`ProcessCounts::NotNeeded`]).
     pub process_count: Option<u64>,
+    /// When the memory figures were read, where they are figures kept from an earlier
+    /// listing ([`with_pod_figures`](super::with_pod_figures)); `None`: read now.
+    pub memory_kept_from: Option<Instant>,
 }
 
 /// Whether a cycle counts each pod's processes. Only the PID ranking uses a pod's count,
@@ -112,6 +116,22 @@ impl CgroupReader {
             .usage(&self.paths.memory_dir(cgroup))
     }
 
+    /// The memory usage of a pod's (or a pod container's) cgroup: inside a pod listing
+    /// that may reuse figures ([`with_pod_figures`]), those an earlier listing read,
+    /// with the time they were read; otherwise read now (`None`). Only pod cgroups are
+    /// read through here, so no node-level figure can be served from kept ones.
+    ///
+    /// [`with_pod_figures`]: super::with_pod_figures
+    pub fn pod_memory_usage(
+        &self,
+        cgroup: &Path,
+    ) -> Result<(MemoryUsage, Option<Instant>), FileError> {
+        let controller = self.memory.controller();
+        super::kept_figures::memory_usage(self.paths.memory_dir(cgroup), |dir| {
+            controller.usage(dir)
+        })
+    }
+
     pub fn memory_limit(&self, cgroup: &Path) -> Result<Option<u64>, FileError> {
         self.memory
             .controller()
@@ -148,7 +168,7 @@ impl CgroupReader {
         process_counts: ProcessCounts,
     ) -> Result<(PodCgroupUsage, Option<SignalError>), SignalError> {
         let usage_error = |e: FileError| e.for_subject(ErrorSubject::CgroupUsage);
-        let usage = self.memory_usage(cgroup).map_err(usage_error)?;
+        let (usage, memory_kept_from) = self.pod_memory_usage(cgroup).map_err(usage_error)?;
         let (process_count, count_error) = match process_counts {
             ProcessCounts::Read => match self.process_count(cgroup) {
                 Ok(count) => (Some(count), None),
@@ -160,6 +180,7 @@ impl CgroupReader {
             working_set_bytes: usage.working_set_bytes(),
             usage_bytes: usage.usage_bytes,
             process_count,
+            memory_kept_from,
         };
         Ok((figures, count_error))
     }

@@ -226,7 +226,7 @@ impl KeptOpen {
 /// FxHash's step (a rotate, an xor and a multiply per eight bytes): the keys are paths
 /// the agent makes itself, so nothing needs SipHash's resistance to chosen keys.
 #[derive(Default)]
-struct PathHasher(u64);
+pub(crate) struct PathHasher(u64);
 
 impl Hasher for PathHasher {
     fn write(&mut self, bytes: &[u8]) {

@@ -8,6 +8,7 @@ mod error;
 mod fileio;
 mod filesystem;
 mod host;
+mod kept_figures;
 mod layout;
 mod memory;
 pub mod parse;
@@ -27,6 +28,7 @@ pub use fileio::{
 };
 pub use filesystem::{Filesystems, FsDevice, FsStats, FsTarget, Mount, device_of, parse_mountinfo};
 pub use host::{Host, read_boot_id};
+pub use kept_figures::{PodFigures, with_pod_figures};
 pub use layout::{
     CgroupLayout, CgroupPaths, LayoutError, detect_layout, join_relative, relative_cgroup,
 };

@@ -1,0 +1,340 @@
+//! Pod memory figures kept from one cycle for the next ones, when `podStatsMaxAge` lets a
+//! cycle that a kernel notification starts rank pods on figures read a moment before,
+//! as the kubelet ranks them on cAdvisor's (refreshed every housekeeping interval).
+//!
+//! The decision after a memory crossing waits for the pods' figures. On cgroup v1 the
+//! kernel generates each pod's `memory.stat` afresh for every read: at 110 pods, reading
+//! each pod's three files took it 1–1.4 ms on the bench machine, most of a 2 ms budget
+//! from crossing to decision. Reusing the memory figures of the last timer cycle leaves
+//! the node's own files, the listing of the pods (and, where a `pid.available` threshold
+//! asks for them, their process counts) between the crossing and the decision.
+//!
+//! Only pod figures are kept, and only inside [`with_pod_figures`], which the cycle wraps
+//! around its pod listing: the node-level signals that show the crossing are read fresh
+//! outside it, and through another method. The figures are those of
+//! [`CgroupReader::pod_memory_usage`] for the cgroups read inside, on the thread that
+//! reads them (the decision cycle's own), keyed by the memory directory's path. Process
+//! counts are never kept.
+//!
+//! [`CgroupReader::pod_memory_usage`]: super::CgroupReader::pod_memory_usage
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::hash::BuildHasherDefault;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::error::FileError;
+use super::fileio::PathHasher;
+use super::memory::MemoryUsage;
+
+/// How a pod listing gets its memory figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodFigures {
+    /// Read every pod's files, and keep what was read for the cycles that may reuse it
+    /// (the timer's cycles).
+    ReadAndKeep,
+    /// Use the figures kept within `max_age`; read, and keep, those older or missing (a
+    /// cycle a notification started).
+    ReuseWithin(Duration),
+}
+
+/// Run `list` (a pod listing) with its pod memory reads served as `figures` says, `now`
+/// being the time of the reads. A cgroup not read inside `list` is forgotten at its end:
+/// its pod has gone, and the kept figures stay as many as the pods.
+/// A listing inside another ends as it began: the outer one decides what is forgotten.
+pub fn with_pod_figures<R>(figures: PodFigures, now: Instant, list: impl FnOnce() -> R) -> R {
+    let previous = KEPT.with_borrow_mut(|kept| kept.begin(figures, now));
+    // Restores the mode even if `list` panics, so no read outside a listing is served
+    // from the kept figures.
+    struct EndListingOnDrop(Option<Scope>);
+    impl Drop for EndListingOnDrop {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            // `try_with`: nothing to end once the thread's locals are being torn down.
+            let _ = KEPT.try_with(|kept| kept.borrow_mut().end(previous));
+        }
+    }
+    let _end = EndListingOnDrop(previous);
+    list()
+}
+
+/// The memory figures of the cgroup whose memory directory is `dir`: kept ones where the
+/// listing under way may reuse them, with the time they were read, otherwise those
+/// `read` returns now (`None`), kept for later listings inside a listing.
+pub(crate) fn memory_usage(
+    dir: PathBuf,
+    read: impl FnOnce(&Path) -> Result<MemoryUsage, FileError>,
+) -> Result<(MemoryUsage, Option<Instant>), FileError> {
+    let scope = KEPT.with_borrow(|kept| kept.scope);
+    let Some(scope) = scope else {
+        return read(&dir).map(|usage| (usage, None));
+    };
+    if let PodFigures::ReuseWithin(max_age) = scope.figures {
+        let reused = KEPT.with_borrow_mut(|kept| kept.reuse(&dir, max_age, scope));
+        if let Some((usage, read_at)) = reused {
+            return Ok((usage, Some(read_at)));
+        }
+    }
+    let usage = read(&dir);
+    KEPT.with_borrow_mut(|kept| match &usage {
+        Ok(usage) => kept.keep(dir, *usage, scope),
+        // Unreadable now: the kept figure of a cgroup that may be gone must not stand
+        // in for it later.
+        Err(_) => {
+            kept.entries.remove(dir.as_os_str());
+        }
+    });
+    usage.map(|usage| (usage, None))
+}
+
+/// How many cgroups' figures this thread keeps (tests).
+#[cfg(test)]
+pub(crate) fn kept_count() -> usize {
+    KEPT.with_borrow(|kept| kept.entries.len())
+}
+
+thread_local! {
+    static KEPT: RefCell<Kept> = RefCell::new(Kept::default());
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Scope {
+    figures: PodFigures,
+    now: Instant,
+    /// Which listing this is: an entry not touched by the listing ending is dropped.
+    listing: u64,
+}
+
+#[derive(Default)]
+struct Kept {
+    entries: HashMap<OsString, KeptUsage, BuildHasherDefault<PathHasher>>,
+    /// The listing under way, if any.
+    scope: Option<Scope>,
+    listings: u64,
+}
+
+struct KeptUsage {
+    read_at: Instant,
+    usage: MemoryUsage,
+    touched_in: u64,
+}
+
+impl Kept {
+    fn begin(&mut self, figures: PodFigures, now: Instant) -> Option<Scope> {
+        // A listing inside another counts as part of it.
+        let listing = match self.scope {
+            Some(outer) => outer.listing,
+            None => {
+                self.listings += 1;
+                self.listings
+            }
+        };
+        let scope = Scope {
+            figures,
+            now,
+            listing,
+        };
+        self.scope.replace(scope)
+    }
+
+    fn end(&mut self, previous: Option<Scope>) {
+        // Only the outermost listing lists every pod: an inner one would forget the
+        // figures the outer one read before it.
+        if let (Some(ended), None) = (self.scope, previous) {
+            self.entries
+                .retain(|_, kept| kept.touched_in == ended.listing);
+        }
+        self.scope = previous;
+    }
+
+    fn reuse(
+        &mut self,
+        dir: &Path,
+        max_age: Duration,
+        scope: Scope,
+    ) -> Option<(MemoryUsage, Instant)> {
+        let kept = self.entries.get_mut(dir.as_os_str())?;
+        // A figure read after `now` (a clock handed in by a test) is as good as new.
+        let age = scope.now.saturating_duration_since(kept.read_at);
+        if age > max_age {
+            return None;
+        }
+        kept.touched_in = scope.listing;
+        Some((kept.usage, kept.read_at))
+    }
+
+    fn keep(&mut self, dir: PathBuf, usage: MemoryUsage, scope: Scope) {
+        let figures = KeptUsage {
+            read_at: scope.now,
+            usage,
+            touched_in: scope.listing,
+        };
+        // Overwritten in place: no new key for each pod at every timer cycle.
+        match self.entries.get_mut(dir.as_os_str()) {
+            Some(kept) => *kept = figures,
+            None => {
+                self.entries.insert(dir.into_os_string(), figures);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signals::{CgroupLayout, CgroupReader};
+
+    fn write_usage(root: &Path, cgroup: &str, usage: u64, inactive: u64) {
+        let dir = root.join(cgroup);
+        std::fs::create_dir_all(&dir).expect("a cgroup directory");
+        std::fs::write(dir.join("memory.current"), format!("{usage}\n")).expect("usage");
+        std::fs::write(
+            dir.join("memory.stat"),
+            format!("anon 0\ninactive_file {inactive}\n"),
+        )
+        .expect("memory.stat");
+    }
+
+    fn working_set(reader: &CgroupReader, cgroup: &str) -> Option<u64> {
+        reader
+            .pod_memory_usage(Path::new(cgroup))
+            .ok()
+            .map(|(usage, _)| usage.working_set_bytes())
+    }
+
+    /// A listing that may reuse gets the figures of the last listing that read them,
+    /// within the age allowed, and reads afresh those older, missing or never read.
+    #[test]
+    fn a_listing_reuses_figures_only_within_their_age() {
+        let root = tempfile::tempdir().expect("a fake cgroup tree");
+        let reader = CgroupReader::new(root.path(), CgroupLayout::Unified);
+        write_usage(root.path(), "pods/a", 300, 100);
+        let start = Instant::now();
+        let max_age = Duration::from_secs(10);
+
+        let read = with_pod_figures(PodFigures::ReadAndKeep, start, || {
+            working_set(&reader, "pods/a")
+        });
+        assert_eq!(read, Some(200));
+
+        // The pod grew; a new pod appeared.
+        write_usage(root.path(), "pods/a", 900, 100);
+        write_usage(root.path(), "pods/b", 50, 0);
+        let within = start + Duration::from_secs(10);
+        let (a, b) = with_pod_figures(PodFigures::ReuseWithin(max_age), within, || {
+            (
+                working_set(&reader, "pods/a"),
+                working_set(&reader, "pods/b"),
+            )
+        });
+        assert_eq!(a, Some(200), "kept from the last read, 10 s old");
+        assert_eq!(b, Some(50), "never read before: read now");
+
+        // Past the age the figure is read again, and kept from then on.
+        let past = start + Duration::from_millis(10_001);
+        let a = with_pod_figures(PodFigures::ReuseWithin(max_age), past, || {
+            working_set(&reader, "pods/a")
+        });
+        assert_eq!(a, Some(800));
+
+        // Outside a listing, and in a listing that keeps, every read is fresh.
+        write_usage(root.path(), "pods/a", 1_000, 0);
+        assert_eq!(working_set(&reader, "pods/a"), Some(1_000));
+        let a = with_pod_figures(PodFigures::ReadAndKeep, past, || {
+            working_set(&reader, "pods/a")
+        });
+        assert_eq!(a, Some(1_000));
+    }
+
+    /// A cgroup not read by a listing has gone with its pod: its figures are dropped, so
+    /// the kept figures stay as many as the pods, and a pod of the same name made after
+    /// that listing is read, not given the old one's figures. A cgroup that cannot be
+    /// read is not given its last figures either.
+    #[test]
+    fn figures_of_cgroups_gone_or_unreadable_are_not_kept() {
+        let root = tempfile::tempdir().expect("a fake cgroup tree");
+        let reader = CgroupReader::new(root.path(), CgroupLayout::Unified);
+        write_usage(root.path(), "pods/a", 300, 0);
+        write_usage(root.path(), "pods/b", 400, 0);
+        let now = Instant::now();
+        let reuse = PodFigures::ReuseWithin(Duration::from_secs(10));
+        with_pod_figures(PodFigures::ReadAndKeep, now, || {
+            working_set(&reader, "pods/a");
+            working_set(&reader, "pods/b");
+        });
+        assert_eq!(kept_count(), 2);
+
+        // `b` is not listed any more.
+        with_pod_figures(reuse, now, || working_set(&reader, "pods/a"));
+        assert_eq!(kept_count(), 1);
+        write_usage(root.path(), "pods/b", 700, 0);
+        let b = with_pod_figures(reuse, now, || working_set(&reader, "pods/b"));
+        assert_eq!(b, Some(700), "a new pod under the old name is read");
+
+        // `a`'s files turn to garbage: read fresh, the error stands.
+        std::fs::write(root.path().join("pods/a/memory.current"), "lots\n").expect("garbage");
+        let a = with_pod_figures(PodFigures::ReadAndKeep, now, || {
+            working_set(&reader, "pods/a")
+        });
+        assert_eq!(a, None);
+        let a = with_pod_figures(reuse, now, || working_set(&reader, "pods/a"));
+        assert_eq!(a, None, "no kept figure stands in for an unreadable cgroup");
+    }
+
+    /// Kept figures come with the time they were read (for the Kubernetes mode's
+    /// two-minute stand-ins); figures read now come without. A listing inside another is
+    /// part of it: what either read stays kept.
+    #[test]
+    fn kept_figures_carry_their_read_time_and_nested_listings_keep_both() {
+        let root = tempfile::tempdir().expect("a fake cgroup tree");
+        let reader = CgroupReader::new(root.path(), CgroupLayout::Unified);
+        write_usage(root.path(), "pods/a", 300, 0);
+        write_usage(root.path(), "pods/b", 400, 0);
+        let start = Instant::now();
+        let read_at = |now, figures| {
+            with_pod_figures(figures, now, || {
+                reader
+                    .pod_memory_usage(Path::new("pods/a"))
+                    .expect("pod a's figures")
+                    .1
+            })
+        };
+        assert_eq!(read_at(start, PodFigures::ReadAndKeep), None);
+        let later = start + Duration::from_secs(3);
+        let reuse = PodFigures::ReuseWithin(Duration::from_secs(10));
+        assert_eq!(read_at(later, reuse), Some(start));
+
+        with_pod_figures(PodFigures::ReadAndKeep, later, || {
+            working_set(&reader, "pods/a");
+            with_pod_figures(PodFigures::ReadAndKeep, later, || {
+                working_set(&reader, "pods/b");
+            });
+        });
+        assert_eq!(kept_count(), 2);
+    }
+
+    /// A listing that panics leaves the thread reading fresh: no later read outside a
+    /// listing is served from kept figures.
+    #[test]
+    fn a_panicking_listing_ends_its_reuse() {
+        let root = tempfile::tempdir().expect("a fake cgroup tree");
+        let reader = CgroupReader::new(root.path(), CgroupLayout::Unified);
+        write_usage(root.path(), "pods/a", 300, 0);
+        let now = Instant::now();
+        with_pod_figures(PodFigures::ReadAndKeep, now, || {
+            working_set(&reader, "pods/a")
+        });
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_pod_figures(
+                PodFigures::ReuseWithin(Duration::from_secs(10)),
+                now,
+                || panic!("a listing that fails"),
+            )
+        }));
+        assert!(panicked.is_err());
+        write_usage(root.path(), "pods/a", 600, 0);
+        assert_eq!(working_set(&reader, "pods/a"), Some(600));
+    }
+}
