@@ -334,8 +334,9 @@ async fn start_cycle_thread(
                             }
                         }
                     };
-                    // A cycle that ranked on kept pod figures read none of the pods'
-                    // files: they stay open for the next cycle that reads them.
+                    // A cycle that ranked on kept pod figures read few of the pods'
+                    // files (new or expired ones only): the others stay open for the
+                    // next cycle that reads every pod.
                     if !agent.reused_pod_figures() {
                         crate::signals::end_kernel_file_cycle();
                     }

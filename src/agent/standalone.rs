@@ -48,7 +48,7 @@ fn pods_of(
                 // Memory figures kept from an earlier listing (`podStatsMaxAge`) are
                 // not checked so: the listing a moment before found the cgroup, and a
                 // stat per pod more than doubled the cycle from its start to the decision
-                // (0.93 ms against 0.42 at 110 pods, docs/performance.md); a workload gone
+                // (0.93 ms against 0.44 at 110 pods, docs/performance.md); a workload gone
                 // since is ranked on its last figures, as the kubelet ranks a pod on
                 // cAdvisor's until it knows the pod has ended.
                 Ok((_, Some(_))) if !reader.paths().memory_dir(&cgroup).exists() => {

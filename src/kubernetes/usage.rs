@@ -154,12 +154,19 @@ impl PodUsageReader {
                         last_figures.insert(uid.to_string(), figures);
                     }
                 }
-                let standing = figures.standing_at(now);
+                // The memory figures just read (or kept within `podStatsMaxAge`, which a
+                // woken cycle may use) stand as they are; only a count read earlier is
+                // held to its two minutes.
+                let process_count = figures
+                    .standing_at(now)
+                    .and_then(|usage| usage.process_count);
                 if let Some(error) = count_error {
-                    let process_count = standing.and_then(|usage| usage.process_count);
                     tracing::debug!(%uid, %error, ?process_count, "pod process count unreadable; the last one read stands");
                 }
-                standing
+                Some(PodCgroupUsage {
+                    process_count,
+                    ..usage
+                })
             }
             Err(error) => {
                 let last = last_figures.get(uid).and_then(|last| last.standing_at(now));
@@ -535,6 +542,48 @@ mod tests {
         assert_eq!(
             measured(PodFigures::ReadAndKeep),
             (Some(1_900), Some(1_450), Some(4))
+        );
+    }
+
+    /// Figures a woken cycle reused stand in for an unreadable cgroup for two minutes from
+    /// their own read, not from the reuse: cAdvisor keeps no sample longer.
+    #[test]
+    fn reused_figures_stand_in_for_two_minutes_from_their_own_read() {
+        use crate::signals::{PodFigures, with_pod_figures};
+        let cgroups = tree(false);
+        write_cgroup(cgroups.path(), false, "kubepods/pod1-2", 900, 100, "7\n");
+        let files = tempfile::tempdir().unwrap();
+        let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
+        let memory_at = |figures: Option<PodFigures>, now: Instant| {
+            let mut pod = node_pod(QosClass::Guaranteed);
+            match figures {
+                Some(figures) => {
+                    with_pod_figures(figures, now, || usage_reader.measure_at(&mut pod, now));
+                }
+                None => usage_reader.measure_at(&mut pod, now),
+            }
+            pod.pod.usage.memory
+        };
+        let read_at = Instant::now();
+        assert_eq!(memory_at(Some(PodFigures::ReadAndKeep), read_at), Some(800));
+        let reused_at = read_at + Duration::from_secs(10);
+        let reuse = PodFigures::ReuseWithin(Duration::from_secs(10));
+        assert_eq!(memory_at(Some(reuse), reused_at), Some(800));
+
+        std::fs::write(
+            cgroups.path().join("kubepods/pod1-2/memory.current"),
+            "garbage\n",
+        )
+        .unwrap();
+        assert_eq!(
+            memory_at(None, read_at + Duration::from_secs(120)),
+            Some(800),
+            "two minutes after the read the figures still stand"
+        );
+        assert_eq!(
+            memory_at(None, read_at + Duration::from_secs(121)),
+            None,
+            "past two minutes from the read (111 s after the reuse) they do not"
         );
     }
 

@@ -8,7 +8,10 @@
 //! kernel generate it afresh. A file whose cgroup was removed fails that read (`ENODEV`:
 //! the kernel drains the files of a removed cgroup), and is then opened again by its path,
 //! so a cgroup removed and made again under the same name is read as the new one. Files
-//! not read in a cycle are closed at its end, so a removed pod's files are not held.
+//! not read in a cycle are closed at its end, so a removed pod's files are not held (a
+//! cycle that ranked on kept pod figures, with `podStatsMaxAge`, ends none: the pods'
+//! files wait for the next cycle that reads every pod, within about two housekeeping
+//! intervals).
 //!
 //! Not every kernel file starts afresh when read again from its start: a v1
 //! `cgroup.procs` or `tasks` serves the pid list made for that open file for about a
@@ -349,7 +352,9 @@ fn keep_at_most_on_this_thread(capacity: usize) {
 }
 
 /// A cycle has ended on this thread: close the kept files it did not read (a pod gone,
-/// a signal no longer collected). Nothing on a thread that keeps no files.
+/// a signal no longer collected). Nothing on a thread that keeps no files. The agent
+/// does not call it after a cycle that ranked on kept pod figures, which read few of the
+/// pods' files.
 pub fn end_kernel_file_cycle() {
     KEPT_OPEN.with_borrow_mut(|kept| {
         if let Some(kept) = kept.as_mut() {
