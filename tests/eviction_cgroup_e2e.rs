@@ -1,6 +1,7 @@
 //! End to end on this machine's real cgroup v1 memory controller: the agent, in
 //! standalone mode, evicts the workload the kubelet's ranking picks, before the kernel
-//! OOM killer fires, and leaves the others running.
+//! OOM killer fires, and leaves the others running; also while workloads end between its
+//! listing and its reads.
 //!
 //! Needs root and the v1 memory and freezer hierarchies (fails under `CI=true` without
 //! them, skips with a message otherwise). Every cgroup it creates lives under a parent it
@@ -20,7 +21,8 @@ use std::fs;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -68,6 +70,26 @@ impl Fixture {
         self.workloads.push((name.to_string(), cgroup, pid));
     }
 
+    /// Two steady workloads below their requests, which must survive, allocated; and a
+    /// hog with no request, held until let go, which grows past the threshold and which
+    /// the kubelet's memory ranking puts first.
+    fn start_steady_workloads_and_a_hog(&mut self) {
+        self.start_workload("steady-high-priority", 40, 200);
+        self.start_workload("steady-with-request", 30, 200);
+        self.start_workload("hog", 230, 60);
+        for name in ["steady-high-priority", "steady-with-request"] {
+            self.go(name);
+        }
+        wait_for(
+            "steady workloads to allocate",
+            Duration::from_secs(30),
+            || {
+                self.working_set("steady-high-priority") >= 38 * MIB
+                    && self.working_set("steady-with-request") >= 28 * MIB
+            },
+        );
+    }
+
     fn workload(&self, name: &str) -> &(String, PathBuf, u32) {
         self.workloads.iter().find(|(n, ..)| n == name).unwrap()
     }
@@ -108,6 +130,33 @@ impl Fixture {
     }
 }
 
+/// The agent's configuration for the fixture's workloads under `parent`: a hard threshold
+/// of 100Mi on the parent's memory, and the two steady workloads' priority and requests,
+/// which the kubelet's ranking spares while a workload without a request grows.
+fn agent_config(cgroup_root: &std::path::Path, parent: &str, housekeeping: &str) -> String {
+    let cgroup_root = cgroup_root.display();
+    format!(
+        "apiVersion: nodekeeper.io/v1alpha1
+kind: AgentConfiguration
+housekeepingInterval: {housekeeping}
+metricsAddress: 127.0.0.1:0
+cgroupRoot: {cgroup_root}
+podsCgroup: {parent}
+evictionHard:
+  allocatableMemory.available: 100Mi
+workloads:
+  parentCgroup: {parent}
+  namespace: e2e
+  pods:
+  - name: steady-high-priority
+    priority: 1000
+    requests: {{memory: 200Mi}}
+  - name: steady-with-request
+    requests: {{memory: 100Mi}}
+"
+    )
+}
+
 fn wait_for(what: &str, timeout: Duration, condition: impl FnMut() -> bool) {
     support::poll::Wait::for_(what, timeout).until_true(condition);
 }
@@ -120,51 +169,12 @@ fn agent_evicts_the_ranked_workload_before_the_oom_killer() {
     );
     let name = fixture.cgroups.parent.display().to_string();
     let cgroup_root = fixture.cgroups.v1_root();
-    // Below their requests: must survive. The hog has no request and grows past the
-    // threshold: the kubelet's memory ranking puts it first.
-    fixture.start_workload("steady-high-priority", 40, 200);
-    fixture.start_workload("steady-with-request", 30, 200);
-    fixture.start_workload("hog", 230, 60);
-    for name in ["steady-high-priority", "steady-with-request"] {
-        fixture.go(name);
-    }
-    wait_for(
-        "steady workloads to allocate",
-        Duration::from_secs(30),
-        || {
-            fixture.working_set("steady-high-priority") >= 38 * MIB
-                && fixture.working_set("steady-with-request") >= 28 * MIB
-        },
-    );
+    fixture.start_steady_workloads_and_a_hog();
 
-    let cgroup_root = cgroup_root.display();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("agent.yaml");
     let trace = dir.path().join("trace.yaml");
-    fs::write(
-        &config,
-        format!(
-            "apiVersion: nodekeeper.io/v1alpha1
-kind: AgentConfiguration
-housekeepingInterval: 1s
-metricsAddress: 127.0.0.1:0
-cgroupRoot: {cgroup_root}
-podsCgroup: {name}
-evictionHard:
-  allocatableMemory.available: 100Mi
-workloads:
-  parentCgroup: {name}
-  namespace: e2e
-  pods:
-  - name: steady-high-priority
-    priority: 1000
-    requests: {{memory: 200Mi}}
-  - name: steady-with-request
-    requests: {{memory: 100Mi}}
-"
-        ),
-    )
-    .unwrap();
+    fs::write(&config, agent_config(&cgroup_root, &name, "1s")).unwrap();
     let mut agent = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
         .args(["agent", "--config"])
         .arg(&config)
@@ -283,5 +293,248 @@ workloads:
     assert!(
         replay.contains("\"name\":\"hog\""),
         "replay of the recorded trace:\n{replay}"
+    );
+}
+
+/// Empty workload cgroups made and removed again as fast as the kernel allows, beside the
+/// real workloads: the agent's listing of the parent finds some that are gone by the time
+/// it reads their files, as it finds a workload that has just ended and been cleaned up.
+struct CgroupChurn {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+    dirs: Vec<PathBuf>,
+}
+
+impl CgroupChurn {
+    /// Churn `names` under `parent_dir` (the parent in the memory hierarchy, which the
+    /// agent lists): each is made and removed in turn, overlapping, so one is nearly always
+    /// there to be listed and each is gone a moment later.
+    fn start(parent_dir: &std::path::Path, names: &[&str]) -> CgroupChurn {
+        let dirs: Vec<PathBuf> = names.iter().map(|name| parent_dir.join(name)).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (dirs, stop) = (dirs.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut made_and_removed = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    for dir in &dirs {
+                        fs::create_dir(dir).expect("make a churning cgroup");
+                    }
+                    for dir in &dirs {
+                        fs::remove_dir(dir).expect("remove a churning cgroup");
+                        made_and_removed += 1;
+                    }
+                }
+                made_and_removed
+            })
+        };
+        CgroupChurn {
+            stop,
+            thread: Some(thread),
+            dirs,
+        }
+    }
+
+    /// Stops the churn; how many cgroups were made and removed.
+    fn stop(&mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        let made_and_removed = match self.thread.take().map(|thread| thread.join()) {
+            Some(Ok(count)) => count,
+            Some(Err(_)) => panic!("the cgroup churn failed"),
+            None => 0,
+        };
+        for dir in &self.dirs {
+            let _ = fs::remove_dir(dir);
+        }
+        made_and_removed
+    }
+}
+
+impl Drop for CgroupChurn {
+    fn drop(&mut self) {
+        // Before the fixture's own cleanup, which removes the parent.
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        for dir in &self.dirs {
+            let _ = fs::remove_dir(dir);
+        }
+    }
+}
+
+/// issue 16, fault injection: workloads that end and are cleaned up between the agent's
+/// listing of the workload parent and its reads of their files, while memory runs short.
+/// The agent must still evict the workload the kubelet's ranking picks before the OOM
+/// killer, and its record must read back as it saw the workloads: one whose cgroup it
+/// found but could not read has stats (ranked as using nothing), while a pod recorded
+/// with no figure and no cgroup reads back without stats, the first a replay evicts.
+#[test]
+fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_record() {
+    const RACE: &str = "workload ended while it was read";
+    let mut fixture = require!(
+        "the cgroup v1 memory and freezer hierarchies",
+        Fixture::create(256 * MIB)
+    );
+    let name = fixture.cgroups.parent.display().to_string();
+    fixture.start_steady_workloads_and_a_hog();
+    let parent_dir = fixture.cgroups.dir("memory", &fixture.cgroups.parent);
+    let mut churn = CgroupChurn::start(&parent_dir, &["ended-a", "ended-b", "ended-c"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.yaml");
+    fs::write(
+        &config,
+        agent_config(&fixture.cgroups.v1_root(), &name, "250ms"),
+    )
+    .unwrap();
+    let mut command = Command::new(support::agent_process::BINARY);
+    command.env("RUST_LOG", "info,nodekeeper::agent::standalone=debug");
+    let trace = dir.path().join("trace.yaml");
+    let mut agent = support::agent_process::AgentProcess::start_from(
+        command,
+        &[
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--record".as_ref(),
+            trace.as_os_str(),
+        ],
+    );
+    let races = |agent: &support::agent_process::AgentProcess| {
+        agent
+            .whole_log()
+            .iter()
+            .filter(|line| line.contains(RACE))
+            .count()
+    };
+    // Both races must be hit on this kernel, or the test shows nothing: a cgroup gone by
+    // its read, and one made again between its failed read and the check that it is
+    // gone, which the agent lists with no figure (it has stats: its cgroup was found).
+    let found_unread = || {
+        nodekeeper::trace::TraceFile::from_path(&trace)
+            .and_then(|file| file.parsed_steps("the recorded trace"))
+            .map(|steps| {
+                steps
+                    .iter()
+                    .flat_map(|step| &step.pods)
+                    .filter(|pod| pod.usage.memory.is_none())
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    support::poll::Wait::for_(
+        "the agent's listing to find three churning cgroups gone by their reads, and one \
+         made again before it was found gone",
+        Duration::from_secs(60),
+    )
+    .every(Duration::from_millis(100))
+    .showing(|| agent.whole_log().join("\n"))
+    .until_true(|| races(&agent) >= 3 && found_unread() >= 1);
+    let races_before_pressure = races(&agent);
+
+    fixture.go("hog");
+    let started = Instant::now();
+    wait_for("the hog to be evicted", Duration::from_secs(60), || {
+        fixture.exited("hog").is_some()
+    });
+    let evicted_after = started.elapsed();
+    let races_under_pressure = races(&agent) - races_before_pressure;
+    std::thread::sleep(Duration::from_millis(500));
+    let made_and_removed = churn.stop();
+    let (_, metrics) = support::agent_process::http_get(&agent.address, "/metrics");
+    let agent_status = agent.stop(Duration::from_secs(5));
+    let log = agent.whole_log().join("\n");
+
+    assert_eq!(
+        fixture.oom_kills(),
+        0,
+        "the kernel OOM killer fired first:\n{log}"
+    );
+    let hog_status = fixture.exited("hog").expect("the hog ended");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&hog_status),
+        Some(9),
+        "hog ended with {hog_status:?}, not SIGKILL:\n{log}"
+    );
+    assert!(
+        log.contains("evicted pod") && log.contains("e2e/hog"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("e2e/ended"),
+        "a workload gone before its read was taken for a pod:\n{log}"
+    );
+    assert!(
+        !log.contains("e2e/steady"),
+        "a steady workload was chosen:\n{log}"
+    );
+    for name in ["steady-high-priority", "steady-with-request"] {
+        assert!(fixture.exited(name).is_none(), "{name} died");
+    }
+    assert!(
+        agent_status.success(),
+        "the agent exited with {agent_status:?}"
+    );
+    let cycles: f64 = [
+        "timer",
+        "notification",
+        "notification_trailing",
+        "after_eviction",
+    ]
+    .iter()
+    .filter_map(|started_by| {
+        support::exposition::metric_value(
+            &metrics,
+            &format!("nodekeeper_cycles_total{{started_by=\"{started_by}\"}}"),
+        )
+    })
+    .sum();
+
+    // The record reads back as the agent saw it: every workload it listed had a cgroup,
+    // so each has stats, a churning one found again but not read (made again between its
+    // read and the check) included; read back as a pod without stats, it would be the
+    // first a replay evicts.
+    let steps = nodekeeper::trace::TraceFile::from_path(&trace)
+        .and_then(|file| file.parsed_steps("the recorded trace"))
+        .unwrap_or_else(|error| panic!("the recorded trace: {error}"));
+    let found_unread: Vec<String> = steps
+        .iter()
+        .flat_map(|step| &step.pods)
+        .filter(|pod| pod.usage.memory.is_none())
+        .map(|pod| format!("{} ({:?})", pod.key(), pod.cgroup))
+        .collect();
+    let read_back_without_stats: Vec<String> = steps
+        .iter()
+        .flat_map(|step| {
+            step.pods
+                .iter()
+                .filter(|pod| !pod.has_stats())
+                .map(move |pod| format!("{} at {}", pod.key(), step.at))
+        })
+        .collect();
+    assert!(
+        read_back_without_stats.is_empty(),
+        "read back from the record without stats: {read_back_without_stats:?}"
+    );
+    let replay = Command::new(support::agent_process::BINARY)
+        .args(["replay", "--config"])
+        .arg(&config)
+        .arg(&trace)
+        .output()
+        .expect("run nodekeeper replay");
+    let replay = String::from_utf8_lossy(&replay.stdout);
+    let replayed_evictions: Vec<&str> = replay
+        .lines()
+        .filter(|line| !line.contains(r#""evicted":[]"#))
+        .collect();
+    assert!(
+        replayed_evictions.len() == 1 && replayed_evictions[0].contains(r#""name":"hog""#),
+        "the replay of the record evicts the hog once, as the agent did:\n{replay}"
+    );
+    eprintln!(
+        "{made_and_removed} cgroups made and removed; {} of {cycles} listings found one gone \
+         at its read ({races_under_pressure} after the hog began to grow); recorded found \
+         but unread: {found_unread:?}; the hog evicted {evicted_after:?} after it began",
+        races(&agent)
     );
 }

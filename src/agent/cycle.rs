@@ -588,8 +588,9 @@ impl Agent {
         active
     }
 
-    /// Whether the last cycle ranked on pod figures kept from an earlier one: it did not
-    /// read the pods' files, which must stay open for the cycle that reads them next.
+    /// Whether the last cycle could rank on pod figures kept from an earlier one: it read
+    /// only the pods new to it or whose figures had aged out, so the other pods' files
+    /// must stay open for the cycle that reads them next.
     pub fn reused_pod_figures(&self) -> bool {
         self.reused_pod_figures
     }

@@ -257,7 +257,7 @@ fn trace_pod(pod: &Pod) -> TracePod {
         .filter_map(|(k, v)| v.map(|v| (k.to_string(), Amount(v.to_string()))))
         .collect()
     };
-    TracePod {
+    let mut traced = TracePod {
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
         uid: pod.uid.clone(),
@@ -274,7 +274,18 @@ fn trace_pod(pod: &Pod) -> TracePod {
         ]),
         storage: TraceStorage::from_usage(&pod.usage.storage),
         ..TracePod::default()
+    };
+    // A pod whose cgroup was found but none of whose figures could be read (a workload
+    // gone and made again between the listing and its reads, a file the kernel would
+    // not give) was ranked as having stats: its cgroup says so on replay, which would
+    // otherwise rank it first as a pod without stats.
+    if traced.usage.is_empty() && traced.storage.is_none() {
+        traced.cgroup = pod
+            .cgroup
+            .as_ref()
+            .map(|cgroup| cgroup.display().to_string());
     }
+    traced
 }
 
 #[cfg(test)]
@@ -376,6 +387,57 @@ mod tests {
             shown(read.limits.ephemeral_storage_quantity()).as_deref(),
             Some("1Gi")
         );
+    }
+
+    /// A workload whose cgroup the agent found but could read no figure of (gone and
+    /// made again between the listing and its reads, as `eviction_cgroup_e2e.rs` saw on
+    /// a real kernel) has stats and ranks as using nothing; a pod with no cgroup and no
+    /// figure has none and ranks first. Replayed, the record must rank them as the
+    /// agent did: both read back as they were, and the replayed memory ranking matches.
+    #[test]
+    fn a_pod_found_without_figures_reads_back_with_stats() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("incident.yaml");
+        let mut recorder = Recorder::new(path.clone(), 1 << 20);
+        let pod = |name: &str, cgroup: Option<&str>, memory: Option<i64>| Pod {
+            namespace: "e2e".into(),
+            name: name.into(),
+            cgroup: cgroup.map(PathBuf::from),
+            usage: crate::pods::PodUsage {
+                memory,
+                ..Default::default()
+            },
+            ..Pod::default()
+        };
+        let live = [
+            pod("found-unread", Some("pods/found-unread"), None),
+            pod("running", Some("pods/running"), Some(10 << 20)),
+            pod("not-found", None, None),
+        ];
+        recorder
+            .record(1_000, &observations(1 << 30), &live)
+            .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains(r#""cgroup":"pods/found-unread""#) && text.matches("cgroup").count() == 1,
+            "only the pod found without figures names its cgroup:\n{text}"
+        );
+        let replayed = &steps_in(&path)[0].pods;
+        let stats = |pods: &[Pod]| -> Vec<bool> { pods.iter().map(Pod::has_stats).collect() };
+        assert_eq!(stats(replayed), stats(&live));
+        assert_eq!(stats(replayed), [true, true, false]);
+        let ranked = |pods: &[Pod]| -> Vec<String> {
+            crate::eviction::rank(
+                crate::signals::Signal::MemoryAvailable,
+                crate::config::FilesystemLayout::SingleDisk,
+                pods,
+            )
+            .iter()
+            .map(|pod| pod.name.clone())
+            .collect()
+        };
+        assert_eq!(ranked(replayed), ranked(&live));
+        assert_eq!(ranked(replayed), ["not-found", "running", "found-unread"]);
     }
 
     #[test]

@@ -10,8 +10,9 @@ use crate::pods::{Pod, PodUsage};
 
 /// The workloads under the configured parent, each with its process count when
 /// `process_counts` asks for it. A workload whose files cannot be read is still listed,
-/// without stats, exactly as the kubelet treats a pod without stats; the read error is
-/// returned for logging and metrics.
+/// with its cgroup and no figures: it has stats, each figure counting as 0, as the
+/// kubelet ranks a pod whose summary entry lacks its memory figures. The read error is
+/// returned for logging.
 pub fn workload_pods(
     reader: &CgroupReader,
     workloads: &WorkloadsConfig,
@@ -24,8 +25,9 @@ pub fn workload_pods(
 /// The pods of `children`, the workload cgroups listed a moment before. A cgroup that is
 /// gone by the time it is read belongs to a workload that has ended and been cleaned up:
 /// it is left out, as the kubelet's active pods leave out a pod that has terminated.
-/// Listed without stats, it would rank first for eviction, ahead of the workloads that
-/// still run.
+/// Listed, it would be ranked as a workload using nothing (and chosen where that ranks
+/// first: the lowest priority, no workload over its request), its error logged, and the
+/// record would show a workload that no longer ran.
 fn pods_of(
     reader: &CgroupReader,
     workloads: &WorkloadsConfig,
@@ -41,20 +43,19 @@ fn pods_of(
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let settings = workloads.pods.iter().find(|p| p.matches(&name));
-            let ended = || {
+            let read = reader.read_pod_usage(&cgroup, process_counts);
+            // Memory figures kept from an earlier listing (`podStatsMaxAge`) are not
+            // checked so: the listing a moment before found the cgroup, and a stat per pod
+            // more than doubled the cycle from its start to the decision (0.93 ms against
+            // 0.44 at 110 pods, docs/performance.md); a workload gone since is ranked on
+            // its last figures, as the kubelet ranks a pod on cAdvisor's until it knows
+            // the pod has ended.
+            let some_read_failed = matches!(read, Ok((_, Some(_))) | Err(_));
+            if some_read_failed && !reader.paths().memory_dir(&cgroup).exists() {
                 tracing::debug!(cgroup = %cgroup.display(), "workload ended while it was read");
-            };
-            let usage = match reader.read_pod_usage(&cgroup, process_counts) {
-                // Memory figures kept from an earlier listing (`podStatsMaxAge`) are
-                // not checked so: the listing a moment before found the cgroup, and a
-                // stat per pod more than doubled the cycle from its start to the decision
-                // (0.93 ms against 0.44 at 110 pods, docs/performance.md); a workload gone
-                // since is ranked on its last figures, as the kubelet ranks a pod on
-                // cAdvisor's until it knows the pod has ended.
-                Ok((_, Some(_))) if !reader.paths().memory_dir(&cgroup).exists() => {
-                    ended();
-                    return None;
-                }
+                return None;
+            }
+            let usage = match read {
                 Ok((usage, count_error)) => {
                     errors.extend(count_error);
                     PodUsage {
@@ -62,10 +63,6 @@ fn pods_of(
                         pids: usage.process_count.map(saturating_i64),
                         ..PodUsage::default()
                     }
-                }
-                Err(_) if !reader.paths().memory_dir(&cgroup).exists() => {
-                    ended();
-                    return None;
                 }
                 Err(error) => {
                     errors.push(error);
@@ -114,7 +111,7 @@ mod tests {
     }
 
     /// issue 16 part 3: a pod's cgroup removed between the listing and the read. The
-    /// workload has ended; it is not a pod without stats that would be evicted first.
+    /// workload has ended and is left out, not listed as a workload using nothing.
     #[test]
     fn a_cgroup_gone_between_listing_and_reading_is_a_workload_that_ended() {
         let root = tempfile::tempdir().expect("a fake cgroup tree");
@@ -141,9 +138,11 @@ mod tests {
         let names: Vec<&str> = pods.iter().map(|pod| pod.name.as_str()).collect();
         assert_eq!(names, ["running", "unreadable"]);
         assert_eq!(pods[0].usage.memory, Some(1_048_576));
-        // A cgroup still there whose files cannot be read stays, without stats, as the
-        // kubelet keeps a pod without stats; its error is reported.
+        // A cgroup still there whose files cannot be read stays, with no figures; it has
+        // stats (its cgroup was found), so it ranks as using nothing, not first. Its
+        // error is reported.
         assert_eq!(pods[1].usage.memory, None);
+        assert!(pods[1].has_stats());
         assert_eq!(errors.len(), 1);
     }
 

@@ -276,8 +276,9 @@ pub struct AgentConfig {
     /// How old a pod's memory figures may be in a cycle a kernel notification (or a look
     /// again after an eviction) starts: `None`, the default, reads every pod's cgroup
     /// afresh in every cycle. The timer's cycles read afresh, and keep what they read for
-    /// the others; so does any cycle when none has for a housekeeping interval. The kubelet ranks on cAdvisor's figures, refreshed every
-    /// housekeeping interval; reading 110 pods' files costs more than the decision.
+    /// the others; so does any cycle when none has for a housekeeping interval. The
+    /// kubelet ranks on cAdvisor's figures, refreshed every housekeeping interval;
+    /// reading 110 pods' files costs more than the decision.
     pub pod_stats_max_age: Option<GoDuration>,
     pub node_name: Option<String>,
     /// Where graceful-shutdown progress is persisted (the shutdown report).

@@ -55,16 +55,21 @@ impl LastFigures {
     /// The figures still standing at `now` (each read within [`LAST_FIGURES_KEPT`]):
     /// `None` without recent memory figures.
     fn standing_at(&self, now: Instant) -> Option<PodCgroupUsage> {
-        let recent = |read_at: Instant| now.saturating_duration_since(read_at) <= LAST_FIGURES_KEPT;
-        recent(self.memory_read_at).then(|| PodCgroupUsage {
+        let recent = now.saturating_duration_since(self.memory_read_at) <= LAST_FIGURES_KEPT;
+        recent.then(|| PodCgroupUsage {
             working_set_bytes: self.working_set_bytes,
             usage_bytes: self.usage_bytes,
-            process_count: self
-                .process_count
-                .filter(|(read_at, _)| recent(*read_at))
-                .map(|(_, count)| count),
+            process_count: self.process_count_standing_at(now),
             memory_kept_from: None,
         })
+    }
+
+    /// The process count if it was read within [`LAST_FIGURES_KEPT`] of `now`, whatever
+    /// the age of the memory figures.
+    fn process_count_standing_at(&self, now: Instant) -> Option<u64> {
+        self.process_count
+            .filter(|(read_at, _)| now.saturating_duration_since(*read_at) <= LAST_FIGURES_KEPT)
+            .map(|(_, count)| count)
     }
 }
 
@@ -156,10 +161,9 @@ impl PodUsageReader {
                 }
                 // The memory figures just read (or kept within `podStatsMaxAge`, which a
                 // woken cycle may use) stand as they are; only a count read earlier is
-                // held to its two minutes.
-                let process_count = figures
-                    .standing_at(now)
-                    .and_then(|usage| usage.process_count);
+                // held to its two minutes, from its own read (not the memory figures':
+                // those may be kept from up to two minutes before).
+                let process_count = figures.process_count_standing_at(now);
                 if let Some(error) = count_error {
                     tracing::debug!(%uid, %error, ?process_count, "pod process count unreadable; the last one read stands");
                 }
@@ -584,6 +588,45 @@ mod tests {
             memory_at(None, read_at + Duration::from_secs(121)),
             None,
             "past two minutes from the read (111 s after the reuse) they do not"
+        );
+    }
+
+    /// A count read afresh in a cycle that reuses memory figures kept from nearly two
+    /// minutes before stands, even if by the time the pod is measured the kept figures
+    /// have passed their two minutes.
+    #[test]
+    fn a_fresh_process_count_stands_beside_memory_figures_kept_from_two_minutes_before() {
+        use crate::signals::{PodFigures, with_pod_figures};
+        let cgroups = tree(false);
+        write_cgroup(cgroups.path(), false, "kubepods/pod1-2", 900, 100, "7\n8\n");
+        let files = tempfile::tempdir().unwrap();
+        let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
+        let measure_within = |figures: PodFigures, listed_at: Instant, measured_at: Instant| {
+            let mut pod = node_pod(QosClass::Guaranteed);
+            with_pod_figures(figures, listed_at, || {
+                usage_reader.measure_at(&mut pod, measured_at)
+            });
+            (pod.pod.usage.memory, pod.pod.usage.pids)
+        };
+        let read_at = Instant::now();
+        assert_eq!(
+            measure_within(PodFigures::ReadAndKeep, read_at, read_at),
+            (Some(800), Some(2))
+        );
+        write_cgroup(
+            cgroups.path(),
+            false,
+            "kubepods/pod1-2",
+            2000,
+            100,
+            "7\n8\n9\n",
+        );
+        let listed_at = read_at + LAST_FIGURES_KEPT;
+        let reuse = PodFigures::ReuseWithin(LAST_FIGURES_KEPT);
+        assert_eq!(
+            measure_within(reuse, listed_at, listed_at + Duration::from_millis(1)),
+            (Some(800), Some(3)),
+            "memory kept from the listing two minutes on, the count read now"
         );
     }
 

@@ -74,6 +74,12 @@ pub struct TracePod {
     /// Optional emptyDir volumes (sizeLimit evictions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub empty_dirs: Vec<TraceEmptyDir>,
+    /// Optional: the pod's cgroup, found although none of its figures could be read. Such
+    /// a pod has stats, each figure counting as 0, as a pod in the kubelet's summary whose
+    /// memory figures are missing; without its cgroup it would read back as a pod
+    /// without stats, which is evicted first. `agent --record` writes it only then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -409,7 +415,7 @@ impl TracePod {
                 .iter()
                 .map(|volume| volume.to_stats(&who))
                 .collect::<Result<_, _>>()?,
-            cgroup: None,
+            cgroup: self.cgroup.as_ref().map(std::path::PathBuf::from),
         })
     }
 }

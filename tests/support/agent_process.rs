@@ -74,10 +74,13 @@ impl AgentProcess {
     /// [`AgentProcess::start`] with `command` (which runs the binary under test, as
     /// `BINARY`) prepared by the caller: placed in a network namespace, for one.
     pub fn start_from<S: AsRef<OsStr>>(mut command: Command, args: &[S]) -> AgentProcess {
+        // At `info` unless the caller asked for more.
+        if !command.get_envs().any(|(key, _)| key == "RUST_LOG") {
+            command.env("RUST_LOG", "info");
+        }
         let mut child = command
             .arg("agent")
             .args(args)
-            .env("RUST_LOG", "info")
             .env_remove("KUBECONFIG")
             .env_remove("KUBERNETES_SERVICE_HOST")
             .stdout(Stdio::null())
