@@ -478,3 +478,85 @@ async fn pressure_with_only_critical_pods_is_said_once_and_evicts_nothing() {
         "{log:#?}"
     );
 }
+
+/// `agent --record` in Kubernetes mode keeps what a replay needs to decide as the agent
+/// did: a pod whose emptyDir holds more than its `sizeLimit` is evicted by the agent for
+/// the volume's limit (dry run), and `nodekeeper replay` of the record evicts it at once
+/// for the same reason. The record once left out the pods' emptyDirs and containers, and
+/// its replay evicted nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_of_the_record_evicts_for_an_empty_dir_limit_as_the_agent_did() {
+    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use support::agent_process::AgentProcess as Agent;
+    use support::fake_node::{Host, MI, api_pod, best_effort, seed_node};
+
+    let server = FakeApiServer::start().await;
+    seed_node(&server);
+    let host = Host::new(4096 * MI);
+    let scratchy = best_effort("scratchy", "55555555-eeee", 10);
+    let bystander = best_effort("bystander", "66666666-ffff", 20);
+    for fixture in [&scratchy, &bystander] {
+        let mut pod = api_pod(fixture);
+        if fixture.name == "scratchy" {
+            let spec = pod.spec.as_mut().expect("a pod spec");
+            spec.volumes = Some(vec![Volume {
+                name: "scratch".to_string(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    size_limit: Some(Quantity("1Mi".to_string())),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]);
+        }
+        server.seed(&pod);
+        host.add_pod_cgroup("besteffort", fixture.uid, fixture.working_set);
+    }
+    let scratch = host
+        .dir
+        .path()
+        .join("kubelet/pods")
+        .join(scratchy.uid)
+        .join("volumes/kubernetes.io~empty-dir/scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    std::fs::write(scratch.join("data"), vec![7u8; 2 * MI as usize]).unwrap();
+
+    let (config, kubeconfig) = host.write_agent_files(&server, "housekeepingInterval: 200ms\n");
+    let trace = host.dir.path().join("trace.yaml");
+    let mut agent = Agent::dry_run_from(
+        Command::new(support::agent_process::BINARY),
+        &config,
+        &[
+            "--kubeconfig".as_ref(),
+            kubeconfig.as_os_str(),
+            "--record".as_ref(),
+            trace.as_os_str(),
+        ],
+    );
+    let evicted = agent.logged("dry run: would evict pod", Duration::from_secs(30));
+    let status = agent.stop(Duration::from_secs(20));
+    let log = agent.whole_log().join("\n");
+    assert!(status.success(), "agent exited with {status}:\n{log}");
+    assert!(
+        evicted.contains("default/scratchy") && evicted.contains("emptydirfs.limit"),
+        "the agent's eviction: {evicted}\n{log}"
+    );
+
+    let replay = Command::new(support::agent_process::BINARY)
+        .args(["replay", "--config"])
+        .arg(&config)
+        .arg(&trace)
+        .output()
+        .expect("run nodekeeper replay");
+    let replay = String::from_utf8_lossy(&replay.stdout);
+    let first_eviction = replay
+        .lines()
+        .find(|line| !line.contains(r#""evicted":[]"#))
+        .unwrap_or_else(|| panic!("the replay evicted nothing:\n{replay}"));
+    assert!(
+        first_eviction.contains(r#""name":"scratchy""#)
+            && first_eviction.contains(r#""signal":"emptydirfs.limit""#)
+            && !first_eviction.contains("bystander"),
+        "the replay's first eviction: {first_eviction}"
+    );
+}

@@ -14,9 +14,11 @@ use std::path::{Path, PathBuf};
 use prometheus_client::metrics::counter::Counter;
 
 use crate::config::GoDuration;
-use crate::pods::Pod;
+use crate::pods::{ContainerKind, Pod};
 use crate::signals::Observations;
-use crate::trace::{Amount, TracePod, TraceSignal, TraceStep, TraceStorage};
+use crate::trace::{
+    Amount, TraceContainer, TraceEmptyDir, TracePod, TraceSignal, TraceStep, TraceStorage,
+};
 
 #[derive(Debug, thiserror::Error)]
 #[error("trace recording {path}: {error}")]
@@ -273,19 +275,63 @@ fn trace_pod(pod: &Pod) -> TracePod {
             ("pids", pod.usage.pids),
         ]),
         storage: TraceStorage::from_usage(&pod.usage.storage),
-        ..TracePod::default()
+        // The containers and emptyDirs too: their limits evict a pod at once, and the
+        // containers word the eviction's message; a replay without them would do neither.
+        containers: pod
+            .containers
+            .iter()
+            .map(|container| TraceContainer {
+                name: container.name.clone(),
+                kind: match container.kind {
+                    ContainerKind::Regular => None,
+                    ContainerKind::Init => Some("init".to_string()),
+                    ContainerKind::Sidecar => Some("sidecar".to_string()),
+                },
+                requests: quantities(&container.requests),
+                limits: quantities(&container.limits),
+                usage: amounts(&[
+                    ("memory", container.usage.memory),
+                    ("rootfs", container.usage.rootfs),
+                    ("logs", container.usage.logs),
+                ]),
+            })
+            .collect(),
+        empty_dirs: pod
+            .empty_dirs
+            .iter()
+            .map(|volume| TraceEmptyDir {
+                name: volume.name.clone(),
+                size_limit: volume.size_limit.map(|limit| Amount(limit.to_string())),
+                used: volume.used.map(Amount::from),
+                // Memory and huge pages alike are not the node's disk, all that the
+                // decisions ask of the medium.
+                medium: volume.memory_backed.then(|| "Memory".to_string()),
+            })
+            .collect(),
+        cgroup: None,
     };
     // A pod whose cgroup was found but none of whose figures could be read (a workload
     // gone and made again between the listing and its reads, a file the kernel would
     // not give) was ranked as having stats: its cgroup says so on replay, which would
     // otherwise rank it first as a pod without stats.
-    if traced.usage.is_empty() && traced.storage.is_none() {
+    if !records_a_figure(&traced) {
         traced.cgroup = pod
             .cgroup
             .as_ref()
             .map(|cgroup| cgroup.display().to_string());
     }
     traced
+}
+
+/// Whether `pod` as recorded carries a figure, which reads back as stats.
+fn records_a_figure(pod: &TracePod) -> bool {
+    !pod.usage.is_empty()
+        || pod.storage.is_some()
+        || pod
+            .containers
+            .iter()
+            .any(|container| !container.usage.is_empty())
+        || pod.empty_dirs.iter().any(|volume| volume.used.is_some())
 }
 
 #[cfg(test)]
@@ -438,6 +484,107 @@ mod tests {
         };
         assert_eq!(ranked(replayed), ranked(&live));
         assert_eq!(ranked(replayed), ["not-found", "running", "found-unread"]);
+    }
+
+    /// A pod in Kubernetes mode carries its containers and emptyDirs: a container's own
+    /// ephemeral-storage limit and an emptyDir's sizeLimit evict it at once, and the
+    /// containers word the eviction's message. Recorded and read back, the pod is the one
+    /// the agent decided on (its cgroup aside: the figures stand for it), so a replay
+    /// decides and words as the agent did.
+    #[test]
+    fn containers_and_empty_dirs_read_back_as_the_agent_saw_them() {
+        use crate::pods::{ContainerStats, ContainerUsage, EmptyDirStats, ResourceAmounts};
+        use crate::quantity::Quantity;
+        let amounts = |memory: Option<&str>, storage: Option<&str>| {
+            let mut amounts = ResourceAmounts::default();
+            if let Some(memory) = memory.map(|text| Quantity::parse(text).unwrap()) {
+                amounts.memory = Some(memory.value());
+                amounts.formats.memory = memory.format();
+            }
+            if let Some(storage) = storage.map(|text| Quantity::parse(text).unwrap()) {
+                amounts.ephemeral_storage = Some(storage.value());
+                amounts.formats.ephemeral_storage = storage.format();
+            }
+            amounts
+        };
+        let container = |name: &str, kind, requests, limits, usage| ContainerStats {
+            name: name.into(),
+            kind,
+            requests,
+            limits,
+            usage,
+        };
+        let live = Pod {
+            namespace: "shop".into(),
+            name: "web-1".into(),
+            uid: Some("0b5e".into()),
+            requests: amounts(Some("1G"), None),
+            limits: amounts(None, Some("1Gi")),
+            usage: crate::pods::PodUsage {
+                memory: Some(300 << 20),
+                ..Default::default()
+            },
+            containers: vec![
+                container(
+                    "setup",
+                    ContainerKind::Init,
+                    ResourceAmounts::default(),
+                    ResourceAmounts::default(),
+                    ContainerUsage::default(),
+                ),
+                container(
+                    "proxy",
+                    ContainerKind::Sidecar,
+                    amounts(Some("64Mi"), None),
+                    ResourceAmounts::default(),
+                    ContainerUsage {
+                        memory: Some(20 << 20),
+                        ..Default::default()
+                    },
+                ),
+                container(
+                    "app",
+                    ContainerKind::Regular,
+                    amounts(Some("500M"), None),
+                    amounts(None, Some("40k")),
+                    ContainerUsage {
+                        memory: Some(280 << 20),
+                        rootfs: Some(30_000),
+                        logs: Some(20_000),
+                    },
+                ),
+            ],
+            empty_dirs: vec![
+                EmptyDirStats {
+                    name: "scratch".into(),
+                    size_limit: Some(Quantity::parse("1e3").unwrap()),
+                    used: Some(4096),
+                    memory_backed: false,
+                },
+                EmptyDirStats {
+                    name: "shm".into(),
+                    size_limit: Some(Quantity::parse("64Mi").unwrap()),
+                    used: None,
+                    memory_backed: true,
+                },
+            ],
+            cgroup: Some(PathBuf::from("kubepods/burstable/pod0b5e")),
+            ..Pod::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("incident.yaml");
+        let mut recorder = Recorder::new(path.clone(), 1 << 20);
+        recorder
+            .record(1_000, &observations(1 << 30), std::slice::from_ref(&live))
+            .unwrap();
+        let read_back = &steps_in(&path)[0].pods[0];
+        assert_eq!(
+            read_back,
+            &Pod {
+                cgroup: None,
+                ..live
+            }
+        );
     }
 
     #[test]
