@@ -301,7 +301,7 @@ fn agent_evicts_the_ranked_workload_before_the_oom_killer() {
 /// it reads their files, as it finds a workload that has just ended and been cleaned up.
 struct CgroupChurn {
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<u64>>,
+    thread: Option<std::thread::JoinHandle<Result<u64, String>>>,
     dirs: Vec<PathBuf>,
 }
 
@@ -318,14 +318,16 @@ impl CgroupChurn {
                 let mut made_and_removed = 0;
                 while !stop.load(Ordering::Relaxed) {
                     for dir in &dirs {
-                        fs::create_dir(dir).expect("make a churning cgroup");
+                        fs::create_dir(dir)
+                            .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
                     }
                     for dir in &dirs {
-                        fs::remove_dir(dir).expect("remove a churning cgroup");
+                        fs::remove_dir(dir)
+                            .map_err(|e| format!("cannot remove {}: {e}", dir.display()))?;
                         made_and_removed += 1;
                     }
                 }
-                made_and_removed
+                Ok(made_and_removed)
             })
         };
         CgroupChurn {
@@ -335,12 +337,20 @@ impl CgroupChurn {
         }
     }
 
+    /// Whether the churn has stopped by itself: it failed (see [`CgroupChurn::stop`]).
+    fn failed(&self) -> bool {
+        self.thread
+            .as_ref()
+            .is_some_and(|thread| thread.is_finished())
+    }
+
     /// Stops the churn; how many cgroups were made and removed.
     fn stop(&mut self) -> u64 {
         self.stop.store(true, Ordering::Relaxed);
         let made_and_removed = match self.thread.take().map(|thread| thread.join()) {
-            Some(Ok(count)) => count,
-            Some(Err(_)) => panic!("the cgroup churn failed"),
+            Some(Ok(Ok(count))) => count,
+            Some(Ok(Err(error))) => panic!("the cgroup churn failed: {error}"),
+            Some(Err(_)) => panic!("the cgroup churn panicked"),
             None => 0,
         };
         for dir in &self.dirs {
@@ -385,7 +395,7 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
     let config = dir.path().join("agent.yaml");
     fs::write(
         &config,
-        agent_config(&fixture.cgroups.v1_root(), &name, "250ms"),
+        agent_config(&fixture.cgroups.v1_root(), &name, "100ms"),
     )
     .unwrap();
     let mut command = Command::new(support::agent_process::BINARY);
@@ -407,10 +417,13 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
             .filter(|line| line.contains(RACE))
             .count()
     };
-    // Both races must be hit on this kernel, or the test shows nothing: a cgroup gone by
-    // its read, and one made again between its failed read and the check that it is
-    // gone, which the agent lists with no figure (it has stats: its cgroup was found).
-    let found_unread = || {
+    // Both races must be hit on this kernel, or the test shows nothing: a cgroup gone (or
+    // all but gone: its `cgroup.procs` already removed) by its read, which the agent leaves
+    // out; and one whose memory files the kernel had removed while its `cgroup.procs` was
+    // still there (`rmdir` clears a controller's files first) or that was made again
+    // before the agent looked, which the agent lists with no figure: it has stats, its
+    // cgroup was found.
+    let pods_recorded_unread = || {
         nodekeeper::trace::TraceFile::from_path(&trace)
             .and_then(|file| file.parsed_steps("the recorded trace"))
             .map(|steps| {
@@ -422,14 +435,26 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
             })
             .unwrap_or(0)
     };
+    let waited = Instant::now();
     support::poll::Wait::for_(
-        "the agent's listing to find three churning cgroups gone by their reads, and one \
-         made again before it was found gone",
+        "the agent to find three churning cgroups gone by their reads, and to record one \
+         found but unread",
         Duration::from_secs(60),
     )
     .every(Duration::from_millis(100))
-    .showing(|| agent.whole_log().join("\n"))
-    .until_true(|| races(&agent) >= 3 && found_unread() >= 1);
+    .showing(|| {
+        format!(
+            "{} gone at their reads, {} recorded unread; agent log:\n{}",
+            races(&agent),
+            pods_recorded_unread(),
+            agent.whole_log().join("\n")
+        )
+    })
+    .until_true(|| {
+        assert!(!churn.failed(), "the churn stopped: {}", churn.stop());
+        races(&agent) >= 3 && pods_recorded_unread() >= 1
+    });
+    let both_races_after = waited.elapsed();
     let races_before_pressure = races(&agent);
 
     fixture.go("hog");
@@ -497,7 +522,7 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
     let steps = nodekeeper::trace::TraceFile::from_path(&trace)
         .and_then(|file| file.parsed_steps("the recorded trace"))
         .unwrap_or_else(|error| panic!("the recorded trace: {error}"));
-    let found_unread: Vec<String> = steps
+    let recorded_unread: Vec<String> = steps
         .iter()
         .flat_map(|step| &step.pods)
         .filter(|pod| pod.usage.memory.is_none())
@@ -532,9 +557,10 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
         "the replay of the record evicts the hog once, as the agent did:\n{replay}"
     );
     eprintln!(
-        "{made_and_removed} cgroups made and removed; {} of {cycles} listings found one gone \
-         at its read ({races_under_pressure} after the hog began to grow); recorded found \
-         but unread: {found_unread:?}; the hog evicted {evicted_after:?} after it began",
+        "{made_and_removed} cgroups made and removed; in {cycles} cycles, {} found gone at \
+         their reads ({races_under_pressure} after the hog began to grow), recorded found but \
+         unread: {recorded_unread:?}; both races seen {both_races_after:?} after the agent \
+         started; the hog evicted {evicted_after:?} after it began",
         races(&agent)
     );
 }

@@ -311,9 +311,9 @@ fn trace_pod(pod: &Pod) -> TracePod {
         cgroup: None,
     };
     // A pod whose cgroup was found but none of whose figures could be read (a workload
-    // gone and made again between the listing and its reads, a file the kernel would
-    // not give) was ranked as having stats: its cgroup says so on replay, which would
-    // otherwise rank it first as a pod without stats.
+    // whose cgroup the kernel was removing, its memory files gone before the rest; a
+    // file the kernel would not give) was ranked as having stats: its cgroup says so on
+    // replay, which would otherwise rank it first as a pod without stats.
     if !records_a_figure(&traced) {
         traced.cgroup = pod
             .cgroup
@@ -435,10 +435,9 @@ mod tests {
         );
     }
 
-    /// A workload whose cgroup the agent found but could read no figure of (gone and
-    /// made again between the listing and its reads, as `eviction_cgroup_e2e.rs` saw on
-    /// a real kernel) has stats and ranks as using nothing; a pod with no cgroup and no
-    /// figure has none and ranks first. Replayed, the record must rank them as the
+    /// A workload whose cgroup the agent found but could read no figure of (being
+    /// removed, as `eviction_cgroup_e2e.rs` sees on a real kernel) has stats and ranks as
+    /// using nothing; a pod with no cgroup and no figure has none and ranks first. Replayed, the record must rank them as the
     /// agent did: both read back as they were, and the replayed memory ranking matches.
     #[test]
     fn a_pod_found_without_figures_reads_back_with_stats() {
@@ -463,10 +462,16 @@ mod tests {
         recorder
             .record(1_000, &observations(1 << 30), &live)
             .unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            text.contains(r#""cgroup":"pods/found-unread""#) && text.matches("cgroup").count() == 1,
-            "only the pod found without figures names its cgroup:\n{text}"
+        let recorded = TraceFile::from_path(&path).unwrap();
+        let cgroups: Vec<Option<&str>> = recorded.steps[0]
+            .pods
+            .iter()
+            .map(|pod| pod.cgroup.as_deref())
+            .collect();
+        assert_eq!(
+            cgroups,
+            [Some("pods/found-unread"), None, None],
+            "only the pod found without figures names its cgroup"
         );
         let replayed = &steps_in(&path)[0].pods;
         let stats = |pods: &[Pod]| -> Vec<bool> { pods.iter().map(Pod::has_stats).collect() };

@@ -23,11 +23,11 @@ pub fn workload_pods(
 }
 
 /// The pods of `children`, the workload cgroups listed a moment before. A cgroup that is
-/// gone by the time it is read belongs to a workload that has ended and been cleaned up:
-/// it is left out, as the kubelet's active pods leave out a pod that has terminated.
-/// Listed, it would be ranked as a workload using nothing (and chosen where that ranks
-/// first: the lowest priority, no workload over its request), its error logged, and the
-/// record would show a workload that no longer ran.
+/// gone by the time it is read, or going, belongs to a workload that has ended and is
+/// being cleaned up: it is left out, as the kubelet's active pods leave out a pod that
+/// has terminated. Listed, it would be ranked as a workload using nothing (and chosen
+/// where that ranks first: the lowest priority, no workload over its request), its error
+/// logged, and the record would show a workload that no longer ran.
 fn pods_of(
     reader: &CgroupReader,
     workloads: &WorkloadsConfig,
@@ -51,7 +51,20 @@ fn pods_of(
             // its last figures, as the kubelet ranks a pod on cAdvisor's until it knows
             // the pod has ended.
             let some_read_failed = matches!(read, Ok((_, Some(_))) | Err(_));
-            if some_read_failed && !reader.paths().memory_dir(&cgroup).exists() {
+            // `rmdir` clears each controller's files, then the cgroup's own, then the
+            // directory; a new cgroup is shown only with its files. A directory without
+            // `cgroup.procs`, which every live cgroup has, is being removed. One caught
+            // with its memory files gone and `cgroup.procs` not yet stays listed with no
+            // figure, as using nothing, as does a live cgroup with no memory files (a v2
+            // child whose parent does not enable the controller): the two look alike.
+            let ended = || {
+                !reader
+                    .paths()
+                    .memory_dir(&cgroup)
+                    .join("cgroup.procs")
+                    .exists()
+            };
+            if some_read_failed && ended() {
                 tracing::debug!(cgroup = %cgroup.display(), "workload ended while it was read");
                 return None;
             }
@@ -115,9 +128,18 @@ mod tests {
     #[test]
     fn a_cgroup_gone_between_listing_and_reading_is_a_workload_that_ended() {
         let root = tempfile::tempdir().expect("a fake cgroup tree");
-        for name in ["pods/running", "pods/unreadable"] {
-            std::fs::create_dir_all(root.path().join(name)).expect("a cgroup");
-        }
+        // Being removed: the kernel has taken its files, not yet its directory.
+        std::fs::create_dir_all(root.path().join("pods/going")).expect("a cgroup");
+        // Live, without the memory controller (a v2 parent that does not enable it).
+        write(root.path(), "pods/no-memory-files", "cgroup.procs", "");
+        write(root.path(), "pods/unreadable", "cgroup.procs", "");
+        write(
+            root.path(),
+            "pods/unreadable",
+            "memory.current",
+            "garbage\n",
+        );
+        write(root.path(), "pods/running", "cgroup.procs", "");
         write(root.path(), "pods/running", "memory.current", "1048576\n");
         write(
             root.path(),
@@ -130,20 +152,22 @@ mod tests {
         let listed = reader
             .list_child_cgroups(std::path::Path::new("pods"))
             .expect("the listing");
-        assert_eq!(listed.len(), 2);
+        assert_eq!(listed.len(), 4);
         // Gone after the listing: the race of a workload that exits.
         let mut children = listed;
         children.push(PathBuf::from("pods/ended"));
         let (pods, errors) = pods_of(&reader, &workloads(), children, ProcessCounts::Read);
         let names: Vec<&str> = pods.iter().map(|pod| pod.name.as_str()).collect();
-        assert_eq!(names, ["running", "unreadable"]);
-        assert_eq!(pods[0].usage.memory, Some(1_048_576));
-        // A cgroup still there whose files cannot be read stays, with no figures; it has
-        // stats (its cgroup was found), so it ranks as using nothing, not first. Its
-        // error is reported.
-        assert_eq!(pods[1].usage.memory, None);
-        assert!(pods[1].has_stats());
-        assert_eq!(errors.len(), 1);
+        assert_eq!(names, ["no-memory-files", "running", "unreadable"]);
+        assert_eq!(pods[1].usage.memory, Some(1_048_576));
+        // A live cgroup whose files cannot be read stays, with no figures; it has stats
+        // (its cgroup was found), so it ranks as using nothing, not first. Each error is
+        // reported.
+        for unread in [&pods[0], &pods[2]] {
+            assert_eq!(unread.usage.memory, None);
+            assert!(unread.has_stats());
+        }
+        assert_eq!(errors.len(), 2);
     }
 
     /// Without a `pid.available` threshold no decision reads a pod's process count, and
@@ -157,6 +181,7 @@ mod tests {
         write(root.path(), "pods/web", "memory.current", "1048576\n");
         write(root.path(), "pods/web", "memory.stat", "inactive_file 0\n");
         write(root.path(), "pods/web", "pids.current", "many\n");
+        write(root.path(), "pods/web", "cgroup.procs", "");
         let reader = CgroupReader::new(root.path(), CgroupLayout::Unified);
         let read = |counts| workload_pods(&reader, &workloads(), counts).expect("the listing");
 

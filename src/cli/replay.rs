@@ -218,7 +218,7 @@ pub fn warn_uncounted(uncounted: &[String]) {
         named.push_str(&format!(" and {} more", uncounted.len() - NAMED));
     }
     eprintln!(
-        "warning: the trace records no process count for {named} (the agent records counts only when it has a pid.available threshold); a pid.available threshold ranks them as running 0 processes"
+        "warning: the trace records no process count for {named} (the agent records counts only when it has a pid.available threshold, and only those it could read); a pid.available threshold ranks them as running 0 processes"
     );
 }
 

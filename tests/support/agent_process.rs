@@ -74,7 +74,8 @@ impl AgentProcess {
     /// [`AgentProcess::start`] with `command` (which runs the binary under test, as
     /// `BINARY`) prepared by the caller: placed in a network namespace, for one.
     pub fn start_from<S: AsRef<OsStr>>(mut command: Command, args: &[S]) -> AgentProcess {
-        // At `info` unless the caller asked for more.
+        // At `info` unless the caller set `RUST_LOG` (which must keep `info` for the
+        // `serving /metrics` line waited for below).
         if !command.get_envs().any(|(key, _)| key == "RUST_LOG") {
             command.env("RUST_LOG", "info");
         }
