@@ -311,9 +311,10 @@ fn trace_pod(pod: &Pod) -> TracePod {
         cgroup: None,
     };
     // A pod whose cgroup was found but none of whose figures could be read (a workload
-    // whose cgroup the kernel was removing, its memory files gone before the rest; a
-    // file the kernel would not give) was ranked as having stats: its cgroup says so on
-    // replay, which would otherwise rank it first as a pod without stats.
+    // whose cgroup the kernel was removing, its memory files gone before the rest, or
+    // one removed and made again between the read and the look; a file the kernel would
+    // not give) was ranked as having stats: its cgroup says so on replay, which would
+    // otherwise rank it first as a pod without stats.
     if !records_a_figure(&traced) {
         traced.cgroup = pod
             .cgroup
@@ -436,8 +437,9 @@ mod tests {
     }
 
     /// A workload whose cgroup the agent found but could read no figure of (being
-    /// removed, as `eviction_cgroup_e2e.rs` sees on a real kernel) has stats and ranks as
-    /// using nothing; a pod with no cgroup and no figure has none and ranks first. Replayed, the record must rank them as the
+    /// removed, or removed and made again, as `eviction_cgroup_e2e.rs` meets on a real
+    /// kernel) has stats and ranks as using nothing; a pod with no cgroup and no figure
+    /// has none and ranks first. Replayed, the record must rank them as the
     /// agent did: both read back as they were, and the replayed memory ranking matches.
     #[test]
     fn a_pod_found_without_figures_reads_back_with_stats() {
@@ -583,6 +585,13 @@ mod tests {
             .record(1_000, &observations(1 << 30), std::slice::from_ref(&live))
             .unwrap();
         let read_back = &steps_in(&path)[0].pods[0];
+        // Quantities compare by value: their formats, which the messages print, too.
+        let size_limits = |pod: &Pod| -> Vec<Option<String>> {
+            let shown = |volume: &EmptyDirStats| volume.size_limit.map(|q| q.to_string());
+            pod.empty_dirs.iter().map(shown).collect()
+        };
+        assert_eq!(size_limits(read_back), size_limits(&live));
+        assert_eq!(size_limits(read_back)[0].as_deref(), Some("1e3"));
         assert_eq!(
             read_back,
             &Pod {

@@ -52,17 +52,23 @@ fn pods_of(
             // the pod has ended.
             let some_read_failed = matches!(read, Ok((_, Some(_))) | Err(_));
             // `rmdir` clears each controller's files, then the cgroup's own, then the
-            // directory; a new cgroup is shown only with its files. A directory without
+            // directory (the kernel's `cgroup_destroy_locked`: `kill_css` for each
+            // controller, `css_clear_dir` of the cgroup's own, `kernfs_remove`); a new one
+            // is shown only with its files (`cgroup_mkdir` activates it last). A directory without
             // `cgroup.procs`, which every live cgroup has, is being removed. One caught
             // with its memory files gone and `cgroup.procs` not yet stays listed with no
             // figure, as using nothing, as does a live cgroup with no memory files (a v2
             // child whose parent does not enable the controller): the two look alike.
+            // Ended only if surely gone: a look that fails (no permission) is not proof.
             let ended = || {
-                !reader
-                    .paths()
-                    .memory_dir(&cgroup)
-                    .join("cgroup.procs")
-                    .exists()
+                matches!(
+                    reader
+                        .paths()
+                        .memory_dir(&cgroup)
+                        .join("cgroup.procs")
+                        .try_exists(),
+                    Ok(false)
+                )
             };
             if some_read_failed && ended() {
                 tracing::debug!(cgroup = %cgroup.display(), "workload ended while it was read");
