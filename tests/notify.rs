@@ -571,7 +571,20 @@ fn a_crossing_is_decided_on_while_the_main_runtime_thread_is_stalled() {
 /// threshold of [`allocatable_threshold_on`]), `early` using 30 MiB from before the
 /// agent's first (timer) cycle, `late` empty then, and then growing to 100 MiB, which
 /// crosses the threshold with `late` at about 76 MiB, the larger of the two.
-fn pod_chosen_on_a_notification(max_age: Option<Duration>) -> Option<Decided> {
+/// How many files this process has open under `dir` (its own `/proc/self/fd` links).
+fn files_open_under(dir: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter(|target| target.starts_with(dir))
+        .count()
+}
+
+/// The deciding cycle on `late`'s crossing, and how many of the two workloads' cgroup
+/// files the agent (in this process) holds open a moment after it: the timer cycle read
+/// them and kept them open, and the notified cycles since did or did not read them.
+fn pod_chosen_on_a_notification(max_age: Option<Duration>) -> Option<(Decided, usize)> {
     let (mut cgroups, mut config) = require!(
         "the cgroup v1 memory hierarchy",
         pods_cgroup_of_256_mib(),
@@ -607,19 +620,26 @@ fn pod_chosen_on_a_notification(max_age: Option<Duration>) -> Option<Decided> {
             Err(_) => panic!("no decision on the crossing within {ARRIVAL:?}"),
         }
     };
+    // The deciding cycle has ended, and any cycle after it (woken too: the timer's next
+    // is an hour away), each of which would have closed the files it did not read.
+    std::thread::sleep(Duration::from_millis(500));
+    let files_open = [&early, &late]
+        .into_iter()
+        .map(|workload| files_open_under(&cgroups.dir("memory", workload)))
+        .sum();
     agent.stop();
     assert!(
         matches!(decided.started_by, CycleStart::Woken(_)),
         "the deciding cycle was not woken: {decided:?}"
     );
-    Some(decided)
+    Some((decided, files_open))
 }
 
 /// By default every cycle reads each pod's figures afresh: the one a notification starts
 /// chooses the pod that grew since the last timer cycle, the larger now.
 #[test]
 fn without_pod_stats_max_age_a_notified_cycle_ranks_pods_on_fresh_figures() {
-    let Some(decided) = pod_chosen_on_a_notification(None) else {
+    let Some((decided, _)) = pod_chosen_on_a_notification(None) else {
         return;
     };
     assert_eq!(decided.evicted, ["late"], "{decided:?}");
@@ -627,13 +647,21 @@ fn without_pod_stats_max_age_a_notified_cycle_ranks_pods_on_fresh_figures() {
 
 /// With `podStatsMaxAge`, a cycle a notification starts ranks the pods on the figures of
 /// the last timer cycle, as the kubelet ranks on cAdvisor's: `late` was empty then, and
-/// `early` is chosen although `late` is the larger now.
+/// `early` is chosen although `late` is the larger now. The files the timer cycle read
+/// stay open through the cycles that reused its figures (each workload's
+/// `memory.usage_in_bytes` and `memory.stat`), so the next timer cycle need not open them
+/// again.
 #[test]
 fn with_pod_stats_max_age_a_notified_cycle_ranks_pods_on_the_timer_cycles_figures() {
-    let Some(decided) = pod_chosen_on_a_notification(Some(Duration::from_secs(120))) else {
+    let Some((decided, files_open)) = pod_chosen_on_a_notification(Some(Duration::from_secs(120)))
+    else {
         return;
     };
     assert_eq!(decided.evicted, ["early"], "{decided:?}");
+    assert!(
+        files_open >= 4,
+        "{files_open} of the two workloads' cgroup files open after the reusing cycles"
+    );
 }
 
 /// The housekeeping timer runs on the decision cycle thread too: while the main runtime
