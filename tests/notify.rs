@@ -566,11 +566,6 @@ fn a_crossing_is_decided_on_while_the_main_runtime_thread_is_stalled() {
     agent.stop();
 }
 
-/// Which pod the first cycle a memcg notification starts chooses, with `podStatsMaxAge`
-/// set to `max_age` or not: two workloads of the pods cgroup (256 MiB, the 150 MiB
-/// threshold of [`allocatable_threshold_on`]), `early` using 30 MiB from before the
-/// agent's first (timer) cycle, `late` empty then, and then growing to 100 MiB, which
-/// crosses the threshold with `late` at about 76 MiB, the larger of the two.
 /// How many files this process has open under `dir` (its own `/proc/self/fd` links).
 fn files_open_under(dir: &std::path::Path) -> usize {
     std::fs::read_dir("/proc/self/fd")
@@ -581,9 +576,14 @@ fn files_open_under(dir: &std::path::Path) -> usize {
         .count()
 }
 
-/// The deciding cycle on `late`'s crossing, and how many of the two workloads' cgroup
-/// files the agent (in this process) holds open a moment after it: the timer cycle read
-/// them and kept them open, and the notified cycles since did or did not read them.
+/// Which pod the first cycle a memcg notification starts chooses, with `podStatsMaxAge`
+/// set to `max_age` or not: two workloads of the pods cgroup (256 MiB, the 150 MiB
+/// threshold of [`allocatable_threshold_on`]), `early` using 30 MiB from before the
+/// agent's first (timer) cycle, `late` empty then, and then growing to 100 MiB, which
+/// crosses the threshold with `late` at about 76 MiB, the larger of the two. Returns the
+/// deciding cycle on `late`'s crossing, and how many of the two workloads' cgroup files
+/// the agent (in this process) holds open a moment after it: the timer cycle read them
+/// and kept them open, and the notified cycles since did or did not read them.
 fn pod_chosen_on_a_notification(max_age: Option<Duration>) -> Option<(Decided, usize)> {
     let (mut cgroups, mut config) = require!(
         "the cgroup v1 memory hierarchy",
@@ -620,8 +620,9 @@ fn pod_chosen_on_a_notification(max_age: Option<Duration>) -> Option<(Decided, u
             Err(_) => panic!("no decision on the crossing within {ARRIVAL:?}"),
         }
     };
-    // The deciding cycle has ended, and any cycle after it (woken too: the timer's next
-    // is an hour away), each of which would have closed the files it did not read.
+    // The observer hears of the decision before the cycle ends: wait for its end, and for
+    // any cycle after it (woken too: the timer's next is an hour away), each of which
+    // would have closed the files it did not read.
     std::thread::sleep(Duration::from_millis(500));
     let files_open = [&early, &late]
         .into_iter()
