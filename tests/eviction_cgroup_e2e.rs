@@ -18,15 +18,12 @@ mod support {
 }
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use support::allocator::AllocatorPlan;
 use support::cgroups::TestCgroups;
 
@@ -133,7 +130,7 @@ impl Fixture {
 /// The agent's configuration for the fixture's workloads under `parent`: a hard threshold
 /// of 100Mi on the parent's memory, and the two steady workloads' priority and requests,
 /// which the kubelet's ranking spares while a workload without a request grows.
-fn agent_config(cgroup_root: &std::path::Path, parent: &str, housekeeping: &str) -> String {
+fn agent_config(cgroup_root: &Path, parent: &str, housekeeping: &str) -> String {
     let cgroup_root = cgroup_root.display();
     format!(
         "apiVersion: nodekeeper.io/v1alpha1
@@ -161,110 +158,117 @@ fn wait_for(what: &str, timeout: Duration, condition: impl FnMut() -> bool) {
     support::poll::Wait::for_(what, timeout).until_true(condition);
 }
 
+/// The agent binary for the fixture's workloads ([`agent_config`], housekeeping every
+/// `housekeeping`), logging as `RUST_LOG=log_filter` says and recording a trace.
+struct RecordingAgent {
+    process: support::agent_process::AgentProcess,
+    config: PathBuf,
+    trace: PathBuf,
+}
+
+impl RecordingAgent {
+    /// Writes its configuration into `dir`, where it records, and starts it.
+    fn start(dir: &Path, fixture: &Fixture, housekeeping: &str, log_filter: &str) -> Self {
+        let config = dir.join("agent.yaml");
+        let parent = fixture.cgroups.parent.display().to_string();
+        let text = agent_config(&fixture.cgroups.v1_root(), &parent, housekeeping);
+        fs::write(&config, text).unwrap();
+        let trace = dir.join("trace.yaml");
+        let mut command = Command::new(support::agent_process::BINARY);
+        command.env("RUST_LOG", log_filter);
+        let process = support::agent_process::AgentProcess::start_from(
+            command,
+            &[
+                "--config".as_ref(),
+                config.as_os_str(),
+                "--record".as_ref(),
+                trace.as_os_str(),
+            ],
+        );
+        RecordingAgent {
+            process,
+            config,
+            trace,
+        }
+    }
+
+    /// The steps recorded so far.
+    fn recorded_steps(&self) -> Result<Vec<nodekeeper::trace::ParsedStep>, String> {
+        nodekeeper::trace::TraceFile::from_path(&self.trace)
+            .and_then(|file| file.parsed_steps("the recorded trace"))
+            .map_err(|error| format!("the recorded trace: {error}"))
+    }
+
+    /// `nodekeeper replay` of the trace under the agent's configuration.
+    fn replay(&self) -> String {
+        support::agent_process::replay(&self.config, &self.trace)
+    }
+}
+
+/// What both runs must end with: the hog killed (SIGKILL) by the agent before the kernel's
+/// OOM killer, no steady workload chosen or dead, and the agent (stopped with
+/// `agent_status`, its whole `log`) exited cleanly.
+fn assert_the_hog_alone_was_evicted(
+    fixture: &mut Fixture,
+    log: &str,
+    agent_status: std::process::ExitStatus,
+) {
+    assert_eq!(
+        fixture.oom_kills(),
+        0,
+        "the kernel OOM killer fired first:\n{log}"
+    );
+    let hog_status = fixture.exited("hog").expect("the hog ended");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&hog_status),
+        Some(9),
+        "hog ended with {hog_status:?}, not SIGKILL:\n{log}"
+    );
+    assert!(
+        log.contains("evicted pod") && log.contains("e2e/hog"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("e2e/steady"),
+        "a steady workload was chosen:\n{log}"
+    );
+    for name in ["steady-high-priority", "steady-with-request"] {
+        assert!(fixture.exited(name).is_none(), "{name} died");
+    }
+    assert!(
+        agent_status.success(),
+        "the agent exited with {agent_status:?}:\n{log}"
+    );
+}
+
 #[test]
 fn agent_evicts_the_ranked_workload_before_the_oom_killer() {
     let mut fixture = require!(
         "the cgroup v1 memory and freezer hierarchies",
         Fixture::create(256 * MIB)
     );
-    let name = fixture.cgroups.parent.display().to_string();
-    let cgroup_root = fixture.cgroups.v1_root();
     fixture.start_steady_workloads_and_a_hog();
-
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("agent.yaml");
-    let trace = dir.path().join("trace.yaml");
-    fs::write(&config, agent_config(&cgroup_root, &name, "1s")).unwrap();
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["agent", "--config"])
-        .arg(&config)
-        .arg("--record")
-        .arg(&trace)
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel::<String>();
-    let stderr = agent.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut log = Vec::new();
-    wait_for("the agent to start", Duration::from_secs(30), || {
-        log.extend(rx.try_iter());
-        log.iter().any(|l| l.contains("serving /metrics"))
-    });
+    let mut agent = RecordingAgent::start(dir.path(), &fixture, "1s", "info");
 
     fixture.go("hog");
     let started = Instant::now();
     wait_for("the hog to be evicted", Duration::from_secs(60), || {
         fixture.exited("hog").is_some()
     });
-    let hog_status = fixture.exited("hog").unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    log.extend(rx.try_iter());
+    let (_, metrics) = support::agent_process::http_get(&agent.process.address, "/metrics");
+    let agent_status = agent.process.stop(Duration::from_secs(5));
+    let log = agent.process.whole_log().join("\n");
+    assert_the_hog_alone_was_evicted(&mut fixture, &log, agent_status);
     // What started the cycles: the hog's crossing woke one through the kernel's memcg
     // notification, and the eviction was followed by a look again at once.
-    let address = log
-        .iter()
-        .find_map(|line| support::agent_process::metrics_address(line))
-        .expect("the metrics address in the log");
-    let (_, metrics) = support::agent_process::http_get(address, "/metrics");
     let cycles = |started_by: &str| {
         support::exposition::metric_value(
             &metrics,
             &format!("nodekeeper_cycles_total{{started_by=\"{started_by}\"}}"),
         )
     };
-
-    let _ = kill(Pid::from_raw(agent.id() as i32), Signal::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let agent_status = loop {
-        if let Some(status) = agent.try_wait().unwrap() {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = agent.kill();
-            let _ = agent.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    log.extend(rx.try_iter());
-    let log_text = log.join("\n");
-
-    assert_eq!(
-        fixture.oom_kills(),
-        0,
-        "the kernel OOM killer fired first:\n{log_text}"
-    );
-    assert!(
-        std::os::unix::process::ExitStatusExt::signal(&hog_status) == Some(9),
-        "hog ended with {hog_status:?}, not SIGKILL"
-    );
-    assert!(
-        log_text.contains("evicted pod") && log_text.contains("e2e/hog"),
-        "{log_text}"
-    );
-    assert!(
-        !log_text.contains("e2e/steady"),
-        "a steady workload was chosen:\n{log_text}"
-    );
-    assert!(
-        fixture.exited("steady-high-priority").is_none(),
-        "steady-high-priority died"
-    );
-    assert!(
-        fixture.exited("steady-with-request").is_none(),
-        "steady-with-request died"
-    );
-    assert!(
-        matches!(agent_status, Some(s) if s.success()),
-        "agent did not exit cleanly: {agent_status:?}"
-    );
     for started_by in ["notification", "after_eviction"] {
         assert!(
             cycles(started_by).is_some_and(|count| count >= 1.0),
@@ -277,19 +281,7 @@ fn agent_evicts_the_ranked_workload_before_the_oom_killer() {
     );
 
     // The recorded trace replays to the same decision offline.
-    let mut replay = String::new();
-    Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["replay", "--config"])
-        .arg(&config)
-        .arg(&trace)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap()
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut replay)
-        .unwrap();
+    let replay = agent.replay();
     assert!(
         replay.contains("\"name\":\"hog\""),
         "replay of the recorded trace:\n{replay}"
@@ -309,7 +301,7 @@ impl CgroupChurn {
     /// Churn `names` under `parent_dir` (the parent in the memory hierarchy, which the
     /// agent lists): each is made and removed in turn, overlapping, so one is nearly always
     /// there to be listed and each is gone a moment later.
-    fn start(parent_dir: &std::path::Path, names: &[&str]) -> CgroupChurn {
+    fn start(parent_dir: &Path, names: &[&str]) -> CgroupChurn {
         let dirs: Vec<PathBuf> = names.iter().map(|name| parent_dir.join(name)).collect();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -386,32 +378,20 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
         "the cgroup v1 memory and freezer hierarchies",
         Fixture::create(256 * MIB)
     );
-    let name = fixture.cgroups.parent.display().to_string();
     fixture.start_steady_workloads_and_a_hog();
     let parent_dir = fixture.cgroups.dir("memory", &fixture.cgroups.parent);
     let mut churn = CgroupChurn::start(&parent_dir, &["ended-a", "ended-b", "ended-c"]);
 
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("agent.yaml");
-    fs::write(
-        &config,
-        agent_config(&fixture.cgroups.v1_root(), &name, "100ms"),
-    )
-    .unwrap();
-    let mut command = Command::new(support::agent_process::BINARY);
-    command.env("RUST_LOG", "info,nodekeeper::agent::standalone=debug");
-    let trace = dir.path().join("trace.yaml");
-    let mut agent = support::agent_process::AgentProcess::start_from(
-        command,
-        &[
-            "--config".as_ref(),
-            config.as_os_str(),
-            "--record".as_ref(),
-            trace.as_os_str(),
-        ],
+    let mut agent = RecordingAgent::start(
+        dir.path(),
+        &fixture,
+        "100ms",
+        "info,nodekeeper::agent::standalone=debug",
     );
-    let races = |agent: &support::agent_process::AgentProcess| {
+    let races = |agent: &RecordingAgent| {
         agent
+            .process
             .whole_log()
             .iter()
             .filter(|line| line.contains(RACE))
@@ -424,8 +404,8 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
     // before the agent looked, which the agent lists with no figure: it has stats, its
     // cgroup was found.
     let pods_recorded_unread = || {
-        nodekeeper::trace::TraceFile::from_path(&trace)
-            .and_then(|file| file.parsed_steps("the recorded trace"))
+        agent
+            .recorded_steps()
             .map(|steps| {
                 steps
                     .iter()
@@ -447,7 +427,7 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
             "{} gone at their reads, {} recorded unread; agent log:\n{}",
             races(&agent),
             pods_recorded_unread(),
-            agent.whole_log().join("\n")
+            agent.process.whole_log().join("\n")
         )
     })
     .until_true(|| {
@@ -468,39 +448,13 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
     let races_under_pressure = races(&agent) - races_before_pressure;
     std::thread::sleep(Duration::from_millis(500));
     let made_and_removed = churn.stop();
-    let (_, metrics) = support::agent_process::http_get(&agent.address, "/metrics");
-    let agent_status = agent.stop(Duration::from_secs(5));
-    let log = agent.whole_log().join("\n");
-
-    assert_eq!(
-        fixture.oom_kills(),
-        0,
-        "the kernel OOM killer fired first:\n{log}"
-    );
-    let hog_status = fixture.exited("hog").expect("the hog ended");
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&hog_status),
-        Some(9),
-        "hog ended with {hog_status:?}, not SIGKILL:\n{log}"
-    );
-    assert!(
-        log.contains("evicted pod") && log.contains("e2e/hog"),
-        "{log}"
-    );
+    let (_, metrics) = support::agent_process::http_get(&agent.process.address, "/metrics");
+    let agent_status = agent.process.stop(Duration::from_secs(5));
+    let log = agent.process.whole_log().join("\n");
+    assert_the_hog_alone_was_evicted(&mut fixture, &log, agent_status);
     assert!(
         !log.contains("e2e/ended"),
         "a workload gone before its read was taken for a pod:\n{log}"
-    );
-    assert!(
-        !log.contains("e2e/steady"),
-        "a steady workload was chosen:\n{log}"
-    );
-    for name in ["steady-high-priority", "steady-with-request"] {
-        assert!(fixture.exited(name).is_none(), "{name} died");
-    }
-    assert!(
-        agent_status.success(),
-        "the agent exited with {agent_status:?}"
     );
     let cycles: f64 = [
         "timer",
@@ -521,9 +475,9 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
     // so each has stats, a churning one found again but not read (made again between its
     // read and the check) included; read back as a pod without stats, it would be the
     // first a replay evicts.
-    let steps = nodekeeper::trace::TraceFile::from_path(&trace)
-        .and_then(|file| file.parsed_steps("the recorded trace"))
-        .unwrap_or_else(|error| panic!("the recorded trace: {error}"));
+    let steps = agent
+        .recorded_steps()
+        .unwrap_or_else(|error| panic!("{error}"));
     let recorded_unread: Vec<String> = steps
         .iter()
         .flat_map(|step| &step.pods)
@@ -543,13 +497,7 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
         read_back_without_stats.is_empty(),
         "read back from the record without stats: {read_back_without_stats:?}"
     );
-    let replay = Command::new(support::agent_process::BINARY)
-        .args(["replay", "--config"])
-        .arg(&config)
-        .arg(&trace)
-        .output()
-        .expect("run nodekeeper replay");
-    let replay = String::from_utf8_lossy(&replay.stdout);
+    let replay = agent.replay();
     let replayed_evictions: Vec<&str> = replay
         .lines()
         .filter(|line| !line.contains(r#""evicted":[]"#))

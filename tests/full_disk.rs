@@ -174,17 +174,8 @@ fn a_full_disk_costs_trace_steps_but_never_the_earlier_trace_a_whole_step_or_the
         parsed.windows(2).all(|pair| pair[0].at < pair[1].at),
         "steps in time order"
     );
-    let replay = Command::new(BINARY)
-        .args(["replay", "--config"])
-        .arg(&config)
-        .arg(&trace)
-        .output()
-        .expect("nodekeeper replay");
-    assert!(
-        replay.status.success(),
-        "replay of the recorded trace: {}",
-        String::from_utf8_lossy(&replay.stderr)
-    );
+    // Replays whole (it fails the test otherwise).
+    support::agent_process::replay(&config, &trace);
     assert_eq!(
         std::fs::read_to_string(&rotated).ok().as_deref(),
         Some(earlier),

@@ -542,13 +542,7 @@ async fn a_replay_of_the_record_evicts_for_an_empty_dir_limit_as_the_agent_did()
         "the agent's eviction: {evicted}\n{log}"
     );
 
-    let replay = Command::new(support::agent_process::BINARY)
-        .args(["replay", "--config"])
-        .arg(&config)
-        .arg(&trace)
-        .output()
-        .expect("run nodekeeper replay");
-    let replay = String::from_utf8_lossy(&replay.stdout);
+    let replay = support::agent_process::replay(&config, &trace);
     let first_eviction = replay
         .lines()
         .find(|line| !line.contains(r#""evicted":[]"#))

@@ -20,8 +20,10 @@
 
 #[allow(dead_code)]
 mod support {
+    pub mod agent_process;
     pub mod allocator;
     pub mod cgroups;
+    pub mod poll;
     pub mod real;
 }
 
@@ -179,18 +181,7 @@ fn stop(agent: &mut Child) -> bool {
 
 /// `nodekeeper replay` of `trace` under `config`: one JSON object per step.
 fn replay(config: &std::path::Path, trace: &std::path::Path) -> Vec<serde_json::Value> {
-    let output = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["replay", "--config"])
-        .arg(config)
-        .arg(trace)
-        .output()
-        .expect("nodekeeper replay");
-    assert!(
-        output.status.success(),
-        "replay failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout)
+    support::agent_process::replay(config, trace)
         .lines()
         .filter(|line| !line.trim().is_empty())
         .map(|line| serde_json::from_str(line).expect("a replay step"))

@@ -287,6 +287,25 @@ impl AgentProcess {
     }
 }
 
+/// `nodekeeper replay --config CONFIG TRACE`, which must succeed: its output, one JSON
+/// line per step.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub fn replay(config: &std::path::Path, trace: &std::path::Path) -> String {
+    let output = Command::new(BINARY)
+        .args(["replay", "--config"])
+        .arg(config)
+        .arg(trace)
+        .output()
+        .expect("run nodekeeper replay");
+    assert!(
+        output.status.success(),
+        "nodekeeper replay of {}: {}",
+        trace.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// The metrics address in the agent's "serving /metrics" log line.
 pub fn metrics_address(line: &str) -> Option<&str> {
     if !line.contains("serving /metrics") {
