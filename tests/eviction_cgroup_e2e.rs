@@ -19,13 +19,11 @@ mod support {
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use support::agent_process::RecordingAgent;
 use support::allocator::AllocatorPlan;
-use support::cgroups::TestCgroups;
+use support::cgroups::{CgroupChurn, TestCgroups};
 
 const MIB: u64 = 1 << 20;
 
@@ -112,13 +110,9 @@ impl Fixture {
         usage.saturating_sub(inactive)
     }
 
+    /// OOM kills in the parent and every workload (see [`TestCgroups::oom_kills`]).
     fn oom_kills(&self) -> u64 {
-        let dir = self.cgroups.dir("memory", &self.cgroups.parent);
-        let text = fs::read_to_string(dir.join("memory.oom_control")).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        self.cgroups.oom_kills()
     }
 
     fn exited(&mut self, name: &str) -> Option<std::process::ExitStatus> {
@@ -159,50 +153,19 @@ fn wait_for(what: &str, timeout: Duration, condition: impl FnMut() -> bool) {
 }
 
 /// The agent binary for the fixture's workloads ([`agent_config`], housekeeping every
-/// `housekeeping`), logging as `RUST_LOG=log_filter` says and recording a trace.
-struct RecordingAgent {
-    process: support::agent_process::AgentProcess,
-    config: PathBuf,
-    trace: PathBuf,
-}
-
-impl RecordingAgent {
-    /// Writes its configuration into `dir`, where it records, and starts it.
-    fn start(dir: &Path, fixture: &Fixture, housekeeping: &str, log_filter: &str) -> Self {
-        let config = dir.join("agent.yaml");
-        let parent = fixture.cgroups.parent.display().to_string();
-        let text = agent_config(&fixture.cgroups.v1_root(), &parent, housekeeping);
-        fs::write(&config, text).unwrap();
-        let trace = dir.join("trace.yaml");
-        let mut command = Command::new(support::agent_process::BINARY);
-        command.env("RUST_LOG", log_filter);
-        let process = support::agent_process::AgentProcess::start_from(
-            command,
-            &[
-                "--config".as_ref(),
-                config.as_os_str(),
-                "--record".as_ref(),
-                trace.as_os_str(),
-            ],
-        );
-        RecordingAgent {
-            process,
-            config,
-            trace,
-        }
-    }
-
-    /// The steps recorded so far.
-    fn recorded_steps(&self) -> Result<Vec<nodekeeper::trace::ParsedStep>, String> {
-        nodekeeper::trace::TraceFile::from_path(&self.trace)
-            .and_then(|file| file.parsed_steps("the recorded trace"))
-            .map_err(|error| format!("the recorded trace: {error}"))
-    }
-
-    /// `nodekeeper replay` of the trace under the agent's configuration.
-    fn replay(&self) -> String {
-        support::agent_process::replay(&self.config, &self.trace)
-    }
+/// `housekeeping`), logging as `RUST_LOG=log_filter` says and recording a trace; its
+/// configuration and trace written into `dir`.
+fn start_recording_agent(
+    dir: &Path,
+    fixture: &Fixture,
+    housekeeping: &str,
+    log_filter: &str,
+) -> RecordingAgent {
+    let config = dir.join("agent.yaml");
+    let parent = fixture.cgroups.parent.display().to_string();
+    let text = agent_config(&fixture.cgroups.v1_root(), &parent, housekeeping);
+    fs::write(&config, text).unwrap();
+    RecordingAgent::start(&config, &dir.join("trace.yaml"), log_filter, &[])
 }
 
 /// What both runs must end with: the hog killed (SIGKILL) by the agent before the kernel's
@@ -249,7 +212,7 @@ fn agent_evicts_the_ranked_workload_before_the_oom_killer() {
     );
     fixture.start_steady_workloads_and_a_hog();
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = RecordingAgent::start(dir.path(), &fixture, "1s", "info");
+    let mut agent = start_recording_agent(dir.path(), &fixture, "1s", "info");
 
     fixture.go("hog");
     let started = Instant::now();
@@ -288,83 +251,6 @@ fn agent_evicts_the_ranked_workload_before_the_oom_killer() {
     );
 }
 
-/// Empty workload cgroups made and removed again as fast as the kernel allows, beside the
-/// real workloads: the agent's listing of the parent finds some that are gone by the time
-/// it reads their files, as it finds a workload that has just ended and been cleaned up.
-struct CgroupChurn {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Result<u64, String>>>,
-    dirs: Vec<PathBuf>,
-}
-
-impl CgroupChurn {
-    /// Churn `names` under `parent_dir` (the parent in the memory hierarchy, which the
-    /// agent lists): each is made and removed in turn, overlapping, so one is nearly always
-    /// there to be listed and each is gone a moment later.
-    fn start(parent_dir: &Path, names: &[&str]) -> CgroupChurn {
-        let dirs: Vec<PathBuf> = names.iter().map(|name| parent_dir.join(name)).collect();
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (dirs, stop) = (dirs.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut made_and_removed = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    for dir in &dirs {
-                        fs::create_dir(dir)
-                            .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
-                    }
-                    for dir in &dirs {
-                        fs::remove_dir(dir)
-                            .map_err(|e| format!("cannot remove {}: {e}", dir.display()))?;
-                        made_and_removed += 1;
-                    }
-                }
-                Ok(made_and_removed)
-            })
-        };
-        CgroupChurn {
-            stop,
-            thread: Some(thread),
-            dirs,
-        }
-    }
-
-    /// Whether the churn has stopped by itself: it failed (see [`CgroupChurn::stop`]).
-    fn failed(&self) -> bool {
-        self.thread
-            .as_ref()
-            .is_some_and(|thread| thread.is_finished())
-    }
-
-    /// Stops the churn; how many cgroups were made and removed.
-    fn stop(&mut self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        let made_and_removed = match self.thread.take().map(|thread| thread.join()) {
-            Some(Ok(Ok(count))) => count,
-            Some(Ok(Err(error))) => panic!("the cgroup churn failed: {error}"),
-            Some(Err(_)) => panic!("the cgroup churn panicked"),
-            None => 0,
-        };
-        for dir in &self.dirs {
-            let _ = fs::remove_dir(dir);
-        }
-        made_and_removed
-    }
-}
-
-impl Drop for CgroupChurn {
-    fn drop(&mut self) {
-        // Before the fixture's own cleanup, which removes the parent.
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-        for dir in &self.dirs {
-            let _ = fs::remove_dir(dir);
-        }
-    }
-}
-
 /// issue 16, fault injection: workloads that end and are cleaned up between the agent's
 /// listing of the workload parent and its reads of their files, while memory runs short.
 /// The agent must still evict the workload the kubelet's ranking picks before the OOM
@@ -379,11 +265,17 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
         Fixture::create(256 * MIB)
     );
     fixture.start_steady_workloads_and_a_hog();
+    // Overlapping, so one is nearly always there to be listed and each is gone a moment
+    // later.
     let parent_dir = fixture.cgroups.dir("memory", &fixture.cgroups.parent);
-    let mut churn = CgroupChurn::start(&parent_dir, &["ended-a", "ended-b", "ended-c"]);
+    let mut churn = CgroupChurn::start(
+        ["ended-a", "ended-b", "ended-c"]
+            .map(|name| parent_dir.join(name))
+            .to_vec(),
+    );
 
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = RecordingAgent::start(
+    let mut agent = start_recording_agent(
         dir.path(),
         &fixture,
         "100ms",

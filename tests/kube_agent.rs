@@ -83,6 +83,27 @@ async fn scenario_with(extra_config: &str, retry: RetryPolicy) -> Scenario {
 /// [`scenario_with`], the agent reaching the API server through a proxy the test can
 /// turn into a black hole when `proxied`.
 async fn scenario_through(extra_config: &str, retry: RetryPolicy, proxied: bool) -> Scenario {
+    scenario_of(extra_config, retry, proxied, Cgroups::ForEveryPod, &[]).await
+}
+
+/// Which of the listed pods have a cgroup on the scenario's host.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cgroups {
+    /// [`PODS`] have theirs.
+    ForEveryPod,
+    /// No pod has one: the pods cgroup named wrongly, or pods without cgroups of their own.
+    None,
+}
+
+/// [`scenario_through`], with the host's pod cgroups as `cgroups` says, and `ended` (no
+/// cgroup, as for a pod that ended and was cleaned up) listed beside [`PODS`].
+async fn scenario_of(
+    extra_config: &str,
+    retry: RetryPolicy,
+    proxied: bool,
+    cgroups: Cgroups,
+    ended: &[&PodFixture],
+) -> Scenario {
     let server = FakeApiServer::start().await;
     let proxy = if proxied {
         let upstream = server.url().trim_start_matches("http://").parse().unwrap();
@@ -100,7 +121,12 @@ async fn scenario_through(extra_config: &str, retry: RetryPolicy, proxied: bool)
     let host = Host::new(50 * MI);
     for fixture in &PODS {
         server.seed(&api_pod(fixture));
-        host.add_pod_cgroup(qos_dir(fixture), fixture.uid, fixture.working_set);
+        if cgroups == Cgroups::ForEveryPod {
+            host.add_pod_cgroup(qos_dir(fixture), fixture.uid, fixture.working_set);
+        }
+    }
+    for fixture in ended {
+        server.seed(&api_pod(fixture));
     }
     let config = host.config(extra_config);
     // Built as `connect` builds it, so requests carry the agent's User-Agent.
@@ -1331,5 +1357,46 @@ async fn writes_name_the_agent_and_touch_only_its_own_conditions() {
             ("nodekeeper".into(), "Apply".into(), "status".into()),
             ("nodekeeper".into(), "Update".into(), "".into()),
         ])
+    );
+}
+
+/// A pod the API server lists as running, with no cgroup on the node, has no stats and is
+/// evicted first, as the kubelet evicts a pod missing from its summary. Its eviction
+/// freed nothing: while the other pods' cgroups are found, the agent must look again at
+/// once (the hog goes next, not a housekeeping interval later, after the kernel's OOM
+/// killer; `tests/kube_cgroup_e2e.rs` shows it on real cgroups). When no pod's cgroup is
+/// found, an evicted pod may hold memory the agent cannot see go, and the timer paces
+/// the evictions: deciding again at once would delete one pod after another before any
+/// is gone.
+#[tokio::test]
+async fn after_evicting_a_pod_without_a_cgroup_the_agent_looks_again_at_once_if_it_sees_other_pods()
+{
+    const ENDED: PodFixture = support::fake_node::best_effort("ended", "77777777-0000", 0);
+    let retry = RetryPolicy {
+        base: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+    };
+    let mut s = scenario_of("", retry, false, Cgroups::ForEveryPod, &[&ENDED]).await;
+    let chosen = |report: &CycleReport| -> Vec<String> {
+        let orders = &report.decision.evictions;
+        orders.iter().map(|order| order.name.clone()).collect()
+    };
+    let (report, look_again) = s.agent.run_cycle().await;
+    assert_eq!(chosen(&report), ["ended"], "{:?}", report.decision);
+    assert!(
+        look_again,
+        "the hog waits for the timer after an eviction that freed nothing"
+    );
+    let (report, look_again) = s.agent.run_cycle().await;
+    assert_eq!(chosen(&report), ["hog"], "{:?}", report.decision);
+    assert!(look_again);
+
+    let mut s = scenario_of("", retry, false, Cgroups::None, &[]).await;
+    let (report, look_again) = s.agent.run_cycle().await;
+    assert_eq!(report.decision.evictions.len(), 1, "{:?}", report.decision);
+    assert!(
+        !look_again,
+        "with no pod's cgroup found, an eviction is followed at once by the next: {:?}",
+        report.decision
     );
 }

@@ -414,8 +414,8 @@ impl Agent {
 
     /// One full cycle: observe, decide, act. Returns the report, and whether the caller
     /// should start the next cycle at once, as the kubelet does after its cleanup wait:
-    /// when a pod that ran here was evicted (evicting pods with no cgroup here freed
-    /// nothing on this node, and deciding again at once would only evict the next one).
+    /// after an eviction, unless every pod evicted had no cgroup here and neither has any
+    /// other pod listed (an evicted pod may then hold memory this agent cannot see go).
     pub async fn run_cycle(&mut self) -> (CycleReport, bool) {
         self.run_cycle_started_by(CycleStart::Timer).await
     }
@@ -774,7 +774,15 @@ impl Agent {
         match attempted {
             Some(cgroups) => {
                 self.wait_for_cleanup(&cgroups).await;
-                !cgroups.is_empty()
+                // A pod evicted without a cgroup here, while other pods have theirs,
+                // ended (or has not started) and held nothing: the pressure stands as
+                // measured, and the next pod the kubelet's ranking picks must go now, not
+                // a housekeeping interval later, after the kernel's OOM killer. Only when
+                // no pod's cgroup is found here (the pods cgroup named wrongly, pods run
+                // without cgroups of their own) may an evicted pod hold memory this agent
+                // cannot see going: deciding again at once would delete pod after pod
+                // before any is gone, so the timer paces those evictions, one a cycle.
+                !cgroups.is_empty() || report.pods.iter().any(|pod| pod.cgroup.is_some())
             }
             None => false,
         }

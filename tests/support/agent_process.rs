@@ -287,6 +287,55 @@ impl AgentProcess {
     }
 }
 
+/// The agent binary recording its decisions (`--record`), with the configuration it runs
+/// with and its trace, for `nodekeeper replay`.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub struct RecordingAgent {
+    pub process: AgentProcess,
+    pub config: std::path::PathBuf,
+    pub trace: std::path::PathBuf,
+}
+
+#[allow(dead_code)] // not every test binary that includes this module uses it
+impl RecordingAgent {
+    /// `nodekeeper agent --config CONFIG --record TRACE MORE...`, logging as
+    /// `RUST_LOG=log_filter` says (which must keep `info`, see
+    /// [`AgentProcess::start_from`]).
+    pub fn start(
+        config: &std::path::Path,
+        trace: &std::path::Path,
+        log_filter: &str,
+        more: &[&OsStr],
+    ) -> RecordingAgent {
+        let mut command = Command::new(BINARY);
+        command.env("RUST_LOG", log_filter);
+        let mut args: Vec<&OsStr> = vec![
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--record".as_ref(),
+            trace.as_os_str(),
+        ];
+        args.extend_from_slice(more);
+        RecordingAgent {
+            process: AgentProcess::start_from(command, &args),
+            config: config.to_path_buf(),
+            trace: trace.to_path_buf(),
+        }
+    }
+
+    /// The steps recorded so far.
+    pub fn recorded_steps(&self) -> Result<Vec<nodekeeper::trace::ParsedStep>, String> {
+        nodekeeper::trace::TraceFile::from_path(&self.trace)
+            .and_then(|file| file.parsed_steps("the recorded trace"))
+            .map_err(|error| format!("the recorded trace: {error}"))
+    }
+
+    /// [`replay`] of the trace under the agent's configuration.
+    pub fn replay(&self) -> String {
+        replay(&self.config, &self.trace)
+    }
+}
+
 /// `nodekeeper replay --config CONFIG TRACE`, which must succeed: its output, one JSON
 /// line per step.
 #[allow(dead_code)] // not every test binary that includes this module uses it

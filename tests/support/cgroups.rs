@@ -5,7 +5,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use super::allocator::{ALLOCATOR_ENV, AllocatorPlan, OSCILLATOR_ENV, OscillatorPlan};
@@ -241,6 +242,40 @@ impl TestCgroups {
         config
     }
 
+    /// The kernel's OOM kills in this test's memory cgroups: the `oom_kill` count of the
+    /// parent and of every cgroup below it, summed. On cgroup v1 a memory cgroup counts
+    /// only the tasks killed in it, not those killed in its descendants, even when the
+    /// limit they ran into is its own: a workload's OOM kill under a limited parent shows
+    /// in the workload's `memory.oom_control` alone. A cgroup removed meanwhile (a test's
+    /// churn) is passed over.
+    pub fn oom_kills(&self) -> u64 {
+        fn under(dir: &Path) -> u64 {
+            let own = std::fs::read_to_string(dir.join("memory.oom_control"))
+                .ok()
+                .and_then(|text| {
+                    text.lines()
+                        .find_map(|line| line.strip_prefix("oom_kill "))
+                        .and_then(|count| count.trim().parse::<u64>().ok())
+                })
+                .unwrap_or(0);
+            let children: u64 = std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+                .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+                .map(|entry| under(&entry.path()))
+                .sum();
+            own + children
+        }
+        let parent = self.dir("memory", &self.parent);
+        assert!(
+            parent.join("memory.oom_control").is_file(),
+            "no memory.oom_control in {}: not a cgroup v1 memory cgroup",
+            parent.display()
+        );
+        under(&parent)
+    }
+
     pub fn set_memory_limit(&self, relative: &Path, bytes: u64) {
         std::fs::write(
             self.dir("memory", relative).join("memory.limit_in_bytes"),
@@ -389,6 +424,83 @@ impl Drop for TestCgroups {
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
             }
+        }
+    }
+}
+
+/// Empty cgroups made and removed again as fast as the kernel allows, beside a test's
+/// real workloads: an agent that lists them (or is told of them) finds some gone by the
+/// time it reads their files, as it finds a workload that has just ended and been
+/// cleaned up. Each directory is made in turn, then each removed in turn, over and over.
+pub struct CgroupChurn {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<u64, String>>>,
+    dirs: Vec<PathBuf>,
+}
+
+impl CgroupChurn {
+    /// Churn `dirs` (absolute, in a test's own cgroups): several names under one parent
+    /// overlap, so one is nearly always there to be listed; one cgroup in several
+    /// hierarchies comes and goes in all of them, as a pod's does.
+    pub fn start(dirs: Vec<PathBuf>) -> CgroupChurn {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (dirs, stop) = (dirs.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut made_and_removed = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    for dir in &dirs {
+                        std::fs::create_dir(dir)
+                            .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+                    }
+                    for dir in &dirs {
+                        std::fs::remove_dir(dir)
+                            .map_err(|e| format!("cannot remove {}: {e}", dir.display()))?;
+                        made_and_removed += 1;
+                    }
+                }
+                Ok(made_and_removed)
+            })
+        };
+        CgroupChurn {
+            stop,
+            thread: Some(thread),
+            dirs,
+        }
+    }
+
+    /// Whether the churn has stopped by itself: it failed (see [`CgroupChurn::stop`]).
+    pub fn failed(&self) -> bool {
+        self.thread
+            .as_ref()
+            .is_some_and(|thread| thread.is_finished())
+    }
+
+    /// Stops the churn; how many cgroup directories were made and removed.
+    pub fn stop(&mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        let made_and_removed = match self.thread.take().map(|thread| thread.join()) {
+            Some(Ok(Ok(count))) => count,
+            Some(Ok(Err(error))) => panic!("the cgroup churn failed: {error}"),
+            Some(Err(_)) => panic!("the cgroup churn panicked"),
+            None => 0,
+        };
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+        made_and_removed
+    }
+}
+
+impl Drop for CgroupChurn {
+    fn drop(&mut self) {
+        // Before the test's own cleanup, which removes the parent.
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir(dir);
         }
     }
 }
