@@ -92,7 +92,7 @@ enum Cgroups {
     /// [`PODS`] have theirs.
     ForEveryPod,
     /// No pod has one: the pods cgroup named wrongly, or pods without cgroups of their own.
-    None,
+    ForNoPod,
 }
 
 /// [`scenario_through`], with the host's pod cgroups as `cgroups` says, and `ended` (no
@@ -1361,26 +1361,26 @@ async fn writes_name_the_agent_and_touch_only_its_own_conditions() {
 }
 
 /// A pod the API server lists as running, with no cgroup on the node, has no stats and is
-/// evicted first, as the kubelet evicts a pod missing from its summary. Its eviction
-/// freed nothing: while the other pods' cgroups are found, the agent must look again at
-/// once (the hog goes next, not a housekeeping interval later, after the kernel's OOM
-/// killer; `tests/kube_cgroup_e2e.rs` shows it on real cgroups). When no pod's cgroup is
-/// found, an evicted pod may hold memory the agent cannot see go, and the timer paces
-/// the evictions: deciding again at once would delete one pod after another before any
-/// is gone.
+/// evicted first, as the kubelet evicts a pod missing from its summary. Evicted for
+/// memory, it freed none: while the other pods' cgroups are found, the agent must look
+/// again at once (the hog goes next, not a housekeeping interval later, after the
+/// kernel's OOM killer; `tests/kube_cgroup_e2e.rs` shows it on real cgroups). The timer
+/// paces the next eviction when no pod's cgroup is found (an evicted pod may hold memory
+/// the agent cannot see go: deciding again at once would delete one pod after another
+/// before any is gone), and when the pod was evicted for disk (an ended pod's logs and
+/// volumes stay until the kubelet cleans them up after the delete).
 #[tokio::test]
-async fn after_evicting_a_pod_without_a_cgroup_the_agent_looks_again_at_once_if_it_sees_other_pods()
-{
+async fn after_evicting_a_pod_without_a_cgroup_for_memory_the_agent_looks_again_at_once() {
     const ENDED: PodFixture = support::fake_node::best_effort("ended", "77777777-0000", 0);
     let retry = RetryPolicy {
         base: Duration::from_millis(20),
         max: Duration::from_millis(200),
     };
-    let mut s = scenario_of("", retry, false, Cgroups::ForEveryPod, &[&ENDED]).await;
     let chosen = |report: &CycleReport| -> Vec<String> {
         let orders = &report.decision.evictions;
         orders.iter().map(|order| order.name.clone()).collect()
     };
+    let mut s = scenario_of("", retry, false, Cgroups::ForEveryPod, &[&ENDED]).await;
     let (report, look_again) = s.agent.run_cycle().await;
     assert_eq!(chosen(&report), ["ended"], "{:?}", report.decision);
     assert!(
@@ -1391,12 +1391,38 @@ async fn after_evicting_a_pod_without_a_cgroup_the_agent_looks_again_at_once_if_
     assert_eq!(chosen(&report), ["hog"], "{:?}", report.decision);
     assert!(look_again);
 
-    let mut s = scenario_of("", retry, false, Cgroups::None, &[]).await;
-    let (report, look_again) = s.agent.run_cycle().await;
-    assert_eq!(report.decision.evictions.len(), 1, "{:?}", report.decision);
+    // No pod's cgroup found: one eviction a cycle, the timer's.
+    let mut s = scenario_of("", retry, false, Cgroups::ForNoPod, &[]).await;
+    let mut evicted = Vec::new();
+    for _ in 0..2 {
+        let (report, look_again) = s.agent.run_cycle().await;
+        assert_eq!(chosen(&report).len(), 1, "{:?}", report.decision);
+        assert!(
+            !look_again,
+            "with no pod's cgroup found, an eviction is followed at once by the next: {:?}",
+            report.decision
+        );
+        evicted.extend(chosen(&report));
+    }
+    evicted.sort();
+    assert_eq!(
+        evicted,
+        ["hog", "modest"],
+        "the next cycle evicts the next pod"
+    );
+
+    // Disk: the ended pod's files go only once the kubelet has cleaned them up.
+    let disk = "evictionSoft:\n  nodefs.available: 1Ei\nevictionSoftGracePeriod:\n  nodefs.available: 0s\n";
+    let mut s = scenario_of(disk, retry, false, Cgroups::ForEveryPod, &[&ENDED]).await;
+    s.host.set_free_memory(4096 * MI);
+    let (first, look_again) = cycles_until(&mut s.agent, 200, |report, look_again| {
+        (!report.decision.evictions.is_empty()).then(|| (chosen(report), look_again))
+    })
+    .await
+    .expect("an eviction for nodefs.available");
+    assert_eq!(first, ["ended"]);
     assert!(
         !look_again,
-        "with no pod's cgroup found, an eviction is followed at once by the next: {:?}",
-        report.decision
+        "an eviction for disk of a pod without a cgroup is followed at once by the next"
     );
 }

@@ -310,9 +310,10 @@ async fn grow_the_hog_with(listed: &[&PodFixture], expected: &[&str]) {
     node.start_steady_pod_and_a_hog();
     let server = api_server_with(listed).await;
     let dir = tempfile::tempdir().unwrap();
-    // Cycles far apart: the crossing must be seen through the kernel's notification, and
-    // after an eviction the agent must look again at once, not wait for the timer.
-    let mut agent = start_kube_agent(dir.path(), &node, &server, "5s", "info");
+    // Cycles far apart (none falls within the test after the first): the crossing must
+    // be seen through the kernel's notification, and after an eviction the agent must
+    // look again at once, not wait for the timer.
+    let mut agent = start_kube_agent(dir.path(), &node, &server, "1m", "info");
     wait_until_pods_are_known(&server);
 
     node.go("hog");
@@ -330,10 +331,20 @@ async fn grow_the_hog_with(listed: &[&PodFixture], expected: &[&str]) {
     support::poll::Wait::for_("the hog's delete", Duration::from_secs(10))
         .until_true(|| !successful_deletes(&server, "hog").is_empty());
     std::thread::sleep(Duration::from_millis(500));
+    let (_, metrics) = support::agent_process::http_get(&agent.process.address, "/metrics");
     let agent_status = agent.process.stop(Duration::from_secs(10));
     let log = agent.process.whole_log().join("\n");
     assert_the_hog_was_killed_and_deleted(&mut node, &server, &log, agent_status);
     assert_eq!(evictions(&agent), expected, "{log}");
+    // Each eviction was followed by a look again at once.
+    let looks_again = support::exposition::metric_value(
+        &metrics,
+        "nodekeeper_cycles_total{started_by=\"after_eviction\"}",
+    );
+    assert!(
+        looks_again.is_some_and(|count| count >= expected.len() as f64),
+        "{looks_again:?} cycles started after an eviction, for {expected:?}:\n{metrics}"
+    );
     for fixture in listed {
         let key = format!("default/{}", fixture.name);
         let evicted = expected.iter().filter(|evicted| **evicted == key).count();

@@ -13,7 +13,8 @@ use super::standalone::workload_pods;
 use crate::act::CgroupEvictor;
 use crate::config::AgentConfig;
 use crate::eviction::{
-    Decision, EvictionState, Millis, SyncOptions, pressure_remains_after_reclaim, synchronize,
+    Decision, EvictionReason, EvictionState, Millis, SyncOptions, pressure_remains_after_reclaim,
+    synchronize,
 };
 use crate::metrics::{
     ConditionLabels, CycleLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels,
@@ -25,7 +26,7 @@ use crate::ports::{
 };
 use crate::signals::contention::{ContentionReport, ContentionTracker, stall_averages};
 use crate::signals::{
-    Collection, Host, NodeCondition, NotificationSupport, PodFigures, ProcessCounts,
+    Collection, Host, NodeCondition, NotificationSupport, PodFigures, ProcessCounts, Resource,
     SignalCollector, probe_host, with_pod_figures,
 };
 
@@ -414,8 +415,8 @@ impl Agent {
 
     /// One full cycle: observe, decide, act. Returns the report, and whether the caller
     /// should start the next cycle at once, as the kubelet does after its cleanup wait:
-    /// after an eviction, unless every pod evicted had no cgroup here and neither has any
-    /// other pod listed (an evicted pod may then hold memory this agent cannot see go).
+    /// after an eviction, unless the pods evicted had no cgroup here and the pressure may
+    /// outlast them (see `evicted_pods_held_nothing`).
     pub async fn run_cycle(&mut self) -> (CycleReport, bool) {
         self.run_cycle_started_by(CycleStart::Timer).await
     }
@@ -774,15 +775,7 @@ impl Agent {
         match attempted {
             Some(cgroups) => {
                 self.wait_for_cleanup(&cgroups).await;
-                // A pod evicted without a cgroup here, while other pods have theirs,
-                // ended (or has not started) and held nothing: the pressure stands as
-                // measured, and the next pod the kubelet's ranking picks must go now, not
-                // a housekeeping interval later, after the kernel's OOM killer. Only when
-                // no pod's cgroup is found here (the pods cgroup named wrongly, pods run
-                // without cgroups of their own) may an evicted pod hold memory this agent
-                // cannot see going: deciding again at once would delete pod after pod
-                // before any is gone, so the timer paces those evictions, one a cycle.
-                !cgroups.is_empty() || report.pods.iter().any(|pod| pod.cgroup.is_some())
+                !cgroups.is_empty() || evicted_pods_held_nothing(report)
             }
             None => false,
         }
@@ -938,6 +931,30 @@ impl Agent {
         }
         tracing::warn!("evicted workloads still have processes after {POD_CLEANUP_TIMEOUT:?}");
     }
+}
+
+/// Whether the pods a cycle evicted without a cgroup here held none of what was short,
+/// so that the pressure stands as measured and the next pod the kubelet's ranking picks
+/// must go at once, not a housekeeping interval later (after the kernel's OOM killer):
+/// they were evicted for memory or process IDs, which only a pod's processes hold, and
+/// other candidates have their cgroups found, so a pod without one has ended (or not
+/// started). Otherwise the timer paces such evictions, one a cycle: with no pod's cgroup
+/// found (the pods cgroup named wrongly, pods without cgroups of their own) an evicted
+/// pod may hold memory this agent cannot see go, and deciding again at once would delete
+/// one pod after another before any is gone; an ended pod's logs and volumes hold disk
+/// until the kubelet cleans them up after the delete.
+fn evicted_pods_held_nothing(report: &CycleReport) -> bool {
+    let held_by_processes_only = report
+        .decision
+        .evictions
+        .iter()
+        .all(|order| match order.reason {
+            EvictionReason::Threshold(signal) => {
+                matches!(signal.resource(), Resource::Memory | Resource::Pids)
+            }
+            _ => false,
+        });
+    held_by_processes_only && report.pods.iter().any(|pod| pod.cgroup.is_some())
 }
 
 /// With `podStatsMaxAge` (`max_age`), how a cycle gets the pods' memory figures. A cycle

@@ -247,29 +247,45 @@ impl TestCgroups {
     /// only the tasks killed in it, not those killed in its descendants, even when the
     /// limit they ran into is its own: a workload's OOM kill under a limited parent shows
     /// in the workload's `memory.oom_control` alone. A cgroup removed meanwhile (a test's
-    /// churn) is passed over.
+    /// churn) is passed over; the kills it counted are lost with it, so a test must count
+    /// before it removes a cgroup that held tasks. A count that cannot be read is a panic,
+    /// never a 0.
     pub fn oom_kills(&self) -> u64 {
+        // A cgroup removed meanwhile reads as gone (ENOENT) or as its files' ENODEV.
+        fn removed(error: &std::io::Error) -> bool {
+            error.kind() == std::io::ErrorKind::NotFound
+                || error.raw_os_error() == Some(libc::ENODEV)
+        }
+        /// The count of `dir` itself; `None` if it was removed meanwhile.
+        fn own(dir: &Path) -> Option<u64> {
+            let file = dir.join("memory.oom_control");
+            let text = match std::fs::read_to_string(&file) {
+                Ok(text) => text,
+                Err(error) if removed(&error) => return None,
+                Err(error) => panic!("{}: {error}", file.display()),
+            };
+            let count = text
+                .lines()
+                .find_map(|line| line.strip_prefix("oom_kill "))
+                .and_then(|count| count.trim().parse::<u64>().ok());
+            Some(count.unwrap_or_else(|| panic!("no oom_kill count in {}: {text}", file.display())))
+        }
         fn under(dir: &Path) -> u64 {
-            let own = std::fs::read_to_string(dir.join("memory.oom_control"))
-                .ok()
-                .and_then(|text| {
-                    text.lines()
-                        .find_map(|line| line.strip_prefix("oom_kill "))
-                        .and_then(|count| count.trim().parse::<u64>().ok())
-                })
-                .unwrap_or(0);
-            let children: u64 = std::fs::read_dir(dir)
-                .into_iter()
-                .flatten()
+            let entries = match std::fs::read_dir(dir) {
+                Ok(entries) => entries,
+                Err(error) if removed(&error) => return 0,
+                Err(error) => panic!("{}: {error}", dir.display()),
+            };
+            let children: u64 = entries
                 .filter_map(Result::ok)
                 .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
                 .map(|entry| under(&entry.path()))
                 .sum();
-            own + children
+            own(dir).unwrap_or(0) + children
         }
         let parent = self.dir("memory", &self.parent);
         assert!(
-            parent.join("memory.oom_control").is_file(),
+            own(&parent).is_some(),
             "no memory.oom_control in {}: not a cgroup v1 memory cgroup",
             parent.display()
         );
