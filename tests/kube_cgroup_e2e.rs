@@ -1,7 +1,9 @@
 //! Kubernetes mode end to end on this machine's real cgroup v1 memory and freezer
 //! hierarchies: the agent binary, told of its node's pods by the test API server, finds
-//! their cgroups where the kubelet makes them (`kubepods/<qos>/pod<uid>/<container>`, the
-//! cgroupfs driver, under a parent this test owns), measures them, kills the pod the
+//! their cgroups where the kubelet makes them (`kubepods/<qos>/pod<uid>/<container>` with
+//! the cgroupfs driver, nested slices and a container scope with the systemd driver,
+//! under a parent this test owns; the driver detected from the tree, as the agent does
+//! when none is configured), measures them, kills the pod the
 //! kubelet's ranking picks before the kernel's OOM killer fires, and deletes it through
 //! the API; also while another pod's cgroup comes and goes between the agent's listing
 //! and its reads, as a pod's does when it ends and is cleaned up before the API server
@@ -51,43 +53,107 @@ const ENDING: PodFixture = best_effort("ending", "0000000e-0003", 0);
 /// The agent's log line for each eviction it makes.
 const EVICTED: &str = "evicted pod";
 
+/// How the kubelet's cgroup driver names the pods' cgroups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Driver {
+    /// `kubepods/besteffort/pod<uid>/<container id>`.
+    Cgroupfs,
+    /// `P.slice/P-kubepods.slice/P-kubepods-besteffort.slice/
+    /// P-kubepods-besteffort-pod<uid with _>.slice/cri-containerd-<container id>.scope`, for
+    /// a pods cgroup named `/P/kubepods`.
+    Systemd,
+}
+
 /// The kubelet's pods cgroup (`kubepods`, limited to 256 MiB as the kubelet limits it to
 /// the node's allocatable memory) under a parent this test owns, in the v1 memory and
-/// freezer hierarchies, with a cgroup per pod and per container, each container running
-/// a held allocator.
+/// freezer hierarchies, with a cgroup per pod and per container as `driver` names them,
+/// each container running a held allocator.
 struct Node {
     cgroups: TestCgroups,
+    driver: Driver,
     /// Each pod's allocator PID, by pod name.
     allocators: Vec<(&'static str, u32)>,
 }
 
 impl Node {
-    fn create() -> Result<Node, String> {
-        let mut cgroups = TestCgroups::create(&["memory", "freezer"])?;
-        let kubepods = cgroups.child("kubepods");
-        cgroups.set_memory_limit(&kubepods, 256 * MI);
-        for qos in ["burstable", "besteffort"] {
-            cgroups.child(&format!("kubepods/{qos}"));
-        }
-        Ok(Node {
+    fn create(driver: Driver) -> Result<Node, String> {
+        let hierarchies = ["memory", "freezer"];
+        let cgroups = match driver {
+            Driver::Cgroupfs => TestCgroups::create(&hierarchies)?,
+            Driver::Systemd => TestCgroups::create_slice(&hierarchies)?,
+        };
+        let mut node = Node {
             cgroups,
+            driver,
             allocators: Vec::new(),
-        })
+        };
+        let kubepods = node.cgroups.child(&node.kubepods());
+        node.cgroups.set_memory_limit(&kubepods, 256 * MI);
+        for qos in ["burstable", "besteffort"] {
+            node.cgroups.child(&node.qos_cgroup(qos));
+        }
+        Ok(node)
     }
 
-    /// The pod's cgroup relative to the parent, as the kubelet's cgroupfs driver names it.
-    fn pod_cgroup(fixture: &PodFixture) -> String {
-        format!("kubepods/{}/pod{}", qos_dir(fixture), fixture.uid)
+    /// The name the agent is given for the pods cgroup (`podsCgroupName`), in cgroupfs
+    /// notation whatever the driver.
+    fn pods_cgroup_name(&self) -> String {
+        let parent = self.cgroups.parent.display().to_string();
+        match self.driver {
+            Driver::Cgroupfs => format!("/{parent}/kubepods"),
+            Driver::Systemd => format!("/{}/kubepods", slice_stem(&parent)),
+        }
+    }
+
+    /// The pods cgroup, relative to the parent.
+    fn kubepods(&self) -> String {
+        match self.driver {
+            Driver::Cgroupfs => "kubepods".to_string(),
+            Driver::Systemd => format!("{}-kubepods.slice", self.stem()),
+        }
+    }
+
+    /// The QoS tier's cgroup (`burstable`, `besteffort`), relative to the parent.
+    fn qos_cgroup(&self, qos: &str) -> String {
+        match self.driver {
+            Driver::Cgroupfs => format!("kubepods/{qos}"),
+            Driver::Systemd => format!("{}/{}-kubepods-{qos}.slice", self.kubepods(), self.stem()),
+        }
+    }
+
+    /// The pod's cgroup, relative to the parent, as the kubelet's driver names it.
+    fn pod_cgroup(&self, fixture: &PodFixture) -> String {
+        let qos = qos_dir(fixture);
+        match self.driver {
+            Driver::Cgroupfs => format!("kubepods/{qos}/pod{}", fixture.uid),
+            Driver::Systemd => format!(
+                "{}/{}-kubepods-{qos}-pod{}.slice",
+                self.qos_cgroup(qos),
+                self.stem(),
+                fixture.uid.replace('-', "_")
+            ),
+        }
+    }
+
+    /// The container's cgroup, relative to the parent, as containerd names it.
+    fn container_cgroup(&self, fixture: &PodFixture) -> String {
+        let id = container_id(fixture.uid);
+        match self.driver {
+            Driver::Cgroupfs => format!("{}/{id}", self.pod_cgroup(fixture)),
+            Driver::Systemd => format!("{}/cri-containerd-{id}.scope", self.pod_cgroup(fixture)),
+        }
+    }
+
+    /// The parent's name without `.slice`: the first part of every slice below it.
+    fn stem(&self) -> String {
+        slice_stem(&self.cgroups.parent.display().to_string())
     }
 
     /// Makes the pod's cgroup and its container's, and starts a held allocator in the
     /// container that touches `mib` MiB at `mib_per_sec` once let go.
     fn start_pod(&mut self, fixture: &'static PodFixture, mib: u64, mib_per_sec: u64) {
-        let pod = Node::pod_cgroup(fixture);
-        self.cgroups.child(&pod);
-        let container = self
-            .cgroups
-            .child(&format!("{pod}/{}", container_id(fixture.uid)));
+        self.cgroups.child(&self.pod_cgroup(fixture));
+        let container = self.cgroups.child(&self.container_cgroup(fixture));
         let plan = AllocatorPlan {
             bytes: mib * MI,
             rate: mib_per_sec * MI,
@@ -120,7 +186,7 @@ impl Node {
     fn pods_usage(&self) -> u64 {
         let dir = self
             .cgroups
-            .dir("memory", &self.cgroups.parent.join("kubepods"));
+            .dir("memory", &self.cgroups.parent.join(self.kubepods()));
         std::fs::read_to_string(dir.join("memory.usage_in_bytes"))
             .unwrap()
             .trim()
@@ -143,6 +209,11 @@ impl Node {
         support::poll::Wait::for_("the steady pod to allocate", Duration::from_secs(30))
             .until_true(|| self.pods_usage() >= 38 * MI);
     }
+}
+
+/// A slice's name without its `.slice`.
+fn slice_stem(slice: &str) -> String {
+    slice.strip_suffix(".slice").unwrap_or(slice).to_string()
 }
 
 /// The agent binary in Kubernetes mode for `node`, told of its pods by `server`: cycles
@@ -170,14 +241,13 @@ nodefsPath: {root}/nodefs
 evictionHard:
   allocatableMemory.available: 100Mi
 kubernetes:
-  cgroupDriver: cgroupfs
-  podsCgroupName: /{parent}/kubepods
+  podsCgroupName: {pods_cgroup_name}
   podLogsPath: {root}/logs
   kubeletRootPath: {root}/kubelet
   stateFile: {root}/api-writes.json
 ",
             cgroup_root = node.cgroups.v1_root().display(),
-            parent = node.cgroups.parent.display(),
+            pods_cgroup_name = node.pods_cgroup_name(),
         ),
     )
     .unwrap();
@@ -299,13 +369,14 @@ fn replayed_evictions(replay: &str) -> Vec<(String, String)> {
 }
 
 /// The hog grows past the threshold with `listed` on the API server (the steady pod and
-/// the hog, and any other), on real cgroups in the kubelet's layout; the hog must be killed
-/// before the OOM killer and deleted once, the steady pod spared, and the agent's
-/// evictions must be `expected` (in order) and the same as its record's replay.
-async fn grow_the_hog_with(listed: &[&PodFixture], expected: &[&str]) {
+/// the hog, and any other), on real cgroups in the layout of the kubelet's `driver`; the
+/// hog must be killed before the OOM killer and deleted once, the steady pod spared, and
+/// the agent's evictions must be `expected` (in order) and the same as its record's
+/// replay.
+async fn grow_the_hog_with(driver: Driver, listed: &[&PodFixture], expected: &[&str]) {
     let mut node = require!(
         "the cgroup v1 memory and freezer hierarchies",
-        Node::create()
+        Node::create(driver)
     );
     node.start_steady_pod_and_a_hog();
     let server = api_server_with(listed).await;
@@ -370,7 +441,14 @@ async fn grow_the_hog_with(listed: &[&PodFixture], expected: &[&str]) {
 /// priority stays; the record replays to the same eviction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pod_the_kubelet_would_choose_is_killed_before_the_oom_killer_and_deleted() {
-    grow_the_hog_with(&[&HOG, &STEADY], &["default/hog"]).await;
+    grow_the_hog_with(Driver::Cgroupfs, &[&HOG, &STEADY], &["default/hog"]).await;
+}
+
+/// The same with the pods' cgroups as the kubelet's systemd driver names them (nested
+/// slices, the container's scope), the driver detected from the tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_systemd_driver_the_pod_the_kubelet_would_choose_is_killed_and_deleted() {
+    grow_the_hog_with(Driver::Systemd, &[&HOG, &STEADY], &["default/hog"]).await;
 }
 
 /// A pod the API server still lists as running whose cgroup is already gone (it ended and
@@ -380,6 +458,7 @@ async fn the_pod_the_kubelet_would_choose_is_killed_before_the_oom_killer_and_de
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listed_pod_without_a_cgroup_goes_first_and_the_hog_still_before_the_oom_killer() {
     grow_the_hog_with(
+        Driver::Cgroupfs,
         &[&HOG, &STEADY, &ENDING],
         &["default/ending", "default/hog"],
     )
@@ -400,10 +479,10 @@ async fn a_pod_cgroup_removed_between_listing_and_reads_under_pressure_misleads_
     const KEPT: &str = "pod cgroup unreadable; its last figures stand";
     let mut node = require!(
         "the cgroup v1 memory and freezer hierarchies",
-        Node::create()
+        Node::create(Driver::Cgroupfs)
     );
     node.start_steady_pod_and_a_hog();
-    let ending_cgroup = node.cgroups.parent.join(Node::pod_cgroup(&ENDING));
+    let ending_cgroup = node.cgroups.parent.join(node.pod_cgroup(&ENDING));
     let mut churn = CgroupChurn::start(vec![
         node.cgroups.dir("memory", &ending_cgroup),
         node.cgroups.dir("freezer", &ending_cgroup),

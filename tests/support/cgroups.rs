@@ -106,6 +106,14 @@ fn find_mount(mounts: &[CgroupMount], hierarchy: &str) -> Result<PathBuf, String
     })
 }
 
+/// A parent cgroup's name no other test (of this process or another) uses:
+/// `nodekeeper`, `test`, this process's PID and a count, joined by `separator`.
+fn unique_name(separator: &str) -> String {
+    let pid = std::process::id().to_string();
+    let count = NEXT.fetch_add(1, Ordering::Relaxed).to_string();
+    ["nodekeeper", "test", &pid, &count].join(separator)
+}
+
 pub struct TestCgroups {
     /// The parent, relative to each hierarchy root, e.g. `nodekeeper-test-123-0`.
     pub parent: PathBuf,
@@ -128,17 +136,24 @@ impl TestCgroups {
     /// as `memory` and `freezer`, or [`V2`]), found through the mount table. `Err` says
     /// why real cgroups cannot be used here (not root, not mounted, not writable).
     pub fn create(hierarchies: &[&str]) -> Result<TestCgroups, String> {
+        TestCgroups::create_named(hierarchies, PathBuf::from(unique_name("-")))
+    }
+
+    /// [`TestCgroups::create`] with the parent named as a systemd slice would be,
+    /// `nodekeeper_test_<pid>_<n>.slice` (no `-`, which in a slice's name marks a level),
+    /// for tests of the kubelet's systemd cgroup driver; systemd itself does not manage it.
+    pub fn create_slice(hierarchies: &[&str]) -> Result<TestCgroups, String> {
+        let slice = format!("{}.slice", unique_name("_"));
+        TestCgroups::create_named(hierarchies, PathBuf::from(slice))
+    }
+
+    fn create_named(hierarchies: &[&str], parent: PathBuf) -> Result<TestCgroups, String> {
         super::real::root()?;
         let mounts = this_process_mounts()?;
         let mut resolved = Vec::new();
         for hierarchy in hierarchies {
             resolved.push((hierarchy.to_string(), find_mount(&mounts, hierarchy)?));
         }
-        let parent = PathBuf::from(format!(
-            "nodekeeper-test-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
         let mut cgroups = TestCgroups {
             parent: parent.clone(),
             hierarchies: resolved,
