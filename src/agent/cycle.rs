@@ -415,8 +415,8 @@ impl Agent {
 
     /// One full cycle: observe, decide, act. Returns the report, and whether the caller
     /// should start the next cycle at once, as the kubelet does after its cleanup wait:
-    /// after an eviction, unless the pods evicted had no cgroup here and the pressure may
-    /// outlast them (see `evicted_pods_held_nothing`).
+    /// after an eviction for memory or process IDs, unless the pods evicted had no cgroup
+    /// here and neither has any other candidate (see `look_again_after`).
     pub async fn run_cycle(&mut self) -> (CycleReport, bool) {
         self.run_cycle_started_by(CycleStart::Timer).await
     }
@@ -754,7 +754,7 @@ impl Agent {
         if let Some(starved) = decision.starved {
             tracing::warn!(signal = %starved.signal, "Attempting to reclaim {}", starved.resource);
         }
-        let attempted = match decision.reclaim_requested {
+        let evicted = match decision.reclaim_requested {
             Some(signal) => {
                 // The reclaim commands are awaited: publish before them.
                 self.publish(report, aftermath);
@@ -767,27 +767,28 @@ impl Agent {
                 self.evict(report)
             }
             None => {
-                let attempted = self.evict(report);
+                let evicted = self.evict(report);
                 self.publish(report, aftermath);
-                attempted
+                evicted
             }
         };
-        match attempted {
-            Some(cgroups) => {
-                self.wait_for_cleanup(&cgroups).await;
-                !cgroups.is_empty() || evicted_pods_held_nothing(report)
-            }
-            None => false,
+        if evicted.is_empty() {
+            return false;
         }
+        let cgroups: Vec<std::path::PathBuf> = evicted
+            .iter()
+            .filter_map(|pod| pod.cgroup.clone())
+            .collect();
+        self.wait_for_cleanup(&cgroups).await;
+        look_again_after(&evicted, &report.pods)
     }
 
-    /// Issue this cycle's evictions (or, in dry-run mode, log them). Returns the cgroups
-    /// of the pods evicted here when any eviction succeeded.
-    fn evict(&mut self, report: &CycleReport) -> Option<Vec<std::path::PathBuf>> {
+    /// Issue this cycle's evictions (or, in dry-run mode, log them). Returns the pods
+    /// evicted here, none in a dry run.
+    fn evict(&mut self, report: &CycleReport) -> Vec<EvictedHere> {
         self.say_if_nothing_to_evict(report);
         let decision = &report.decision;
-        let mut evicted_any = false;
-        let mut attempted_cgroups = Vec::new();
+        let mut evicted = Vec::new();
         for order in &decision.evictions {
             let Some(pod) = report
                 .pods
@@ -828,7 +829,6 @@ impl Agent {
                 tracing::warn!(pod = %order.key(), "no evictor configured; eviction only logged");
                 continue;
             };
-            attempted_cgroups.extend(pod.cgroup.clone());
             match evictor.evict(order, pod) {
                 Ok(()) => {
                     tracing::warn!(
@@ -841,12 +841,15 @@ impl Agent {
                     self.evicted
                         .remember(pod, order.grace_period_seconds, Instant::now());
                     self.evicted_this_cycle.push(order.key());
-                    evicted_any = true;
+                    evicted.push(EvictedHere {
+                        reason: order.reason,
+                        cgroup: pod.cgroup.clone(),
+                    });
                 }
                 Err(error) => tracing::error!(pod = %order.key(), %error, "eviction failed"),
             }
         }
-        evicted_any.then_some(attempted_cgroups)
+        evicted
     }
 
     /// The kubelet's errors when a threshold must be acted on and no pod can be chosen:
@@ -933,28 +936,37 @@ impl Agent {
     }
 }
 
-/// Whether the pods a cycle evicted without a cgroup here held none of what was short,
-/// so that the pressure stands as measured and the next pod the kubelet's ranking picks
-/// must go at once, not a housekeeping interval later (after the kernel's OOM killer):
-/// they were evicted for memory or process IDs, which only a pod's processes hold, and
-/// other candidates have their cgroups found, so a pod without one has ended (or not
-/// started). Otherwise the timer paces such evictions, one a cycle: with no pod's cgroup
-/// found (the pods cgroup named wrongly, pods without cgroups of their own) an evicted
-/// pod may hold memory this agent cannot see go, and deciding again at once would delete
-/// one pod after another before any is gone; an ended pod's logs and volumes hold disk
-/// until the kubelet cleans them up after the delete.
-fn evicted_pods_held_nothing(report: &CycleReport) -> bool {
-    let held_by_processes_only = report
-        .decision
-        .evictions
-        .iter()
-        .all(|order| match order.reason {
-            EvictionReason::Threshold(signal) => {
-                matches!(signal.resource(), Resource::Memory | Resource::Pids)
-            }
-            _ => false,
-        });
-    held_by_processes_only && report.pods.iter().any(|pod| pod.cgroup.is_some())
+/// A pod a cycle evicted: why, and its cgroup here, if it had one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct EvictedHere {
+    reason: EvictionReason,
+    cgroup: Option<std::path::PathBuf>,
+}
+
+/// Whether to decide again at once after evicting `evicted`, with `candidates` listed: as
+/// the kubelet looks again right after its cleanup wait, once what the evicted pods held
+/// is gone. That is known only for memory and process IDs, which only a pod's processes
+/// hold: the cleanup wait saw an evicted pod's processes go, and a pod without a cgroup
+/// here (ended, or not started) had none, provided other candidates' cgroups are found.
+/// Then the pressure stands as measured, and the next pod the kubelet's ranking picks
+/// must go now, not a housekeeping interval later, after the kernel's OOM killer.
+/// Otherwise the timer paces the evictions, one a cycle: with no candidate's cgroup found
+/// (the pods cgroup named wrongly, pods without cgroups of their own) an evicted pod may
+/// hold memory this agent cannot see go, and deciding again at once would delete one pod
+/// after another before any is gone; and disk, a threshold's or a local-storage limit's,
+/// is held by a pod's logs and volumes until the kubelet cleans them up after the
+/// delete, so deciding at once would evict the next pod for disk the last one still holds.
+fn look_again_after(evicted: &[EvictedHere], candidates: &[Pod]) -> bool {
+    let held_by_processes_only = evicted.iter().all(|pod| {
+        matches!(
+            pod.reason,
+            EvictionReason::Threshold(signal)
+                if matches!(signal.resource(), Resource::Memory | Resource::Pids)
+        )
+    });
+    let pods_seen_here = evicted.iter().any(|pod| pod.cgroup.is_some())
+        || candidates.iter().any(|pod| pod.cgroup.is_some());
+    held_by_processes_only && pods_seen_here
 }
 
 /// With `podStatsMaxAge` (`max_age`), how a cycle gets the pods' memory figures. A cycle
@@ -989,6 +1001,70 @@ fn stall_ratio(percent: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::{CycleStart, Duration, Instant, PodFigures, pod_figures, stall_ratio};
+
+    /// After an eviction the agent decides again at once only when what the evicted pods
+    /// held is known gone: memory or process IDs, held by processes alone, of a pod whose
+    /// cgroup the cleanup wait watched, or of one without a cgroup while other candidates
+    /// have theirs found. Disk (a threshold's, a local-storage limit's) is held by files
+    /// the kubelet removes after the delete, and with no cgroup found anywhere an evicted
+    /// pod's memory cannot be seen to go: the timer paces those.
+    #[test]
+    fn the_agent_looks_again_at_once_only_when_what_was_short_is_known_freed() {
+        use super::{EvictedHere, look_again_after};
+        use crate::eviction::EvictionReason;
+        use crate::pods::Pod;
+        use crate::signals::Signal;
+        let evicted = |reason, cgroup: Option<&str>| EvictedHere {
+            reason,
+            cgroup: cgroup.map(std::path::PathBuf::from),
+        };
+        let candidate = |cgroup: Option<&str>| Pod {
+            name: "next".to_string(),
+            cgroup: cgroup.map(std::path::PathBuf::from),
+            ..Pod::default()
+        };
+        let seen = [candidate(None), candidate(Some("/kubepods/podnext"))];
+        let unseen = [candidate(None)];
+        let memory = EvictionReason::Threshold(Signal::MemoryAvailable);
+        for reason in [
+            memory,
+            EvictionReason::Threshold(Signal::AllocatableMemoryAvailable),
+            EvictionReason::Threshold(Signal::PidAvailable),
+        ] {
+            let with_cgroup = [evicted(reason, Some("/kubepods/podgone"))];
+            assert!(look_again_after(&with_cgroup, &unseen), "{reason:?}");
+            assert!(look_again_after(&with_cgroup, &seen), "{reason:?}");
+            assert!(
+                look_again_after(&[evicted(reason, None)], &seen),
+                "{reason:?}"
+            );
+            assert!(
+                !look_again_after(&[evicted(reason, None)], &unseen),
+                "{reason:?}"
+            );
+        }
+        for reason in [
+            EvictionReason::Threshold(Signal::NodeFsAvailable),
+            EvictionReason::Threshold(Signal::NodeFsInodesFree),
+            EvictionReason::Threshold(Signal::ImageFsAvailable),
+            EvictionReason::Threshold(Signal::ContainerFsAvailable),
+            EvictionReason::EmptyDirLimit,
+            EvictionReason::PodEphemeralStorageLimit,
+            EvictionReason::ContainerEphemeralStorageLimit,
+        ] {
+            for cgroup in [Some("/kubepods/podgone"), None] {
+                let pods = [evicted(reason, cgroup)];
+                assert!(!look_again_after(&pods, &seen), "{reason:?} {cgroup:?}");
+            }
+        }
+        // Local-storage limits evict every pod over its own in one cycle: one among them
+        // for disk holds the next look back.
+        let both = [
+            evicted(memory, Some("/kubepods/poda")),
+            evicted(EvictionReason::EmptyDirLimit, Some("/kubepods/podb")),
+        ];
+        assert!(!look_again_after(&both, &seen));
+    }
 
     /// With `podStatsMaxAge`, only a woken cycle reuses kept figures, and only while a
     /// cycle has read every pod afresh within the housekeeping interval: timer cycles,

@@ -107,11 +107,11 @@ fn find_mount(mounts: &[CgroupMount], hierarchy: &str) -> Result<PathBuf, String
 }
 
 /// A parent cgroup's name no other test (of this process or another) uses:
-/// `nodekeeper`, `test`, this process's PID and a count, joined by `separator`.
-fn unique_name(separator: &str) -> String {
+/// `nodekeeper`, `kind`, this process's PID and a count, joined by `separator`.
+fn unique_name(kind: &str, separator: &str) -> String {
     let pid = std::process::id().to_string();
     let count = NEXT.fetch_add(1, Ordering::Relaxed).to_string();
-    ["nodekeeper", "test", &pid, &count].join(separator)
+    ["nodekeeper", kind, &pid, &count].join(separator)
 }
 
 pub struct TestCgroups {
@@ -136,14 +136,17 @@ impl TestCgroups {
     /// as `memory` and `freezer`, or [`V2`]), found through the mount table. `Err` says
     /// why real cgroups cannot be used here (not root, not mounted, not writable).
     pub fn create(hierarchies: &[&str]) -> Result<TestCgroups, String> {
-        TestCgroups::create_named(hierarchies, PathBuf::from(unique_name("-")))
+        TestCgroups::create_named(hierarchies, PathBuf::from(unique_name("test", "-")))
     }
 
     /// [`TestCgroups::create`] with the parent named as a systemd slice would be,
-    /// `nodekeeper_test_<pid>_<n>.slice` (no `-`, which in a slice's name marks a level),
+    /// `nodekeeper_slicetest_<pid>_<n>.slice` (no `-`, which in a slice's name marks a level),
     /// for tests of the kubelet's systemd cgroup driver; systemd itself does not manage it.
     pub fn create_slice(hierarchies: &[&str]) -> Result<TestCgroups, String> {
-        let slice = format!("{}.slice", unique_name("_"));
+        // Not `nodekeeper_test_…`: the systemd driver's name for a cgroupfs test's
+        // `/nodekeeper-test-<pid>-<n>/kubepods`, whose driver a left-over slice of that
+        // name would change.
+        let slice = format!("{}.slice", unique_name("slicetest", "_"));
         TestCgroups::create_named(hierarchies, PathBuf::from(slice))
     }
 
