@@ -110,11 +110,6 @@ impl Fixture {
         usage.saturating_sub(inactive)
     }
 
-    /// OOM kills in the parent and every workload (see [`TestCgroups::oom_kills`]).
-    fn oom_kills(&self) -> u64 {
-        self.cgroups.oom_kills()
-    }
-
     fn exited(&mut self, name: &str) -> Option<std::process::ExitStatus> {
         let pid = self.workload(name).2;
         self.cgroups.wait_child(pid, Duration::ZERO)
@@ -176,17 +171,10 @@ fn assert_the_hog_alone_was_evicted(
     log: &str,
     agent_status: std::process::ExitStatus,
 ) {
-    assert_eq!(
-        fixture.oom_kills(),
-        0,
-        "the kernel OOM killer fired first:\n{log}"
-    );
-    let hog_status = fixture.exited("hog").expect("the hog ended");
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&hog_status),
-        Some(9),
-        "hog ended with {hog_status:?}, not SIGKILL:\n{log}"
-    );
+    let hog = fixture.exited("hog");
+    fixture
+        .cgroups
+        .assert_killed_by_the_agent("the hog", hog, log);
     assert!(
         log.contains("evicted pod") && log.contains("e2e/hog"),
         "{log}"
@@ -244,11 +232,7 @@ fn agent_evicts_the_ranked_workload_before_the_oom_killer() {
     );
 
     // The recorded trace replays to the same decision offline.
-    let replay = agent.replay();
-    assert!(
-        replay.contains("\"name\":\"hog\""),
-        "replay of the recorded trace:\n{replay}"
-    );
+    agent.assert_replay_evicts(&["e2e/hog"], "");
 }
 
 /// issue 16, fault injection: workloads that end and are cleaned up between the agent's
@@ -297,15 +281,11 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
     // cgroup was found.
     let pods_recorded_unread = || {
         agent
-            .recorded_steps()
-            .map(|steps| {
-                steps
-                    .iter()
-                    .flat_map(|step| &step.pods)
-                    .filter(|pod| pod.usage.memory.is_none())
-                    .count()
-            })
-            .unwrap_or(0)
+            .steps_so_far()
+            .iter()
+            .flat_map(|step| &step.pods)
+            .filter(|pod| pod.usage.memory.is_none())
+            .count()
     };
     let waited = Instant::now();
     support::poll::Wait::for_(
@@ -389,15 +369,7 @@ fn workloads_ending_while_they_are_listed_mislead_neither_the_agent_nor_its_reco
         read_back_without_stats.is_empty(),
         "read back from the record without stats: {read_back_without_stats:?}"
     );
-    let replay = agent.replay();
-    let replayed_evictions: Vec<&str> = replay
-        .lines()
-        .filter(|line| !line.contains(r#""evicted":[]"#))
-        .collect();
-    assert!(
-        replayed_evictions.len() == 1 && replayed_evictions[0].contains(r#""name":"hog""#),
-        "the replay of the record evicts the hog once, as the agent did:\n{replay}"
-    );
+    agent.assert_replay_evicts(&["e2e/hog"], "the hog once, as the agent did");
     eprintln!(
         "{made_and_removed} cgroups made and removed; in {cycles} cycles, {} found gone at \
          their reads ({races_under_pressure} after the hog began to grow), recorded found but \

@@ -18,7 +18,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::agent_process::RecordingAgent;
+use support::agent_process::{RecordingAgent, ReplayedEviction};
 use support::allocator::AllocatorPlan;
 use support::apiserver::FakeApiServer;
 use support::cgroups::{CgroupChurn, TestCgroups};
@@ -312,17 +312,8 @@ fn assert_the_hog_was_killed_and_deleted(
     log: &str,
     agent_status: std::process::ExitStatus,
 ) {
-    assert_eq!(
-        node.oom_kills(),
-        0,
-        "the kernel OOM killer fired first:\n{log}"
-    );
-    let hog_status = node.exited("hog").expect("the hog ended");
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&hog_status),
-        Some(9),
-        "the hog ended with {hog_status:?}, not SIGKILL:\n{log}"
-    );
+    let hog = node.exited("hog");
+    node.cgroups.assert_killed_by_the_agent("the hog", hog, log);
     assert_eq!(
         successful_deletes(server, "hog").len(),
         1,
@@ -341,31 +332,6 @@ fn assert_the_hog_was_killed_and_deleted(
         agent_status.success(),
         "the agent exited with {agent_status:?}:\n{log}"
     );
-}
-
-/// The replay's evictions, in order, as `default/NAME` with the step's `at`.
-fn replayed_evictions(replay: &str) -> Vec<(String, String)> {
-    replay
-        .lines()
-        .flat_map(|line| {
-            let line: serde_json::Value = serde_json::from_str(line)
-                .unwrap_or_else(|error| panic!("a replay line {line}: {error}"));
-            let at = line["at"].as_str().unwrap_or_default().to_string();
-            line["evicted"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .map(move |eviction| {
-                    let key = format!(
-                        "{}/{}",
-                        eviction["namespace"].as_str().unwrap_or_default(),
-                        eviction["name"].as_str().unwrap_or_default()
-                    );
-                    (key, at.clone())
-                })
-        })
-        .collect()
 }
 
 /// The hog grows past the threshold with `listed` on the API server (the steady pod and
@@ -436,12 +402,7 @@ async fn grow_the_hog_with(driver: Driver, listed: &[&PodFixture], expected: &[&
         );
     }
 
-    let replay = agent.replay();
-    let replayed: Vec<String> = replayed_evictions(&replay)
-        .into_iter()
-        .map(|(key, _)| key)
-        .collect();
-    assert_eq!(replayed, expected, "the replay of the record:\n{replay}");
+    agent.assert_replay_evicts(expected, "");
     eprintln!("evictions {expected:?}; the hog killed {killed_after:?} after it began to grow");
 }
 
@@ -518,18 +479,14 @@ async fn a_pod_cgroup_removed_between_listing_and_reads_under_pressure_misleads_
     };
     let steps_without_stats = |agent: &RecordingAgent| {
         agent
-            .recorded_steps()
-            .map(|steps| {
-                steps
+            .steps_so_far()
+            .iter()
+            .filter(|step| {
+                step.pods
                     .iter()
-                    .filter(|step| {
-                        step.pods
-                            .iter()
-                            .any(|pod| pod.name == ENDING.name && !pod.has_stats())
-                    })
-                    .count()
+                    .any(|pod| pod.name == ENDING.name && !pod.has_stats())
             })
-            .unwrap_or(0)
+            .count()
     };
     // Both races must be hit on this kernel, or the test shows nothing: the ending pod's
     // cgroup gone when the agent looked for it (no stats), and there when it looked but
@@ -583,15 +540,15 @@ async fn a_pod_cgroup_removed_between_listing_and_reads_under_pressure_misleads_
     let steps = agent
         .recorded_steps()
         .unwrap_or_else(|error| panic!("{error}"));
-    let replay = agent.replay();
-    let replayed = replayed_evictions(&replay);
-    let replayed_keys: Vec<&str> = replayed.iter().map(|(key, _)| key.as_str()).collect();
-    assert_eq!(
-        replayed_keys, evictions,
-        "the replay of the record:\n{replay}\nagent log:\n{log}"
+    let replayed = agent.assert_replay_evicts(
+        &evictions,
+        &format!(
+            "agent log:
+{log}"
+        ),
     );
-    for (key, at) in &replayed {
-        if key != "default/ending" {
+    for ReplayedEviction { pod, at } in &replayed {
+        if pod != "default/ending" {
             continue;
         }
         let step = steps

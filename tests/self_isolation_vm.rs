@@ -13,6 +13,11 @@
 //! petted: an isolated node is not reset. The controller, which never sees any of this,
 //! releases the node's pods only once the agent's promise and the margin have run out,
 //! and by then the pod's processes on the machine are gone.
+//!
+//! While the agent guards its isolation, its budget spent (a node found not isolated now
+//! would be reset at once), the machine's wall clock is set an hour forward every second
+//! for twelve seconds, then twelve hours back: the isolation's evidence is aged on the
+//! boot clock, so the node is neither reset nor let go.
 
 mod support;
 
@@ -41,6 +46,23 @@ const ISOLATE_AFTER: Duration = Duration::from_secs(30);
 
 /// The agent's `stopTimeout` for the kubelet; its isolation budget is twice this and 70 s.
 const STOP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long the agent has to isolate the node once it begins; past it, a node it finds
+/// not isolated is reset at once.
+const BUDGET: Duration = Duration::from_secs(2 * STOP_TIMEOUT.as_secs() + 70);
+
+/// How long after the machine shows itself isolated its wall clock begins to jump: past
+/// the budget, counted from the agent's start of the isolation, with room for the
+/// stopping of the kubelet (at most `stopTimeout` twice) and the observer's look.
+const JUMPS_AFTER: Duration = Duration::from_secs(80);
+
+/// How many times the clock is set an hour forward, a second apart. Once would do in
+/// theory, but the isolator checks its evidence (stamping it with the jumped wall time)
+/// every report interval, 2 s, and the guardian looks every 2.5 s: a guardian that aged
+/// the evidence by its wall time would see it two hours old only until the next check,
+/// and could miss that. An hour every second keeps the evidence's wall time an hour or
+/// more behind for twelve seconds.
+const JUMPS: u64 = 12;
 
 /// The watchdog's timeout (as in watchdog_vm.rs: room for an agent's late pets under
 /// emulation on a busy machine).
@@ -86,11 +108,12 @@ report:
 
 /// What the machine tells the test on its console: its boot ID, then, at every change,
 /// the kubelet unit's state (`ActiveState`, `UnitFileState`) and how many processes the
-/// pods cgroup holds. One look a second, one `systemctl` call each: the machine has one
+/// pods cgroup holds; it starts the clock jumper once the node is isolated. One look a second, one `systemctl` call each: the machine has one
 /// emulated CPU, which the agent's isolation needs.
 const OBSERVER: &str = r#"#!/bin/sh
 echo "guest: boot $(cat /proc/sys/kernel/random/boot_id)"
 last=
+jumping=
 while :; do
     pods=$(find /sys/fs/cgroup/kubepods.slice -name cgroup.procs -exec cat {} + 2>/dev/null | wc -l)
     # A call that fails says nothing; the next look asks again.
@@ -104,9 +127,45 @@ while :; do
         echo "guest: $now"
         last=$now
     fi
+    # Once isolated, the wall clock jumps (see clock_jumper).
+    case "$now" in
+    *"masked-runtime pods=0")
+        if [ -z "$jumping" ]; then
+            /usr/local/bin/jump-clock &
+            jumping=yes
+        fi
+        ;;
+    esac
     sleep 1
 done
 "#;
+
+/// Sets the machine's wall clock an hour forward every second, `JUMPS` times, then back
+/// by as many hours (`date -s`, to the nanosecond; the monotonic and boot clocks are
+/// not moved, and `sleep` counts on the monotonic clock), after waiting `JUMPS_AFTER`.
+fn clock_jumper() -> String {
+    format!(
+        r#"#!/bin/sh
+# Sets the wall clock $1 seconds forward (back if negative).
+shift_clock() {{
+    now=$(date +%s%N)
+    date -s "@$(( now / 1000000000 + $1 )).$(printf %09d $(( now % 1000000000 )))" > /dev/null
+}}
+sleep {after}
+echo "guest: clock set forward from $(date -u +%FT%T.%NZ)"
+i=0
+while [ $i -lt {jumps} ]; do
+    shift_clock 3600
+    i=$((i + 1))
+    sleep 1
+done
+shift_clock -$(( {jumps} * 3600 ))
+echo "guest: clock set back to $(date -u +%FT%T.%NZ)"
+"#,
+        after = JUMPS_AFTER.as_secs(),
+        jumps = JUMPS
+    )
+}
 
 /// The observer's line for a kubelet that runs, enabled, beside a pod of two processes.
 const RUNNING: &str = "guest: kubelet: ActiveState=active UnitFileState=enabled pods=2";
@@ -176,6 +235,7 @@ fn root_files(
         RootFile::new("/etc/systemd/system/pod-db.service", pod_unit(POD_SLICE)),
         RootFile::new("/etc/systemd/system/observe.service", OBSERVER_UNIT),
         RootFile::program("/usr/local/bin/observe", OBSERVER),
+        RootFile::program("/usr/local/bin/jump-clock", clock_jumper()),
     ];
     let mut links: Vec<(String, String)> = ENABLED
         .iter()
@@ -307,7 +367,7 @@ async fn a_node_cut_off_by_its_link_isolates_itself_and_its_pods_are_released_on
     );
     assert_eq!(
         within,
-        ISOLATE_AFTER + 2 * STOP_TIMEOUT + Duration::from_secs(70) + WATCHDOG_TIMEOUT,
+        ISOLATE_AFTER + BUDGET + WATCHDOG_TIMEOUT,
         "isolateAfter, the isolation's budget and the watchdog's timeout: {view:#}"
     );
     vm.wait_for_line(RUNNING, Duration::from_secs(30));
@@ -344,7 +404,7 @@ async fn a_node_cut_off_by_its_link_isolates_itself_and_its_pods_are_released_on
         "isolating the node by itself: the kubelet is stopped",
         Duration::from_secs(10),
     );
-    let (isolated, line) = vm.wait_for_line(ISOLATED, 2 * STOP_TIMEOUT + Duration::from_secs(70));
+    let (isolated, line) = vm.wait_for_line(ISOLATED, BUDGET);
     // Stopped: on its own (inactive), or killed after `stopTimeout` (failed).
     assert!(
         line.contains("ActiveState=inactive") || line.contains("ActiveState=failed"),
@@ -414,8 +474,41 @@ async fn a_node_cut_off_by_its_link_isolates_itself_and_its_pods_are_released_on
         "no fence agent ran: {fence:#}"
     );
 
+    // The wall clock jumps while the agent guards the isolation, past its budget.
+    let (forward, line) = vm.wait_for_line(
+        "guest: clock set forward",
+        JUMPS_AFTER + Duration::from_secs(60),
+    );
+    assert!(
+        forward >= isolating + BUDGET,
+        "the clock jumped {:.1}s after the agent began isolating, within its budget of {}s\n{}",
+        forward.duration_since(isolating).as_secs_f64(),
+        BUDGET.as_secs(),
+        vm.transcript()
+    );
+    let (back, line_back) = vm.wait_for_line(
+        "guest: clock set back",
+        Duration::from_secs(JUMPS) + Duration::from_secs(30),
+    );
+    println!(
+        "the machine's wall clock jumped {:.1}s after the agent began isolating: {line}; then {line_back}",
+        forward.duration_since(isolating).as_secs_f64()
+    );
+
     // The isolated node was never reset, and stays isolated: the kubelet never ran again.
-    tokio::time::sleep(WATCHDOG_TIMEOUT).await;
+    // A reset the jumps had caused would have come within the watchdog's timeout of them.
+    tokio::time::sleep(
+        (back + WATCHDOG_TIMEOUT + Duration::from_secs(5))
+            .saturating_duration_since(Instant::now()),
+    )
+    .await;
+    assert!(
+        vm.lines_after(isolated)
+            .iter()
+            .all(|line| !line.contains("resetting the node")),
+        "the agent reset its isolated node\n{}",
+        vm.transcript()
+    );
     assert!(
         vm.stops().is_empty(),
         "the isolated machine was stopped or reset\n{}",

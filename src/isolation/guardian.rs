@@ -11,7 +11,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 
 use super::self_isolation::{Attempt, Count, SelfIsolationPlan, Verdict, verdict};
@@ -183,9 +182,11 @@ impl Guardian {
             within = ?self.plan.within(),
             "self-isolation armed: cut off from the controller and the Lease, the agent isolates the node (or resets it)"
         );
-        // When this agent asked for the isolation (wall clock, as the isolation's report
-        // says when its state began).
-        let mut requested: Option<Timestamp> = None;
+        // When this agent asked for the isolation, on its clock: a failure answers the
+        // request only if its state began at or after it, on the same clock (the wall
+        // clock set back in between would pass over the answer, set forward take an
+        // earlier failure for it).
+        let mut requested: Option<Duration> = None;
         loop {
             let now = (self.clock)();
             // The controller may hold this promise from here on (kept for a restarted
@@ -205,12 +206,13 @@ impl Guardian {
             let isolate_at = plan.isolate_at(&count);
             let facts = self.board.snapshot();
             let isolation = facts.isolation;
+            let times = facts.isolation_on_boot_clock;
             // Aged on the boot clock: a wall-clock jump must neither reset an isolated
             // node nor keep a stuck isolator's last word alive.
-            let fresh = facts
-                .isolation_checked_since_boot
+            let fresh = times
+                .checked
                 .is_some_and(|checked| now.saturating_sub(checked) <= self.stale_after);
-            let attempt = match (requested, isolation.since) {
+            let attempt = match (requested, times.state_since) {
                 (Some(asked), Some(since))
                     if isolation.state == IsolationState::Failed && since >= asked =>
                 {
@@ -242,7 +244,7 @@ impl Guardian {
                         );
                         tracing::error!(%reason, reset_in = ?reset_at.saturating_sub(now), "isolating the node by itself; it is reset unless isolated in time");
                         self.requests.send_replace(Some(reason));
-                        requested = Some(Timestamp::now());
+                        requested = Some(now);
                     }
                     self.pet();
                 }
@@ -309,7 +311,9 @@ impl Guardian {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::IsolationBootTimes;
     use crate::report::protocol::IsolationReport;
+    use k8s_openapi::jiff::Timestamp;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[derive(Default)]
@@ -433,6 +437,24 @@ mod tests {
         }
     }
 
+    /// The isolator's times on the boot clock: its state began, and its evidence was
+    /// checked, at `at`.
+    fn at(at: Duration) -> IsolationBootTimes {
+        IsolationBootTimes {
+            checked: Some(at),
+            state_since: Some(at),
+        }
+    }
+
+    /// The isolator's report of an isolation that failed at `since` (wall clock).
+    fn failed(since: Timestamp) -> IsolationReport {
+        IsolationReport {
+            state: IsolationState::Failed,
+            since: Some(since),
+            ..IsolationReport::default()
+        }
+    }
+
     fn resets(rig: &Rig) -> Vec<String> {
         rig.reset.0.lock().expect("resets").clone()
     }
@@ -484,22 +506,51 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(900)).await;
         assert!(rig.requests.borrow().is_some());
         rig.board
-            .set_isolation(isolated(Timestamp::now()), Some(clock()));
+            .set_isolation(isolated(Timestamp::now()), at(clock()));
         tokio::time::sleep(Duration::from_millis(800)).await;
         assert!(resets(&rig).is_empty(), "{:?}", resets(&rig));
         let pets = rig.pets.pets.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(rig.pets.pets.load(Ordering::SeqCst) > pets);
         // The isolation slips and cannot be put right: reset.
-        rig.board.set_isolation(
-            IsolationReport {
-                state: IsolationState::Failed,
-                since: Some(Timestamp::now()),
-                ..IsolationReport::default()
-            },
-            Some(clock()),
-        );
+        rig.board
+            .set_isolation(failed(Timestamp::now()), at(clock()));
         tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(resets(&rig).len(), 1);
+        rig.stop().await;
+    }
+
+    /// Whether a failure answers the agent's own request is read on the boot clock: the
+    /// wall clock set two hours back between the request and the failure must not hold
+    /// the reset back until the budget runs out (the node would stay unisolated and
+    /// unreset meanwhile), nor one set two hours forward have a failure from before the
+    /// request reset the node before the isolator tried.
+    #[tokio::test(start_paused = true)]
+    async fn a_wall_clock_jump_neither_passes_over_a_failure_nor_takes_an_earlier_one_for_it() {
+        let hours = Duration::from_secs(2 * 3600);
+        let rig = rig();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(rig.requests.borrow().is_some());
+        rig.board
+            .set_isolation(failed(Timestamp::now() - hours), at(clock()));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            resets(&rig).len(),
+            1,
+            "reset at once, before the budget ran out"
+        );
+        rig.stop().await;
+
+        // A failure of an isolation the controller asked for, before this agent lost
+        // contact, with the wall clock set forward since.
+        let rig = super::tests::rig();
+        rig.board
+            .set_isolation(failed(Timestamp::now() + hours), at(clock()));
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(rig.requests.borrow().is_some());
+        assert!(resets(&rig).is_empty(), "{:?}", resets(&rig));
+        // Its own attempt never ends: reset once the budget runs out.
+        tokio::time::sleep(Duration::from_millis(700)).await;
         assert_eq!(resets(&rig).len(), 1);
         rig.stop().await;
     }
@@ -546,7 +597,7 @@ mod tests {
         let minute = Duration::from_secs(60);
         rig.board.set_isolation(
             isolated(Timestamp::now() - minute),
-            Some(clock().saturating_sub(minute)),
+            at(clock().saturating_sub(minute)),
         );
         tokio::time::sleep(Duration::from_millis(800)).await;
         assert_eq!(resets(&rig).len(), 1, "reset once the budget ran out");
@@ -562,7 +613,7 @@ mod tests {
         let rig = rig();
         tokio::time::sleep(Duration::from_millis(900)).await;
         rig.board
-            .set_isolation(isolated(Timestamp::now() - hour), Some(clock()));
+            .set_isolation(isolated(Timestamp::now() - hour), at(clock()));
         tokio::time::sleep(Duration::from_millis(800)).await;
         assert!(resets(&rig).is_empty(), "{:?}", resets(&rig));
         rig.stop().await;
@@ -571,7 +622,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(900)).await;
         rig.board.set_isolation(
             isolated(Timestamp::now() + hour),
-            Some(clock().saturating_sub(Duration::from_secs(60))),
+            at(clock().saturating_sub(Duration::from_secs(60))),
         );
         tokio::time::sleep(Duration::from_millis(800)).await;
         assert_eq!(resets(&rig).len(), 1, "stale on the boot clock");

@@ -15,14 +15,24 @@ use tokio::sync::watch;
 
 use super::guardian::SelfRequest;
 use super::pods::PodProcesses;
-use super::record::{Evidence, IsolationRecord, RecordPhase, Refused, Step, report, step_for};
-use crate::report::ReportBoard;
+use super::record::{
+    Evidence, IsolationRecord, Moment, RecordPhase, Refused, Step, report, step_for,
+};
 use crate::report::protocol::Instruction;
+use crate::report::{IsolationBootTimes, ReportBoard};
 use crate::systemd::ServiceManager;
 
 /// The request number of an isolation the agent began by itself (the controller's
 /// requests are never 0, so its next request adopts this isolation).
 const SELF_REQUEST: u64 = 0;
+
+/// Now, on the wall and the boot clocks.
+fn read_clocks() -> Moment {
+    Moment {
+        wall: Timestamp::now(),
+        since_boot: crate::boot_clock::since_boot(),
+    }
+}
 
 /// The guardian's next request to isolate; pending for ever without a guardian, or once
 /// it is gone.
@@ -172,7 +182,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
             self.publish();
         }
         for instruction in instructions {
-            let now = Timestamp::now();
+            let now = read_clocks();
             let step = step_for(
                 self.record.as_ref(),
                 instruction,
@@ -190,7 +200,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
                         tracing::warn!(%why, "the controller asks this node to isolate itself; refused");
                         self.refused = Some(Refused {
                             why,
-                            since: now,
+                            since: now.wall,
                             request,
                         });
                         self.publish();
@@ -211,7 +221,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
 
     /// Stops the kubelet and kills every pod process; the record says how it went.
     pub async fn isolate(&mut self, reason: &str, request: u64) {
-        let now = Timestamp::now();
+        let now = read_clocks();
         let mut record = self
             .record
             .take()
@@ -236,7 +246,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
         let evidence = self.gather().await;
         let verdict = done.and_then(|()| evidence.holds(&unit));
         self.evidence = Some(evidence);
-        let now = Timestamp::now();
+        let now = read_clocks();
         if let Some(record) = self.record.as_mut() {
             match verdict {
                 Ok(()) => {
@@ -390,7 +400,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
                 != (evidence.kubelet_stopped, &evidence.pod_processes)
         });
         self.evidence = Some(evidence);
-        let now = Timestamp::now();
+        let now = read_clocks();
         let mut saved = false;
         if let Some(record) = self.record.as_mut() {
             match (phase, verdict) {
@@ -414,7 +424,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
             self.publish();
         } else {
             self.board
-                .refresh_isolation(self.current_report(), self.checked_since_boot());
+                .refresh_isolation(self.current_report(), self.on_boot_clock());
         }
     }
 
@@ -437,7 +447,7 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
                 let message = format!("the isolation could not be ended: {error}");
                 tracing::error!(%message);
                 if let Some(record) = self.record.as_mut() {
-                    record.enter(RecordPhase::Failed, Some(message), Timestamp::now());
+                    record.enter(RecordPhase::Failed, Some(message), read_clocks());
                 }
                 self.save();
             }
@@ -456,14 +466,19 @@ impl<M: ServiceManager, P: PodProcesses> Isolator<M, P> {
     /// Posts the isolation to the board; a change is reported at once.
     fn publish(&self) {
         self.board
-            .set_isolation(self.current_report(), self.checked_since_boot());
+            .set_isolation(self.current_report(), self.on_boot_clock());
     }
 
-    /// When the evidence was last gathered, on the boot clock.
-    fn checked_since_boot(&self) -> Option<std::time::Duration> {
-        self.evidence
-            .as_ref()
-            .map(|evidence| evidence.checked_since_boot)
+    /// When the evidence was last gathered, and when the record's phase began, on the
+    /// boot clock.
+    fn on_boot_clock(&self) -> IsolationBootTimes {
+        IsolationBootTimes {
+            checked: self
+                .evidence
+                .as_ref()
+                .map(|evidence| evidence.checked_since_boot),
+            state_since: self.record.as_ref().and_then(IsolationRecord::since_boot),
+        }
     }
 
     fn save(&self) {
@@ -541,7 +556,7 @@ fn load(settings: &IsolatorSettings) -> Option<IsolationRecord> {
 
 fn unreadable(settings: &IsolatorSettings, message: String) -> IsolationRecord {
     tracing::error!(%message, "the isolation record cannot be used; the node counts as a failed isolation until the controller ends it");
-    let now = Timestamp::now();
+    let now = read_clocks();
     let mut record = IsolationRecord::new(&settings.boot_id, "", 0, now);
     record.enter(RecordPhase::Failed, Some(message), now);
     record

@@ -13,6 +13,14 @@ use crate::report::protocol::{Instruction, IsolationReport, IsolationState};
 /// stop and kill over and over).
 pub const RETRY_AFTER: Duration = Duration::from_secs(30);
 
+/// A moment on both clocks: the wall time, which the report carries, and the boot
+/// clock, which no wall-clock jump moves and on which every wait is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moment {
+    pub wall: Timestamp,
+    pub since_boot: Duration,
+}
+
 /// The isolation of this boot, as kept in the state file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -25,6 +33,12 @@ pub struct IsolationRecord {
     pub requested_at: Timestamp,
     /// When `phase` began.
     pub since: Timestamp,
+    /// The same moment on the boot clock, in milliseconds (the record ends with the
+    /// boot, so it is this boot's clock): the pause before a failure is retried, and
+    /// whether a failure answers the guardian's request, are counted on it. Absent in a
+    /// record written by an agent before 0.1 kept it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_boot_millis: Option<u64>,
     /// The controller's reason.
     #[serde(default)]
     pub reason: String,
@@ -47,12 +61,13 @@ pub enum RecordPhase {
 }
 
 impl IsolationRecord {
-    pub fn new(boot_id: &str, reason: &str, request: u64, now: Timestamp) -> IsolationRecord {
+    pub fn new(boot_id: &str, reason: &str, request: u64, now: Moment) -> IsolationRecord {
         IsolationRecord {
             boot_id: boot_id.to_string(),
             phase: RecordPhase::Isolating,
-            requested_at: now,
-            since: now,
+            requested_at: now.wall,
+            since: now.wall,
+            since_boot_millis: Some(millis(now.since_boot)),
             reason: reason.to_string(),
             message: None,
             request,
@@ -60,13 +75,23 @@ impl IsolationRecord {
     }
 
     /// Moves to `phase` (keeping `since` when it stays) with `message`.
-    pub fn enter(&mut self, phase: RecordPhase, message: Option<String>, now: Timestamp) {
+    pub fn enter(&mut self, phase: RecordPhase, message: Option<String>, now: Moment) {
         if self.phase != phase {
-            self.since = now;
+            self.since = now.wall;
+            self.since_boot_millis = Some(millis(now.since_boot));
         }
         self.phase = phase;
         self.message = message;
     }
+
+    /// When `phase` began, on the boot clock, if the record says.
+    pub fn since_boot(&self) -> Option<Duration> {
+        self.since_boot_millis.map(Duration::from_millis)
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// What the agent does about one instruction.
@@ -95,7 +120,7 @@ pub fn step_for(
     record: Option<&IsolationRecord>,
     instruction: &Instruction,
     refusal: Option<&str>,
-    now: Timestamp,
+    now: Moment,
 ) -> Step {
     match instruction {
         Instruction::Isolate { reason, request } => {
@@ -118,9 +143,15 @@ pub fn step_for(
                 }
                 RecordPhase::Isolating | RecordPhase::Isolated => Step::Nothing,
                 // A failure is tried again for a new request at once, for the same one
-                // after a pause.
+                // after a pause on the boot clock (a wall-clock jump back would hold the
+                // retry back for as long as the jump). A record that does not say when
+                // on that clock (an older agent's) is past its pause.
                 RecordPhase::Failed
-                    if refusal.is_none() && (new_request || now >= record.since + RETRY_AFTER) =>
+                    if refusal.is_none()
+                        && (new_request
+                            || record
+                                .since_boot()
+                                .is_none_or(|since| now.since_boot >= since + RETRY_AFTER)) =>
                 {
                     isolate()
                 }
@@ -237,8 +268,18 @@ fn bounded(text: &str) -> String {
 mod tests {
     use super::*;
 
-    fn at(seconds: i64) -> Timestamp {
+    fn wall(seconds: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + seconds).expect("time")
+    }
+
+    /// `seconds` into the test on both clocks, as when the wall clock is not set.
+    fn at(seconds: i64) -> Moment {
+        Moment {
+            wall: wall(seconds),
+            since_boot: Duration::from_secs(
+                1000 + u64::try_from(seconds).expect("not before the test"),
+            ),
+        }
     }
 
     fn isolate() -> Instruction {
@@ -278,6 +319,60 @@ mod tests {
             step_for(Some(&failed), &isolate(), None, at(40)),
             Step::Isolate { .. }
         ));
+    }
+
+    /// The pause before a failure is tried again is counted on the boot clock: the wall
+    /// clock set two hours forward does not end it early, nor set two hours back hold
+    /// the retry back for two hours.
+    #[test]
+    fn a_wall_clock_jump_neither_hurries_nor_holds_back_the_retry_of_a_failure() {
+        let failed = record(RecordPhase::Failed, 10);
+        let jumped = |seconds: i64, jump: i64| Moment {
+            wall: wall(seconds + jump),
+            ..at(seconds)
+        };
+        let hours = 2 * 3600;
+        assert_eq!(
+            step_for(Some(&failed), &isolate(), None, jumped(39, hours)),
+            Step::Nothing
+        );
+        assert!(matches!(
+            step_for(Some(&failed), &isolate(), None, jumped(40, -hours)),
+            Step::Isolate { .. }
+        ));
+        // An older agent's record, which does not say when on the boot clock, is retried.
+        let older = IsolationRecord {
+            since_boot_millis: None,
+            ..failed
+        };
+        assert!(matches!(
+            step_for(Some(&older), &isolate(), None, at(11)),
+            Step::Isolate { .. }
+        ));
+    }
+
+    #[test]
+    fn a_record_keeps_when_its_phase_began_on_both_clocks_and_an_older_one_still_reads() {
+        let record = record(RecordPhase::Failed, 10);
+        assert_eq!(record.since, wall(10));
+        assert_eq!(record.since_boot(), Some(Duration::from_secs(1010)));
+        let mut kept = record.clone();
+        kept.enter(RecordPhase::Failed, Some("again".to_string()), at(20));
+        assert_eq!(
+            kept.since_boot(),
+            Some(Duration::from_secs(1010)),
+            "the phase stayed"
+        );
+        let json = serde_json::to_value(&record).expect("json");
+        assert_eq!(json["sinceBootMillis"], 1_010_000);
+        let mut older = json.clone();
+        older
+            .as_object_mut()
+            .expect("an object")
+            .remove("sinceBootMillis");
+        let read: IsolationRecord = serde_json::from_value(older).expect("an older record");
+        assert_eq!(read.since_boot(), None);
+        assert_eq!(read.since, wall(10));
     }
 
     #[test]
@@ -352,7 +447,7 @@ mod tests {
     #[test]
     fn the_evidence_holds_only_with_the_kubelet_held_down_and_no_pod_process() {
         let evidence = Evidence {
-            checked_at: at(0),
+            checked_at: wall(0),
             checked_since_boot: std::time::Duration::ZERO,
             kubelet_stopped: true,
             kubelet_state: "inactive, masked".to_string(),
@@ -379,7 +474,7 @@ mod tests {
     #[test]
     fn the_report_shows_the_record_with_its_evidence_and_a_refusal_only_without_one() {
         let evidence = Evidence {
-            checked_at: at(5),
+            checked_at: wall(5),
             checked_since_boot: std::time::Duration::ZERO,
             kubelet_stopped: true,
             kubelet_state: "inactive, masked".to_string(),
@@ -391,8 +486,8 @@ mod tests {
             None,
         );
         assert!(shown.is_confirmed());
-        assert_eq!(shown.since, Some(at(4)));
-        assert_eq!(shown.checked_at, Some(at(5)));
+        assert_eq!(shown.since, Some(wall(4)));
+        assert_eq!(shown.checked_at, Some(wall(5)));
         let unreadable = Evidence {
             pod_processes: Err("gone".to_string()),
             ..evidence
@@ -405,7 +500,7 @@ mod tests {
         assert!(!shown.is_confirmed(), "an unreadable count is no evidence");
         let refused = Refused {
             why: "dry-run mode\n".to_string(),
-            since: at(1),
+            since: wall(1),
             request: 9,
         };
         let shown = report(None, None, Some(&refused));

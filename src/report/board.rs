@@ -21,11 +21,20 @@ pub struct AgentFacts {
     pub last_eviction: Option<EvictionReport>,
     pub api_server: ApiServerReport,
     pub isolation: IsolationReport,
-    /// When the isolator last checked its evidence, on the boot clock: how the guardian
-    /// tells fresh evidence from stale, whatever the wall clock does. Not reported; the
-    /// report carries the wall time (`isolation.checked_at`) for the controller.
-    pub isolation_checked_since_boot: Option<Duration>,
+    /// The isolation's times on the boot clock, for the guardian. Not reported; the
+    /// report carries the wall times for the controller.
+    pub isolation_on_boot_clock: IsolationBootTimes,
     pub self_isolation: SelfIsolationReport,
+}
+
+/// When, on the boot clock, the isolator last checked its evidence (the wall time is
+/// `isolation.checked_at`) and when the isolation's state began (`isolation.since`): how
+/// the guardian tells fresh evidence from stale, and a failure that answers its request
+/// from an earlier one, whatever the wall clock does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IsolationBootTimes {
+    pub checked: Option<Duration>,
+    pub state_since: Option<Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -73,25 +82,21 @@ impl ReportBoard {
         self.update(|facts| facts.last_eviction = Some(eviction));
     }
 
-    /// The node's isolation, as the isolator last found it, and when (on the boot clock)
-    /// it last checked.
-    pub fn set_isolation(&self, isolation: IsolationReport, checked_since_boot: Option<Duration>) {
+    /// The node's isolation, as the isolator last found it, and its times on the boot
+    /// clock.
+    pub fn set_isolation(&self, isolation: IsolationReport, on_boot_clock: IsolationBootTimes) {
         self.update(|facts| {
             facts.isolation = isolation;
-            facts.isolation_checked_since_boot = checked_since_boot;
+            facts.isolation_on_boot_clock = on_boot_clock;
         });
     }
 
     /// The same isolation checked again with the same result: the next report carries
     /// the new check time, without a report of its own.
-    pub fn refresh_isolation(
-        &self,
-        isolation: IsolationReport,
-        checked_since_boot: Option<Duration>,
-    ) {
+    pub fn refresh_isolation(&self, isolation: IsolationReport, on_boot_clock: IsolationBootTimes) {
         let mut facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
         facts.isolation = isolation;
-        facts.isolation_checked_since_boot = checked_since_boot;
+        facts.isolation_on_boot_clock = on_boot_clock;
     }
 
     /// Whether the agent isolates its node by itself, and its promise.

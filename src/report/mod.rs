@@ -13,7 +13,7 @@ pub mod sender;
 pub mod server;
 pub mod tls;
 
-pub use board::{AgentFacts, ReportBoard};
+pub use board::{AgentFacts, IsolationBootTimes, ReportBoard};
 pub use contact::ContactClock;
 pub use ledger::{AgentView, Census, Credential, Identity, ReportLedger};
 pub use protocol::{AgentReport, decode_report};

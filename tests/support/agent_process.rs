@@ -330,10 +330,70 @@ impl RecordingAgent {
             .map_err(|error| format!("the recorded trace: {error}"))
     }
 
+    /// The steps recorded so far, none while the record cannot be read yet (its first
+    /// step still being written): for a test that polls the record while the agent runs.
+    pub fn steps_so_far(&self) -> Vec<nodekeeper::trace::ParsedStep> {
+        self.recorded_steps().unwrap_or_default()
+    }
+
     /// [`replay`] of the trace under the agent's configuration.
     pub fn replay(&self) -> String {
         replay(&self.config, &self.trace)
     }
+
+    /// The evictions the replay of the trace makes, in order, and the replay's output
+    /// (for messages).
+    pub fn replayed_evictions(&self) -> (Vec<ReplayedEviction>, String) {
+        let replay = self.replay();
+        let evictions = replay
+            .lines()
+            .flat_map(|line| {
+                let line: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|error| panic!("a replay line {line}: {error}"));
+                let at = line["at"].as_str().unwrap_or_default().to_string();
+                line["evicted"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(move |eviction| ReplayedEviction {
+                        pod: format!(
+                            "{}/{}",
+                            eviction["namespace"].as_str().unwrap_or_default(),
+                            eviction["name"].as_str().unwrap_or_default()
+                        ),
+                        at: at.clone(),
+                    })
+            })
+            .collect();
+        (evictions, replay)
+    }
+
+    /// Asserts that the replay of the trace evicts `pods` (`namespace/name`), in this
+    /// order and no other; its evictions. `context` ends the message.
+    pub fn assert_replay_evicts<S: AsRef<str>>(
+        &self,
+        pods: &[S],
+        context: &str,
+    ) -> Vec<ReplayedEviction> {
+        let (evictions, replay) = self.replayed_evictions();
+        let replayed: Vec<&str> = evictions.iter().map(|e| e.pod.as_str()).collect();
+        let expected: Vec<&str> = pods.iter().map(AsRef::as_ref).collect();
+        assert_eq!(
+            replayed, expected,
+            "the replay of the record:\n{replay}\n{context}"
+        );
+        evictions
+    }
+}
+
+/// One eviction of a replay: the pod (`namespace/name`) and its step's time as the trace
+/// has it.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayedEviction {
+    pub pod: String,
+    pub at: String,
 }
 
 /// `nodekeeper replay --config CONFIG TRACE`, which must succeed: its output, one JSON

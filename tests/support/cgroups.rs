@@ -310,6 +310,29 @@ impl TestCgroups {
         under(&parent)
     }
 
+    /// `workload` (its exit status: `None` while it runs) was killed by the agent, not by
+    /// the kernel's OOM killer: both send SIGKILL, so no OOM kill may be counted anywhere
+    /// under the test's parent ([`oom_kills`](Self::oom_kills)). `log` is the agent's, for
+    /// the messages.
+    pub fn assert_killed_by_the_agent(
+        &self,
+        workload: &str,
+        status: Option<std::process::ExitStatus>,
+        log: &str,
+    ) {
+        assert_eq!(
+            self.oom_kills(),
+            0,
+            "the kernel OOM killer fired first:\n{log}"
+        );
+        let status = status.unwrap_or_else(|| panic!("{workload} still runs:\n{log}"));
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL),
+            "{workload} ended with {status:?}, not SIGKILL:\n{log}"
+        );
+    }
+
     pub fn set_memory_limit(&self, relative: &Path, bytes: u64) {
         std::fs::write(
             self.dir("memory", relative).join("memory.limit_in_bytes"),
