@@ -540,13 +540,7 @@ async fn a_pod_cgroup_removed_between_listing_and_reads_under_pressure_misleads_
     let steps = agent
         .recorded_steps()
         .unwrap_or_else(|error| panic!("{error}"));
-    let replayed = agent.assert_replay_evicts(
-        &evictions,
-        &format!(
-            "agent log:
-{log}"
-        ),
-    );
+    let replayed = agent.assert_replay_evicts(&evictions, &format!("agent log:\n{log}"));
     for ReplayedEviction { pod, at } in &replayed {
         if pod != "default/ending" {
             continue;

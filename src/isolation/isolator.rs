@@ -819,12 +819,24 @@ mod tests {
         };
         let node = node(systemd, 2);
         let mut isolator = node.isolator();
+        let asked = crate::boot_clock::since_boot();
         isolator.follow(&[isolate()]).await;
         let reported = node.reported();
         assert_eq!(reported.state, IsolationState::Failed);
         assert!(
             says(&reported, "report.isolation.kubeletUnit"),
             "{reported:?}"
+        );
+        // The guardian tells this failure from an earlier one by the time its state
+        // began on the boot clock, posted with it (in whole milliseconds, as kept).
+        let state_since = node.board.snapshot().isolation_on_boot_clock.state_since;
+        assert_eq!(
+            state_since,
+            isolator.record().and_then(IsolationRecord::since_boot)
+        );
+        assert!(
+            state_since.is_some_and(|since| since.as_millis() >= asked.as_millis()),
+            "{state_since:?} before {asked:?}"
         );
         assert!(node.systemd.calls().is_empty(), "nothing masked or stopped");
         assert_eq!(node.pods.kills.load(Ordering::SeqCst), 0);

@@ -36,7 +36,7 @@ pub struct IsolationRecord {
     /// The same moment on the boot clock, in milliseconds (the record ends with the
     /// boot, so it is this boot's clock): the pause before a failure is retried, and
     /// whether a failure answers the guardian's request, are counted on it. Absent in a
-    /// record written by an agent before 0.1 kept it.
+    /// record written by an agent from before this field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since_boot_millis: Option<u64>,
     /// The controller's reason.

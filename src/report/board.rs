@@ -28,7 +28,8 @@ pub struct AgentFacts {
 }
 
 /// When, on the boot clock, the isolator last checked its evidence (the wall time is
-/// `isolation.checked_at`) and when the isolation's state began (`isolation.since`): how
+/// `isolation.checked_at`) and when the isolation record's state began (`isolation.since`,
+/// except for a refusal, which has no record): how
 /// the guardian tells fresh evidence from stale, and a failure that answers its request
 /// from an earlier one, whatever the wall clock does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
