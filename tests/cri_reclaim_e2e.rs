@@ -29,7 +29,7 @@ fn reclaimer(runtime: &Containerd, minimum_age: GoDuration, dry_run: bool) -> Cr
     };
     let mut reclaimer = CriReclaimer::new(&config, FilesystemLayout::SingleDisk, dry_run)
         .expect("the endpoint is a socket path");
-    reclaimer.set_pods(PodsKnown::Active(BTreeSet::from([
+    reclaimer.set_pods(PodsKnown::active(BTreeSet::from([
         "live-uid".to_string(),
         "stopped-uid".to_string(),
     ])));
@@ -295,4 +295,79 @@ async fn the_agent_frees_disk_through_the_runtime_before_it_would_evict() {
     drop(client);
     drop(runtime);
     drop(disk);
+}
+
+/// The kubelet's reclaim before its next eviction removes the runtime of a pod it has
+/// terminated (`ShouldPodRuntimeBeRemoved`, with `evictNonDeletedPods`), whatever the API
+/// server still lists and however young the pod. So does the agent for a pod it evicted,
+/// once the pod's sandbox has stopped: its dead containers (their logs and writable
+/// layers) and its sandbox go. A pod not evicted here, listed and seconds old, keeps its
+/// newest dead container and its sandbox, as a living pod does; before, so did an
+/// evicted one, and the next pod was evicted for disk the first still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_the_agent_evicted_loses_its_runtime_once_stopped_however_young() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = require!("containerd", Containerd::start(dir.path()));
+    let app = "nodekeeper.test/app:1";
+    runtime.import_image(SANDBOX_IMAGE, &["/bin/sleep", "1000000"]);
+    runtime.import_image(app, &["/bin/true"]);
+    let mut client = runtime.client().await;
+    let pod = ("evicted", "evicted-uid");
+    let sandbox = runtime.run_sandbox(&mut client, pod.0, pod.1).await;
+    let first = runtime
+        .run_to_exit(&mut client, &sandbox, pod, "app", 0, app)
+        .await;
+    let second = runtime
+        .run_to_exit(&mut client, &sandbox, pod, "app", 1, app)
+        .await;
+    // Evicted: the kubelet stopped its containers and its sandbox.
+    runtime.stop_sandbox(&mut client, &sandbox).await;
+    let config = NodeReclaimConfig {
+        method: ReclaimMethod::Cri,
+        runtime_endpoint: runtime.endpoint(),
+        image_endpoint: runtime.endpoint(),
+        timeout: GoDuration::from_secs(60),
+        ..NodeReclaimConfig::default()
+    };
+    // The default two minutes before a pod counts as gone: this one is seconds old.
+    let mut reclaimer = CriReclaimer::new(&config, FilesystemLayout::SingleDisk, false)
+        .expect("the endpoint is a socket path");
+    let listed = BTreeSet::from([pod.1.to_string()]);
+    let containers = |list: Vec<nodekeeper::cri::wire::Container>| {
+        sorted(list.into_iter().map(|c| c.id).collect())
+    };
+    let sandboxes = |list: Vec<nodekeeper::cri::wire::PodSandbox>| {
+        sorted(list.into_iter().map(|s| s.id).collect())
+    };
+
+    reclaimer.set_pods(PodsKnown::active(listed.clone()));
+    reclaimer
+        .reclaim(Signal::NodeFsAvailable)
+        .await
+        .expect("reclaim");
+    assert_eq!(
+        reclaimer.last_removed().containers,
+        [first],
+        "not evicted here: the newest dead container stays"
+    );
+    assert_eq!(
+        containers(containerd::list_containers(&mut client).await),
+        std::slice::from_ref(&second)
+    );
+    assert_eq!(
+        sandboxes(containerd::list_sandboxes(&mut client).await),
+        std::slice::from_ref(&sandbox)
+    );
+
+    reclaimer.set_pods(PodsKnown::active(listed).with_evicted(BTreeSet::from([pod.1.to_string()])));
+    reclaimer
+        .reclaim(Signal::NodeFsAvailable)
+        .await
+        .expect("reclaim");
+    assert_eq!(reclaimer.last_removed().containers, [second]);
+    assert_eq!(reclaimer.last_removed().sandboxes, [sandbox]);
+    assert!(containerd::list_containers(&mut client).await.is_empty());
+    assert!(containerd::list_sandboxes(&mut client).await.is_empty());
+    drop(client);
+    drop(runtime);
 }

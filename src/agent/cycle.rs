@@ -884,9 +884,13 @@ impl Agent {
     /// must still be evicted.
     async fn reclaim_node_resources(&mut self, signal: crate::signals::Signal) -> bool {
         // A pod missing from a whole list of the node's pods is gone: its dead
-        // containers may all go. The cycle's candidates leave some out, so not them.
+        // containers may all go, and so may those of a pod evicted here, once stopped.
+        // The cycle's candidates leave some out, so not them.
         let known = match self.pod_source.as_ref().and_then(|s| s.running_pod_uids()) {
-            Some(uids) => crate::cri::gc::PodsKnown::Active(uids),
+            Some(uids) => crate::cri::gc::PodsKnown::active(uids).with_evicted(
+                self.evicted
+                    .lately(crate::cri::gc::GONE_POD_MINIMUM_AGE, Instant::now()),
+            ),
             None => crate::cri::gc::PodsKnown::Unknown,
         };
         let Some(reclaimer) = self.reclaimer.as_mut() else {

@@ -28,6 +28,9 @@ const MIN_KILL_WAIT: Duration = Duration::from_secs(10);
 #[derive(Debug, Default)]
 pub struct Evicted {
     pods: BTreeMap<String, Stopping>,
+    /// When each pod with a UID was evicted (or its eviction resumed), kept past its
+    /// listing for node-level reclaim (see [`Evicted::lately`]).
+    at: BTreeMap<String, Instant>,
 }
 
 /// One eviction: the grace period it gave, until when the pod is left to it, whether
@@ -54,6 +57,9 @@ impl Evicted {
     /// ended, and to this eviction until its kill wait is over.
     pub fn remember(&mut self, pod: &Pod, grace_period_seconds: i64, now: Instant) {
         self.insert(identity(pod), grace_period_seconds, now, true);
+        if let Some(uid) = &pod.uid {
+            self.at.insert(uid.clone(), now);
+        }
     }
 
     /// The pod with `uid` was evicted by an earlier run of the agent, whose delete this
@@ -62,6 +68,20 @@ impl Evicted {
     /// for as long as the API server does not answer, which must not forget it.
     pub fn resume(&mut self, uid: &str, grace_period_seconds: i64, now: Instant) {
         self.insert(uid.to_string(), grace_period_seconds, now, false);
+        self.at.insert(uid.to_string(), now);
+    }
+
+    /// The UIDs of the pods evicted here that node-level reclaim may treat as the
+    /// kubelet treats a pod it has terminated (`cri::gc::PodsKnown`): those still listed
+    /// (tracked here), and those evicted within `window` of `now` (the container GC
+    /// counts a pod as living for two minutes after its sandbox was made, listed or
+    /// not). Older ones are forgotten.
+    pub fn lately(&mut self, window: Duration, now: Instant) -> BTreeSet<String> {
+        let pods = &self.pods;
+        self.at.retain(|uid, at| {
+            pods.contains_key(uid) || now.saturating_duration_since(*at) < window
+        });
+        self.at.keys().cloned().collect()
     }
 
     fn insert(&mut self, identity: String, grace_period_seconds: i64, now: Instant, listed: bool) {
@@ -210,6 +230,41 @@ mod tests {
         // Once seen listed, it is forgotten when it goes, as any evicted pod.
         evicted.active(vec![web.clone()], ENDED);
         assert!(evicted.is_empty());
+    }
+
+    /// Node-level reclaim may remove the runtime of the pods evicted here: while they are
+    /// listed, and for two minutes (the window given) after their eviction when they no
+    /// longer are; a pod without a UID has no runtime of its own to name.
+    #[test]
+    fn the_pods_evicted_lately_are_known_while_listed_and_for_a_window_after() {
+        let mut evicted = Evicted::default();
+        let (db, web) = (pod("db-0", Some("u-db")), pod("web", Some("u-web")));
+        let start = now();
+        let window = Duration::from_secs(120);
+        evicted.remember(&db, 0, start);
+        evicted.remember(&pod("no-uid", None), 0, start);
+        evicted.resume("u-old", 0, start);
+        let lately = |evicted: &mut Evicted, at| -> Vec<String> {
+            evicted.lately(window, at).into_iter().collect()
+        };
+        assert_eq!(lately(&mut evicted, start), ["u-db", "u-old"]);
+        // db still listed: known past the window.
+        evicted.active(vec![db.clone(), web.clone()], ENDED);
+        assert_eq!(
+            lately(&mut evicted, start + Duration::from_secs(121)),
+            ["u-db", "u-old"],
+            "u-old was never seen listed: still tracked"
+        );
+        // Gone from the list: known until the window ends.
+        let mut evicted = Evicted::default();
+        evicted.remember(&db, 0, start);
+        evicted.active(vec![db.clone()], ENDED);
+        evicted.active(vec![web.clone()], ENDED);
+        assert_eq!(
+            lately(&mut evicted, start + Duration::from_secs(119)),
+            ["u-db"]
+        );
+        assert!(lately(&mut evicted, start + Duration::from_secs(120)).is_empty());
     }
 
     #[test]

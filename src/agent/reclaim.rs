@@ -13,7 +13,7 @@ pub enum Reclaimer {
     /// The commands, and whether this is a dry run (then they do not run).
     Commands(CommandReclaimer, bool),
     /// The runtime reclaimer knows the dry run itself.
-    Runtime(CriReclaimer),
+    Runtime(Box<CriReclaimer>),
 }
 
 impl Reclaimer {
@@ -43,7 +43,7 @@ impl Reclaimer {
                         images = %config.image_endpoint,
                         "node-level reclaim through the container runtime (containerRuntimeEndpoint)"
                     );
-                    Some(Reclaimer::Runtime(reclaimer))
+                    Some(Reclaimer::Runtime(Box::new(reclaimer)))
                 }
                 Err(error) => {
                     // The loader checked the endpoints; this cannot happen with a config

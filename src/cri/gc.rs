@@ -66,8 +66,19 @@ pub enum PodsKnown {
     /// yet): every pod counts as still there, so only what the kubelet removes for a
     /// living pod is removed.
     Unknown,
-    /// The UIDs of the pods the node still runs (the API's active pods, synced).
-    Active(BTreeSet<String>),
+    /// The UIDs of the pods the node still runs (`running`: the API's active pods,
+    /// synced), and of those this agent evicted lately (`evicted`): the kubelet removes
+    /// the runtime of a pod it has terminated (`ShouldPodRuntimeBeRemoved`, with
+    /// `evictNonDeletedPods`) in the reclaim before its next eviction, whatever the API
+    /// still lists and however young the pod; so may the agent, for the pods it evicted,
+    /// once their sandboxes have stopped. Otherwise a pod it evicted for disk would keep
+    /// its newest dead containers (their logs and writable layers) until its deletion
+    /// reached the list and two minutes passed, and the next pod would go for disk the
+    /// first still held.
+    Active {
+        running: BTreeSet<String>,
+        evicted: BTreeSet<String>,
+    },
 }
 
 /// How long a pod's newest sandbox must exist before the pod can count as gone: the
@@ -76,6 +87,23 @@ pub enum PodsKnown {
 pub const GONE_POD_MINIMUM_AGE: Duration = Duration::from_secs(120);
 
 impl PodsKnown {
+    /// The pods the node runs, none evicted lately.
+    pub fn active(running: BTreeSet<String>) -> PodsKnown {
+        PodsKnown::Active {
+            running,
+            evicted: BTreeSet::new(),
+        }
+    }
+
+    /// The same, with the UIDs of the pods this agent evicted lately (nothing without a
+    /// list of the pods).
+    pub fn with_evicted(self, evicted: BTreeSet<String>) -> PodsKnown {
+        match self {
+            PodsKnown::Unknown => PodsKnown::Unknown,
+            PodsKnown::Active { running, .. } => PodsKnown::Active { running, evicted },
+        }
+    }
+
     /// Every pod with a sandbox created less than `minimum_age` ([`GONE_POD_MINIMUM_AGE`])
     /// before `now_nanos` (the runtime's clock: nanoseconds since the epoch) counts as
     /// living.
@@ -87,7 +115,10 @@ impl PodsKnown {
     ) -> PodsKnown {
         match self {
             PodsKnown::Unknown => PodsKnown::Unknown,
-            PodsKnown::Active(mut active) => {
+            PodsKnown::Active {
+                running: mut active,
+                evicted,
+            } => {
                 let margin = i64::try_from(minimum_age.as_nanos()).unwrap_or(i64::MAX);
                 active.extend(
                     sandboxes
@@ -95,20 +126,27 @@ impl PodsKnown {
                         .filter(|s| s.created_at > now_nanos.saturating_sub(margin))
                         .map(|s| s.pod_uid.clone()),
                 );
-                PodsKnown::Active(active)
+                PodsKnown::Active {
+                    running: active,
+                    evicted,
+                }
             }
         }
     }
 
     /// The kubelet's `ShouldPodRuntimeBeRemoved` for a pod the agent cannot see inside
-    /// the kubelet: the pod is gone or has ended (not among the active pods) *and* none
-    /// of its sandboxes is ready. The second half is stricter than the kubelet, which
-    /// knows its pods first-hand; a pod whose sandbox is being recreated, or that the
-    /// agent's watch has not shown yet, keeps its containers.
+    /// the kubelet: the pod is gone or has ended (not among the active pods), or this
+    /// agent evicted it, *and* none of its sandboxes is ready. The second half is
+    /// stricter than the kubelet, which knows its pods first-hand; a pod whose sandbox is
+    /// being recreated, or that the agent's watch has not shown yet, keeps its
+    /// containers.
     fn runtime_removable(&self, pod_uid: &str, ready_pods: &BTreeSet<&str>) -> bool {
         match self {
             PodsKnown::Unknown => false,
-            PodsKnown::Active(active) => !active.contains(pod_uid) && !ready_pods.contains(pod_uid),
+            PodsKnown::Active { running, evicted } => {
+                !ready_pods.contains(pod_uid)
+                    && (evicted.contains(pod_uid) || !running.contains(pod_uid))
+            }
         }
     }
 }
@@ -352,7 +390,7 @@ mod tests {
     }
 
     fn active(uids: &[&str]) -> PodsKnown {
-        PodsKnown::Active(uids.iter().map(|u| u.to_string()).collect())
+        PodsKnown::active(uids.iter().map(|u| u.to_string()).collect())
     }
 
     use ContainerState::*;
@@ -393,6 +431,46 @@ mod tests {
         ];
         let removed = containers_to_remove(&containers, &sandboxes, &active(&["a"]));
         assert_eq!(ids(&removed, |c| &c.id), ["b-app-1", "b-app-0"]);
+    }
+
+    /// A pod this agent evicted loses its runtime as soon as its sandbox has stopped, as
+    /// the kubelet's does once it has terminated the pod: though the API still lists it
+    /// (the delete not through yet, or the pod still terminating) and its sandbox is a
+    /// minute old. While a sandbox of it is ready (the kubelet started it again), it
+    /// keeps what a living pod keeps; without a pod list nothing changes.
+    #[test]
+    fn a_pod_this_agent_evicted_loses_its_runtime_once_stopped_however_young_and_listed() {
+        let minute = 60_000_000_000_i64;
+        let now = 100 * minute;
+        let containers = [
+            container("e-app-0", "e", "app", Exited, 100),
+            container("e-app-1", "e", "app", Exited, 200),
+            container("a-app-0", "a", "app", Exited, 100),
+            container("a-app-1", "a", "app", Exited, 200),
+        ];
+        let stopped = [sandbox("sandbox-e", "e", false, now - minute)];
+        let evicted = BTreeSet::from(["e".to_string()]);
+        let pods = active(&["a", "e"])
+            .with_evicted(evicted.clone())
+            .with_recent_pods(&stopped, now, GONE_POD_MINIMUM_AGE);
+        let removed = containers_to_remove(&containers, &stopped, &pods);
+        assert_eq!(ids(&removed, |c| &c.id), ["a-app-0", "e-app-1", "e-app-0"]);
+        assert_eq!(
+            ids(&sandboxes_to_remove(&[], &stopped, &pods), |s| &s.id),
+            ["sandbox-e"]
+        );
+        // Not evicted: the young, listed pod keeps its newest dead container and its
+        // sandbox.
+        let listed = active(&["a", "e"]).with_recent_pods(&stopped, now, GONE_POD_MINIMUM_AGE);
+        let removed = containers_to_remove(&containers, &stopped, &listed);
+        assert_eq!(ids(&removed, |c| &c.id), ["a-app-0", "e-app-0"]);
+        assert!(sandboxes_to_remove(&[], &stopped, &listed).is_empty());
+        // Started again: a ready sandbox.
+        let ready = [sandbox("sandbox-e", "e", true, now - minute)];
+        let removed = containers_to_remove(&containers, &ready, &pods);
+        assert_eq!(ids(&removed, |c| &c.id), ["a-app-0", "e-app-0"]);
+        let unknown = PodsKnown::Unknown.with_evicted(evicted);
+        assert_eq!(unknown, PodsKnown::Unknown);
     }
 
     #[test]
