@@ -8,8 +8,9 @@
 //! - installed with `dpkg -i` on a Debian node booted with systemd-nspawn (real systemd,
 //!   its own network namespace), the agent's service is enabled, started and READY
 //!   (`Type=notify`), serves metrics from the shipped dry-run configuration, and the
-//!   controller's is installed but neither enabled nor started; an upgrade restarts the
-//!   agent and keeps the operator's edit of its conffile; `dpkg --remove` stops it and
+//!   controller's is installed but neither enabled nor started; `dpkg --verify` finds
+//!   every file as packaged, then a changed one; an upgrade restarts the agent, puts the
+//!   changed file back and keeps the operator's edit of its conffile; `dpkg --remove` stops it and
 //!   keeps the configuration, `dpkg --purge` removes the configuration and the agent's state.
 
 mod support;
@@ -258,6 +259,18 @@ fn lintian_accepts_the_package_and_it_holds_what_an_operator_looks_for() {
 }
 
 /// `command` in the container with `sh -c`; fails with its output unless it succeeds.
+/// What `dpkg --verify` finds changed in the installed package, one file a line (it exits
+/// non-zero when it finds any).
+fn verify(container: &Container) -> String {
+    let output = container.exec("dpkg --verify nodekeeper");
+    assert!(
+        output.stderr.is_empty(),
+        "dpkg --verify: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
 fn must(container: &Container, command: &str) -> String {
     let output = container.exec(command);
     assert!(
@@ -410,6 +423,12 @@ fn installs_starts_the_agent_upgrades_keeping_its_configuration_and_purges() {
         conffiles.contains("/etc/nodekeeper/agent.yaml"),
         "{conffiles}"
     );
+    // Every installed file can be checked against the package (`dpkg --verify`, debsums):
+    // its sums are installed with it, the conffiles' kept by dpkg itself.
+    let sums = must(node, "cat /var/lib/dpkg/info/nodekeeper.md5sums");
+    assert!(sums.contains("  usr/bin/nodekeeper\n"), "{sums}");
+    assert!(!sums.contains("etc/nodekeeper"), "{sums}");
+    assert_eq!(verify(node), "", "a fresh installation as packaged");
 
     // An upgrade (the same package again goes through the same maintainer scripts) keeps
     // the operator's edit of the conffile and restarts the agent, which reads it.
@@ -418,11 +437,23 @@ fn installs_starts_the_agent_upgrades_keeping_its_configuration_and_purges() {
         node,
         &format!("sed -i 's/:{SHIPPED_PORT}/:{EDITED_PORT}/' /etc/nodekeeper/agent.yaml"),
     );
+    // A packaged file changed behind dpkg's back is told from the operator's edit.
+    let completion = "/usr/share/bash-completion/completions/nodekeeper";
+    must(node, &format!("echo '# changed' >> {completion}"));
+    assert_eq!(
+        verify(node),
+        format!("??5?????? c /etc/nodekeeper/agent.yaml\n??5??????   {completion}")
+    );
     let upgraded = must(node, "dpkg -i /shared/nodekeeper.deb 2>&1");
     println!("dpkg -i again:\n{upgraded}");
     assert!(
         must(node, "cat /etc/nodekeeper/agent.yaml").contains(&format!(":{EDITED_PORT}")),
         "the upgrade replaced the operator's configuration"
+    );
+    assert_eq!(
+        verify(node),
+        "??5?????? c /etc/nodekeeper/agent.yaml",
+        "the upgrade put the packaged file back and kept the edit"
     );
     assert_eq!(
         node.stdout("systemctl is-active nodekeeper-agent"),
