@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use nodekeeper::config::GoDuration;
@@ -300,10 +300,11 @@ async fn the_agent_frees_disk_through_the_runtime_before_it_would_evict() {
 /// The kubelet's reclaim before its next eviction removes the runtime of a pod it has
 /// terminated (`ShouldPodRuntimeBeRemoved`, with `evictNonDeletedPods`), whatever the API
 /// server still lists and however young the pod. So does the agent for a pod it evicted,
-/// once the pod's sandbox has stopped: its dead containers (their logs and writable
-/// layers) and its sandbox go. A pod not evicted here, listed and seconds old, keeps its
-/// newest dead container and its sandbox, as a living pod does; before, so did an
-/// evicted one, and the next pod was evicted for disk the first still held.
+/// once the pod's sandbox has stopped: its dead containers (their writable layers) and
+/// its sandbox go. Evicted before its sandbox was made (an earlier run of the pod, as
+/// after a delete that never went through), the pod, listed and seconds old, keeps its
+/// newest dead container and its sandbox, as a living pod does; before, so did a pod
+/// just evicted, and the next pod was evicted for disk the first still held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_the_agent_evicted_loses_its_runtime_once_stopped_however_young() {
     let dir = tempfile::tempdir().unwrap();
@@ -313,6 +314,8 @@ async fn a_pod_the_agent_evicted_loses_its_runtime_once_stopped_however_young() 
     runtime.import_image(app, &["/bin/true"]);
     let mut client = runtime.client().await;
     let pod = ("evicted", "evicted-uid");
+    // An eviction before the sandbox was made is one of an earlier run of the pod.
+    let before_the_sandbox = nodekeeper::cri::unix_nanos_now();
     let sandbox = runtime.run_sandbox(&mut client, pod.0, pod.1).await;
     let first = runtime
         .run_to_exit(&mut client, &sandbox, pod, "app", 0, app)
@@ -321,6 +324,7 @@ async fn a_pod_the_agent_evicted_loses_its_runtime_once_stopped_however_young() 
         .run_to_exit(&mut client, &sandbox, pod, "app", 1, app)
         .await;
     // Evicted: the kubelet stopped its containers and its sandbox.
+    let evicted_at = nodekeeper::cri::unix_nanos_now();
     runtime.stop_sandbox(&mut client, &sandbox).await;
     let config = NodeReclaimConfig {
         method: ReclaimMethod::Cri,
@@ -340,7 +344,8 @@ async fn a_pod_the_agent_evicted_loses_its_runtime_once_stopped_however_young() 
         sorted(list.into_iter().map(|s| s.id).collect())
     };
 
-    reclaimer.set_pods(PodsKnown::active(listed.clone()));
+    let evicted = |at: i64| BTreeMap::from([(pod.1.to_string(), at)]);
+    reclaimer.set_pods(PodsKnown::active(listed.clone()).with_evicted(evicted(before_the_sandbox)));
     reclaimer
         .reclaim(Signal::NodeFsAvailable)
         .await
@@ -348,7 +353,7 @@ async fn a_pod_the_agent_evicted_loses_its_runtime_once_stopped_however_young() 
     assert_eq!(
         reclaimer.last_removed().containers,
         [first],
-        "not evicted here: the newest dead container stays"
+        "evicted before this run of the pod: the newest dead container stays"
     );
     assert_eq!(
         containers(containerd::list_containers(&mut client).await),
@@ -359,7 +364,7 @@ async fn a_pod_the_agent_evicted_loses_its_runtime_once_stopped_however_young() 
         std::slice::from_ref(&sandbox)
     );
 
-    reclaimer.set_pods(PodsKnown::active(listed).with_evicted(BTreeSet::from([pod.1.to_string()])));
+    reclaimer.set_pods(PodsKnown::active(listed).with_evicted(evicted(evicted_at)));
     reclaimer
         .reclaim(Signal::NodeFsAvailable)
         .await

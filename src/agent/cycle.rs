@@ -838,8 +838,12 @@ impl Agent {
                         message = %order.message,
                         "evicted pod"
                     );
-                    self.evicted
-                        .remember(pod, order.grace_period_seconds, Instant::now());
+                    self.evicted.remember(
+                        pod,
+                        order.grace_period_seconds,
+                        Instant::now(),
+                        crate::cri::unix_nanos_now(),
+                    );
                     self.evicted_this_cycle.push(order.key());
                     evicted.push(EvictedHere {
                         reason: order.reason,
@@ -887,10 +891,8 @@ impl Agent {
         // containers may all go, and so may those of a pod evicted here, once stopped.
         // The cycle's candidates leave some out, so not them.
         let known = match self.pod_source.as_ref().and_then(|s| s.running_pod_uids()) {
-            Some(uids) => crate::cri::gc::PodsKnown::active(uids).with_evicted(
-                self.evicted
-                    .lately(crate::cri::gc::GONE_POD_MINIMUM_AGE, Instant::now()),
-            ),
+            Some(uids) => crate::cri::gc::PodsKnown::active(uids)
+                .with_evicted(self.evicted.lately(Instant::now())),
             None => crate::cri::gc::PodsKnown::Unknown,
         };
         let Some(reclaimer) = self.reclaimer.as_mut() else {

@@ -23,14 +23,20 @@ use crate::pods::Pod;
 /// The least time `killPodNow` waits for a kill.
 const MIN_KILL_WAIT: Duration = Duration::from_secs(10);
 
+/// How long after its eviction a pod no longer listed is still known to node-level
+/// reclaim as evicted here: the container GC counts a pod as living for as long after
+/// its newest sandbox was made, listed or not, and the sandbox was made before.
+const RECLAIM_WINDOW: Duration = crate::cri::gc::GONE_POD_MINIMUM_AGE;
+
 /// Evicted pods, by UID (by `namespace/name` for a pod without one, as standalone
 /// workloads are).
 #[derive(Debug, Default)]
 pub struct Evicted {
     pods: BTreeMap<String, Stopping>,
-    /// When each pod with a UID was evicted (or its eviction resumed), kept past its
-    /// listing for node-level reclaim (see [`Evicted::lately`]).
-    at: BTreeMap<String, Instant>,
+    /// When each pod with a UID was evicted here, on the monotonic clock and in
+    /// nanoseconds since the epoch (the runtime's scale), kept past its listing for
+    /// node-level reclaim (see [`Evicted::lately`]).
+    at: BTreeMap<String, (Instant, i64)>,
 }
 
 /// One eviction: the grace period it gave, until when the pod is left to it, whether
@@ -53,35 +59,52 @@ fn kill_wait(grace_period_seconds: i64) -> Duration {
 }
 
 impl Evicted {
-    /// `pod` was evicted at `now` with `grace_period_seconds`: leave it out once it has
-    /// ended, and to this eviction until its kill wait is over.
-    pub fn remember(&mut self, pod: &Pod, grace_period_seconds: i64, now: Instant) {
+    /// `pod` was evicted at `now` (`wall_nanos`, in nanoseconds since the epoch) with
+    /// `grace_period_seconds`: leave it out once it has ended, and to this eviction
+    /// until its kill wait is over.
+    pub fn remember(
+        &mut self,
+        pod: &Pod,
+        grace_period_seconds: i64,
+        now: Instant,
+        wall_nanos: i64,
+    ) {
         self.insert(identity(pod), grace_period_seconds, now, true);
         if let Some(uid) = &pod.uid {
-            self.at.insert(uid.clone(), now);
+            self.at.insert(uid.clone(), (now, wall_nanos));
         }
+        self.forget_old(now);
     }
 
     /// The pod with `uid` was evicted by an earlier run of the agent, whose delete this
     /// run sends: it is left to that eviction as if evicted at `now`.
     /// It is kept until the pod is seen listed: the cycles after a start may see no pods
     /// for as long as the API server does not answer, which must not forget it.
+    /// Not known to node-level reclaim: when the earlier run evicted it is not known,
+    /// and the pod may have been started again since.
     pub fn resume(&mut self, uid: &str, grace_period_seconds: i64, now: Instant) {
         self.insert(uid.to_string(), grace_period_seconds, now, false);
-        self.at.insert(uid.to_string(), now);
     }
 
-    /// The UIDs of the pods evicted here that node-level reclaim may treat as the
-    /// kubelet treats a pod it has terminated (`cri::gc::PodsKnown`): those still listed
-    /// (tracked here), and those evicted within `window` of `now` (the container GC
-    /// counts a pod as living for two minutes after its sandbox was made, listed or
-    /// not). Older ones are forgotten.
-    pub fn lately(&mut self, window: Duration, now: Instant) -> BTreeSet<String> {
+    /// The pods evicted here that node-level reclaim may treat as the kubelet treats a
+    /// pod it evicted (`cri::gc::PodsKnown`), by UID, with when they were evicted
+    /// (nanoseconds since the epoch): those still listed, and those evicted within
+    /// [`RECLAIM_WINDOW`] of `now`. A pod seen running again after it had ended here is
+    /// not among them: started again, it is a living pod.
+    pub fn lately(&mut self, now: Instant) -> BTreeMap<String, i64> {
+        self.forget_old(now);
+        self.at
+            .iter()
+            .map(|(uid, (_, wall_nanos))| (uid.clone(), *wall_nanos))
+            .collect()
+    }
+
+    /// Forgets for reclaim the pods neither listed nor evicted within the window.
+    fn forget_old(&mut self, now: Instant) {
         let pods = &self.pods;
-        self.at.retain(|uid, at| {
-            pods.contains_key(uid) || now.saturating_duration_since(*at) < window
+        self.at.retain(|uid, (at, _)| {
+            pods.contains_key(uid) || now.saturating_duration_since(*at) < RECLAIM_WINDOW
         });
-        self.at.keys().cloned().collect()
     }
 
     fn insert(&mut self, identity: String, grace_period_seconds: i64, now: Instant, listed: bool) {
@@ -125,6 +148,12 @@ impl Evicted {
                 Some(stopping) => {
                     stopping.listed = true;
                     let runs = running(pod);
+                    if runs && stopping.ended {
+                        // Started again: a new run, no longer an evicted pod's runtime.
+                        if let Some(uid) = &pod.uid {
+                            self.at.remove(uid);
+                        }
+                    }
                     stopping.ended |= !runs;
                     runs
                 }
@@ -176,7 +205,7 @@ mod tests {
         let mut evicted = Evicted::default();
         let (db, web) = (pod("db-0", Some("u-db")), pod("web", Some("u-web")));
         let start = now();
-        evicted.remember(&db, 30, start);
+        evicted.remember(&db, 30, start, 0);
         let at = |seconds| start + Duration::from_secs(seconds);
         assert!(evicted.already_stopping(&db, 30, at(0)));
         assert!(evicted.already_stopping(&db, 30, at(44)));
@@ -188,7 +217,7 @@ mod tests {
         // A harsher eviction (a hard threshold met meanwhile) goes ahead, and starts its
         // own wait: 1 s of grace waits the minimum 10 s.
         assert!(!evicted.already_stopping(&db, 1, at(5)));
-        evicted.remember(&db, 1, at(5));
+        evicted.remember(&db, 1, at(5), 0);
         assert!(evicted.already_stopping(&db, 1, at(14)));
         assert!(evicted.already_stopping(&db, 30, at(14)));
         assert!(!evicted.already_stopping(&db, 1, at(15)));
@@ -205,7 +234,7 @@ mod tests {
         let mut evicted = Evicted::default();
         let db = pod("db-0", Some("u-db"));
         let start = now();
-        evicted.remember(&db, 1, start);
+        evicted.remember(&db, 1, start, 0);
         assert!(evicted.active(vec![db.clone()], ENDED).is_empty());
         assert_eq!(names(&evicted.active(vec![db.clone()], |_| true)), ["db-0"]);
         assert!(!evicted.already_stopping(&db, 1, start));
@@ -232,46 +261,56 @@ mod tests {
         assert!(evicted.is_empty());
     }
 
-    /// Node-level reclaim may remove the runtime of the pods evicted here: while they are
-    /// listed, and for two minutes (the window given) after their eviction when they no
-    /// longer are; a pod without a UID has no runtime of its own to name.
+    /// Node-level reclaim may remove the runtime of the pods evicted here, given with
+    /// when they were evicted: while they are listed, and for two minutes after their
+    /// eviction when they no longer are. Not a pod without a UID (it has no runtime of its
+    /// own to name), one an earlier run evicted (when is not known), nor one seen running
+    /// again after it had ended (started again, it is a living pod).
     #[test]
     fn the_pods_evicted_lately_are_known_while_listed_and_for_a_window_after() {
         let mut evicted = Evicted::default();
         let (db, web) = (pod("db-0", Some("u-db")), pod("web", Some("u-web")));
         let start = now();
-        let window = Duration::from_secs(120);
-        evicted.remember(&db, 0, start);
-        evicted.remember(&pod("no-uid", None), 0, start);
+        evicted.remember(&db, 0, start, 7);
+        evicted.remember(&pod("no-uid", None), 0, start, 8);
         evicted.resume("u-old", 0, start);
-        let lately = |evicted: &mut Evicted, at| -> Vec<String> {
-            evicted.lately(window, at).into_iter().collect()
+        let lately = |evicted: &mut Evicted, at| -> Vec<(String, i64)> {
+            evicted.lately(at).into_iter().collect()
         };
-        assert_eq!(lately(&mut evicted, start), ["u-db", "u-old"]);
-        // db still listed: known past the window.
+        assert_eq!(lately(&mut evicted, start), [("u-db".to_string(), 7)]);
+        // Still listed (ended): known past the window.
         evicted.active(vec![db.clone(), web.clone()], ENDED);
         assert_eq!(
             lately(&mut evicted, start + Duration::from_secs(121)),
-            ["u-db", "u-old"],
-            "u-old was never seen listed: still tracked"
+            [("u-db".to_string(), 7)]
         );
-        // Gone from the list: known until the window ends.
+        // Seen running again: forgotten.
+        evicted.active(vec![db.clone(), web.clone()], |_| true);
+        assert!(lately(&mut evicted, start + Duration::from_secs(1)).is_empty());
+
+        // Gone from the list: known until the window ends, then forgotten.
         let mut evicted = Evicted::default();
-        evicted.remember(&db, 0, start);
+        evicted.remember(&db, 0, start, 7);
         evicted.active(vec![db.clone()], ENDED);
         evicted.active(vec![web.clone()], ENDED);
         assert_eq!(
             lately(&mut evicted, start + Duration::from_secs(119)),
-            ["u-db"]
+            [("u-db".to_string(), 7)]
         );
         assert!(lately(&mut evicted, start + Duration::from_secs(120)).is_empty());
+        // An eviction forgets the old ones too, so the record stays small without
+        // reclaim.
+        evicted.remember(&db, 0, start, 7);
+        evicted.active(vec![web.clone()], ENDED);
+        evicted.remember(&web, 0, start + Duration::from_secs(200), 9);
+        assert_eq!(evicted.at.len(), 1);
     }
 
     #[test]
     fn an_evicted_pod_that_ended_is_left_out_while_it_is_still_listed() {
         let mut evicted = Evicted::default();
         let (db, web) = (pod("db-0", Some("u-db")), pod("web", Some("u-web")));
-        evicted.remember(&db, 30, now());
+        evicted.remember(&db, 30, now(), 0);
         for _ in 0..3 {
             let active = evicted.active(vec![db.clone(), web.clone()], ENDED);
             assert_eq!(names(&active), ["web"]);
@@ -284,7 +323,7 @@ mod tests {
         // kubelet's pod workers count a pod not yet known terminated.
         let mut evicted = Evicted::default();
         let db = pod("db-0", Some("u-db"));
-        evicted.remember(&db, 30, now());
+        evicted.remember(&db, 30, now(), 0);
         let active = evicted.active(vec![db.clone()], |_| true);
         assert_eq!(names(&active), ["db-0"]);
         // Once it has ended it is left out again.
@@ -294,11 +333,11 @@ mod tests {
     #[test]
     fn an_evicted_pod_that_went_is_forgotten_and_a_new_pod_of_its_name_is_active() {
         let mut evicted = Evicted::default();
-        evicted.remember(&pod("db-0", Some("u-old")), 30, now());
+        evicted.remember(&pod("db-0", Some("u-old")), 30, now(), 0);
         assert!(evicted.active(vec![pod("web", Some("u-web"))], ENDED).len() == 1);
         assert!(evicted.is_empty(), "the evicted pod ended and is forgotten");
         // The StatefulSet's replacement has the same name and a new UID.
-        evicted.remember(&pod("db-0", Some("u-old")), 30, now());
+        evicted.remember(&pod("db-0", Some("u-old")), 30, now(), 0);
         let active = evicted.active(vec![pod("db-0", Some("u-new"))], ENDED);
         assert_eq!(names(&active), ["db-0"]);
     }
@@ -306,7 +345,7 @@ mod tests {
     #[test]
     fn a_pod_without_a_uid_is_known_by_its_name() {
         let mut evicted = Evicted::default();
-        evicted.remember(&pod("job", None), 30, now());
+        evicted.remember(&pod("job", None), 30, now(), 0);
         assert!(evicted.active(vec![pod("job", None)], ENDED).is_empty());
         assert_eq!(evicted.len(), 1);
     }

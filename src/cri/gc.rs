@@ -67,17 +67,23 @@ pub enum PodsKnown {
     /// living pod is removed.
     Unknown,
     /// The UIDs of the pods the node still runs (`running`: the API's active pods,
-    /// synced), and of those this agent evicted lately (`evicted`): the kubelet removes
-    /// the runtime of a pod it has terminated (`ShouldPodRuntimeBeRemoved`, with
-    /// `evictNonDeletedPods`) in the reclaim before its next eviction, whatever the API
-    /// still lists and however young the pod; so may the agent, for the pods it evicted,
-    /// once their sandboxes have stopped. Otherwise a pod it evicted for disk would keep
-    /// its newest dead containers (their logs and writable layers) until its deletion
-    /// reached the list and two minutes passed, and the next pod would go for disk the
-    /// first still held.
+    /// synced), and of those this agent evicted lately, with when (`evicted`: nanoseconds
+    /// since the epoch, the runtime's scale).
+    ///
+    /// The kubelet removes the runtime of a pod it evicted in the reclaim before its next
+    /// eviction, whatever the API still lists and however young the pod (the pod is
+    /// evicted, `ShouldPodContentBeRemoved`, and terminated by the time `killPodNow`
+    /// returns, `ShouldPodRuntimeBeRemoved` with `evictNonDeletedPods`). So may the agent,
+    /// for a pod it evicted, once none of its sandboxes is ready, and only while its
+    /// newest sandbox was made before the eviction: unlike the kubelet's, the agent's
+    /// eviction does not stop the kubelet from starting the pod again (its delete held
+    /// up by an outage, or refused), and a pod started again is a living pod. Otherwise a
+    /// pod it evicted for disk would keep its newest dead containers (their writable
+    /// layers) until its deletion reached the list and two minutes passed, and the next
+    /// pod would go for disk the first still held.
     Active {
         running: BTreeSet<String>,
-        evicted: BTreeSet<String>,
+        evicted: BTreeMap<String, i64>,
     },
 }
 
@@ -91,13 +97,13 @@ impl PodsKnown {
     pub fn active(running: BTreeSet<String>) -> PodsKnown {
         PodsKnown::Active {
             running,
-            evicted: BTreeSet::new(),
+            evicted: BTreeMap::new(),
         }
     }
 
-    /// The same, with the UIDs of the pods this agent evicted lately (nothing without a
-    /// list of the pods).
-    pub fn with_evicted(self, evicted: BTreeSet<String>) -> PodsKnown {
+    /// The same, with the UIDs of the pods this agent evicted lately and when (nothing
+    /// without a list of the pods).
+    pub fn with_evicted(self, evicted: BTreeMap<String, i64>) -> PodsKnown {
         match self {
             PodsKnown::Unknown => PodsKnown::Unknown,
             PodsKnown::Active { running, .. } => PodsKnown::Active { running, evicted },
@@ -136,16 +142,22 @@ impl PodsKnown {
 
     /// The kubelet's `ShouldPodRuntimeBeRemoved` for a pod the agent cannot see inside
     /// the kubelet: the pod is gone or has ended (not among the active pods), or this
-    /// agent evicted it, *and* none of its sandboxes is ready. The second half is
-    /// stricter than the kubelet, which knows its pods first-hand; a pod whose sandbox is
-    /// being recreated, or that the agent's watch has not shown yet, keeps its
-    /// containers.
-    fn runtime_removable(&self, pod_uid: &str, ready_pods: &BTreeSet<&str>) -> bool {
+    /// agent evicted it after its newest sandbox was made, *and* none of its sandboxes
+    /// is ready. The second half is stricter than the kubelet, which knows its pods
+    /// first-hand; a pod whose sandbox is being recreated, or that the agent's watch has
+    /// not shown yet, keeps its containers.
+    fn runtime_removable(&self, pod_uid: &str, sandboxes: &PodSandboxes) -> bool {
         match self {
             PodsKnown::Unknown => false,
             PodsKnown::Active { running, evicted } => {
-                !ready_pods.contains(pod_uid)
-                    && (evicted.contains(pod_uid) || !running.contains(pod_uid))
+                let evicted_since_made = evicted.get(pod_uid).is_some_and(|evicted_at| {
+                    sandboxes
+                        .newest
+                        .get(pod_uid)
+                        .is_none_or(|made| made < evicted_at)
+                });
+                !sandboxes.ready.contains(pod_uid)
+                    && (evicted_since_made || !running.contains(pod_uid))
             }
         }
     }
@@ -159,12 +171,27 @@ fn newest_first<T>(items: &mut [&T], key: impl Fn(&T) -> (i64, &str)) {
     });
 }
 
-fn ready_pods(sandboxes: &[RuntimeSandbox]) -> BTreeSet<&str> {
-    sandboxes
-        .iter()
-        .filter(|s| s.ready)
-        .map(|s| s.pod_uid.as_str())
-        .collect()
+/// What the sandboxes say of the pods: which have one ready, and when each one's newest
+/// was made.
+struct PodSandboxes<'a> {
+    ready: BTreeSet<&'a str>,
+    newest: BTreeMap<&'a str, i64>,
+}
+
+fn pod_sandboxes(sandboxes: &[RuntimeSandbox]) -> PodSandboxes<'_> {
+    let mut pods = PodSandboxes {
+        ready: BTreeSet::new(),
+        newest: BTreeMap::new(),
+    };
+    for sandbox in sandboxes {
+        let uid = sandbox.pod_uid.as_str();
+        if sandbox.ready {
+            pods.ready.insert(uid);
+        }
+        let newest = pods.newest.entry(uid).or_insert(sandbox.created_at);
+        *newest = (*newest).max(sandbox.created_at);
+    }
+    pods
 }
 
 /// The containers the kubelet's container GC removes when the eviction manager asks
@@ -179,7 +206,7 @@ pub fn containers_to_remove<'a>(
     sandboxes: &[RuntimeSandbox],
     pods: &PodsKnown,
 ) -> Vec<&'a RuntimeContainer> {
-    let ready = ready_pods(sandboxes);
+    let pod_sandboxes = pod_sandboxes(sandboxes);
     // The kubelet's evict units: (pod UID, container name).
     let mut units: BTreeMap<(&str, &str), Vec<&RuntimeContainer>> = BTreeMap::new();
     for container in containers {
@@ -196,7 +223,7 @@ pub fn containers_to_remove<'a>(
     let mut removed = Vec::new();
     for ((pod_uid, _), mut unit) in units {
         newest_first(&mut unit, |c| (c.created_at, c.id.as_str()));
-        let keep = if pods.runtime_removable(pod_uid, &ready) {
+        let keep = if pods.runtime_removable(pod_uid, &pod_sandboxes) {
             0
         } else {
             DEAD_CONTAINERS_KEPT_PER_CONTAINER
@@ -215,7 +242,7 @@ pub fn sandboxes_to_remove<'a>(
     sandboxes: &'a [RuntimeSandbox],
     pods: &PodsKnown,
 ) -> Vec<&'a RuntimeSandbox> {
-    let ready = ready_pods(sandboxes);
+    let pod_sandboxes = pod_sandboxes(sandboxes);
     let holding: BTreeSet<&str> = containers.iter().map(|c| c.sandbox_id.as_str()).collect();
     let mut by_pod: BTreeMap<&str, Vec<&RuntimeSandbox>> = BTreeMap::new();
     for sandbox in sandboxes {
@@ -227,7 +254,7 @@ pub fn sandboxes_to_remove<'a>(
     let mut removed = Vec::new();
     for (pod_uid, mut group) in by_pod {
         newest_first(&mut group, |s| (s.created_at, s.id.as_str()));
-        let keep = if pods.runtime_removable(pod_uid, &ready) {
+        let keep = if pods.runtime_removable(pod_uid, &pod_sandboxes) {
             0
         } else {
             1
@@ -449,7 +476,8 @@ mod tests {
             container("a-app-1", "a", "app", Exited, 200),
         ];
         let stopped = [sandbox("sandbox-e", "e", false, now - minute)];
-        let evicted = BTreeSet::from(["e".to_string()]);
+        // Evicted 10 s ago, its sandbox made a minute ago.
+        let evicted = BTreeMap::from([("e".to_string(), now - minute / 6)]);
         let pods = active(&["a", "e"])
             .with_evicted(evicted.clone())
             .with_recent_pods(&stopped, now, GONE_POD_MINIMUM_AGE);
@@ -465,10 +493,25 @@ mod tests {
         let removed = containers_to_remove(&containers, &stopped, &listed);
         assert_eq!(ids(&removed, |c| &c.id), ["a-app-0", "e-app-0"]);
         assert!(sandboxes_to_remove(&[], &stopped, &listed).is_empty());
-        // Started again: a ready sandbox.
+        // Started again: a ready sandbox; or a new one made since the eviction, not
+        // ready yet (its network being set up), the old one stopped.
         let ready = [sandbox("sandbox-e", "e", true, now - minute)];
         let removed = containers_to_remove(&containers, &ready, &pods);
         assert_eq!(ids(&removed, |c| &c.id), ["a-app-0", "e-app-0"]);
+        let remade = [
+            sandbox("sandbox-e", "e", false, now - minute),
+            sandbox("sandbox-e2", "e", false, now - minute / 12),
+        ];
+        let pods = active(&["a", "e"])
+            .with_evicted(evicted.clone())
+            .with_recent_pods(&remade, now, GONE_POD_MINIMUM_AGE);
+        let removed = containers_to_remove(&containers, &remade, &pods);
+        assert_eq!(ids(&removed, |c| &c.id), ["a-app-0", "e-app-0"]);
+        assert_eq!(
+            ids(&sandboxes_to_remove(&[], &remade, &pods), |s| &s.id),
+            ["sandbox-e"],
+            "the newest sandbox stays, as a living pod's does"
+        );
         let unknown = PodsKnown::Unknown.with_evicted(evicted);
         assert_eq!(unknown, PodsKnown::Unknown);
     }

@@ -14,4 +14,4 @@ pub mod reclaimer;
 pub mod wire;
 
 pub use client::{CriClient, CriError, socket_path};
-pub use reclaimer::{CriReclaimer, IMAGE_DETECTION_PERIOD, Removed};
+pub use reclaimer::{CriReclaimer, IMAGE_DETECTION_PERIOD, Removed, unix_nanos_now};

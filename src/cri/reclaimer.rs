@@ -276,7 +276,7 @@ impl CriReclaimer {
 }
 
 /// Now on the runtime's clock (`created_at` is nanoseconds since the epoch).
-fn unix_nanos_now() -> i64 {
+pub fn unix_nanos_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
