@@ -829,6 +829,9 @@ impl Agent {
                 tracing::warn!(pod = %order.key(), "no evictor configured; eviction only logged");
                 continue;
             };
+            // Before the local kill: a sandbox made after this is a new run of the pod
+            // (see `cri::gc::PodsKnown`).
+            let evicting_at = crate::cri::unix_nanos_now();
             match evictor.evict(order, pod) {
                 Ok(()) => {
                     tracing::warn!(
@@ -842,7 +845,7 @@ impl Agent {
                         pod,
                         order.grace_period_seconds,
                         Instant::now(),
-                        crate::cri::unix_nanos_now(),
+                        evicting_at,
                     );
                     self.evicted_this_cycle.push(order.key());
                     evicted.push(EvictedHere {

@@ -288,6 +288,12 @@ mod tests {
         evicted.active(vec![db.clone(), web.clone()], |_| true);
         assert!(lately(&mut evicted, start + Duration::from_secs(1)).is_empty());
 
+        // Still running, not yet seen ended (its kill or grace period under way): kept.
+        let mut evicted = Evicted::default();
+        evicted.remember(&db, 30, start, 7);
+        evicted.active(vec![db.clone()], |_| true);
+        assert_eq!(lately(&mut evicted, start), [("u-db".to_string(), 7)]);
+
         // Gone from the list: known until the window ends, then forgotten.
         let mut evicted = Evicted::default();
         evicted.remember(&db, 0, start, 7);
