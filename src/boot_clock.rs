@@ -15,7 +15,13 @@ pub fn since_boot() -> Duration {
 
 /// [`since_boot`] in whole milliseconds.
 pub fn since_boot_ms() -> u64 {
-    u64::try_from(since_boot().as_millis()).unwrap_or(u64::MAX)
+    whole_millis(since_boot())
+}
+
+/// `duration` in whole milliseconds, as the state files keep boot-clock times
+/// (saturating, where no boot lasts that long).
+pub fn whole_millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

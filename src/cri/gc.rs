@@ -122,20 +122,17 @@ impl PodsKnown {
         match self {
             PodsKnown::Unknown => PodsKnown::Unknown,
             PodsKnown::Active {
-                running: mut active,
+                mut running,
                 evicted,
             } => {
                 let margin = i64::try_from(minimum_age.as_nanos()).unwrap_or(i64::MAX);
-                active.extend(
+                running.extend(
                     sandboxes
                         .iter()
                         .filter(|s| s.created_at > now_nanos.saturating_sub(margin))
                         .map(|s| s.pod_uid.clone()),
                 );
-                PodsKnown::Active {
-                    running: active,
-                    evicted,
-                }
+                PodsKnown::Active { running, evicted }
             }
         }
     }

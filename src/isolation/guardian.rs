@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::self_isolation::{Attempt, Count, SelfIsolationPlan, Verdict, verdict};
 use super::watchdog::{NodeReset, Watchdog};
-use crate::boot_clock::since_boot;
+use crate::boot_clock::{since_boot, whole_millis};
 use crate::report::protocol::{IsolationState, SelfIsolationReport};
 use crate::report::{ContactClock, ReportBoard};
 
@@ -248,9 +248,7 @@ impl Guardian {
                         // as the answer even if it began before the request, which only
                         // resets an unisolated node sooner. In whole milliseconds, as the
                         // record keeps the time its state began.
-                        requested = Some(Duration::from_millis(
-                            u64::try_from(now.as_millis()).unwrap_or(u64::MAX),
-                        ));
+                        requested = Some(Duration::from_millis(whole_millis(now)));
                     }
                     self.pet();
                 }
@@ -465,6 +463,15 @@ mod tests {
         rig.reset.0.lock().expect("resets").clone()
     }
 
+    /// The node was reset once, and why says `why` (a failed isolation, or the budget).
+    fn assert_reset_once_for(rig: &Rig, why: &str) {
+        let said = resets(rig);
+        assert!(
+            said.len() == 1 && said[0].contains(why),
+            "one reset for {why:?}: {said:?}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_armed_agent_says_so_and_pets_while_it_is_heard() {
         let rig = rig();
@@ -541,11 +548,7 @@ mod tests {
             .set_isolation(failed(Timestamp::now() - hours), at(clock()));
         // The next look, at 1000 ms, resets: before the budget runs out at 1100 ms.
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let said = resets(&rig);
-        assert!(
-            said.len() == 1 && said[0].contains("could not be isolated"),
-            "reset at once for the failure, not for the budget: {said:?}"
-        );
+        assert_reset_once_for(&rig, "could not be isolated");
         rig.stop().await;
 
         // A failure of an isolation the controller asked for, before this agent lost
@@ -558,11 +561,7 @@ mod tests {
         assert!(resets(&rig).is_empty(), "{:?}", resets(&rig));
         // Its own attempt never ends: reset once the budget runs out.
         tokio::time::sleep(Duration::from_millis(700)).await;
-        let said = resets(&rig);
-        assert!(
-            said.len() == 1 && said[0].contains("was not isolated within"),
-            "reset for the budget: {said:?}"
-        );
+        assert_reset_once_for(&rig, "was not isolated within");
         rig.stop().await;
     }
 

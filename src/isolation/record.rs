@@ -6,6 +6,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use crate::boot_clock::whole_millis;
 use crate::report::protocol::{Instruction, IsolationReport, IsolationState};
 
 /// After a failed isolation, how long before the controller's instruction is followed
@@ -67,7 +68,7 @@ impl IsolationRecord {
             phase: RecordPhase::Isolating,
             requested_at: now.wall,
             since: now.wall,
-            since_boot_millis: Some(millis(now.since_boot)),
+            since_boot_millis: Some(whole_millis(now.since_boot)),
             reason: reason.to_string(),
             message: None,
             request,
@@ -78,7 +79,7 @@ impl IsolationRecord {
     pub fn enter(&mut self, phase: RecordPhase, message: Option<String>, now: Moment) {
         if self.phase != phase {
             self.since = now.wall;
-            self.since_boot_millis = Some(millis(now.since_boot));
+            self.since_boot_millis = Some(whole_millis(now.since_boot));
         }
         self.phase = phase;
         self.message = message;
@@ -88,10 +89,6 @@ impl IsolationRecord {
     pub fn since_boot(&self) -> Option<Duration> {
         self.since_boot_millis.map(Duration::from_millis)
     }
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// What the agent does about one instruction.

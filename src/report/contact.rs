@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::boot_clock::since_boot;
+use crate::boot_clock::{since_boot, whole_millis};
 
 /// What the state file keeps, for the agents of one boot.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,10 +66,6 @@ pub struct ContactClock {
     state_file: Option<(PathBuf, String)>,
     /// Counts every failed write of the state file.
     write_failures: Counter,
-}
-
-fn millis(duration: Duration) -> u64 {
-    duration.as_millis() as u64
 }
 
 impl ContactClock {
@@ -230,9 +226,9 @@ impl ContactClock {
             inner.dirty = false;
             ContactRecord {
                 boot_id: boot_id.clone(),
-                last_contact_millis: inner.last.map(millis),
-                armed_since_millis: inner.armed_since.map(millis),
-                promised_within_millis: inner.promised_within.map(millis),
+                last_contact_millis: inner.last.map(whole_millis),
+                armed_since_millis: inner.armed_since.map(whole_millis),
+                promised_within_millis: inner.promised_within.map(whole_millis),
             }
         };
         let written = crate::state_file::write_json(path, &record);
