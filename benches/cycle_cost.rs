@@ -19,10 +19,28 @@
 //! files as it does a busy pod's, but a v1 `memory.stat` sums a pod's descendants, so a
 //! pod with container cgroups costs a little more in the kernel.
 //!
+//! Two pod sources, each with its own rows:
+//! - **standalone**: the pods are the children of the pods cgroup, listed and read each
+//!   cycle (the baseline: each pod's `memory.usage_in_bytes`, `memory.stat` and
+//!   `pids.current`);
+//! - **kubernetes**: the pods come from a reflector's store as the agent's pod watch fills
+//!   it (one container and two volumes each, every third with a completed init container,
+//!   Burstable; the store does not change during a row), listed and measured each cycle
+//!   by the agent's Kubernetes pod source in their cgroups where the kubelet makes
+//!   them (`kubepods/burstable/pod<uid>/<container id>`, cgroupfs driver); the baseline:
+//!   the pod's and its container's `memory.usage_in_bytes` and `memory.stat`, the files
+//!   that source reads.
+//!
+//! With `NODEKEEPER_BENCH_POD_STATS_MAX_AGE` (a Go duration) the agent's `podStatsMaxAge`
+//! is set, and each timer cycle is followed by a cycle a kernel notification would start
+//! (after the gap), which may rank on the figures the timer cycle kept; those cycles get
+//! rows of their own ("woken").
+//!
 //! Run (as root, on cgroup v1 memory and pids hierarchies): `cargo bench --bench cycle_cost`.
 //! `NODEKEEPER_BENCH_CYCLES` sets the cycles per row (2,000); `NODEKEEPER_BENCH_GAP_MS`
 //! sleeps that long between cycles (0), as the agent's cycles are spaced in production,
-//! so that each cycle starts with what the machine did meanwhile in its caches.
+//! so that each cycle starts with what the machine did meanwhile in its caches;
+//! `NODEKEEPER_BENCH_SOURCES` keeps the named pod sources (`standalone,kubernetes`).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -33,10 +51,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Pod as ApiPod;
+use kube::runtime::{reflector, watcher};
 use nodekeeper::agent::Agent;
-use nodekeeper::config::AgentConfig;
+use nodekeeper::config::{AgentConfig, CgroupDriver, GoDuration, KubernetesConfig};
+use nodekeeper::kubernetes::cgroups::PodCgroupNaming;
+use nodekeeper::kubernetes::source::{ApiPodSource, TaskGuard};
+use nodekeeper::kubernetes::usage::PodUsageReader;
 use nodekeeper::metrics::Metrics;
-use nodekeeper::ports::{CycleObserver, CycleReport};
+use nodekeeper::notify::{WakeReason, Wakeup};
+use nodekeeper::ports::{CycleObserver, CycleReport, CycleStart, PodSource};
+use nodekeeper::signals::ProcessCounts;
 use nodekeeper::signals::{Host, end_kernel_file_cycle, keep_kernel_files_open_on_this_thread};
 use support::cgroups::TestCgroups;
 use support::process_usage::thread_cpu_time;
@@ -55,66 +80,260 @@ fn main() {
     );
     let cycles = env_count("NODEKEEPER_BENCH_CYCLES", 2000).max(1);
     let gap = Duration::from_millis(env_count("NODEKEEPER_BENCH_GAP_MS", 0) as u64);
+    let max_age = std::env::var("NODEKEEPER_BENCH_POD_STATS_MAX_AGE")
+        .ok()
+        .map(|value| {
+            GoDuration::parse(&value)
+                .unwrap_or_else(|e| panic!("NODEKEEPER_BENCH_POD_STATS_MAX_AGE={value}: {e}"))
+        })
+        .filter(|age| !age.is_zero());
+    let sources = std::env::var("NODEKEEPER_BENCH_SOURCES")
+        .unwrap_or_else(|_| "standalone,kubernetes".to_string());
     let parent = cgroups.parent.clone();
     cgroups.set_memory_limit(&parent, LIMIT);
-    let config = cgroups.standalone_agent_config(THRESHOLD, Duration::from_secs(10));
     println!(
-        "{cycles} cycles per row, {gap:?} between them; milliseconds: median / p99 / max (nearest rank); CPU: the cycle thread's user + system time per cycle"
+        "{cycles} cycles per row, {gap:?} between them, podStatsMaxAge {}; milliseconds: median / p99 / max (nearest rank); CPU: the cycle thread's user + system time per cycle",
+        max_age.map_or("off".to_string(), |age| age.to_string())
     );
     println!(
-        "| pods | baseline: the pods' files alone, median / p99 | cycle start → decision, median / p99 / max | CPU per cycle | cycle / baseline (medians) |"
+        "| pods | source | cycles | baseline: the pods' files alone, median / p99 | cycle start → decision, median / p99 / max | CPU per cycle | cycle / baseline (medians) |"
     );
-    println!("|---|---|---|---|---|");
-    let mut pods = Vec::new();
-    let mut per_row = Vec::new();
-    for row in ROWS {
-        while pods.len() < row {
-            pods.push(cgroups.child(&format!("pod-{:03}", pods.len())));
+    println!("|---|---|---|---|---|---|---|");
+    for source in sources.split(',').map(str::trim) {
+        let mut rows = Vec::new();
+        match source {
+            "standalone" => {
+                let mut config =
+                    cgroups.standalone_agent_config(THRESHOLD, Duration::from_secs(10));
+                config.pod_stats_max_age = max_age;
+                let mut pods = Vec::new();
+                for row in ROWS {
+                    while pods.len() < row {
+                        pods.push(cgroups.child(&format!("pod-{:03}", pods.len())));
+                    }
+                    let files = PodFiles::open(&cgroups, &pods, STANDALONE_FILES);
+                    rows.push((row, agent_cycles(&config, None, files, cycles, gap)));
+                }
+            }
+            "kubernetes" => {
+                let mut node = KubeNode::create(&mut cgroups);
+                let mut config =
+                    cgroups.standalone_agent_config(THRESHOLD, Duration::from_secs(10));
+                config.workloads = None;
+                config.paths.pods_cgroup = Some(node.kubepods.clone());
+                config.pod_stats_max_age = max_age;
+                for row in ROWS {
+                    node.grow_to(&mut cgroups, row);
+                    let files = PodFiles::open(&cgroups, &node.measured_dirs(), KUBERNETES_FILES);
+                    let source = node.pod_source(&config);
+                    rows.push((row, agent_cycles(&config, Some(source), files, cycles, gap)));
+                }
+            }
+            other => {
+                panic!("NODEKEEPER_BENCH_SOURCES: no pod source {other:?} (standalone, kubernetes)")
+            }
         }
-        let files = PodFiles::open(&cgroups, &pods);
-        let (baseline, decisions, cpu) = agent_cycles(&config, files, cycles, gap);
-        let (baseline, decisions) = (spread(baseline), spread(decisions));
-        println!(
-            "| {row} | {} / {} | {} / {} / {} | {} | {:.2} |",
-            ms(baseline.median),
-            ms(baseline.p99),
-            ms(decisions.median),
-            ms(decisions.p99),
-            ms(decisions.max),
-            ms(cpu),
-            decisions.median.as_secs_f64() / baseline.median.as_secs_f64()
-        );
-        per_row.push((row, baseline, decisions, cpu));
-    }
-    // What each pod past the first ten adds, from the medians.
-    let first = &per_row[0];
-    for (row, baseline, decisions, cpu) in &per_row[1..] {
-        let extra = (*row - first.0) as f64;
-        let per_pod =
-            |now: Duration, then: Duration| (now.as_secs_f64() - then.as_secs_f64()) / extra * 1e6;
-        println!(
-            "{} → {row} pods, per extra pod: cycle {:.2} µs, CPU {:.2} µs, baseline {:.2} µs",
-            first.0,
-            per_pod(decisions.median, first.2.median),
-            per_pod(*cpu, first.3),
-            per_pod(baseline.median, first.1.median),
-        );
+        for (row, measured) in &rows {
+            for (kind, baseline, decisions, cpu) in measured.rows() {
+                println!(
+                    "| {row} | {source} | {kind} | {} / {} | {} / {} / {} | {} | {:.2} |",
+                    ms(baseline.median),
+                    ms(baseline.p99),
+                    ms(decisions.median),
+                    ms(decisions.p99),
+                    ms(decisions.max),
+                    ms(cpu),
+                    decisions.median.as_secs_f64() / baseline.median.as_secs_f64()
+                );
+            }
+        }
+        // What each pod past the first ten adds, from the medians.
+        let (first_row, first) = &rows[0];
+        for (row, measured) in &rows[1..] {
+            let extra = (*row - *first_row) as f64;
+            let per_pod = |now: Duration, then: Duration| {
+                (now.as_secs_f64() - then.as_secs_f64()) / extra * 1e6
+            };
+            for (
+                (kind, baseline, decisions, cpu),
+                (_, first_baseline, first_decisions, first_cpu),
+            ) in measured.rows().into_iter().zip(first.rows())
+            {
+                println!(
+                    "{source}, {kind}: {first_row} → {row} pods, per extra pod: cycle {:.2} µs, CPU {:.2} µs, baseline {:.2} µs",
+                    per_pod(decisions.median, first_decisions.median),
+                    per_pod(cpu, first_cpu),
+                    per_pod(baseline.median, first_baseline.median),
+                );
+            }
+        }
     }
 }
 
-/// Every pod's three files, held open: the baseline reads each once per pass.
+/// The files of each pod a standalone cycle read (the process count since only with a
+/// `pid.available` threshold; kept for comparison with earlier figures).
+const STANDALONE_FILES: &[(&str, &str)] = &[
+    ("memory", "memory.usage_in_bytes"),
+    ("memory", "memory.stat"),
+    ("pids", "pids.current"),
+];
+/// The files of each pod cgroup and each container cgroup the Kubernetes pod source reads.
+const KUBERNETES_FILES: &[(&str, &str)] = &[
+    ("memory", "memory.usage_in_bytes"),
+    ("memory", "memory.stat"),
+];
+
+/// A node's pods as the kubelet lays them out (cgroupfs driver) and as the API lists them:
+/// `kubepods/burstable/pod<uid>/<container id>` under the test's parent, and one API pod
+/// each in a reflector store, as the agent's pod watch fills it.
+struct KubeNode {
+    /// The kubelet's pods cgroup, relative to the hierarchy roots.
+    kubepods: PathBuf,
+    pods: Vec<(ApiPod, PathBuf, PathBuf)>,
+}
+
+impl KubeNode {
+    fn create(cgroups: &mut TestCgroups) -> KubeNode {
+        let kubepods = cgroups.child("kubepods");
+        cgroups.set_memory_limit(&kubepods, LIMIT);
+        cgroups.child("kubepods/burstable");
+        KubeNode {
+            kubepods,
+            pods: Vec::new(),
+        }
+    }
+
+    fn grow_to(&mut self, cgroups: &mut TestCgroups, count: usize) {
+        while self.pods.len() < count {
+            let index = self.pods.len();
+            let uid = format!("0be0c0de-0000-4000-8000-{index:012}");
+            let container_id = format!("{:064x}", index + 1);
+            let pod = cgroups.child(&format!("kubepods/burstable/pod{uid}"));
+            let container = cgroups.child(&format!("kubepods/burstable/pod{uid}/{container_id}"));
+            self.pods
+                .push((api_pod(index, &uid, &container_id), pod, container));
+        }
+    }
+
+    /// Each pod's cgroup and its container's, in the order the pod source reads them.
+    fn measured_dirs(&self) -> Vec<PathBuf> {
+        self.pods
+            .iter()
+            .flat_map(|(_, pod, container)| [pod.clone(), container.clone()])
+            .collect()
+    }
+
+    /// The agent's Kubernetes pod source over these pods, from a store filled as a watch's
+    /// first list fills it.
+    fn pod_source(&self, config: &AgentConfig) -> Box<dyn PodSource> {
+        let (store, mut writer) = reflector::store::<ApiPod>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for (pod, _, _) in &self.pods {
+            writer.apply_watcher_event(&watcher::Event::InitApply(pod.clone()));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let host = Host::detect(&config.paths);
+        let reader = host
+            .cgroups()
+            .expect("the test cgroups' hierarchies")
+            .clone();
+        let naming = PodCgroupNaming::new(
+            CgroupDriver::Cgroupfs,
+            &format!("/{}", self.kubepods.display()),
+        );
+        let usage = PodUsageReader::new(reader, naming, &KubernetesConfig::default())
+            .counting_processes(ProcessCounts::for_ranking(
+                config.eviction.ranks_by_process_count(),
+            ));
+        // The store keeps serving its pods without the writer: nothing changes them.
+        drop(writer);
+        Box::new(ApiPodSource::new(
+            store,
+            Some(usage),
+            Arc::new(TaskGuard(Vec::new())),
+        ))
+    }
+}
+
+/// A Burstable pod of one container with a memory request and limit, an emptyDir and the
+/// projected service-account volume every pod gets, running; every third one also has
+/// an init container that has completed (as a service mesh's sidecar injector adds one):
+/// its status keeps the id of a container whose cgroup is gone.
+fn api_pod(index: usize, uid: &str, container_id: &str) -> ApiPod {
+    let mut pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": format!("pod-{index:03}"),
+            "namespace": "bench",
+            "uid": uid,
+            "resourceVersion": "1",
+            "labels": {"app": "bench"},
+        },
+        "spec": {
+            "nodeName": "bench-node",
+            "priority": 0,
+            "containers": [{
+                "name": "app",
+                "image": "registry.example/bench:1",
+                "resources": {
+                    "requests": {"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "1Gi"},
+                    "limits": {"memory": "256Mi", "ephemeral-storage": "2Gi"},
+                },
+                "volumeMounts": [
+                    {"name": "scratch", "mountPath": "/scratch"},
+                    {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
+                ],
+            }],
+            "volumes": [
+                {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}},
+                {"name": "kube-api-access", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                ]}},
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "qosClass": "Burstable",
+            "containerStatuses": [{
+                "name": "app",
+                "containerID": format!("containerd://{container_id}"),
+                "image": "registry.example/bench:1",
+                "imageID": "registry.example/bench@sha256:00",
+                "ready": true,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": "2026-12-07T00:00:00Z"}},
+            }],
+        },
+    });
+    if index.is_multiple_of(3) {
+        pod["spec"]["initContainers"] = serde_json::json!([{
+            "name": "init",
+            "image": "registry.example/init:1",
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+        }]);
+        pod["status"]["initContainerStatuses"] = serde_json::json!([{
+            "name": "init",
+            "containerID": format!("containerd://{:064x}", index + 1_000_000),
+            "image": "registry.example/init:1",
+            "imageID": "registry.example/init@sha256:00",
+            "ready": true,
+            "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+        }]);
+    }
+    serde_json::from_value(pod).expect("a valid pod")
+}
+
+/// Every pod's files, held open: the baseline reads each once per pass.
 struct PodFiles(Vec<File>);
 
 impl PodFiles {
-    fn open(cgroups: &TestCgroups, pods: &[PathBuf]) -> PodFiles {
+    fn open(cgroups: &TestCgroups, dirs: &[PathBuf], names: &[(&str, &str)]) -> PodFiles {
         let mut files = Vec::new();
-        for pod in pods {
-            for (hierarchy, name) in [
-                ("memory", "memory.usage_in_bytes"),
-                ("memory", "memory.stat"),
-                ("pids", "pids.current"),
-            ] {
-                let path = cgroups.dir(hierarchy, pod).join(name);
+        for dir in dirs {
+            for (hierarchy, name) in names {
+                let path = cgroups.dir(hierarchy, dir).join(name);
                 files.push(File::open(&path).unwrap_or_else(|e| {
                     panic!("cannot open {}: {e}", path.display());
                 }));
@@ -135,18 +354,45 @@ impl PodFiles {
     }
 }
 
-/// `cycles` decision cycles of an agent over the pods now under the parent, after a
-/// warm-up, on a thread of their own that keeps kernel files open as the agent's cycle
-/// thread does, each after one baseline pass over `files` on the same thread (so that the
-/// two see the same machine, whose speed drifts from minute to minute on shared vCPUs):
-/// the baseline passes, each cycle's start → decision, and the thread's CPU time per cycle
-/// (the baseline's passes left out).
+/// What one row measured: the baseline passes, and each kind of cycle's decisions and
+/// CPU time per cycle.
+struct Measured {
+    baseline: Vec<Duration>,
+    timer: (Vec<Duration>, Duration),
+    /// The cycles a notification started after each timer cycle, with `podStatsMaxAge`.
+    woken: Option<(Vec<Duration>, Duration)>,
+}
+
+impl Measured {
+    /// (cycles, baseline, decisions, CPU per cycle) for each kind of cycle.
+    fn rows(&self) -> Vec<(&'static str, Spread, Spread, Duration)> {
+        std::iter::once(("timer", &self.timer))
+            .chain(self.woken.as_ref().map(|woken| ("woken", woken)))
+            .map(|(kind, (decisions, cpu))| {
+                (
+                    kind,
+                    spread(self.baseline.clone()),
+                    spread(decisions.clone()),
+                    *cpu,
+                )
+            })
+            .collect()
+    }
+}
+
+/// `cycles` decision cycles of an agent over the pods now under the parent (or from
+/// `source`), after a warm-up, on a thread of their own that keeps kernel files open as
+/// the agent's cycle thread does, each after one baseline pass over `files` on the same
+/// thread (so that the two see the same machine, whose speed drifts from minute to minute
+/// on shared vCPUs). With `podStatsMaxAge` set, each timer cycle is followed by a cycle a
+/// notification starts, measured apart.
 fn agent_cycles(
     config: &AgentConfig,
+    source: Option<Box<dyn PodSource>>,
     files: PodFiles,
     cycles: usize,
     gap: Duration,
-) -> (Vec<Duration>, Vec<Duration>, Duration) {
+) -> Measured {
     let config = config.clone();
     std::thread::spawn(move || {
         keep_kernel_files_open_on_this_thread();
@@ -154,48 +400,79 @@ fn agent_cycles(
             .enable_all()
             .build()
             .expect("a runtime");
+        let woken_too = config.pod_stats_max_age.is_some();
         let host = Host::detect(&config.paths);
-        let decisions = Arc::new(Mutex::new(Vec::with_capacity(cycles + WARM_UP)));
+        let decisions = Arc::new(Mutex::new(Vec::with_capacity(2 * (cycles + WARM_UP))));
         let mut agent = Agent::on_host(config, host, Arc::new(Metrics::new()));
+        if let Some(source) = source {
+            agent.set_pod_source(source);
+        }
         agent.add_cycle_observer(Box::new(DecisionClock(decisions.clone())));
-        // The baseline passes and the cycles' CPU time of `count` cycles.
+        // One cycle started as `started_by` says; its CPU time.
+        let mut cycle = |started_by: CycleStart| {
+            let cpu_before = thread_cpu_time();
+            let (report, _) = runtime.block_on(agent.run_cycle_started_by(started_by));
+            assert_eq!(
+                report.decision.evictions.len(),
+                1,
+                "every cycle must rank the pods and choose one"
+            );
+            if !agent.reused_pod_figures() {
+                end_kernel_file_cycle();
+            }
+            thread_cpu_time() - cpu_before
+        };
+        // The baseline passes and the cycles' CPU time (timer, woken) of `count` rounds.
         let mut run = |count: usize| {
             let mut baseline = Vec::with_capacity(count);
-            let mut cpu = Duration::ZERO;
+            let (mut timer_cpu, mut woken_cpu) = (Duration::ZERO, Duration::ZERO);
             for _ in 0..count {
-                // A gap before each of the two, so neither starts warm from the other.
+                // A gap before each, so none starts warm from the one before.
                 std::thread::sleep(gap);
                 baseline.push(files.read_all());
                 std::thread::sleep(gap);
-                let cpu_before = thread_cpu_time();
-                let (report, _) = runtime.block_on(agent.run_cycle());
-                assert_eq!(
-                    report.decision.evictions.len(),
-                    1,
-                    "every cycle must rank the pods and choose one"
-                );
-                end_kernel_file_cycle();
-                cpu += thread_cpu_time() - cpu_before;
+                timer_cpu += cycle(CycleStart::Timer);
+                if woken_too {
+                    std::thread::sleep(gap);
+                    woken_cpu += cycle(CycleStart::Woken(Wakeup {
+                        reason: WakeReason::Notification,
+                        since: tokio::time::Instant::now(),
+                    }));
+                }
             }
-            (baseline, cpu)
+            (baseline, timer_cpu, woken_cpu)
         };
         run(WARM_UP);
-        let (baseline, cpu) = run(cycles);
-        let cpu = cpu / u32::try_from(cycles).unwrap_or(u32::MAX);
-        let decisions = decisions.lock().unwrap().split_off(WARM_UP);
-        (baseline, decisions, cpu)
+        let (baseline, timer_cpu, woken_cpu) = run(cycles);
+        let per_cycle = |cpu: Duration| cpu / u32::try_from(cycles).unwrap_or(u32::MAX);
+        let decisions =
+            decisions
+                .lock()
+                .unwrap()
+                .split_off(if woken_too { 2 * WARM_UP } else { WARM_UP });
+        let (timer, woken): (Vec<_>, Vec<_>) = decisions
+            .into_iter()
+            .partition(|(started_by, _)| *started_by == CycleStart::Timer);
+        let times = |cycles: Vec<(CycleStart, Duration)>| -> Vec<Duration> {
+            cycles.into_iter().map(|(_, elapsed)| elapsed).collect()
+        };
+        Measured {
+            baseline,
+            timer: (times(timer), per_cycle(timer_cpu)),
+            woken: woken_too.then(|| (times(woken), per_cycle(woken_cpu))),
+        }
     })
     .join()
     .expect("the cycle thread")
 }
 
 /// Each cycle's start → its decision: observers see the report right after the decision.
-struct DecisionClock(Arc<Mutex<Vec<Duration>>>);
+struct DecisionClock(Arc<Mutex<Vec<(CycleStart, Duration)>>>);
 
 impl CycleObserver for DecisionClock {
     fn observe(&mut self, report: &CycleReport) {
         let elapsed = report.collection_started.elapsed();
-        self.0.lock().unwrap().push(elapsed);
+        self.0.lock().unwrap().push((report.started_by, elapsed));
     }
 }
 

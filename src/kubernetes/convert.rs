@@ -28,6 +28,10 @@ pub struct NodePod {
     /// Runtime ids (`containerd://…` stripped) by container name, for per-container
     /// cgroups and writable layers.
     pub container_ids: Vec<(String, String)>,
+    /// The containers whose status says they are not running (terminated, or waiting to
+    /// start again) under the id in `container_ids`: that container has no cgroup, so
+    /// none is looked for (a completed init container keeps its id for the pod's life).
+    pub stopped_containers: Vec<String>,
     /// The pod's volumes other than emptyDirs that the kubelet counts in its local
     /// storage.
     pub file_volumes: Vec<FileVolume>,
@@ -148,14 +152,16 @@ pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
             ..ContainerStats::default()
         });
     }
-    let container_ids = status
-        .into_iter()
-        .flat_map(|s| {
+    // Every container's status, init containers first.
+    let statuses = || {
+        status.into_iter().flat_map(|s| {
             s.init_container_statuses
                 .iter()
                 .flatten()
                 .chain(s.container_statuses.iter().flatten())
         })
+    };
+    let container_ids = statuses()
         .filter_map(|cs| {
             let id = cs.container_id.as_deref()?;
             Some((
@@ -163,6 +169,14 @@ pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
                 super::cgroups::runtime_container_id(id).to_string(),
             ))
         })
+        .collect();
+    let stopped_containers = statuses()
+        .filter(|cs| {
+            cs.state
+                .as_ref()
+                .is_some_and(|state| state.terminated.is_some() || state.waiting.is_some())
+        })
+        .map(|cs| cs.name.clone())
         .collect();
     let empty_dirs = spec
         .volumes
@@ -221,6 +235,7 @@ pub fn convert_pod(api: &ApiPod) -> Result<NodePod, ConvertError> {
         },
         qos,
         container_ids,
+        stopped_containers,
         file_volumes,
         warnings,
     })
@@ -319,6 +334,53 @@ mod tests {
             Default::default(),
             "usage comes from cgroups, not the API"
         );
+        assert!(
+            converted.stopped_containers.is_empty(),
+            "no state: not known stopped"
+        );
+    }
+
+    /// A container whose status is terminated (a completed init container) or waiting
+    /// (to start again after a crash) is stopped under the id its status gives; a running
+    /// one, or one without a state, is not.
+    #[test]
+    fn containers_whose_status_says_they_stopped_are_known() {
+        let mut pod = api_pod(&[], None);
+        let state = |state: serde_json::Value| {
+            serde_json::from_value::<k8s_openapi::api::core::v1::ContainerState>(state)
+                .expect("a state")
+        };
+        let status = |name: &str, state_of: Option<k8s_openapi::api::core::v1::ContainerState>| {
+            ContainerStatus {
+                name: name.to_string(),
+                container_id: Some(format!("containerd://{name}-id")),
+                state: state_of,
+                ..Default::default()
+            }
+        };
+        let pod_status = pod.status.as_mut().expect("a status");
+        pod_status.init_container_statuses = Some(vec![status(
+            "init",
+            Some(state(serde_json::json!({"terminated": {"exitCode": 0}}))),
+        )]);
+        pod_status.container_statuses = Some(vec![
+            status(
+                "crashing",
+                Some(state(
+                    serde_json::json!({"waiting": {"reason": "CrashLoopBackOff"}}),
+                )),
+            ),
+            status(
+                "app",
+                Some(state(
+                    serde_json::json!({"running": {"startedAt": "2026-12-07T00:00:00Z"}}),
+                )),
+            ),
+            status("unknown", None),
+        ]);
+        let converted = convert_pod(&pod).unwrap();
+        assert_eq!(converted.stopped_containers, ["init", "crashing"]);
+        assert_eq!(converted.container_ids.len(), 4, "every id is still known");
     }
 
     /// Only an emptyDir with the default medium is local storage (the kubelet's

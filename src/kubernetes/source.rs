@@ -6,7 +6,7 @@
 //! watch starts afresh: a watch whose connection a partition left silent gets no error,
 //! and would otherwise leave the cache stale until kube's idle timeout, five minutes on.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -16,8 +16,10 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::task::JoinHandle;
 
-use super::convert::{CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANNOTATION, convert_pod, is_active};
-use super::usage::PodUsageReader;
+use super::convert::{
+    CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANNOTATION, NodePod, convert_pod, is_active,
+};
+use super::usage::{PodCgroupsListed, PodUsageReader};
 use crate::pods::Pod;
 use crate::ports::PodSource;
 
@@ -173,7 +175,19 @@ pub struct ApiPodSource {
     store: Store<ApiPod>,
     usage: Option<PodUsageReader>,
     logged: BTreeSet<String>,
+    /// Each listed pod as last converted, by UID, with the API object it came from.
+    converted: HashMap<String, Converted>,
     _tasks: Arc<TaskGuard>,
+}
+
+/// A pod's conversion, kept while the store holds the same object: the watch replaces a
+/// pod's object with a new one for every change, so the same allocation is the same
+/// pod. Converting parses every quantity of every container, which cost more at each
+/// cycle than reading the pod's cgroup did.
+struct Converted {
+    /// Held, so that its allocation cannot be reused for another object meanwhile.
+    from: Arc<ApiPod>,
+    pod: NodePod,
 }
 
 impl ApiPodSource {
@@ -182,8 +196,41 @@ impl ApiPodSource {
             store,
             usage,
             logged: BTreeSet::new(),
+            converted: HashMap::new(),
             _tasks: tasks,
         }
+    }
+
+    /// `api_pod` converted: the kept conversion while the store holds the same object,
+    /// otherwise converted now (its warnings logged once) and kept. `None` for a pod that
+    /// cannot be converted.
+    fn convert(&mut self, api_pod: &Arc<ApiPod>) -> Option<NodePod> {
+        let uid = api_pod.metadata.uid.as_deref();
+        if let Some(kept) = uid.and_then(|uid| self.converted.get(uid))
+            && Arc::ptr_eq(&kept.from, api_pod)
+        {
+            return Some(kept.pod.clone());
+        }
+        let mut node_pod = match convert_pod(api_pod) {
+            Ok(node_pod) => node_pod,
+            Err(error) => {
+                self.log_once(error.to_string());
+                return None;
+            }
+        };
+        for warning in std::mem::take(&mut node_pod.warnings) {
+            self.log_once(format!("pod {}: {warning}", node_pod.pod.key()));
+        }
+        if let Some(uid) = uid {
+            self.converted.insert(
+                uid.to_string(),
+                Converted {
+                    from: api_pod.clone(),
+                    pod: node_pod.clone(),
+                },
+            );
+        }
+        Some(node_pod)
     }
 
     fn log_once(&mut self, message: String) {
@@ -226,22 +273,16 @@ impl PodSource for ApiPodSource {
     fn pods(&mut self) -> Vec<Pod> {
         let mut pods = Vec::new();
         let mut uids = HashSet::new();
+        let mut listed = PodCgroupsListed::default();
         for api_pod in self.store.state() {
             if !is_active(&api_pod) {
                 continue;
             }
-            let mut node_pod = match convert_pod(&api_pod) {
-                Ok(node_pod) => node_pod,
-                Err(error) => {
-                    self.log_once(error.to_string());
-                    continue;
-                }
+            let Some(mut node_pod) = self.convert(&api_pod) else {
+                continue;
             };
-            for warning in std::mem::take(&mut node_pod.warnings) {
-                self.log_once(format!("pod {}: {warning}", node_pod.pod.key()));
-            }
             if let Some(usage) = &self.usage {
-                usage.measure(&mut node_pod);
+                usage.measure_listed(&mut node_pod, &mut listed);
             }
             uids.extend(node_pod.pod.uid.clone());
             pods.push(node_pod.pod);
@@ -249,6 +290,7 @@ impl PodSource for ApiPodSource {
         if let Some(usage) = &self.usage {
             usage.retain_pods(&uids);
         }
+        self.converted.retain(|uid, _| uids.contains(uid));
         // A stable order for traces and logs. Comparing the fields, not `Pod::key()`,
         // allocates nothing: a key per comparison cost milliseconds at 10,000 pods.
         pods.sort_unstable_by(|a, b| {
@@ -478,5 +520,103 @@ mod tests {
         // Reachable at first (the agent connected before it watches), then lost for good.
         let seen = seen.lock().expect("changes").clone();
         assert_eq!(seen, [false], "reachability changes while nothing answered");
+    }
+
+    /// A pod as the watch delivers it: `priority` and a memory request of `request`.
+    fn api_pod(uid: &str, priority: i32, request: &str) -> ApiPod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("pod-{uid}"), "namespace": "shop", "uid": uid},
+            "spec": {
+                "priority": priority,
+                "containers": [{"name": "app", "resources": {"requests": {"memory": request}}}],
+            },
+            "status": {"phase": "Running"},
+        }))
+        .expect("a pod")
+    }
+
+    /// A pod's conversion is kept while the store holds the same object, and every change
+    /// the watch delivers (a new object) is seen at the next listing: a priority changed,
+    /// a request resized in place, a pod gone.
+    #[test]
+    fn a_pod_changed_in_the_api_is_seen_at_the_next_listing() {
+        let (store, mut writer) = reflector::store::<ApiPod>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(api_pod("a", 0, "64Mi")));
+        writer.apply_watcher_event(&watcher::Event::InitApply(api_pod("b", 0, "64Mi")));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let mut source = ApiPodSource::new(store, None, Arc::new(TaskGuard(Vec::new())));
+        let seen = |source: &mut ApiPodSource| {
+            source
+                .pods()
+                .into_iter()
+                .map(|pod| {
+                    (
+                        pod.name.clone(),
+                        pod.priority,
+                        pod.requests.memory_quantity(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let mib = |n: i64| Some(crate::quantity::Quantity::from_value(n << 20));
+        let first = seen(&mut source);
+        assert_eq!(
+            first,
+            [("pod-a".into(), 0, mib(64)), ("pod-b".into(), 0, mib(64))]
+        );
+        assert_eq!(seen(&mut source), first, "the same objects, the same pods");
+        writer.apply_watcher_event(&watcher::Event::Apply(api_pod("a", 1000, "128Mi")));
+        assert_eq!(
+            seen(&mut source),
+            [
+                ("pod-a".into(), 1000, mib(128)),
+                ("pod-b".into(), 0, mib(64))
+            ]
+        );
+        writer.apply_watcher_event(&watcher::Event::Delete(api_pod("b", 0, "64Mi")));
+        assert_eq!(seen(&mut source), [("pod-a".into(), 1000, mib(128))]);
+        assert_eq!(source.converted.len(), 1, "a pod gone is forgotten");
+    }
+
+    /// What is kept of a pod is its conversion, never its measurement: the same object
+    /// listed again is measured afresh, so a pod whose cgroup appeared since (it started)
+    /// has its figures at once.
+    #[test]
+    fn a_pod_listed_again_unchanged_is_measured_afresh() {
+        use crate::config::{CgroupDriver, KubernetesConfig};
+        use crate::kubernetes::cgroups::PodCgroupNaming;
+        use crate::signals::CgroupReader;
+        let cgroups = tempfile::tempdir().unwrap();
+        let files = tempfile::tempdir().unwrap();
+        std::fs::write(cgroups.path().join("cgroup.controllers"), "memory pids\n").unwrap();
+        let usage = PodUsageReader::new(
+            CgroupReader::detect(cgroups.path()).unwrap(),
+            PodCgroupNaming::new(CgroupDriver::Cgroupfs, "/kubepods"),
+            &KubernetesConfig {
+                pod_logs_path: files.path().join("logs"),
+                kubelet_root_path: files.path().join("kubelet"),
+                ..Default::default()
+            },
+        );
+        let (store, mut writer) = reflector::store::<ApiPod>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(api_pod("a", 0, "64Mi")));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let mut source = ApiPodSource::new(store, Some(usage), Arc::new(TaskGuard(Vec::new())));
+        let pods = source.pods();
+        assert!(!pods[0].has_stats(), "no cgroup yet: {:?}", pods[0]);
+        assert!(pods[0].containers.is_empty());
+        let cgroup = cgroups.path().join("kubepods/burstable/poda");
+        std::fs::create_dir_all(&cgroup).unwrap();
+        std::fs::write(cgroup.join("memory.current"), "900\n").unwrap();
+        std::fs::write(cgroup.join("memory.stat"), "inactive_file 100\n").unwrap();
+        let pods = source.pods();
+        assert_eq!(pods[0].usage.memory, Some(800));
+        assert_eq!(
+            pods[0].containers.len(),
+            1,
+            "its containers are listed again"
+        );
     }
 }

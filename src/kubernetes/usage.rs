@@ -7,7 +7,7 @@
 //! stats do (cAdvisor keeps each container's samples for two minutes).
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,19 @@ pub struct PodUsageReader {
     process_counts: ProcessCounts,
     /// The cgroup figures last read for each pod, by UID, and when.
     last_figures: Arc<Mutex<HashMap<String, LastFigures>>>,
+    /// Each pod's container cgroups as last found, by UID: (container id, cgroup). A
+    /// container's cgroup is found by listing its pod's cgroup, which cost a cycle more
+    /// than reading the container's files; an id names one container for its life, so a
+    /// cgroup found stays its own until a cycle that reads it cannot.
+    container_cgroups: Arc<Mutex<HashMap<String, Vec<FoundContainer>>>>,
 }
+
+/// A container's cgroup as found: (container id, cgroup).
+type FoundContainer = (String, PathBuf);
+
+/// A pod cgroup that no longer exists, with no figures of it standing.
+#[derive(Debug)]
+struct CgroupGone;
 
 /// A pod cgroup's figures as last read: the memory ones and the process count each with
 /// the time it was read, since a count can fail to read while the memory files do not.
@@ -84,6 +96,7 @@ impl PodUsageReader {
             disk: DiskWalker::new(config.disk_walk_max_entries),
             process_counts: ProcessCounts::Read,
             last_figures: Arc::default(),
+            container_cgroups: Arc::default(),
         }
     }
 
@@ -101,6 +114,36 @@ impl PodUsageReader {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|uid, _| uids.contains(uid));
+        self.container_cgroups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|uid, _| uids.contains(uid));
+    }
+
+    /// The cgroups of `uid`'s containers found when it was last measured, taken out
+    /// until [`PodUsageReader::keep_container_cgroups`] puts back those found now.
+    fn take_container_cgroups(&self, uid: &str) -> Vec<FoundContainer> {
+        self.container_cgroups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(uid)
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    fn keep_container_cgroups(&self, uid: &str, found: Vec<FoundContainer>) {
+        let mut kept = self
+            .container_cgroups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Put back in place: no new key for each pod at every cycle.
+        match kept.get_mut(uid) {
+            Some(entry) => *entry = found,
+            None if !found.is_empty() => {
+                kept.insert(uid.to_string(), found);
+            }
+            None => {}
+        }
     }
 
     /// Walk every tracked pod's directories now, on this thread (tests and tools; the
@@ -123,13 +166,14 @@ impl PodUsageReader {
     /// them the pod would look empty and be ranked as the smallest, and the kubelet's
     /// choice, a larger pod, would be spared for the one cycle a file was unreadable. A
     /// process count alone unreadable takes the last count so read, beside the memory
-    /// figures read now.
+    /// figures read now. `Err(CgroupGone)` when the cgroup no longer exists and no
+    /// figures stand: the pod has no stats, as in the kubelet's summary.
     fn pod_cgroup_usage(
         &self,
         uid: &str,
         cgroup: &std::path::Path,
         now: Instant,
-    ) -> Option<PodCgroupUsage> {
+    ) -> Result<Option<PodCgroupUsage>, CgroupGone> {
         let read = self.reader.read_pod_usage(cgroup, self.process_counts);
         let mut last_figures = self
             .last_figures
@@ -167,10 +211,10 @@ impl PodUsageReader {
                 if let Some(error) = count_error {
                     tracing::debug!(%uid, %error, ?process_count, "pod process count unreadable; the last one read stands");
                 }
-                Some(PodCgroupUsage {
+                Ok(Some(PodCgroupUsage {
                     process_count,
                     ..usage
-                })
+                }))
             }
             Err(error) => {
                 let last = last_figures.get(uid).and_then(|last| last.standing_at(now));
@@ -178,9 +222,15 @@ impl PodUsageReader {
                     Some(_) => {
                         tracing::debug!(%uid, %error, "pod cgroup unreadable; its last figures stand")
                     }
+                    // Removed since the listing found it (a pod ending): no stats, as
+                    // for a pod whose cgroup the listing did not find.
+                    None if error.is_not_found() => {
+                        tracing::debug!(%uid, %error, "pod cgroup gone; no stats");
+                        return Err(CgroupGone);
+                    }
                     None => tracing::debug!(%uid, %error, "pod cgroup unreadable; no figures"),
                 }
-                last
+                Ok(last)
             }
         }
     }
@@ -188,11 +238,50 @@ impl PodUsageReader {
     /// Fill in `node_pod.pod`'s cgroup and usage. Leaves usage empty when the pod's
     /// cgroup does not exist (not started yet, or already gone).
     pub fn measure(&self, node_pod: &mut NodePod) {
-        self.measure_at(node_pod, Instant::now());
+        self.measure_listed(node_pod, &mut PodCgroupsListed::default());
     }
 
-    /// [`PodUsageReader::measure`] at `now`.
-    fn measure_at(&self, node_pod: &mut NodePod, now: Instant) {
+    /// [`PodUsageReader::measure`] for one pod of a listing: whether the pod's cgroup
+    /// exists is looked up in its parent's children, listed once for the whole listing
+    /// in `listed`.
+    pub fn measure_listed(&self, node_pod: &mut NodePod, listed: &mut PodCgroupsListed) {
+        self.measure_at(node_pod, listed, Instant::now());
+    }
+
+    /// Whether the pod cgroup `cgroup` exists, by its parent's children as `listed` has
+    /// them, or (a parent that cannot be listed) by the cgroup's own directory.
+    fn pod_cgroup_exists(&self, cgroup: &Path, listed: &mut PodCgroupsListed) -> bool {
+        let own_directory = || self.reader.paths().memory_dir(cgroup).is_dir();
+        let (Some(parent), Some(name)) = (cgroup.parent(), cgroup.file_name()) else {
+            return own_directory();
+        };
+        if !listed.children.contains_key(parent.as_os_str()) {
+            let children = match self.reader.list_child_cgroups(parent) {
+                Ok(children) => Some(
+                    children
+                        .into_iter()
+                        .filter_map(|child| child.file_name().map(ToOwned::to_owned))
+                        .collect(),
+                ),
+                // No QoS cgroup yet: none of its pods has a cgroup.
+                Err(error) if error.is_not_found() => Some(HashSet::new()),
+                Err(error) => {
+                    tracing::debug!(%error, "pod cgroups not listed; each pod's is looked up");
+                    None
+                }
+            };
+            listed
+                .children
+                .insert(parent.as_os_str().to_owned(), children);
+        }
+        match listed.children.get(parent.as_os_str()) {
+            Some(Some(children)) => children.contains(name),
+            _ => own_directory(),
+        }
+    }
+
+    /// [`PodUsageReader::measure_listed`] at `now`.
+    fn measure_at(&self, node_pod: &mut NodePod, listed: &mut PodCgroupsListed, now: Instant) {
         let Some(uid) = node_pod.pod.uid.clone() else {
             return;
         };
@@ -211,14 +300,17 @@ impl PodUsageReader {
             }
         }
         let cgroup = self.naming.pod_cgroup(&uid, node_pod.qos);
-        if !self.reader.paths().memory_dir(&cgroup).is_dir() {
+        if !self.pod_cgroup_exists(&cgroup, listed) {
             // The eviction core reads per-container entries as "has stats"; the
             // kubelet has none for a pod that has not started.
             node_pod.pod.containers.clear();
             return;
         }
+        let Ok(usage) = self.pod_cgroup_usage(&uid, &cgroup, now) else {
+            node_pod.pod.containers.clear();
+            return;
+        };
         let pod = &mut node_pod.pod;
-        let usage = self.pod_cgroup_usage(&uid, &cgroup, now);
         if let Some(usage) = usage {
             pod.usage.memory = Some(saturating(usage.working_set_bytes));
             pod.usage.pids = usage.process_count.map(saturating);
@@ -229,6 +321,8 @@ impl PodUsageReader {
             .pod_logs_path
             .join(format!("{}_{}_{}", pod.namespace, pod.name, uid));
         let mut directories = PodDirectories::default();
+        let mut found_before = self.take_container_cgroups(&uid);
+        let mut found = Vec::with_capacity(pod.containers.len());
         for container in &mut pod.containers {
             let id = node_pod
                 .container_ids
@@ -236,10 +330,26 @@ impl PodUsageReader {
                 .find(|(name, _)| *name == container.name)
                 .map(|(_, id)| id.as_str())
                 .filter(|id| usable_in_path(&pod_key, "containerID", id));
-            if let Some(child) = id.and_then(|id| container_cgroup(&self.reader, &cgroup, id))
+            // A container stopped under this id has no cgroup: no listing looks for it.
+            let running = !node_pod.stopped_containers.contains(&container.name);
+            let child = id.filter(|_| running).and_then(|id| {
+                let before = found_before
+                    .iter()
+                    .position(|(found_id, child)| found_id == id && child.starts_with(&cgroup));
+                match before {
+                    Some(index) => Some(found_before.swap_remove(index)),
+                    None => container_cgroup(&self.reader, &cgroup, id)
+                        .map(|child| (id.to_string(), child)),
+                }
+            });
+            if let Some((id, child)) = child
                 && let Ok((memory, _)) = self.reader.pod_memory_usage(&child)
             {
                 container.usage.memory = Some(saturating(memory.working_set_bytes()));
+                // Kept only while it reads: a cgroup gone is looked for again. (A cycle
+                // that ranks on kept figures reads nothing, so it finds out only at the
+                // next cycle that reads.)
+                found.push((id, child));
             }
             let logs = usable_in_path(&pod_key, "container name", &container.name)
                 .then(|| log_dir.join(&container.name));
@@ -252,6 +362,7 @@ impl PodUsageReader {
                 .containers
                 .push((container.name.clone(), logs, layer));
         }
+        self.keep_container_cgroups(&uid, found);
         let volumes = self
             .kubelet_root_path
             .join("pods")
@@ -304,6 +415,16 @@ impl PodUsageReader {
             pod.usage.inodes = Some(total.inodes);
         }
     }
+}
+
+/// The pod cgroups' parents (the QoS cgroups) as one pod listing found them, each listed
+/// once: a listing of the few parents costs less than a `stat` of every pod's cgroup,
+/// which cost a cycle that ranked on kept figures more than the rest of its pod did.
+#[derive(Debug, Default)]
+pub struct PodCgroupsListed {
+    /// The names of each parent's child cgroups, by the parent's path (its bytes: a
+    /// `PathBuf` key hashes component by component); `None` where it could not be listed.
+    children: HashMap<std::ffi::OsString, Option<HashSet<std::ffi::OsString>>>,
 }
 
 /// Where the kubelet keeps a pod's emptyDir volumes under its `volumes/` directory.
@@ -404,9 +525,17 @@ mod tests {
             },
             qos,
             container_ids: vec![("app".to_string(), "c0ffee".to_string())],
+            stopped_containers: Vec::new(),
             file_volumes: Vec::new(),
             warnings: Vec::new(),
         }
+    }
+
+    /// The fixture pod with another UID.
+    fn node_pod_with_uid(uid: &str, qos: QosClass) -> NodePod {
+        let mut pod = node_pod(qos);
+        pod.pod.uid = Some(uid.to_string());
+        pod
     }
 
     fn config(files: &Path) -> KubernetesConfig {
@@ -562,9 +691,11 @@ mod tests {
             let mut pod = node_pod(QosClass::Guaranteed);
             match figures {
                 Some(figures) => {
-                    with_pod_figures(figures, now, || usage_reader.measure_at(&mut pod, now));
+                    with_pod_figures(figures, now, || {
+                        usage_reader.measure_at(&mut pod, &mut PodCgroupsListed::default(), now)
+                    });
                 }
-                None => usage_reader.measure_at(&mut pod, now),
+                None => usage_reader.measure_at(&mut pod, &mut PodCgroupsListed::default(), now),
             }
             pod.pod.usage.memory
         };
@@ -604,7 +735,7 @@ mod tests {
         let measure_within = |figures: PodFigures, listed_at: Instant, measured_at: Instant| {
             let mut pod = node_pod(QosClass::Guaranteed);
             with_pod_figures(figures, listed_at, || {
-                usage_reader.measure_at(&mut pod, measured_at)
+                usage_reader.measure_at(&mut pod, &mut PodCgroupsListed::default(), measured_at)
             });
             (pod.pod.usage.memory, pod.pod.usage.pids)
         };
@@ -641,10 +772,223 @@ mod tests {
         assert_eq!(pod.pod.cgroup, None);
     }
 
+    /// A listing finds each pod's cgroup among its QoS parent's children, listed once for
+    /// all its pods: a pod whose cgroup is there has stats, one whose cgroup is not (not
+    /// started, or gone), or whose QoS parent does not exist yet, has none.
+    #[test]
+    fn a_listing_finds_each_pods_cgroup_among_its_parents_children() {
+        for v1 in [true, false] {
+            let cgroups = tree(v1);
+            let files = tempfile::tempdir().unwrap();
+            let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
+            write_cgroup(
+                cgroups.path(),
+                v1,
+                "kubepods/burstable/podstarted",
+                900,
+                100,
+                "",
+            );
+            write_cgroup(
+                cgroups.path(),
+                v1,
+                "kubepods/burstable/podstarted/c0ffee",
+                700,
+                50,
+                "",
+            );
+            let pod = node_pod_with_uid;
+            let mut listed = PodCgroupsListed::default();
+            let mut started = pod("started", QosClass::Burstable);
+            let mut waiting = pod("waiting", QosClass::Burstable);
+            let mut best_effort = pod("started", QosClass::BestEffort);
+            for pod in [&mut started, &mut waiting, &mut best_effort] {
+                usage_reader.measure_listed(pod, &mut listed);
+            }
+            assert_eq!(started.pod.usage.memory, Some(800), "v1={v1}");
+            assert_eq!(started.pod.containers[0].usage.memory, Some(650), "v1={v1}");
+            for (label, pod) in [("no cgroup", &waiting), ("no QoS parent", &best_effort)] {
+                assert!(!pod.pod.has_stats(), "v1={v1} {label}: {:?}", pod.pod);
+                assert_eq!(pod.pod.cgroup, None, "v1={v1} {label}");
+            }
+            // A cgroup made after its parent was listed is not seen by that listing (the
+            // parent is listed once, not each pod looked up), and is by the next one.
+            write_cgroup(
+                cgroups.path(),
+                v1,
+                "kubepods/burstable/podwaiting",
+                300,
+                0,
+                "",
+            );
+            let mut waiting = pod("waiting", QosClass::Burstable);
+            usage_reader.measure_listed(&mut waiting, &mut listed);
+            assert!(
+                !waiting.pod.has_stats(),
+                "v1={v1}: listed before it was made"
+            );
+            usage_reader.measure_listed(&mut waiting, &mut PodCgroupsListed::default());
+            assert_eq!(waiting.pod.usage.memory, Some(300), "v1={v1}");
+        }
+    }
+
+    /// A pod whose cgroup its listing found but which is gone by its read (the pod
+    /// ended in between) has no stats, as one the listing did not find, unless figures
+    /// read from it within two minutes stand.
+    #[test]
+    fn a_pod_cgroup_gone_between_the_listing_and_its_read_has_no_stats_without_recent_figures() {
+        for v1 in [true, false] {
+            let cgroups = tree(v1);
+            let files = tempfile::tempdir().unwrap();
+            let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
+            let memory = if v1 { "memory" } else { "" };
+            for uid in ["first", "ending", "known"] {
+                write_cgroup(
+                    cgroups.path(),
+                    v1,
+                    &format!("kubepods/burstable/pod{uid}"),
+                    500,
+                    0,
+                    "",
+                );
+            }
+            let pod = |uid| node_pod_with_uid(uid, QosClass::Burstable);
+            // Figures of "known" read in an earlier listing.
+            usage_reader.measure_listed(&mut pod("known"), &mut PodCgroupsListed::default());
+            let mut listed = PodCgroupsListed::default();
+            let mut first = pod("first");
+            usage_reader.measure_listed(&mut first, &mut listed);
+            assert_eq!(first.pod.usage.memory, Some(500), "v1={v1}");
+            for uid in ["ending", "known"] {
+                let dir = cgroups
+                    .path()
+                    .join(memory)
+                    .join(format!("kubepods/burstable/pod{uid}"));
+                std::fs::remove_dir_all(dir).unwrap();
+            }
+            let (mut ending, mut known) = (pod("ending"), pod("known"));
+            usage_reader.measure_listed(&mut ending, &mut listed);
+            usage_reader.measure_listed(&mut known, &mut listed);
+            assert!(!ending.pod.has_stats(), "v1={v1}: {:?}", ending.pod);
+            assert_eq!(ending.pod.cgroup, None, "v1={v1}");
+            assert_eq!(
+                known.pod.usage.memory,
+                Some(500),
+                "v1={v1}: its last figures stand"
+            );
+        }
+    }
+
+    /// A container's cgroup, found once by listing its pod's cgroup, is read again where
+    /// it was found; once it cannot be read (the container ended) the container has no
+    /// figure, and the container that replaced it (a restart: a new id) is found afresh.
+    #[test]
+    fn a_container_cgroup_found_once_is_read_until_it_goes_and_its_successor_is_found() {
+        for v1 in [true, false] {
+            let cgroups = tree(v1);
+            let files = tempfile::tempdir().unwrap();
+            let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
+            let pod_cgroup = "kubepods/burstable/pod1-2";
+            write_cgroup(cgroups.path(), v1, pod_cgroup, 900, 100, "");
+            write_cgroup(
+                cgroups.path(),
+                v1,
+                &format!("{pod_cgroup}/c0ffee"),
+                700,
+                50,
+                "",
+            );
+            let measure = |id: &str| {
+                let mut pod = node_pod(QosClass::Burstable);
+                pod.container_ids = vec![("app".to_string(), id.to_string())];
+                usage_reader.measure(&mut pod);
+                pod.pod.containers[0].usage.memory
+            };
+            assert_eq!(measure("c0ffee"), Some(650), "v1={v1}");
+            let memory = if v1 { "memory" } else { "" };
+            let container_dir = cgroups.path().join(memory).join(pod_cgroup).join("c0ffee");
+            let usage_file = if v1 {
+                "memory.usage_in_bytes"
+            } else {
+                "memory.current"
+            };
+            std::fs::write(container_dir.join(usage_file), "720\n").unwrap();
+            assert_eq!(
+                measure("c0ffee"),
+                Some(670),
+                "v1={v1}: read again where found"
+            );
+            std::fs::remove_dir_all(&container_dir).unwrap();
+            assert_eq!(
+                measure("c0ffee"),
+                None,
+                "v1={v1}: the container's cgroup is gone"
+            );
+            write_cgroup(
+                cgroups.path(),
+                v1,
+                &format!("{pod_cgroup}/decaf"),
+                400,
+                0,
+                "",
+            );
+            assert_eq!(
+                measure("decaf"),
+                Some(400),
+                "v1={v1}: the restarted container"
+            );
+            // Made again under the first id (as no runtime does), it is found again too,
+            // and each id is read in its own cgroup while both exist.
+            write_cgroup(
+                cgroups.path(),
+                v1,
+                &format!("{pod_cgroup}/c0ffee"),
+                500,
+                0,
+                "",
+            );
+            assert_eq!(measure("c0ffee"), Some(500), "v1={v1}");
+            assert_eq!(measure("decaf"), Some(400), "v1={v1}");
+            assert_eq!(measure("c0ffee"), Some(500), "v1={v1}");
+        }
+    }
+
+    /// A container whose status says it stopped (a completed init container, one waiting
+    /// to start again) has no cgroup under the id the status gives: none is looked for,
+    /// and it has no memory figure, while its pod's is read as ever.
+    #[test]
+    fn a_stopped_container_is_not_looked_for() {
+        let cgroups = tree(false);
+        let files = tempfile::tempdir().unwrap();
+        let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
+        write_cgroup(
+            cgroups.path(),
+            false,
+            "kubepods/burstable/pod1-2",
+            900,
+            100,
+            "",
+        );
+        // A cgroup left under the id (as a runtime leaves none): still not read.
+        write_cgroup(
+            cgroups.path(),
+            false,
+            "kubepods/burstable/pod1-2/c0ffee",
+            700,
+            50,
+            "",
+        );
+        let mut pod = node_pod(QosClass::Burstable);
+        pod.stopped_containers = vec!["app".to_string()];
+        usage_reader.measure(&mut pod);
+        assert_eq!(pod.pod.usage.memory, Some(800));
+        assert_eq!(pod.pod.containers[0].usage.memory, None);
+    }
+
     /// The fixture pod's memory and process count, measured at `now`.
     fn memory_and_pids(usage_reader: &PodUsageReader, now: Instant) -> (Option<i64>, Option<i64>) {
         let mut pod = node_pod(QosClass::Guaranteed);
-        usage_reader.measure_at(&mut pod, now);
+        usage_reader.measure_at(&mut pod, &mut PodCgroupsListed::default(), now);
         (pod.pod.usage.memory, pod.pod.usage.pids)
     }
 

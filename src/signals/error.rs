@@ -61,6 +61,11 @@ impl SignalError {
         }
     }
 
+    /// Whether the file (or its directory) does not exist: a cgroup removed, or never made.
+    pub fn is_not_found(&self) -> bool {
+        matches!(&self.problem, FileProblem::Io(e) if e.kind() == std::io::ErrorKind::NotFound)
+    }
+
     /// The signal this error cost, if it was collecting for one.
     pub fn signal(&self) -> Option<Signal> {
         match self.subject {
