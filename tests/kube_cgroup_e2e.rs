@@ -568,12 +568,19 @@ async fn a_pod_cgroup_removed_between_listing_and_reads_under_pressure_misleads_
             .count(),
         "the ending pod's deletes against its evictions:\n{log}"
     );
+    // Found by the listing and gone by the read, with no figures standing: no stats.
+    let found_gone = agent
+        .process
+        .whole_log()
+        .iter()
+        .filter(|line| line.contains("pod cgroup gone; no stats") && line.contains(ENDING.uid))
+        .count();
     eprintln!(
         "{made_and_removed} cgroup directories made and removed; the ending pod's last \
-         figures kept {} times ({kept_under_pressure} after the hog began to grow), \
-         {} recorded steps without its stats; both races seen {both_races_after:?} after \
-         the agent began serving; evictions {evictions:?}; the hog killed {killed_after:?} \
-         after it began to grow",
+         figures kept {} times ({kept_under_pressure} after the hog began to grow), found \
+         and gone by its read {found_gone} times, {} recorded steps without its stats; both \
+         races seen {both_races_after:?} after the agent began serving; evictions \
+         {evictions:?}; the hog killed {killed_after:?} after it began to grow",
         kept_figures(&agent),
         steps_without_stats(&agent),
     );

@@ -377,10 +377,35 @@ mod tests {
                 )),
             ),
             status("unknown", None),
+            // Restarted and running again under a new id: its last run's end is history.
+            status(
+                "restarted",
+                Some(state(
+                    serde_json::json!({"running": {"startedAt": "2026-12-07T00:00:00Z"}}),
+                )),
+            ),
         ]);
+        pod_status
+            .container_statuses
+            .as_mut()
+            .expect("statuses")
+            .last_mut()
+            .expect("the restarted one")
+            .last_state = Some(state(serde_json::json!({"terminated": {"exitCode": 1}})));
+        // A sidecar (a restartable init container) that runs.
+        pod_status
+            .init_container_statuses
+            .as_mut()
+            .expect("init statuses")
+            .push(status(
+                "sidecar",
+                Some(state(
+                    serde_json::json!({"running": {"startedAt": "2026-12-07T00:00:00Z"}}),
+                )),
+            ));
         let converted = convert_pod(&pod).unwrap();
         assert_eq!(converted.stopped_containers, ["init", "crashing"]);
-        assert_eq!(converted.container_ids.len(), 4, "every id is still known");
+        assert_eq!(converted.container_ids.len(), 6, "every id is still known");
     }
 
     /// Only an emptyDir with the default medium is local storage (the kubelet's

@@ -223,8 +223,11 @@ impl PodUsageReader {
                         tracing::debug!(%uid, %error, "pod cgroup unreadable; its last figures stand")
                     }
                     // Removed since the listing found it (a pod ending): no stats, as
-                    // for a pod whose cgroup the listing did not find.
-                    None if error.is_not_found() => {
+                    // for a pod whose cgroup the listing did not find. Told by the
+                    // directory, not the error: a file of a cgroup removed as it was
+                    // opened reads as ENODEV, and a file missing from a cgroup that
+                    // exists (a controller not enabled for it) as ENOENT.
+                    None if !self.reader.paths().memory_dir(cgroup).is_dir() => {
                         tracing::debug!(%uid, %error, "pod cgroup gone; no stats");
                         return Err(CgroupGone);
                     }
@@ -419,7 +422,7 @@ impl PodUsageReader {
 
 /// The pod cgroups' parents (the QoS cgroups) as one pod listing found them, each listed
 /// once: a listing of the few parents costs less than a `stat` of every pod's cgroup,
-/// which cost a cycle that ranked on kept figures more than the rest of its pod did.
+/// which cost a cycle that ranked on kept figures about as much as the rest of its pod.
 #[derive(Debug, Default)]
 pub struct PodCgroupsListed {
     /// The names of each parent's child cgroups, by the parent's path (its bytes: a
@@ -529,6 +532,23 @@ mod tests {
             file_volumes: Vec::new(),
             warnings: Vec::new(),
         }
+    }
+
+    /// The fixture pod's cgroup (cgroupfs driver, Burstable).
+    const FIXTURE_POD_CGROUP: &str = "kubepods/burstable/pod1-2";
+
+    /// A tree with the fixture pod's cgroup (usage 900, inactive 100) and its container's
+    /// (`c0ffee`: 700 and 50), the files' directory, and a reader of both.
+    fn fixture_pod_with_its_container(
+        v1: bool,
+    ) -> (tempfile::TempDir, tempfile::TempDir, PodUsageReader) {
+        let cgroups = tree(v1);
+        let files = tempfile::tempdir().unwrap();
+        let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
+        write_cgroup(cgroups.path(), v1, FIXTURE_POD_CGROUP, 900, 100, "");
+        let container = format!("{FIXTURE_POD_CGROUP}/c0ffee");
+        write_cgroup(cgroups.path(), v1, &container, 700, 50, "");
+        (cgroups, files, usage_reader)
     }
 
     /// The fixture pod with another UID.
@@ -880,24 +900,13 @@ mod tests {
     }
 
     /// A container's cgroup, found once by listing its pod's cgroup, is read again where
-    /// it was found; once it cannot be read (the container ended) the container has no
+    /// it was found (not found again each time); once it cannot be read (the container ended) the container has no
     /// figure, and the container that replaced it (a restart: a new id) is found afresh.
     #[test]
     fn a_container_cgroup_found_once_is_read_until_it_goes_and_its_successor_is_found() {
         for v1 in [true, false] {
-            let cgroups = tree(v1);
-            let files = tempfile::tempdir().unwrap();
-            let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
-            let pod_cgroup = "kubepods/burstable/pod1-2";
-            write_cgroup(cgroups.path(), v1, pod_cgroup, 900, 100, "");
-            write_cgroup(
-                cgroups.path(),
-                v1,
-                &format!("{pod_cgroup}/c0ffee"),
-                700,
-                50,
-                "",
-            );
+            let (cgroups, _files, usage_reader) = fixture_pod_with_its_container(v1);
+            let pod_cgroup = FIXTURE_POD_CGROUP;
             let measure = |id: &str| {
                 let mut pod = node_pod(QosClass::Burstable);
                 pod.container_ids = vec![("app".to_string(), id.to_string())];
@@ -913,11 +922,16 @@ mod tests {
                 "memory.current"
             };
             std::fs::write(container_dir.join(usage_file), "720\n").unwrap();
+            // A cgroup made since whose name holds the id too, which a listing would find
+            // first, is not taken for it.
+            let decoy = format!("{pod_cgroup}/a-c0ffee");
+            write_cgroup(cgroups.path(), v1, &decoy, 100, 0, "");
             assert_eq!(
                 measure("c0ffee"),
                 Some(670),
                 "v1={v1}: read again where found"
             );
+            std::fs::remove_dir_all(cgroups.path().join(memory).join(&decoy)).unwrap();
             std::fs::remove_dir_all(&container_dir).unwrap();
             assert_eq!(
                 measure("c0ffee"),
@@ -958,6 +972,22 @@ mod tests {
     /// and it has no memory figure, while its pod's is read as ever.
     #[test]
     fn a_stopped_container_is_not_looked_for() {
+        for v1 in [true, false] {
+            // A cgroup left under the id (as a runtime leaves none): still not read.
+            let (_cgroups, _files, usage_reader) = fixture_pod_with_its_container(v1);
+            let mut pod = node_pod(QosClass::Burstable);
+            pod.stopped_containers = vec!["app".to_string()];
+            usage_reader.measure(&mut pod);
+            assert_eq!(pod.pod.usage.memory, Some(800), "v1={v1}");
+            assert_eq!(pod.pod.containers[0].usage.memory, None, "v1={v1}");
+        }
+    }
+
+    /// A pod cgroup that exists but whose files cannot be read (here its memory usage
+    /// file is missing, as where a controller is not enabled for it) is not taken for
+    /// gone: the pod keeps its cgroup, so it has stats, with no memory figure.
+    #[test]
+    fn a_pod_cgroup_with_a_file_missing_is_not_taken_for_gone() {
         let cgroups = tree(false);
         let files = tempfile::tempdir().unwrap();
         let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
@@ -969,20 +999,16 @@ mod tests {
             100,
             "",
         );
-        // A cgroup left under the id (as a runtime leaves none): still not read.
-        write_cgroup(
-            cgroups.path(),
-            false,
-            "kubepods/burstable/pod1-2/c0ffee",
-            700,
-            50,
-            "",
-        );
+        let dir = cgroups.path().join("kubepods/burstable/pod1-2");
+        std::fs::remove_file(dir.join("memory.current")).unwrap();
         let mut pod = node_pod(QosClass::Burstable);
-        pod.stopped_containers = vec!["app".to_string()];
         usage_reader.measure(&mut pod);
-        assert_eq!(pod.pod.usage.memory, Some(800));
-        assert_eq!(pod.pod.containers[0].usage.memory, None);
+        assert_eq!(
+            pod.pod.cgroup,
+            Some(PathBuf::from("/kubepods/burstable/pod1-2"))
+        );
+        assert_eq!(pod.pod.usage.memory, None);
+        assert!(pod.pod.has_stats());
     }
 
     /// The fixture pod's memory and process count, measured at `now`.
