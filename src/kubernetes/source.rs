@@ -182,8 +182,8 @@ pub struct ApiPodSource {
 
 /// A pod's conversion, kept while the store holds the same object: the watch replaces a
 /// pod's object with a new one for every change, so the same allocation is the same
-/// pod. Converting parses every quantity of every container, which cost more at each
-/// cycle than reading the pod's cgroup did.
+/// pod. Converting parses every quantity of every container, which every cycle did for
+/// every pod while pods change rarely (docs/performance.md, "Kubernetes mode").
 struct Converted {
     /// Held, so that its allocation cannot be reused for another object meanwhile.
     from: Arc<ApiPod>,

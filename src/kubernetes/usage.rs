@@ -40,9 +40,9 @@ pub struct PodUsageReader {
     /// The cgroup figures last read for each pod, by UID, and when.
     last_figures: Arc<Mutex<HashMap<String, LastFigures>>>,
     /// Each pod's container cgroups as last found, by UID: (container id, cgroup). A
-    /// container's cgroup is found by listing its pod's cgroup, which cost a cycle more
-    /// than reading the container's files; an id names one container for its life, so a
-    /// cgroup found stays its own until a cycle that reads it cannot.
+    /// container's cgroup is found by listing its pod's cgroup, the largest part of what
+    /// a cycle spent on each pod when every cycle did it; an id names one container for
+    /// its life, so a cgroup found stays its own until a cycle that reads it cannot.
     container_cgroups: Arc<Mutex<HashMap<String, Vec<FoundContainer>>>>,
 }
 
