@@ -42,6 +42,13 @@ pub enum FileProblem {
     CutShort(String),
 }
 
+impl FileProblem {
+    /// Whether the file (or its directory) does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, FileProblem::Io(e) if e.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
 /// A read failure scoped to one subject; other subjects of the same collection still succeed.
 #[derive(Debug, thiserror::Error)]
 #[error("{subject}: {path}: {problem}", path = .path.display())]
@@ -63,7 +70,7 @@ impl SignalError {
 
     /// Whether the file (or its directory) does not exist: a cgroup removed, or never made.
     pub fn is_not_found(&self) -> bool {
-        matches!(&self.problem, FileProblem::Io(e) if e.kind() == std::io::ErrorKind::NotFound)
+        self.problem.is_not_found()
     }
 
     /// The signal this error cost, if it was collecting for one.

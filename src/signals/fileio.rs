@@ -378,7 +378,7 @@ pub fn kernel_files_kept_open() -> usize {
 }
 
 pub(crate) fn is_not_found(problem: &FileError) -> bool {
-    matches!(&problem.problem, FileProblem::Io(e) if e.kind() == std::io::ErrorKind::NotFound)
+    problem.problem.is_not_found()
 }
 
 #[cfg(test)]
