@@ -28,8 +28,9 @@
 //!   Burstable; the store does not change during a row), listed and measured each cycle
 //!   by the agent's Kubernetes pod source in their cgroups where the kubelet makes
 //!   them (`kubepods/burstable/pod<uid>/<container id>`, cgroupfs driver); the baseline:
-//!   the pod's and its container's `memory.usage_in_bytes` and `memory.stat`, the files
-//!   that source reads.
+//!   the pod's `memory.usage_in_bytes` and `memory.stat`, the files that source reads
+//!   every cycle (a container's are read only for an eviction's message; until
+//!   2026-12-07 every container's were read too, and the baseline had them).
 //!
 //! With `NODEKEEPER_BENCH_POD_STATS_MAX_AGE` (a Go duration) the agent's `podStatsMaxAge`
 //! is set, and each timer cycle is followed by a cycle a kernel notification would start
@@ -51,19 +52,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod as ApiPod;
-use kube::runtime::{reflector, watcher};
 use nodekeeper::agent::Agent;
-use nodekeeper::config::{AgentConfig, CgroupDriver, GoDuration, KubernetesConfig};
-use nodekeeper::kubernetes::cgroups::PodCgroupNaming;
-use nodekeeper::kubernetes::source::{ApiPodSource, TaskGuard};
-use nodekeeper::kubernetes::usage::PodUsageReader;
+use nodekeeper::config::{AgentConfig, GoDuration};
 use nodekeeper::metrics::Metrics;
 use nodekeeper::notify::{WakeReason, Wakeup};
 use nodekeeper::ports::{CycleObserver, CycleReport, CycleStart, PodSource};
-use nodekeeper::signals::ProcessCounts;
 use nodekeeper::signals::{Host, end_kernel_file_cycle, keep_kernel_files_open_on_this_thread};
 use support::cgroups::TestCgroups;
+use support::kube_node::KubeNode;
 use support::process_usage::thread_cpu_time;
 
 const MIB: u64 = 1 << 20;
@@ -116,7 +112,7 @@ fn main() {
                 }
             }
             "kubernetes" => {
-                let mut node = KubeNode::create(&mut cgroups);
+                let mut node = KubeNode::create(&mut cgroups, LIMIT);
                 let mut config =
                     cgroups.standalone_agent_config(THRESHOLD, Duration::from_secs(10));
                 config.workloads = None;
@@ -177,153 +173,11 @@ const STANDALONE_FILES: &[(&str, &str)] = &[
     ("memory", "memory.stat"),
     ("pids", "pids.current"),
 ];
-/// The files of each pod cgroup and each container cgroup the Kubernetes pod source reads.
+/// The files of each pod cgroup the Kubernetes pod source reads every cycle.
 const KUBERNETES_FILES: &[(&str, &str)] = &[
     ("memory", "memory.usage_in_bytes"),
     ("memory", "memory.stat"),
 ];
-
-/// A node's pods as the kubelet lays them out (cgroupfs driver) and as the API lists them:
-/// `kubepods/burstable/pod<uid>/<container id>` under the test's parent, and one API pod
-/// each in a reflector store, as the agent's pod watch fills it.
-struct KubeNode {
-    /// The kubelet's pods cgroup, relative to the hierarchy roots.
-    kubepods: PathBuf,
-    pods: Vec<(ApiPod, PathBuf, PathBuf)>,
-}
-
-impl KubeNode {
-    fn create(cgroups: &mut TestCgroups) -> KubeNode {
-        let kubepods = cgroups.child("kubepods");
-        cgroups.set_memory_limit(&kubepods, LIMIT);
-        cgroups.child("kubepods/burstable");
-        KubeNode {
-            kubepods,
-            pods: Vec::new(),
-        }
-    }
-
-    fn grow_to(&mut self, cgroups: &mut TestCgroups, count: usize) {
-        while self.pods.len() < count {
-            let index = self.pods.len();
-            let uid = format!("0be0c0de-0000-4000-8000-{index:012}");
-            let container_id = format!("{:064x}", index + 1);
-            let pod = cgroups.child(&format!("kubepods/burstable/pod{uid}"));
-            let container = cgroups.child(&format!("kubepods/burstable/pod{uid}/{container_id}"));
-            self.pods
-                .push((api_pod(index, &uid, &container_id), pod, container));
-        }
-    }
-
-    /// Each pod's cgroup and its container's, in the order the pod source reads them.
-    fn measured_dirs(&self) -> Vec<PathBuf> {
-        self.pods
-            .iter()
-            .flat_map(|(_, pod, container)| [pod.clone(), container.clone()])
-            .collect()
-    }
-
-    /// The agent's Kubernetes pod source over these pods, from a store filled as a watch's
-    /// first list fills it.
-    fn pod_source(&self, config: &AgentConfig) -> Box<dyn PodSource> {
-        let (store, mut writer) = reflector::store::<ApiPod>();
-        writer.apply_watcher_event(&watcher::Event::Init);
-        for (pod, _, _) in &self.pods {
-            writer.apply_watcher_event(&watcher::Event::InitApply(pod.clone()));
-        }
-        writer.apply_watcher_event(&watcher::Event::InitDone);
-        let host = Host::detect(&config.paths);
-        let reader = host
-            .cgroups()
-            .expect("the test cgroups' hierarchies")
-            .clone();
-        let naming = PodCgroupNaming::new(
-            CgroupDriver::Cgroupfs,
-            &format!("/{}", self.kubepods.display()),
-        );
-        let usage = PodUsageReader::new(reader, naming, &KubernetesConfig::default())
-            .counting_processes(ProcessCounts::for_ranking(
-                config.eviction.ranks_by_process_count(),
-            ));
-        // The store keeps serving its pods without the writer: nothing changes them.
-        drop(writer);
-        Box::new(ApiPodSource::new(
-            store,
-            Some(usage),
-            Arc::new(TaskGuard(Vec::new())),
-        ))
-    }
-}
-
-/// A Burstable pod of one container with a memory request and limit, an emptyDir and the
-/// projected service-account volume every pod gets, running; every third one also has
-/// an init container that has completed (as a service mesh's sidecar injector adds one):
-/// its status keeps the id of a container whose cgroup is gone.
-fn api_pod(index: usize, uid: &str, container_id: &str) -> ApiPod {
-    let mut pod = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": format!("pod-{index:03}"),
-            "namespace": "bench",
-            "uid": uid,
-            "resourceVersion": "1",
-            "labels": {"app": "bench"},
-        },
-        "spec": {
-            "nodeName": "bench-node",
-            "priority": 0,
-            "containers": [{
-                "name": "app",
-                "image": "registry.example/bench:1",
-                "resources": {
-                    "requests": {"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "1Gi"},
-                    "limits": {"memory": "256Mi", "ephemeral-storage": "2Gi"},
-                },
-                "volumeMounts": [
-                    {"name": "scratch", "mountPath": "/scratch"},
-                    {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
-                ],
-            }],
-            "volumes": [
-                {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}},
-                {"name": "kube-api-access", "projected": {"sources": [
-                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
-                ]}},
-            ],
-        },
-        "status": {
-            "phase": "Running",
-            "qosClass": "Burstable",
-            "containerStatuses": [{
-                "name": "app",
-                "containerID": format!("containerd://{container_id}"),
-                "image": "registry.example/bench:1",
-                "imageID": "registry.example/bench@sha256:00",
-                "ready": true,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": "2026-12-07T00:00:00Z"}},
-            }],
-        },
-    });
-    if index.is_multiple_of(3) {
-        pod["spec"]["initContainers"] = serde_json::json!([{
-            "name": "init",
-            "image": "registry.example/init:1",
-            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
-        }]);
-        pod["status"]["initContainerStatuses"] = serde_json::json!([{
-            "name": "init",
-            "containerID": format!("containerd://{:064x}", index + 1_000_000),
-            "image": "registry.example/init:1",
-            "imageID": "registry.example/init@sha256:00",
-            "ready": true,
-            "restartCount": 0,
-            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
-        }]);
-    }
-    serde_json::from_value(pod).expect("a valid pod")
-}
 
 /// Every pod's files, held open: the baseline reads each once per pass.
 struct PodFiles(Vec<File>);

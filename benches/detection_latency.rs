@@ -2,12 +2,22 @@
 //!
 //! The agent runs as the binary runs it: `agent::run` with its cycle thread, its kernel
 //! notifiers, its housekeeping timer competing with them (every 100 ms, so a crossing
-//! often finds a timer cycle under way), its standalone pod listing (one growing
-//! workload and idle pod cgroups beside it: 10 pods, then 110, the kubelet's maxPods,
-//! each read fresh every cycle), its metrics and a trace recorder. Its one threshold is
+//! often finds a timer cycle under way), its pod source (one growing workload and idle
+//! pods beside it: 10 pods, then 110, the kubelet's maxPods, each read fresh every
+//! cycle), its metrics and a trace recorder. Its one threshold is
 //! `allocatableMemory.available<412Mi` on a pods cgroup limited to 512 MiB; it runs in
 //! dry-run mode, so it decides and never kills, and one workload process (the
 //! oscillator) swings its memory across the trigger and back for every crossing.
+//!
+//! The pods' cgroups lie where the kubelet makes them (cgroupfs driver):
+//! `kubepods/burstable/pod<uid>/<container id>`, the workload in its pod's container
+//! cgroup. Each setup is measured with two pod sources, each with an agent of its own:
+//! - **standalone**: the pods are the children of `kubepods/burstable`, each read (its
+//!   `memory.usage_in_bytes` and `memory.stat`) every cycle;
+//! - **kubernetes**: the agent's Kubernetes pod source over the API's pods in a reflector
+//!   store, filled as its pod watch fills it (one container each, every third with a
+//!   completed init container; no API server: the store does not change during a row),
+//!   which reads each pod's cgroup and its container's.
 //!
 //! Each crossing is timed by the workload itself: it reads the cgroup's usage after
 //! every 64 KiB step and reports the CLOCK_MONOTONIC time at which the step that
@@ -35,7 +45,8 @@
 //! `NODEKEEPER_BENCH_SCHEDULER=normal` or `=SCHED_FIFO` keeps only the rows of that
 //! scheduler, `NODEKEEPER_BENCH_POD_STATS_MAX_AGE` (a Go duration such as `10s`) sets the
 //! agent's `podStatsMaxAge`, so that a cycle a notification starts ranks on the pod
-//! figures of the last timer cycle; a full run takes about 40 minutes.
+//! figures of the last timer cycle; `NODEKEEPER_BENCH_SOURCES` keeps the named pod
+//! sources (`standalone,kubernetes`). A full run takes about 75 minutes.
 //!
 //! During the agent's rows a witness listens too: the same `MemcgThreshold`, registered
 //! at the crossing's trigger, read by a thread that does nothing else at a real-time
@@ -66,6 +77,7 @@ use nodekeeper::shutdown::runner::DryRunTerminator;
 use nodekeeper::signals::Host;
 use support::allocator::{OscillatorPlan, monotonic_nanos, oscillator_grow, oscillator_release};
 use support::cgroups::TestCgroups;
+use support::kube_node::KubeNode;
 
 const MIB: u64 = 1 << 20;
 const LIMIT: u64 = 512 * MIB;
@@ -133,7 +145,6 @@ const ROWS: [(usize, Setup); 6] = [
 const GOAL: Duration = Duration::from_millis(2);
 /// A decision later than this counts as missed (and fails the bench).
 const MISSED_AFTER: Duration = Duration::from_secs(5);
-const WORKLOAD: &str = "workload";
 /// The agent's `podStatsMaxAge`, from `NODEKEEPER_BENCH_POD_STATS_MAX_AGE`.
 fn pod_stats_max_age() -> Option<nodekeeper::config::GoDuration> {
     const VARIABLE: &str = "NODEKEEPER_BENCH_POD_STATS_MAX_AGE";
@@ -192,16 +203,28 @@ fn main() {
         .collect();
     let max_pods = env_count("NODEKEEPER_BENCH_MAX_PODS", usize::MAX);
     let min_pods = env_count("NODEKEEPER_BENCH_MIN_PODS", 0);
-    let rows: Vec<(usize, Setup)> = ROWS
+    let sources: Vec<Source> = std::env::var("NODEKEEPER_BENCH_SOURCES")
+        .unwrap_or_else(|_| "standalone,kubernetes".to_string())
+        .split(',')
+        .map(|name| Source::parse(name.trim()))
+        .collect();
+    // Each setup with each source in turn, so that the two sources' rows of a setup are
+    // measured minutes apart, not a whole run.
+    let rows: Vec<(usize, Setup, Source)> = ROWS
         .iter()
         .copied()
         .filter(|(pods, setup)| (min_pods..=max_pods).contains(pods) && measured(setup))
+        .flat_map(|(pods, setup)| sources.iter().map(move |source| (pods, setup, *source)))
         .collect();
+    // The first columns of each agent row in the tables: pods, source and setup.
+    let describe_row = |(pods, setup, source): &(usize, Setup, Source)| {
+        format!("{pods} | {} | {}", source.as_str(), setup.describe())
+    };
     let decisions: Vec<Vec<Decided>> = rows
         .iter()
-        .map(|(pods, setup)| {
+        .map(|(pods, setup, source)| {
             bench.list_pods(*pods);
-            let agent = bench.start_agent(setup.realtime);
+            let agent = bench.start_agent(setup.realtime, *source);
             let witness = Witness::start(bench.parent_dir.clone());
             let _spinners = setup.awake.then(Spinners::start);
             let stolen = StolenTime::since_now();
@@ -210,7 +233,8 @@ fn main() {
             agent.stop();
             let triggers = witness.stop();
             println!(
-                "agent | {pods} | {} | {} | {} | {} | {} | {triggers} trigger(s), {stolen}",
+                "agent | {pods} | {} | {} | {} | {} | {} | {} | {triggers} trigger(s), {stolen}",
+                source.as_str(),
                 setup.describe(),
                 spread(&latencies(&samples)),
                 taken_apart(&samples),
@@ -238,20 +262,20 @@ fn main() {
     }
     println!();
     println!(
-        "| pods | growth | other CPUs | agent's threads | crossings | agent decision | agent / kernel at median, p99 | p99 goal < 2 ms |"
+        "| pods | source | growth | other CPUs | agent's threads | crossings | agent decision | agent / kernel at median, p99 | p99 goal < 2 ms |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    for ((pods, setup), decided) in rows.iter().zip(&decisions) {
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (row, decided) in rows.iter().zip(&decisions) {
         let baseline = kernel_rows
             .iter()
-            .position(|kernel| kernel == setup)
+            .position(|kernel| *kernel == row.1)
             .expect("a baseline row for every agent row");
         let kernel = &kernel[baseline];
         let decided = &latencies(decided);
         let p99 = percentile(decided, 0.99);
         println!(
-            "| {pods} | {} | {} | {} | {:.2}×, {:.2}× | {} |",
-            setup.describe(),
+            "| {} | {} | {} | {:.2}×, {:.2}× | {} |",
+            describe_row(row),
             decided.len(),
             spread(decided),
             percentile(decided, 0.5) as f64 / percentile(kernel, 0.5).max(1) as f64,
@@ -269,15 +293,11 @@ fn main() {
     );
     println!();
     println!(
-        "| pods | growth | other CPUs | agent's threads | crossing → cycle start | cycle start → decision | behind a cycle begun before | after a cycle that missed it |"
+        "| pods | source | growth | other CPUs | agent's threads | crossing → cycle start | cycle start → decision | behind a cycle begun before | after a cycle that missed it |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    for ((pods, setup), samples) in rows.iter().zip(&decisions) {
-        println!(
-            "| {pods} | {} | {} |",
-            setup.describe(),
-            taken_apart(samples)
-        );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (row, samples) in rows.iter().zip(&decisions) {
+        println!("| {} | {} |", describe_row(row), taken_apart(samples));
     }
     println!();
     println!(
@@ -285,15 +305,11 @@ fn main() {
     );
     println!();
     println!(
-        "| pods | growth | other CPUs | agent's threads | deciding cycles started by | crossing → notification received | notification received → cycle start |"
+        "| pods | source | growth | other CPUs | agent's threads | deciding cycles started by | crossing → notification received | notification received → cycle start |"
     );
-    println!("|---|---|---|---|---|---|---|");
-    for ((pods, setup), samples) in rows.iter().zip(&decisions) {
-        println!(
-            "| {pods} | {} | {} |",
-            setup.describe(),
-            started_by(samples)
-        );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (row, samples) in rows.iter().zip(&decisions) {
+        println!("| {} | {} |", describe_row(row), started_by(samples));
     }
     println!();
     println!(
@@ -301,19 +317,20 @@ fn main() {
     );
     println!();
     println!(
-        "| pods | growth | other CPUs | agent's threads | crossing → witness received | witness → agent received | over the goal: late signal, late wake-up, other | not witnessed |"
+        "| pods | source | growth | other CPUs | agent's threads | crossing → witness received | witness → agent received | over the goal: late signal, late wake-up, other | not witnessed |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    for ((pods, setup), samples) in rows.iter().zip(&decisions) {
-        println!("| {pods} | {} | {} |", setup.describe(), witnessed(samples));
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (row, samples) in rows.iter().zip(&decisions) {
+        println!("| {} | {} |", describe_row(row), witnessed(samples));
     }
     println!();
     for (setup, samples) in kernel_rows.iter().zip(&kernel) {
         println!("kernel, {}: slowest {}", setup.describe(), slowest(samples));
     }
-    for ((pods, setup), samples) in rows.iter().zip(&decisions) {
+    for ((pods, setup, source), samples) in rows.iter().zip(&decisions) {
         println!(
-            "agent, {pods} pods, {}: slowest {}",
+            "agent, {pods} pods, {}, {}: slowest {}",
+            source.as_str(),
             setup.describe(),
             slowest_taken_apart(samples)
         );
@@ -626,23 +643,58 @@ fn env_count(name: &str, default: usize) -> usize {
 
 struct Bench {
     cgroups: TestCgroups,
+    /// The standalone agent's configuration; the Kubernetes rows' is made from it.
     config: AgentConfig,
+    /// The pods, the workload's first, as the kubelet lays out their cgroups and as the
+    /// API lists them.
+    node: KubeNode,
     /// The pods cgroup in the memory hierarchy.
     parent_dir: PathBuf,
     oscillator: u32,
-    /// Pod cgroups under the parent, the workload's included.
-    pods: usize,
     random: u64,
+}
+
+/// Where the agent's cycles get the pods from.
+#[derive(Clone, Copy, PartialEq)]
+enum Source {
+    /// The standalone pod listing: every child of the pods' QoS cgroup is a pod.
+    Standalone,
+    /// The Kubernetes pod source, over a reflector store of the API's pods.
+    Kubernetes,
+}
+
+impl Source {
+    fn parse(name: &str) -> Source {
+        match name {
+            "standalone" => Source::Standalone,
+            "kubernetes" => Source::Kubernetes,
+            other => {
+                panic!("NODEKEEPER_BENCH_SOURCES: no pod source {other:?} (standalone, kubernetes)")
+            }
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Source::Standalone => "standalone",
+            Source::Kubernetes => "kubernetes",
+        }
+    }
 }
 
 impl Bench {
     fn new(mut cgroups: TestCgroups) -> Bench {
         cgroups.allocator_args = Vec::new();
-        let parent = cgroups.parent.clone();
-        cgroups.set_memory_limit(&parent, LIMIT);
-        let workload = cgroups.child(WORKLOAD);
-        let parent_dir = cgroups.dir("memory", &parent);
+        let mut node = KubeNode::create(&mut cgroups, LIMIT);
+        node.grow_to(&mut cgroups, 1);
+        let workload = node.pods[0].2.clone();
+        let parent_dir = cgroups.dir("memory", &node.kubepods);
         let mut config = cgroups.standalone_agent_config(THRESHOLD, HOUSEKEEPING);
+        config.paths.pods_cgroup = Some(node.kubepods.clone());
+        // Standalone, each pod cgroup is a pod: the workload's holds its container's.
+        if let Some(workloads) = config.workloads.as_mut() {
+            workloads.parent_cgroup = node.kubepods.join("burstable");
+        }
         config.pod_stats_max_age = pod_stats_max_age();
         // Rest BELOW under the trigger, counting what the cgroup already holds.
         let room = trigger(&parent_dir)
@@ -659,20 +711,31 @@ impl Bench {
         Bench {
             cgroups,
             config,
+            node,
             parent_dir,
             oscillator,
-            pods: 1,
             random: monotonic_nanos() | 1,
         }
     }
 
-    /// Grow to `pods` pod cgroups. The idle ones are empty: reading an empty pod cgroup
-    /// costs what reading a busy one does (the same files, `pids.current` instead of a
-    /// walk of `cgroup.procs`), and they leave the memory under the trigger unchanged.
+    /// Grow to `pods` pods. The idle ones have no processes: reading an idle pod's
+    /// cgroups costs what reading a busy one's does (the same files), and they leave the
+    /// memory under the trigger unchanged.
     fn list_pods(&mut self, pods: usize) {
-        while self.pods < pods {
-            self.cgroups.child(&format!("idle-{:03}", self.pods));
-            self.pods += 1;
+        self.node.grow_to(&mut self.cgroups, pods);
+    }
+
+    /// The workload's pod as `source` names it: its cgroup's name standalone, its API
+    /// name in Kubernetes mode.
+    fn workload_name(&self, source: Source) -> String {
+        let (api, cgroup, _) = &self.node.pods[0];
+        match source {
+            Source::Standalone => cgroup
+                .file_name()
+                .and_then(|name| name.to_str())
+                .expect("a pod cgroup's name")
+                .to_string(),
+            Source::Kubernetes => api.metadata.name.clone().expect("a pod's name"),
         }
     }
 
@@ -743,19 +806,31 @@ impl Bench {
 
     /// An agent of its own for a row; with `realtime`, its decision cycle thread (on
     /// which the kernel notifiers wait) runs at SCHED_FIFO (checked).
-    fn start_agent(&self, realtime: bool) -> RunningAgent {
+    fn start_agent(&self, realtime: bool, source: Source) -> RunningAgent {
         let (cycles_tx, cycles) = mpsc::channel();
         let (started_tx, started) = mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let mut config = self.config.clone();
         config.realtime_priority = realtime.then_some(REALTIME_PRIORITY);
+        let workload = self.workload_name(source);
+        let node = (source == Source::Kubernetes).then(|| {
+            config.workloads = None;
+            self.node.clone()
+        });
         let trace = tempfile::tempdir().unwrap();
         let trace_path = trace.path().join("trace.jsonl");
         let thread = on_runtime_thread(move || async move {
             let host = Host::detect(&config.paths);
+            let pod_source = node.map(|node| node.pod_source(&config));
             let customize = move |agent: &mut nodekeeper::agent::Agent| {
                 agent.set_recorder(nodekeeper::agent::Recorder::new(trace_path, 64 << 20));
-                agent.add_cycle_observer(Box::new(DecisionClock(cycles_tx)));
+                agent.add_cycle_observer(Box::new(DecisionClock {
+                    cycles: cycles_tx,
+                    workload,
+                }));
+                if let Some(source) = pod_source {
+                    agent.set_pod_source(source);
+                }
             };
             let on_start = move |_: RunHandles| {
                 let _ = started_tx.send(());
@@ -1055,7 +1130,11 @@ struct Cycle {
 }
 
 /// Timestamps every cycle as it hands its report on (right after the decision).
-struct DecisionClock(mpsc::Sender<Cycle>);
+struct DecisionClock {
+    cycles: mpsc::Sender<Cycle>,
+    /// The workload's pod, as the row's pod source names it.
+    workload: String,
+}
 
 impl CycleObserver for DecisionClock {
     fn observe(&mut self, report: &CycleReport) {
@@ -1070,11 +1149,15 @@ impl CycleObserver for DecisionClock {
         };
         // SAFETY: sched_getcpu has no arguments and no preconditions.
         let cpu = unsafe { libc::sched_getcpu() };
-        let _ = self.0.send(Cycle {
+        let _ = self.cycles.send(Cycle {
             cpu,
             started: decided.saturating_sub(collecting),
             decided,
-            evicts: report.decision.evictions.iter().any(|e| e.name == WORKLOAD),
+            evicts: report
+                .decision
+                .evictions
+                .iter()
+                .any(|e| e.name == self.workload),
             started_by: report.started_by.as_str(),
             woken_since,
         });

@@ -6,9 +6,9 @@ use nodekeeper::config::{
     EvictionConfig, FilesystemLayout, GoDuration, Quantity, Threshold, ThresholdValue,
 };
 use nodekeeper::eviction::{
-    EvictionState, Millis, SyncOptions, measured_storage, rank, rank_cmp, synchronize,
+    Decision, EvictionState, Millis, SyncOptions, measured_storage, rank, rank_cmp, synchronize,
 };
-use nodekeeper::pods::{DiskAmount, Pod, PodUsage, ResourceAmounts, StorageUsage};
+use nodekeeper::pods::{ContainerStats, DiskAmount, Pod, PodUsage, ResourceAmounts, StorageUsage};
 use nodekeeper::signals::{Observation, Observations, Resource, Signal};
 use proptest::prelude::*;
 
@@ -298,6 +298,60 @@ proptest! {
             prop_assert_eq!(&decision, &other);
             state = decision.state;
             state_uncounted = other.state;
+        }
+    }
+
+    /// The agent reads the containers' memory only for a pod it evicts for memory, after
+    /// the decision, and decides again so that the message names them. That is sound
+    /// only if those figures choose nothing: given them for pods with a cgroup (the only
+    /// ones whose containers the agent can read), every cycle decides the same as
+    /// without them, but for the words of the messages and annotations.
+    #[test]
+    fn container_memory_figures_change_no_choice(
+        pods in pods(16),
+        containers in proptest::collection::vec(
+            (proptest::bool::ANY, proptest::collection::vec(amount(), 0..3)),
+            16,
+        ),
+        cycles in proptest::collection::vec(observations(), 1..5),
+        layout in layout(),
+    ) {
+        let config = hard_thresholds();
+        let mut without = Vec::new();
+        let mut with = Vec::new();
+        for (mut pod, (has_cgroup, memory)) in pods.into_iter().zip(containers) {
+            if has_cgroup {
+                pod.cgroup = Some(format!("/kubepods/pod{}", pod.name).into());
+            }
+            pod.containers = (0..memory.len())
+                .map(|i| ContainerStats { name: format!("c{i}"), ..ContainerStats::default() })
+                .collect();
+            let mut measured = pod.clone();
+            if has_cgroup {
+                for (container, memory) in measured.containers.iter_mut().zip(memory) {
+                    container.usage.memory = memory;
+                }
+            }
+            without.push(pod);
+            with.push(measured);
+        }
+        let choice = |decision: &Decision| {
+            let mut choice = decision.clone();
+            for order in &mut choice.evictions {
+                order.message.clear();
+                order.annotations.clear();
+            }
+            choice
+        };
+        let options = SyncOptions { fs_layout: layout, ..SyncOptions::default() };
+        let (mut state, mut state_with) = (EvictionState::default(), EvictionState::default());
+        for (i, observations) in cycles.iter().enumerate() {
+            let now = Millis(i as u64 * 10_000);
+            let decision = synchronize(&config, &state, observations, &without, now, &options);
+            let other = synchronize(&config, &state_with, observations, &with, now, &options);
+            prop_assert_eq!(choice(&decision), choice(&other));
+            state = decision.state;
+            state_with = other.state;
         }
     }
 

@@ -181,9 +181,21 @@ fn condition(pod: &ApiPod, condition_type: &str) -> Option<(String, String)> {
 #[tokio::test]
 async fn memory_pressure_evicts_the_right_pod_through_the_api() {
     let mut s = scenario("").await;
+    // The hog's and modest's one container each, with the pod's working set.
+    for fixture in &PODS[..2] {
+        s.host
+            .add_container_cgroup(qos_dir(fixture), fixture.uid, fixture.working_set);
+    }
     let (report, evicted) = s.agent.run_cycle().await;
     assert!(evicted, "{:?}", report.decision);
     assert_eq!(report.pods.len(), 4);
+    // The containers' figures word the evicted pod's message; no other pod's are read.
+    let container_memory = |name: &str| {
+        let pod = report.pods.iter().find(|pod| pod.name == name).unwrap();
+        pod.containers[0].usage.memory
+    };
+    assert_eq!(container_memory("hog"), Some(2048 * MI as i64));
+    assert_eq!(container_memory("modest"), None);
     assert_eq!(
         s.kills.kills(),
         vec!["default/hog"],
@@ -219,10 +231,27 @@ async fn memory_pressure_evicts_the_right_pod_through_the_api() {
             .starts_with("The node was low on resource: memory. "),
         "{event:?}"
     );
+    // The kubelet's words for the container over its request, read from its cgroup.
+    assert!(
+        event.message.as_deref().unwrap_or_default().ends_with(
+            "Container app was using 2Gi, request is 100Mi, has larger consumption of memory. "
+        ),
+        "{event:?}"
+    );
     let annotations = event.metadata.annotations.clone().unwrap_or_default();
     assert_eq!(
         annotations.get("starved_resource").map(String::as_str),
         Some("memory")
+    );
+    assert_eq!(
+        annotations.get("offending_containers").map(String::as_str),
+        Some("app")
+    );
+    assert_eq!(
+        annotations
+            .get("offending_containers_usage")
+            .map(String::as_str),
+        Some("2Gi")
     );
     assert_eq!(event.involved_object.uid.as_deref(), Some("11111111-aaaa"));
 

@@ -334,6 +334,34 @@ fn assert_the_hog_was_killed_and_deleted(
     );
 }
 
+/// The hog's Evicted event names its container's usage, as the kubelet's does: read from
+/// the container's own cgroup, as the runtime names it under the driver, for the pod
+/// evicted.
+fn assert_the_hogs_event_names_its_container(server: &FakeApiServer) {
+    let event = support::poll::Wait::for_("the hog's Evicted event", Duration::from_secs(10))
+        .until(|| {
+            server
+                .objects::<k8s_openapi::api::core::v1::Event>()
+                .into_iter()
+                .find(|event| {
+                    event.reason.as_deref() == Some("Evicted")
+                        && event.involved_object.name.as_deref() == Some("hog")
+                })
+        });
+    let message = event.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("Container app was using ")
+            && message.ends_with(", request is 0, has larger consumption of memory. "),
+        "{event:?}"
+    );
+    let annotations = event.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("offending_containers").map(String::as_str),
+        Some("app"),
+        "{event:?}"
+    );
+}
+
 /// The hog grows past the threshold with `listed` on the API server (the steady pod and
 /// the hog, and any other), on real cgroups in the layout of the kubelet's `driver`; the
 /// hog must be killed before the OOM killer and deleted once, the steady pod spared, and
@@ -367,6 +395,7 @@ async fn grow_the_hog_with(driver: Driver, listed: &[&PodFixture], expected: &[&
     );
     support::poll::Wait::for_("the hog's delete", Duration::from_secs(10))
         .until_true(|| !successful_deletes(&server, "hog").is_empty());
+    assert_the_hogs_event_names_its_container(&server);
     // Each eviction is followed by a look again at once (the timer's next cycle is a
     // minute away).
     let looks_again = || {
@@ -527,6 +556,7 @@ async fn a_pod_cgroup_removed_between_listing_and_reads_under_pressure_misleads_
     let killed_after = started.elapsed();
     support::poll::Wait::for_("the hog's delete", Duration::from_secs(10))
         .until_true(|| !successful_deletes(&server, "hog").is_empty());
+    assert_the_hogs_event_names_its_container(&server);
     let kept_under_pressure = kept_figures(&agent) - kept_before_pressure;
     std::thread::sleep(Duration::from_millis(500));
     let made_and_removed = churn.stop();

@@ -13,8 +13,8 @@ use super::standalone::workload_pods;
 use crate::act::CgroupEvictor;
 use crate::config::AgentConfig;
 use crate::eviction::{
-    Decision, EvictionReason, EvictionState, Millis, SyncOptions, pressure_remains_after_reclaim,
-    synchronize,
+    Decision, EvictionOrder, EvictionReason, EvictionState, Millis, SyncOptions,
+    pressure_remains_after_reclaim, synchronize,
 };
 use crate::metrics::{
     ConditionLabels, CycleLabels, MechanismLabels, Metrics, PressureLabels, ThresholdLabels,
@@ -473,18 +473,46 @@ impl Agent {
     fn observe_and_decide(&mut self, started_by: CycleStart) -> (CycleReport, Aftermath) {
         let started = Instant::now();
         let collection = self.collector.collect();
-        let pods = self.collect_pods(started_by);
+        let mut pods = self.collect_pods(started_by);
         let collection_time = started.elapsed();
         let now = self.now();
         let decision_started = Instant::now();
-        let decision = synchronize(
-            &self.config.eviction,
-            &self.state,
-            &collection.observations,
-            &pods,
-            now,
-            &self.sync_options,
-        );
+        let decide = |pods: &[Pod]| {
+            synchronize(
+                &self.config.eviction,
+                &self.state,
+                &collection.observations,
+                pods,
+                now,
+                &self.sync_options,
+            )
+        };
+        let mut decision = decide(&pods);
+        let evicted = &self.evicted;
+        let stopping = |pod: &Pod, order: &EvictionOrder| {
+            evicted.already_stopping(pod, order.grace_period_seconds, Instant::now())
+        };
+        if measure_evicted_containers(
+            self.pod_source.as_deref_mut(),
+            &decision,
+            &mut pods,
+            stopping,
+        ) {
+            // Worded again with the containers' figures. The choice stays: the kubelet
+            // ranks by the pod's figures; the containers' count only toward whether a
+            // pod has stats, which a pod with a cgroup (the only kind whose containers
+            // are read) has. Should that ever differ, the first choice stands, worded
+            // without them.
+            let worded = decide(&pods);
+            if same_choice(&decision, &worded) {
+                decision = worded;
+            } else {
+                tracing::error!(
+                    "the eviction changed with its pod's container figures; it stands as first decided"
+                );
+            }
+        }
+        // With the containers' reads of an eviction for memory, which word its message.
         let decision_time = decision_started.elapsed();
         let previous_conditions =
             std::mem::replace(&mut self.state, decision.state.clone()).node_conditions;
@@ -978,6 +1006,54 @@ fn look_again_after(evicted: &[EvictedHere], candidates: &[Pod]) -> bool {
     held_by_processes_only && pods_seen_here
 }
 
+/// Read the containers' memory of the pods `decision` evicts for a memory threshold, in
+/// `pods` (those the decision saw), through `source` ([`PodSource::measure_containers`]):
+/// the kubelet's message for such an eviction names each container over its request,
+/// with its usage. Not for a pod still `stopping` from an earlier eviction, which this
+/// cycle does not evict again. Whether any figure was read.
+fn measure_evicted_containers(
+    source: Option<&mut (dyn PodSource + 'static)>,
+    decision: &Decision,
+    pods: &mut [Pod],
+    stopping: impl Fn(&Pod, &EvictionOrder) -> bool,
+) -> bool {
+    let Some(source) = source else {
+        return false;
+    };
+    let mut measured = false;
+    for order in &decision.evictions {
+        let EvictionReason::Threshold(signal) = order.reason else {
+            continue;
+        };
+        if signal.resource() != Resource::Memory {
+            continue;
+        }
+        let evicted = pods
+            .iter_mut()
+            .find(|pod| pod.namespace == order.namespace && pod.name == order.name);
+        if let Some(pod) = evicted
+            && !stopping(pod, order)
+        {
+            measured |= source.measure_containers(pod);
+        }
+    }
+    measured
+}
+
+/// Whether two decisions choose alike: the same evictions (but for their messages and
+/// annotations), conditions and remembered state.
+fn same_choice(first: &Decision, second: &Decision) -> bool {
+    let unworded = |decision: &Decision| {
+        let mut decision = decision.clone();
+        for order in &mut decision.evictions {
+            order.message.clear();
+            order.annotations.clear();
+        }
+        decision
+    };
+    unworded(first) == unworded(second)
+}
+
 /// With `podStatsMaxAge` (`max_age`), how a cycle gets the pods' memory figures. A cycle
 /// a notification (or a look again after an eviction) starts must decide at once, and
 /// ranks on the figures kept within `max_age`, as the kubelet ranks on cAdvisor's; the
@@ -1010,6 +1086,145 @@ fn stall_ratio(percent: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::{CycleStart, Duration, Instant, PodFigures, pod_figures, stall_ratio};
+
+    /// A pod source that records which pods' containers it was asked to measure, and
+    /// gives each container a figure when `reads`.
+    struct ContainerReads {
+        asked: Vec<String>,
+        reads: bool,
+    }
+
+    impl crate::ports::PodSource for ContainerReads {
+        fn pods(&mut self) -> Vec<crate::pods::Pod> {
+            Vec::new()
+        }
+
+        fn measure_containers(&mut self, pod: &mut crate::pods::Pod) -> bool {
+            self.asked.push(pod.name.clone());
+            if self.reads {
+                for container in &mut pod.containers {
+                    container.usage.memory = Some(1);
+                }
+            }
+            self.reads
+        }
+    }
+
+    fn order(
+        name: &str,
+        reason: crate::eviction::EvictionReason,
+    ) -> crate::eviction::EvictionOrder {
+        crate::eviction::EvictionOrder {
+            namespace: "ns".to_string(),
+            name: name.to_string(),
+            uid: None,
+            reason,
+            grace_period_seconds: 0,
+            message: String::new(),
+            annotations: std::collections::BTreeMap::new(),
+            disruption_target: true,
+        }
+    }
+
+    /// A pod's containers are read only for an eviction for memory (their figures word
+    /// its message, "Container app was using …"), not for disk, process IDs or a local
+    /// storage limit, not for a pod the decision did not see, and not for a pod still
+    /// stopping from an earlier eviction (not evicted again); without a pod source
+    /// (standalone) nothing is.
+    #[test]
+    fn containers_are_read_only_for_a_pod_evicted_for_memory() {
+        use super::measure_evicted_containers;
+        use crate::eviction::{Decision, EvictionReason};
+        use crate::pods::{ContainerStats, Pod};
+        use crate::signals::Signal;
+        let names = [
+            "memory",
+            "allocatable",
+            "nodefs",
+            "pids",
+            "scratch",
+            "stopping",
+        ];
+        let decision = Decision {
+            evictions: vec![
+                order("memory", EvictionReason::Threshold(Signal::MemoryAvailable)),
+                order(
+                    "allocatable",
+                    EvictionReason::Threshold(Signal::AllocatableMemoryAvailable),
+                ),
+                order("nodefs", EvictionReason::Threshold(Signal::NodeFsAvailable)),
+                order("pids", EvictionReason::Threshold(Signal::PidAvailable)),
+                order("scratch", EvictionReason::EmptyDirLimit),
+                order(
+                    "stopping",
+                    EvictionReason::Threshold(Signal::MemoryAvailable),
+                ),
+                order("unseen", EvictionReason::Threshold(Signal::MemoryAvailable)),
+            ],
+            ..Decision::default()
+        };
+        let pods = || -> Vec<Pod> {
+            names
+                .iter()
+                .map(|name| Pod {
+                    namespace: "ns".to_string(),
+                    name: name.to_string(),
+                    containers: vec![ContainerStats::default()],
+                    ..Pod::default()
+                })
+                .collect()
+        };
+        let stopping = |pod: &Pod, _: &crate::eviction::EvictionOrder| pod.name == "stopping";
+        for reads in [true, false] {
+            let mut source = ContainerReads {
+                asked: Vec::new(),
+                reads,
+            };
+            let mut measured = pods();
+            let read =
+                measure_evicted_containers(Some(&mut source), &decision, &mut measured, stopping);
+            assert_eq!(read, reads);
+            assert_eq!(source.asked, ["memory", "allocatable"]);
+            let figures: Vec<Option<i64>> = measured
+                .iter()
+                .map(|pod| pod.containers[0].usage.memory)
+                .collect();
+            let given = reads.then_some(1);
+            assert_eq!(figures, [given, given, None, None, None, None]);
+        }
+        assert!(!measure_evicted_containers(
+            None,
+            &decision,
+            &mut pods(),
+            stopping
+        ));
+    }
+
+    /// Two decisions choose alike when only their messages and annotations differ.
+    #[test]
+    fn decisions_worded_differently_choose_alike() {
+        use super::same_choice;
+        use crate::eviction::{Decision, EvictionReason};
+        use crate::signals::Signal;
+        let memory = EvictionReason::Threshold(Signal::MemoryAvailable);
+        let decision = |name: &str, message: &str| Decision {
+            evictions: vec![crate::eviction::EvictionOrder {
+                message: message.to_string(),
+                ..order(name, memory)
+            }],
+            ..Decision::default()
+        };
+        let first = decision("hog", "The node was low on resource: memory. ");
+        let worded = decision(
+            "hog",
+            "The node was low on resource: memory. Container app was using 2Gi, request is 0, has larger consumption of memory. ",
+        );
+        assert!(same_choice(&first, &worded));
+        assert!(!same_choice(&first, &decision("modest", "")));
+        let mut other_grace = worded.clone();
+        other_grace.evictions[0].grace_period_seconds = 30;
+        assert!(!same_choice(&first, &other_grace));
+    }
 
     /// After an eviction the agent decides again at once only when what the evicted pods
     /// held is known gone: memory or process IDs, held by processes alone, of a pod whose

@@ -93,8 +93,8 @@ impl PodCgroupNaming {
 }
 
 /// The child cgroup of `pod_cgroup` that belongs to the container with this runtime id
-/// (`<id>` under cgroupfs, `cri-containerd-<id>.scope` or `crio-<id>.scope` under
-/// systemd).
+/// (`<id>` under cgroupfs, `cri-containerd-<id>.scope`, `crio-<id>.scope` or
+/// `docker-<id>.scope` under systemd, and the same names without `.scope`).
 pub fn container_cgroup(
     reader: &CgroupReader,
     pod_cgroup: &Path,
@@ -107,8 +107,20 @@ pub fn container_cgroup(
     children.into_iter().find(|child| {
         child
             .file_name()
-            .is_some_and(|name| name.to_string_lossy().contains(container_id))
+            .and_then(|name| name.to_str())
+            .is_some_and(|name| names_container(name, container_id))
     })
+}
+
+/// Whether a cgroup named `name` is the one a runtime made for the container `id`. Not
+/// any name that holds the id: CRI-O puts its monitor of the container in
+/// `crio-conmon-<id>.scope`, beside the container's `crio-<id>.scope`.
+fn names_container(name: &str, id: &str) -> bool {
+    let name = name.strip_suffix(".scope").unwrap_or(name);
+    let Some(prefix) = name.strip_suffix(id) else {
+        return false;
+    };
+    ["", "cri-containerd-", "crio-", "docker-"].contains(&prefix)
 }
 
 /// The bare id from a status `containerID` like `containerd://0123abcd`.
@@ -119,6 +131,35 @@ pub fn runtime_container_id(status_id: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A container's cgroup is the one its runtime names for it, under either driver;
+    /// not another whose name holds the id (CRI-O's monitor, a longer id, a slice).
+    #[test]
+    fn a_containers_cgroup_is_told_by_the_name_its_runtime_gives_it() {
+        let id = "0123abcd";
+        for name in [
+            "0123abcd",
+            "cri-containerd-0123abcd.scope",
+            "crio-0123abcd.scope",
+            "docker-0123abcd.scope",
+            "crio-0123abcd",
+            "cri-containerd-0123abcd",
+        ] {
+            assert!(names_container(name, id), "{name}");
+        }
+        for name in [
+            "crio-conmon-0123abcd.scope",
+            "crio-conmon-0123abcd",
+            "xcrio-0123abcd.scope",
+            "a-0123abcd",
+            "0123abcd.slice",
+            "0123abcdef",
+            "ff0123abcd",
+            "cri-containerd-0123abcd.scope.x",
+        ] {
+            assert!(!names_container(name, id), "{name}");
+        }
+    }
 
     #[test]
     fn pod_cgroup_for_every_driver_and_qos_tier() {

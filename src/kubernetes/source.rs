@@ -298,6 +298,18 @@ impl PodSource for ApiPodSource {
         });
         pods
     }
+
+    fn measure_containers(&mut self, pod: &mut Pod) -> bool {
+        // The containers' runtime ids are in the pod as converted, kept for the pods of
+        // the last listing.
+        let (Some(usage), Some(uid)) = (&self.usage, pod.uid.as_deref()) else {
+            return false;
+        };
+        let Some(converted) = self.converted.get(uid) else {
+            return false;
+        };
+        usage.measure_containers(&converted.pod, pod)
+    }
 }
 
 /// Whether a watch event came from the API server: all but kube's `Init`, which the

@@ -1,5 +1,6 @@
 //! Per-pod measurements on the node: working set and process count from the pod's
-//! cgroup (and each container's child cgroup), log and writable-layer bytes and inodes
+//! cgroup (each container's child cgroup only on request, for an eviction's message),
+//! log and writable-layer bytes and inodes
 //! from the configured directories, and the usage of the volumes the kubelet counts as
 //! local storage (emptyDirs, configMaps, gitRepos) under its pod directory. A pod whose
 //! cgroup does not exist yet has no stats, as in the kubelet. A pod cgroup whose files
@@ -16,7 +17,7 @@ use super::convert::NodePod;
 use super::disk_walk::{DiskUsage, DiskWalker, PodDirectories};
 use crate::act::is_path_component;
 use crate::config::KubernetesConfig;
-use crate::pods::DiskAmount;
+use crate::pods::{DiskAmount, Pod};
 use crate::signals::{CgroupReader, PodCgroupUsage, ProcessCounts};
 
 /// How long a pod cgroup's last figures stand in for ones that cannot be read: cAdvisor's
@@ -39,15 +40,7 @@ pub struct PodUsageReader {
     process_counts: ProcessCounts,
     /// The cgroup figures last read for each pod, by UID, and when.
     last_figures: Arc<Mutex<HashMap<String, LastFigures>>>,
-    /// Each pod's container cgroups as last found, by UID: (container id, cgroup). A
-    /// container's cgroup is found by listing its pod's cgroup, the largest part of what
-    /// a cycle spent on each pod when every cycle did it; an id names one container for
-    /// its life, so a cgroup found stays its own until a cycle that reads it cannot.
-    container_cgroups: Arc<Mutex<HashMap<String, Vec<FoundContainer>>>>,
 }
-
-/// A container's cgroup as found: (container id, cgroup).
-type FoundContainer = (String, PathBuf);
 
 /// A pod cgroup that no longer exists, with no figures of it standing.
 #[derive(Debug)]
@@ -96,7 +89,6 @@ impl PodUsageReader {
             disk: DiskWalker::new(config.disk_walk_max_entries),
             process_counts: ProcessCounts::Read,
             last_figures: Arc::default(),
-            container_cgroups: Arc::default(),
         }
     }
 
@@ -114,36 +106,6 @@ impl PodUsageReader {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|uid, _| uids.contains(uid));
-        self.container_cgroups
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|uid, _| uids.contains(uid));
-    }
-
-    /// The cgroups of `uid`'s containers found when it was last measured, taken out
-    /// until [`PodUsageReader::keep_container_cgroups`] puts back those found now.
-    fn take_container_cgroups(&self, uid: &str) -> Vec<FoundContainer> {
-        self.container_cgroups
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get_mut(uid)
-            .map(std::mem::take)
-            .unwrap_or_default()
-    }
-
-    fn keep_container_cgroups(&self, uid: &str, found: Vec<FoundContainer>) {
-        let mut kept = self
-            .container_cgroups
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // Put back in place: no new key for each pod at every cycle.
-        match kept.get_mut(uid) {
-            Some(entry) => *entry = found,
-            None if !found.is_empty() => {
-                kept.insert(uid.to_string(), found);
-            }
-            None => {}
-        }
     }
 
     /// Walk every tracked pod's directories now, on this thread (tests and tools; the
@@ -238,8 +200,9 @@ impl PodUsageReader {
         }
     }
 
-    /// Fill in `node_pod.pod`'s cgroup and usage. Leaves usage empty when the pod's
-    /// cgroup does not exist (not started yet, or already gone).
+    /// Fill in `node_pod.pod`'s cgroup and usage, all but its containers' memory
+    /// ([`PodUsageReader::measure_containers`]). Leaves usage empty when the pod's cgroup
+    /// does not exist (not started yet, or already gone).
     pub fn measure(&self, node_pod: &mut NodePod) {
         self.measure_listed(node_pod, &mut PodCgroupsListed::default());
     }
@@ -283,6 +246,44 @@ impl PodUsageReader {
         }
     }
 
+    /// Fill in the memory working set of each of `pod`'s running containers, read now
+    /// from its cgroup (found among the children of the pod's, which `pod` has when
+    /// [`PodUsageReader::measure`] found it); `node_pod` is the pod as converted, with its
+    /// containers' runtime ids. Whether any figure was read. Only an eviction's message
+    /// uses these figures ("Container app was using …"): see
+    /// [`PodSource::measure_containers`](crate::ports::PodSource::measure_containers).
+    pub fn measure_containers(&self, node_pod: &NodePod, pod: &mut Pod) -> bool {
+        // Without a cgroup the pod's containers have none either. This also keeps the
+        // figures from giving stats to a pod that had none, which would change its rank.
+        let Some(cgroup) = pod.cgroup.clone() else {
+            return false;
+        };
+        let pod_key = pod.key();
+        let mut measured = false;
+        for container in &mut pod.containers {
+            // A container stopped under its id has no cgroup: none is looked for.
+            if node_pod.stopped_containers.contains(&container.name) {
+                continue;
+            }
+            let Some(id) = container_id(&node_pod.container_ids, &container.name, &pod_key) else {
+                continue;
+            };
+            let Some(child) = container_cgroup(&self.reader, &cgroup, id) else {
+                continue;
+            };
+            match self.reader.pod_memory_usage(&child) {
+                Ok((memory, _)) => {
+                    container.usage.memory = Some(saturating(memory.working_set_bytes()));
+                    measured = true;
+                }
+                Err(error) => {
+                    tracing::debug!(pod = %pod_key, container = %container.name, %error, "container memory unreadable");
+                }
+            }
+        }
+        measured
+    }
+
     /// [`PodUsageReader::measure_listed`] at `now`.
     fn measure_at(&self, node_pod: &mut NodePod, listed: &mut PodCgroupsListed, now: Instant) {
         let Some(uid) = node_pod.pod.uid.clone() else {
@@ -324,36 +325,8 @@ impl PodUsageReader {
             .pod_logs_path
             .join(format!("{}_{}_{}", pod.namespace, pod.name, uid));
         let mut directories = PodDirectories::default();
-        let mut found_before = self.take_container_cgroups(&uid);
-        let mut found = Vec::with_capacity(pod.containers.len());
-        for container in &mut pod.containers {
-            let id = node_pod
-                .container_ids
-                .iter()
-                .find(|(name, _)| *name == container.name)
-                .map(|(_, id)| id.as_str())
-                .filter(|id| usable_in_path(&pod_key, "containerID", id));
-            // A container stopped under this id has no cgroup: no listing looks for it.
-            let running = !node_pod.stopped_containers.contains(&container.name);
-            let child = id.filter(|_| running).and_then(|id| {
-                let before = found_before
-                    .iter()
-                    .position(|(found_id, child)| found_id == id && child.starts_with(&cgroup));
-                match before {
-                    Some(index) => Some(found_before.swap_remove(index)),
-                    None => container_cgroup(&self.reader, &cgroup, id)
-                        .map(|child| (id.to_string(), child)),
-                }
-            });
-            if let Some((id, child)) = child
-                && let Ok((memory, _)) = self.reader.pod_memory_usage(&child)
-            {
-                container.usage.memory = Some(saturating(memory.working_set_bytes()));
-                // Kept only while it reads: a cgroup gone is looked for again. (A cycle
-                // that ranks on kept figures reads nothing, so it finds out only at the
-                // next cycle that reads.)
-                found.push((id, child));
-            }
+        for container in &pod.containers {
+            let id = container_id(&node_pod.container_ids, &container.name, &pod_key);
             let logs = usable_in_path(&pod_key, "container name", &container.name)
                 .then(|| log_dir.join(&container.name));
             let layer = self
@@ -365,7 +338,6 @@ impl PodUsageReader {
                 .containers
                 .push((container.name.clone(), logs, layer));
         }
-        self.keep_container_cgroups(&uid, found);
         let volumes = self
             .kubelet_root_path
             .join("pods")
@@ -418,6 +390,21 @@ impl PodUsageReader {
             pod.usage.inodes = Some(total.inodes);
         }
     }
+}
+
+/// The runtime's id of container `name` among a pod's `container_ids` (its
+/// [`NodePod::container_ids`]), if its status gives one usable in a host path (`pod_key`
+/// names the pod in the warning for one that is not).
+fn container_id<'a>(
+    container_ids: &'a [(String, String)],
+    name: &str,
+    pod_key: &str,
+) -> Option<&'a str> {
+    container_ids
+        .iter()
+        .find(|(container, _)| container == name)
+        .map(|(_, id)| id.as_str())
+        .filter(|id| usable_in_path(pod_key, "containerID", id))
 }
 
 /// The pod cgroups' parents (the QoS cgroups) as one pod listing found them, each listed
@@ -609,6 +596,14 @@ mod tests {
                 );
                 assert_eq!(pod.pod.usage.memory, Some(800), "{label}");
                 assert_eq!(pod.pod.usage.pids, Some(2), "{label}");
+                // The containers' figures only word an eviction's message: read on
+                // request, for the pods evicted.
+                assert_eq!(pod.pod.containers[0].usage.memory, None, "{label}");
+                let converted = pod.clone();
+                assert!(
+                    usage_reader.measure_containers(&converted, &mut pod.pod),
+                    "{label}"
+                );
                 assert_eq!(pod.pod.containers[0].usage.memory, Some(650), "{label}");
             }
         }
@@ -642,37 +637,21 @@ mod tests {
     }
 
     /// In a listing that may reuse pod figures (a cycle a notification starts, with
-    /// `podStatsMaxAge`), the pod and its containers keep the memory figures the last
-    /// timer cycle read; the process count is read afresh.
+    /// `podStatsMaxAge`), the pod keeps the memory figures the last timer cycle read; the
+    /// process count is read afresh.
     #[test]
-    fn a_listing_that_reuses_figures_keeps_the_pod_and_container_memory_read_before() {
+    fn a_listing_that_reuses_figures_keeps_the_pods_memory_read_before() {
         use crate::signals::{PodFigures, with_pod_figures};
         let cgroups = tree(false);
         write_cgroup(cgroups.path(), false, "kubepods/pod1-2", 900, 100, "7\n");
-        write_cgroup(
-            cgroups.path(),
-            false,
-            "kubepods/pod1-2/c0ffee",
-            700,
-            50,
-            "7\n",
-        );
         let files = tempfile::tempdir().unwrap();
         let usage_reader = cgroupfs_reader(cgroups.path(), files.path());
         let measured = |figures| {
             let mut pod = node_pod(QosClass::Guaranteed);
             with_pod_figures(figures, Instant::now(), || usage_reader.measure(&mut pod));
-            let pod = pod.pod;
-            (
-                pod.usage.memory,
-                pod.containers[0].usage.memory,
-                pod.usage.pids,
-            )
+            (pod.pod.usage.memory, pod.pod.usage.pids)
         };
-        assert_eq!(
-            measured(PodFigures::ReadAndKeep),
-            (Some(800), Some(650), Some(2))
-        );
+        assert_eq!(measured(PodFigures::ReadAndKeep), (Some(800), Some(1)));
 
         write_cgroup(
             cgroups.path(),
@@ -682,20 +661,9 @@ mod tests {
             100,
             "7\n8\n",
         );
-        write_cgroup(
-            cgroups.path(),
-            false,
-            "kubepods/pod1-2/c0ffee",
-            1_500,
-            50,
-            "7\n8\n",
-        );
         let reuse = PodFigures::ReuseWithin(Duration::from_secs(10));
-        assert_eq!(measured(reuse), (Some(800), Some(650), Some(4)));
-        assert_eq!(
-            measured(PodFigures::ReadAndKeep),
-            (Some(1_900), Some(1_450), Some(4))
-        );
+        assert_eq!(measured(reuse), (Some(800), Some(2)));
+        assert_eq!(measured(PodFigures::ReadAndKeep), (Some(1_900), Some(2)));
     }
 
     /// Figures a woken cycle reused stand in for an unreadable cgroup for two minutes from
@@ -826,7 +794,6 @@ mod tests {
                 usage_reader.measure_listed(pod, &mut listed);
             }
             assert_eq!(started.pod.usage.memory, Some(800), "v1={v1}");
-            assert_eq!(started.pod.containers[0].usage.memory, Some(650), "v1={v1}");
             for (label, pod) in [("no cgroup", &waiting), ("no QoS parent", &best_effort)] {
                 assert!(!pod.pod.has_stats(), "v1={v1} {label}: {:?}", pod.pod);
                 assert_eq!(pod.pod.cgroup, None, "v1={v1} {label}");
@@ -899,11 +866,13 @@ mod tests {
         }
     }
 
-    /// A container's cgroup, found once by listing its pod's cgroup, is read again where
-    /// it was found (not found again each time); once it cannot be read (the container ended) the container has no
-    /// figure, and the container that replaced it (a restart: a new id) is found afresh.
+    /// A container's cgroup is found by its runtime id among its pod cgroup's children,
+    /// as the runtime names it, at each request: not a cgroup whose name only holds the id
+    /// (CRI-O's `crio-conmon-<id>.scope` beside its container's, which a listing may give
+    /// first); once it is gone the container has no figure, and the container that
+    /// replaced it (a restart: a new id) is found.
     #[test]
-    fn a_container_cgroup_found_once_is_read_until_it_goes_and_its_successor_is_found() {
+    fn a_containers_cgroup_is_found_by_its_id_until_it_goes_and_its_successor_is_found() {
         for v1 in [true, false] {
             let (cgroups, _files, usage_reader) = fixture_pod_with_its_container(v1);
             let pod_cgroup = FIXTURE_POD_CGROUP;
@@ -911,8 +880,22 @@ mod tests {
                 let mut pod = node_pod(QosClass::Burstable);
                 pod.container_ids = vec![("app".to_string(), id.to_string())];
                 usage_reader.measure(&mut pod);
-                pod.pod.containers[0].usage.memory
+                let converted = pod.clone();
+                let measured = usage_reader.measure_containers(&converted, &mut pod.pod);
+                let memory = pod.pod.containers[0].usage.memory;
+                assert_eq!(measured, memory.is_some(), "v1={v1} {id}");
+                memory
             };
+            for decoy in ["a-c0ffee", "crio-conmon-c0ffee.scope", "c0ffee-b"] {
+                write_cgroup(
+                    cgroups.path(),
+                    v1,
+                    &format!("{pod_cgroup}/{decoy}"),
+                    100,
+                    0,
+                    "",
+                );
+            }
             assert_eq!(measure("c0ffee"), Some(650), "v1={v1}");
             let memory = if v1 { "memory" } else { "" };
             let container_dir = cgroups.path().join(memory).join(pod_cgroup).join("c0ffee");
@@ -922,16 +905,7 @@ mod tests {
                 "memory.current"
             };
             std::fs::write(container_dir.join(usage_file), "720\n").unwrap();
-            // A cgroup made since whose name holds the id too, which a listing would find
-            // first, is not taken for it.
-            let decoy = format!("{pod_cgroup}/a-c0ffee");
-            write_cgroup(cgroups.path(), v1, &decoy, 100, 0, "");
-            assert_eq!(
-                measure("c0ffee"),
-                Some(670),
-                "v1={v1}: read again where found"
-            );
-            std::fs::remove_dir_all(cgroups.path().join(memory).join(&decoy)).unwrap();
+            assert_eq!(measure("c0ffee"), Some(670), "v1={v1}: read afresh");
             std::fs::remove_dir_all(&container_dir).unwrap();
             assert_eq!(
                 measure("c0ffee"),
@@ -941,7 +915,7 @@ mod tests {
             write_cgroup(
                 cgroups.path(),
                 v1,
-                &format!("{pod_cgroup}/decaf"),
+                &format!("{pod_cgroup}/crio-decaf.scope"),
                 400,
                 0,
                 "",
@@ -951,25 +925,13 @@ mod tests {
                 Some(400),
                 "v1={v1}: the restarted container"
             );
-            // Made again under the first id (as no runtime does), it is found again too,
-            // and each id is read in its own cgroup while both exist.
-            write_cgroup(
-                cgroups.path(),
-                v1,
-                &format!("{pod_cgroup}/c0ffee"),
-                500,
-                0,
-                "",
-            );
-            assert_eq!(measure("c0ffee"), Some(500), "v1={v1}");
-            assert_eq!(measure("decaf"), Some(400), "v1={v1}");
-            assert_eq!(measure("c0ffee"), Some(500), "v1={v1}");
         }
     }
 
     /// A container whose status says it stopped (a completed init container, one waiting
     /// to start again) has no cgroup under the id the status gives: none is looked for,
-    /// and it has no memory figure, while its pod's is read as ever.
+    /// and it has no memory figure, while its pod's is read as ever. A pod without a
+    /// cgroup has no container figures either.
     #[test]
     fn a_stopped_container_is_not_looked_for() {
         for v1 in [true, false] {
@@ -979,7 +941,18 @@ mod tests {
             pod.stopped_containers = vec!["app".to_string()];
             usage_reader.measure(&mut pod);
             assert_eq!(pod.pod.usage.memory, Some(800), "v1={v1}");
+            let converted = pod.clone();
+            assert!(
+                !usage_reader.measure_containers(&converted, &mut pod.pod),
+                "v1={v1}"
+            );
             assert_eq!(pod.pod.containers[0].usage.memory, None, "v1={v1}");
+            let mut unlisted = node_pod(QosClass::Burstable);
+            assert!(
+                !usage_reader.measure_containers(&converted, &mut unlisted.pod),
+                "v1={v1}"
+            );
+            assert_eq!(unlisted.pod.containers[0].usage.memory, None, "v1={v1}");
         }
     }
 

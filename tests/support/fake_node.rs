@@ -88,6 +88,17 @@ impl Host {
         std::fs::write(dir.join("cgroup.procs"), "").unwrap();
     }
 
+    /// A cgroup for the one container (`app`) of the pod with `uid`, in the pod's (made
+    /// by [`Host::add_pod_cgroup`]), named as containerd names it under the cgroupfs
+    /// driver, using `working_set` bytes.
+    pub fn add_container_cgroup(&self, qos_dir: &str, uid: &str, working_set: u64) {
+        let dir = self.pod_cgroup(qos_dir, uid).join(container_id(uid));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.current"), format!("{working_set}\n")).unwrap();
+        std::fs::write(dir.join("memory.stat"), "inactive_file 0\n").unwrap();
+        std::fs::write(dir.join("cgroup.procs"), "").unwrap();
+    }
+
     /// The cgroup directory of the pod with `uid` in the QoS directory `qos_dir`.
     pub fn pod_cgroup(&self, qos_dir: &str, uid: &str) -> std::path::PathBuf {
         self.dir

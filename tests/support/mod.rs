@@ -15,6 +15,7 @@ pub mod fence_emulators;
 pub mod fence_manifests;
 pub mod full_disk;
 pub mod job_runner;
+pub mod kube_node;
 pub mod kubelet;
 pub mod logind_fake;
 pub mod netns;
