@@ -17,7 +17,8 @@
 //! - **kubernetes**: the agent's Kubernetes pod source over the API's pods in a reflector
 //!   store, filled as its pod watch fills it (one container each, every third with a
 //!   completed init container; no API server: the store does not change during a row),
-//!   which reads each pod's cgroup and its container's.
+//!   which reads each pod's cgroup (a container's only for the pod a memory threshold
+//!   evicts, to word its message).
 //!
 //! Each crossing is timed by the workload itself: it reads the cgroup's usage after
 //! every 64 KiB step and reports the CLOCK_MONOTONIC time at which the step that

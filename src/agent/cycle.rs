@@ -487,31 +487,17 @@ impl Agent {
                 &self.sync_options,
             )
         };
-        let mut decision = decide(&pods);
         let evicted = &self.evicted;
         let stopping = |pod: &Pod, order: &EvictionOrder| {
             evicted.already_stopping(pod, order.grace_period_seconds, Instant::now())
         };
-        if measure_evicted_containers(
-            self.pod_source.as_deref_mut(),
-            &decision,
+        let decision = word_with_containers(
+            decide(&pods),
             &mut pods,
+            self.pod_source.as_deref_mut(),
             stopping,
-        ) {
-            // Worded again with the containers' figures. The choice stays: the kubelet
-            // ranks by the pod's figures; the containers' count only toward whether a
-            // pod has stats, which a pod with a cgroup (the only kind whose containers
-            // are read) has. Should that ever differ, the first choice stands, worded
-            // without them.
-            let worded = decide(&pods);
-            if same_choice(&decision, &worded) {
-                decision = worded;
-            } else {
-                tracing::error!(
-                    "the eviction changed with its pod's container figures; it stands as first decided"
-                );
-            }
-        }
+            decide,
+        );
         // With the containers' reads of an eviction for memory, which word its message.
         let decision_time = decision_started.elapsed();
         let previous_conditions =
@@ -1006,21 +992,53 @@ fn look_again_after(evicted: &[EvictedHere], candidates: &[Pod]) -> bool {
     held_by_processes_only && pods_seen_here
 }
 
+/// The decision `first`, made on `pods`, worded with the containers' memory of the pods it
+/// evicts for memory ([`measure_evicted_containers`]): `decide` made again on the pods
+/// with those figures. The choice stays: the kubelet ranks by the pod's figures, and a
+/// container's count only toward whether a pod has stats, which a pod with a cgroup (the
+/// only kind whose containers are read) has. Should it ever differ, `first` stands, and
+/// the pods lose the figures again, so that the observers and the trace see the pods it
+/// was decided on.
+fn word_with_containers(
+    first: Decision,
+    pods: &mut [Pod],
+    source: Option<&mut (dyn PodSource + 'static)>,
+    stopping: impl Fn(&Pod, &EvictionOrder) -> bool,
+    decide: impl Fn(&[Pod]) -> Decision,
+) -> Decision {
+    let measured = measure_evicted_containers(source, &first, pods, stopping);
+    if measured.is_empty() {
+        return first;
+    }
+    let worded = decide(pods);
+    if same_choice(&first, &worded) {
+        return worded;
+    }
+    tracing::error!(
+        "the eviction changed with its pod's container figures; it stands as first decided"
+    );
+    for (index, containers) in measured {
+        pods[index].containers = containers;
+    }
+    first
+}
+
 /// Read the containers' memory of the pods `decision` evicts for a memory threshold, in
 /// `pods` (those the decision saw), through `source` ([`PodSource::measure_containers`]):
 /// the kubelet's message for such an eviction names each container over its request,
 /// with its usage. Not for a pod still `stopping` from an earlier eviction, which this
-/// cycle does not evict again. Whether any figure was read.
+/// cycle does not evict again. The pods given figures, by their index in `pods`, each
+/// with its containers as they were before.
 fn measure_evicted_containers(
     source: Option<&mut (dyn PodSource + 'static)>,
     decision: &Decision,
     pods: &mut [Pod],
     stopping: impl Fn(&Pod, &EvictionOrder) -> bool,
-) -> bool {
+) -> Vec<(usize, Vec<crate::pods::ContainerStats>)> {
+    let mut measured = Vec::new();
     let Some(source) = source else {
-        return false;
+        return measured;
     };
-    let mut measured = false;
     for order in &decision.evictions {
         let EvictionReason::Threshold(signal) = order.reason else {
             continue;
@@ -1030,11 +1048,15 @@ fn measure_evicted_containers(
         }
         let evicted = pods
             .iter_mut()
-            .find(|pod| pod.namespace == order.namespace && pod.name == order.name);
-        if let Some(pod) = evicted
+            .enumerate()
+            .find(|(_, pod)| pod.namespace == order.namespace && pod.name == order.name);
+        if let Some((index, pod)) = evicted
             && !stopping(pod, order)
         {
-            measured |= source.measure_containers(pod);
+            let before = pod.containers.clone();
+            if source.measure_containers(pod) {
+                measured.push((index, before));
+            }
         }
     }
     measured
@@ -1183,7 +1205,8 @@ mod tests {
             let mut measured = pods();
             let read =
                 measure_evicted_containers(Some(&mut source), &decision, &mut measured, stopping);
-            assert_eq!(read, reads);
+            let read: Vec<usize> = read.into_iter().map(|(index, _)| index).collect();
+            assert_eq!(read, if reads { vec![0, 1] } else { vec![] });
             assert_eq!(source.asked, ["memory", "allocatable"]);
             let figures: Vec<Option<i64>> = measured
                 .iter()
@@ -1192,12 +1215,82 @@ mod tests {
             let given = reads.then_some(1);
             assert_eq!(figures, [given, given, None, None, None, None]);
         }
-        assert!(!measure_evicted_containers(
-            None,
-            &decision,
-            &mut pods(),
-            stopping
-        ));
+        assert!(measure_evicted_containers(None, &decision, &mut pods(), stopping).is_empty());
+    }
+
+    /// The decision is made again with the evicted pod's container figures, which word
+    /// its message; should the choice differ with them, the first decision stands and the
+    /// pods lose the figures it did not see.
+    #[test]
+    fn the_first_choice_stands_if_the_container_figures_would_change_it() {
+        use super::word_with_containers;
+        use crate::eviction::{Decision, EvictionOrder, EvictionReason};
+        use crate::pods::{ContainerStats, Pod};
+        use crate::signals::Signal;
+        let memory = EvictionReason::Threshold(Signal::MemoryAvailable);
+        let pods = || -> Vec<Pod> {
+            ["hog", "other"]
+                .iter()
+                .map(|name| Pod {
+                    namespace: "ns".to_string(),
+                    name: name.to_string(),
+                    containers: vec![ContainerStats::default()],
+                    ..Pod::default()
+                })
+                .collect()
+        };
+        let measured = |pods: &[Pod]| pods[0].containers[0].usage.memory.is_some();
+        let evicting = |name: &str, message: &str| Decision {
+            evictions: vec![EvictionOrder {
+                message: message.to_string(),
+                ..order(name, memory)
+            }],
+            ..Decision::default()
+        };
+        let not_stopping = |_: &Pod, _: &EvictionOrder| false;
+        // Worded: the same pod, a message naming its container.
+        let decide = |pods: &[Pod]| {
+            evicting(
+                "hog",
+                if measured(pods) {
+                    "with containers"
+                } else {
+                    ""
+                },
+            )
+        };
+        let mut worded = pods();
+        let mut source = ContainerReads {
+            asked: Vec::new(),
+            reads: true,
+        };
+        let decision = word_with_containers(
+            decide(&worded),
+            &mut worded,
+            Some(&mut source),
+            not_stopping,
+            decide,
+        );
+        assert_eq!(decision, evicting("hog", "with containers"));
+        assert!(measured(&worded));
+        // A choice that would change: the first stands, the figures are gone again.
+        let decide = |pods: &[Pod]| {
+            if measured(pods) {
+                evicting("other", "with containers")
+            } else {
+                evicting("hog", "")
+            }
+        };
+        let mut changed = pods();
+        let decision = word_with_containers(
+            decide(&changed),
+            &mut changed,
+            Some(&mut source),
+            not_stopping,
+            decide,
+        );
+        assert_eq!(decision, evicting("hog", ""));
+        assert_eq!(changed, pods());
     }
 
     /// Two decisions choose alike when only their messages and annotations differ.
@@ -1215,10 +1308,13 @@ mod tests {
             ..Decision::default()
         };
         let first = decision("hog", "The node was low on resource: memory. ");
-        let worded = decision(
+        let mut worded = decision(
             "hog",
             "The node was low on resource: memory. Container app was using 2Gi, request is 0, has larger consumption of memory. ",
         );
+        worded.evictions[0]
+            .annotations
+            .insert("offending_containers".to_string(), "app".to_string());
         assert!(same_choice(&first, &worded));
         assert!(!same_choice(&first, &decision("modest", "")));
         let mut other_grace = worded.clone();
