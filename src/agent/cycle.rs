@@ -1148,6 +1148,19 @@ mod tests {
         }
     }
 
+    /// Pods in namespace `ns` named `names`, each with one container without figures.
+    fn pods_of_one_container(names: &[&str]) -> Vec<crate::pods::Pod> {
+        names
+            .iter()
+            .map(|name| crate::pods::Pod {
+                namespace: "ns".to_string(),
+                name: name.to_string(),
+                containers: vec![crate::pods::ContainerStats::default()],
+                ..crate::pods::Pod::default()
+            })
+            .collect()
+    }
+
     /// A pod's containers are read only for an eviction for memory (their figures word
     /// its message, "Container app was using …"), not for disk, process IDs or a local
     /// storage limit, not for a pod the decision did not see, and not for a pod still
@@ -1157,7 +1170,7 @@ mod tests {
     fn containers_are_read_only_for_a_pod_evicted_for_memory() {
         use super::measure_evicted_containers;
         use crate::eviction::{Decision, EvictionReason};
-        use crate::pods::{ContainerStats, Pod};
+        use crate::pods::Pod;
         use crate::signals::Signal;
         let names = [
             "memory",
@@ -1185,17 +1198,7 @@ mod tests {
             ],
             ..Decision::default()
         };
-        let pods = || -> Vec<Pod> {
-            names
-                .iter()
-                .map(|name| Pod {
-                    namespace: "ns".to_string(),
-                    name: name.to_string(),
-                    containers: vec![ContainerStats::default()],
-                    ..Pod::default()
-                })
-                .collect()
-        };
+        let pods = || pods_of_one_container(&names);
         let stopping = |pod: &Pod, _: &crate::eviction::EvictionOrder| pod.name == "stopping";
         for reads in [true, false] {
             let mut source = ContainerReads {
@@ -1225,20 +1228,10 @@ mod tests {
     fn the_first_choice_stands_if_the_container_figures_would_change_it() {
         use super::word_with_containers;
         use crate::eviction::{Decision, EvictionOrder, EvictionReason};
-        use crate::pods::{ContainerStats, Pod};
+        use crate::pods::Pod;
         use crate::signals::Signal;
         let memory = EvictionReason::Threshold(Signal::MemoryAvailable);
-        let pods = || -> Vec<Pod> {
-            ["hog", "other"]
-                .iter()
-                .map(|name| Pod {
-                    namespace: "ns".to_string(),
-                    name: name.to_string(),
-                    containers: vec![ContainerStats::default()],
-                    ..Pod::default()
-                })
-                .collect()
-        };
+        let pods = || pods_of_one_container(&["hog", "other"]);
         let measured = |pods: &[Pod]| pods[0].containers[0].usage.memory.is_some();
         let evicting = |name: &str, message: &str| Decision {
             evictions: vec![EvictionOrder {
