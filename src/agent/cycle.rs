@@ -804,11 +804,7 @@ impl Agent {
         let decision = &report.decision;
         let mut evicted = Vec::new();
         for order in &decision.evictions {
-            let Some(pod) = report
-                .pods
-                .iter()
-                .find(|p| p.namespace == order.namespace && p.name == order.name)
-            else {
+            let Some(pod) = report.pods.iter().find(|pod| order.is_for(pod)) else {
                 continue;
             };
             if self
@@ -1049,7 +1045,7 @@ fn measure_evicted_containers(
         let evicted = pods
             .iter_mut()
             .enumerate()
-            .find(|(_, pod)| pod.namespace == order.namespace && pod.name == order.name);
+            .find(|(_, pod)| order.is_for(pod));
         if let Some((index, pod)) = evicted
             && !stopping(pod, order)
         {

@@ -159,6 +159,11 @@ impl EvictionOrder {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+
+    /// Whether this order is for `pod` (a pod's namespace and name are unique on a node).
+    pub fn is_for(&self, pod: &Pod) -> bool {
+        pod.namespace == self.namespace && pod.name == self.name
+    }
 }
 
 /// The signal whose threshold the cycle is acting on, and the resource it starves

@@ -255,7 +255,7 @@ impl PodUsageReader {
     pub fn measure_containers(&self, node_pod: &NodePod, pod: &mut Pod) -> bool {
         // Without a cgroup the pod's containers have none either. This also keeps the
         // figures from giving stats to a pod that had none, which would change its rank.
-        let Some(cgroup) = pod.cgroup.clone() else {
+        let Some(cgroup) = pod.cgroup.as_deref() else {
             return false;
         };
         let pod_key = pod.key();
@@ -268,7 +268,7 @@ impl PodUsageReader {
             let Some(id) = container_id(&node_pod.container_ids, &container.name, &pod_key) else {
                 continue;
             };
-            let Some(child) = container_cgroup(&self.reader, &cgroup, id) else {
+            let Some(child) = container_cgroup(&self.reader, cgroup, id) else {
                 continue;
             };
             match self.reader.pod_memory_usage(&child) {
@@ -599,14 +599,17 @@ mod tests {
                 // The containers' figures only word an eviction's message: read on
                 // request, for the pods evicted.
                 assert_eq!(pod.pod.containers[0].usage.memory, None, "{label}");
-                let converted = pod.clone();
-                assert!(
-                    usage_reader.measure_containers(&converted, &mut pod.pod),
-                    "{label}"
-                );
+                assert!(measure_own_containers(&usage_reader, &mut pod), "{label}");
                 assert_eq!(pod.pod.containers[0].usage.memory, Some(650), "{label}");
             }
         }
+    }
+
+    /// `node_pod`'s containers measured into its own pod, as the pod source measures them
+    /// into the listed copy: whether any figure was read.
+    fn measure_own_containers(usage_reader: &PodUsageReader, node_pod: &mut NodePod) -> bool {
+        let converted = node_pod.clone();
+        usage_reader.measure_containers(&converted, &mut node_pod.pod)
     }
 
     /// A reader of the cgroupfs driver's tree under `cgroups`, with pod files under `files`.
@@ -880,8 +883,7 @@ mod tests {
                 let mut pod = node_pod(QosClass::Burstable);
                 pod.container_ids = vec![("app".to_string(), id.to_string())];
                 usage_reader.measure(&mut pod);
-                let converted = pod.clone();
-                let measured = usage_reader.measure_containers(&converted, &mut pod.pod);
+                let measured = measure_own_containers(&usage_reader, &mut pod);
                 let memory = pod.pod.containers[0].usage.memory;
                 assert_eq!(measured, memory.is_some(), "v1={v1} {id}");
                 memory
@@ -941,15 +943,11 @@ mod tests {
             pod.stopped_containers = vec!["app".to_string()];
             usage_reader.measure(&mut pod);
             assert_eq!(pod.pod.usage.memory, Some(800), "v1={v1}");
-            let converted = pod.clone();
-            assert!(
-                !usage_reader.measure_containers(&converted, &mut pod.pod),
-                "v1={v1}"
-            );
+            assert!(!measure_own_containers(&usage_reader, &mut pod), "v1={v1}");
             assert_eq!(pod.pod.containers[0].usage.memory, None, "v1={v1}");
             let mut unlisted = node_pod(QosClass::Burstable);
             assert!(
-                !usage_reader.measure_containers(&converted, &mut unlisted.pod),
+                !usage_reader.measure_containers(&pod, &mut unlisted.pod),
                 "v1={v1}"
             );
             assert_eq!(unlisted.pod.containers[0].usage.memory, None, "v1={v1}");
