@@ -124,8 +124,11 @@ impl PodDirectories {
 
 #[derive(Debug, Default)]
 struct Board {
-    directories: HashMap<String, PodDirectories>,
-    figures: HashMap<String, PodDiskFigures>,
+    /// Shared with the pod source, which keeps each pod's until the pod changes: most
+    /// cycles hand the same ones back, found unchanged without comparing the paths.
+    directories: HashMap<String, Arc<PodDirectories>>,
+    /// Handed to each cycle without copying the maps.
+    figures: HashMap<String, Arc<PodDiskFigures>>,
     /// Pods registered or changed since the last walk began.
     changed: bool,
 }
@@ -162,11 +165,21 @@ impl DiskWalker {
 
     /// Keep walking `directories` for pod `uid`, and return the figures of its last walk
     /// (`None` until the first walk of this pod finished). Never touches the disk.
-    pub fn track(&self, uid: &str, directories: PodDirectories) -> Option<PodDiskFigures> {
+    pub fn track(
+        &self,
+        uid: &str,
+        directories: &Arc<PodDirectories>,
+    ) -> Option<Arc<PodDiskFigures>> {
         self.start_thread();
         let mut board = self.board();
-        if board.directories.get(uid) != Some(&directories) {
-            board.directories.insert(uid.to_string(), directories);
+        let unchanged = board
+            .directories
+            .get(uid)
+            .is_some_and(|kept| Arc::ptr_eq(kept, directories) || kept == directories);
+        if !unchanged {
+            board
+                .directories
+                .insert(uid.to_string(), directories.clone());
             board.changed = true;
             self.shared.wake.notify_one();
         }
@@ -241,7 +254,7 @@ fn walk_forever(shared: Weak<Shared>, max_entries: u64, period: Duration) {
 }
 
 fn walk_round(shared: &Shared, max_entries: u64) {
-    let pods: Vec<(String, PodDirectories)> = {
+    let pods: Vec<(String, Arc<PodDirectories>)> = {
         let mut board = lock(&shared.board);
         board.changed = false;
         board
@@ -258,7 +271,7 @@ fn walk_round(shared: &Shared, max_entries: u64) {
         let mut board = lock(&shared.board);
         // Skip a pod that left, or whose directories changed, while it was walked.
         if board.directories.get(&uid) == Some(&directories) {
-            board.figures.insert(uid, figures);
+            board.figures.insert(uid, Arc::new(figures));
         }
     }
 }
@@ -286,11 +299,11 @@ mod tests {
         assert_eq!(disk_usage(&dir.path().join("missing"), &mut 10), None);
     }
 
-    fn volume(dir: &Path) -> PodDirectories {
-        PodDirectories {
+    fn volume(dir: &Path) -> Arc<PodDirectories> {
+        Arc::new(PodDirectories {
             containers: Vec::new(),
             volumes: vec![("scratch".to_string(), dir.to_path_buf())],
-        }
+        })
     }
 
     #[test]
@@ -303,15 +316,15 @@ mod tests {
         };
         // Keep the background thread from racing this test's own walk.
         walker.started.get_or_init(|| ());
-        assert_eq!(walker.track("u1", volume(dir.path())), None);
+        assert_eq!(walker.track("u1", &volume(dir.path())), None);
         walker.walk_all();
-        let figures = walker.track("u1", volume(dir.path())).unwrap();
+        let figures = walker.track("u1", &volume(dir.path())).unwrap();
         assert!(figures.volumes["scratch"].bytes >= 32 * 1024, "{figures:?}");
         assert_eq!(figures.volumes["scratch"].inodes, 2);
         assert_eq!(figures.total.unwrap().inodes, 2);
 
         walker.retain(&HashSet::new());
-        assert_eq!(walker.track("u1", volume(dir.path())), None, "forgotten");
+        assert_eq!(walker.track("u1", &volume(dir.path())), None, "forgotten");
     }
 
     #[test]
@@ -323,13 +336,13 @@ mod tests {
             ..DiskWalker::new(1000)
         };
         let weak = Arc::downgrade(&walker.shared);
-        let mut figures = walker.track("u1", volume(dir.path()));
+        let mut figures = walker.track("u1", &volume(dir.path()));
         for _ in 0..500 {
             if figures.is_some() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
-            figures = walker.track("u1", volume(dir.path()));
+            figures = walker.track("u1", &volume(dir.path()));
         }
         assert!(
             figures.is_some(),

@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use super::convert::{
     CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANNOTATION, NodePod, convert_pod, is_active,
 };
-use super::usage::{PodCgroupsListed, PodUsageReader};
+use super::usage::{PodCgroupsListed, PodPlaces, PodUsageReader};
 use crate::pods::Pod;
 use crate::ports::PodSource;
 
@@ -188,6 +188,9 @@ struct Converted {
     /// Held, so that its allocation cannot be reused for another object meanwhile.
     from: Arc<ApiPod>,
     pod: NodePod,
+    /// Where the pod's files are (with a pod usage reader): worked out with the
+    /// conversion, not every cycle.
+    places: Option<Arc<PodPlaces>>,
 }
 
 impl ApiPodSource {
@@ -201,15 +204,15 @@ impl ApiPodSource {
         }
     }
 
-    /// `api_pod` converted: the kept conversion while the store holds the same object,
-    /// otherwise converted now (its warnings logged once) and kept. `None` for a pod that
-    /// cannot be converted.
-    fn convert(&mut self, api_pod: &Arc<ApiPod>) -> Option<NodePod> {
+    /// `api_pod` converted, with where its files are: the kept conversion while the
+    /// store holds the same object, otherwise converted now (its warnings logged once)
+    /// and kept. `None` for a pod that cannot be converted.
+    fn convert(&mut self, api_pod: &Arc<ApiPod>) -> Option<(NodePod, Option<Arc<PodPlaces>>)> {
         let uid = api_pod.metadata.uid.as_deref();
         if let Some(kept) = uid.and_then(|uid| self.converted.get(uid))
             && Arc::ptr_eq(&kept.from, api_pod)
         {
-            return Some(kept.pod.clone());
+            return Some((kept.pod.clone(), kept.places.clone()));
         }
         let mut node_pod = match convert_pod(api_pod) {
             Ok(node_pod) => node_pod,
@@ -221,16 +224,21 @@ impl ApiPodSource {
         for warning in std::mem::take(&mut node_pod.warnings) {
             self.log_once(format!("pod {}: {warning}", node_pod.pod.key()));
         }
+        let places = self
+            .usage
+            .as_ref()
+            .and_then(|usage| usage.places(&node_pod));
         if let Some(uid) = uid {
             self.converted.insert(
                 uid.to_string(),
                 Converted {
                     from: api_pod.clone(),
                     pod: node_pod.clone(),
+                    places: places.clone(),
                 },
             );
         }
-        Some(node_pod)
+        Some((node_pod, places))
     }
 
     fn log_once(&mut self, message: String) {
@@ -272,25 +280,32 @@ impl PodSource for ApiPodSource {
 
     fn pods(&mut self) -> Vec<Pod> {
         let mut pods = Vec::new();
-        let mut uids = HashSet::new();
         let mut listed = PodCgroupsListed::default();
+        let mut listed_uids = 0;
         for api_pod in self.store.state() {
             if !is_active(&api_pod) {
                 continue;
             }
-            let Some(mut node_pod) = self.convert(&api_pod) else {
+            let Some((mut node_pod, places)) = self.convert(&api_pod) else {
                 continue;
             };
             if let Some(usage) = &self.usage {
-                usage.measure_listed(&mut node_pod, &mut listed);
+                usage.measure_placed(&mut node_pod, places.as_deref(), &mut listed);
             }
-            uids.extend(node_pod.pod.uid.clone());
+            listed_uids += usize::from(api_pod.metadata.uid.is_some());
             pods.push(node_pod.pod);
         }
-        if let Some(usage) = &self.usage {
-            usage.retain_pods(&uids);
+        // Every pod just listed with a UID is in `converted`, and whatever is kept of a
+        // pod elsewhere was kept for a pod listed then: only a pod gone (or finished)
+        // since leaves more there, and only then is anything to forget. Most cycles list
+        // the same pods, and skip building the set and looking up each pod in it.
+        if self.converted.len() != listed_uids {
+            let uids: HashSet<String> = pods.iter().filter_map(|pod| pod.uid.clone()).collect();
+            if let Some(usage) = &self.usage {
+                usage.retain_pods(&uids);
+            }
+            self.converted.retain(|uid, _| uids.contains(uid));
         }
-        self.converted.retain(|uid, _| uids.contains(uid));
         // A stable order for traces and logs. Comparing the fields, not `Pod::key()`,
         // allocates nothing: a key per comparison cost milliseconds at 10,000 pods.
         pods.sort_unstable_by(|a, b| {
@@ -341,6 +356,7 @@ fn watch_answered<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> Optio
 mod tests {
     use super::*;
     use kube::core::Status;
+    use std::path::Path;
 
     fn api(code: u16) -> kube::Error {
         kube::Error::Api(Box::new(Status::failure("test", "Test").with_code(code)))
@@ -630,5 +646,191 @@ mod tests {
             1,
             "its containers are listed again"
         );
+    }
+
+    /// A pod usage reader over temporary trees: v2 cgroups, and the kubelet's files with
+    /// writable layers at `layers/<container id>`.
+    fn usage_reader(cgroups: &Path, files: &Path) -> PodUsageReader {
+        use crate::config::{CgroupDriver, KubernetesConfig};
+        use crate::kubernetes::cgroups::PodCgroupNaming;
+        use crate::signals::CgroupReader;
+        std::fs::write(cgroups.join("cgroup.controllers"), "memory pids\n").unwrap();
+        PodUsageReader::new(
+            CgroupReader::detect(cgroups).unwrap(),
+            PodCgroupNaming::new(CgroupDriver::Cgroupfs, "/kubepods"),
+            &KubernetesConfig {
+                pod_logs_path: files.join("logs"),
+                kubelet_root_path: files.join("kubelet"),
+                writable_layer_path: Some(format!("{}/layers/{{containerId}}", files.display())),
+                ..Default::default()
+            },
+        )
+    }
+
+    /// `api_pod("a", …)` with its container running under the runtime id `id`.
+    fn running_as(id: &str) -> ApiPod {
+        let mut pod = api_pod("a", 0, "64Mi");
+        pod.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "phase": "Running",
+                "containerStatuses": [{
+                    "name": "app", "image": "app", "imageID": "", "ready": true,
+                    "restartCount": 0, "containerID": format!("containerd://{id}"),
+                    "state": {"running": {}},
+                }],
+            }))
+            .expect("a pod status"),
+        );
+        pod
+    }
+
+    /// Where a pod's files are is kept with its conversion, not worked out every cycle,
+    /// and follows the pod: a container started again under a new id has its new
+    /// writable layer measured, not the old one's.
+    #[test]
+    fn a_pods_files_are_looked_for_where_its_current_object_says() {
+        let cgroups = tempfile::tempdir().unwrap();
+        let files = tempfile::tempdir().unwrap();
+        let cgroup = cgroups.path().join("kubepods/burstable/poda");
+        std::fs::create_dir_all(&cgroup).unwrap();
+        std::fs::write(cgroup.join("memory.current"), "900\n").unwrap();
+        std::fs::write(cgroup.join("memory.stat"), "inactive_file 100\n").unwrap();
+        for (id, bytes) in [("one", 16 << 10), ("two", 256 << 10)] {
+            let layer = files.path().join("layers").join(id);
+            std::fs::create_dir_all(&layer).unwrap();
+            std::fs::write(layer.join("data"), vec![b'z'; bytes]).unwrap();
+        }
+        let usage = usage_reader(cgroups.path(), files.path());
+        let walker = usage.clone();
+        let (store, mut writer) = reflector::store::<ApiPod>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(running_as("one")));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let mut source = ApiPodSource::new(store, Some(usage), Arc::new(TaskGuard(Vec::new())));
+        // A listing registers the pod's directories with the walker, the walk measures
+        // them, and the next listing has the figures.
+        let layer_after_a_walk = |source: &mut ApiPodSource| {
+            source.pods();
+            walker.walk_disks_now();
+            let pods = source.pods();
+            pods[0].containers[0]
+                .usage
+                .rootfs
+                .expect("the layer measured")
+        };
+        let first = layer_after_a_walk(&mut source);
+        assert!((16 << 10..256 << 10).contains(&first), "{first}");
+        assert_eq!(layer_after_a_walk(&mut source), first, "the same object");
+
+        writer.apply_watcher_event(&watcher::Event::Apply(running_as("two")));
+        let second = layer_after_a_walk(&mut source);
+        assert!(second >= 256 << 10, "the new container's layer: {second}");
+    }
+
+    /// What is kept of a pod that left is forgotten, also when another pod took its
+    /// place in the same listing: a pod listed again later (a watch that lists afresh
+    /// delivers the same UID) does not get figures read before it left.
+    #[test]
+    fn a_pod_gone_is_forgotten_even_when_another_came_meanwhile() {
+        let cgroups = tempfile::tempdir().unwrap();
+        let files = tempfile::tempdir().unwrap();
+        let write_usage = |uid: &str, current: &str| {
+            let cgroup = cgroups.path().join(format!("kubepods/burstable/pod{uid}"));
+            std::fs::create_dir_all(&cgroup).unwrap();
+            std::fs::write(cgroup.join("memory.current"), current).unwrap();
+            std::fs::write(cgroup.join("memory.stat"), "inactive_file 100\n").unwrap();
+        };
+        for uid in ["a", "b", "c"] {
+            write_usage(uid, "900\n");
+        }
+        let usage = usage_reader(cgroups.path(), files.path());
+        let (store, mut writer) = reflector::store::<ApiPod>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(api_pod("a", 0, "64Mi")));
+        writer.apply_watcher_event(&watcher::Event::InitApply(api_pod("b", 0, "64Mi")));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let mut source = ApiPodSource::new(store, Some(usage), Arc::new(TaskGuard(Vec::new())));
+        let memory = |source: &mut ApiPodSource| {
+            source
+                .pods()
+                .into_iter()
+                .map(|pod| (pod.name, pod.usage.memory))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            memory(&mut source),
+            [("pod-a".into(), Some(800)), ("pod-b".into(), Some(800))]
+        );
+        // Pod a's figures would stand for two minutes if its file could not be read.
+        writer.apply_watcher_event(&watcher::Event::Delete(api_pod("a", 0, "64Mi")));
+        writer.apply_watcher_event(&watcher::Event::Apply(api_pod("c", 0, "64Mi")));
+        assert_eq!(
+            memory(&mut source),
+            [("pod-b".into(), Some(800)), ("pod-c".into(), Some(800))]
+        );
+        write_usage("a", "garbage\n");
+        writer.apply_watcher_event(&watcher::Event::Apply(api_pod("a", 0, "64Mi")));
+        assert_eq!(
+            memory(&mut source),
+            [
+                ("pod-a".into(), None),
+                ("pod-b".into(), Some(800)),
+                ("pod-c".into(), Some(800))
+            ],
+            "pod a's figures from before it left"
+        );
+    }
+
+    /// A pod whose name cannot be part of a host path is said once for its object, not
+    /// at every cycle (ten a second when notifications drive them).
+    #[test]
+    fn a_name_unusable_in_a_host_path_is_logged_once_per_object() {
+        use std::io::Write;
+        #[derive(Clone, Default)]
+        struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Write for Log {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("log").extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let log = Log::default();
+        let writer_log = log.clone();
+        let _logging = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || writer_log.clone())
+                .finish(),
+        );
+        let cgroups = tempfile::tempdir().unwrap();
+        let files = tempfile::tempdir().unwrap();
+        let usage = usage_reader(cgroups.path(), files.path());
+        let hostile = |priority| {
+            let mut pod = api_pod("a", priority, "64Mi");
+            pod.metadata.name = Some("..".to_string());
+            pod
+        };
+        let (store, mut writer) = reflector::store::<ApiPod>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(hostile(0)));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let mut source = ApiPodSource::new(store, Some(usage), Arc::new(TaskGuard(Vec::new())));
+        let warnings = || {
+            let text = String::from_utf8(log.0.lock().expect("log").clone()).expect("text");
+            text.matches("not usable in a host path").count()
+        };
+        for _ in 0..3 {
+            let pods = source.pods();
+            assert!(!pods[0].has_stats(), "{:?}", pods[0]);
+        }
+        assert_eq!(warnings(), 1);
+        writer.apply_watcher_event(&watcher::Event::Apply(hostile(10)));
+        for _ in 0..3 {
+            source.pods();
+        }
+        assert_eq!(warnings(), 2, "once more for the new object");
     }
 }

@@ -222,13 +222,8 @@ impl PodUsageReader {
             return own_directory();
         };
         if !listed.children.contains_key(parent.as_os_str()) {
-            let children = match self.reader.list_child_cgroups(parent) {
-                Ok(children) => Some(
-                    children
-                        .into_iter()
-                        .filter_map(|child| child.file_name().map(ToOwned::to_owned))
-                        .collect(),
-                ),
+            let children = match self.reader.child_cgroup_names(parent) {
+                Ok(names) => Some(names.into_iter().collect()),
                 // No QoS cgroup yet: none of its pods has a cgroup.
                 Err(error) if error.is_not_found() => Some(HashSet::new()),
                 Err(error) => {
@@ -286,41 +281,42 @@ impl PodUsageReader {
 
     /// [`PodUsageReader::measure_listed`] at `now`.
     fn measure_at(&self, node_pod: &mut NodePod, listed: &mut PodCgroupsListed, now: Instant) {
-        let Some(uid) = node_pod.pod.uid.clone() else {
-            return;
-        };
+        let places = self.places(node_pod);
+        self.measure_placed_at(node_pod, places.as_deref(), listed, now);
+    }
+
+    /// [`PodUsageReader::measure_listed`] with the pod's [`PodPlaces`] as
+    /// [`PodUsageReader::places`] gave them for this pod as converted.
+    pub fn measure_placed(
+        &self,
+        node_pod: &mut NodePod,
+        places: Option<&PodPlaces>,
+        listed: &mut PodCgroupsListed,
+    ) {
+        self.measure_placed_at(node_pod, places, listed, Instant::now());
+    }
+
+    /// Where `node_pod`'s files are on this node: its cgroup, and the directories of its
+    /// logs, writable layers and volumes. `None` for a pod without a UID, or one whose
+    /// UID, namespace or name cannot be part of a host path (logged). A container or
+    /// volume whose name cannot be is left out (logged). The same for every cycle while
+    /// the pod's API object is the same: the pod source keeps them with its conversion.
+    pub fn places(&self, node_pod: &NodePod) -> Option<Arc<PodPlaces>> {
+        let pod = &node_pod.pod;
+        let uid = pod.uid.as_deref()?;
         // These names come from the API and become host paths; a hostile or corrupt one
         // (`..`, `/etc`, `a/b`) must not point the walk or the cgroup reads elsewhere.
-        let pod_key = node_pod.pod.key();
+        let pod_key = pod.key();
         for (field, value) in [
-            ("metadata.uid", &uid),
-            ("metadata.namespace", &node_pod.pod.namespace),
-            ("metadata.name", &node_pod.pod.name),
+            ("metadata.uid", uid),
+            ("metadata.namespace", pod.namespace.as_str()),
+            ("metadata.name", pod.name.as_str()),
         ] {
             if !is_path_component(value) {
                 tracing::warn!(pod = %pod_key, field, value, "not usable in a host path; the pod gets no stats");
-                node_pod.pod.containers.clear();
-                return;
+                return None;
             }
         }
-        let cgroup = self.naming.pod_cgroup(&uid, node_pod.qos);
-        if !self.pod_cgroup_exists(&cgroup, listed) {
-            // The eviction core reads per-container entries as "has stats"; the
-            // kubelet has none for a pod that has not started.
-            node_pod.pod.containers.clear();
-            return;
-        }
-        let Ok(usage) = self.pod_cgroup_usage(&uid, &cgroup, now) else {
-            node_pod.pod.containers.clear();
-            return;
-        };
-        let pod = &mut node_pod.pod;
-        if let Some(usage) = usage {
-            pod.usage.memory = Some(saturating(usage.working_set_bytes));
-            pod.usage.pids = usage.process_count.map(saturating);
-        }
-        pod.cgroup = Some(cgroup.clone());
-
         let log_dir = self
             .pod_logs_path
             .join(format!("{}_{}_{}", pod.namespace, pod.name, uid));
@@ -341,7 +337,7 @@ impl PodUsageReader {
         let volumes = self
             .kubelet_root_path
             .join("pods")
-            .join(&uid)
+            .join(uid)
             .join("volumes");
         let empty_dirs = pod
             .empty_dirs
@@ -358,7 +354,47 @@ impl PodUsageReader {
                     .push((name.to_string(), volumes.join(plugin_dir).join(name)));
             }
         }
-        let Some(figures) = self.disk.track(&uid, directories) else {
+        Some(Arc::new(PodPlaces {
+            cgroup: self.naming.pod_cgroup(uid, node_pod.qos),
+            directories: Arc::new(directories),
+        }))
+    }
+
+    /// [`PodUsageReader::measure_placed`] at `now`.
+    fn measure_placed_at(
+        &self,
+        node_pod: &mut NodePod,
+        places: Option<&PodPlaces>,
+        listed: &mut PodCgroupsListed,
+        now: Instant,
+    ) {
+        let pod = &mut node_pod.pod;
+        let Some(uid) = pod.uid.as_deref() else {
+            return;
+        };
+        let Some(places) = places else {
+            // Not usable in a host path: the eviction core reads per-container entries
+            // as "has stats", and this pod must have none.
+            pod.containers.clear();
+            return;
+        };
+        let cgroup = &places.cgroup;
+        if !self.pod_cgroup_exists(cgroup, listed) {
+            // The eviction core reads per-container entries as "has stats"; the
+            // kubelet has none for a pod that has not started.
+            pod.containers.clear();
+            return;
+        }
+        let Ok(usage) = self.pod_cgroup_usage(uid, cgroup, now) else {
+            pod.containers.clear();
+            return;
+        };
+        if let Some(usage) = usage {
+            pod.usage.memory = Some(saturating(usage.working_set_bytes));
+            pod.usage.pids = usage.process_count.map(saturating);
+        }
+        pod.cgroup = Some(cgroup.clone());
+        let Some(figures) = self.disk.track(uid, &places.directories) else {
             return;
         };
         let storage = &mut pod.usage.storage;
@@ -405,6 +441,16 @@ fn container_id<'a>(
         .find(|(container, _)| container == name)
         .map(|(_, id)| id.as_str())
         .filter(|id| usable_in_path(pod_key, "containerID", id))
+}
+
+/// Where one pod's files are on the host ([`PodUsageReader::places`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct PodPlaces {
+    /// The pod's cgroup, relative to the hierarchy roots.
+    cgroup: PathBuf,
+    /// What the background walker measures; shared with it, so a cycle that hands the
+    /// same back is found unchanged without comparing the paths.
+    directories: Arc<PodDirectories>,
 }
 
 /// The pod cgroups' parents (the QoS cgroups) as one pod listing found them, each listed

@@ -1,6 +1,7 @@
 //! Per-cgroup usage for pods and workloads: memory, limit and process count of one cgroup,
 //! and the child cgroups of a parent (standalone mode treats those as pods).
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -200,20 +201,31 @@ impl CgroupReader {
     /// The direct child cgroups of `parent`, as paths relative to the hierarchy root,
     /// sorted by name.
     pub fn list_child_cgroups(&self, parent: &Path) -> Result<Vec<PathBuf>, SignalError> {
-        let dir = self.paths.memory_dir(parent);
-        let child_error =
-            |e: std::io::Error| SignalError::new(ErrorSubject::ChildCgroups, &dir, e.into());
-        let mut children = Vec::new();
-        for entry in std::fs::read_dir(&dir).map_err(child_error)? {
-            let entry = entry.map_err(child_error)?;
-            if entry.file_type().map_err(child_error)?.is_dir() {
-                children.push(parent.join(entry.file_name()));
-            }
-        }
+        let mut children: Vec<PathBuf> = self
+            .child_cgroup_names(parent)?
+            .into_iter()
+            .map(|name| parent.join(name))
+            .collect();
         // By the bytes of the names: siblings differ only in their last name, so this is
         // the order of their paths, without comparing the paths component by component.
         children.sort_unstable_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
         Ok(children)
+    }
+
+    /// The names of `parent`'s direct child cgroups, in the directory's order: for a
+    /// look-up of many names, without a path built for each child.
+    pub fn child_cgroup_names(&self, parent: &Path) -> Result<Vec<OsString>, SignalError> {
+        let dir = self.paths.memory_dir(parent);
+        let child_error =
+            |e: std::io::Error| SignalError::new(ErrorSubject::ChildCgroups, &dir, e.into());
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(child_error)? {
+            let entry = entry.map_err(child_error)?;
+            if entry.file_type().map_err(child_error)?.is_dir() {
+                names.push(entry.file_name());
+            }
+        }
+        Ok(names)
     }
 }
 
