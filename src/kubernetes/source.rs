@@ -177,6 +177,10 @@ pub struct ApiPodSource {
     logged: BTreeSet<String>,
     /// Each listed pod as last converted, by UID, with the API object it came from.
     converted: HashMap<String, Converted>,
+    /// The pod listings so far: the one under way, in a listing.
+    listing: u64,
+    /// The UIDs the listing under way has listed so far, each once.
+    listed_uids: usize,
     _tasks: Arc<TaskGuard>,
 }
 
@@ -191,6 +195,8 @@ struct Converted {
     /// Where the pod's files are (with a pod usage reader): worked out with the
     /// conversion, not every cycle.
     places: Option<Arc<PodPlaces>>,
+    /// The last listing that listed this UID.
+    listed_in: u64,
 }
 
 impl ApiPodSource {
@@ -200,18 +206,26 @@ impl ApiPodSource {
             usage,
             logged: BTreeSet::new(),
             converted: HashMap::new(),
+            listing: 0,
+            listed_uids: 0,
             _tasks: tasks,
         }
     }
 
     /// `api_pod` converted, with where its files are: the kept conversion while the
     /// store holds the same object, otherwise converted now (its warnings logged once)
-    /// and kept. `None` for a pod that cannot be converted.
+    /// and kept. `None` for a pod that cannot be converted. A pod converted is counted
+    /// as listed, once per UID.
     fn convert(&mut self, api_pod: &Arc<ApiPod>) -> Option<(NodePod, Option<Arc<PodPlaces>>)> {
         let uid = api_pod.metadata.uid.as_deref();
-        if let Some(kept) = uid.and_then(|uid| self.converted.get(uid))
+        let listing = self.listing;
+        if let Some(kept) = uid.and_then(|uid| self.converted.get_mut(uid))
             && Arc::ptr_eq(&kept.from, api_pod)
         {
+            if kept.listed_in != listing {
+                kept.listed_in = listing;
+                self.listed_uids += 1;
+            }
             return Some((kept.pod.clone(), kept.places.clone()));
         }
         let mut node_pod = match convert_pod(api_pod) {
@@ -224,17 +238,31 @@ impl ApiPodSource {
         for warning in std::mem::take(&mut node_pod.warnings) {
             self.log_once(format!("pod {}: {warning}", node_pod.pod.key()));
         }
-        let places = self
+        let mut places = self
             .usage
             .as_ref()
             .and_then(|usage| usage.places(&node_pod));
         if let Some(uid) = uid {
+            let earlier = self.converted.get(uid);
+            // Most changes of a pod (its status) leave its files where they were: the
+            // places handed to the disk walker stay the same allocation, which it finds
+            // unchanged without comparing the paths.
+            if let Some(earlier) = earlier
+                && earlier.places == places
+            {
+                places = earlier.places.clone();
+            }
+            // Two objects with one UID (a corrupt API) are one pod here.
+            if earlier.is_none_or(|earlier| earlier.listed_in != listing) {
+                self.listed_uids += 1;
+            }
             self.converted.insert(
                 uid.to_string(),
                 Converted {
                     from: api_pod.clone(),
                     pod: node_pod.clone(),
                     places: places.clone(),
+                    listed_in: listing,
                 },
             );
         }
@@ -281,7 +309,8 @@ impl PodSource for ApiPodSource {
     fn pods(&mut self) -> Vec<Pod> {
         let mut pods = Vec::new();
         let mut listed = PodCgroupsListed::default();
-        let mut listed_uids = 0;
+        self.listing += 1;
+        self.listed_uids = 0;
         for api_pod in self.store.state() {
             if !is_active(&api_pod) {
                 continue;
@@ -292,14 +321,14 @@ impl PodSource for ApiPodSource {
             if let Some(usage) = &self.usage {
                 usage.measure_placed(&mut node_pod, places.as_deref(), &mut listed);
             }
-            listed_uids += usize::from(api_pod.metadata.uid.is_some());
             pods.push(node_pod.pod);
         }
-        // Every pod just listed with a UID is in `converted`, and whatever is kept of a
-        // pod elsewhere was kept for a pod listed then: only a pod gone (or finished)
-        // since leaves more there, and only then is anything to forget. Most cycles list
-        // the same pods, and skip building the set and looking up each pod in it.
-        if self.converted.len() != listed_uids {
+        // Every UID just listed is in `converted`, and whatever is kept of a pod elsewhere
+        // was kept for a pod listed then: only a pod gone (or finished, or no longer
+        // convertible) since leaves more there, and only then is anything to forget. Most
+        // cycles list the same pods, and skip building the set and looking up each pod
+        // in it.
+        if self.converted.len() != self.listed_uids {
             let uids: HashSet<String> = pods.iter().filter_map(|pod| pod.uid.clone()).collect();
             if let Some(usage) = &self.usage {
                 usage.retain_pods(&uids);
@@ -686,7 +715,8 @@ mod tests {
 
     /// Where a pod's files are is kept with its conversion, not worked out every cycle,
     /// and follows the pod: a container started again under a new id has its new
-    /// writable layer measured, not the old one's.
+    /// writable layer measured, not the old one's. A change that leaves them as they
+    /// were keeps the very same places, which the disk walker tells unchanged by pointer.
     #[test]
     fn a_pods_files_are_looked_for_where_its_current_object_says() {
         let cgroups = tempfile::tempdir().unwrap();
@@ -718,13 +748,27 @@ mod tests {
                 .rootfs
                 .expect("the layer measured")
         };
+        let places = |source: &ApiPodSource| {
+            let kept = source.converted["a"].places.clone();
+            kept.expect("places for a pod with a usable name")
+        };
         let first = layer_after_a_walk(&mut source);
         assert!((16 << 10..256 << 10).contains(&first), "{first}");
+        let first_places = places(&source);
         assert_eq!(layer_after_a_walk(&mut source), first, "the same object");
+        assert!(Arc::ptr_eq(&places(&source), &first_places));
+        // A new object (as for a status change) with the files where they were.
+        writer.apply_watcher_event(&watcher::Event::Apply(running_as("one")));
+        assert_eq!(layer_after_a_walk(&mut source), first);
+        assert!(
+            Arc::ptr_eq(&places(&source), &first_places),
+            "the same places"
+        );
 
         writer.apply_watcher_event(&watcher::Event::Apply(running_as("two")));
         let second = layer_after_a_walk(&mut source);
         assert!(second >= 256 << 10, "the new container's layer: {second}");
+        assert!(!Arc::ptr_eq(&places(&source), &first_places));
     }
 
     /// What is kept of a pod that left is forgotten, also when another pod took its
@@ -781,6 +825,53 @@ mod tests {
         );
     }
 
+    /// Two objects with one UID (a corrupt API server) are one pod for what is kept:
+    /// another pod gone is still forgotten.
+    #[test]
+    fn a_pod_gone_is_forgotten_beside_two_objects_with_one_uid() {
+        let cgroups = tempfile::tempdir().unwrap();
+        let files = tempfile::tempdir().unwrap();
+        for uid in ["a", "r"] {
+            let cgroup = cgroups.path().join(format!("kubepods/burstable/pod{uid}"));
+            std::fs::create_dir_all(&cgroup).unwrap();
+            std::fs::write(cgroup.join("memory.current"), "900\n").unwrap();
+            std::fs::write(cgroup.join("memory.stat"), "inactive_file 100\n").unwrap();
+        }
+        let usage = usage_reader(cgroups.path(), files.path());
+        let twin = |name: &str| {
+            let mut pod = api_pod("a", 0, "64Mi");
+            pod.metadata.name = Some(name.to_string());
+            pod
+        };
+        let (store, mut writer) = reflector::store::<ApiPod>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for pod in [twin("one"), twin("two"), api_pod("r", 0, "64Mi")] {
+            writer.apply_watcher_event(&watcher::Event::InitApply(pod));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let mut source = ApiPodSource::new(store, Some(usage), Arc::new(TaskGuard(Vec::new())));
+        assert_eq!(source.pods().len(), 3);
+        writer.apply_watcher_event(&watcher::Event::Delete(api_pod("r", 0, "64Mi")));
+        assert_eq!(source.pods().len(), 2);
+        assert!(
+            !source.converted.contains_key("r"),
+            "pod r is forgotten: {:?}",
+            source.converted.keys().collect::<Vec<_>>()
+        );
+        // And its figures: back with an unreadable file, it has none.
+        std::fs::write(
+            cgroups
+                .path()
+                .join("kubepods/burstable/podr/memory.current"),
+            "garbage\n",
+        )
+        .unwrap();
+        writer.apply_watcher_event(&watcher::Event::Apply(api_pod("r", 0, "64Mi")));
+        let pods = source.pods();
+        let r = pods.iter().find(|pod| pod.name == "pod-r").expect("pod r");
+        assert_eq!(r.usage.memory, None);
+    }
+
     /// A pod whose name cannot be part of a host path is said once for its object, not
     /// at every cycle (ten a second when notifications drive them).
     #[test]
@@ -805,6 +896,11 @@ mod tests {
                 .with_writer(move || writer_log.clone())
                 .finish(),
         );
+        // Other tests meet the same log line on threads without a subscriber. With one
+        // subscriber registered in the process, tracing would decide whether the line is
+        // wanted by the thread that met it first; with a second one alive, it asks each
+        // (as tests/notify.rs does).
+        let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
         let cgroups = tempfile::tempdir().unwrap();
         let files = tempfile::tempdir().unwrap();
         let usage = usage_reader(cgroups.path(), files.path());

@@ -25,8 +25,8 @@ use crate::signals::{CgroupReader, PodCgroupUsage, ProcessCounts};
 /// last sample.
 const LAST_FIGURES_KEPT: Duration = Duration::from_secs(120);
 
-/// Where one pod's files are. Cgroup figures are read by the cycle; disk figures come
-/// from the background walker.
+/// Measures each pod on the node: its cgroup's figures, read by the cycle, and its disk
+/// figures, from the background walker.
 #[derive(Debug, Clone)]
 pub struct PodUsageReader {
     reader: CgroupReader,
