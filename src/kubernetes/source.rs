@@ -177,9 +177,9 @@ pub struct ApiPodSource {
     logged: BTreeSet<String>,
     /// Each listed pod as last converted, by UID, with the API object it came from.
     converted: HashMap<String, Converted>,
-    /// The pod listings so far: the one under way, in a listing.
+    /// Listings started so far (during `pods()`, the number of the one under way).
     listing: u64,
-    /// The UIDs the listing under way has listed so far, each once.
+    /// How many distinct UIDs the listing under way has converted.
     listed_uids: usize,
     _tasks: Arc<TaskGuard>,
 }
@@ -823,6 +823,52 @@ mod tests {
             ],
             "pod a's figures from before it left"
         );
+    }
+
+    /// A pod that finished, or whose object can no longer be converted, is forgotten
+    /// like a pod deleted: listed again later, it does not get figures read before.
+    #[test]
+    fn a_pod_finished_or_unconvertible_is_forgotten() {
+        let cgroups = tempfile::tempdir().unwrap();
+        let files = tempfile::tempdir().unwrap();
+        let current = cgroups
+            .path()
+            .join("kubepods/burstable/poda/memory.current");
+        std::fs::create_dir_all(current.parent().unwrap()).unwrap();
+        std::fs::write(current.with_file_name("memory.stat"), "inactive_file 100\n").unwrap();
+        let usage = usage_reader(cgroups.path(), files.path());
+        let (store, mut writer) = reflector::store::<ApiPod>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let mut source = ApiPodSource::new(store, Some(usage), Arc::new(TaskGuard(Vec::new())));
+        let finished = || {
+            let mut pod = api_pod("a", 0, "64Mi");
+            pod.status = Some(
+                serde_json::from_value(serde_json::json!({"phase": "Succeeded"}))
+                    .expect("a status"),
+            );
+            pod
+        };
+        let unconvertible = || {
+            let mut pod = api_pod("a", 0, "64Mi");
+            pod.spec = None;
+            pod
+        };
+        for (how, gone) in [("finished", finished()), ("unconvertible", unconvertible())] {
+            std::fs::write(&current, "900\n").unwrap();
+            writer.apply_watcher_event(&watcher::Event::Apply(api_pod("a", 0, "64Mi")));
+            assert_eq!(source.pods()[0].usage.memory, Some(800), "{how}");
+            writer.apply_watcher_event(&watcher::Event::Apply(gone));
+            assert!(source.pods().is_empty(), "{how}");
+            assert!(source.converted.is_empty(), "{how}");
+            std::fs::write(&current, "garbage\n").unwrap();
+            writer.apply_watcher_event(&watcher::Event::Apply(api_pod("a", 0, "64Mi")));
+            assert_eq!(
+                source.pods()[0].usage.memory,
+                None,
+                "{how}: figures from before"
+            );
+        }
     }
 
     /// Two objects with one UID (a corrupt API server) are one pod for what is kept:
