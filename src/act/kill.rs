@@ -363,13 +363,20 @@ impl Freezer {
     }
 }
 
+/// Whether `error`, from a cgroup's file or directory, says the cgroup is gone: not found,
+/// or `ENODEV`, which the kernel answers for a file of a cgroup removed as it was opened
+/// or read (a pod's processes ended and its cgroup removed while it is walked).
+fn cgroup_gone(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::NotFound || error.raw_os_error() == Some(libc::ENODEV)
+}
+
 /// The text of `dir`'s `cgroup.procs`, read to its end; `None` when there is none (the
 /// cgroup is gone).
 fn procs_text(dir: &Path) -> Result<Option<String>, ActError> {
     let procs = dir.join("cgroup.procs");
     match std::fs::read_to_string(&procs) {
         Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if cgroup_gone(&e) => Ok(None),
         Err(e) => Err(ActError::io(&procs, "read", e)),
     }
 }
@@ -381,7 +388,7 @@ fn collect_procs(dir: &Path, pids: &mut BTreeSet<Pid>) -> Result<(), ActError> {
     pids.extend(signalable_members(&text));
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if cgroup_gone(&e) => return Ok(()),
         Err(e) => return Err(ActError::io(dir, "list", e)),
     };
     for entry in entries.flatten() {
@@ -429,7 +436,7 @@ pub fn count_processes(target: &KillTarget) -> Result<usize, ActError> {
         let mut total = direct_members(dir)?.len();
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(total),
+            Err(e) if cgroup_gone(&e) => return Ok(total),
             Err(e) => return Err(ActError::io(dir, "list", e)),
         };
         for entry in entries.flatten() {
@@ -483,6 +490,18 @@ fn signal_each(pids: &BTreeSet<Pid>, signal: Signal) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cgroup removed while it is walked holds no processes; it is no failure to kill
+    /// or count them (the self-isolation VM test met an `ENODEV` on a pod cgroup's
+    /// `cgroup.procs` that systemd removed as its processes ended).
+    #[test]
+    fn a_cgroup_removed_while_walked_is_gone_not_an_error() {
+        use std::io::Error;
+        assert!(cgroup_gone(&Error::from_raw_os_error(libc::ENODEV)));
+        assert!(cgroup_gone(&Error::from_raw_os_error(libc::ENOENT)));
+        assert!(!cgroup_gone(&Error::from_raw_os_error(libc::EACCES)));
+        assert!(!cgroup_gone(&Error::from_raw_os_error(libc::EIO)));
+    }
 
     #[test]
     fn only_real_foreign_processes_are_ever_signalled() {
