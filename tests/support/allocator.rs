@@ -127,7 +127,9 @@ pub fn run_if_requested() {
 /// on each grow command touches pages from `base` up to `top` at the rate the command
 /// names (bytes per second, 0: as fast as it can), timing its crossing of the trigger
 /// the command names against `usage_file`; on each release command it returns the pages above `base` to
-/// the kernel. Both sizes are multiples of 64 KiB.
+/// the kernel. A rebase command, given at rest, moves what it holds at rest to a new base
+/// and its top with it (the swing stays `top - base`), the base up to
+/// [`OscillatorPlan::most_base`]. All sizes are multiples of 64 KiB.
 #[derive(Debug, Clone)]
 pub struct OscillatorPlan {
     pub base: u64,
@@ -136,6 +138,11 @@ pub struct OscillatorPlan {
 }
 
 impl OscillatorPlan {
+    /// The most a rebase may hold at rest: the mapping is `top + base` bytes.
+    pub fn most_base(&self) -> u64 {
+        2 * self.base
+    }
+
     pub fn to_env(&self) -> String {
         format!("{},{},{}", self.base, self.top, self.usage_file.display())
     }
@@ -189,6 +196,19 @@ pub fn oscillator_release(child: &mut Child) {
     read_report(child);
 }
 
+/// Parent side: hold `base` bytes at rest from now on (touching or returning the
+/// difference), with the top moved by as much; returns once done. Only at rest (after a
+/// release, or before the first grow). Memory charged to
+/// the cgroup by others (the kernel's own, for each new cgroup below it) moves the
+/// usage at rest, and with it how far below a trigger a crossing starts.
+pub fn oscillator_rebase(child: &mut Child, base: u64) {
+    let mut command = [0u8; 9];
+    command[0] = b'b';
+    command[1..].copy_from_slice(&base.to_le_bytes());
+    child.stdin.as_mut().unwrap().write_all(&command).unwrap();
+    read_report(child);
+}
+
 fn read_report(child: &mut Child) -> u64 {
     let mut report = [0u8; 8];
     child
@@ -211,24 +231,31 @@ fn run_oscillator(plan: &OscillatorPlan) -> ! {
     if stdin.read_exact(&mut go).is_err() {
         std::process::exit(2);
     }
-    let (base, top) = (plan.base as usize, plan.top as usize);
+    let (mut base, mut top) = (plan.base as usize, plan.top as usize);
     assert!(base % STEP == 0 && top % STEP == 0 && base < top);
+    // Room for rebasing up to twice the base (`most_base`); pages never touched are never
+    // charged.
+    let mapped = top + base;
+    // Grown past the base and not released yet: a rebase now would leave pages above
+    // its new top that no release returns.
+    let mut grown = false;
     // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
     let region = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            top,
+            mapped,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
         )
     };
-    assert_ne!(region, libc::MAP_FAILED, "mmap of {top} bytes failed");
+    assert_ne!(region, libc::MAP_FAILED, "mmap of {mapped} bytes failed");
     let region = region.cast::<u8>();
     let touch = |from: usize, to: usize| {
+        assert!(to <= mapped);
         for offset in (from..to).step_by(PAGE) {
-            // SAFETY: `offset` is inside the mapping of `top` bytes.
+            // SAFETY: `offset` is inside the mapping of `mapped` bytes.
             unsafe { region.add(offset).write_volatile(1) };
         }
     };
@@ -258,6 +285,7 @@ fn run_oscillator(plan: &OscillatorPlan) -> ! {
                 let trigger = u64::from_le_bytes(trigger.try_into().unwrap());
                 let rate = u64::from_le_bytes(rate.try_into().unwrap());
                 let started = Instant::now();
+                grown = true;
                 let mut crossed_at = 0;
                 for from in (base..top).step_by(STEP) {
                     let step_started = monotonic_nanos();
@@ -266,8 +294,8 @@ fn run_oscillator(plan: &OscillatorPlan) -> ! {
                         crossed_at = step_started;
                     }
                     if rate > 0 {
-                        let grown = (from + STEP - base) as f64;
-                        let due = Duration::from_secs_f64(grown / rate as f64);
+                        let grown_bytes = (from + STEP - base) as f64;
+                        let due = Duration::from_secs_f64(grown_bytes / rate as f64);
                         // Spin rather than sleep: a sleep's timer slack would pace the
                         // growth in bursts and blur the crossing.
                         while started.elapsed() < due {
@@ -284,6 +312,36 @@ fn run_oscillator(plan: &OscillatorPlan) -> ! {
                     libc::madvise(region.add(base).cast(), top - base, libc::MADV_DONTNEED)
                 };
                 assert_eq!(rc, 0, "madvise(MADV_DONTNEED) failed");
+                grown = false;
+                report(0);
+            }
+            b'b' => {
+                let mut argument = [0u8; 8];
+                stdin.read_exact(&mut argument).unwrap();
+                let wanted = u64::from_le_bytes(argument) as usize;
+                let swing = top - base;
+                assert!(!grown, "a rebase while grown; release first");
+                assert!(
+                    wanted.is_multiple_of(STEP)
+                        && wanted > 0
+                        && wanted.checked_add(swing).is_some_and(|end| end <= mapped),
+                    "rebase to {wanted} bytes: a multiple of {STEP}, at most {} bytes",
+                    mapped - swing
+                );
+                if wanted > base {
+                    touch(base, wanted);
+                } else if wanted < base {
+                    // SAFETY: the range is inside the mapping (see the release).
+                    let rc = unsafe {
+                        libc::madvise(
+                            region.add(wanted).cast(),
+                            base - wanted,
+                            libc::MADV_DONTNEED,
+                        )
+                    };
+                    assert_eq!(rc, 0, "madvise(MADV_DONTNEED) failed");
+                }
+                (base, top) = (wanted, wanted + swing);
                 report(0);
             }
             other => panic!("unknown oscillator command {other}"),
