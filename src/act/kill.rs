@@ -138,12 +138,15 @@ pub fn kill_target(target: &KillTarget) -> Result<KillReport, ActError> {
     let cgroup_kill = target.tasks.join("cgroup.kill");
     if cgroup_kill.exists() {
         let signalled = processes(target)?.len();
-        std::fs::write(&cgroup_kill, "1")
-            .map_err(|e| ActError::io(&cgroup_kill, "write 1 to", e))?;
-        return Ok(KillReport {
-            method: KillMethod::CgroupKill,
-            signalled,
-        });
+        if write_control(&cgroup_kill, "1", "write 1 to")? {
+            return Ok(KillReport {
+                method: KillMethod::CgroupKill,
+                signalled,
+            });
+        }
+        // The cgroup was removed since it was found (its last process ended): whatever
+        // is still listed, nothing if it went, is signalled one by one.
+        return kill_each(target);
     }
     match freezer_of(target) {
         Some(freezer) => {
@@ -327,9 +330,13 @@ impl Freezer {
         self.write(if self.v1 { "THAWED" } else { "0" })
     }
 
+    /// A freezer whose cgroup was removed since it was found holds nothing to freeze or
+    /// thaw: the kill goes on and signals whatever is still listed.
     fn write(&self, value: &str) -> Result<(), ActError> {
-        std::fs::write(&self.control, value)
-            .map_err(|e| ActError::io(&self.control, "write the freezer state to", e))
+        if !write_control(&self.control, value, "write the freezer state to")? {
+            tracing::debug!(file = %self.control.display(), "cgroup removed before its freezer was set");
+        }
+        Ok(())
     }
 
     /// Poll (bounded) until the freezer reports frozen: the v1 freezer has no
@@ -353,8 +360,12 @@ impl Freezer {
         } else {
             self.control.with_file_name("cgroup.events")
         };
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| ActError::io(&file, "read the freezer state from", e))?;
+        let text = match std::fs::read_to_string(&file) {
+            Ok(text) => text,
+            // Removed: nothing is left running in it.
+            Err(e) if cgroup_gone(&e) => return Ok(true),
+            Err(e) => return Err(ActError::io(&file, "read the freezer state from", e)),
+        };
         Ok(if self.v1 {
             text.trim() == "FROZEN"
         } else {
@@ -368,6 +379,26 @@ impl Freezer {
 /// or read (a pod's processes ended and its cgroup removed while it is walked).
 fn cgroup_gone(error: &std::io::Error) -> bool {
     error.kind() == std::io::ErrorKind::NotFound || error.raw_os_error() == Some(libc::ENODEV)
+}
+
+/// Write `value` to the cgroup control file `file` (never creating it); `false` when the
+/// cgroup was removed since the file was found (not found, or `ENODEV`), which a pod whose
+/// processes all ended meets when its runtime removes its cgroup.
+/// `action` words the error ("write 1 to").
+fn write_control(file: &Path, value: &str, action: &'static str) -> Result<bool, ActError> {
+    use std::io::Write;
+    // Truncating as a shell's `echo 1 >` does (cgroupfs ignores it; a test tree's file
+    // holds just the value), but never creating.
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(file)
+        .and_then(|mut control| control.write_all(value.as_bytes()));
+    match written {
+        Ok(()) => Ok(true),
+        Err(e) if cgroup_gone(&e) => Ok(false),
+        Err(e) => Err(ActError::io(file, action, e)),
+    }
 }
 
 /// The text of `dir`'s `cgroup.procs`, read to its end; `None` when there is none (the
@@ -501,6 +532,49 @@ mod tests {
         assert!(cgroup_gone(&Error::from_raw_os_error(libc::ENOENT)));
         assert!(!cgroup_gone(&Error::from_raw_os_error(libc::EACCES)));
         assert!(!cgroup_gone(&Error::from_raw_os_error(libc::EIO)));
+    }
+
+    /// A control file written after its cgroup was removed (an eviction of a pod whose
+    /// last process just ended) is no failure, and is never created: on a real host the
+    /// kernel refuses a new file in cgroupfs, and a file made in a test tree would hide
+    /// the missing one.
+    #[test]
+    fn a_control_file_gone_before_its_write_is_no_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("cgroup.kill");
+        assert!(!write_control(&missing, "1", "write 1 to").unwrap());
+        assert!(!missing.exists(), "created");
+        let removed = dir.path().join("removed/cgroup.freeze");
+        assert!(!write_control(&removed, "1", "write 1 to").unwrap());
+        let present = dir.path().join("cgroup.freeze");
+        std::fs::write(&present, "0\n").unwrap();
+        assert!(write_control(&present, "1", "write 1 to").unwrap());
+        assert_eq!(std::fs::read_to_string(&present).unwrap(), "1");
+        // Any other failure is one, naming the file.
+        let error = write_control(dir.path(), "1", "write 1 to").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains(&dir.path().display().to_string()),
+            "{error}"
+        );
+    }
+
+    /// A freezer whose cgroup went away between finding it and using it neither fails
+    /// the kill nor holds it up: there is nothing to freeze, wait for or thaw.
+    #[test]
+    fn a_freezer_removed_before_its_use_is_no_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        for (file, v1) in [("freezer.state", true), ("cgroup.freeze", false)] {
+            let freezer = Freezer {
+                control: dir.path().join("removed").join(file),
+                v1,
+            };
+            freezer.freeze().unwrap();
+            assert!(freezer.is_frozen().unwrap(), "{file}");
+            assert!(freezer.wait_frozen().unwrap(), "{file}");
+            freezer.thaw().unwrap();
+        }
     }
 
     #[test]
