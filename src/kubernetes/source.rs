@@ -641,21 +641,9 @@ mod tests {
     /// has its figures at once.
     #[test]
     fn a_pod_listed_again_unchanged_is_measured_afresh() {
-        use crate::config::{CgroupDriver, KubernetesConfig};
-        use crate::kubernetes::cgroups::PodCgroupNaming;
-        use crate::signals::CgroupReader;
         let cgroups = tempfile::tempdir().unwrap();
         let files = tempfile::tempdir().unwrap();
-        std::fs::write(cgroups.path().join("cgroup.controllers"), "memory pids\n").unwrap();
-        let usage = PodUsageReader::new(
-            CgroupReader::detect(cgroups.path()).unwrap(),
-            PodCgroupNaming::new(CgroupDriver::Cgroupfs, "/kubepods"),
-            &KubernetesConfig {
-                pod_logs_path: files.path().join("logs"),
-                kubelet_root_path: files.path().join("kubelet"),
-                ..Default::default()
-            },
-        );
+        let usage = usage_reader(cgroups.path(), files.path());
         let (store, mut writer) = reflector::store::<ApiPod>();
         writer.apply_watcher_event(&watcher::Event::Init);
         writer.apply_watcher_event(&watcher::Event::InitApply(api_pod("a", 0, "64Mi")));
@@ -664,10 +652,7 @@ mod tests {
         let pods = source.pods();
         assert!(!pods[0].has_stats(), "no cgroup yet: {:?}", pods[0]);
         assert!(pods[0].containers.is_empty());
-        let cgroup = cgroups.path().join("kubepods/burstable/poda");
-        std::fs::create_dir_all(&cgroup).unwrap();
-        std::fs::write(cgroup.join("memory.current"), "900\n").unwrap();
-        std::fs::write(cgroup.join("memory.stat"), "inactive_file 100\n").unwrap();
+        write_pod_cgroup(cgroups.path(), "a", "900\n");
         let pods = source.pods();
         assert_eq!(pods[0].usage.memory, Some(800));
         assert_eq!(
@@ -696,6 +681,16 @@ mod tests {
         )
     }
 
+    /// Pod `uid`'s v2 cgroup (cgroupfs driver, Burstable) in `cgroups`, with `current` in
+    /// its `memory.current` and 100 inactive file bytes; its path.
+    fn write_pod_cgroup(cgroups: &Path, uid: &str, current: &str) -> std::path::PathBuf {
+        let cgroup = cgroups.join(format!("kubepods/burstable/pod{uid}"));
+        std::fs::create_dir_all(&cgroup).unwrap();
+        std::fs::write(cgroup.join("memory.current"), current).unwrap();
+        std::fs::write(cgroup.join("memory.stat"), "inactive_file 100\n").unwrap();
+        cgroup
+    }
+
     /// `api_pod("a", …)` with its container running under the runtime id `id`.
     fn running_as(id: &str) -> ApiPod {
         let mut pod = api_pod("a", 0, "64Mi");
@@ -721,10 +716,7 @@ mod tests {
     fn a_pods_files_are_looked_for_where_its_current_object_says() {
         let cgroups = tempfile::tempdir().unwrap();
         let files = tempfile::tempdir().unwrap();
-        let cgroup = cgroups.path().join("kubepods/burstable/poda");
-        std::fs::create_dir_all(&cgroup).unwrap();
-        std::fs::write(cgroup.join("memory.current"), "900\n").unwrap();
-        std::fs::write(cgroup.join("memory.stat"), "inactive_file 100\n").unwrap();
+        write_pod_cgroup(cgroups.path(), "a", "900\n");
         for (id, bytes) in [("one", 16 << 10), ("two", 256 << 10)] {
             let layer = files.path().join("layers").join(id);
             std::fs::create_dir_all(&layer).unwrap();
@@ -778,14 +770,8 @@ mod tests {
     fn a_pod_gone_is_forgotten_even_when_another_came_meanwhile() {
         let cgroups = tempfile::tempdir().unwrap();
         let files = tempfile::tempdir().unwrap();
-        let write_usage = |uid: &str, current: &str| {
-            let cgroup = cgroups.path().join(format!("kubepods/burstable/pod{uid}"));
-            std::fs::create_dir_all(&cgroup).unwrap();
-            std::fs::write(cgroup.join("memory.current"), current).unwrap();
-            std::fs::write(cgroup.join("memory.stat"), "inactive_file 100\n").unwrap();
-        };
         for uid in ["a", "b", "c"] {
-            write_usage(uid, "900\n");
+            write_pod_cgroup(cgroups.path(), uid, "900\n");
         }
         let usage = usage_reader(cgroups.path(), files.path());
         let (store, mut writer) = reflector::store::<ApiPod>();
@@ -812,7 +798,7 @@ mod tests {
             memory(&mut source),
             [("pod-b".into(), Some(800)), ("pod-c".into(), Some(800))]
         );
-        write_usage("a", "garbage\n");
+        write_pod_cgroup(cgroups.path(), "a", "garbage\n");
         writer.apply_watcher_event(&watcher::Event::Apply(api_pod("a", 0, "64Mi")));
         assert_eq!(
             memory(&mut source),
@@ -831,11 +817,7 @@ mod tests {
     fn a_pod_finished_or_unconvertible_is_forgotten() {
         let cgroups = tempfile::tempdir().unwrap();
         let files = tempfile::tempdir().unwrap();
-        let current = cgroups
-            .path()
-            .join("kubepods/burstable/poda/memory.current");
-        std::fs::create_dir_all(current.parent().unwrap()).unwrap();
-        std::fs::write(current.with_file_name("memory.stat"), "inactive_file 100\n").unwrap();
+        let current = write_pod_cgroup(cgroups.path(), "a", "900\n").join("memory.current");
         let usage = usage_reader(cgroups.path(), files.path());
         let (store, mut writer) = reflector::store::<ApiPod>();
         writer.apply_watcher_event(&watcher::Event::Init);
@@ -878,10 +860,7 @@ mod tests {
         let cgroups = tempfile::tempdir().unwrap();
         let files = tempfile::tempdir().unwrap();
         for uid in ["a", "r"] {
-            let cgroup = cgroups.path().join(format!("kubepods/burstable/pod{uid}"));
-            std::fs::create_dir_all(&cgroup).unwrap();
-            std::fs::write(cgroup.join("memory.current"), "900\n").unwrap();
-            std::fs::write(cgroup.join("memory.stat"), "inactive_file 100\n").unwrap();
+            write_pod_cgroup(cgroups.path(), uid, "900\n");
         }
         let usage = usage_reader(cgroups.path(), files.path());
         let twin = |name: &str| {
@@ -905,13 +884,7 @@ mod tests {
             source.converted.keys().collect::<Vec<_>>()
         );
         // And its figures: back with an unreadable file, it has none.
-        std::fs::write(
-            cgroups
-                .path()
-                .join("kubepods/burstable/podr/memory.current"),
-            "garbage\n",
-        )
-        .unwrap();
+        write_pod_cgroup(cgroups.path(), "r", "garbage\n");
         writer.apply_watcher_event(&watcher::Event::Apply(api_pod("r", 0, "64Mi")));
         let pods = source.pods();
         let r = pods.iter().find(|pod| pod.name == "pod-r").expect("pod r");
