@@ -138,38 +138,40 @@ pub fn kill_target(target: &KillTarget) -> Result<KillReport, ActError> {
     let cgroup_kill = target.tasks.join("cgroup.kill");
     if cgroup_kill.exists() {
         let signalled = processes(target)?.len();
-        if write_control(&cgroup_kill, "1", "write 1 to")? {
-            return Ok(KillReport {
-                method: KillMethod::CgroupKill,
-                signalled,
-            });
+        let written = write_control(&cgroup_kill, "1", "write 1 to")?;
+        if !written {
+            // Removed since it was found: a v2 cgroup is removed only once empty.
+            tracing::debug!(cgroup = %target.name().display(), "cgroup removed before cgroup.kill; its processes had ended");
         }
-        // The cgroup was removed since it was found (its last process ended): whatever
-        // is still listed, nothing if it went, is signalled one by one.
-        return kill_each(target);
+        return Ok(KillReport {
+            method: KillMethod::CgroupKill,
+            signalled: if written { signalled } else { 0 },
+        });
     }
-    match freezer_of(target) {
-        Some(freezer) => {
-            freezer.freeze()?;
-            if !freezer.wait_frozen()? {
+    // The freezer is chosen by freezing, not by looking for its file first: a cgroup
+    // removed in between (its last process ended) is told by the write itself.
+    for freezer in freezers_of(target) {
+        if !freezer.freeze()? {
+            continue;
+        }
+        let pids = freezer.wait_frozen().and_then(|frozen| {
+            if !frozen {
                 tracing::warn!(file = %freezer.control.display(), "cgroup did not freeze in time; killing anyway");
             }
-            let pids = processes(target);
-            if let Ok(pids) = &pids {
-                signal_each(pids, Signal::SIGKILL);
-            }
-            // Thaw even when listing failed, so nothing stays frozen behind us.
-            freezer.thaw()?;
-            Ok(KillReport {
-                method: KillMethod::FreezeKillThaw,
-                signalled: pids?.len(),
-            })
+            processes(target)
+        });
+        if let Ok(pids) = &pids {
+            signal_each(pids, Signal::SIGKILL);
         }
-        None => {
-            tracing::debug!(cgroup = %target.name().display(), "no freezer for this cgroup; killing without freezing");
-            kill_each(target)
-        }
+        // Thaw even when waiting or listing failed, so nothing stays frozen behind us.
+        freezer.thaw()?;
+        return Ok(KillReport {
+            method: KillMethod::FreezeKillThaw,
+            signalled: pids?.len(),
+        });
     }
+    tracing::debug!(cgroup = %target.name().display(), "no freezer for this cgroup; killing without freezing");
+    kill_each(target)
 }
 
 /// SIGTERM every process of the target.
@@ -307,36 +309,36 @@ struct Freezer {
     v1: bool,
 }
 
-/// The freezer to use: v1 when the workload has a v1 freezer cgroup, else v2's.
-fn freezer_of(target: &KillTarget) -> Option<Freezer> {
-    let v1 = target
-        .v1_freezer
-        .as_ref()
-        .map(|dir| dir.join("freezer.state"))
-        .filter(|state| state.exists())
-        .map(|control| Freezer { control, v1: true });
-    v1.or_else(|| {
-        let control = target.tasks.join("cgroup.freeze");
-        control.exists().then_some(Freezer { control, v1: false })
-    })
+/// The freezers to try, in order: the workload's v1 freezer cgroup's, then v2's.
+fn freezers_of(target: &KillTarget) -> impl Iterator<Item = Freezer> + '_ {
+    let v1 = target.v1_freezer.as_ref().map(|dir| Freezer {
+        control: dir.join("freezer.state"),
+        v1: true,
+    });
+    let v2 = Freezer {
+        control: target.tasks.join("cgroup.freeze"),
+        v1: false,
+    };
+    v1.into_iter().chain(std::iter::once(v2))
 }
 
 impl Freezer {
-    fn freeze(&self) -> Result<(), ActError> {
+    /// `false` when there is no such freezer, or its cgroup was removed (nothing to
+    /// freeze).
+    fn freeze(&self) -> Result<bool, ActError> {
         self.write(if self.v1 { "FROZEN" } else { "1" })
     }
 
+    /// A cgroup removed since it was frozen holds nothing to thaw.
     fn thaw(&self) -> Result<(), ActError> {
-        self.write(if self.v1 { "THAWED" } else { "0" })
-    }
-
-    /// A freezer whose cgroup was removed since it was found holds nothing to freeze or
-    /// thaw: the kill goes on and signals whatever is still listed.
-    fn write(&self, value: &str) -> Result<(), ActError> {
-        if !write_control(&self.control, value, "write the freezer state to")? {
-            tracing::debug!(file = %self.control.display(), "cgroup removed before its freezer was set");
+        if !self.write(if self.v1 { "THAWED" } else { "0" })? {
+            tracing::debug!(file = %self.control.display(), "cgroup removed while frozen");
         }
         Ok(())
+    }
+
+    fn write(&self, value: &str) -> Result<bool, ActError> {
+        write_control(&self.control, value, "write the freezer state to")
     }
 
     /// Poll (bounded) until the freezer reports frozen: the v1 freezer has no
@@ -560,8 +562,9 @@ mod tests {
         );
     }
 
-    /// A freezer whose cgroup went away between finding it and using it neither fails
-    /// the kill nor holds it up: there is nothing to freeze, wait for or thaw.
+    /// A freezer whose cgroup went away (before or after the freeze) neither fails the
+    /// kill nor holds it up: there is nothing to freeze, wait for or thaw, and the
+    /// freeze says so, so the kill moves on to the next way.
     #[test]
     fn a_freezer_removed_before_its_use_is_no_failure() {
         let dir = tempfile::tempdir().unwrap();
@@ -570,11 +573,28 @@ mod tests {
                 control: dir.path().join("removed").join(file),
                 v1,
             };
-            freezer.freeze().unwrap();
+            assert!(!freezer.freeze().unwrap(), "{file}");
             assert!(freezer.is_frozen().unwrap(), "{file}");
             assert!(freezer.wait_frozen().unwrap(), "{file}");
             freezer.thaw().unwrap();
         }
+    }
+
+    /// A kill that fails after freezing (here the freezer's state cannot be read) still
+    /// thaws what it froze: a frozen pod left behind would hang every process in it.
+    #[test]
+    fn a_kill_that_fails_after_freezing_still_thaws() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cgroup.procs"), "").unwrap();
+        std::fs::write(dir.path().join("cgroup.freeze"), "0").unwrap();
+        std::fs::create_dir(dir.path().join("cgroup.events")).unwrap();
+        let error = kill_target(&KillTarget::directory(dir.path())).unwrap_err();
+        assert!(error.to_string().contains("cgroup.events"), "{error}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("cgroup.freeze")).unwrap(),
+            "0",
+            "left frozen"
+        );
     }
 
     #[test]
