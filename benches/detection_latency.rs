@@ -101,7 +101,7 @@ const REBASE_AFTER: u64 = MIB;
 /// A crossing begun nearer the trigger than this is not measured. memcg v1 checks
 /// thresholds only every 128 page events per CPU (512 KiB with 4 KiB pages), and each
 /// CPU may hold up to 64 pages charged ahead, so usage resting that near can cross the
-/// trigger and fall back between two checks. With rests 0.2–0.5 MiB below it (before the
+/// trigger and fall back between two checks. With rests 0.14–0.44 MiB below it (before the
 /// rest was moved back), the witness saw no notification for a quarter to nearly all of
 /// the crossings, and the agent's timer decided them, up to 100 ms late. 2 MiB, four
 /// checks' worth, is a judgement, not a measured bound: the UNSOUND verdict is the check.
@@ -766,8 +766,9 @@ impl Bench {
 
     /// Move the oscillator's rest back to BELOW under `trigger` if it has drifted: every
     /// pod cgroup made below the pods cgroup charges it the kernel's own memory for that
-    /// cgroup (about 2.4 MiB for 110 pods' 220 cgroups), which would leave the crossings
-    /// of a 110-pod row starting a few hundred KiB below the trigger. Returns how far
+    /// cgroup (about 2.3 MiB for 110 pods' 220 cgroups, of 3.1 MiB more held at rest),
+    /// which would leave the crossings of a 110-pod row starting a few hundred KiB below
+    /// the trigger. Returns how far
     /// below it the crossing will start, and refuses one that would start nearer than
     /// LEAST_BELOW.
     fn rest_below(&mut self, trigger: u64) -> u64 {
