@@ -67,7 +67,8 @@
 //! Each agent row is also taken apart: crossing → the deciding cycle's start (the
 //! notification, and any cycle it had to wait behind) and that start → the decision (the
 //! cycle's own collection and decision), with the decisions that waited behind a cycle
-//! begun before the crossing, and, for the slowest, the time since the last decision
+//! that read the node's signals before the crossing (a cycle reads its pods first), and,
+//! for the slowest, the time since the last decision
 //! before the crossing (a cycle goes on after its decision).
 
 #[path = "../tests/support/mod.rs"]
@@ -321,11 +322,11 @@ fn main() {
     }
     println!();
     println!(
-        "The agent's decisions taken apart, ms: crossing → the deciding cycle's start, and that start → the decision (median / p99 / p99.9 / max each); decisions that waited behind a cycle begun before the crossing that did not choose the workload; decisions after a cycle begun after the crossing that did not. The slowest list gives, per decision, also the ms from the last decision before the crossing."
+        "The agent's decisions taken apart, ms: crossing → the deciding cycle's start, and that start → the decision (median / p99 / p99.9 / max each); decisions that waited behind a cycle that read the node's signals before the crossing and did not choose the workload; decisions after a cycle that read them after the crossing and did not. The slowest list gives, per decision, also the ms from the last decision before the crossing."
     );
     println!();
     println!(
-        "| pods | source | growth | other CPUs | agent's threads | crossing → cycle start | cycle start → decision | behind a cycle begun before | after a cycle that missed it |"
+        "| pods | source | growth | other CPUs | agent's threads | crossing → cycle start | cycle start → decision | behind a cycle that read before | after a cycle that missed it |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     for (row, samples) in rows.iter().zip(&decisions) {
@@ -380,12 +381,12 @@ struct Decided {
     /// The deciding cycle's collection start (or the crossing, if later) → its decision:
     /// `wake + cycle == latency`.
     cycle: u64,
-    /// Cycles begun before the crossing that decided after it without choosing the
-    /// workload: the decision waited behind them.
+    /// Cycles that read the node's signals before the crossing and decided after it
+    /// without choosing the workload: the decision waited behind them.
     behind: usize,
-    /// Cycles begun after the crossing that did not choose the workload (the crossing is
-    /// timed from the start of the step that reached the trigger, so one may begin
-    /// before usage reached it).
+    /// Cycles that read the node's signals after the crossing and did not choose the
+    /// workload (the crossing is timed from the start of the step that reached the
+    /// trigger, so one may read before usage reached it).
     missed: usize,
     /// The last decision before the crossing → the crossing. The cycle goes on after its
     /// decision (the act, the bookkeeping): a crossing soon after a decision may find
@@ -417,8 +418,8 @@ fn latencies(samples: &[Decided]) -> Vec<u64> {
     samples.iter().map(|sample| sample.latency).collect()
 }
 
-/// The row's "crossing → cycle start | cycle start → decision | behind a cycle begun
-/// before | missed by a cycle begun after" cells.
+/// The row's "crossing → cycle start | cycle start → decision | behind a cycle that read
+/// the node's signals before | missed by a cycle that read them after" cells.
 fn taken_apart(samples: &[Decided]) -> String {
     let wake: Vec<u64> = samples.iter().map(|sample| sample.wake).collect();
     let cycle: Vec<u64> = samples.iter().map(|sample| sample.cycle).collect();
@@ -1213,6 +1214,8 @@ where
 /// decided, and whether it chose the workload.
 struct Cycle {
     started: u64,
+    /// When it began reading the node's signals (after its pods).
+    signals_read: u64,
     decided: u64,
     evicts: bool,
     /// What started it (the `started_by` label of `nodekeeper_cycles_total`).
@@ -1235,8 +1238,9 @@ struct DecisionClock {
 impl CycleObserver for DecisionClock {
     fn observe(&mut self, report: &CycleReport) {
         let decided = monotonic_nanos();
-        let collecting =
-            u64::try_from(report.collection_started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let since = |at: std::time::Instant| {
+            decided.saturating_sub(u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX))
+        };
         let woken_since = match report.started_by {
             CycleStart::Timer => None,
             CycleStart::Woken(wakeup) => Some(decided.saturating_sub(
@@ -1247,7 +1251,8 @@ impl CycleObserver for DecisionClock {
         let cpu = unsafe { libc::sched_getcpu() };
         let _ = self.cycles.send(Cycle {
             cpu,
-            started: decided.saturating_sub(collecting),
+            started: since(report.collection_started),
+            signals_read: since(report.signals_read_at),
             decided,
             evicts: report
                 .decision
@@ -1277,7 +1282,7 @@ fn decision_after(
             continue;
         }
         if !cycle.evicts {
-            if cycle.started < crossed {
+            if cycle.signals_read < crossed {
                 behind += 1;
             } else {
                 missed += 1;

@@ -53,9 +53,12 @@ pub trait PodSource: Send {
 pub struct CycleReport {
     /// What started the cycle.
     pub started_by: CycleStart,
-    /// When the cycle began collecting: its observations are as of this moment or later
-    /// (an observer can tell a crossing the collection may have missed).
+    /// When the cycle began, with its pods' listing.
     pub collection_started: std::time::Instant,
+    /// When the cycle began reading the node's signals, after its pods: its observations
+    /// are as of this moment or later (an observer can tell a crossing they may have
+    /// missed).
+    pub signals_read_at: std::time::Instant,
     pub observations: Observations,
     pub pods: Vec<Pod>,
     pub decision: Decision,

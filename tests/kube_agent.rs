@@ -178,43 +178,6 @@ fn condition(pod: &ApiPod, condition_type: &str) -> Option<(String, String)> {
         .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
 }
 
-/// The node's signals are read after the pods, just before the decision: a crossing
-/// that comes while a cycle reads its pods (most of a timer cycle with many pods) is
-/// decided by that cycle, not left to one more after it, which could start only once
-/// this one is done.
-#[tokio::test]
-async fn a_crossing_while_the_pods_are_read_is_decided_by_that_cycle() {
-    struct ShortWhileListed(Arc<Host>);
-    impl nodekeeper::ports::PodSource for ShortWhileListed {
-        fn pods(&mut self) -> Vec<Pod> {
-            // Memory runs short (under the 100Mi threshold) while the pods are read.
-            self.0.set_free_memory(50 * MI);
-            vec![Pod {
-                namespace: "default".to_string(),
-                name: "hog".to_string(),
-                usage: nodekeeper::pods::PodUsage {
-                    memory: Some(2048 * MI as i64),
-                    ..Default::default()
-                },
-                ..Pod::default()
-            }]
-        }
-    }
-    let host = Arc::new(Host::new(4096 * MI));
-    let config = host.config("");
-    let host_facts = nodekeeper::signals::Host::detect(&config.paths);
-    let mut agent = Agent::on_host(config, host_facts, Arc::new(Metrics::new()));
-    agent.set_pod_source(Box::new(ShortWhileListed(host.clone())));
-    let (report, _) = agent.run_cycle().await;
-    let evicted: Vec<&str> = report
-        .decision
-        .evictions
-        .iter()
-        .map(|eviction| eviction.name.as_str())
-        .collect();
-    assert_eq!(evicted, ["hog"], "{:?}", report.decision);
-}
-
 #[tokio::test]
 async fn memory_pressure_evicts_the_right_pod_through_the_api() {
     let mut s = scenario("").await;

@@ -1,6 +1,7 @@
 //! Kernel notifiers: the v1 memcg threshold against a real cgroup on this machine, and PSI
 //! triggers and `memory.events` on fake files (PSI is disabled on this kernel and the
-//! memory controller is on v1, so those cannot be exercised for real here).
+//! memory controller is on v1, so those cannot be exercised for real here); and, on a
+//! fake node, that a crossing while a cycle reads its pods is decided by that cycle.
 
 mod support;
 
@@ -1026,4 +1027,46 @@ async fn a_memcg_trigger_is_logged_once_and_its_refreshes_only_at_debug() {
     assert_eq!(notifiers.counts().memcg_registrations, 4);
     assert_eq!(log.lines_with("INFO", "memcg threshold registered"), 1);
     assert_eq!(log.lines_with("DEBUG", "memcg threshold refreshed"), 3);
+}
+
+/// A cycle reads the node's signals after its pods, just before the decision: a crossing
+/// while it reads the pods (most of a timer cycle with many pods) is decided by that
+/// cycle, not left to one more after it, which a notification could start only once this
+/// one is done.
+#[tokio::test]
+async fn a_crossing_while_the_pods_are_read_is_decided_by_that_cycle() {
+    use nodekeeper::pods::{Pod, PodUsage};
+    use support::fake_node::{Host, MI};
+    struct ShortWhileListed(Arc<Host>);
+    impl nodekeeper::ports::PodSource for ShortWhileListed {
+        fn pods(&mut self) -> Vec<Pod> {
+            // Memory runs short (under the 100Mi threshold) while the pods are read.
+            self.0.set_free_memory(50 * MI);
+            vec![Pod {
+                namespace: "default".to_string(),
+                name: "hog".to_string(),
+                usage: PodUsage {
+                    memory: Some(2048 * MI as i64),
+                    ..Default::default()
+                },
+                ..Pod::default()
+            }]
+        }
+    }
+    let host = Arc::new(Host::new(4096 * MI));
+    let config = host.config("");
+    let host_facts = nodekeeper::signals::Host::detect(&config.paths);
+    let metrics = Arc::new(nodekeeper::metrics::Metrics::new());
+    let mut agent = nodekeeper::agent::Agent::on_host(config, host_facts, metrics);
+    agent.set_pod_source(Box::new(ShortWhileListed(host.clone())));
+    let (report, _) = agent.run_cycle().await;
+    let available = report.observations[&nodekeeper::signals::Signal::MemoryAvailable].available;
+    assert_eq!(available, 50 * MI as i64, "memory read before the pods");
+    let evicted: Vec<&str> = report
+        .decision
+        .evictions
+        .iter()
+        .map(|eviction| eviction.name.as_str())
+        .collect();
+    assert_eq!(evicted, ["hog"], "{:?}", report.decision);
 }

@@ -466,8 +466,8 @@ impl Agent {
         );
     }
 
-    /// Collect signals and pods, run the eviction core and show the decision to the
-    /// observers. No side effects on the node; what is only bookkeeping (metrics, the
+    /// Collect the pods, then the node's signals, run the eviction core and show the
+    /// decision to the observers. No side effects on the node; what is only bookkeeping (metrics, the
     /// notifiers' triggers, the trace) is left to [`publish`](Self::publish), so none of
     /// it stands between a crossing and the evictions.
     fn observe_and_decide(&mut self, started_by: CycleStart) -> (CycleReport, Aftermath) {
@@ -476,6 +476,7 @@ impl Agent {
         // crossing while the pods are read (most of a timer cycle with many pods) is then
         // decided by this cycle instead of by one more after it.
         let mut pods = self.collect_pods(started_by);
+        let signals_read_at = Instant::now();
         let collection = self.collector.collect();
         let collection_time = started.elapsed();
         let now = self.now();
@@ -516,6 +517,7 @@ impl Agent {
         let report = CycleReport {
             started_by,
             collection_started: started,
+            signals_read_at,
             observations: collection.observations.clone(),
             collection_errors: collection.errors.len(),
             pods,
@@ -604,6 +606,14 @@ impl Agent {
         let mut active = self.evicted.active(listed, running);
         active.retain(|pod| !pod.terminating || running(pod));
         active
+    }
+
+    /// Read the node's signals once, with nothing decided: on the cycle thread as it
+    /// starts, so that the node's files, which lie between a crossing and its decision,
+    /// take their kept-open slots (first come, first served) before the pods' files do,
+    /// which a cycle reads first.
+    pub(super) fn open_node_files_first(&self) {
+        let _ = self.collector.collect();
     }
 
     /// Whether the last cycle could rank on pod figures kept from an earlier one: it read

@@ -278,6 +278,7 @@ async fn start_cycle_thread(
             // The cycle reads the same kernel files every time: kept open, each read
             // skips the path lookup, the open and the close.
             let kept = crate::signals::keep_kernel_files_open_on_this_thread();
+            agent.open_node_files_first();
             tracing::debug!(at_most = kept, "kernel files kept open between cycles");
             cycle_runtime.block_on(async move {
                 let mut ticker = tokio::time::interval(interval);
