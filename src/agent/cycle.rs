@@ -467,9 +467,10 @@ impl Agent {
     }
 
     /// Collect the pods, then the node's signals, run the eviction core and show the
-    /// decision to the observers. No side effects on the node; what is only bookkeeping (metrics, the
-    /// notifiers' triggers, the trace) is left to [`publish`](Self::publish), so none of
-    /// it stands between a crossing and the evictions.
+    /// decision to the observers. No side effects on the node; what is only bookkeeping
+    /// (metrics, the notifiers' triggers, the trace) is left to
+    /// [`publish`](Self::publish), so none of it stands between a crossing and the
+    /// evictions.
     fn observe_and_decide(&mut self, started_by: CycleStart) -> (CycleReport, Aftermath) {
         let started = Instant::now();
         // The pods first and the node's signals last, just before the decision: a
