@@ -769,10 +769,9 @@ impl Bench {
     /// pod cgroup made below the pods cgroup charges it the kernel's own memory for that
     /// cgroup (about 2.3 MiB for 110 pods' 220 cgroups, of 3.1 MiB more held at rest),
     /// which would leave the crossings of a 110-pod row starting a few hundred KiB below
-    /// the trigger. Returns how far
-    /// below it the crossing will start, and refuses one that would start nearer than
-    /// LEAST_BELOW.
-    fn rest_below(&mut self, trigger: u64) -> u64 {
+    /// the trigger. Records how far below it the crossing will start (for the row's
+    /// line), and refuses one that would start nearer than LEAST_BELOW.
+    fn rest_below(&mut self, trigger: u64) {
         let usage_file = self.parent_dir.join("memory.usage_in_bytes");
         let margin = |usage: u64| i128::from(trigger) - i128::from(usage);
         let drift = margin(read_u64(&usage_file)) - i128::from(BELOW);
@@ -800,7 +799,6 @@ impl Bench {
             "the crossing would start {below} bytes below the trigger {trigger} (usage {usage}), nearer than {LEAST_BELOW}: the kernel might not signal it"
         );
         self.rest_margins.push(below);
-        below
     }
 
     /// "rest a–b MiB below the trigger" over the crossings since the last call.
