@@ -41,7 +41,12 @@
 //! `NODEKEEPER_BENCH_CYCLES` sets the cycles per row (2,000); `NODEKEEPER_BENCH_GAP_MS`
 //! sleeps that long between cycles (0), as the agent's cycles are spaced in production,
 //! so that each cycle starts with what the machine did meanwhile in its caches;
-//! `NODEKEEPER_BENCH_SOURCES` keeps the named pod sources (`standalone,kubernetes`).
+//! `NODEKEEPER_BENCH_SOURCES` keeps the named pod sources (`standalone,kubernetes`);
+//! `NODEKEEPER_BENCH_NOTIFIERS=1` starts the agent's kernel notifiers on the cycle thread,
+//! as the agent does, so that with `podStatsMaxAge` a timer cycle asks between its pods'
+//! reads whether a notification waits (the threshold, above the capacity, is always met,
+//! so no memcg trigger is registered and none ever waits: the rows show what asking
+//! costs).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -55,9 +60,11 @@ use std::time::{Duration, Instant};
 use nodekeeper::agent::Agent;
 use nodekeeper::config::{AgentConfig, GoDuration};
 use nodekeeper::metrics::Metrics;
-use nodekeeper::notify::{WakeReason, Wakeup};
+use nodekeeper::notify::{CycleWake, WakeReason, Wakeup};
 use nodekeeper::ports::{CycleObserver, CycleReport, CycleStart, PodSource};
-use nodekeeper::signals::{Host, end_kernel_file_cycle, keep_kernel_files_open_on_this_thread};
+use nodekeeper::signals::{
+    Host, end_kernel_file_cycle, keep_kernel_files_open_on_this_thread, probe_host,
+};
 use support::cgroups::TestCgroups;
 use support::kube_node::KubeNode;
 use support::process_usage::thread_cpu_time;
@@ -85,11 +92,13 @@ fn main() {
         .filter(|age| !age.is_zero());
     let sources = std::env::var("NODEKEEPER_BENCH_SOURCES")
         .unwrap_or_else(|_| "standalone,kubernetes".to_string());
+    let notifiers = std::env::var("NODEKEEPER_BENCH_NOTIFIERS").is_ok_and(|value| value == "1");
     let parent = cgroups.parent.clone();
     cgroups.set_memory_limit(&parent, LIMIT);
     println!(
-        "{cycles} cycles per row, {gap:?} between them, podStatsMaxAge {}; milliseconds: median / p99 / max (nearest rank); CPU: the cycle thread's user + system time per cycle",
-        max_age.map_or("off".to_string(), |age| age.to_string())
+        "{cycles} cycles per row, {gap:?} between them, podStatsMaxAge {}, kernel notifiers {}; milliseconds: median / p99 / max (nearest rank); CPU: the cycle thread's user + system time per cycle",
+        max_age.map_or("off".to_string(), |age| age.to_string()),
+        if notifiers { "started" } else { "not started" }
     );
     println!(
         "| pods | source | cycles | baseline: the pods' files alone, median / p99 | cycle start → decision, median / p99 / max | CPU per cycle | cycle / baseline (medians) |"
@@ -108,7 +117,10 @@ fn main() {
                         pods.push(cgroups.child(&format!("pod-{:03}", pods.len())));
                     }
                     let files = PodFiles::open(&cgroups, &pods, STANDALONE_FILES);
-                    rows.push((row, agent_cycles(&config, None, files, cycles, gap)));
+                    rows.push((
+                        row,
+                        agent_cycles(&config, None, files, cycles, gap, notifiers),
+                    ));
                 }
             }
             "kubernetes" => {
@@ -122,7 +134,10 @@ fn main() {
                     node.grow_to(&mut cgroups, row);
                     let files = PodFiles::open(&cgroups, &node.measured_dirs(), KUBERNETES_FILES);
                     let source = node.pod_source(&config);
-                    rows.push((row, agent_cycles(&config, Some(source), files, cycles, gap)));
+                    rows.push((
+                        row,
+                        agent_cycles(&config, Some(source), files, cycles, gap, notifiers),
+                    ));
                 }
             }
             other => {
@@ -239,13 +254,15 @@ impl Measured {
 /// the agent's cycle thread does, each after one baseline pass over `files` on the same
 /// thread (so that the two see the same machine, whose speed drifts from minute to minute
 /// on shared vCPUs). With `podStatsMaxAge` set, each timer cycle is followed by a cycle a
-/// notification starts, measured apart.
+/// notification starts, measured apart. With `notifiers`, the agent's kernel notifiers
+/// run on that thread, as on the agent's cycle thread.
 fn agent_cycles(
     config: &AgentConfig,
     source: Option<Box<dyn PodSource>>,
     files: PodFiles,
     cycles: usize,
     gap: Duration,
+    notifiers: bool,
 ) -> Measured {
     let config = config.clone();
     std::thread::spawn(move || {
@@ -256,8 +273,13 @@ fn agent_cycles(
             .expect("a runtime");
         let woken_too = config.pod_stats_max_age.is_some();
         let host = Host::detect(&config.paths);
+        let support = probe_host(&host);
         let decisions = Arc::new(Mutex::new(Vec::with_capacity(2 * (cycles + WARM_UP))));
         let mut agent = Agent::on_host(config, host, Arc::new(Metrics::new()));
+        if notifiers {
+            let _runtime = runtime.enter();
+            agent.start_notifiers(&support, Arc::new(CycleWake::new()));
+        }
         if let Some(source) = source {
             agent.set_pod_source(source);
         }

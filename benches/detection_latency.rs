@@ -334,7 +334,7 @@ fn main() {
     }
     println!();
     println!(
-        "What started each deciding cycle (the timer, a notification evaluated at once, notifications the storm limiter held back, a look again after an eviction); over the decisions a notification started, ms: the crossing → the agent's notifier received the kernel's notification, and that → the cycle's start (median / p99 / p99.9 / max each)."
+        "What started each deciding cycle (the timer, a notification evaluated at once, notifications the storm limiter held back, a look again after an eviction), and how many of them stopped reading their pods afresh for a notification waiting (`podStatsMaxAge`); over the decisions a notification started, ms: the crossing → the agent's notifier received the kernel's notification, and that → the cycle's start (median / p99 / p99.9 / max each)."
     );
     println!();
     println!(
@@ -395,6 +395,8 @@ struct Decided {
     /// What started the deciding cycle (`timer`, `notification`,
     /// `notification_trailing`, `after_eviction`).
     started_by: &'static str,
+    /// The deciding cycle stopped reading its pods afresh for a notification waiting.
+    cut_short: bool,
     /// For a deciding cycle woken ahead of its timer: the crossing → when the wake-up was
     /// wanted (the agent's notifier received the kernel's notification, or the first
     /// one held back); negative when it was wanted before the crossing.
@@ -442,9 +444,11 @@ fn started_by(samples: &[Decided]) -> String {
             .filter(|sample| sample.started_by == name)
             .count()
     };
-    let counts: Vec<String> = nodekeeper::ports::CycleStart::names()
+    let mut counts: Vec<String> = nodekeeper::ports::CycleStart::names()
         .map(|name| format!("{name} {}", count(name)))
         .collect();
+    let cut_short = samples.iter().filter(|sample| sample.cut_short).count();
+    counts.push(format!("pod reads cut short {cut_short}"));
     // (crossing → received, received → cycle start) of each decision a notification
     // started. Received before the crossing is 0 here: the crossing is timed from the
     // start of the step that reached the trigger.
@@ -543,10 +547,13 @@ fn slowest_taken_apart(samples: &[Decided]) -> String {
             let since = sample
                 .since_last_decision
                 .map_or("-".to_string(), |nanos| format!("{:.1}", ms(nanos)));
-            let started_by = match sample.notified {
+            let mut started_by = match sample.notified {
                 Some(nanos) => format!("{} {:.3}", sample.started_by, nanos as f64 / 1e6),
                 None => sample.started_by.to_string(),
             };
+            if sample.cut_short {
+                started_by.push_str(", cut short");
+            }
             let witness = sample.witnessed.map_or("no witness".to_string(), |w| {
                 format!("witness {:.3} on CPU {}", ms(w.after_crossing), w.cpu)
             });
@@ -1218,6 +1225,8 @@ struct Cycle {
     evicts: bool,
     /// What started it (the `started_by` label of `nodekeeper_cycles_total`).
     started_by: &'static str,
+    /// It stopped reading its pods afresh for a notification waiting.
+    cut_short: bool,
     /// For a cycle woken ahead of its timer: since when the wake-up was wanted (for a
     /// notification, when the agent's notifier received the kernel's; for one the storm
     /// limiter held back, the first of those held).
@@ -1258,6 +1267,7 @@ impl CycleObserver for DecisionClock {
                 .iter()
                 .any(|e| e.name == self.workload),
             started_by: report.started_by.as_str(),
+            cut_short: report.pod_reads_cut_short,
             woken_since,
         });
     }
@@ -1296,6 +1306,7 @@ fn decision_after(
             missed,
             since_last_decision: last.map(|last| crossed.saturating_sub(last.decided)),
             started_by: cycle.started_by,
+            cut_short: cycle.cut_short,
             notified: cycle
                 .woken_since
                 .map(|since| i128::from(since) - i128::from(crossed)),

@@ -59,6 +59,9 @@ pub struct CycleReport {
     /// are as of this moment or later (an observer can tell a crossing they may have
     /// missed).
     pub signals_read_at: std::time::Instant,
+    /// The cycle read its pods afresh (`podStatsMaxAge`) until a kernel notification
+    /// waited, and ranked the pods it had not yet read on their kept figures.
+    pub pod_reads_cut_short: bool,
     pub observations: Observations,
     pub pods: Vec<Pod>,
     pub decision: Decision,

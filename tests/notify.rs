@@ -1,7 +1,8 @@
 //! Kernel notifiers: the v1 memcg threshold against a real cgroup on this machine, and PSI
 //! triggers and `memory.events` on fake files (PSI is disabled on this kernel and the
 //! memory controller is on v1, so those cannot be exercised for real here); and, on a
-//! fake node, that a crossing while a cycle reads its pods is decided by that cycle.
+//! fake node, that a crossing while a cycle reads its pods is decided by that cycle, and
+//! that a notification then leaves the pods not yet read to their kept figures.
 
 mod support;
 
@@ -16,7 +17,7 @@ use nodekeeper::notify::{
 };
 use nodekeeper::ports::CycleStart;
 use nodekeeper::signals::{CgroupReader, Collection, NotificationSupport, SignalCollector};
-use nodekeeper::signals::{Signal, probe};
+use nodekeeper::signals::{NotificationsWaiting, Signal, probe};
 use nodekeeper::systemd::notify::{NotifyTarget, ServiceManagerLink};
 use support::allocator::{AllocatorPlan, OscillatorPlan, oscillator_grow};
 use support::apiserver::eventually;
@@ -180,10 +181,15 @@ async fn notifiers_register_the_allocatable_trigger_and_wake_the_agent() {
         "trigger {trigger}"
     );
 
+    let waiting = notifiers.waiting().expect("notifications can be asked for");
+    assert!(!waiting.any(), "a notification waits before any crossing");
     cgroups.spawn_allocator(&parent, &growing_to(180 * MIB));
+    // The kernel's signal, seen without awaiting (the notifier's task, which would read
+    // it, does not run meanwhile), as a cycle reading its pods sees it.
+    support::poll::Wait::for_("the crossing to wait unread", ARRIVAL).until_true(|| waiting.any());
     tokio::time::timeout(ARRIVAL, wake.woken())
         .await
-        .expect("the agent was not woken");
+        .expect("the agent was not woken: asking took the notification");
     let counts = notifiers.counts();
     assert!(counts.memcg_crossings >= 1, "{counts:?}");
     assert!(counts.evaluations >= 1, "{counts:?}");
@@ -1069,4 +1075,166 @@ async fn a_crossing_while_the_pods_are_read_is_decided_by_that_cycle() {
         .map(|eviction| eviction.name.as_str())
         .collect();
     assert_eq!(evicted, ["hog"], "{:?}", report.decision);
+}
+
+/// A pod source that reads two BestEffort pods' memory through the agent's cgroup reader,
+/// as the Kubernetes pod source does, and once it has read the first, when asked to, has
+/// memory run short and the pods cgroup's `memory.events` tell of it (a `high` event).
+struct NotifiedWhileListed {
+    host: Arc<support::fake_node::Host>,
+    reader: CgroupReader,
+    notify: bool,
+}
+
+impl nodekeeper::ports::PodSource for NotifiedWhileListed {
+    fn pods(&mut self) -> Vec<nodekeeper::pods::Pod> {
+        use nodekeeper::pods::{Pod, PodUsage};
+        let mut pods = Vec::new();
+        for uid in ["a", "b"] {
+            let cgroup = Path::new("kubepods/besteffort").join(format!("pod{uid}"));
+            let memory = self
+                .reader
+                .pod_memory_usage(&cgroup)
+                .ok()
+                .map(|(usage, _)| usage.working_set_bytes() as i64);
+            if uid == "a" && std::mem::take(&mut self.notify) {
+                self.host.set_free_memory(50 * support::fake_node::MI);
+                std::fs::write(
+                    self.host.dir.path().join("cgroup/kubepods/memory.events"),
+                    "low 0\nhigh 1\nmax 0\noom 0\noom_kill 0\n",
+                )
+                .expect("memory.events written");
+            }
+            pods.push(Pod {
+                namespace: "default".to_string(),
+                name: uid.to_string(),
+                uid: Some(uid.to_string()),
+                usage: PodUsage {
+                    memory,
+                    ..Default::default()
+                },
+                cgroup: Some(cgroup),
+                ..Pod::default()
+            });
+        }
+        pods
+    }
+}
+
+/// The agent of a fake node with two BestEffort pods, `a` (100Mi) and `b` (200Mi), its
+/// `memory.events` watched, `extra` in its configuration; its first (timer) cycle has
+/// run. Then `a` grows to 300Mi and `b` to 900Mi, and after `pause` a notification comes
+/// while the second timer cycle reads its pods, after `a`: returns that cycle's report
+/// (with the agent and the wake-up the notifiers give).
+async fn notified_while_reading(
+    extra: &str,
+    pause: Duration,
+) -> (
+    nodekeeper::ports::CycleReport,
+    nodekeeper::agent::Agent,
+    Arc<CycleWake>,
+) {
+    use support::fake_node::{Host, MI};
+    let host = Arc::new(Host::new(4096 * MI));
+    std::fs::write(
+        host.dir.path().join("cgroup/kubepods/memory.events"),
+        "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
+    )
+    .expect("memory.events");
+    host.add_pod_cgroup("besteffort", "a", 100 * MI);
+    host.add_pod_cgroup("besteffort", "b", 200 * MI);
+    let config = host.config(&format!(
+        "podsCgroup: kubepods\npodStatsMaxAge: 10s\n{extra}"
+    ));
+    let host_facts = nodekeeper::signals::Host::detect(&config.paths);
+    let reader = host_facts
+        .cgroups()
+        .cloned()
+        .expect("the fake host's cgroup reader");
+    let metrics = Arc::new(nodekeeper::metrics::Metrics::new());
+    let mut agent = nodekeeper::agent::Agent::on_host(config, host_facts, metrics);
+    let wake = Arc::new(CycleWake::new());
+    agent.start_notifiers(&v2_support(false), wake.clone());
+    agent.set_pod_source(Box::new(NotifiedWhileListed {
+        host: host.clone(),
+        reader: reader.clone(),
+        notify: false,
+    }));
+    let (first, _) = agent.run_cycle().await;
+    assert!(!first.pod_reads_cut_short);
+    assert_eq!(memory_of(&first, "b"), Some(200 * MI as i64));
+
+    for (uid, usage) in [("a", 300 * MI), ("b", 900 * MI)] {
+        let file = host.pod_cgroup("besteffort", uid).join("memory.current");
+        std::fs::write(file, format!("{usage}\n")).expect("a pod grew");
+    }
+    agent.set_pod_source(Box::new(NotifiedWhileListed {
+        host,
+        reader,
+        notify: true,
+    }));
+    std::thread::sleep(pause);
+    let (second, _) = agent.run_cycle().await;
+    (second, agent, wake)
+}
+
+fn memory_of(report: &nodekeeper::ports::CycleReport, name: &str) -> Option<i64> {
+    let pod = report.pods.iter().find(|pod| pod.name == name);
+    pod.and_then(|pod| pod.usage.memory)
+}
+
+fn evicted(report: &nodekeeper::ports::CycleReport) -> Vec<String> {
+    let evictions = &report.decision.evictions;
+    evictions.iter().map(|e| e.name.clone()).collect()
+}
+
+/// With `podStatsMaxAge`, a timer cycle reads every pod afresh, which with many pods takes
+/// milliseconds. A kernel notification that comes meanwhile cannot be read by its
+/// notifier (it runs on the cycle's thread) until the cycle ends: the cycle sees it
+/// waiting, ranks the pods it has not yet read on their kept figures, as the cycle the
+/// notification starts would, and decides at once. Here `b`, read after the notification,
+/// is ranked on the 200Mi of the last timer cycle although it uses 900Mi now, and `a`
+/// (300Mi, read before it) is chosen. Once the notification is read, a timer cycle reads
+/// every pod afresh again.
+#[tokio::test]
+async fn a_notification_while_the_pods_are_read_afresh_leaves_the_rest_to_kept_figures() {
+    const MI: i64 = support::fake_node::MI as i64;
+    let (second, mut agent, wake) = notified_while_reading("", Duration::ZERO).await;
+    assert!(second.pod_reads_cut_short, "{:?}", second.pods);
+    assert_eq!(memory_of(&second, "a"), Some(300 * MI), "read before");
+    assert_eq!(memory_of(&second, "b"), Some(200 * MI), "kept");
+    assert_eq!(evicted(&second), ["a"], "{:?}", second.decision);
+
+    // The notifier reads the notification once the cycle is done.
+    tokio::time::timeout(ARRIVAL, wake.woken())
+        .await
+        .expect("the notification woke no cycle");
+    let (third, _) = agent.run_cycle().await;
+    assert!(!third.pod_reads_cut_short);
+    assert_eq!(memory_of(&third, "b"), Some(900 * MI), "read afresh");
+    assert_eq!(evicted(&third), ["b"], "{:?}", third.decision);
+}
+
+/// A cycle a notification cuts short ranks on the figures the last timer cycle kept,
+/// about one `housekeepingInterval` old (here 1.5 s with an interval of 1 s), but reads
+/// afresh those older than two: however often notifications come, no figure used grows
+/// older than that (or `podStatsMaxAge`). A cycle that so used no kept figure counts as
+/// a fresh read of every pod.
+#[tokio::test]
+async fn a_notification_leaves_no_figure_older_than_two_housekeeping_intervals() {
+    const MI: i64 = support::fake_node::MI as i64;
+    let pause = Duration::from_millis(1500);
+    let (second, _, _) = notified_while_reading("housekeepingInterval: 1s\n", pause).await;
+    assert!(second.pod_reads_cut_short, "{:?}", second.pods);
+    assert_eq!(memory_of(&second, "b"), Some(200 * MI), "1.5 s old: kept");
+
+    let pause = Duration::from_millis(5);
+    let (second, _, _) = notified_while_reading("housekeepingInterval: 1ms\n", pause).await;
+    assert!(!second.pod_reads_cut_short, "{:?}", second.pods);
+    assert_eq!(
+        memory_of(&second, "b"),
+        Some(900 * MI),
+        "over 2ms old: read afresh"
+    );
+    assert_eq!(evicted(&second), ["b"], "{:?}", second.decision);
 }

@@ -27,7 +27,7 @@ use crate::ports::{
 use crate::signals::contention::{ContentionReport, ContentionTracker, stall_averages};
 use crate::signals::{
     Collection, Host, NodeCondition, NotificationSupport, PodFigures, ProcessCounts, Resource,
-    SignalCollector, probe_host, with_pod_figures,
+    SignalCollector, probe_host, with_pod_figures, with_pod_figures_until_notified,
 };
 
 const CONDITIONS: [NodeCondition; 3] = [
@@ -476,7 +476,7 @@ impl Agent {
         // The pods first and the node's signals last, just before the decision: a
         // crossing while the pods are read (most of a timer cycle with many pods) is then
         // decided by this cycle instead of by one more after it.
-        let mut pods = self.collect_pods(started_by);
+        let (mut pods, pod_reads_cut_short) = self.collect_pods(started_by);
         let signals_read_at = Instant::now();
         let collection = self.collector.collect();
         let collection_time = started.elapsed();
@@ -519,6 +519,7 @@ impl Agent {
             started_by,
             collection_started: started,
             signals_read_at,
+            pod_reads_cut_short,
             observations: collection.observations.clone(),
             collection_errors: collection.errors.len(),
             pods,
@@ -575,10 +576,21 @@ impl Agent {
 
     /// The pods that may be chosen: those listed, less those evicted or being deleted
     /// that have ended here. A pod being deleted that still runs stays a candidate, as
-    /// in the kubelet, whose active pods keep it until it is known terminated.
-    fn collect_pods(&mut self, started_by: CycleStart) -> Vec<Pod> {
-        let listed = match self.config.pod_stats_max_age {
-            None => self.list_pods(),
+    /// in the kubelet, whose active pods keep it until it is known terminated. Also
+    /// whether a notification cut the fresh reads short.
+    ///
+    /// With `podStatsMaxAge`, a cycle that reads every pod afresh stops doing so once a
+    /// kernel notification waits (one its notifiers, which run on this thread, cannot
+    /// read until the cycle ends): the pods not yet read are ranked on their kept figures,
+    /// as a cycle a notification starts ranks them, and the cycle goes on to read the
+    /// node's signals and decide. It still reads the figures older than two
+    /// `housekeepingInterval`s (those the last timer cycle read are about one old):
+    /// however often notifications cut the fresh reads short, no figure used grows older
+    /// than that, nor than `podStatsMaxAge`. A cycle that used a kept figure so does not
+    /// count as a fresh read of every pod.
+    fn collect_pods(&mut self, started_by: CycleStart) -> (Vec<Pod>, bool) {
+        let (listed, cut_short) = match self.config.pod_stats_max_age {
+            None => (self.list_pods(), false),
             Some(max_age) => {
                 let now = Instant::now();
                 let figures = pod_figures(
@@ -588,11 +600,22 @@ impl Agent {
                     self.config.housekeeping_interval.to_std(),
                     now,
                 );
-                if figures == PodFigures::ReadAndKeep {
+                let waiting = self.notifiers.as_ref().and_then(Notifiers::waiting);
+                let (listed, cut_short) = match (figures, waiting) {
+                    (PodFigures::ReadAndKeep, Some(waiting)) => {
+                        let interval = self.config.housekeeping_interval.to_std();
+                        let kept_at_most = max_age.to_std().min(interval.saturating_mul(2));
+                        with_pod_figures_until_notified(kept_at_most, now, waiting, || {
+                            self.list_pods()
+                        })
+                    }
+                    (figures, _) => (with_pod_figures(figures, now, || self.list_pods()), false),
+                };
+                if figures == PodFigures::ReadAndKeep && !cut_short {
                     self.pods_read_afresh_at = Some(now);
                 }
-                self.reused_pod_figures = figures != PodFigures::ReadAndKeep;
-                with_pod_figures(figures, now, || self.list_pods())
+                self.reused_pod_figures = figures != PodFigures::ReadAndKeep || cut_short;
+                (listed, cut_short)
             }
         };
         let reader = self.collector.cgroups();
@@ -606,7 +629,7 @@ impl Agent {
         // it forgets each pod only once the API server no longer lists it.
         let mut active = self.evicted.active(listed, running);
         active.retain(|pod| !pod.terminating || running(pod));
-        active
+        (active, cut_short)
     }
 
     /// Read the node's signals once, with nothing decided: on the cycle thread as it

@@ -3,6 +3,7 @@
 //! killer, without polling.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::error::NotifyError;
 use super::inotify::FileWatch;
@@ -57,7 +58,9 @@ impl MemoryEventCounts {
 pub struct MemoryEventsWatch {
     watch: FileWatch,
     path: PathBuf,
-    last: MemoryEventCounts,
+    /// Shared with [`super::WaitingNotifications`], which tells a change the watch would
+    /// wake a cycle for from one it would skip.
+    last: Arc<Mutex<MemoryEventCounts>>,
 }
 
 impl MemoryEventsWatch {
@@ -69,12 +72,22 @@ impl MemoryEventsWatch {
         Ok(MemoryEventsWatch {
             watch,
             path: path.to_path_buf(),
-            last,
+            last: Arc::new(Mutex::new(last)),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The inotify instance, readable while a modification waits.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.watch.fd()
+    }
+
+    /// The counts the watch last read.
+    pub fn seen(&self) -> Arc<Mutex<MemoryEventCounts>> {
+        self.last.clone()
     }
 
     /// Wait until a pressure counter grows; returns the new counts. Changes of other
@@ -83,8 +96,10 @@ impl MemoryEventsWatch {
         loop {
             self.watch.modified().await?;
             let counts = read_counts(&self.path)?;
-            let moved = counts.moved_since(&self.last);
-            self.last = counts;
+            let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+            let moved = counts.moved_since(&last);
+            *last = counts;
+            drop(last);
             if moved {
                 return Ok(counts);
             }
@@ -92,7 +107,7 @@ impl MemoryEventsWatch {
     }
 }
 
-fn read_counts(path: &Path) -> Result<MemoryEventCounts, NotifyError> {
+pub(super) fn read_counts(path: &Path) -> Result<MemoryEventCounts, NotifyError> {
     let text = std::fs::read_to_string(path).map_err(|e| NotifyError::io(path, "read", e))?;
     MemoryEventCounts::parse(&text).map_err(|reason| NotifyError::Malformed {
         path: path.to_path_buf(),

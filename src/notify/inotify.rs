@@ -2,7 +2,7 @@
 //! kernel announces (`memory.events`, `cgroup.events`) and for regular files, which is
 //! how fake PSI and `memory.events` files stand in for the kernel in tests.
 
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
@@ -51,6 +51,11 @@ impl FileWatch {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The inotify instance, readable while a modification waits.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.inotify.get_ref().0.as_fd()
     }
 
     /// Wait until the file was modified at least once since the last call; all queued

@@ -15,6 +15,7 @@ use super::events::MemoryEventsWatch;
 use super::limiter::{ForwardCounts, forward_limited};
 use super::memcg::{MemcgThreshold, RefreshPolicy, Registered, memcg_trigger_bytes, page_size};
 use super::psi::{PsiReadiness, PsiTrigger, PsiTriggerSpec};
+use super::waiting::{AskedKey, WaitingNotifications};
 use super::wake::CycleWake;
 use crate::config::{AgentConfig, ThresholdValue};
 use crate::signals::{CgroupReader, Collection, NotificationSupport, Signal};
@@ -97,6 +98,8 @@ struct MemcgWatch {
     value: ThresholdValue,
     dir: PathBuf,
     registered: Option<(Registered, JoinHandle<()>)>,
+    /// The registered trigger's eventfd among the [`WaitingNotifications`].
+    asked: Option<AskedKey>,
     last_error: Option<String>,
 }
 
@@ -115,6 +118,10 @@ pub struct Notifiers {
     page_size: u64,
     epoch: std::time::Instant,
     memcg_registrations: u64,
+    /// The eventfds and inotify instances, asked while a cycle reads its pods.
+    waiting: Option<Arc<WaitingNotifications>>,
+    /// An eventfd or inotify instance could not be asked (logged once at warn).
+    ask_failed: std::sync::atomic::AtomicBool,
 }
 
 impl Notifiers {
@@ -153,6 +160,14 @@ impl Notifiers {
             page_size: page_size(),
             epoch: std::time::Instant::now(),
             memcg_registrations: 0,
+            waiting: match WaitingNotifications::new() {
+                Ok(waiting) => Some(Arc::new(waiting)),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot ask for waiting notifications; a cycle reading its pods afresh reads them all");
+                    None
+                }
+            },
+            ask_failed: std::sync::atomic::AtomicBool::new(false),
         };
         let memory_thresholds: Vec<_> = config
             .eviction
@@ -235,6 +250,7 @@ impl Notifiers {
                 self.page_size,
             ) else {
                 if let Some((_, task)) = self.memcg[index].registered.take() {
+                    self.stop_asking(index);
                     task.abort();
                 }
                 continue;
@@ -248,6 +264,8 @@ impl Notifiers {
             }
             match MemcgThreshold::register(&watch.dir, wanted) {
                 Ok(threshold) => {
+                    // Asked before the old one is retired (below): the kernel signals either.
+                    let asked = self.ask(|waiting| waiting.add_eventfd(threshold.eventfd()));
                     let task = self.runtime.spawn(wait_memcg(
                         threshold,
                         self.source.clone(),
@@ -263,6 +281,8 @@ impl Notifiers {
                     {
                         self.source.notify_one();
                     }
+                    self.stop_asking(index);
+                    self.memcg[index].asked = asked;
                     let watch = &mut self.memcg[index];
                     self.memcg_registrations += 1;
                     // The trigger follows usage, so it is refreshed every few cycles: only
@@ -353,6 +373,7 @@ impl Notifiers {
             value,
             dir,
             registered: None,
+            asked: None,
             last_error: None,
         });
     }
@@ -406,6 +427,8 @@ impl Notifiers {
         let _runtime = self.runtime.enter();
         match MemoryEventsWatch::new(file) {
             Ok(watch) => {
+                let (fd, seen) = (watch.fd(), watch.seen());
+                self.ask(|waiting| waiting.add_memory_events(fd, file.to_path_buf(), seen));
                 tracing::info!(
                     mechanism = Mechanism::MemoryEvents.as_str(),
                     file = %file.display(),
@@ -424,6 +447,43 @@ impl Notifiers {
                 %error,
                 "memory.events not watched; relying on the poll"
             ),
+        }
+    }
+}
+
+impl Notifiers {
+    /// What tells whether a notification waits that the notifiers have not yet read (PSI
+    /// triggers excepted: see [`WaitingNotifications`]); none while nothing can be asked.
+    pub fn waiting(&self) -> Option<Arc<WaitingNotifications>> {
+        self.waiting.clone().filter(|waiting| !waiting.is_empty())
+    }
+
+    /// Add a notifier's descriptor with `add` to those a cycle asks.
+    fn ask(
+        &self,
+        add: impl FnOnce(&WaitingNotifications) -> std::io::Result<AskedKey>,
+    ) -> Option<AskedKey> {
+        let waiting = self.waiting.as_ref()?;
+        match add(waiting) {
+            Ok(key) => Some(key),
+            Err(error) => {
+                // The notifier itself still wakes the cycle; only a cycle under way that
+                // reads every pod misses it. Once at warn: the kernel's limit of epoll
+                // watches reached would turn this off for good.
+                if self.ask_failed.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(%error, "a notifier not asked while a cycle reads its pods");
+                } else {
+                    tracing::warn!(%error, "a notifier not asked while a cycle reads its pods; such a cycle reads on afresh after its notifications");
+                }
+                None
+            }
+        }
+    }
+
+    /// The memcg watch `index`'s eventfd no longer counts as a waiting notification.
+    fn stop_asking(&mut self, index: usize) {
+        if let (Some(waiting), Some(key)) = (&self.waiting, self.memcg[index].asked.take()) {
+            waiting.retire(key);
         }
     }
 }

@@ -7,7 +7,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -181,6 +181,11 @@ impl MemcgThreshold {
 
     pub fn memcg_dir(&self) -> &Path {
         &self.memcg_dir
+    }
+
+    /// The eventfd the kernel signals a crossing on.
+    pub fn eventfd(&self) -> BorrowedFd<'_> {
+        self.eventfd.get_ref().as_fd()
     }
 
     /// Wait for the next crossing. Returns how many crossings the kernel counted since

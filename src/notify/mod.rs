@@ -12,7 +12,8 @@
 //! All of them feed one [`StormLimiter`], so a notification evaluates at once but a storm
 //! cannot run evaluations back to back; it wakes the decision cycle through a
 //! [`CycleWake`], saying whether the notification was held back. [`Notifiers`] starts
-//! what the host supports.
+//! what the host supports. While the cycle reads its pods, [`WaitingNotifications`] tells
+//! it of a notification its notifiers have not yet read.
 
 mod error;
 mod events;
@@ -22,6 +23,7 @@ mod manager;
 mod memcg;
 mod pollable;
 mod psi;
+mod waiting;
 mod wake;
 
 pub use error::NotifyError;
@@ -31,4 +33,5 @@ pub use limiter::{ForwardCounts, Next, StormLimiter, forward_limited};
 pub use manager::{ArmedNotifier, Mechanism, NotifierCounts, NotifierSettings, Notifiers};
 pub use memcg::{MemcgThreshold, RefreshPolicy, Registered, memcg_trigger_bytes, page_size};
 pub use psi::{PsiReadiness, PsiTrigger, PsiTriggerSpec};
+pub use waiting::WaitingNotifications;
 pub use wake::{CycleWake, WakeReason, Wakeup};

@@ -9,6 +9,12 @@
 //! the node's own files, the listing of the pods (and, where a `pid.available` threshold
 //! asks for them, their process counts) between the crossing and the decision.
 //!
+//! A listing that reads every pod afresh may be cut short: once a kernel notification
+//! waits unread ([`with_pod_figures_until_notified`]), the pods not yet read are served
+//! from their kept figures within an age, as a cycle a notification starts is. Reading 110
+//! pods afresh takes a timer cycle 2–3 ms; a crossing during those reads would otherwise
+//! wait for all of them before the cycle reads the node's signals and decides.
+//!
 //! Only pod figures are kept, and only inside [`with_pod_figures`], which the cycle wraps
 //! around its pod listing: the node-level signals that show the crossing are read fresh
 //! outside it, and through another method. The figures are those of
@@ -23,6 +29,7 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::hash::BuildHasherDefault;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::FileError;
@@ -40,24 +47,64 @@ pub enum PodFigures {
     ReuseWithin(Duration),
 }
 
+/// Whether a kernel notification waits, not yet read by its notifier. Asked between the
+/// pods' reads, so it must be cheap, and must leave the notification to its reader.
+pub trait NotificationsWaiting: Send + Sync {
+    fn any(&self) -> bool;
+}
+
 /// Run `list` (a pod listing) with its pod memory reads served as `figures` says, `now`
 /// being the time of the reads. A cgroup not read inside `list` is forgotten at its end:
 /// its pod has gone, and the kept figures stay as many as the pods.
 /// A listing inside another ends as it began: the outer one decides what is forgotten.
 pub fn with_pod_figures<R>(figures: PodFigures, now: Instant, list: impl FnOnce() -> R) -> R {
-    let previous = KEPT.with_borrow_mut(|kept| kept.begin(figures, now));
+    listing(figures, now, None, list).0
+}
+
+/// Run `list` as [`PodFigures::ReadAndKeep`] does until `waiting` tells of a kernel
+/// notification; from then on the listing's reads are served as
+/// [`PodFigures::ReuseWithin`] `max_age`. Also returns whether a kept figure was used
+/// then: otherwise every pod was read afresh after all.
+pub fn with_pod_figures_until_notified<R>(
+    max_age: Duration,
+    now: Instant,
+    waiting: Arc<dyn NotificationsWaiting>,
+    list: impl FnOnce() -> R,
+) -> (R, bool) {
+    let cut = CutShort {
+        max_age,
+        waiting,
+        notified: false,
+        reused: false,
+    };
+    listing(PodFigures::ReadAndKeep, now, Some(cut), list)
+}
+
+fn listing<R>(
+    figures: PodFigures,
+    now: Instant,
+    cut_short: Option<CutShort>,
+    list: impl FnOnce() -> R,
+) -> (R, bool) {
+    let previous = KEPT.with_borrow_mut(|kept| kept.begin(figures, now, cut_short));
     // Restores the mode even if `list` panics, so no read outside a listing is served
     // from the kept figures.
-    struct EndListingOnDrop(Option<Scope>);
+    struct EndListingOnDrop(Option<Previous>);
     impl Drop for EndListingOnDrop {
         fn drop(&mut self) {
-            let previous = self.0.take();
-            // `try_with`: nothing to end once the thread's locals are being torn down.
-            let _ = KEPT.try_with(|kept| kept.borrow_mut().end(previous));
+            if let Some(previous) = self.0.take() {
+                // `try_with`: nothing to end once the thread's locals are being torn down.
+                let _ = KEPT.try_with(|kept| kept.borrow_mut().end(previous));
+            }
         }
     }
-    let _end = EndListingOnDrop(previous);
-    list()
+    let mut end = EndListingOnDrop(Some(previous));
+    let listed = list();
+    let cut = match end.0.take() {
+        Some(previous) => KEPT.with_borrow_mut(|kept| kept.end(previous)),
+        None => false,
+    };
+    (listed, cut)
 }
 
 /// The memory figures of the cgroup whose memory directory is `dir`: kept ones where the
@@ -67,7 +114,7 @@ pub(crate) fn memory_usage(
     dir: PathBuf,
     read: impl FnOnce(&Path) -> Result<MemoryUsage, FileError>,
 ) -> Result<(MemoryUsage, Option<Instant>), FileError> {
-    let scope = KEPT.with_borrow(|kept| kept.scope);
+    let scope = KEPT.with_borrow_mut(Kept::scope_of_next_read);
     let Some(scope) = scope else {
         return read(&dir).map(|usage| (usage, None));
     };
@@ -112,7 +159,25 @@ struct Kept {
     entries: HashMap<OsString, KeptUsage, BuildHasherDefault<PathHasher>>,
     /// The listing under way, if any.
     scope: Option<Scope>,
+    /// What may cut the listing under way short (an inner listing has none of its own).
+    cut_short: Option<CutShort>,
     listings: u64,
+}
+
+/// A listing that reads afresh until a notification waits.
+struct CutShort {
+    max_age: Duration,
+    waiting: Arc<dyn NotificationsWaiting>,
+    /// A notification was seen: every read after is served within `max_age`.
+    notified: bool,
+    /// A read was served from a kept figure since.
+    reused: bool,
+}
+
+/// What a listing ending restores.
+struct Previous {
+    scope: Option<Scope>,
+    cut_short: Option<CutShort>,
 }
 
 struct KeptUsage {
@@ -122,7 +187,12 @@ struct KeptUsage {
 }
 
 impl Kept {
-    fn begin(&mut self, figures: PodFigures, now: Instant) -> Option<Scope> {
+    fn begin(
+        &mut self,
+        figures: PodFigures,
+        now: Instant,
+        cut_short: Option<CutShort>,
+    ) -> Previous {
         // A listing inside another counts as part of it.
         let listing = match self.scope {
             Some(outer) => outer.listing,
@@ -136,17 +206,36 @@ impl Kept {
             now,
             listing,
         };
-        self.scope.replace(scope)
+        Previous {
+            scope: self.scope.replace(scope),
+            cut_short: std::mem::replace(&mut self.cut_short, cut_short),
+        }
     }
 
-    fn end(&mut self, previous: Option<Scope>) {
+    /// Ends the listing under way, restoring `previous`; whether it was cut short and
+    /// served a kept figure.
+    fn end(&mut self, previous: Previous) -> bool {
         // Only the outermost listing lists every pod: an inner one would forget the
         // figures the outer one read before it.
-        if let (Some(ended), None) = (self.scope, previous) {
+        if let (Some(ended), None) = (self.scope, previous.scope) {
             self.entries
                 .retain(|_, kept| kept.touched_in == ended.listing);
         }
-        self.scope = previous;
+        self.scope = previous.scope;
+        std::mem::replace(&mut self.cut_short, previous.cut_short).is_some_and(|cut| cut.reused)
+    }
+
+    /// The scope the next read is served in: a listing that reads afresh until a
+    /// notification waits, and one does (or did), serves it from the kept figures.
+    fn scope_of_next_read(&mut self) -> Option<Scope> {
+        let mut scope = self.scope?;
+        if let (PodFigures::ReadAndKeep, Some(cut_short)) = (scope.figures, &mut self.cut_short) {
+            cut_short.notified = cut_short.notified || cut_short.waiting.any();
+            if cut_short.notified {
+                scope.figures = PodFigures::ReuseWithin(cut_short.max_age);
+            }
+        }
+        Some(scope)
     }
 
     fn reuse(
@@ -162,6 +251,10 @@ impl Kept {
             return None;
         }
         kept.touched_in = scope.listing;
+        if let Some(cut_short) = self.cut_short.as_mut() {
+            // Only a listing cut short reuses while it has one.
+            cut_short.reused = true;
+        }
         Some((kept.usage, kept.read_at))
     }
 
@@ -313,6 +406,90 @@ mod tests {
             });
         });
         assert_eq!(kept_count(), 2);
+    }
+
+    /// Whether a notification waits, as a test sets it.
+    #[derive(Default)]
+    struct Waiting(std::sync::atomic::AtomicBool);
+
+    impl NotificationsWaiting for Waiting {
+        fn any(&self) -> bool {
+            self.0.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+
+    /// A listing that reads afresh until a notification waits reads every pod afresh
+    /// while none does. Once one waits, the pods read after are served as in the cycle
+    /// that notification starts: from the figures kept within the age allowed, and afresh
+    /// where none is kept. The figures read before stay fresh, and are kept.
+    #[test]
+    fn a_notification_waiting_serves_the_pods_not_yet_read_from_kept_figures() {
+        let root = tempfile::tempdir().expect("a fake cgroup tree");
+        let reader = CgroupReader::new(root.path(), CgroupLayout::Unified);
+        for (pod, usage) in [("pods/a", 100), ("pods/b", 200), ("pods/c", 300)] {
+            write_usage(root.path(), pod, usage, 0);
+        }
+        let start = Instant::now();
+        let max_age = Duration::from_secs(10);
+        let waiting = Arc::new(Waiting::default());
+        let read_all = |now, pods: &[&str]| {
+            with_pod_figures_until_notified(max_age, now, waiting.clone(), || {
+                pods.iter()
+                    .map(|pod| {
+                        let usage = working_set(&reader, pod);
+                        // A notification arrives once `a` has been read at 111.
+                        if *pod == "pods/a" && usage == Some(111) {
+                            waiting.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        usage
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        let (read, cut) = read_all(start, &["pods/a", "pods/b", "pods/c"]);
+        assert_eq!(read, [Some(100), Some(200), Some(300)]);
+        assert!(!cut);
+
+        for (pod, usage) in [
+            ("pods/a", 111),
+            ("pods/b", 222),
+            ("pods/c", 333),
+            ("pods/d", 444),
+        ] {
+            write_usage(root.path(), pod, usage, 0);
+        }
+        let later = start + Duration::from_secs(5);
+        let (read, cut) = read_all(later, &["pods/a", "pods/b", "pods/d", "pods/c"]);
+        assert_eq!(
+            read,
+            [Some(111), Some(200), Some(444), Some(300)],
+            "`a` afresh, then `b` and `c` kept, `d` afresh: it has no kept figure"
+        );
+        assert!(cut);
+        // Past their age, figures are read afresh after a notification too (`b`, `c`);
+        // `a` and `d`, kept 5 s before, are reused.
+        let past = start + Duration::from_millis(10_001);
+        let (read, cut) = read_all(past, &["pods/a", "pods/b", "pods/d", "pods/c"]);
+        assert_eq!(read, [Some(111), Some(222), Some(444), Some(333)]);
+        assert!(cut);
+        // A notification while every kept figure is past its age: every pod is read
+        // afresh, and the listing is not one cut short.
+        write_usage(root.path(), "pods/b", 200, 0);
+        let (read, cut) = read_all(past + Duration::from_secs(11), &["pods/b", "pods/c"]);
+        assert_eq!(read, [Some(200), Some(333)]);
+        assert!(!cut, "no kept figure was used");
+        // The same listing once the notification has been read: every pod afresh.
+        waiting.0.store(false, std::sync::atomic::Ordering::Relaxed);
+        write_usage(root.path(), "pods/a", 100, 0);
+        write_usage(root.path(), "pods/d", 400, 0);
+        let (read, cut) = read_all(past, &["pods/a", "pods/b", "pods/d", "pods/c"]);
+        assert_eq!(read, [Some(100), Some(200), Some(400), Some(333)]);
+        assert!(!cut);
+        // A listing served from kept figures throughout is not one cut short.
+        let (_, cut) = listing(PodFigures::ReuseWithin(max_age), past, None, || {
+            working_set(&reader, "pods/a")
+        });
+        assert!(!cut);
     }
 
     /// A listing that panics leaves the thread reading fresh: no later read outside a

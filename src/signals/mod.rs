@@ -28,7 +28,9 @@ pub use fileio::{
 };
 pub use filesystem::{Filesystems, FsDevice, FsStats, FsTarget, Mount, device_of, parse_mountinfo};
 pub use host::{Host, read_boot_id};
-pub use kept_figures::{PodFigures, with_pod_figures};
+pub use kept_figures::{
+    NotificationsWaiting, PodFigures, with_pod_figures, with_pod_figures_until_notified,
+};
 pub use layout::{
     CgroupLayout, CgroupPaths, LayoutError, detect_layout, join_relative, relative_cgroup,
 };
