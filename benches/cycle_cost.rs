@@ -43,10 +43,10 @@
 //! so that each cycle starts with what the machine did meanwhile in its caches;
 //! `NODEKEEPER_BENCH_SOURCES` keeps the named pod sources (`standalone,kubernetes`);
 //! `NODEKEEPER_BENCH_NOTIFIERS=1` starts the agent's kernel notifiers on the cycle thread,
-//! as the agent does, so that with `podStatsMaxAge` a timer cycle asks between its pods'
-//! reads whether a notification waits (the threshold, above the capacity, is always met,
-//! so no memcg trigger is registered and none ever waits: the rows show what asking
-//! costs).
+//! as the agent does, with a `memory.available` threshold the node never meets (0.1%), so
+//! that a memcg trigger is registered that is never reached: with `podStatsMaxAge` a timer
+//! cycle then asks between its pods' reads whether a notification waits, and none ever
+//! does (the rows show what asking costs).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -111,6 +111,9 @@ fn main() {
                 let mut config =
                     cgroups.standalone_agent_config(THRESHOLD, Duration::from_secs(10));
                 config.pod_stats_max_age = max_age;
+                if notifiers {
+                    add_a_trigger_never_reached(&mut config);
+                }
                 let mut pods = Vec::new();
                 for row in ROWS {
                     while pods.len() < row {
@@ -130,6 +133,9 @@ fn main() {
                 config.workloads = None;
                 config.paths.pods_cgroup = Some(node.kubepods.clone());
                 config.pod_stats_max_age = max_age;
+                if notifiers {
+                    add_a_trigger_never_reached(&mut config);
+                }
                 for row in ROWS {
                     node.grow_to(&mut cgroups, row);
                     let files = PodFiles::open(&cgroups, &node.measured_dirs(), KUBERNETES_FILES);
@@ -179,6 +185,18 @@ fn main() {
             }
         }
     }
+}
+
+/// A `memory.available` threshold of 0.1%, which the node does not meet: its memcg
+/// trigger, at the root, is registered and never reached.
+fn add_a_trigger_never_reached(config: &mut AgentConfig) {
+    use nodekeeper::config::{Threshold, ThresholdValue};
+    config.eviction.thresholds.push(Threshold {
+        signal: nodekeeper::signals::Signal::MemoryAvailable,
+        value: ThresholdValue::Percentage(0.001),
+        grace_period: GoDuration::ZERO,
+        min_reclaim: None,
+    });
 }
 
 /// The files of each pod a standalone cycle read (the process count since only with a

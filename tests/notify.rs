@@ -1122,8 +1122,8 @@ impl nodekeeper::ports::PodSource for NotifiedWhileListed {
 }
 
 /// The agent of a fake node with two BestEffort pods, `a` (100Mi) and `b` (200Mi), its
-/// `memory.events` watched, `extra` in its configuration; its first (timer) cycle has
-/// run. Then `a` grows to 300Mi and `b` to 900Mi, and after `pause` a notification comes
+/// `memory.events` watched, `extra` in its configuration (and `podStatsMaxAge` 10s unless
+/// it says otherwise); its first (timer) cycle has run. Then `a` grows to 300Mi and `b` to 900Mi, and after `pause` a notification comes
 /// while the second timer cycle reads its pods, after `a`: returns that cycle's report
 /// (with the agent and the wake-up the notifiers give).
 async fn notified_while_reading(
@@ -1143,9 +1143,12 @@ async fn notified_while_reading(
     .expect("memory.events");
     host.add_pod_cgroup("besteffort", "a", 100 * MI);
     host.add_pod_cgroup("besteffort", "b", 200 * MI);
-    let config = host.config(&format!(
-        "podsCgroup: kubepods\npodStatsMaxAge: 10s\n{extra}"
-    ));
+    let max_age = if extra.contains("podStatsMaxAge") {
+        ""
+    } else {
+        "podStatsMaxAge: 10s\n"
+    };
+    let config = host.config(&format!("podsCgroup: kubepods\n{max_age}{extra}"));
     let host_facts = nodekeeper::signals::Host::detect(&config.paths);
     let reader = host_facts
         .cgroups()
@@ -1191,8 +1194,8 @@ fn evicted(report: &nodekeeper::ports::CycleReport) -> Vec<String> {
 /// With `podStatsMaxAge`, a timer cycle reads every pod afresh, which with many pods takes
 /// milliseconds. A kernel notification that comes meanwhile cannot be read by its
 /// notifier (it runs on the cycle's thread) until the cycle ends: the cycle sees it
-/// waiting, ranks the pods it has not yet read on their kept figures, as the cycle the
-/// notification starts would, and decides at once. Here `b`, read after the notification,
+/// waiting, ranks the pods it has not yet read on their kept figures, as a cycle a
+/// notification starts ranks them, and decides at once. Here `b`, read after the notification,
 /// is ranked on the 200Mi of the last timer cycle although it uses 900Mi now, and `a`
 /// (300Mi, read before it) is chosen. Once the notification is read, a timer cycle reads
 /// every pod afresh again.
@@ -1217,20 +1220,38 @@ async fn a_notification_while_the_pods_are_read_afresh_leaves_the_rest_to_kept_f
 
 /// A cycle a notification cuts short ranks on the figures the last timer cycle kept,
 /// about one `housekeepingInterval` old (here 1.5 s with an interval of 1 s), but reads
-/// afresh those older than two: however often notifications come, no figure used grows
-/// older than that (or `podStatsMaxAge`). A cycle that so used no kept figure counts as
-/// a fresh read of every pod.
+/// afresh those older than two, or than `podStatsMaxAge`: however often notifications
+/// come, no figure used grows older than that. A cycle that so used no kept figure counts
+/// as a fresh read of every pod; one that did does not, and the cycle the notification
+/// then starts, with no fresh read of every pod for an interval, reads every pod afresh.
 #[tokio::test]
 async fn a_notification_leaves_no_figure_older_than_two_housekeeping_intervals() {
     const MI: i64 = support::fake_node::MI as i64;
     let pause = Duration::from_millis(1500);
-    let (second, _, _) = notified_while_reading("housekeepingInterval: 1s\n", pause).await;
+    let (second, mut agent, wake) =
+        notified_while_reading("housekeepingInterval: 1s\n", pause).await;
     assert!(second.pod_reads_cut_short, "{:?}", second.pods);
+    assert!(agent.reused_pod_figures());
     assert_eq!(memory_of(&second, "b"), Some(200 * MI), "1.5 s old: kept");
+    let wakeup = tokio::time::timeout(ARRIVAL, wake.woken())
+        .await
+        .expect("the notification woke no cycle");
+    let (woken, _) = agent.run_cycle_started_by(CycleStart::Woken(wakeup)).await;
+    assert!(!agent.reused_pod_figures());
+    assert_eq!(memory_of(&woken, "b"), Some(900 * MI), "read afresh");
+
+    let (second, _, _) = notified_while_reading("podStatsMaxAge: 1s\n", pause).await;
+    assert!(!second.pod_reads_cut_short, "{:?}", second.pods);
+    assert_eq!(
+        memory_of(&second, "b"),
+        Some(900 * MI),
+        "over podStatsMaxAge: read afresh"
+    );
 
     let pause = Duration::from_millis(5);
-    let (second, _, _) = notified_while_reading("housekeepingInterval: 1ms\n", pause).await;
+    let (second, agent, _) = notified_while_reading("housekeepingInterval: 1ms\n", pause).await;
     assert!(!second.pod_reads_cut_short, "{:?}", second.pods);
+    assert!(!agent.reused_pod_figures(), "a fresh read of every pod");
     assert_eq!(
         memory_of(&second, "b"),
         Some(900 * MI),

@@ -117,17 +117,24 @@ impl NotificationsWaiting for WaitingNotifications {
             Ok(0) | Err(_) => return false,
             Ok(ready) => ready,
         };
-        let asked = self.asked();
-        events[..ready]
-            .iter()
-            .any(|event| match asked.live.get(&event.data()) {
-                None => false,
-                Some(Kind::Eventfd) => true,
-                Some(Kind::MemoryEvents { path, seen }) => {
-                    let seen = *seen.lock().unwrap_or_else(PoisonError::into_inner);
-                    read_counts(path).is_ok_and(|now| now.moved_since(&seen))
+        // The files are read outside the lock.
+        let mut changed = Vec::new();
+        {
+            let asked = self.asked();
+            for event in &events[..ready] {
+                match asked.live.get(&event.data()) {
+                    None => {}
+                    Some(Kind::Eventfd) => return true,
+                    Some(Kind::MemoryEvents { path, seen }) => {
+                        changed.push((path.clone(), seen.clone()));
+                    }
                 }
-            })
+            }
+        }
+        changed.iter().any(|(path, seen)| {
+            let seen = *seen.lock().unwrap_or_else(PoisonError::into_inner);
+            read_counts(path).is_ok_and(|now| now.moved_since(&seen))
+        })
     }
 }
 

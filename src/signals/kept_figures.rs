@@ -11,7 +11,7 @@
 //!
 //! A listing that reads every pod afresh may be cut short: once a kernel notification
 //! waits unread ([`with_pod_figures_until_notified`]), the pods not yet read are served
-//! from their kept figures within an age, as a cycle a notification starts is. Reading 110
+//! from their kept figures within an age, as a cycle a notification starts ranks them. Reading 110
 //! pods afresh takes a timer cycle 2–3 ms; a crossing during those reads would otherwise
 //! wait for all of them before the cycle reads the node's signals and decides.
 //!
@@ -419,8 +419,8 @@ mod tests {
     }
 
     /// A listing that reads afresh until a notification waits reads every pod afresh
-    /// while none does. Once one waits, the pods read after are served as in the cycle
-    /// that notification starts: from the figures kept within the age allowed, and afresh
+    /// while none does. Once one waits, the pods read after are served as in a cycle a
+    /// notification starts: from the figures kept within the age allowed, and afresh
     /// where none is kept. The figures read before stay fresh, and are kept.
     #[test]
     fn a_notification_waiting_serves_the_pods_not_yet_read_from_kept_figures() {
@@ -475,15 +475,16 @@ mod tests {
         // A notification while every kept figure is past its age: every pod is read
         // afresh, and the listing is not one cut short.
         write_usage(root.path(), "pods/b", 200, 0);
+        write_usage(root.path(), "pods/c", 330, 0);
         let (read, cut) = read_all(past + Duration::from_secs(11), &["pods/b", "pods/c"]);
-        assert_eq!(read, [Some(200), Some(333)]);
+        assert_eq!(read, [Some(200), Some(330)]);
         assert!(!cut, "no kept figure was used");
         // The same listing once the notification has been read: every pod afresh.
         waiting.0.store(false, std::sync::atomic::Ordering::Relaxed);
         write_usage(root.path(), "pods/a", 100, 0);
         write_usage(root.path(), "pods/d", 400, 0);
         let (read, cut) = read_all(past, &["pods/a", "pods/b", "pods/d", "pods/c"]);
-        assert_eq!(read, [Some(100), Some(200), Some(400), Some(333)]);
+        assert_eq!(read, [Some(100), Some(200), Some(400), Some(330)]);
         assert!(!cut);
         // A listing served from kept figures throughout is not one cut short.
         let (_, cut) = listing(PodFigures::ReuseWithin(max_age), past, None, || {
