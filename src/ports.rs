@@ -60,7 +60,7 @@ pub struct CycleReport {
     /// missed).
     pub signals_read_at: std::time::Instant,
     /// The cycle read its pods afresh (`podStatsMaxAge`) until a kernel notification
-    /// waited, and ranked the pods it had not yet read on their kept figures.
+    /// waited, and ranked pods it had not yet read on their kept figures.
     pub pod_reads_cut_short: bool,
     pub observations: Observations,
     pub pods: Vec<Pod>,

@@ -11,9 +11,9 @@
 //!
 //! A listing that reads every pod afresh may be cut short: once a kernel notification
 //! waits unread ([`with_pod_figures_until_notified`]), the pods not yet read are served
-//! from their kept figures within an age, as a cycle a notification starts ranks them. Reading 110
-//! pods afresh takes a timer cycle 2–3 ms; a crossing during those reads would otherwise
-//! wait for all of them before the cycle reads the node's signals and decides.
+//! from their kept figures within an age, as a cycle a notification starts ranks them.
+//! Reading 110 pods afresh takes a timer cycle 2–3 ms; a crossing during those reads would
+//! otherwise wait for all of them before the cycle reads the node's signals and decides.
 //!
 //! Only pod figures are kept, and only inside [`with_pod_figures`], which the cycle wraps
 //! around its pod listing: the node-level signals that show the crossing are read fresh
