@@ -291,10 +291,11 @@ fn agent_cycles(
             .expect("a runtime");
         let woken_too = config.pod_stats_max_age.is_some();
         let host = Host::detect(&config.paths);
-        let support = probe_host(&host);
+        // Probed only for the notifiers, before the agent takes the host.
+        let support = notifiers.then(|| probe_host(&host));
         let decisions = Arc::new(Mutex::new(Vec::with_capacity(2 * (cycles + WARM_UP))));
         let mut agent = Agent::on_host(config, host, Arc::new(Metrics::new()));
-        if notifiers {
+        if let Some(support) = support {
             let _runtime = runtime.enter();
             agent.start_notifiers(&support, Arc::new(CycleWake::new()));
         }

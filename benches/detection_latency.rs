@@ -1296,9 +1296,7 @@ impl CycleObserver for DecisionClock {
         };
         let woken_since = match report.started_by {
             CycleStart::Timer => None,
-            CycleStart::Woken(wakeup) => Some(decided.saturating_sub(
-                u64::try_from(wakeup.since.elapsed().as_nanos()).unwrap_or(u64::MAX),
-            )),
+            CycleStart::Woken(wakeup) => Some(since(wakeup.since.into_std())),
         };
         // SAFETY: sched_getcpu has no arguments and no preconditions.
         let cpu = unsafe { libc::sched_getcpu() };

@@ -1068,13 +1068,7 @@ async fn a_crossing_while_the_pods_are_read_is_decided_by_that_cycle() {
     let (report, _) = agent.run_cycle().await;
     let available = report.observations[&nodekeeper::signals::Signal::MemoryAvailable].available;
     assert_eq!(available, 50 * MI as i64, "memory read before the pods");
-    let evicted: Vec<&str> = report
-        .decision
-        .evictions
-        .iter()
-        .map(|eviction| eviction.name.as_str())
-        .collect();
-    assert_eq!(evicted, ["hog"], "{:?}", report.decision);
+    assert_eq!(evicted(&report), ["hog"], "{:?}", report.decision);
 }
 
 /// A pod source that reads two BestEffort pods' memory through the agent's cgroup reader,

@@ -600,7 +600,10 @@ impl Agent {
                     self.config.housekeeping_interval.to_std(),
                     now,
                 );
-                let waiting = self.notifiers.as_ref().and_then(Notifiers::waiting);
+                // Asked for only by a cycle that reads every pod afresh.
+                let waiting = (figures == PodFigures::ReadAndKeep)
+                    .then(|| self.notifiers.as_ref().and_then(Notifiers::waiting))
+                    .flatten();
                 let (listed, cut_short) = match (figures, waiting) {
                     (PodFigures::ReadAndKeep, Some(waiting)) => {
                         let interval = self.config.housekeeping_interval.to_std();
